@@ -1,0 +1,65 @@
+# kvps - build, test, bench, demo.  `make test` and `make demo` install what is missing (as root)
+# or print the exact apt-get line.
+CC      ?= cc
+PKGS    := libzmq
+CFLAGS  ?= -O2 -g
+# -ffp-contract=off: BSP results must be bit-identical to the sequential oracle in the tests
+KVPS_CFLAGS := -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Wshadow -ffp-contract=off -I.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LDLIBS  = $(PKG_LIBS) -lz -lm -pthread
+B       ?= build
+
+TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
+BENCHES  := $(patsubst bench/%.c,$(B)/%,$(wildcard bench/bench_*.c))
+EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
+HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h
+
+.PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
+all: deps $(TESTS) $(BENCHES) $(EXAMPLES)
+
+deps:
+	@scripts/deps.sh build
+deps-demo:
+	@scripts/deps.sh demo
+
+$(B)/%: tests/%.c $(HEADERS) | $(B)
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/%: bench/%.c $(HEADERS) | $(B)
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/%: examples/%.c $(HEADERS) | $(B)
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
+$(B):
+	@mkdir -p $(B)
+
+# Every header as C99 -pedantic, as C++, and linked from two files.
+compile-test: deps | $(B)
+	$(CC) -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) \
+	  -c tests/compile/impl.c -o $(B)/ct_impl.o
+	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) -c tests/compile/use.c -o $(B)/ct_use.o
+	$(CC) $(B)/ct_impl.o $(B)/ct_use.o -o $(B)/compile_test $(LDLIBS)
+	$(B)/compile_test
+	@if command -v c++ >/dev/null; then \
+	  c++ -x c++ -std=c++11 -Wall -Wextra -I. $(PKG_CFLAGS) tests/compile/impl.c -c -o $(B)/ct_cxx.o && \
+	  echo "compile-test: C++ ok"; fi
+
+test: all compile-test
+	@tests/run.sh $(B)
+
+asan-test: deps
+	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  $(patsubst $(B)/%,build-asan/%,$(TESTS))
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 KVPS_TEST_QUICK=1 tests/run.sh build-asan
+
+valgrind-test: all
+	@KVPS_TEST_QUICK=1 KVPS_TEST_WRAP="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect" \
+	  tests/run.sh $(B)
+
+bench: all
+	$(B)/bench_pushpull
+
+demo: deps-demo all
+	@scripts/demo.sh $(B)
+
+clean:
+	rm -rf build build-asan

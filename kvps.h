@@ -1,0 +1,1809 @@
+/* kvps.h - v0.1 - sharded parameter server over ZeroMQ for distributed training - MIT licence
+
+   Do this:
+       #define KVPS_IMPLEMENTATION
+   before you include this file in *one* C or C++ file to create the implementation.
+   Link with libzmq (`pkg-config --cflags --libs libzmq`) and -pthread.
+
+   CONTENTS
+     1. What it is
+     2. Step by step: server
+     3. Step by step: worker
+     4. Keys, tensors and sharding
+     5. Consistency and update rules
+     6. Wire format
+     7. Ownership and threads
+     8. Errors and logging
+     9. Environment (launchers)
+    10. Config macros
+    11. Revision history
+
+   1. WHAT IT IS
+   Workers push gradients and pull aggregated values or updated weights. Keys are sharded over
+   n servers, each holding about 1/n of the bytes, so one synchronisation costs O(bytes/n) per
+   server. Every worker operation is non-blocking and returns a request handle; `wait` and
+   `test` complete it, and any number of requests may be in flight at once.
+
+   2. STEP BY STEP: SERVER
+       kvps_server *s = NULL;
+       kvps_result r = kvps_server_create(&(kvps_server_desc){
+           .endpoint = "tcp://127.0.0.1:5555",   // "tcp://127.0.0.1:*" picks a free port
+           .num_workers = 4,
+           .consistency = KVPS_BSP,              // 0 -> BSP
+           .update = KVPS_UPDATE_SGD, .lr = 0.1f // 0 -> KVPS_UPDATE_MEAN (aggregate only)
+       }, &s);
+       if (r != KVPS_OK) { fprintf(stderr, "kvps: %s\n", kvps_result_str(r)); exit(1); }
+       kvps_server_run(s);          // serves until kvps_server_stop(s) (thread- and signal-safe)
+       kvps_server_destroy(&s);
+   Or kvps_server_start(s) to serve from a background thread. Several servers may live in one
+   process (on inproc:// they must share a ZeroMQ context: set .zmq_ctx).
+
+   3. STEP BY STEP: WORKER
+       kvps_worker *w = NULL;
+       kvps_worker_create(&(kvps_worker_desc){
+           .servers = "tcp://10.0.0.1:5555,tcp://10.0.0.2:5555",
+           .rank = 0, .num_workers = 4 }, &w);
+       kvps_tensor t;
+       kvps_worker_tensor(w, "layer1.weights", 784 * 128, &t);   // same call on every worker
+       kvps_req q;
+       if (rank == 0) { kvps_worker_init_tensor(w, t, w0, &q); kvps_worker_wait(w, q, -1); }
+       kvps_worker_barrier(w, &q); kvps_worker_wait(w, q, -1);
+       for (step...) {
+           compute_gradient(grad);
+           kvps_worker_pushpull_tensor(w, t, grad, weights, &q);  // one round trip
+           ... compute something else while the bytes move ...
+           if (kvps_worker_wait(w, q, -1) != KVPS_OK) { ...kvps_worker_last_error(w)... }
+       }
+       kvps_worker_destroy(&w);
+
+   4. KEYS, TENSORS AND SHARDING
+   Raw keys are uint64_t values below 2^63 with float32 values of any length >= 1 (a key's length
+   is fixed by its first use on the server; a later mismatch is an error). Raw key k lives on
+   server mix64(k) mod n. A named tensor is registered once per worker with kvps_worker_tensor;
+   it is cut into min(n, ceil(len / min_slice)) slices of equal size (+-1 element), slice i on
+   server (h + i) mod n where h = hash(name) mod n, so each server holds about 1/n of every
+   large tensor's bytes. Slice keys have bit 63 set (reserved for tensors). Every worker must use
+   the same server list (same order) and the same min_slice.
+
+   5. CONSISTENCY AND UPDATE RULES
+   KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
+   are summed in rank order 0..m-1, whatever order they arrive in, so results are bit-identical
+   run to run. A pull from worker r waits until the key has applied as many rounds as r has
+   pushed, so "push(t); pull" returns the value after step t.
+   KVPS_ASYNC: each push is applied on arrival as a round of one contribution; pulls never wait.
+   The update rule turns a round's sum into the stored value:
+     KVPS_UPDATE_MEAN  value = sum / count           (aggregate-only: pull returns mean gradient)
+     KVPS_UPDATE_SUM   value += sum                   (accumulating key-value store)
+     KVPS_UPDATE_SGD   value -= lr * (sum / count)    (the server holds the weights)
+     .update_fn        your own kvps_update_fn
+   A key starts as zeros, or as .init_fn writes it, or as worker r sets it with kvps_worker_init
+   (no summing; replaces the stored value).
+
+   6. WIRE FORMAT (little-endian; one ZeroMQ multipart message per request)
+     worker -> server : [meta][values]        values only for PUSH, PUSHPULL and INIT
+     server -> worker : [meta][values]        values only for a successful PULL / PUSHPULL
+                        [meta][text]          when meta.status < 0: a message naming the problem
+     meta = header (32 bytes) followed by nkeys entries of { u64 key; u64 len } (16 bytes each)
+       offset size field
+       0      4    magic   0x5350564B ("KVPS")
+       4      1    version 1
+       5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER; replies set bit 0x80
+       6      2    flags   0
+       8      4    rank    worker rank, 0..m-1
+       12     4    nkeys
+       16     8    req_id  echoed in the reply
+       24     4    status  replies: a kvps_result
+       28     4    aux     reserved (0)
+     values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
+   Anything else gets an error reply and changes nothing: a message is checked whole before
+   any stored value is touched.
+
+   7. OWNERSHIP AND THREADS
+   kvps_x_destroy(&x) frees x and sets it to NULL; destroying NULL is harmless. Buffers passed to
+   a non-blocking call are borrowed until kvps_worker_wait (or kvps_worker_test reporting done)
+   returns for that request: push values may be sent without a copy, pull destinations are
+   written when replies arrive. After KVPS_ERR_TIMEOUT the request is still in flight and the
+   buffers stay borrowed: wait again, or destroy the worker (which drops what is in flight)
+   before reusing them. A worker is used by one thread at a time; use one worker per thread.
+   Servers are driven by the thread in kvps_server_run; kvps_server_stop may be called from any
+   thread or a signal handler.
+
+   8. ERRORS AND LOGGING
+   Every fallible call returns kvps_result (KVPS_OK = 0, errors < 0, banded: -1.. arguments and
+   state, -100.. configuration, -200.. network, -300.. wire/protocol, -400.. GPU).
+   kvps_result_str(r) names it. A server's error reply reaches the worker as the result of wait,
+   and its text as kvps_worker_last_error(w). Every blocking call takes a timeout in ms
+   (-1 = the object's default, 10 s unless configured) and returns KVPS_ERR_TIMEOUT rather than
+   hang. Logging goes to stderr (or kvps_log_set_fn's callback), level from KVPS_LOG =
+   none|error|warn|info|debug (default warn), or kvps_log_set_level.
+
+   9. ENVIRONMENT (launchers)
+   kvps_env_read fills a kvps_env from KVPS_ROLE (server|worker), KVPS_RANK (else
+   OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), KVPS_SERVERS (comma-separated endpoints),
+   KVPS_NUM_WORKERS. Under mpirun/srun without KVPS_ROLE, ranks 0..n-1 are servers and the rest
+   workers (worker rank = rank - n).
+
+   10. CONFIG MACROS
+   KVPS_API        linkage of public functions (default extern; define as static for a private copy)
+   KVPS_ASSERT(x)  programmer-error checks (default assert)
+   The implementation uses POSIX (pthreads, pipe, posix_memalign, clock_gettime): under a strict
+   -std=c99 define _POSIX_C_SOURCE=200809L for the file that holds KVPS_IMPLEMENTATION.
+
+   11. REVISION HISTORY
+   0.1  sharded push/pull/pushpull/barrier, BSP and async, MEAN/SUM/SGD/custom updates, tensors.
+*/
+#ifndef KVPS_H
+#define KVPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef KVPS_API
+#define KVPS_API extern
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One list makes both the enum and the strings, so they never drift. */
+#define KVPS__RESULTS(X)                                                                        \
+    X(KVPS_OK, 0, "ok")                                                                         \
+    X(KVPS_ERR_INVALID_ARG, -1, "invalid argument")                                             \
+    X(KVPS_ERR_NOMEM, -2, "out of memory")                                                      \
+    X(KVPS_ERR_INVALID_REQ, -3, "unknown or already completed request handle")                  \
+    X(KVPS_ERR_KEY_RESERVED, -4, "raw keys must be below 2^63 (bit 63 marks tensor slices)")    \
+    X(KVPS_ERR_TENSOR, -5, "unknown tensor, or tensor name registered twice / hash collision")  \
+    X(KVPS_ERR_STATE, -6, "call not valid in this state")                                       \
+    X(KVPS_ERR_CONFIG, -100, "bad configuration")                                               \
+    X(KVPS_ERR_ENV, -101, "missing or malformed KVPS_* environment variable")                  \
+    X(KVPS_ERR_ZMQ, -200, "ZeroMQ call failed")                                                 \
+    X(KVPS_ERR_BIND, -201, "cannot bind the server endpoint")                                   \
+    X(KVPS_ERR_CONNECT, -202, "cannot connect to a server endpoint")                            \
+    X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
+    X(KVPS_ERR_MALFORMED, -300, "malformed message")                                            \
+    X(KVPS_ERR_TRUNCATED, -301, "truncated message: a frame is shorter than its header says")  \
+    X(KVPS_ERR_MAGIC, -302, "wrong magic number: not a kvps message")                           \
+    X(KVPS_ERR_VERSION, -303, "unsupported protocol version")                                   \
+    X(KVPS_ERR_OP, -304, "unknown operation")                                                   \
+    X(KVPS_ERR_RANK, -305, "worker rank out of range 0..num_workers-1")                         \
+    X(KVPS_ERR_LEN_MISMATCH, -306, "value length does not match the registered key")            \
+    X(KVPS_ERR_TOO_LARGE, -307, "length exceeds the server's limit")                            \
+    X(KVPS_ERR_DUP_KEY, -308, "the same key appears twice in one request")                     \
+    X(KVPS_ERR_NOT_BARRIER, -309, "barrier sent to a server other than server 0")              \
+    X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
+    X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
+
+typedef enum kvps_result {
+#define KVPS__ENUM(name, value, text) name = value,
+    KVPS__RESULTS(KVPS__ENUM)
+#undef KVPS__ENUM
+} kvps_result;
+
+typedef enum kvps_consistency { KVPS_BSP = 0, KVPS_ASYNC = 1 } kvps_consistency;
+
+typedef enum kvps_update {
+    KVPS_UPDATE_MEAN = 0, /* value = sum / count */
+    KVPS_UPDATE_SUM = 1,  /* value += sum */
+    KVPS_UPDATE_SGD = 2,  /* value -= lr * (sum / count) */
+    KVPS_UPDATE_CUSTOM = 3
+} kvps_update;
+
+typedef enum kvps_log_level {
+    KVPS_LOG_NONE = 0, KVPS_LOG_ERROR = 1, KVPS_LOG_WARN = 2, KVPS_LOG_INFO = 3, KVPS_LOG_DEBUG = 4
+} kvps_log_level;
+
+typedef enum kvps_role { KVPS_ROLE_NONE = 0, KVPS_ROLE_SERVER = 1, KVPS_ROLE_WORKER = 2 } kvps_role;
+
+/* What an update rule sees when a round of a key is applied (one call per round). */
+typedef struct kvps_update_args {
+    uint64_t key;
+    float *value;      /* the stored value, updated in place */
+    const float *sum;  /* contributions of this round, summed in rank order */
+    size_t len;        /* floats */
+    int count;         /* contributions summed: m under BSP, 1 under async */
+    uint64_t round;    /* rounds applied to this key before this one */
+    void *user;        /* desc.update_user */
+} kvps_update_args;
+typedef void (*kvps_update_fn)(const kvps_update_args *a);
+/* Writes a new key's initial value (called once, when the key is first used). */
+typedef void (*kvps_init_fn)(void *user, uint64_t key, float *value, size_t len);
+typedef void (*kvps_log_fn)(void *user, kvps_log_level level, const char *msg);
+
+/* Server configuration; zero means default.
+   | field          | default               |
+   | endpoint       | required              |
+   | num_workers    | required (>= 1)       |
+   | rank           | 0 (server index, for logs; server 0 also serves barriers) |
+   | consistency    | KVPS_BSP              |
+   | update         | KVPS_UPDATE_MEAN (KVPS_UPDATE_CUSTOM when update_fn is set) |
+   | lr             | 0.01 for SGD          |
+   | max_value_len  | 1 << 28 floats (1 GiB) per key |
+   | zmq_ctx        | a context of its own  |
+   | io_threads     | 1 (own context only)  | */
+typedef struct kvps_server_desc {
+    const char *endpoint;
+    int num_workers;
+    int rank;
+    kvps_consistency consistency;
+    kvps_update update;
+    float lr;
+    kvps_update_fn update_fn;
+    void *update_user;
+    kvps_init_fn init_fn;
+    void *init_user;
+    uint64_t max_value_len;
+    void *zmq_ctx;
+    int io_threads;
+} kvps_server_desc;
+
+/* Counters read with kvps_server_stats (any thread). */
+typedef struct kvps_server_stats {
+    uint64_t keys;        /* keys held */
+    uint64_t value_bytes; /* bytes of stored values */
+    uint64_t pushes;      /* key contributions received */
+    uint64_t pulls;       /* key values sent */
+    uint64_t rounds;      /* rounds applied, all keys */
+    uint64_t errors;      /* requests answered with an error (or dropped) */
+} kvps_server_stats;
+
+/* Worker configuration; zero means default.
+   | field         | default                                   |
+   | servers       | required: comma-separated endpoints       |
+   | rank          | 0                                         |
+   | num_workers   | 0 = unchecked; else rank must be below it |
+   | timeout_ms    | 10000 (used when a call passes -1)        |
+   | min_slice     | 1024 floats: tensors are cut into slices no smaller than this |
+   | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
+   | zmq_ctx       | a context of its own                      |
+   | io_threads    | 1 (own context only)                      | */
+typedef struct kvps_worker_desc {
+    const char *servers;
+    int rank;
+    int num_workers;
+    int timeout_ms;
+    size_t min_slice;
+    size_t zerocopy_min;
+    void *zmq_ctx;
+    int io_threads;
+} kvps_worker_desc;
+
+typedef struct kvps_server kvps_server;
+typedef struct kvps_worker kvps_worker;
+typedef uint64_t kvps_req; /* request handle; 0 is never a valid handle */
+typedef int kvps_tensor;   /* tensor handle from kvps_worker_tensor */
+
+typedef struct kvps_env {
+    kvps_role role;
+    int rank;          /* server index or worker rank */
+    int num_servers;
+    int num_workers;
+    const char *servers;  /* KVPS_SERVERS as given */
+    char endpoint[256];   /* for a server: its own entry of KVPS_SERVERS */
+} kvps_env;
+
+KVPS_API const char *kvps_result_str(kvps_result r);
+KVPS_API void kvps_log_set_level(kvps_log_level level);
+KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user);
+KVPS_API kvps_result kvps_env_read(kvps_env *env);
+
+KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out);
+KVPS_API const char *kvps_server_endpoint(const kvps_server *s); /* resolved, e.g. port of '*' */
+KVPS_API kvps_result kvps_server_run(kvps_server *s);   /* serves until kvps_server_stop */
+KVPS_API kvps_result kvps_server_start(kvps_server *s); /* serves from a background thread */
+KVPS_API void kvps_server_stop(kvps_server *s);
+KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out);
+KVPS_API void kvps_server_destroy(kvps_server **s);
+
+KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out);
+KVPS_API void kvps_worker_destroy(kvps_worker **w);
+KVPS_API int kvps_worker_num_servers(const kvps_worker *w);
+KVPS_API const char *kvps_worker_last_error(const kvps_worker *w);
+
+/* Raw keys: vals holds the keys' values back to back, lens[i] floats for keys[i]. */
+KVPS_API kvps_result kvps_worker_push(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out);
+KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out);
+KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys,
+                                          const float *grads, float *vals, const size_t *lens,
+                                          size_t nkeys, kvps_req *out);
+KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out);
+
+/* Named dense tensors. */
+KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len,
+                                        kvps_tensor *out);
+KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t);
+KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
+                                             kvps_req *out);
+KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals,
+                                             kvps_req *out);
+KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t,
+                                                 const float *grad, float *vals, kvps_req *out);
+KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals,
+                                             kvps_req *out);
+
+/* Completes when all workers have entered the barrier (served by server 0). */
+KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
+
+/* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT the request
+   stays valid. Any other return ends the request and frees its handle. */
+KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms);
+/* Never blocks: *done = 1 when the request has ended (its result returned, handle freed). */
+KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPS_H */
+
+/* ============================================================================================ */
+#ifdef KVPS_IMPLEMENTATION
+#ifndef KVPS__IMPLEMENTED
+#define KVPS__IMPLEMENTED
+
+#include <zmq.h>
+#include <pthread.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <time.h>
+#include <sched.h>
+
+#ifndef KVPS_ASSERT
+#include <assert.h>
+#define KVPS_ASSERT(x) assert(x)
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvps: the wire format is little-endian; big-endian hosts are not supported yet"
+#endif
+
+#define kvps__def(v, d) ((v) ? (v) : (d))
+#if defined(__GNUC__) || defined(_MSC_VER)
+#define KVPS__RESTRICT __restrict
+#else
+#define KVPS__RESTRICT
+#endif
+
+// >>result
+KVPS_API const char *kvps_result_str(kvps_result r) {
+    switch (r) {
+#define KVPS__STR(name, value, text) case name: return #name ": " text;
+        KVPS__RESULTS(KVPS__STR)
+#undef KVPS__STR
+    }
+    return "unknown kvps_result";
+}
+
+// >>log
+static int kvps__log_level = -1;
+static kvps_log_fn kvps__log_fn;
+static void *kvps__log_user;
+
+static int kvps__log_level_get(void) {
+    int lv = __atomic_load_n(&kvps__log_level, __ATOMIC_RELAXED);
+    if (lv < 0) {
+        const char *e = getenv("KVPS_LOG");
+        lv = KVPS_LOG_WARN;
+        if (e) {
+            static const char *names[] = {"none", "error", "warn", "info", "debug"};
+            for (int i = 0; i < 5; i++)
+                if (strcmp(e, names[i]) == 0) lv = i;
+        }
+        __atomic_store_n(&kvps__log_level, lv, __ATOMIC_RELAXED);
+    }
+    return lv;
+}
+
+KVPS_API void kvps_log_set_level(kvps_log_level level) {
+    __atomic_store_n(&kvps__log_level, (int)level, __ATOMIC_RELAXED);
+}
+
+KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user) {
+    kvps__log_fn = fn;
+    kvps__log_user = user;
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void kvps__log(kvps_log_level level, const char *fmt, ...) {
+    if ((int)level > kvps__log_level_get()) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (kvps__log_fn) {
+        kvps__log_fn(kvps__log_user, level, buf);
+    } else {
+        static const char *tag[] = {"", "error", "warn", "info", "debug"};
+        fprintf(stderr, "kvps %s: %s\n", tag[level], buf);
+    }
+}
+
+// >>util
+static uint64_t kvps__mix64(uint64_t x) { /* splitmix64 finaliser */
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t kvps__fnv1a(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
+    return h;
+}
+
+static int64_t kvps__now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *kvps__alloc_floats(uint64_t n) {
+    void *p = NULL;
+    if (n > (SIZE_MAX - 63) / sizeof(float)) return NULL;
+    size_t bytes = (size_t)n * sizeof(float);
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+/* Values arriving off the wire may sit at any byte offset in ZeroMQ's receive buffer. */
+static int kvps__aligned(const void *p) { return ((uintptr_t)p & (sizeof(float) - 1)) == 0; }
+
+/* Splits a comma-separated list into at most max fresh strings; returns the count or -1. */
+static int kvps__split(const char *list, char ***out) {
+    int n = 1;
+    for (const char *p = list; *p; p++) n += (*p == ',');
+    char **v = (char **)calloc((size_t)n, sizeof *v);
+    if (!v) return -1;
+    const char *p = list;
+    for (int i = 0; i < n; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        while (len && (*p == ' ')) { p++; len--; }
+        while (len && p[len - 1] == ' ') len--;
+        v[i] = (char *)malloc(len + 1);
+        if (!v[i] || len == 0) {
+            for (int j = 0; j <= i; j++) free(v[j]);
+            free(v);
+            return -1;
+        }
+        memcpy(v[i], p, len);
+        v[i][len] = 0;
+        p = e ? e + 1 : p + len;
+    }
+    *out = v;
+    return n;
+}
+
+static void kvps__free_strv(char **v, int n) {
+    if (!v) return;
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+// >>env
+static int kvps__env_int(const char *name, int *out) {
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > 1 << 30) return -1;
+    *out = (int)v;
+    return 1;
+}
+
+KVPS_API kvps_result kvps_env_read(kvps_env *env) {
+    if (!env) return KVPS_ERR_INVALID_ARG;
+    memset(env, 0, sizeof *env);
+    env->servers = getenv("KVPS_SERVERS");
+    if (!env->servers || !*env->servers) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS is not set (comma-separated server endpoints)");
+        return KVPS_ERR_ENV;
+    }
+    char **eps = NULL;
+    env->num_servers = kvps__split(env->servers, &eps);
+    if (env->num_servers < 1) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS is malformed: '%s'", env->servers);
+        return KVPS_ERR_ENV;
+    }
+    kvps_result r = KVPS_OK;
+    static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+    int rank = -1, got = 0;
+    const char *role = getenv("KVPS_ROLE");
+    if (kvps__env_int("KVPS_NUM_WORKERS", &env->num_workers) != 1 || env->num_workers < 1) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_NUM_WORKERS is missing or not a positive integer");
+        r = KVPS_ERR_ENV;
+        goto done;
+    }
+    for (int i = 0; i < 4 && !got; i++) {
+        got = kvps__env_int(rank_vars[i], &rank);
+        if (got < 0) {
+            kvps__log(KVPS_LOG_ERROR, "%s is not a non-negative integer", rank_vars[i]);
+            r = KVPS_ERR_ENV;
+            goto done;
+        }
+    }
+    if (!got) {
+        kvps__log(KVPS_LOG_ERROR, "no rank: set KVPS_RANK (or run under mpirun/srun)");
+        r = KVPS_ERR_ENV;
+        goto done;
+    }
+    if (role && strcmp(role, "server") == 0) {
+        env->role = KVPS_ROLE_SERVER;
+    } else if (role && strcmp(role, "worker") == 0) {
+        env->role = KVPS_ROLE_WORKER;
+    } else if (role && *role) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_ROLE must be 'server' or 'worker', not '%s'", role);
+        r = KVPS_ERR_ENV;
+        goto done;
+    } else if (rank < env->num_servers) { /* mpirun/srun: first n ranks serve */
+        env->role = KVPS_ROLE_SERVER;
+    } else {
+        env->role = KVPS_ROLE_WORKER;
+        rank -= env->num_servers;
+    }
+    env->rank = rank;
+    if (env->role == KVPS_ROLE_SERVER) {
+        if (rank >= env->num_servers) {
+            kvps__log(KVPS_LOG_ERROR, "server rank %d but KVPS_SERVERS lists %d", rank, env->num_servers);
+            r = KVPS_ERR_ENV;
+            goto done;
+        }
+        snprintf(env->endpoint, sizeof env->endpoint, "%s", eps[rank]);
+    } else if (rank >= env->num_workers) {
+        kvps__log(KVPS_LOG_ERROR, "worker rank %d but KVPS_NUM_WORKERS=%d", rank, env->num_workers);
+        r = KVPS_ERR_ENV;
+    }
+done:
+    kvps__free_strv(eps, env->num_servers);
+    return r;
+}
+
+// >>wire
+enum {
+    KVPS__MAGIC = 0x5350564Bu,
+    KVPS__VERSION = 1,
+    KVPS__OP_PUSH = 1,
+    KVPS__OP_PULL = 2,
+    KVPS__OP_PUSHPULL = 3,
+    KVPS__OP_INIT = 4,
+    KVPS__OP_BARRIER = 5,
+    KVPS__OP_REPLY = 0x80,
+    KVPS__HDR = 32,
+    KVPS__KENT = 16
+};
+
+typedef struct kvps__hdr {
+    uint32_t magic;
+    uint8_t version, op;
+    uint16_t flags;
+    uint32_t rank, nkeys;
+    uint64_t req_id;
+    int32_t status;
+    uint32_t aux;
+} kvps__hdr;
+
+typedef struct kvps__kent {
+    uint64_t key, len;
+} kvps__kent;
+
+typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
+typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
+
+static int kvps__op_has_values(int op) {
+    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT;
+}
+static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
+
+/* Sends a whole multipart message; frames are closed (ownership passes to ZeroMQ). */
+static int kvps__send_frames(void *sock, zmq_msg_t *frames, int n) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (rc == 0 && zmq_msg_send(&frames[i], sock, i + 1 < n ? ZMQ_SNDMORE : 0) < 0) rc = -1;
+        if (rc != 0) zmq_msg_close(&frames[i]);
+    }
+    return rc;
+}
+
+static int kvps__msg_from_buf(zmq_msg_t *m, const void *data, size_t size) {
+    if (zmq_msg_init_size(m, size) != 0) return -1;
+    if (size) memcpy(zmq_msg_data(m), data, size);
+    return 0;
+}
+
+// >>server
+typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
+    struct kvps__pend *next;
+    float data[];
+} kvps__pend;
+
+typedef struct kvps__parked { /* a pull waiting for a key's round */
+    struct kvps__parked *next;
+    zmq_msg_t id;
+    kvps__hdr hdr;
+    uint32_t *idx; /* key indices in request order */
+} kvps__parked;
+
+typedef struct kvps__key {
+    uint64_t key, len;
+    float *value, *accum;
+    uint64_t round;      /* rounds applied */
+    uint32_t summed;     /* BSP: ranks 0..summed-1 are in accum for this round */
+    uint64_t stamp;      /* duplicate detection within one request */
+    uint64_t *recv;      /* per worker: contributions received */
+    kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
+    kvps__parked *waiters;
+} kvps__key;
+
+struct kvps_server {
+    kvps_server_desc desc;
+    void *ctx, *router;
+    int own_ctx;
+    int stop_pipe[2];
+    char endpoint[256];
+    pthread_t thread;
+    int started;
+    int m;
+    kvps_update_fn update_fn;
+    /* key table: open addressing (key -> index + 1), grows at 1/2 load */
+    kvps__key **keys;
+    uint32_t nkeys, cap_keys;
+    uint32_t *slots;
+    uint64_t nslots;
+    uint64_t stamp;
+    /* barrier: waiting workers and their generation */
+    kvps__parked *barrier_waiters;
+    uint64_t *barrier_gen; /* per worker: barriers entered */
+    uint32_t *scratch_idx;
+    size_t scratch_cap;
+    float *scratch;
+    size_t scratch_len;
+    kvps_server_stats stats;
+};
+
+#define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
+
+static void kvps__update_mean(const kvps_update_args *a) {
+    float c = (float)a->count;
+    for (size_t i = 0; i < a->len; i++) a->value[i] = a->sum[i] / c;
+}
+static void kvps__update_sum(const kvps_update_args *a) {
+    for (size_t i = 0; i < a->len; i++) a->value[i] += a->sum[i];
+}
+static void kvps__update_sgd(const kvps_update_args *a) {
+    float lr = *(const float *)a->user, c = (float)a->count;
+    for (size_t i = 0; i < a->len; i++) a->value[i] -= lr * (a->sum[i] / c);
+}
+
+static uint32_t kvps__find(const kvps_server *s, uint64_t key) {
+    uint64_t mask = s->nslots - 1, i = kvps__mix64(key) & mask;
+    for (;;) {
+        uint32_t v = s->slots[i];
+        if (v == 0) return UINT32_MAX;
+        if (s->keys[v - 1]->key == key) return v - 1;
+        i = (i + 1) & mask;
+    }
+}
+
+static int kvps__table_grow(kvps_server *s) {
+    uint64_t ns = s->nslots ? s->nslots * 2 : 1024;
+    uint32_t *slots = (uint32_t *)calloc(ns, sizeof *slots);
+    if (!slots) return -1;
+    for (uint32_t k = 0; k < s->nkeys; k++) {
+        uint64_t i = kvps__mix64(s->keys[k]->key) & (ns - 1);
+        while (slots[i]) i = (i + 1) & (ns - 1);
+        slots[i] = k + 1;
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->nslots = ns;
+    return 0;
+}
+
+static void kvps__key_free(kvps__key *k, int m) {
+    if (!k) return;
+    if (k->qhead)
+        for (int r = 0; r < m; r++)
+            while (k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+    while (k->waiters) {
+        kvps__parked *p = k->waiters;
+        k->waiters = p->next;
+        zmq_msg_close(&p->id);
+        free(p->idx);
+        free(p);
+    }
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->value); free(k->accum); free(k);
+}
+
+/* Creates a key; returns its index or UINT32_MAX when out of memory. */
+static uint32_t kvps__key_create(kvps_server *s, uint64_t key, uint64_t len) {
+    if ((uint64_t)(s->nkeys + 1) * 2 > s->nslots && kvps__table_grow(s) != 0) return UINT32_MAX;
+    if (s->nkeys == s->cap_keys) {
+        uint32_t nc = s->cap_keys ? s->cap_keys * 2 : 256;
+        kvps__key **nk = (kvps__key **)realloc(s->keys, nc * sizeof *nk);
+        if (!nk) return UINT32_MAX;
+        s->keys = nk;
+        s->cap_keys = nc;
+    }
+    kvps__key *k = (kvps__key *)calloc(1, sizeof *k);
+    if (!k) return UINT32_MAX;
+    k->key = key;
+    k->len = len;
+    k->value = (float *)kvps__alloc_floats(len);
+    k->recv = (uint64_t *)calloc((size_t)s->m, sizeof *k->recv);
+    if (!k->value || !k->recv) { kvps__key_free(k, s->m); return UINT32_MAX; }
+    if (s->desc.init_fn) s->desc.init_fn(s->desc.init_user, key, k->value, (size_t)len);
+    else memset(k->value, 0, (size_t)len * sizeof(float));
+    uint64_t i = kvps__mix64(key) & (s->nslots - 1);
+    while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
+    s->slots[i] = s->nkeys + 1;
+    s->keys[s->nkeys] = k;
+    KVPS__STAT_ADD(s, keys, 1);
+    KVPS__STAT_ADD(s, value_bytes, len * sizeof(float));
+    return s->nkeys++;
+}
+
+static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
+    kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
+    kvps_server_destroy(&s);
+    return (kvps_result)rc;
+}
+
+KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!desc->endpoint || desc->num_workers < 1 || desc->rank < 0 || desc->io_threads < 0 ||
+        (unsigned)desc->consistency > KVPS_ASYNC || (unsigned)desc->update > KVPS_UPDATE_CUSTOM ||
+        (desc->update == KVPS_UPDATE_CUSTOM && !desc->update_fn)) {
+        kvps__log(KVPS_LOG_ERROR, "server desc: need endpoint, num_workers >= 1, a known consistency "
+                                  "and update rule (CUSTOM needs update_fn)");
+        return KVPS_ERR_CONFIG;
+    }
+    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
+    if (!s) return KVPS_ERR_NOMEM;
+    s->desc = *desc;
+    s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
+    s->desc.lr = desc->lr != 0.0f ? desc->lr : 0.01f;
+    s->m = desc->num_workers;
+    s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    if (desc->update_fn) {
+        s->update_fn = desc->update_fn;
+    } else {
+        static const kvps_update_fn builtin[] = {kvps__update_mean, kvps__update_sum, kvps__update_sgd};
+        s->update_fn = builtin[desc->update];
+        s->desc.update_user = &s->desc.lr;
+    }
+    s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
+    if (!s->barrier_gen || kvps__table_grow(s) != 0) { free(s->barrier_gen); free(s); return KVPS_ERR_NOMEM; }
+    if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
+    fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
+    s->ctx = desc->zmq_ctx;
+    if (!s->ctx) {
+        s->ctx = zmq_ctx_new();
+        s->own_ctx = 1;
+        if (!s->ctx) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_ctx_new");
+        zmq_ctx_set(s->ctx, ZMQ_IO_THREADS, kvps__def(desc->io_threads, 1));
+    }
+    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
+    int zero = 0;
+    /* A ROUTER drops replies silently at its high-water mark: never let it. */
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_bind(s->router, desc->endpoint) != 0) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
+        return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
+    }
+    size_t sz = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
+    s->desc.endpoint = s->endpoint;
+    kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
+              desc->consistency == KVPS_BSP ? "BSP" : "async");
+    *out = s;
+    return KVPS_OK;
+}
+
+KVPS_API const char *kvps_server_endpoint(const kvps_server *s) { return s ? s->endpoint : NULL; }
+
+KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out) {
+    if (!s || !out) return;
+    const uint64_t *src = (const uint64_t *)&s->stats;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+/* Replies [id][hdr][text] with an error; id is copied, not consumed. */
+static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc,
+                              const char *fmt, ...) {
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    KVPS__STAT_ADD(s, errors, 1);
+    kvps__log(KVPS_LOG_WARN, "server %d: rejected request from rank %u: %s (%s)", s->desc.rank,
+              req ? req->rank : 0u, text, kvps_result_str(rc));
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)((req ? req->op : 0) | KVPS__OP_REPLY);
+    h.rank = req ? req->rank : 0;
+    h.req_id = req ? req->req_id : 0;
+    h.status = rc;
+    zmq_msg_t f[3];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    kvps__msg_from_buf(&f[2], text, strlen(text));
+    kvps__send_frames(s->router, f, 3);
+}
+
+static void kvps__add(float *KVPS__RESTRICT dst, const float *KVPS__RESTRICT src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static void kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
+    kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
+    s->update_fn(&a);
+    k->round++;
+    KVPS__STAT_ADD(s, rounds, 1);
+}
+
+static void kvps__try_pull(kvps_server *s, kvps__parked *p);
+
+static void kvps__wake(kvps_server *s, kvps__key *k) {
+    kvps__parked *w = k->waiters;
+    k->waiters = NULL;
+    while (w) {
+        kvps__parked *next = w->next;
+        kvps__try_pull(s, w); /* replies, or parks again on the key it still needs */
+        w = next;
+    }
+}
+
+/* BSP: add rank r's contribution to the round in rank order, buffering out-of-turn ones.
+   Contribution c of a rank belongs to round c (one push per key per round). */
+static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const float *g) {
+    uint64_t c = k->recv[r]++;
+    size_t bytes = (size_t)k->len * sizeof(float);
+    if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
+    if ((uint32_t)r == k->summed && c == k->round) {
+        if (k->summed == 0) memcpy(k->accum, g, bytes);
+        else kvps__add(k->accum, g, (size_t)k->len);
+        k->summed++;
+    } else {
+        if (!k->qhead) {
+            k->qhead = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qhead);
+            k->qtail = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qtail);
+            if (!k->qhead || !k->qtail) return -1;
+        }
+        kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
+        if (!p) return -1;
+        p->next = NULL;
+        memcpy(p->data, g, bytes);
+        if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
+        k->qtail[r] = p;
+    }
+    int advanced = 0;
+    for (;;) {
+        if (k->summed == (uint32_t)s->m) {
+            kvps__apply(s, k, k->accum, s->m);
+            k->summed = 0;
+            advanced = 1;
+        }
+        uint32_t nr = k->summed;
+        kvps__pend *p = k->qhead ? k->qhead[nr] : NULL;
+        if (!p) break;
+        k->qhead[nr] = p->next;
+        if (!p->next) k->qtail[nr] = NULL;
+        if (nr == 0) memcpy(k->accum, p->data, bytes);
+        else kvps__add(k->accum, p->data, (size_t)k->len);
+        free(p);
+        k->summed++;
+    }
+    return advanced;
+}
+
+/* Round a pull from rank r must wait for. */
+static uint64_t kvps__needed_round(const kvps_server *s, const kvps__key *k, uint32_t r) {
+    return s->desc.consistency == KVPS_BSP ? k->recv[r] : 0;
+}
+
+static void kvps__parked_free(kvps__parked *p) {
+    zmq_msg_close(&p->id);
+    free(p->idx);
+    free(p);
+}
+
+/* Sends a pull reply if every key is ready, else parks p on the first key that is not. */
+static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
+        kvps__key *k = s->keys[p->idx[i]];
+        if (k->round < kvps__needed_round(s, k, p->hdr.rank)) {
+            p->next = k->waiters;
+            k->waiters = p;
+            return;
+        }
+        total += k->len;
+    }
+    kvps__hdr h = p->hdr;
+    h.op |= KVPS__OP_REPLY;
+    h.status = KVPS_OK;
+    zmq_msg_t f[3];
+    f[0] = p->id; /* moved: the parked struct gives up its routing id */
+    zmq_msg_init(&p->id);
+    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    if (zmq_msg_init_size(&f[2], (size_t)total * sizeof(float)) != 0) {
+        zmq_msg_close(&f[1]);
+        kvps__reply_error(s, &f[0], &p->hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
+                          (unsigned long long)total);
+        zmq_msg_close(&f[0]);
+        kvps__parked_free(p);
+        return;
+    }
+    char *dst = (char *)zmq_msg_data(&f[2]);
+    for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
+        kvps__key *k = s->keys[p->idx[i]];
+        memcpy(dst, k->value, (size_t)k->len * sizeof(float));
+        dst += k->len * sizeof(float);
+    }
+    KVPS__STAT_ADD(s, pulls, p->hdr.nkeys);
+    kvps__send_frames(s->router, f, 3);
+    kvps__parked_free(p);
+}
+
+static int kvps__cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+    if (!p) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "no memory for a barrier"); return; }
+    zmq_msg_init(&p->id);
+    zmq_msg_copy(&p->id, id);
+    p->hdr = *h;
+    p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
+    p->next = s->barrier_waiters;
+    s->barrier_waiters = p;
+    /* The generation is complete when every rank has entered it. */
+    uint64_t gen = p->hdr.aux;
+    for (int r = 0; r < s->m; r++)
+        if (s->barrier_gen[r] <= gen) return;
+    kvps__parked **pp = &s->barrier_waiters;
+    while (*pp) {
+        kvps__parked *w = *pp;
+        if (w->hdr.aux != gen) { pp = &w->next; continue; }
+        *pp = w->next;
+        kvps__hdr rh = w->hdr;
+        rh.op |= KVPS__OP_REPLY;
+        rh.status = KVPS_OK;
+        zmq_msg_t f[2];
+        f[0] = w->id;
+        zmq_msg_init(&w->id);
+        kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+        kvps__send_frames(s->router, f, 2);
+        kvps__parked_free(w);
+    }
+}
+
+/* Checks one request whole, then applies it. frames: [id][meta][values?]. */
+static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    zmq_msg_t *id = &fr[0];
+    if (nfr < 2) {
+        KVPS__STAT_ADD(s, errors, 1);
+        kvps__log(KVPS_LOG_WARN, "server %d: dropped a message with no meta frame", s->desc.rank);
+        return;
+    }
+    size_t msz = zmq_msg_size(&fr[1]);
+    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
+    kvps__hdr h;
+    if (msz < KVPS__HDR) {
+        kvps__reply_error(s, id, NULL, KVPS_ERR_TRUNCATED, "meta frame of %zu bytes, header needs %d",
+                          msz, KVPS__HDR);
+        return;
+    }
+    memcpy(&h, meta, sizeof h);
+    if (h.magic != KVPS__MAGIC) {
+        kvps__reply_error(s, id, NULL, KVPS_ERR_MAGIC, "magic 0x%08x", h.magic);
+        return;
+    }
+    if (h.version != KVPS__VERSION) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_VERSION, "version %u, this server speaks %d", h.version,
+                          KVPS__VERSION);
+        return;
+    }
+    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_BARRIER) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
+        return;
+    }
+    if (h.rank >= (uint32_t)s->m) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
+        return;
+    }
+    int want_frames = kvps__op_has_values(h.op) ? 3 : 2;
+    if (nfr != want_frames) {
+        kvps__reply_error(s, id, &h, nfr < want_frames ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "%d frames, op %u takes %d", nfr - 1, h.op, want_frames - 1);
+        return;
+    }
+    if ((uint64_t)(msz - KVPS__HDR) != (uint64_t)h.nkeys * KVPS__KENT) {
+        kvps__reply_error(s, id, &h, msz - KVPS__HDR < (uint64_t)h.nkeys * KVPS__KENT ? KVPS_ERR_TRUNCATED
+                                                                                    : KVPS_ERR_MALFORMED,
+                          "meta frame of %zu bytes for %u keys", msz, h.nkeys);
+        return;
+    }
+    if (h.op == KVPS__OP_BARRIER) {
+        if (h.nkeys != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
+        if (s->desc.rank != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
+        kvps__barrier(s, id, &h);
+        return;
+    }
+    if (h.nkeys == 0) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "request with no keys");
+        return;
+    }
+    /* Pass 1: lengths, sizes, duplicates; no state changes. */
+    const unsigned char *ents = meta + KVPS__HDR;
+    uint64_t total = 0;
+    if (s->scratch_cap < h.nkeys) {
+        uint32_t *ni = (uint32_t *)realloc(s->scratch_idx, (size_t)h.nkeys * sizeof *ni);
+        if (!ni) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
+        s->scratch_idx = ni;
+        s->scratch_cap = h.nkeys;
+    }
+    uint32_t *idx = s->scratch_idx;
+    uint64_t stamp = ++s->stamp;
+    uint32_t nnew = 0;
+    for (uint32_t i = 0; i < h.nkeys; i++) {
+        kvps__kent e;
+        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+        if (e.len == 0 || e.len > s->desc.max_value_len) {
+            kvps__reply_error(s, id, &h, e.len ? KVPS_ERR_TOO_LARGE : KVPS_ERR_MALFORMED,
+                              "key %llu: length %llu (limit %llu)", (unsigned long long)e.key,
+                              (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
+            return;
+        }
+        total += e.len;
+        idx[i] = kvps__find(s, e.key);
+        if (idx[i] == UINT32_MAX) { nnew++; continue; }
+        kvps__key *k = s->keys[idx[i]];
+        if (k->len != e.len) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_LEN_MISMATCH, "key %llu: length %llu, registered %llu",
+                              (unsigned long long)e.key, (unsigned long long)e.len, (unsigned long long)k->len);
+            return;
+        }
+        if (k->stamp == stamp) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "key %llu", (unsigned long long)e.key);
+            return;
+        }
+        k->stamp = stamp;
+    }
+    if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
+        kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
+                                         ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "values frame of %zu bytes, keys need %llu", zmq_msg_size(&fr[2]),
+                          (unsigned long long)(total * sizeof(float)));
+        return;
+    }
+    if (nnew > 1) { /* duplicates among keys the server has not seen yet */
+        uint64_t *nk = (uint64_t *)malloc(nnew * sizeof *nk);
+        if (!nk) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u new keys", nnew); return; }
+        uint32_t j = 0;
+        for (uint32_t i = 0; i < h.nkeys; i++)
+            if (idx[i] == UINT32_MAX) memcpy(&nk[j++], ents + (size_t)i * KVPS__KENT, sizeof(uint64_t));
+        qsort(nk, nnew, sizeof *nk, kvps__cmp_u64);
+        int dup = 0;
+        for (uint32_t i = 1; i < nnew; i++) dup |= nk[i] == nk[i - 1];
+        free(nk);
+        if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
+    }
+    /* Pass 2: create new keys, then apply. */
+    for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
+        if (idx[i] != UINT32_MAX) continue;
+        kvps__kent e;
+        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+        idx[i] = kvps__key_create(s, e.key, e.len);
+        if (idx[i] == UINT32_MAX) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats",
+                              (unsigned long long)e.key, (unsigned long long)e.len);
+            return;
+        }
+    }
+    if (kvps__op_has_values(h.op)) {
+        const char *src = (const char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__key *k = s->keys[idx[i]];
+            size_t bytes = (size_t)k->len * sizeof(float);
+            const float *g = (const float *)(const void *)src;
+            if (!kvps__aligned(src)) {
+                if (s->scratch_len < k->len) {
+                    free(s->scratch);
+                    s->scratch = (float *)kvps__alloc_floats(k->len);
+                    s->scratch_len = s->scratch ? (size_t)k->len : 0;
+                    if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
+                }
+                memcpy(s->scratch, src, bytes);
+                g = s->scratch;
+            }
+            src += bytes;
+            if (h.op == KVPS__OP_INIT) {
+                memcpy(k->value, g, bytes);
+                continue;
+            }
+            KVPS__STAT_ADD(s, pushes, 1);
+            int advanced;
+            if (s->desc.consistency == KVPS_BSP) {
+                advanced = kvps__bsp_push(s, k, (int)h.rank, g);
+                if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
+            } else {
+                k->recv[h.rank]++;
+                kvps__apply(s, k, g, 1);
+                advanced = 1;
+            }
+            if (advanced && k->waiters) kvps__wake(s, k);
+        }
+    }
+    /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
+    if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
+    if (kvps__op_pulls(h.op)) {
+        kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+        uint32_t *pidx = (uint32_t *)malloc((size_t)h.nkeys * sizeof *pidx);
+        if (!p || !pidx) {
+            free(p); free(pidx);
+            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "pull of %u keys", h.nkeys);
+            return;
+        }
+        memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
+        zmq_msg_init(&p->id);
+        zmq_msg_copy(&p->id, id);
+        p->hdr = h;
+        p->idx = pidx;
+        kvps__try_pull(s, p);
+        return;
+    }
+    kvps__hdr rh = h;
+    rh.op |= KVPS__OP_REPLY;
+    rh.status = KVPS_OK;
+    rh.nkeys = 0;
+    zmq_msg_t f[2];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__send_frames(s->router, f, 2);
+}
+
+/* Receives one whole multipart message (at most 3 frames kept; extra frames are counted and
+   dropped) without blocking; returns the frame count, 0 when none is waiting, -1 on error. */
+static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
+    int n = 0, more = 1;
+    *extra = 0;
+    while (more) {
+        zmq_msg_t tmp, *m = n < max ? &fr[n] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n && i < max; i++) zmq_msg_close(&fr[i]);
+            return (n == 0 && zmq_errno() == EAGAIN) ? 0 : -1;
+        }
+        more = zmq_msg_more(m);
+        if (n < max) n++;
+        else { zmq_msg_close(m); (*extra)++; }
+    }
+    return n;
+}
+
+KVPS_API kvps_result kvps_server_run(kvps_server *s) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0}};
+    for (;;) {
+        if (zmq_poll(items, 2, -1) < 0) {
+            if (zmq_errno() == EINTR) continue;
+            kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
+            return KVPS_ERR_ZMQ;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            char c;
+            while (read(s->stop_pipe[0], &c, 1) == 1) {}
+            return KVPS_OK;
+        }
+        /* Drain a batch, then look at the stop pipe again. */
+        for (int i = 0; i < 256; i++) {
+            zmq_msg_t fr[4];
+            int extra;
+            int n = kvps__recv_msg(s->router, fr, 4, &extra);
+            if (n <= 0) break;
+            kvps__handle(s, fr, n + extra);
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        }
+    }
+}
+
+static void *kvps__server_thread(void *arg) {
+    kvps_server_run((kvps_server *)arg);
+    return NULL;
+}
+
+KVPS_API kvps_result kvps_server_start(kvps_server *s) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    if (s->started) return KVPS_ERR_STATE;
+    if (pthread_create(&s->thread, NULL, kvps__server_thread, s) != 0) return KVPS_ERR_NOMEM;
+    s->started = 1;
+    return KVPS_OK;
+}
+
+KVPS_API void kvps_server_stop(kvps_server *s) {
+    if (!s || s->stop_pipe[1] < 0) return;
+    char c = 1;
+    ssize_t rc = write(s->stop_pipe[1], &c, 1);
+    (void)rc;
+}
+
+KVPS_API void kvps_server_destroy(kvps_server **sp) {
+    if (!sp || !*sp) return;
+    kvps_server *s = *sp;
+    *sp = NULL;
+    if (s->started) {
+        kvps_server_stop(s);
+        pthread_join(s->thread, NULL);
+    }
+    for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_free(s->keys[i], s->m);
+    while (s->barrier_waiters) {
+        kvps__parked *p = s->barrier_waiters;
+        s->barrier_waiters = p->next;
+        kvps__parked_free(p);
+    }
+    if (s->router) zmq_close(s->router);
+    if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
+    for (int i = 0; i < 2; i++)
+        if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
+    free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
+    free(s);
+}
+
+// >>client
+typedef struct kvps__dest { float *ptr; uint64_t len; } kvps__dest;
+
+typedef struct kvps__req {
+    uint64_t id;
+    int refs;            /* 1 for the worker + one per zero-copy frame ZeroMQ still holds */
+    int pending;         /* replies still expected */
+    kvps_result status;
+    int nservers;
+    uint32_t *dbegin;    /* per server: first index in dest (nservers + 1 entries) */
+    kvps__dest *dest;    /* pull destinations in send order */
+} kvps__req;
+
+typedef struct kvps__tensor_info {
+    char *name;
+    uint64_t len;
+    uint32_t nslices;
+    uint64_t *keys, *off, *slen; /* per slice */
+    int *server;
+} kvps__tensor_info;
+
+struct kvps_worker {
+    kvps_worker_desc desc;
+    void *ctx;
+    int own_ctx;
+    int n;
+    void **socks;
+    zmq_pollitem_t *items;
+    char **endpoints;
+    kvps__req **slots; /* request table: handle = (generation << 32) | (slot + 1) */
+    uint32_t *gen;
+    uint32_t nslots;
+    uint32_t *free_slots;
+    uint32_t nfree;
+    kvps__tensor_info *tensors;
+    int ntensors, cap_tensors;
+    /* per-call scratch: keys grouped by server */
+    uint32_t *order, *count;
+    size_t order_cap;
+    char errmsg[320];
+};
+
+static void kvps__req_unref(kvps__req *q) {
+    if (__atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        free(q->dbegin);
+        free(q->dest);
+        free(q);
+    }
+}
+
+static void kvps__zc_free(void *data, void *hint) {
+    (void)data;
+    kvps__req_unref((kvps__req *)hint);
+}
+
+KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!desc->servers || desc->rank < 0 || desc->num_workers < 0 || desc->timeout_ms < 0 ||
+        desc->io_threads < 0 || (desc->num_workers && desc->rank >= desc->num_workers)) {
+        kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
+        return KVPS_ERR_CONFIG;
+    }
+    kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
+    if (!w) return KVPS_ERR_NOMEM;
+    w->desc = *desc;
+    w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
+    w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
+    w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
+    kvps_result r = KVPS_OK;
+    w->n = kvps__split(desc->servers, &w->endpoints);
+    if (w->n < 1) {
+        kvps__log(KVPS_LOG_ERROR, "worker: malformed server list '%s'", desc->servers);
+        w->n = 0;
+        kvps_worker_destroy(&w);
+        return KVPS_ERR_CONFIG;
+    }
+    w->desc.servers = NULL;
+    w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
+    w->items = (zmq_pollitem_t *)calloc((size_t)w->n, sizeof *w->items);
+    w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
+    if (!w->socks || !w->items || !w->count) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
+    w->ctx = desc->zmq_ctx;
+    if (!w->ctx) {
+        w->ctx = zmq_ctx_new();
+        w->own_ctx = 1;
+        if (!w->ctx) { kvps_worker_destroy(&w); return KVPS_ERR_ZMQ; }
+        zmq_ctx_set(w->ctx, ZMQ_IO_THREADS, kvps__def(desc->io_threads, 1));
+    }
+    for (int i = 0; i < w->n; i++) {
+        void *s = zmq_socket(w->ctx, ZMQ_DEALER);
+        if (!s) { r = KVPS_ERR_ZMQ; break; }
+        w->socks[i] = s;
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(s, w->endpoints[i]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
+                      w->endpoints[i], zmq_strerror(zmq_errno()));
+            r = KVPS_ERR_CONNECT;
+            break;
+        }
+        w->items[i].socket = s;
+        w->items[i].events = ZMQ_POLLIN;
+    }
+    if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
+    *out = w;
+    return KVPS_OK;
+}
+
+KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
+    if (!wp || !*wp) return;
+    kvps_worker *w = *wp;
+    *wp = NULL;
+    for (int i = 0; i < w->n; i++)
+        if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
+    /* Requests that ZeroMQ still references are freed by the last free callback. */
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i]) kvps__req_unref(w->slots[i]);
+    if (w->own_ctx && w->ctx) zmq_ctx_term(w->ctx);
+    for (int i = 0; i < w->ntensors; i++) {
+        kvps__tensor_info *t = &w->tensors[i];
+        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
+    }
+    kvps__free_strv(w->endpoints, w->n);
+    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->gen);
+    free(w->free_slots); free(w->order); free(w->count);
+    free(w);
+}
+
+KVPS_API int kvps_worker_num_servers(const kvps_worker *w) { return w ? w->n : 0; }
+KVPS_API const char *kvps_worker_last_error(const kvps_worker *w) { return w ? w->errmsg : ""; }
+
+static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
+    uint32_t slot = (uint32_t)(h & 0xffffffffu);
+    if (slot == 0 || slot > w->nslots) return NULL;
+    kvps__req *q = w->slots[slot - 1];
+    if (!q || q->id != h) return NULL;
+    return q;
+}
+
+static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
+    if (w->nfree == 0) {
+        uint32_t nc = w->nslots ? w->nslots * 2 : 64;
+        kvps__req **ns = (kvps__req **)realloc(w->slots, nc * sizeof *ns);
+        if (!ns) return NULL;
+        w->slots = ns;
+        uint32_t *ng = (uint32_t *)realloc(w->gen, nc * sizeof *ng);
+        if (!ng) return NULL;
+        w->gen = ng;
+        uint32_t *nf = (uint32_t *)realloc(w->free_slots, nc * sizeof *nf);
+        if (!nf) return NULL;
+        w->free_slots = nf;
+        for (uint32_t i = w->nslots; i < nc; i++) {
+            ns[i] = NULL;
+            ng[i] = 0;
+            nf[w->nfree++] = nc - 1 - (i - w->nslots);
+        }
+        w->nslots = nc;
+    }
+    kvps__req *q = (kvps__req *)calloc(1, sizeof *q);
+    if (!q) return NULL;
+    q->nservers = w->n;
+    q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
+    if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
+    if (!q->dbegin || (ndest && !q->dest)) { free(q->dbegin); free(q->dest); free(q); return NULL; }
+    uint32_t slot = w->free_slots[--w->nfree];
+    w->gen[slot]++;
+    q->id = ((uint64_t)w->gen[slot] << 32) | (slot + 1);
+    q->refs = 1;
+    w->slots[slot] = q;
+    return q;
+}
+
+static void kvps__req_end(kvps_worker *w, kvps__req *q) {
+    uint32_t slot = (uint32_t)(q->id & 0xffffffffu) - 1;
+    w->slots[slot] = NULL;
+    w->free_slots[w->nfree++] = slot;
+    kvps__req_unref(q);
+}
+
+/* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
+   or gathered from the runs given by vptr/vlen. */
+static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
+                                  uint32_t nk, const float *const *vptr, uint32_t nruns) {
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)op;
+    h.rank = (uint32_t)w->desc.rank;
+    h.nkeys = nk;
+    h.req_id = q->id;
+    zmq_msg_t f[2];
+    int nf = 1;
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0) return KVPS_ERR_NOMEM;
+    memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
+    if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
+    if (kvps__op_has_values(op)) {
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < nk; i++) total += ents[i].len;
+        size_t bytes = (size_t)total * sizeof(float);
+        nf = 2;
+        if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
+            __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
+            if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
+                __atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
+                zmq_msg_close(&f[0]);
+                return KVPS_ERR_NOMEM;
+            }
+        } else {
+            if (zmq_msg_init_size(&f[1], bytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            char *dst = (char *)zmq_msg_data(&f[1]);
+            if (nruns == 1) {
+                memcpy(dst, vptr[0], bytes);
+            } else {
+                for (uint32_t i = 0; i < nk; i++) {
+                    memcpy(dst, vptr[i], (size_t)ents[i].len * sizeof(float));
+                    dst += ents[i].len * sizeof(float);
+                }
+            }
+        }
+    }
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
+        kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
+                  zmq_strerror(zmq_errno()));
+        return KVPS_ERR_ZMQ;
+    }
+    q->pending++;
+    return KVPS_OK;
+}
+
+static int kvps__server_of(const kvps_worker *w, uint64_t key) {
+    return (int)(kvps__mix64(key) % (uint64_t)w->n);
+}
+
+/* Raw keys: group by server, one message each. */
+static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, const float *vals,
+                                 float *dst, const size_t *lens, size_t nkeys, kvps_req *out) {
+    if (!w || !keys || !lens || !out || nkeys == 0 || nkeys > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    if (kvps__op_has_values(op) && !vals) return KVPS_ERR_INVALID_ARG;
+    if (kvps__op_pulls(op) && !dst) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (w->order_cap < nkeys) {
+        uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
+        if (!no) return KVPS_ERR_NOMEM;
+        w->order = no;
+        w->order_cap = nkeys;
+    }
+    /* Counting sort of key indices by server, keeping the caller's order within a server. */
+    memset(w->count, 0, ((size_t)w->n + 1) * sizeof *w->count);
+    for (size_t i = 0; i < nkeys; i++) {
+        if (keys[i] >> 63) return KVPS_ERR_KEY_RESERVED;
+        if (lens[i] == 0) return KVPS_ERR_INVALID_ARG;
+        w->count[kvps__server_of(w, keys[i]) + 1]++;
+    }
+    for (int s = 0; s < w->n; s++) w->count[s + 1] += w->count[s];
+    kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? nkeys : 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    memcpy(q->dbegin, w->count, ((size_t)w->n + 1) * sizeof *q->dbegin);
+    uint64_t *offs = (uint64_t *)malloc(nkeys * sizeof *offs);
+    kvps__kent *ents = (kvps__kent *)malloc(nkeys * sizeof *ents);
+    const float **vp = (const float **)malloc(nkeys * sizeof *vp);
+    kvps_result r = (offs && ents && vp) ? KVPS_OK : KVPS_ERR_NOMEM;
+    if (r == KVPS_OK) {
+        uint64_t off = 0;
+        for (size_t i = 0; i < nkeys; i++) {
+            offs[i] = off;
+            off += lens[i];
+            w->order[w->count[kvps__server_of(w, keys[i])]++] = (uint32_t)i;
+        }
+        for (int s = 0; s < w->n && r == KVPS_OK; s++) {
+            uint32_t b = q->dbegin[s], e = q->dbegin[s + 1];
+            if (b == e) continue;
+            int contiguous = 1;
+            for (uint32_t j = b; j < e; j++) {
+                uint32_t i = w->order[j];
+                ents[j].key = keys[i];
+                ents[j].len = lens[i];
+                vp[j] = vals ? vals + offs[i] : NULL;
+                if (q->dest) { q->dest[j].ptr = dst + offs[i]; q->dest[j].len = lens[i]; }
+                if (j > b && offs[i] != offs[w->order[j - 1]] + lens[w->order[j - 1]]) contiguous = 0;
+            }
+            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b);
+        }
+    }
+    free(offs); free(ents); free(vp);
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r; /* some messages went out: the caller still waits */
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_push(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PUSH, keys, vals, NULL, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, const float *grads,
+                                          float *vals, const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PUSHPULL, keys, grads, vals, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_INIT, keys, vals, NULL, lens, nkeys, out);
+}
+
+// >>tensor
+KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
+    if (!w || !name || !*name || !out || len == 0) return KVPS_ERR_INVALID_ARG;
+    uint64_t h = kvps__fnv1a(name);
+    uint64_t base = (1ull << 63) | ((h & 0x7fffffffffffull) << 16);
+    for (int i = 0; i < w->ntensors; i++) {
+        if (strcmp(w->tensors[i].name, name) == 0 || (w->tensors[i].keys[0] & ~0xffffull) == base) {
+            kvps__log(KVPS_LOG_ERROR, "tensor '%s': %s", name,
+                      strcmp(w->tensors[i].name, name) == 0 ? "already registered" : "hash collides");
+            return KVPS_ERR_TENSOR;
+        }
+    }
+    if (w->ntensors == w->cap_tensors) {
+        int nc = w->cap_tensors ? w->cap_tensors * 2 : 16;
+        kvps__tensor_info *nt = (kvps__tensor_info *)realloc(w->tensors, (size_t)nc * sizeof *nt);
+        if (!nt) return KVPS_ERR_NOMEM;
+        w->tensors = nt;
+        w->cap_tensors = nc;
+    }
+    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice;
+    if (ns > (uint64_t)w->n) ns = (uint64_t)w->n;
+    if (ns < 1) ns = 1;
+    kvps__tensor_info *t = &w->tensors[w->ntensors];
+    memset(t, 0, sizeof *t);
+    t->name = (char *)malloc(strlen(name) + 1);
+    if (t->name) memcpy(t->name, name, strlen(name) + 1);
+    t->len = len;
+    t->nslices = (uint32_t)ns;
+    t->keys = (uint64_t *)malloc(ns * sizeof *t->keys);
+    t->off = (uint64_t *)malloc(ns * sizeof *t->off);
+    t->slen = (uint64_t *)malloc(ns * sizeof *t->slen);
+    t->server = (int *)malloc(ns * sizeof *t->server);
+    if (!t->name || !t->keys || !t->off || !t->slen || !t->server) {
+        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
+        return KVPS_ERR_NOMEM;
+    }
+    int first = (int)(h % (uint64_t)w->n);
+    for (uint64_t i = 0; i < ns; i++) {
+        uint64_t b = (uint64_t)len * i / ns, e = (uint64_t)len * (i + 1) / ns;
+        t->keys[i] = base | i;
+        t->off[i] = b;
+        t->slen[i] = e - b;
+        t->server[i] = (int)((first + i) % (uint64_t)w->n);
+    }
+    *out = w->ntensors++;
+    return KVPS_OK;
+}
+
+KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
+    return (w && t >= 0 && t < w->ntensors) ? w->tensors[t].nslices : 0;
+}
+
+/* A tensor's slices sit on distinct servers, so each message carries one contiguous slice. */
+static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
+                                   kvps_req *out) {
+    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst)) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps__tensor_info *t = &w->tensors[ti];
+    kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? t->nslices : 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    /* dest index of slice i is i; dbegin[s] points at the slice on server s */
+    memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
+    kvps_result r = KVPS_OK;
+    for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
+        int s = t->server[i];
+        q->dbegin[s] = i;
+        if (q->dest) { q->dest[i].ptr = dst + t->off[i]; q->dest[i].len = t->slen[i]; }
+        kvps__kent e = {t->keys[i], t->slen[i]};
+        const float *vp = vals ? vals + t->off[i] : NULL;
+        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1);
+    }
+    q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, out);
+}
+KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, out);
+}
+KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
+                                                 float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, out);
+}
+KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, out);
+}
+
+KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
+    if (!w || !out) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    *out = q->id;
+    return KVPS_OK;
+}
+
+// >>progress
+/* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
+static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
+    kvps__hdr h;
+    if (zmq_msg_size(&fr[0]) < sizeof h) {
+        kvps__log(KVPS_LOG_WARN, "worker %d: short reply from server %d dropped", w->desc.rank, srv);
+        return;
+    }
+    memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
+    kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
+    if (!q || q->pending <= 0) {
+        kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
+                  (unsigned long long)h.req_id);
+        return;
+    }
+    q->pending--;
+    if (h.status != KVPS_OK) {
+        char text[256] = "";
+        if (nfr > 1) {
+            size_t n = zmq_msg_size(&fr[1]);
+            if (n > sizeof text - 1) n = sizeof text - 1;
+            memcpy(text, zmq_msg_data(&fr[1]), n);
+            text[n] = 0;
+        }
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
+        if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
+        return;
+    }
+    if (!q->dest) return;
+    uint32_t b, e;
+    if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
+    else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
+    uint64_t total = 0;
+    for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
+    if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: pull reply of %zu bytes, expected %llu", srv,
+                 nfr < 2 ? (size_t)0 : zmq_msg_size(&fr[1]), (unsigned long long)(total * sizeof(float)));
+        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
+        return;
+    }
+    const char *src = (const char *)zmq_msg_data(&fr[1]);
+    for (uint32_t j = b; j < e; j++) {
+        memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
+        src += q->dest[j].len * sizeof(float);
+    }
+}
+
+/* Handles every reply that has arrived; with wait_ms > 0, first waits up to that long for one. */
+static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
+    if (wait_ms > 0) {
+        int rc = zmq_poll(w->items, w->n, wait_ms);
+        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+        if (rc <= 0) return KVPS_OK;
+    }
+    for (int s = 0; s < w->n; s++) {
+        for (;;) {
+            zmq_msg_t fr[2];
+            int extra;
+            int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
+            if (n < 0) return KVPS_ERR_ZMQ;
+            if (n == 0) break;
+            kvps__on_reply(w, s, fr, n);
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        }
+    }
+    return KVPS_OK;
+}
+
+static int kvps__req_done(kvps__req *q) {
+    return q->pending == 0 && __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1;
+}
+
+KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
+    if (!w || !done) return KVPS_ERR_INVALID_ARG;
+    *done = 0;
+    kvps__req *q = kvps__req_get(w, req);
+    if (!q) return KVPS_ERR_INVALID_REQ;
+    kvps_result r = kvps__progress(w, 0);
+    if (r != KVPS_OK) return r;
+    if (!kvps__req_done(q)) return KVPS_OK;
+    *done = 1;
+    r = q->status;
+    kvps__req_end(w, q);
+    return r;
+}
+
+KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    kvps__req *q = kvps__req_get(w, req);
+    if (!q) return KVPS_ERR_INVALID_REQ;
+    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    for (;;) {
+        kvps_result r = kvps__progress(w, 0);
+        if (r != KVPS_OK) return r;
+        if (kvps__req_done(q)) break;
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) {
+            snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
+                     q->pending, q->nservers);
+            return KVPS_ERR_TIMEOUT;
+        }
+        if (q->pending > 0) {
+            r = kvps__progress(w, left);
+            if (r != KVPS_OK) return r;
+        } else {
+            sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
+        }
+    }
+    kvps_result r = q->status;
+    kvps__req_end(w, q);
+    return r;
+}
+
+#endif /* KVPS__IMPLEMENTED */
+#endif /* KVPS_IMPLEMENTATION */

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what kvps needs on Debian (as root), or prints the exact install line and fails.
+# usage: scripts/deps.sh [build|demo|mpi]
+set -u
+want="build"; [ $# -gt 0 ] && want="$1"
+missing=()
+have_pc() { pkg-config --exists "$1" 2>/dev/null; }
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+have_pc libzmq || missing+=(libzmq3-dev)
+have_pc libczmq || missing+=(libczmq-dev)
+have_pc zlib || missing+=(zlib1g-dev)
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v make >/dev/null 2>&1 || missing+=(make)
+if [ "$want" = demo ]; then
+  [ -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || missing+=(dataset-fashion-mnist)
+fi
+if [ "$want" = mpi ]; then
+  command -v mpicc >/dev/null 2>&1 || missing+=(openmpi-bin libopenmpi-dev)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+line="apt-get install -y ${missing[*]}"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "kvps: installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null 2>&1 || true
+  if apt-get install -y -qq "${missing[@]}" >/tmp/kvps-apt.log 2>&1; then exit 0; fi
+  echo "kvps: '$line' failed; see /tmp/kvps-apt.log" >&2
+  exit 1
+fi
+echo "kvps: missing packages. Run as root:" >&2
+echo "    sudo $line" >&2
+exit 1

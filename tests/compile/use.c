@@ -1,0 +1,15 @@
+#include "kvps.h"
+#include "kvps_ring.h"
+#include "kvps_gpu.h"
+#include <stdio.h>
+#include <string.h>
+
+int main(void) {
+    /* every result code has its own message */
+    if (strstr(kvps_result_str(KVPS_ERR_TIMEOUT), "timed out") == NULL) return 1;
+    kvps_server *s = NULL;
+    kvps_log_set_level(KVPS_LOG_NONE);
+    if (kvps_server_create(&(kvps_server_desc){.endpoint = NULL}, &s) != KVPS_ERR_CONFIG || s) return 2;
+    puts("compile-test: C99 two-file link ok");
+    return 0;
+}

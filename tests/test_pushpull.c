@@ -1,0 +1,328 @@
+/* Sharded push/pull: n = 1..4 servers x m = 1..8 workers on inproc, ipc and tcp, threads and
+   processes; sums checked bit for bit against a naive sum in rank order. */
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+#include "tests/kvps_test.h"
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+/* Gradient element i of tensor t from worker r in round k: deterministic, independent of order. */
+static float grad_at(int r, int k, int t, size_t i) {
+    uint64_t s = ((uint64_t)r << 48) ^ ((uint64_t)k << 32) ^ ((uint64_t)t << 24) ^ (uint64_t)i;
+    return kt_randf(&s);
+}
+
+/* Oracle: UPDATE_SUM after `rounds` rounds = sum over rounds of (rank-order sum of workers). */
+static float expected_at(int m, int rounds, int t, size_t i) {
+    float acc = 0.0f;
+    for (int k = 0; k < rounds; k++) {
+        float s = grad_at(0, k, t, i);
+        for (int r = 1; r < m; r++) s += grad_at(r, k, t, i);
+        acc += s;
+    }
+    return acc;
+}
+
+typedef struct job {
+    const char *servers;
+    void *ctx;
+    int rank, m, rounds, ntensors;
+    const size_t *lens;
+    size_t min_slice;
+    int failures;
+    char why[256];
+} job;
+
+static void *worker_main(void *arg) {
+    job *j = (job *)arg;
+    kvps_worker *w = NULL;
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank,
+                                                            .num_workers = j->m, .zmq_ctx = j->ctx,
+                                                            .min_slice = j->min_slice,
+                                                            .timeout_ms = 30000},
+                                       &w);
+    if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); j->failures++; return NULL; }
+    kvps_tensor t[16];
+    float *g[16], *v[16];
+    kvps_req q[32];
+    for (int i = 0; i < j->ntensors; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "tensor.%d", i);
+        kvps_worker_tensor(w, name, j->lens[i], &t[i]);
+        g[i] = (float *)malloc(j->lens[i] * sizeof(float));
+        v[i] = (float *)malloc(j->lens[i] * sizeof(float));
+    }
+    for (int k = 0; k < j->rounds && !j->failures; k++) {
+        for (int i = 0; i < j->ntensors; i++)
+            for (size_t e = 0; e < j->lens[i]; e++) g[i][e] = grad_at(j->rank, k, i, e);
+        /* all pushes in flight, then all pulls: a pull waits for its round under BSP */
+        for (int i = 0; i < j->ntensors; i++) kvps_worker_push_tensor(w, t[i], g[i], &q[i]);
+        for (int i = 0; i < j->ntensors; i++) kvps_worker_pull_tensor(w, t[i], v[i], &q[j->ntensors + i]);
+        for (int i = 0; i < 2 * j->ntensors; i++) {
+            r = kvps_worker_wait(w, q[i], -1);
+            if (r != KVPS_OK) {
+                snprintf(j->why, 200, "rank %d round %d wait: %s %.100s", j->rank, k, kvps_result_str(r),
+                         kvps_worker_last_error(w));
+                j->failures++;
+            }
+        }
+        for (int i = 0; i < j->ntensors && !j->failures; i++)
+            for (size_t e = 0; e < j->lens[i]; e++) {
+                float want = expected_at(j->m, k + 1, i, e);
+                if (memcmp(&v[i][e], &want, sizeof want) != 0) {
+                    snprintf(j->why, sizeof j->why, "rank %d round %d tensor %d [%zu]: %.9g want %.9g", j->rank,
+                             k, i, e, v[i][e], want);
+                    j->failures++;
+                    break;
+                }
+            }
+    }
+    for (int i = 0; i < j->ntensors; i++) { free(g[i]); free(v[i]); }
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+
+static int run_threads(const char *transport, int n, int m, const size_t *lens, int ntensors, int rounds,
+                       size_t min_slice) {
+    kt_cluster c;
+    if (kt_cluster_up(&c, transport, n,
+                      &(kvps_server_desc){.num_workers = m, .update = KVPS_UPDATE_SUM}) != 0) {
+        kt_cluster_down(&c);
+        return 1;
+    }
+    job jobs[8];
+    pthread_t th[8];
+    for (int r = 0; r < m; r++) {
+        jobs[r] = (job){.servers = c.servers, .ctx = c.ctx, .rank = r, .m = m, .rounds = rounds,
+                        .ntensors = ntensors, .lens = lens, .min_slice = min_slice};
+        pthread_create(&th[r], NULL, worker_main, &jobs[r]);
+    }
+    int fails = 0;
+    for (int r = 0; r < m; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].failures) { fails++; printf("  %s n=%d m=%d: %s\n", transport, n, m, jobs[r].why); }
+    }
+    /* Each server holds about 1/n of the bytes of the large tensors. */
+    kt_cluster_down(&c);
+    return fails;
+}
+
+static void test_matrix_inproc(void) {
+    for (int n = 1; n <= 4; n++)
+        for (int m = 1; m <= 8; m++) {
+            size_t lens[6] = {1, (size_t)(n > 1 ? n - 1 : 2), 13, 101, 1031, 4099};
+            int f = run_threads("inproc", n, m, lens, 6, 3, 8);
+            KT_CHECK(f == 0, "n=%d m=%d: %d workers failed", n, m, f);
+        }
+}
+
+static void test_tcp_and_ipc(void) {
+    size_t lens[4] = {1, 7, 10007, 65537};
+    KT_CHECK(run_threads("tcp", 3, 4, lens, 4, 3, 0) == 0, "tcp 3x4");
+    KT_CHECK(run_threads("ipc", 2, 3, lens, 4, 3, 0) == 0, "ipc 2x3");
+    KT_CHECK(run_threads("tcp", 4, 8, lens, 4, 2, 0) == 0, "tcp 4x8");
+}
+
+static void test_large_tensor(void) {
+    /* 64 MB of float32 (16M floats), 2 servers x 2 workers on loopback TCP. */
+    size_t lens[1] = {kt_quick() ? (size_t)1 << 20 : (size_t)16 << 20};
+    KT_CHECK(run_threads("tcp", 2, 2, lens, 1, 1, 0) == 0, "64 MB tensor");
+}
+
+static void test_balance(void) {
+    /* Slices are balanced by bytes: each of n servers holds within 1% of 1/n of a big tensor. */
+    for (int n = 1; n <= 4; n++) {
+        kt_cluster c;
+        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+        kvps_worker *w = NULL;
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
+        size_t len = 1000003;
+        float *g = (float *)calloc(len, sizeof(float));
+        kvps_tensor t;
+        kvps_req q;
+        KT_OK(kvps_worker_tensor(w, "big", len, &t));
+        KT_CHECK(kvps_worker_tensor_slices(w, t) == (size_t)n, "%zu slices", kvps_worker_tensor_slices(w, t));
+        KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+        KT_OK(kvps_worker_wait(w, q, -1));
+        for (int i = 0; i < n; i++) {
+            kvps_server_stats st;
+            kvps_server_stats_get(c.srv[i], &st);
+            double share = (double)st.value_bytes / (double)(len * sizeof(float));
+            KT_CHECK(share > 1.0 / n - 0.01 && share < 1.0 / n + 0.01, "server %d holds %.4f of n=%d", i, share, n);
+        }
+        free(g);
+        kvps_worker_destroy(&w);
+        kt_cluster_down(&c);
+    }
+}
+
+static void test_raw_keys(void) {
+    /* Many raw keys of different lengths in one call, spread over 3 servers, 2 workers. */
+    kt_cluster c;
+    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = 2, .update = KVPS_UPDATE_SUM});
+    kvps_worker *w[2];
+    enum { NK = 50 };
+    uint64_t keys[NK];
+    size_t lens[NK], total = 0;
+    for (int i = 0; i < NK; i++) { keys[i] = (uint64_t)i * 7919u + 3; lens[i] = (size_t)(i % 9) + 1; total += lens[i]; }
+    float *g[2], *v = (float *)malloc(total * sizeof(float));
+    for (int r = 0; r < 2; r++) {
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .rank = r, .zmq_ctx = c.ctx}, &w[r]));
+        g[r] = (float *)malloc(total * sizeof(float));
+        for (size_t e = 0; e < total; e++) g[r][e] = grad_at(r, 0, 0, e);
+    }
+    kvps_req q0, q1;
+    KT_OK(kvps_worker_push(w[1], keys, g[1], lens, NK, &q1)); /* rank 1 first: order must not matter */
+    KT_OK(kvps_worker_push(w[0], keys, g[0], lens, NK, &q0));
+    KT_OK(kvps_worker_wait(w[1], q1, -1));
+    KT_OK(kvps_worker_wait(w[0], q0, -1));
+    KT_OK(kvps_worker_pull(w[0], keys, v, lens, NK, &q0));
+    KT_OK(kvps_worker_wait(w[0], q0, -1));
+    int bad = 0;
+    for (size_t e = 0; e < total; e++) {
+        float want = grad_at(0, 0, 0, e) + grad_at(1, 0, 0, e);
+        bad += memcmp(&v[e], &want, sizeof want) != 0;
+    }
+    KT_CHECK(bad == 0, "%d of %zu values differ", bad, total);
+    /* keys really are spread: every server holds some */
+    for (int i = 0; i < 3; i++) {
+        kvps_server_stats st;
+        kvps_server_stats_get(c.srv[i], &st);
+        KT_CHECK(st.keys > 5, "server %d holds %llu keys", i, (unsigned long long)st.keys);
+    }
+    for (int r = 0; r < 2; r++) { kvps_worker_destroy(&w[r]); free(g[r]); }
+    free(v);
+    kt_cluster_down(&c);
+}
+
+static void test_inflight_and_test(void) {
+    /* Many requests in flight; completed out of order with test() and wait(). BSP with 1
+       worker: every pushpull returns the running sum. */
+    kt_cluster c;
+    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers}, &w));
+    enum { NQ = 200 };
+    kvps_req q[NQ];
+    float one[3] = {1, 2, 3}, out[NQ][3];
+    uint64_t key = 42;
+    size_t len = 3;
+    for (int i = 0; i < NQ; i++) KT_OK(kvps_worker_pushpull(w, &key, one, out[i], &len, 1, &q[i]));
+    int done_count = 0;
+    for (int spin = 0; spin < 100000 && done_count < NQ / 2; spin++) {
+        for (int i = NQ - 1; i >= NQ / 2; i--) {
+            if (!q[i]) continue;
+            int done = 0;
+            KT_OK(kvps_worker_test(w, q[i], &done));
+            if (done) { q[i] = 0; done_count++; }
+        }
+    }
+    KT_CHECK(done_count == NQ / 2, "test() completed %d", done_count);
+    for (int i = 0; i < NQ / 2; i++) KT_OK(kvps_worker_wait(w, q[i], -1));
+    for (int i = 0; i < NQ; i++)
+        KT_CHECK(out[i][0] == (float)(i + 1) && out[i][2] == 3.0f * (float)(i + 1), "pushpull %d -> %g", i, out[i][0]);
+    KT_CHECK(kvps_worker_wait(w, q[0], 0) == KVPS_ERR_INVALID_REQ, "completed handle is invalid");
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+}
+
+static void test_barrier_and_pull_waits(void) {
+    /* BSP: a pull after a push waits for the slow worker's push. */
+    kt_cluster c;
+    kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 2, .update = KVPS_UPDATE_MEAN});
+    kvps_worker *a, *b;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .rank = 0, .zmq_ctx = c.ctx}, &a));
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .rank = 1, .zmq_ctx = c.ctx}, &b));
+    uint64_t key = 5;
+    size_t len = 1;
+    float ga = 2.0f, gb = 6.0f, va = -1, vb = -1;
+    kvps_req qa, qb;
+    KT_OK(kvps_worker_pushpull(a, &key, &ga, &va, &len, 1, &qa));
+    KT_CHECK(kvps_worker_wait(a, qa, 200) == KVPS_ERR_TIMEOUT, "pull must wait for worker 1");
+    KT_OK(kvps_worker_pushpull(b, &key, &gb, &vb, &len, 1, &qb));
+    KT_OK(kvps_worker_wait(a, qa, -1));
+    KT_OK(kvps_worker_wait(b, qb, -1));
+    KT_CHECK(va == 4.0f && vb == 4.0f, "mean %g %g", va, vb);
+    /* barrier: a's barrier completes only after b enters */
+    KT_OK(kvps_worker_barrier(a, &qa));
+    KT_CHECK(kvps_worker_wait(a, qa, 100) == KVPS_ERR_TIMEOUT, "barrier must wait");
+    KT_OK(kvps_worker_barrier(b, &qb));
+    KT_OK(kvps_worker_wait(b, qb, -1));
+    KT_OK(kvps_worker_wait(a, qa, -1));
+    kvps_worker_destroy(&a);
+    kvps_worker_destroy(&b);
+    kt_cluster_down(&c);
+}
+
+/* Processes on loopback TCP: servers and workers are separate processes. */
+static volatile sig_atomic_t g_stop;
+static kvps_server *g_srv;
+static void on_term(int sig) { (void)sig; if (g_srv) kvps_server_stop(g_srv); }
+
+static void test_processes(void) {
+    enum { N = 3, M = 4 };
+    pid_t spid[N], wpid[M];
+    char servers[1024] = "";
+    for (int i = 0; i < N; i++) {
+        int p[2];
+        if (pipe(p) != 0) { KT_CHECK(0, "pipe"); return; }
+        spid[i] = fork();
+        if (spid[i] == 0) {
+            close(p[0]);
+            signal(SIGTERM, on_term);
+            kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i,
+                                                                    .num_workers = M, .update = KVPS_UPDATE_SUM},
+                                               &g_srv);
+            const char *ep = r == KVPS_OK ? kvps_server_endpoint(g_srv) : "";
+            if (write(p[1], ep, strlen(ep) + 1) < 0) _exit(3);
+            close(p[1]);
+            if (r != KVPS_OK) _exit(2);
+            kvps_server_run(g_srv);
+            kvps_server_destroy(&g_srv);
+            _exit(0);
+        }
+        close(p[1]);
+        char ep[256] = "";
+        ssize_t got = read(p[0], ep, sizeof ep - 1);
+        close(p[0]);
+        KT_CHECK(got > 1, "server %d did not report an endpoint", i);
+        if (got > 0) ep[got] = 0;
+        snprintf(servers + strlen(servers), sizeof servers - strlen(servers), "%s%s", i ? "," : "", ep);
+    }
+    size_t lens[3] = {3, 4099, 300007};
+    for (int r = 0; r < M; r++) {
+        wpid[r] = fork();
+        if (wpid[r] == 0) {
+            job j = {.servers = servers, .rank = r, .m = M, .rounds = 3, .ntensors = 3, .lens = lens};
+            worker_main(&j);
+            if (j.failures) printf("  process worker %d: %s\n", r, j.why);
+            fflush(stdout);
+            _exit(j.failures ? 1 : 0);
+        }
+    }
+    for (int r = 0; r < M; r++) {
+        int st = 0;
+        waitpid(wpid[r], &st, 0);
+        KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker process %d status %d", r, st);
+    }
+    for (int i = 0; i < N; i++) {
+        int st = 0;
+        kill(spid[i], SIGTERM);
+        waitpid(spid[i], &st, 0);
+        KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process %d status %d", i, st);
+    }
+}
+
+int main(void) {
+    kvps_log_set_level(KVPS_LOG_ERROR);
+    KT_RUN(test_raw_keys);
+    KT_RUN(test_barrier_and_pull_waits);
+    KT_RUN(test_inflight_and_test);
+    KT_RUN(test_balance);
+    KT_RUN(test_processes);
+    KT_RUN(test_matrix_inproc);
+    KT_RUN(test_tcp_and_ipc);
+    KT_RUN(test_large_tensor);
+    return kt_finish();
+}
