@@ -39,7 +39,7 @@ static int kt_finish(void) {
     return kt_fail ? 1 : 0;
 }
 /* KVPS_TEST_QUICK=1 (sanitizers, valgrind) skips the largest sizes. */
-static int kt_quick(void) { const char *e = getenv("KVPS_TEST_QUICK"); return e && *e && *e != '0'; }
+static inline int kt_quick(void) { const char *e = getenv("KVPS_TEST_QUICK"); return e && *e && *e != '0'; }
 
 /* Deterministic pseudo-random floats in [-1, 1). */
 static uint64_t kt_rng(uint64_t *s) {
