@@ -801,7 +801,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     /* A ROUTER drops replies silently at its high-water mark: never let it. */
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
+    int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     if (zmq_bind(s->router, desc->endpoint) != 0) {
         kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
         return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
@@ -1284,8 +1285,8 @@ typedef struct kvps__req {
     uint64_t id;
     int refs;            /* 1 for the worker + one per zero-copy frame ZeroMQ still holds */
     int pending;         /* replies still expected */
+    int sent;            /* messages sent */
     kvps_result status;
-    int nservers;
     uint32_t *dbegin;    /* per server: first index in dest (nservers + 1 entries) */
     kvps__dest *dest;    /* pull destinations in send order */
 } kvps__req;
@@ -1440,7 +1441,6 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     }
     kvps__req *q = (kvps__req *)calloc(1, sizeof *q);
     if (!q) return NULL;
-    q->nservers = w->n;
     q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
     if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
     if (!q->dbegin || (ndest && !q->dest)) { free(q->dbegin); free(q->dest); free(q); return NULL; }
@@ -1507,6 +1507,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         return KVPS_ERR_ZMQ;
     }
     q->pending++;
+    q->sent++;
     return KVPS_OK;
 }
 
@@ -1790,7 +1791,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
             snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
-                     q->pending, q->nservers);
+                     q->pending, q->sent);
             return KVPS_ERR_TIMEOUT;
         }
         if (q->pending > 0) {

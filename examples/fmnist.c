@@ -1,0 +1,1023 @@
+/* fmnist.c - distributed training on Fashion-MNIST with kvps: servers hold the weights, workers
+   push gradients and pull weights back.
+
+   What it shows: a whole kvps job. The parameters of a softmax regression (784x10 + 10) or of a
+   one-hidden-layer MLP (784 -> H ReLU -> 10) are kvps tensors ("fc1.w", "fc1.b", "fc2.w",
+   "fc2.b"). The servers apply plain SGD (KVPS_UPDATE_SGD, lr on the server) under BSP or async
+   consistency. Worker 0 writes the initial weights (kvps_worker_init_tensor), everyone meets at
+   a barrier and pulls them; then each step every worker computes the mean gradient of its share
+   of the global batch (worker r takes positions r, r+M, ... of each shuffled batch) and
+   pushpulls every tensor at once, which returns the updated weights. The servers' lr is fixed,
+   so the workers apply a cosine learning-rate decay by scaling their gradients.
+
+   usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]
+                 [--lr LR] [--hidden H] [--mode bsp|async] [--seed S] [--data DIR]
+                 [--decay cosine|none] [--target ACC] [--check] [--timeout SECONDS]
+
+   Two ways to run it:
+   - Standalone (default): the program forks N servers bound to tcp://127.0.0.1:* (each reports
+     its port through a pipe), then M workers, waits for the workers, stops the servers. Only
+     worker 0 prints.
+   - Under a launcher, one process per role, when KVPS_ROLE, KVPS_SERVERS, KVPS_RANK or an MPI
+     rank variable is set (see kvps_env_read in kvps.h), e.g. for 2 servers and 4 workers:
+         export KVPS_SERVERS=tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 KVPS_NUM_WORKERS=4
+         KVPS_ROLE=server KVPS_RANK=0 ./fmnist --model mlp      # on 10.0.0.1
+         KVPS_ROLE=worker KVPS_RANK=3 ./fmnist --model mlp      # ... and so on
+     or `mpirun -n 6 -x KVPS_SERVERS -x KVPS_NUM_WORKERS ./fmnist` (ranks 0..N-1 serve). Every
+     process must get the same options. A server leaves on SIGINT/SIGTERM, or by itself once
+     every worker has pulled every key as often as the options say it will (a server that holds
+     no key at all, with more servers than tensor slices, waits for the signal).
+
+   Under BSP the run is deterministic: every worker pulls the same weights, and the servers sum
+   the contributions in rank order. --check replays the same shards in one process and compares
+   the final weights bit for bit.
+
+   Data: the gzip'd idx files of Debian's dataset-fashion-mnist package
+   (/usr/share/datasets/fashion-mnist, or --data DIR).
+
+   Exit codes: 0 done, 1 a process failed or timed out, 2 bad usage or data, 3 test accuracy
+   below --target, 4 --check found a difference, 128 + n after signal n (standalone parent). */
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define NPIX 784
+#define NCLASS 10
+#define NTRAIN 60000        /* Fashion-MNIST's sizes; servers plan their exit with NTRAIN */
+#define NTEST 10000
+#define MAX_TENSORS 4
+#define WAIT_MS 60000       /* one step or barrier; a step takes milliseconds */
+#define END_WAIT_MS 600000  /* async: the final barrier waits for the slowest worker */
+#define DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+/* ---------------------------------------------------------------------------------------------
+   Options */
+typedef struct opts {
+    int mlp;         /* 0 softmax regression, 1 MLP */
+    int servers, workers, epochs, batch, hidden;
+    float lr;
+    int async;
+    uint64_t seed;
+    const char *data;
+    double target;   /* 0 = none */
+    int check;
+    int decay;       /* 1 cosine, 0 none */
+    int timeout_s;
+    int set_servers, set_workers;
+} opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]\n"
+            "              [--lr LR] [--hidden H] [--mode bsp|async] [--seed S] [--data DIR]\n"
+            "              [--decay cosine|none] [--target ACC] [--check] [--timeout SECONDS]\n"
+            "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
+            "          --mode bsp --seed 1 --data " DATA_DIR " --decay cosine --timeout 900\n");
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
+static int parse_opts(int argc, char **argv, opts *o) {
+    *o = (opts){.mlp = 1, .servers = 2, .workers = 4, .epochs = 15, .batch = 128, .hidden = 128,
+                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900};
+    for (int i = 1; i < argc; i++) {
+        char name[32];
+        const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= sizeof name)) {
+            fprintf(stderr, "fmnist: unknown argument '%s'\n", arg);
+            usage(stderr);
+            return 2;
+        }
+        if (eq) {
+            memcpy(name, arg, (size_t)(eq - arg));
+            name[eq - arg] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg);
+        }
+        if (strcmp(name, "--help") == 0 || strcmp(name, "--check") == 0) {
+            if (val) { fprintf(stderr, "fmnist: %s takes no value\n", name); return 2; }
+            if (name[2] == 'h') { usage(stdout); exit(0); }
+            o->check = 1;
+            continue;
+        }
+        if (!val) {
+            if (i + 1 >= argc) { fprintf(stderr, "fmnist: %s needs a value\n", name); return 2; }
+            val = argv[++i];
+        }
+        long l = 0;
+        double d = 0;
+        int bad = 0;
+        if (strcmp(name, "--model") == 0) {
+            if (strcmp(val, "softmax") == 0) o->mlp = 0;
+            else if (strcmp(val, "mlp") == 0) o->mlp = 1;
+            else bad = 1;
+        } else if (strcmp(name, "--decay") == 0) {
+            if (strcmp(val, "cosine") == 0) o->decay = 1;
+            else if (strcmp(val, "none") == 0) o->decay = 0;
+            else bad = 1;
+        } else if (strcmp(name, "--mode") == 0) {
+            if (strcmp(val, "bsp") == 0) o->async = 0;
+            else if (strcmp(val, "async") == 0) o->async = 1;
+            else bad = 1;
+        } else if (strcmp(name, "--servers") == 0) {
+            bad = parse_long(val, 1, 64, &l);
+            o->servers = (int)l;
+            o->set_servers = 1;
+        } else if (strcmp(name, "--workers") == 0) {
+            bad = parse_long(val, 1, 64, &l);
+            o->workers = (int)l;
+            o->set_workers = 1;
+        } else if (strcmp(name, "--epochs") == 0) {
+            bad = parse_long(val, 1, 1000, &l);
+            o->epochs = (int)l;
+        } else if (strcmp(name, "--batch") == 0) {
+            bad = parse_long(val, 1, 60000, &l);
+            o->batch = (int)l;
+        } else if (strcmp(name, "--hidden") == 0) {
+            bad = parse_long(val, 1, 8192, &l);
+            o->hidden = (int)l;
+        } else if (strcmp(name, "--seed") == 0) {
+            bad = parse_long(val, 0, 2147483647L, &l);
+            o->seed = (uint64_t)l;
+        } else if (strcmp(name, "--timeout") == 0) {
+            bad = parse_long(val, 1, 86400, &l);
+            o->timeout_s = (int)l;
+        } else if (strcmp(name, "--lr") == 0) {
+            bad = parse_double(val, 1e-6, 100.0, &d);
+            o->lr = (float)d;
+        } else if (strcmp(name, "--target") == 0) {
+            bad = parse_double(val, 0.0, 1.0, &d);
+            o->target = d;
+        } else if (strcmp(name, "--data") == 0) {
+            o->data = val;
+        } else {
+            fprintf(stderr, "fmnist: unknown option '%s'\n", name);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "fmnist: bad value '%s' for %s\n", val, name);
+            usage(stderr);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Checked after the launcher's environment has fixed the worker count. */
+static int check_opts(const opts *o) {
+    if (o->batch < o->workers) {
+        fprintf(stderr, "fmnist: --batch %d is the global batch; it must be at least --workers %d\n",
+                o->batch, o->workers);
+        return 2;
+    }
+    if (o->check && o->async) {
+        fprintf(stderr, "fmnist: --check compares against a sequential replay, which only BSP matches\n");
+        return 2;
+    }
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Data: idx files (big-endian header: magic, then one u32 per dimension), gzip'd */
+typedef struct dataset {
+    int n;
+    uint8_t *x; /* n * 784 pixels, 0..255 */
+    uint8_t *y; /* n labels, 0..9 */
+} dataset;
+
+static void missing_data_hint(void) {
+    fprintf(stderr,
+            "fmnist: the Fashion-MNIST files come with Debian's dataset-fashion-mnist package:\n"
+            "    sudo apt-get install dataset-fashion-mnist\n"
+            "  (or pass --data DIR for a folder holding train-images-idx3-ubyte.gz and the rest)\n");
+}
+
+static int gz_read_all(gzFile f, void *buf, size_t n) {
+    char *p = (char *)buf;
+    while (n > 0) {
+        unsigned chunk = n > (1u << 24) ? (1u << 24) : (unsigned)n;
+        int got = gzread(f, p, chunk);
+        if (got <= 0) return -1;
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+/* Reads an idx file whose header must be `magic` and `ndim` dimensions; dims[0] is the item
+   count (at most max_items), dims[1..] must equal want[1..]. Returns 0 or prints and returns -1. */
+static int idx_load(const char *dir, const char *file, uint32_t magic, int ndim, const uint32_t *want,
+                    uint32_t max_items, uint32_t *count, uint8_t **out) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    gzFile f = gzopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "fmnist: cannot open %s: %s\n", path, errno ? strerror(errno) : "out of memory");
+        missing_data_hint();
+        return -1;
+    }
+    unsigned char hdr[16];
+    uint32_t h[4] = {0, 0, 0, 0};
+    int rc = -1;
+    const char *why = NULL;
+    if (gz_read_all(f, hdr, 4 + 4 * (size_t)ndim) != 0) {
+        why = "truncated header";
+        goto done;
+    }
+    for (int i = 0; i <= ndim; i++)
+        h[i] = (uint32_t)hdr[4 * i] << 24 | (uint32_t)hdr[4 * i + 1] << 16 | (uint32_t)hdr[4 * i + 2] << 8 |
+               (uint32_t)hdr[4 * i + 3];
+    char msg[128];
+    if (h[0] != magic) {
+        snprintf(msg, sizeof msg, "idx magic 0x%08x, expected 0x%08x", h[0], magic);
+        why = msg;
+        goto done;
+    }
+    if (h[1] == 0 || h[1] > max_items) { why = "implausible item count"; goto done; }
+    for (int i = 1; i < ndim; i++) {
+        if (h[i + 1] != want[i]) {
+            snprintf(msg, sizeof msg, "images of %ux%u, expected 28x28", h[2], h[3]);
+            why = msg;
+            goto done;
+        }
+    }
+    size_t per = 1;
+    for (int i = 1; i < ndim; i++) per *= h[i + 1];
+    size_t bytes = (size_t)h[1] * per; /* at most 1e6 * 784: no overflow */
+    *out = (uint8_t *)malloc(bytes);
+    if (!*out) { why = "out of memory"; goto done; }
+    if (gz_read_all(f, *out, bytes) != 0) { why = "truncated data"; goto done; }
+    char extra;
+    if (gzread(f, &extra, 1) != 0) { why = "trailing bytes after the data"; goto done; }
+    *count = h[1];
+    rc = 0;
+done:
+    if (rc != 0) {
+        int zerr = 0;
+        const char *zmsg = gzerror(f, &zerr);
+        fprintf(stderr, "fmnist: %s: %s%s%s\n", path, why, zerr ? ": " : "", zerr ? zmsg : "");
+        free(*out);
+        *out = NULL;
+    }
+    gzclose(f);
+    return rc;
+}
+
+static int dataset_load(const char *dir, const char *prefix, uint32_t want_n, dataset *d) {
+    char fx[64], fy[64];
+    snprintf(fx, sizeof fx, "%s-images-idx3-ubyte.gz", prefix);
+    snprintf(fy, sizeof fy, "%s-labels-idx1-ubyte.gz", prefix);
+    static const uint32_t img_dims[3] = {0, 28, 28};
+    uint32_t nx = 0, ny = 0;
+    d->x = d->y = NULL;
+    if (idx_load(dir, fx, 0x00000803u, 3, img_dims, 1000000u, &nx, &d->x) != 0) return -1;
+    if (idx_load(dir, fy, 0x00000801u, 1, img_dims, 1000000u, &ny, &d->y) != 0) return -1;
+    if (nx != want_n || ny != want_n) {
+        fprintf(stderr, "fmnist: %s: %s holds %u images and %s %u labels; Fashion-MNIST has %u\n", dir, fx,
+                nx, fy, ny, want_n);
+        return -1;
+    }
+    for (uint32_t i = 0; i < ny; i++) {
+        if (d->y[i] >= NCLASS) {
+            fprintf(stderr, "fmnist: %s/%s: label %u of item %u is not 0..9\n", dir, fy, d->y[i], i);
+            return -1;
+        }
+    }
+    d->n = (int)nx;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Model: layers l = 0..nl-1, weights t[2l] (dim[l] x dim[l+1], row k = input k) and biases
+   t[2l+1]. Activations act[0] = input, act[nl] = logits; ReLU between layers. */
+typedef struct net {
+    int nl;
+    int dim[3];
+    int nt;                    /* tensors: 2 * nl */
+    size_t len[MAX_TENSORS];   /* floats per tensor */
+    char name[MAX_TENSORS][16];
+} net;
+
+typedef struct scratch {
+    float *act[3], *del[3];    /* activations and their gradients for one sample */
+} scratch;
+
+static float pix_scale[256];   /* pixel value -> [0, 1] */
+
+static void net_setup(net *n, const opts *o) {
+    memset(n, 0, sizeof *n);
+    n->nl = o->mlp ? 2 : 1;
+    n->dim[0] = NPIX;
+    if (o->mlp) n->dim[1] = o->hidden;
+    n->dim[n->nl] = NCLASS;
+    n->nt = 2 * n->nl;
+    for (int l = 0; l < n->nl; l++) {
+        n->len[2 * l] = (size_t)n->dim[l] * (size_t)n->dim[l + 1];
+        n->len[2 * l + 1] = (size_t)n->dim[l + 1];
+        snprintf(n->name[2 * l], sizeof n->name[0], "fc%d.w", l + 1);
+        snprintf(n->name[2 * l + 1], sizeof n->name[0], "fc%d.b", l + 1);
+    }
+    for (int v = 0; v < 256; v++) pix_scale[v] = (float)v / 255.0f;
+}
+
+static size_t net_params(const net *n) {
+    size_t s = 0;
+    for (int i = 0; i < n->nt; i++) s += n->len[i];
+    return s;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) {
+        fprintf(stderr, "fmnist: out of memory\n");
+        fflush(NULL);
+        _exit(1); /* no atexit work while ZeroMQ threads may run */
+    }
+    return p;
+}
+
+static void tensors_alloc(const net *n, float **t) {
+    for (int i = 0; i < n->nt; i++) t[i] = (float *)xcalloc(n->len[i], sizeof(float));
+}
+
+static void tensors_free(const net *n, float **t) {
+    for (int i = 0; i < n->nt; i++) free(t[i]);
+}
+
+static void scratch_alloc(const net *n, scratch *s) {
+    memset(s, 0, sizeof *s);
+    for (int l = 0; l <= n->nl; l++) {
+        s->act[l] = (float *)xcalloc((size_t)n->dim[l], sizeof(float));
+        s->del[l] = (float *)xcalloc((size_t)n->dim[l], sizeof(float));
+    }
+}
+
+static void scratch_free(const net *n, scratch *s) {
+    for (int l = 0; l <= n->nl; l++) { free(s->act[l]); free(s->del[l]); }
+}
+
+/* splitmix64: one seed gives every process the same stream. */
+static uint64_t rng_next(uint64_t *st) {
+    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(uint64_t *st) { /* (0, 1] */
+    return ((double)(rng_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(uint64_t *st) {
+    double u = rng_uniform(st), v = rng_uniform(st);
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* He init for the ReLU layer, Xavier for the layer feeding the softmax; biases zero. */
+static void net_init(const net *n, float **t, uint64_t seed) {
+    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 1;
+    for (int l = 0; l < n->nl; l++) {
+        double fan_in = n->dim[l], fan_out = n->dim[l + 1];
+        double sd = l + 1 < n->nl ? sqrt(2.0 / fan_in) : sqrt(2.0 / (fan_in + fan_out));
+        for (size_t i = 0; i < n->len[2 * l]; i++) t[2 * l][i] = (float)(sd * rng_normal(&st));
+        memset(t[2 * l + 1], 0, n->len[2 * l + 1] * sizeof(float));
+    }
+}
+
+/* Same order on every worker: shuffled with (seed, epoch). */
+static void shuffle(int *perm, int n, uint64_t seed, int epoch) {
+    uint64_t st = seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch * 0xD1B54A32D192ED03ull + 7;
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(((rng_next(&st) >> 32) * (uint64_t)(i + 1)) >> 32);
+        int tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+}
+
+/* y += a * x. Blocks of 8 with a fixed trip count so -O2 vectorises them. */
+static void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) y[j + u] += a * x[j + u];
+    for (; j < n; j++) y[j] += a * x[j];
+}
+
+static float dot(const float *restrict x, const float *restrict y, int n) {
+    float s = 0.0f;
+    for (int j = 0; j < n; j++) s += x[j] * y[j];
+    return s;
+}
+
+static void net_forward(const net *n, float *const *t, scratch *s) {
+    for (int l = 0; l < n->nl; l++) {
+        const float *a = s->act[l], *w = t[2 * l];
+        float *z = s->act[l + 1];
+        int nin = n->dim[l], nout = n->dim[l + 1];
+        memcpy(z, t[2 * l + 1], (size_t)nout * sizeof *z);
+        for (int k = 0; k < nin; k++) /* about half the pixels and ReLUs are zero: skip them */
+            if (a[k] != 0.0f) axpy(z, a[k], w + (size_t)k * (size_t)nout, nout);
+        if (l + 1 < n->nl)
+            for (int j = 0; j < nout; j++) z[j] = z[j] > 0.0f ? z[j] : 0.0f;
+    }
+}
+
+static void load_input(float *a, const uint8_t *px) {
+    for (int k = 0; k < NPIX; k++) a[k] = pix_scale[px[k]];
+}
+
+static int argmax(const float *z, int n) {
+    int best = 0;
+    for (int c = 1; c < n; c++)
+        if (z[c] > z[best]) best = c;
+    return best;
+}
+
+/* Forward and backward for one sample; adds its gradient to g. Returns its cross-entropy. */
+static float sample_grad(const net *n, float *const *t, float *const *g, scratch *s, const uint8_t *px,
+                         int label, int *correct) {
+    load_input(s->act[0], px);
+    net_forward(n, t, s);
+    int nl = n->nl;
+    const float *z = s->act[nl];
+    float *d = s->del[nl];
+    int top = argmax(z, NCLASS);
+    float sum = 0.0f;
+    for (int c = 0; c < NCLASS; c++) sum += (d[c] = expf(z[c] - z[top]));
+    for (int c = 0; c < NCLASS; c++) d[c] /= sum;
+    float loss = logf(sum) - (z[label] - z[top]);
+    *correct += top == label;
+    d[label] -= 1.0f; /* d(loss)/d(logits) = softmax - onehot */
+    for (int l = nl - 1; l >= 0; l--) {
+        const float *a = s->act[l], *dl = s->del[l + 1], *w = t[2 * l];
+        float *gw = g[2 * l], *gb = g[2 * l + 1];
+        int nin = n->dim[l], nout = n->dim[l + 1];
+        for (int j = 0; j < nout; j++) gb[j] += dl[j];
+        for (int k = 0; k < nin; k++)
+            if (a[k] != 0.0f) axpy(gw + (size_t)k * (size_t)nout, a[k], dl, nout);
+        if (l > 0) {
+            float *da = s->del[l];
+            for (int k = 0; k < nin; k++) da[k] = a[k] > 0.0f ? dot(w + (size_t)k * (size_t)nout, dl, nout) : 0.0f;
+        }
+    }
+    return loss;
+}
+
+/* Worker r's share of global batch `batch` (indices into the training set): positions r, r+m, ...
+   Its gradient sum is multiplied by `scale` (see grad_scale). */
+typedef struct step_stats { double loss; int correct, seen; } step_stats;
+
+static void shard_grad(const net *n, float *const *t, float *const *g, scratch *s, const dataset *d,
+                       const int *batch, int bsize, int r, int m, float scale, step_stats *st) {
+    for (int i = 0; i < n->nt; i++) memset(g[i], 0, n->len[i] * sizeof(float));
+    for (int j = r; j < bsize; j += m) {
+        int idx = batch[j];
+        st->loss += sample_grad(n, t, g, s, d->x + (size_t)idx * NPIX, d->y[idx], &st->correct);
+        st->seen++;
+    }
+    for (int i = 0; i < n->nt; i++)
+        for (size_t k = 0; k < n->len[i]; k++) g[i][k] *= scale;
+}
+
+static double evaluate(const net *n, float *const *t, scratch *s, const dataset *d) {
+    int correct = 0;
+    for (int i = 0; i < d->n; i++) {
+        load_input(s->act[0], d->x + (size_t)i * NPIX);
+        net_forward(n, t, s);
+        correct += argmax(s->act[n->nl], NCLASS) == d->y[i];
+    }
+    return (double)correct / (double)d->n;
+}
+
+/* The servers' lr is fixed, so workers follow the learning-rate schedule by scaling their
+   gradients: cosine decay from 1 to 0 over all steps (--decay none: constant). The factor m / B
+   makes the servers' mean over m workers the mean over the global batch even when B is not a
+   multiple of m. Every worker, and the --check replay, computes the same float. */
+static float grad_scale(const opts *o, long step, long total) {
+    double f = o->decay ? 0.5 * (1.0 + cos(3.141592653589793 * (double)step / (double)total)) : 1.0;
+    return (float)(f * o->workers / o->batch);
+}
+
+/* What the servers count so they can leave on their own: every worker pulls every key once
+   before training, once per step, and once at the end. */
+static uint64_t pulls_per_key(const opts *o) {
+    uint64_t steps = (uint64_t)o->epochs * (uint64_t)(NTRAIN / o->batch);
+    return (uint64_t)o->workers * (steps + 2);
+}
+
+/* The server's learning rate. Under async each push is applied on its own, so lr / m keeps the
+   step per global batch the same as under BSP. */
+static float server_lr(const opts *o) { return o->async ? o->lr / (float)o->workers : o->lr; }
+
+/* ---------------------------------------------------------------------------------------------
+   Worker */
+static int g_rank = -1;
+
+static void die_kvps(const kvps_worker *w, kvps_result r, const char *what) {
+    const char *detail = w ? kvps_worker_last_error(w) : "";
+    fprintf(stderr, "fmnist: worker %d: %s: %s%s%s\n", g_rank, what, kvps_result_str(r), *detail ? " - " : "",
+            detail);
+    fflush(NULL);
+    _exit(1); /* no atexit work while ZeroMQ threads still run */
+}
+
+#define KVPS_CHECK(w, call, what)                        \
+    do {                                                 \
+        kvps_result r_ = (call);                         \
+        if (r_ != KVPS_OK) die_kvps((w), r_, (what));    \
+    } while (0)
+
+/* Waits for every request in q[0..n). */
+static void wait_all(kvps_worker *w, const kvps_req *q, int n, int timeout_ms, const char *what) {
+    for (int i = 0; i < n; i++) KVPS_CHECK(w, kvps_worker_wait(w, q[i], timeout_ms), what);
+}
+
+static void pull_all(kvps_worker *w, const net *n, const kvps_tensor *th, float **t, int timeout_ms) {
+    kvps_req q[MAX_TENSORS];
+    for (int i = 0; i < n->nt; i++) KVPS_CHECK(w, kvps_worker_pull_tensor(w, th[i], t[i], &q[i]), "pull");
+    wait_all(w, q, n->nt, timeout_ms, "pull");
+}
+
+/* The sequential oracle for --check: m virtual workers per step in one process, combined with
+   the same arithmetic as the servers' BSP round (sum in rank order, then value -= lr * (sum / m)). */
+static void train_sequential(const opts *o, const net *n, float **t, const dataset *train) {
+    float *g[MAX_TENSORS], *acc[MAX_TENSORS];
+    tensors_alloc(n, g);
+    tensors_alloc(n, acc);
+    scratch s;
+    scratch_alloc(n, &s);
+    int *perm = (int *)xcalloc((size_t)train->n, sizeof *perm);
+    int m = o->workers, steps = train->n / o->batch;
+    float lr = server_lr(o), c = (float)m;
+    net_init(n, t, o->seed);
+    for (int e = 0; e < o->epochs; e++) {
+        shuffle(perm, train->n, o->seed, e);
+        for (int step = 0; step < steps; step++) {
+            step_stats st = {0, 0, 0};
+            for (int r = 0; r < m; r++) {
+                shard_grad(n, t, g, &s, train, perm + (size_t)step * o->batch, o->batch, r, m,
+                           grad_scale(o, (long)e * steps + step, (long)o->epochs * steps), &st);
+                for (int i = 0; i < n->nt; i++) {
+                    if (r == 0) memcpy(acc[i], g[i], n->len[i] * sizeof(float));
+                    else for (size_t k = 0; k < n->len[i]; k++) acc[i][k] += g[i][k];
+                }
+            }
+            for (int i = 0; i < n->nt; i++)
+                for (size_t k = 0; k < n->len[i]; k++) t[i][k] -= lr * (acc[i][k] / c);
+        }
+    }
+    free(perm);
+    scratch_free(n, &s);
+    tensors_free(n, g);
+    tensors_free(n, acc);
+}
+
+static int worker_main(const opts *o, const char *servers, int rank, const dataset *train,
+                       const dataset *test) {
+    g_rank = rank;
+    int m = o->workers, me = rank == 0;
+    kvps_worker *w = NULL;
+    KVPS_CHECK(w, kvps_worker_create(&(kvps_worker_desc){.servers = servers, .rank = rank, .num_workers = m,
+                                                         .timeout_ms = WAIT_MS}, &w),
+               "create");
+    net n;
+    net_setup(&n, o);
+    float *t[MAX_TENSORS], *g[MAX_TENSORS];
+    tensors_alloc(&n, t);
+    tensors_alloc(&n, g);
+    scratch s;
+    scratch_alloc(&n, &s);
+    kvps_tensor th[MAX_TENSORS];
+    kvps_req q[MAX_TENSORS];
+    for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor(w, n.name[i], n.len[i], &th[i]), "tensor");
+
+    if (me) {
+        net_init(&n, t, o->seed);
+        for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_init_tensor(w, th[i], t[i], &q[i]), "init");
+        wait_all(w, q, n.nt, WAIT_MS, "init");
+    }
+    KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
+    wait_all(w, q, 1, WAIT_MS, "barrier");
+    pull_all(w, &n, th, t, WAIT_MS);
+
+    int steps = train->n / o->batch;
+    size_t nparams = net_params(&n);
+    if (me) {
+        if (o->mlp) printf("fmnist: mlp 784-%d-10", o->hidden);
+        else printf("fmnist: softmax regression 784-10");
+        printf(", %zu parameters in %d tensors; %s, %d servers, %d workers\n", nparams, n.nt,
+               o->async ? "async" : "BSP", o->servers, m);
+        char share[48];
+        if (o->batch % m == 0) snprintf(share, sizeof share, "%d", o->batch / m);
+        else snprintf(share, sizeof share, "%d-%d", o->batch / m, o->batch / m + 1);
+        printf("fmnist: %d epochs of %d steps, global batch %d (%s per worker), lr %g%s%s, seed %llu\n",
+               o->epochs, steps, o->batch, share, (double)o->lr, o->decay ? " with cosine decay" : "",
+               o->async ? " (servers apply lr/workers per push)" : "", (unsigned long long)o->seed);
+        printf("fmnist: loss and train_acc: running means over worker 0's shard; "
+               "net_MB: payload pushed + pulled by all workers\n");
+        printf("%5s %8s %10s %9s %10s %9s %7s\n", "epoch", "loss", "train_acc", "test_acc", "samples/s",
+               "net_MB", "time_s");
+        fflush(stdout);
+    }
+
+    int *perm = (int *)xcalloc((size_t)train->n, sizeof *perm);
+    double t_start = now_s(), train_s = 0, test_acc = 0;
+    uint64_t step_bytes = 2 * nparams * sizeof(float); /* one pushpull of every tensor */
+    for (int e = 0; e < o->epochs; e++) {
+        double t0 = now_s();
+        step_stats st = {0, 0, 0};
+        shuffle(perm, train->n, o->seed, e);
+        for (int step = 0; step < steps; step++) {
+            shard_grad(&n, t, g, &s, train, perm + (size_t)step * o->batch, o->batch, rank, m,
+                       grad_scale(o, (long)e * steps + step, (long)o->epochs * steps), &st);
+            /* All tensors in flight at once; each reply brings the weights after this round. */
+            for (int i = 0; i < n.nt; i++)
+                KVPS_CHECK(w, kvps_worker_pushpull_tensor(w, th[i], g[i], t[i], &q[i]), "pushpull");
+            wait_all(w, q, n.nt, WAIT_MS, "pushpull");
+        }
+        double dt = now_s() - t0;
+        train_s += dt;
+        if (me) {
+            test_acc = evaluate(&n, t, &s, test);
+            printf("%5d %8.4f %10.4f %9.4f %10.0f %9.1f %7.2f\n", e + 1, st.loss / st.seen,
+                   (double)st.correct / st.seen, test_acc, (double)steps * o->batch / dt,
+                   (double)steps * step_bytes * m / 1e6, now_s() - t0);
+            fflush(stdout);
+        }
+    }
+    /* Under async the others may still be pushing: meet, then read the final weights. */
+    KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
+    wait_all(w, q, 1, END_WAIT_MS, "final barrier");
+    pull_all(w, &n, th, t, WAIT_MS);
+    double wall_s = now_s() - t_start;
+    kvps_worker_destroy(&w);
+
+    int rc = 0;
+    if (me) {
+        test_acc = evaluate(&n, t, &s, test);
+        printf("\nresult:\n");
+        char model[32];
+        if (o->mlp) snprintf(model, sizeof model, "mlp-%d", o->hidden);
+        else snprintf(model, sizeof model, "softmax");
+        printf("  %-9s %7s %7s %5s %6s %5s %7s %8s %7s %7s\n", "model", "servers", "workers", "mode", "epochs",
+               "batch", "lr", "test_acc", "train_s", "wall_s");
+        printf("  %-9s %7d %7d %5s %6d %5d %7g %8.4f %7.1f %7.1f\n", model, o->servers, m,
+               o->async ? "async" : "bsp", o->epochs, o->batch, (double)o->lr, test_acc, train_s, wall_s);
+        if (o->target > 0) {
+            printf("fmnist: test accuracy %.4f %s target %.4f\n", test_acc, test_acc >= o->target ? ">=" : "BELOW",
+                   o->target);
+            if (test_acc < o->target) rc = 3;
+        }
+        fflush(stdout);
+        if (o->check) {
+            float *ref[MAX_TENSORS];
+            tensors_alloc(&n, ref);
+            double t0 = now_s();
+            train_sequential(o, &n, ref, train);
+            size_t diff = 0;
+            double maxd = 0;
+            for (int i = 0; i < n.nt; i++) {
+                for (size_t k = 0; k < n.len[i]; k++) {
+                    if (memcmp(&ref[i][k], &t[i][k], sizeof(float)) != 0) diff++;
+                    double dd = fabs((double)ref[i][k] - (double)t[i][k]);
+                    if (dd > maxd) maxd = dd;
+                }
+            }
+            printf("check: sequential replay (%d virtual workers, one process, %.1f s): %s", m, now_s() - t0,
+                   diff ? "FAIL, " : "PASS, final weights bit-identical\n");
+            if (diff) printf("%zu of %zu floats differ, max |diff| %g\n", diff, nparams, maxd);
+            if (diff && rc == 0) rc = 4;
+            tensors_free(&n, ref);
+            fflush(stdout);
+        }
+    }
+    free(perm);
+    scratch_free(&n, &s);
+    tensors_free(&n, t);
+    tensors_free(&n, g);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Server */
+static kvps_server *volatile g_server;
+static volatile sig_atomic_t g_stop;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+    kvps_server *s = g_server;
+    if (s) kvps_server_stop(s); /* async-signal-safe: one write() to a pipe */
+}
+
+static void catch_stop_signals(void (*fn)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+typedef struct server_watch {
+    kvps_server *s;
+    uint64_t pulls_per_key;
+    pid_t parent; /* standalone: leave when the parent is gone; 0 = no parent to watch */
+} server_watch;
+
+/* Stops the server once every worker has made its last pull (plus a grace period, so the last
+   replies leave before the socket closes), or when the standalone parent has died. */
+static void *server_watch_main(void *arg) {
+    server_watch *sw = (server_watch *)arg;
+    while (!g_stop) {
+        kvps_server_stats st;
+        kvps_server_stats_get(sw->s, &st);
+        int done = st.keys > 0 && st.pulls >= st.keys * sw->pulls_per_key;
+        if (done || (sw->parent && getppid() != sw->parent)) {
+            if (done) sleep_ms(1000);
+            kvps_server_stop(sw->s);
+            return NULL;
+        }
+        sleep_ms(50);
+    }
+    return NULL;
+}
+
+/* Serves until stopped; with report_fd >= 0 writes the bound endpoint there first. */
+static int server_main(const opts *o, const char *endpoint, int rank, int report_fd, pid_t parent) {
+    catch_stop_signals(on_stop_signal);
+    kvps_server *s = NULL;
+    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = endpoint, .num_workers = o->workers,
+                                                           .rank = rank,
+                                                           .consistency = o->async ? KVPS_ASYNC : KVPS_BSP,
+                                                           .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
+                                       &s);
+    if (r != KVPS_OK) {
+        fprintf(stderr, "fmnist: server %d: create on %s: %s\n", rank, endpoint, kvps_result_str(r));
+        return 1;
+    }
+    g_server = s;
+    if (g_stop) kvps_server_stop(s); /* a signal came before g_server was set */
+    if (report_fd >= 0) {
+        char line[300];
+        int len = snprintf(line, sizeof line, "%s\n", kvps_server_endpoint(s));
+        if (write(report_fd, line, (size_t)len) != len) {
+            fprintf(stderr, "fmnist: server %d: cannot report its endpoint: %s\n", rank, strerror(errno));
+            g_server = NULL;
+            kvps_server_destroy(&s);
+            return 1;
+        }
+        close(report_fd);
+    }
+    server_watch sw = {s, pulls_per_key(o), parent};
+    pthread_t th;
+    int watching = pthread_create(&th, NULL, server_watch_main, &sw) == 0;
+    r = kvps_server_run(s);
+    g_stop = 1;
+    if (watching) pthread_join(th, NULL);
+    g_server = NULL;
+    if (r != KVPS_OK) fprintf(stderr, "fmnist: server %d: %s\n", rank, kvps_result_str(r));
+    kvps_server_destroy(&s);
+    return r == KVPS_OK ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Standalone: fork the servers and workers of a local cluster. Nothing here touches ZeroMQ:
+   each child creates its own context after the fork. */
+static volatile sig_atomic_t g_parent_signal;
+static void on_parent_signal(int sig) { g_parent_signal = sig; }
+
+/* Reads one line (the server's endpoint) from fd within timeout_ms; 0 or -1. */
+static int read_line(int fd, char *buf, size_t cap, int timeout_ms) {
+    size_t len = 0;
+    double deadline = now_s() + timeout_ms / 1000.0;
+    while (len + 1 < cap) {
+        int left = (int)((deadline - now_s()) * 1000);
+        if (left <= 0) return -1;
+        struct pollfd p = {fd, POLLIN, 0};
+        int rc = poll(&p, 1, left);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc <= 0) return -1;
+        ssize_t got = read(fd, buf + len, 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        if (buf[len] == '\n') { buf[len] = 0; return 0; }
+        len++;
+    }
+    return -1;
+}
+
+typedef struct child { pid_t pid; const char *role; int rank, done, status, reported; } child;
+
+static int exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+static void describe_exit(const child *c) {
+    if (WIFEXITED(c->status))
+        fprintf(stderr, "fmnist: %s %d exited with code %d\n", c->role, c->rank, WEXITSTATUS(c->status));
+    else if (WIFSIGNALED(c->status))
+        fprintf(stderr, "fmnist: %s %d was killed by signal %d\n", c->role, c->rank, WTERMSIG(c->status));
+}
+
+/* Reaps whatever has exited; returns how many children are still running. */
+static int reap(child *c, int n) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (c[i].pid == pid) { c[i].done = 1; c[i].status = status; }
+        }
+    }
+    int running = 0;
+    for (int i = 0; i < n; i++) running += c[i].pid > 0 && !c[i].done;
+    return running;
+}
+
+/* SIGTERM to every child still running, then SIGKILL to any left after 5 s. */
+static void stop_children(child *c, int n) {
+    for (int i = 0; i < n; i++)
+        if (c[i].pid > 0 && !c[i].done) kill(c[i].pid, SIGTERM);
+    double deadline = now_s() + 5.0;
+    while (reap(c, n) > 0 && now_s() < deadline) sleep_ms(20);
+    for (int i = 0; i < n; i++) {
+        if (c[i].pid > 0 && !c[i].done) {
+            fprintf(stderr, "fmnist: %s %d ignored SIGTERM; killing it\n", c[i].role, c[i].rank);
+            kill(c[i].pid, SIGKILL);
+            waitpid(c[i].pid, &c[i].status, 0);
+            c[i].done = 1;
+        }
+    }
+}
+
+static int run_local(const opts *o, const dataset *train, const dataset *test) {
+    int ns = o->servers, nw = o->workers, nc = ns + nw, rc = 0;
+    child *c = (child *)xcalloc((size_t)nc, sizeof *c);
+    char *servers = (char *)xcalloc((size_t)ns, 300);
+    double t0 = now_s();
+    pid_t self = getpid();
+
+    /* Servers one at a time: each reports its port before the next starts, and no child
+       inherits another's pipe. */
+    for (int i = 0; i < ns && rc == 0; i++) {
+        int fd[2];
+        if (pipe(fd) != 0) { perror("fmnist: pipe"); rc = 1; break; }
+        fflush(NULL); /* or the child would print the parent's buffered output again */
+        pid_t pid = fork();
+        if (pid < 0) { perror("fmnist: fork"); close(fd[0]); close(fd[1]); rc = 1; break; }
+        if (pid == 0) {
+            close(fd[0]);
+            _exit(server_main(o, "tcp://127.0.0.1:*", i, fd[1], self));
+        }
+        c[i] = (child){pid, "server", i, 0, 0, 0};
+        close(fd[1]);
+        char ep[256];
+        if (read_line(fd[0], ep, sizeof ep, 15000) != 0) {
+            fprintf(stderr, "fmnist: server %d did not report its endpoint\n", i);
+            rc = 1;
+        } else {
+            size_t len = strlen(servers);
+            snprintf(servers + len, (size_t)ns * 300 - len, "%s%s", i ? "," : "", ep);
+        }
+        close(fd[0]);
+    }
+    for (int r = 0; r < nw && rc == 0; r++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) { perror("fmnist: fork"); rc = 1; break; }
+        if (pid == 0) {
+            int wrc = worker_main(o, servers, r, train, test);
+            fflush(NULL);
+            _exit(wrc);
+        }
+        c[ns + r] = (child){pid, "worker", r, 0, 0, 0};
+    }
+    catch_stop_signals(on_parent_signal);
+
+    /* Wait for the workers; stop everything at the first failure, signal or the deadline. A
+       server may leave before the workers do (it has served its last pull) but only with 0. */
+    double deadline = t0 + o->timeout_s;
+    int workers_left = nw;
+    while (rc == 0 && workers_left > 0) {
+        reap(c, nc);
+        workers_left = 0;
+        for (int i = 0; i < nc; i++) {
+            if (!c[i].done) { workers_left += i >= ns; continue; }
+            if (c[i].reported || exited_ok(c[i].status)) continue;
+            c[i].reported = 1;
+            int code = WIFEXITED(c[i].status) ? WEXITSTATUS(c[i].status) : 1;
+            /* Worker 0's 3 (below --target) and 4 (--check differs) are results it printed. */
+            if (i < ns || (code != 3 && code != 4)) describe_exit(&c[i]);
+            if (rc == 0) rc = i >= ns && (code == 3 || code == 4) ? code : 1;
+        }
+        if (rc == 0 && workers_left > 0) {
+            if (g_parent_signal) {
+                fprintf(stderr, "fmnist: signal %d: stopping the cluster\n", (int)g_parent_signal);
+                rc = 128 + (int)g_parent_signal;
+            } else if (now_s() > deadline) {
+                fprintf(stderr, "fmnist: timed out after %d s (--timeout): stopping the cluster\n", o->timeout_s);
+                rc = 1;
+            } else {
+                sleep_ms(20);
+            }
+        }
+    }
+    stop_children(c, nc);
+    for (int i = 0; i < ns; i++) { /* a server that failed while being stopped */
+        if (c[i].pid > 0 && !c[i].reported && !exited_ok(c[i].status)) {
+            describe_exit(&c[i]);
+            if (rc == 0) rc = 1;
+        }
+    }
+    if (rc == 0)
+        printf("fmnist: %d servers and %d workers finished in %.1f s\n", ns, nw, now_s() - t0);
+    free(servers);
+    free(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   main */
+static int under_launcher(void) {
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc != 0) return rc;
+    static dataset train, test;
+
+    if (under_launcher()) {
+        kvps_env env;
+        kvps_result r = kvps_env_read(&env);
+        if (r != KVPS_OK) {
+            fprintf(stderr, "fmnist: launcher environment: %s\n", kvps_result_str(r));
+            return 2;
+        }
+        if ((o.set_servers && o.servers != env.num_servers) || (o.set_workers && o.workers != env.num_workers))
+            fprintf(stderr, "fmnist: using the environment's %d servers and %d workers, not the options'\n",
+                    env.num_servers, env.num_workers);
+        o.servers = env.num_servers;
+        o.workers = env.num_workers;
+        if ((rc = check_opts(&o)) != 0) return rc;
+        if (env.role == KVPS_ROLE_SERVER) return server_main(&o, env.endpoint, env.rank, -1, 0);
+        if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+            return 2;
+        return worker_main(&o, env.servers, env.rank, &train, &test);
+    }
+
+    if ((rc = check_opts(&o)) != 0) return rc;
+    /* Loaded once before the forks: the children share the pages. */
+    if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+        return 2;
+    return run_local(&o, &train, &test);
+}
