@@ -98,6 +98,13 @@
    Anything else gets an error reply and changes nothing: a message is checked whole before
    any stored value is touched.
 
+   MEMORY. ZeroMQ allocates every received message. With glibc's defaults, large buffers are
+   returned to the kernel when freed and faulted in afresh on the next message (about 3 us per
+   4 KiB page here, more than the copy itself), which halves throughput at 1 MB and up. So the
+   first server or worker created sets M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 1 GiB
+   (mallopt): freed message buffers are reused. This is process-wide; .no_malloc_tuning = 1 on
+   every desc leaves malloc alone.
+
    7. OWNERSHIP AND THREADS
    kvps_x_destroy(&x) frees x and sets it to NULL; destroying NULL is harmless. Buffers passed to
    a non-blocking call are borrowed until kvps_worker_wait (or kvps_worker_test reporting done)
@@ -161,6 +168,7 @@ extern "C" {
     X(KVPS_ERR_BIND, -201, "cannot bind the server endpoint")                                   \
     X(KVPS_ERR_CONNECT, -202, "cannot connect to a server endpoint")                            \
     X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
+    X(KVPS_ERR_PEER, -204, "a peer aborted the operation")                                      \
     X(KVPS_ERR_MALFORMED, -300, "malformed message")                                            \
     X(KVPS_ERR_TRUNCATED, -301, "truncated message: a frame is shorter than its header says")  \
     X(KVPS_ERR_MAGIC, -302, "wrong magic number: not a kvps message")                           \
@@ -171,6 +179,7 @@ extern "C" {
     X(KVPS_ERR_TOO_LARGE, -307, "length exceeds the server's limit")                            \
     X(KVPS_ERR_DUP_KEY, -308, "the same key appears twice in one request")                     \
     X(KVPS_ERR_NOT_BARRIER, -309, "barrier sent to a server other than server 0")              \
+    X(KVPS_ERR_MISMATCH, -310, "ranks called a collective with different arguments")          \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -220,7 +229,8 @@ typedef void (*kvps_log_fn)(void *user, kvps_log_level level, const char *msg);
    | lr             | 0.01 for SGD          |
    | max_value_len  | 1 << 28 floats (1 GiB) per key |
    | zmq_ctx        | a context of its own  |
-   | io_threads     | 1 (own context only)  | */
+   | io_threads     | 1 (own context only)  |
+   | no_malloc_tuning | 0: tune glibc malloc (see MEMORY in the manual); 1: leave it alone | */
 typedef struct kvps_server_desc {
     const char *endpoint;
     int num_workers;
@@ -235,6 +245,7 @@ typedef struct kvps_server_desc {
     uint64_t max_value_len;
     void *zmq_ctx;
     int io_threads;
+    int no_malloc_tuning;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -256,7 +267,8 @@ typedef struct kvps_server_stats {
    | min_slice     | 1024 floats: tensors are cut into slices no smaller than this |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
    | zmq_ctx       | a context of its own                      |
-   | io_threads    | 1 (own context only)                      | */
+   | io_threads    | 1 (own context only)                      |
+   | no_malloc_tuning | 0: tune glibc malloc (see MEMORY); 1: leave it alone | */
 typedef struct kvps_worker_desc {
     const char *servers;
     int rank;
@@ -266,6 +278,7 @@ typedef struct kvps_worker_desc {
     size_t zerocopy_min;
     void *zmq_ctx;
     int io_threads;
+    int no_malloc_tuning;
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -283,6 +296,13 @@ typedef struct kvps_env {
 } kvps_env;
 
 KVPS_API const char *kvps_result_str(kvps_result r);
+
+/* Scalar conversions, round to nearest even; NaN stays NaN (quieted, payload kept where it
+   fits), infinities, signed zeros and subnormals are exact. */
+KVPS_API uint16_t kvps_f32_to_f16(float f);
+KVPS_API float kvps_f16_to_f32(uint16_t h);
+KVPS_API uint16_t kvps_f32_to_bf16(float f);
+KVPS_API float kvps_bf16_to_f32(uint16_t h);
 KVPS_API void kvps_log_set_level(kvps_log_level level);
 KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user);
 KVPS_API kvps_result kvps_env_read(kvps_env *env);
@@ -354,6 +374,9 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
 #include <fcntl.h>
 #include <time.h>
 #include <sched.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #ifndef KVPS_ASSERT
 #include <assert.h>
@@ -379,6 +402,63 @@ KVPS_API const char *kvps_result_str(kvps_result r) {
 #undef KVPS__STR
     }
     return "unknown kvps_result";
+}
+
+// >>half
+KVPS_API uint16_t kvps_f32_to_f16(float fin) {
+    uint32_t f;
+    memcpy(&f, &fin, sizeof f);
+    uint32_t sign = f & 0x80000000u;
+    f ^= sign;
+    uint16_t o;
+    if (f >= 0x47800000u) { /* >= 65536: inf; NaN keeps the top of its payload, quieted */
+        o = f > 0x7f800000u ? (uint16_t)(0x7e00u | ((f >> 13) & 0x3ffu)) : (uint16_t)0x7c00u;
+    } else if (f < 0x38800000u) { /* below 2^-14: subnormal half; the FPU rounds (RNE) */
+        const uint32_t magic_u = 126u << 23; /* 0.5f: aligns the half's ulp to bit 0 */
+        float magic, ff;
+        memcpy(&magic, &magic_u, sizeof magic);
+        memcpy(&ff, &f, sizeof ff);
+        ff += magic;
+        uint32_t r;
+        memcpy(&r, &ff, sizeof r);
+        o = (uint16_t)(r - magic_u);
+    } else { /* normal: rebias and round the 13 dropped bits to nearest even (may carry to inf) */
+        uint32_t odd = (f >> 13) & 1u;
+        f += 0xc8000fffu + odd; /* (15 - 127) << 23, plus rounding */
+        o = (uint16_t)(f >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+KVPS_API float kvps_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, f;
+    if (e == 0x1f) {
+        f = sign | 0x7f800000u | (m << 13);
+    } else if (e) {
+        f = sign | ((e + 112u) << 23) | (m << 13);
+    } else {
+        float v = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
+        memcpy(&f, &v, sizeof f);
+        f |= sign;
+    }
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
+}
+
+KVPS_API uint16_t kvps_f32_to_bf16(float fin) {
+    uint32_t f;
+    memcpy(&f, &fin, sizeof f);
+    if ((f & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((f >> 16) | 0x40u);
+    f += 0x7fffu + ((f >> 16) & 1u);
+    return (uint16_t)(f >> 16);
+}
+
+KVPS_API float kvps_bf16_to_f32(uint16_t h) {
+    uint32_t f = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
 }
 
 // >>log
@@ -569,6 +649,17 @@ done:
     return r;
 }
 
+static void kvps__tune_malloc(int skip) {
+#if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD)
+    static int done;
+    if (skip || __atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL)) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#else
+    (void)skip;
+#endif
+}
+
 // >>wire
 enum {
     KVPS__MAGIC = 0x5350564Bu,
@@ -580,6 +671,7 @@ enum {
     KVPS__OP_BARRIER = 5,
     KVPS__OP_REPLY = 0x80,
     KVPS__HDR = 32,
+    KVPS__ZC_REPLY_MIN = 32768, /* bytes: smaller pull replies are copied */
     KVPS__KENT = 16
 };
 
@@ -634,9 +726,18 @@ typedef struct kvps__parked { /* a pull waiting for a key's round */
     uint32_t *idx; /* key indices in request order */
 } kvps__parked;
 
+/* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
+   own reference plus one per frame in flight; the last release frees it. */
+typedef struct kvps__vbuf {
+    int refs;
+    char pad[60]; /* data starts 64 bytes in, 64-byte aligned */
+    float data[];
+} kvps__vbuf;
+
 typedef struct kvps__key {
     uint64_t key, len;
-    float *value, *accum;
+    float *value, *accum;  /* value == cur->data */
+    kvps__vbuf *cur, *spare;
     uint64_t round;      /* rounds applied */
     uint32_t summed;     /* BSP: ranks 0..summed-1 are in accum for this round */
     uint64_t stamp;      /* duplicate detection within one request */
@@ -673,16 +774,39 @@ struct kvps_server {
 
 #define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
 
+/* Element-wise kernels. GNU vector types (4 floats, SSE on any x86-64) so that they vectorise at -O2 too; the
+   arithmetic is the same IEEE operation per element as the scalar tail, so results are
+   bit-identical whichever path an element takes. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVPS__VW 4
+typedef float kvps__vf __attribute__((vector_size(16)));
+static kvps__vf kvps__ld(const float *p) { kvps__vf v; memcpy(&v, p, sizeof v); return v; }
+static void kvps__st(float *p, kvps__vf v) { memcpy(p, &v, sizeof v); }
+static kvps__vf kvps__splat(float x) { kvps__vf v = {x, x, x, x}; return v; }
+#define KVPS__VLOOP(n, i, vbody) for (; i + KVPS__VW <= (n); i += KVPS__VW) { vbody; }
+#else
+#define KVPS__VLOOP(n, i, vbody)
+#endif
+
+static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n) {
+    size_t i = 0;
+    KVPS__VLOOP(n, i, kvps__st(d + i, kvps__ld(d + i) + kvps__ld(g + i)))
+    for (; i < n; i++) d[i] += g[i];
+}
 static void kvps__update_mean(const kvps_update_args *a) {
-    float c = (float)a->count;
-    for (size_t i = 0; i < a->len; i++) a->value[i] = a->sum[i] / c;
+    float c = (float)a->count, *KVPS__RESTRICT v = a->value;
+    const float *KVPS__RESTRICT g = a->sum;
+    size_t i = 0, n = a->len;
+    KVPS__VLOOP(n, i, kvps__st(v + i, kvps__ld(g + i) / kvps__splat(c)))
+    for (; i < n; i++) v[i] = g[i] / c;
 }
-static void kvps__update_sum(const kvps_update_args *a) {
-    for (size_t i = 0; i < a->len; i++) a->value[i] += a->sum[i];
-}
+static void kvps__update_sum(const kvps_update_args *a) { kvps__add(a->value, a->sum, a->len); }
 static void kvps__update_sgd(const kvps_update_args *a) {
-    float lr = *(const float *)a->user, c = (float)a->count;
-    for (size_t i = 0; i < a->len; i++) a->value[i] -= lr * (a->sum[i] / c);
+    float lr = *(const float *)a->user, c = (float)a->count, *KVPS__RESTRICT v = a->value;
+    const float *KVPS__RESTRICT g = a->sum;
+    size_t i = 0, n = a->len;
+    KVPS__VLOOP(n, i, kvps__st(v + i, kvps__ld(v + i) - kvps__splat(lr) * (kvps__ld(g + i) / kvps__splat(c))))
+    for (; i < n; i++) v[i] -= lr * (g[i] / c);
 }
 
 static uint32_t kvps__find(const kvps_server *s, uint64_t key) {
@@ -710,6 +834,39 @@ static int kvps__table_grow(kvps_server *s) {
     return 0;
 }
 
+static kvps__vbuf *kvps__vbuf_new(uint64_t len) {
+    if (len > (SIZE_MAX - 128) / sizeof(float)) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(kvps__vbuf) + (size_t)len * sizeof(float)) != 0) return NULL;
+    ((kvps__vbuf *)p)->refs = 1;
+    return (kvps__vbuf *)p;
+}
+
+static void kvps__vbuf_unref(kvps__vbuf *b) {
+    if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) free(b);
+}
+
+static void kvps__vbuf_release(void *data, void *hint) {
+    (void)data;
+    kvps__vbuf_unref((kvps__vbuf *)hint);
+}
+
+static int kvps__vbuf_busy(kvps__vbuf *b) { return __atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) > 1; }
+
+/* Before an update writes the value: if a pull reply still references it, move the value to a
+   buffer nobody is sending (the idle spare, or a new one). Returns -1 when out of memory. */
+static int kvps__value_writable(kvps__key *k) {
+    if (!kvps__vbuf_busy(k->cur)) return 0;
+    kvps__vbuf *nb = k->spare && !kvps__vbuf_busy(k->spare) ? k->spare : kvps__vbuf_new(k->len);
+    if (!nb) return -1;
+    if (nb != k->spare) kvps__vbuf_unref(k->spare); /* busy spare: its last frame frees it */
+    memcpy(nb->data, k->cur->data, (size_t)k->len * sizeof(float));
+    k->spare = k->cur;
+    k->cur = nb;
+    k->value = nb->data;
+    return 0;
+}
+
 static void kvps__key_free(kvps__key *k, int m) {
     if (!k) return;
     if (k->qhead)
@@ -722,7 +879,9 @@ static void kvps__key_free(kvps__key *k, int m) {
         free(p->idx);
         free(p);
     }
-    free(k->qhead); free(k->qtail); free(k->recv); free(k->value); free(k->accum); free(k);
+    kvps__vbuf_unref(k->cur);
+    kvps__vbuf_unref(k->spare);
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k);
 }
 
 /* Creates a key; returns its index or UINT32_MAX when out of memory. */
@@ -739,9 +898,10 @@ static uint32_t kvps__key_create(kvps_server *s, uint64_t key, uint64_t len) {
     if (!k) return UINT32_MAX;
     k->key = key;
     k->len = len;
-    k->value = (float *)kvps__alloc_floats(len);
+    k->cur = kvps__vbuf_new(len);
     k->recv = (uint64_t *)calloc((size_t)s->m, sizeof *k->recv);
-    if (!k->value || !k->recv) { kvps__key_free(k, s->m); return UINT32_MAX; }
+    if (!k->cur || !k->recv) { kvps__key_free(k, s->m); return UINT32_MAX; }
+    k->value = k->cur->data;
     if (s->desc.init_fn) s->desc.init_fn(s->desc.init_user, key, k->value, (size_t)len);
     else memset(k->value, 0, (size_t)len * sizeof(float));
     uint64_t i = kvps__mix64(key) & (s->nslots - 1);
@@ -769,6 +929,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
                                   "and update rule (CUSTOM needs update_fn)");
         return KVPS_ERR_CONFIG;
     }
+    kvps__tune_malloc(desc->no_malloc_tuning);
     kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
     if (!s) return KVPS_ERR_NOMEM;
     s->desc = *desc;
@@ -854,15 +1015,13 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
     kvps__send_frames(s->router, f, 3);
 }
 
-static void kvps__add(float *KVPS__RESTRICT dst, const float *KVPS__RESTRICT src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-static void kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
+static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
+    if (kvps__value_writable(k) != 0) return -1;
     kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
     s->update_fn(&a);
     k->round++;
     KVPS__STAT_ADD(s, rounds, 1);
+    return 0;
 }
 
 static void kvps__try_pull(kvps_server *s, kvps__parked *p);
@@ -903,7 +1062,7 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const float *g) {
     int advanced = 0;
     for (;;) {
         if (k->summed == (uint32_t)s->m) {
-            kvps__apply(s, k, k->accum, s->m);
+            if (kvps__apply(s, k, k->accum, s->m) != 0) return -1;
             k->summed = 0;
             advanced = 1;
         }
@@ -950,6 +1109,18 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     f[0] = p->id; /* moved: the parked struct gives up its routing id */
     zmq_msg_init(&p->id);
     kvps__msg_from_buf(&f[1], &h, sizeof h);
+    if (p->hdr.nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
+        /* one large value: send the stored buffer itself; an update meanwhile copies on write */
+        kvps__key *k = s->keys[p->idx[0]];
+        __atomic_add_fetch(&k->cur->refs, 1, __ATOMIC_ACQ_REL);
+        if (zmq_msg_init_data(&f[2], k->value, (size_t)total * sizeof(float), kvps__vbuf_release, k->cur) == 0) {
+            KVPS__STAT_ADD(s, pulls, 1);
+            kvps__send_frames(s->router, f, 3);
+            kvps__parked_free(p);
+            return;
+        }
+        kvps__vbuf_unref(k->cur);
+    }
     if (zmq_msg_init_size(&f[2], (size_t)total * sizeof(float)) != 0) {
         zmq_msg_close(&f[1]);
         kvps__reply_error(s, &f[0], &p->hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
@@ -1145,6 +1316,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             }
             src += bytes;
             if (h.op == KVPS__OP_INIT) {
+                if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
                 memcpy(k->value, g, bytes);
                 continue;
             }
@@ -1155,7 +1327,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                 if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
             } else {
                 k->recv[h.rank]++;
-                kvps__apply(s, k, g, 1);
+                if (kvps__apply(s, k, g, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
                 advanced = 1;
             }
             if (advanced && k->waiters) kvps__wake(s, k);
@@ -1341,6 +1513,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
         return KVPS_ERR_CONFIG;
     }
+    kvps__tune_malloc(desc->no_malloc_tuning);
     kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
     if (!w) return KVPS_ERR_NOMEM;
     w->desc = *desc;
