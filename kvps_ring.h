@@ -1,20 +1,1299 @@
-/* kvps_ring.h - v0.0 - collectives among equal peers over ZeroMQ - MIT licence
+/* kvps_ring.h - v0.1 - collectives among equal peers over ZeroMQ - MIT licence
 
-   STATUS: API plan only. Nothing here is implemented yet (issue 3 fills it); including this
-   header declares nothing and costs nothing.
+   Do this:
+       #define KVPS_IMPLEMENTATION
+   before you include this file (it includes kvps.h) in *one* C or C++ file. Link libzmq, -pthread.
 
-   PLANNED API (see issue 3)
-   A communicator made from a rank, a size and the peers' endpoints (desc struct, the KVPS_*
-   environment as in kvps.h, or a kvps server acting as rendezvous), over tcp://, ipc:// or
-   inproc://. Each operation blocking with a timeout, and non-blocking with a handle:
-     kvps_ring_allreduce, _reduce, _reduce_scatter, _allgather, _broadcast, _gather, _scatter,
-     _alltoall, _barrier
-   dtypes f32, f64, i32, i64, f16/bf16 (reduced in f32); ops sum, prod, min, max, avg.
-   Algorithms: pipelined ring (reduce-scatter + all-gather), bidirectional ring, recursive
-   doubling for small messages, hierarchical by machine. Results and errors use kvps_result
-   from kvps.h.
+   CONTENTS
+     1. Step by step
+     2. Operations and counts
+     3. Algorithms
+     4. Wire format
+     5. Ownership, threads, errors
+
+   1. STEP BY STEP
+       kvps_ring *r = NULL;
+       kvps_result rc = kvps_ring_create(&(kvps_ring_desc){
+           .rank = rank, .size = size,
+           .peers = "tcp://10.0.0.1:6000,tcp://10.0.0.2:6000",  // one endpoint per rank, in order
+       }, &r);
+       if (rc != KVPS_OK) { fprintf(stderr, "%s\n", kvps_result_str(rc)); exit(1); }
+       rc = kvps_ring_allreduce(r, grad, grad, n, KVPS_FLOAT32, KVPS_SUM);   // in place
+       kvps_ring_destroy(&r);
+   Ephemeral ports: create with .peers = NULL and .bind = "tcp://127.0.0.1:*", read
+   kvps_ring_endpoint(r), exchange the endpoints (kvps_ring_rendezvous does it through a kvps
+   server; or your own channel), then kvps_ring_connect(r, peers). From the environment:
+   kvps_ring_env_read reads KVPS_RING_PEERS, KVPS_RANK / OMPI_COMM_WORLD_RANK / PMI_RANK /
+   SLURM_PROCID and KVPS_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE / SLURM_NTASKS.
+
+   2. OPERATIONS AND COUNTS (as NCCL: count is per rank where data is cut by rank)
+     allreduce       send[count] -> recv[count] on every rank
+     reduce          send[count] -> recv[count] on root (recv ignored elsewhere, may be NULL)
+     reduce_scatter  send[count * size] -> recv[count]: block r of the reduction to rank r
+     allgather       send[count] -> recv[count * size]: block r from rank r
+     broadcast       root's send[count] (or recv when send is NULL) -> recv[count] everywhere
+     gather          send[count] -> root's recv[count * size]
+     scatter         root's send[count * size] -> recv[count], block r to rank r
+     alltoall        send[count * size] -> recv[count * size]: block j of rank i lands as block i
+                     of rank j
+     barrier         returns when every rank has entered
+   In place: send == recv, or send == NULL (allgather: the rank's block already in recv[rank *
+   count]; reduce_scatter: the whole input in recv, result in recv[0 .. count)). Any count,
+   including 0. dtypes float32, float64, int32, int64, float16, bfloat16 (16-bit floats are
+   reduced in float32 and rounded to nearest even after each step); ops sum, prod, min, max, avg
+   (sum / size; integers divide with truncation). Every rank must pass the same collective,
+   count, dtype, op and root: a rank that receives a message from a different call reports
+   KVPS_ERR_MISMATCH and tells the others, who return KVPS_ERR_PEER.
+
+   3. ALGORITHMS (kvps_ring_algo; KVPS_ALGO_AUTO chooses by size, forced per call or per ring)
+     RING    reduce-scatter then all-gather, n-1 steps each; each rank's block is cut into pieces
+             of chunk_bytes, and a piece is forwarded as soon as it is reduced, so sending one
+             overlaps reducing the next.
+     BIRING  half the data goes round clockwise, half counter-clockwise: both directions of
+             every link carry data (with 2 ranks this is RING).
+     RD      recursive doubling (non-powers of two fold the extra ranks in first): log2(n)
+             exchanges of the whole buffer; best for small messages.
+     HIER    ranks grouped by .groups (a machine id per rank): reduce inside each group to its
+             first rank, all-reduce among those leaders, broadcast back inside the group.
+   AUTO: all-reduce uses RD up to .small_bytes (default 64 KiB, measured crossover on loopback:
+   see BENCHMARKS.md), then HIER when .groups names more than one group with more than one
+   rank, else BIRING for 3+ ranks, else RING. Broadcast and reduce use binomial trees for small
+   messages and a pipelined chain or reduce-scatter + gather for large ones.
+
+   4. WIRE FORMAT
+   Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
+   two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
+   about half rate through a shaped link). Messages: [header 32 B][payload].
+       u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
+       u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
+   abort = 1 carries a kvps_result in count and a text payload.
+
+   5. OWNERSHIP, THREADS, ERRORS
+   Buffers are borrowed until the call returns (blocking) or until kvps_ring_wait / test reports
+   the request done (non-blocking). Operations run in the order they were started, the same
+   order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
+   operations run on the ring's own background thread. Every operation ends within .timeout_ms
+   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for. After an error
+   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
 #include "kvps.h"
+
+#ifdef __cplusplus
+extern "C" {
 #endif
+
+typedef enum kvps_dtype {
+    KVPS_FLOAT32 = 0, KVPS_FLOAT64 = 1, KVPS_INT32 = 2, KVPS_INT64 = 3, KVPS_FLOAT16 = 4, KVPS_BFLOAT16 = 5
+} kvps_dtype;
+
+typedef enum kvps_redop { KVPS_SUM = 0, KVPS_PROD = 1, KVPS_MIN = 2, KVPS_MAX = 3, KVPS_AVG = 4 } kvps_redop;
+
+typedef enum kvps_ring_algo {
+    KVPS_ALGO_AUTO = 0, KVPS_ALGO_RING = 1, KVPS_ALGO_BIRING = 2, KVPS_ALGO_RD = 3, KVPS_ALGO_HIER = 4
+} kvps_ring_algo;
+
+typedef enum kvps_coll {
+    KVPS_COLL_ALLREDUCE = 1, KVPS_COLL_REDUCE, KVPS_COLL_REDUCE_SCATTER, KVPS_COLL_ALLGATHER,
+    KVPS_COLL_BROADCAST, KVPS_COLL_GATHER, KVPS_COLL_SCATTER, KVPS_COLL_ALLTOALL, KVPS_COLL_BARRIER
+} kvps_coll;
+
+/* Zero means default.
+   | field       | default                                       |
+   | rank, size  | required, 0 <= rank < size                    |
+   | peers       | NULL: call kvps_ring_connect later            |
+   | bind        | this rank's entry of peers                    |
+   | timeout_ms  | 30000                                         |
+   | chunk_bytes | 262144 (pipeline piece)                       |
+   | algo        | KVPS_ALGO_AUTO                                |
+   | small_bytes | 65536 (AUTO: RD at or below)                  |
+   | groups      | NULL: one group (no HIER)                     |
+   | zmq_ctx     | a context of its own; io_threads 1            | */
+typedef struct kvps_ring_desc {
+    int rank, size;
+    const char *peers;
+    const char *bind;
+    int timeout_ms;
+    size_t chunk_bytes;
+    kvps_ring_algo algo;
+    size_t small_bytes;
+    const int *groups;
+    void *zmq_ctx;
+    int io_threads;
+} kvps_ring_desc;
+
+typedef struct kvps_ring_op {
+    kvps_coll coll;
+    const void *send;
+    void *recv;
+    size_t count;
+    kvps_dtype dtype;
+    kvps_redop op;
+    int root;
+    kvps_ring_algo algo; /* 0: the ring's */
+} kvps_ring_op;
+
+typedef struct kvps_ring kvps_ring;
+typedef uint64_t kvps_ring_req;
+
+KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out);
+KVPS_API const char *kvps_ring_endpoint(const kvps_ring *r);
+KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers);
+KVPS_API void kvps_ring_destroy(kvps_ring **r);
+KVPS_API const char *kvps_ring_last_error(const kvps_ring *r);
+KVPS_API size_t kvps_dtype_size(kvps_dtype dt);
+
+/* Endpoint exchange through kvps server(s) whose num_workers == size: every rank calls it with
+   a worker of that rank; peers_out receives the comma-separated list. */
+KVPS_API kvps_result kvps_ring_rendezvous(kvps_worker *w, int rank, int size, const char *endpoint,
+                                          char *peers_out, size_t cap, int timeout_ms);
+KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers);
+
+KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op);
+KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_ring_req *out);
+KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout_ms);
+KVPS_API kvps_result kvps_ring_test(kvps_ring *r, kvps_ring_req req, int *done);
+
+KVPS_API kvps_result kvps_ring_allreduce(kvps_ring *r, const void *send, void *recv, size_t count,
+                                         kvps_dtype dt, kvps_redop op);
+KVPS_API kvps_result kvps_ring_reduce(kvps_ring *r, const void *send, void *recv, size_t count,
+                                      kvps_dtype dt, kvps_redop op, int root);
+KVPS_API kvps_result kvps_ring_reduce_scatter(kvps_ring *r, const void *send, void *recv, size_t count,
+                                              kvps_dtype dt, kvps_redop op);
+KVPS_API kvps_result kvps_ring_allgather(kvps_ring *r, const void *send, void *recv, size_t count,
+                                         kvps_dtype dt);
+KVPS_API kvps_result kvps_ring_broadcast(kvps_ring *r, const void *send, void *recv, size_t count,
+                                         kvps_dtype dt, int root);
+KVPS_API kvps_result kvps_ring_gather(kvps_ring *r, const void *send, void *recv, size_t count,
+                                      kvps_dtype dt, int root);
+KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *recv, size_t count,
+                                       kvps_dtype dt, int root);
+KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count,
+                                        kvps_dtype dt);
+KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r);
+
+/* dst[i] = dst[i] op src[i], as the collectives reduce (exposed for tests and users). */
+KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPS_RING_H */
+
+/* ============================================================================================ */
+#ifdef KVPS_IMPLEMENTATION
+#ifndef KVPS_RING__IMPLEMENTED
+#define KVPS_RING__IMPLEMENTED
+
+enum {
+    KVPS_RING__MAGIC = 0x5250564Bu,
+    KVPS_RING__ZC_MIN = 32768,
+    /* tag phases */
+    KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
+    KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
+    KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11
+};
+
+typedef struct kvps_ring__hdr {
+    uint32_t magic, seq;
+    uint64_t tag;
+    uint16_t src;
+    uint8_t coll, dtype, op, abort;
+    uint16_t root;
+    uint64_t count;
+} kvps_ring__hdr;
+typedef char kvps_ring__hdr_check[sizeof(kvps_ring__hdr) == 32 ? 1 : -1];
+
+typedef struct kvps_ring__stash {
+    struct kvps_ring__stash *next;
+    kvps_ring__hdr h;
+    zmq_msg_t payload;
+} kvps_ring__stash;
+
+typedef struct kvps_ring__job {
+    struct kvps_ring__job *next;
+    uint64_t id;
+    kvps_ring_op op;
+    int done;
+    kvps_result result;
+} kvps_ring__job;
+
+struct kvps_ring {
+    kvps_ring_desc desc;
+    int rank, size;
+    void *ctx, *router, **dealers;
+    int own_ctx, connected, broken;
+    char endpoint[256];
+    char errmsg[320];
+    uint32_t seq;
+    int64_t deadline;
+    kvps_ring__hdr cur; /* the running collective's identity, for mismatch checks */
+    uint64_t hier;      /* tag offset of a hierarchical sub-phase */
+    kvps_ring__stash *stash;
+    int zc[2];          /* zero-copy frames ZeroMQ still holds, per ring phase */
+    void *work, *scratch;
+    size_t work_cap, scratch_cap;
+    int *view_buf;
+    /* background execution of posted operations */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int thread_started, busy, quit;
+    kvps_ring__job *head, *tail, *finished;
+    uint64_t next_id, running_id;
+};
+
+KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
+    static const size_t sz[] = {4, 8, 4, 8, 2, 2};
+    return (unsigned)dt < 6 ? sz[dt] : 0;
+}
+
+// >>reduce
+#define KVPS_RING__RED(T, d, s, n, op)                                                    \
+    do {                                                                                  \
+        T *KVPS__RESTRICT d_ = (T *)(d);                                                  \
+        const T *KVPS__RESTRICT s_ = (const T *)(s);                                      \
+        switch (op) {                                                                     \
+        case KVPS_SUM: case KVPS_AVG: for (size_t i = 0; i < (n); i++) d_[i] += s_[i]; break; \
+        case KVPS_PROD: for (size_t i = 0; i < (n); i++) d_[i] *= s_[i]; break;           \
+        case KVPS_MIN:                                                                    \
+            for (size_t i = 0; i < (n); i++) d_[i] = (s_[i] < d_[i] || s_[i] != s_[i]) ? s_[i] : d_[i]; \
+            break;                                                                        \
+        case KVPS_MAX:                                                                    \
+            for (size_t i = 0; i < (n); i++) d_[i] = (s_[i] > d_[i] || s_[i] != s_[i]) ? s_[i] : d_[i]; \
+            break;                                                                        \
+        }                                                                                 \
+    } while (0)
+
+static float kvps_ring__op1(float a, float b, kvps_redop op) {
+    switch (op) {
+    case KVPS_PROD: return a * b;
+    case KVPS_MIN: return (b < a || b != b) ? b : a;
+    case KVPS_MAX: return (b > a || b != b) ? b : a;
+    default: return a + b;
+    }
+}
+
+KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op) {
+    switch (dt) {
+    case KVPS_FLOAT32:
+        if (op == KVPS_SUM || op == KVPS_AVG) kvps__add((float *)dst, (const float *)src, n);
+        else KVPS_RING__RED(float, dst, src, n, op);
+        break;
+    case KVPS_FLOAT64: KVPS_RING__RED(double, dst, src, n, op); break;
+    case KVPS_INT32: {
+        /* wrap-around arithmetic as unsigned: signed overflow is undefined in C */
+        if (op == KVPS_SUM || op == KVPS_AVG || op == KVPS_PROD) {
+            uint32_t *d = (uint32_t *)dst;
+            const uint32_t *s = (const uint32_t *)src;
+            if (op == KVPS_PROD) for (size_t i = 0; i < n; i++) d[i] *= s[i];
+            else for (size_t i = 0; i < n; i++) d[i] += s[i];
+        } else KVPS_RING__RED(int32_t, dst, src, n, op);
+        break;
+    }
+    case KVPS_INT64: {
+        if (op == KVPS_SUM || op == KVPS_AVG || op == KVPS_PROD) {
+            uint64_t *d = (uint64_t *)dst;
+            const uint64_t *s = (const uint64_t *)src;
+            if (op == KVPS_PROD) for (size_t i = 0; i < n; i++) d[i] *= s[i];
+            else for (size_t i = 0; i < n; i++) d[i] += s[i];
+        } else KVPS_RING__RED(int64_t, dst, src, n, op);
+        break;
+    }
+    case KVPS_FLOAT16: {
+        uint16_t *d = (uint16_t *)dst;
+        const uint16_t *s = (const uint16_t *)src;
+        for (size_t i = 0; i < n; i++)
+            d[i] = kvps_f32_to_f16(kvps_ring__op1(kvps_f16_to_f32(d[i]), kvps_f16_to_f32(s[i]), op));
+        break;
+    }
+    case KVPS_BFLOAT16: {
+        uint16_t *d = (uint16_t *)dst;
+        const uint16_t *s = (const uint16_t *)src;
+        for (size_t i = 0; i < n; i++)
+            d[i] = kvps_f32_to_bf16(kvps_ring__op1(kvps_bf16_to_f32(d[i]), kvps_bf16_to_f32(s[i]), op));
+        break;
+    }
+    }
+}
+
+/* AVG: divide the sum by the number of ranks. */
+static void kvps_ring__scale(void *buf, size_t n, kvps_dtype dt, int k) {
+    switch (dt) {
+    case KVPS_FLOAT32: { float *b = (float *)buf; for (size_t i = 0; i < n; i++) b[i] /= (float)k; break; }
+    case KVPS_FLOAT64: { double *b = (double *)buf; for (size_t i = 0; i < n; i++) b[i] /= (double)k; break; }
+    case KVPS_INT32: { int32_t *b = (int32_t *)buf; for (size_t i = 0; i < n; i++) b[i] /= k; break; }
+    case KVPS_INT64: { int64_t *b = (int64_t *)buf; for (size_t i = 0; i < n; i++) b[i] /= k; break; }
+    case KVPS_FLOAT16: {
+        uint16_t *b = (uint16_t *)buf;
+        for (size_t i = 0; i < n; i++) b[i] = kvps_f32_to_f16(kvps_f16_to_f32(b[i]) / (float)k);
+        break;
+    }
+    case KVPS_BFLOAT16: {
+        uint16_t *b = (uint16_t *)buf;
+        for (size_t i = 0; i < n; i++) b[i] = kvps_f32_to_bf16(kvps_bf16_to_f32(b[i]) / (float)k);
+        break;
+    }
+    }
+}
+
+// >>transport
+static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt, ...) {
+    if (r->errmsg[0] == 0 || rc != KVPS_ERR_PEER) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->errmsg, sizeof r->errmsg, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static void kvps_ring__zc_free(void *data, void *hint) {
+    (void)data;
+    __atomic_sub_fetch((int *)hint, 1, __ATOMIC_ACQ_REL);
+}
+
+static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data,
+                                       size_t bytes, int phase_zc) {
+    zmq_msg_t f[2];
+    kvps__msg_from_buf(&f[0], h, sizeof *h);
+    if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
+        int *ctr = &r->zc[phase_zc];
+        __atomic_add_fetch(ctr, 1, __ATOMIC_ACQ_REL);
+        if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)data, bytes, kvps_ring__zc_free, ctr) != 0) {
+            __atomic_sub_fetch(ctr, 1, __ATOMIC_ACQ_REL);
+            zmq_msg_close(&f[0]);
+            return KVPS_ERR_NOMEM;
+        }
+    } else if (kvps__msg_from_buf(&f[1], data, bytes) != 0) {
+        zmq_msg_close(&f[0]);
+        return KVPS_ERR_NOMEM;
+    }
+    if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
+        return kvps_ring__fail(r, KVPS_ERR_ZMQ, "send to rank %d: %s", dst, zmq_strerror(zmq_errno()));
+    return KVPS_OK;
+}
+
+/* Sends a piece of the running collective. phase_zc: which zero-copy counter (0/1), -1 to copy. */
+static kvps_result kvps_ring__send(kvps_ring *r, int dst, uint64_t tag, const void *data, size_t bytes,
+                                   int phase_zc) {
+    kvps_ring__hdr h = r->cur;
+    h.tag = tag + r->hier;
+    return kvps_ring__send_hdr(r, dst, &h, data, bytes, phase_zc);
+}
+
+/* Tells every peer that this collective failed, so they stop waiting. */
+static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
+    kvps_ring__hdr h = r->cur;
+    h.abort = 1;
+    h.count = (uint64_t)(int64_t)rc;
+    for (int i = 0; i < r->size; i++)
+        if (i != r->rank && r->dealers[i]) kvps_ring__send_hdr(r, i, &h, r->errmsg, strlen(r->errmsg), -1);
+}
+
+static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h) {
+    if (h->abort)
+        return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the collective: %s", h->src,
+                               kvps_result_str((kvps_result)(int64_t)h->count));
+    const kvps_ring__hdr *c = &r->cur;
+    if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root)
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH,
+                               "rank %u called coll %u dtype %u op %u count %llu root %u; this rank (%d) "
+                               "coll %u dtype %u op %u count %llu root %u",
+                               h->src, h->coll, h->dtype, h->op, (unsigned long long)h->count, h->root, r->rank,
+                               c->coll, c->dtype, c->op, (unsigned long long)c->count, c->root);
+    return KVPS_OK;
+}
+
+/* Receives the piece (src, tag) of the running collective into *out (a payload to close). */
+static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_t *out) {
+    tag += r->hier;
+    for (kvps_ring__stash **pp = &r->stash; *pp; pp = &(*pp)->next) {
+        kvps_ring__stash *e = *pp;
+        if (e->h.seq == r->seq && ((e->h.src == src && e->h.tag == tag) || e->h.abort)) {
+            kvps_result rc = kvps_ring__check(r, &e->h);
+            *pp = e->next;
+            *out = e->payload;
+            free(e);
+            if (rc != KVPS_OK) zmq_msg_close(out);
+            return rc;
+        }
+    }
+    for (;;) {
+        int64_t left = r->deadline - kvps__now_ms();
+        if (left <= 0)
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out waiting for rank %d (collective %u)",
+                                   r->rank, src, r->seq);
+        zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
+        int pr = zmq_poll(&it, 1, (long)left);
+        if (pr < 0 && zmq_errno() != EINTR) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+        if (pr <= 0) continue;
+        for (;;) {
+            zmq_msg_t fr[3];
+            int extra;
+            int n = kvps__recv_msg(r->router, fr, 3, &extra);
+            if (n <= 0) break;
+            kvps_ring__hdr h;
+            int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof h;
+            if (ok) memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
+            ok = ok && h.magic == KVPS_RING__MAGIC && h.src < r->size;
+            if (!ok || (int32_t)(h.seq - r->seq) < 0) { /* garbage, or a late piece of an old collective */
+                if (!ok) kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
+                for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+                continue;
+            }
+            zmq_msg_close(&fr[0]);
+            zmq_msg_close(&fr[1]);
+            if (h.seq == r->seq && ((h.src == src && h.tag == tag) || h.abort)) {
+                kvps_result rc = kvps_ring__check(r, &h);
+                *out = fr[2];
+                if (rc != KVPS_OK) zmq_msg_close(out);
+                return rc;
+            }
+            kvps_ring__stash *e = (kvps_ring__stash *)malloc(sizeof *e);
+            if (!e) { zmq_msg_close(&fr[2]); return KVPS_ERR_NOMEM; }
+            e->h = h;
+            e->payload = fr[2];
+            e->next = NULL;
+            kvps_ring__stash **tail = &r->stash;
+            while (*tail) tail = &(*tail)->next;
+            *tail = e;
+        }
+    }
+}
+
+/* Receives exactly `bytes` into a message; a different size means the ranks disagree. */
+static kvps_result kvps_ring__recv_n(kvps_ring *r, int src, uint64_t tag, size_t bytes, zmq_msg_t *out) {
+    kvps_result rc = kvps_ring__recv(r, src, tag, out);
+    if (rc != KVPS_OK) return rc;
+    if (zmq_msg_size(out) != bytes) {
+        size_t got = zmq_msg_size(out);
+        zmq_msg_close(out);
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %d sent %zu bytes, expected %zu", src, got, bytes);
+    }
+    return KVPS_OK;
+}
+
+static void *kvps_ring__grow(void **buf, size_t *cap, size_t bytes) {
+    if (*cap >= bytes && *buf) return *buf;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    free(*buf);
+    *buf = p;
+    *cap = bytes;
+    return p;
+}
+
+/* Payload data, aligned for its dtype (ZeroMQ's receive buffers may start at any byte). */
+static const void *kvps_ring__data(kvps_ring *r, zmq_msg_t *m) {
+    const void *p = zmq_msg_data(m);
+    if (((uintptr_t)p & 7) == 0) return p;
+    void *s = kvps_ring__grow(&r->scratch, &r->scratch_cap, zmq_msg_size(m));
+    if (!s) return NULL;
+    memcpy(s, p, zmq_msg_size(m));
+    return s;
+}
+
+static kvps_result kvps_ring__recv_reduce(kvps_ring *r, int src, uint64_t tag, void *dst, size_t n) {
+    size_t es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    zmq_msg_t m;
+    kvps_result rc = kvps_ring__recv_n(r, src, tag, n * es, &m);
+    if (rc != KVPS_OK) return rc;
+    const void *p = kvps_ring__data(r, &m);
+    if (p) kvps_reduce_into(dst, p, n, (kvps_dtype)r->cur.dtype, (kvps_redop)r->cur.op);
+    zmq_msg_close(&m);
+    return p ? KVPS_OK : KVPS_ERR_NOMEM;
+}
+
+static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes) {
+    zmq_msg_t m;
+    kvps_result rc = kvps_ring__recv_n(r, src, tag, bytes, &m);
+    if (rc != KVPS_OK) return rc;
+    if (bytes) memcpy(dst, zmq_msg_data(&m), bytes);
+    zmq_msg_close(&m);
+    return KVPS_OK;
+}
+
+/* Waits until ZeroMQ has let go of every zero-copy frame of counter i (-1: both). */
+static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
+    for (;;) {
+        int busy = i < 0 ? __atomic_load_n(&r->zc[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc[1], __ATOMIC_ACQUIRE)
+                         : __atomic_load_n(&r->zc[i], __ATOMIC_ACQUIRE);
+        if (busy == 0) return KVPS_OK;
+        if (kvps__now_ms() > deadline)
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: ZeroMQ still holds %d outgoing frames", r->rank, busy);
+        sched_yield();
+    }
+}
+
+static uint64_t kvps_ring__tag(int phase, int dir, uint64_t step, uint64_t piece) {
+    return ((uint64_t)phase << 56) | ((uint64_t)dir << 55) | ((step & 0x7fffffull) << 32) | (piece & 0xffffffffull);
+}
+
+// >>ring
+/* One direction of a pipelined ring over view[0..k) (me = my index): reduce-scatter leaves
+   block me reduced at rank me, all-gather spreads every block. Blocks: [off(c), off(c+1)). */
+typedef struct kvps_ring__task {
+    const int *view;
+    int k, me, dir;
+    char *buf;
+    size_t count, blk, es, piece; /* blk > 0: fixed blocks of blk elements, else count cut in k */
+} kvps_ring__task;
+
+static size_t kvps_ring__bound(const kvps_ring__task *t, int c) { /* start of block c, 0 <= c <= k */
+    return t->blk ? (size_t)c * t->blk : (size_t)((uint64_t)t->count * (uint64_t)c / (uint64_t)t->k);
+}
+static size_t kvps_ring__off(const kvps_ring__task *t, int c) {
+    return kvps_ring__bound(t, ((c % t->k) + t->k) % t->k);
+}
+static size_t kvps_ring__len(const kvps_ring__task *t, int c) {
+    c = ((c % t->k) + t->k) % t->k;
+    return kvps_ring__bound(t, c + 1) - kvps_ring__bound(t, c);
+}
+static size_t kvps_ring__npieces(const kvps_ring__task *t, int c) {
+    size_t n = kvps_ring__len(t, c);
+    return (n + t->piece - 1) / t->piece;
+}
+
+static kvps_result kvps_ring__send_block(kvps_ring *r, const kvps_ring__task *t, int phase, int step, int c, int zc) {
+    int right = t->view[(t->me + 1) % t->k];
+    size_t off = kvps_ring__off(t, c), len = kvps_ring__len(t, c), np = kvps_ring__npieces(t, c);
+    for (size_t p = 0; p < np; p++) {
+        size_t b = p * t->piece, n = len - b < t->piece ? len - b : t->piece;
+        kvps_result rc = kvps_ring__send(r, right, kvps_ring__tag(phase, t->dir, (uint64_t)step, p),
+                                         t->buf + (off + b) * t->es, n * t->es, zc);
+        if (rc != KVPS_OK) return rc;
+    }
+    return KVPS_OK;
+}
+
+/* Runs up to two ring directions interleaved piece by piece. rs/ag select the phases. */
+static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, int rs, int ag) {
+    kvps_result rc = KVPS_OK;
+    int k = t[0].k;
+    for (int d = 0; d < nt; d++)
+        rc = rc ? rc : rs ? kvps_ring__send_block(r, &t[d], KVPS_RING__PH_RS, 0, t[d].me - 1, 0)
+                          : kvps_ring__send_block(r, &t[d], KVPS_RING__PH_AG, 0, t[d].me, 1);
+    for (int phase = rs ? 0 : 1; phase <= (ag ? 1 : 0) && rc == KVPS_OK; phase++) {
+        if (phase == 1 && rs) rc = kvps_ring__zc_drain(r, 0, r->deadline); /* about to overwrite sent blocks */
+        for (int s = 0; s < k - 1 && rc == KVPS_OK; s++) {
+            size_t maxp = 0;
+            for (int d = 0; d < nt; d++) {
+                int c = phase == 0 ? t[d].me - s - 2 : t[d].me - s - 1;
+                size_t np = kvps_ring__npieces(&t[d], c);
+                if (np > maxp) maxp = np;
+            }
+            for (size_t p = 0; p < maxp && rc == KVPS_OK; p++) {
+                for (int d = 0; d < nt && rc == KVPS_OK; d++) {
+                    kvps_ring__task *x = &t[d];
+                    int c = phase == 0 ? x->me - s - 2 : x->me - s - 1;
+                    if (p >= kvps_ring__npieces(x, c)) continue;
+                    int left = x->view[(x->me - 1 + k) % k], right = x->view[(x->me + 1) % k];
+                    size_t b = p * x->piece, len = kvps_ring__len(x, c);
+                    size_t n = len - b < x->piece ? len - b : x->piece;
+                    char *ptr = x->buf + (kvps_ring__off(x, c) + b) * x->es;
+                    int ph = phase == 0 ? KVPS_RING__PH_RS : KVPS_RING__PH_AG;
+                    uint64_t tag = kvps_ring__tag(ph, x->dir, (uint64_t)s, p);
+                    rc = phase == 0 ? kvps_ring__recv_reduce(r, left, tag, ptr, n)
+                                    : kvps_ring__recv_copy(r, left, tag, ptr, n * x->es);
+                    if (rc != KVPS_OK) break;
+                    if (s < k - 2) /* forward: it is the next step's block */
+                        rc = kvps_ring__send(r, right, kvps_ring__tag(ph, x->dir, (uint64_t)s + 1, p), ptr, n * x->es, phase);
+                    else if (phase == 0 && ag) /* the finished block opens the all-gather */
+                        rc = kvps_ring__send(r, right, kvps_ring__tag(KVPS_RING__PH_AG, x->dir, 0, p), ptr, n * x->es, 1);
+                }
+            }
+        }
+    }
+    return rc;
+}
+
+static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *view, int k, int me, void *buf,
+                                 size_t count, size_t blk, int dir) {
+    t->view = view;
+    t->k = k;
+    t->me = me;
+    t->dir = dir;
+    t->buf = (char *)buf;
+    t->count = count;
+    t->blk = blk;
+    t->es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    t->piece = r->desc.chunk_bytes / t->es;
+    if (t->piece == 0) t->piece = 1;
+}
+
+/* All-reduce of buf over view by ring (bidir: half each way). */
+static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count,
+                                             int bidir) {
+    kvps_ring__task t[2];
+    if (bidir && k >= 3 && count >= 2 * (size_t)k) {
+        size_t half = count / 2, es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+        int *rev = r->view_buf + r->size; /* the view reversed: my index becomes k-1-me */
+        for (int i = 0; i < k; i++) rev[i] = view[k - 1 - i];
+        kvps_ring__task_init(&t[0], r, view, k, me, buf, half, 0, 0);
+        kvps_ring__task_init(&t[1], r, rev, k, k - 1 - me, (char *)buf + half * es, count - half, 0, 1);
+        return kvps_ring__rings(r, t, 2, 1, 1);
+    }
+    kvps_ring__task_init(&t[0], r, view, k, me, buf, count, 0, 0);
+    return kvps_ring__rings(r, t, 1, 1, 1);
+}
+
+// >>small
+/* Recursive doubling all-reduce of the whole buffer over view (any k). */
+static kvps_result kvps_ring__allreduce_rd(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count) {
+    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    int p2 = 1;
+    while (p2 * 2 <= k) p2 *= 2;
+    int rem = k - p2, nid;
+    kvps_result rc = KVPS_OK;
+    /* fold: among the first 2*rem, even ranks hand their data to the odd one above */
+    if (me < 2 * rem) {
+        if (me % 2 == 0) {
+            rc = kvps_ring__send(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, bytes, -1);
+            if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, bytes);
+            return rc;
+        }
+        rc = kvps_ring__recv_reduce(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, count);
+        nid = me / 2;
+    } else {
+        nid = me - rem;
+    }
+    for (int mask = 1, step = 0; mask < p2 && rc == KVPS_OK; mask <<= 1, step++) {
+        int pn = nid ^ mask, peer = view[pn < rem ? pn * 2 + 1 : pn + rem];
+        rc = kvps_ring__send(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, bytes, -1);
+        if (rc == KVPS_OK) rc = kvps_ring__recv_reduce(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, count);
+    }
+    if (rc == KVPS_OK && me < 2 * rem)
+        rc = kvps_ring__send(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, bytes, -1);
+    return rc;
+}
+
+/* Binomial-tree broadcast from view index root. */
+static kvps_result kvps_ring__bcast_tree(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t bytes) {
+    int rel = (me - root + k) % k, mask = 1;
+    kvps_result rc = KVPS_OK;
+    while (mask < k) {
+        if (rel & mask) {
+            rc = kvps_ring__recv_copy(r, view[(rel - mask + root) % k], kvps_ring__tag(KVPS_RING__PH_TREE, 0, 0, 0), buf, bytes);
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0 && rc == KVPS_OK; mask >>= 1)
+        if (rel + mask < k)
+            rc = kvps_ring__send(r, view[(rel + mask + root) % k], kvps_ring__tag(KVPS_RING__PH_TREE, 0, 0, 0), buf, bytes, 0);
+    return rc;
+}
+
+/* Pipelined chain broadcast along the view from root. */
+static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
+    kvps_ring__task t;
+    kvps_ring__task_init(&t, r, view, k, me, buf, count, 0, 0);
+    int rel = (me - root + k) % k, next = view[(me + 1) % k], prev = view[(me - 1 + k) % k];
+    size_t np = (count + t.piece - 1) / t.piece;
+    kvps_result rc = KVPS_OK;
+    for (size_t p = 0; p < np && rc == KVPS_OK; p++) {
+        size_t b = p * t.piece, n = count - b < t.piece ? count - b : t.piece;
+        char *ptr = t.buf + b * t.es;
+        uint64_t tag = kvps_ring__tag(KVPS_RING__PH_BCAST, 0, 0, p);
+        if (rel != 0) rc = kvps_ring__recv_copy(r, prev, tag, ptr, n * t.es);
+        if (rc == KVPS_OK && rel != k - 1) rc = kvps_ring__send(r, next, tag, ptr, n * t.es, 0);
+    }
+    return rc;
+}
+
+/* Binomial-tree reduce to view index root, into buf (buf is clobbered on non-roots). */
+static kvps_result kvps_ring__reduce_tree(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
+    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    int rel = (me - root + k) % k;
+    kvps_result rc = KVPS_OK;
+    for (int mask = 1; mask < k && rc == KVPS_OK; mask <<= 1) {
+        if (rel & mask) {
+            return kvps_ring__send(r, view[(rel - mask + root) % k], kvps_ring__tag(KVPS_RING__PH_TREE, 0, (uint64_t)mask, 0),
+                                   buf, bytes, -1);
+        }
+        if (rel + mask < k)
+            rc = kvps_ring__recv_reduce(r, view[(rel + mask + root) % k], kvps_ring__tag(KVPS_RING__PH_TREE, 0, (uint64_t)mask, 0),
+                                        buf, count);
+    }
+    return rc;
+}
+
+// >>collectives
+static int kvps_ring__index(const int *view, int k, int rank) {
+    for (int i = 0; i < k; i++)
+        if (view[i] == rank) return i;
+    return -1;
+}
+
+static kvps_result kvps_ring__allreduce_view(kvps_ring *r, const int *view, int k, void *buf, size_t count,
+                                             kvps_ring_algo algo) {
+    int me = kvps_ring__index(view, k, r->rank);
+    if (k == 1 || count == 0) return KVPS_OK;
+    if (algo == KVPS_ALGO_RD) return kvps_ring__allreduce_rd(r, view, k, me, buf, count);
+    return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING);
+}
+
+static kvps_result kvps_ring__reduce_view(kvps_ring *r, const int *view, int k, int root, void *buf, size_t count,
+                                          int large) {
+    int me = kvps_ring__index(view, k, r->rank);
+    if (k == 1 || count == 0) return KVPS_OK;
+    if (!large) return kvps_ring__reduce_tree(r, view, k, me, root, buf, count);
+    /* reduce-scatter, then every block to the root */
+    kvps_ring__task t;
+    kvps_ring__task_init(&t, r, view, k, me, buf, count, 0, 0);
+    kvps_result rc = kvps_ring__rings(r, &t, 1, 1, 0);
+    if (rc != KVPS_OK) return rc;
+    if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline); /* blocks sent may be overwritten now */
+    if (me != root)
+        return kvps_ring__send(r, view[root], kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), t.buf + kvps_ring__off(&t, me) * t.es,
+                               kvps_ring__len(&t, me) * t.es, 0);
+    for (int c = 0; c < k && rc == KVPS_OK; c++)
+        if (c != me)
+            rc = kvps_ring__recv_copy(r, view[c], kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), t.buf + kvps_ring__off(&t, c) * t.es,
+                                      kvps_ring__len(&t, c) * t.es);
+    return rc;
+}
+
+static kvps_result kvps_ring__bcast_view(kvps_ring *r, const int *view, int k, int root, void *buf, size_t count, int large) {
+    int me = kvps_ring__index(view, k, r->rank);
+    if (k == 1 || count == 0) return KVPS_OK;
+    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    return large ? kvps_ring__bcast_chain(r, view, k, me, root, buf, count) : kvps_ring__bcast_tree(r, view, k, me, root, buf, bytes);
+}
+
+static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_ring_algo inner) {
+    const int *g = r->desc.groups;
+    int *grp = r->view_buf, *lead = r->view_buf + r->size, ng = 0, nl = 0;
+    for (int i = 0; i < r->size; i++) {
+        if (g[i] == g[r->rank]) grp[ng++] = i;
+        int first = 1;
+        for (int j = 0; j < i; j++) first &= g[j] != g[i];
+        if (first) lead[nl++] = i;
+    }
+    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    int large = bytes > r->desc.small_bytes;
+    r->hier = 0x10ull << 56;
+    kvps_result rc = kvps_ring__reduce_view(r, grp, ng, 0, buf, count, large);
+    if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    r->hier = 0x20ull << 56;
+    if (rc == KVPS_OK && grp[0] == r->rank) {
+        int *lv = (int *)malloc((size_t)nl * sizeof *lv); /* view_buf's second half is the reversed view */
+        if (!lv) rc = KVPS_ERR_NOMEM;
+        else {
+            memcpy(lv, lead, (size_t)nl * sizeof *lv);
+            rc = kvps_ring__allreduce_view(r, lv, nl, buf, count, inner);
+            free(lv);
+        }
+    }
+    if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    r->hier = 0x30ull << 56;
+    if (rc == KVPS_OK) rc = kvps_ring__bcast_view(r, grp, ng, 0, buf, count, large);
+    r->hier = 0;
+    return rc;
+}
+
+static int kvps_ring__multi_group(const kvps_ring *r) {
+    const int *g = r->desc.groups;
+    if (!g) return 0;
+    int groups = 0, big = 0;
+    for (int i = 0; i < r->size; i++) {
+        int first = 1, members = 0;
+        for (int j = 0; j < r->size; j++) { first &= !(j < i && g[j] == g[i]); members += g[j] == g[i]; }
+        if (first) { groups++; big |= members > 1; }
+    }
+    return groups > 1 && big;
+}
+
+static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
+    int k = r->size, me = r->rank;
+    size_t es = kvps_dtype_size(op->dtype), n = op->count, bytes = n * es;
+    const char *send = (const char *)op->send;
+    char *recv = (char *)op->recv;
+    int *all = r->view_buf + 2 * r->size;
+    for (int i = 0; i < k; i++) all[i] = i;
+    kvps_ring_algo algo = op->algo ? op->algo : r->desc.algo;
+    int large = bytes > r->desc.small_bytes;
+    kvps_result rc = KVPS_OK;
+    switch (op->coll) {
+    case KVPS_COLL_ALLREDUCE:
+        if (send && send != recv && bytes) memcpy(recv, send, bytes);
+        if (algo == KVPS_ALGO_AUTO)
+            algo = !large ? KVPS_ALGO_RD : kvps_ring__multi_group(r) ? KVPS_ALGO_HIER : k >= 3 ? KVPS_ALGO_BIRING : KVPS_ALGO_RING;
+        if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
+        else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
+        if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(recv, n, op->dtype, k);
+        break;
+    case KVPS_COLL_REDUCE: {
+        char *buf = me == op->root ? recv : (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes);
+        if (!buf) return KVPS_ERR_NOMEM;
+        if (send && send != buf && bytes) memcpy(buf, send, bytes);
+        rc = kvps_ring__reduce_view(r, all, k, op->root, buf, n, large);
+        if (rc == KVPS_OK && op->op == KVPS_AVG && me == op->root) kvps_ring__scale(recv, n, op->dtype, k);
+        break;
+    }
+    case KVPS_COLL_BROADCAST:
+        if (me == op->root && send && send != recv && bytes) memcpy(recv, send, bytes);
+        rc = kvps_ring__bcast_view(r, all, k, op->root, recv, n, large);
+        break;
+    case KVPS_COLL_REDUCE_SCATTER: {
+        size_t total = bytes * (size_t)k;
+        char *buf = send ? (char *)kvps_ring__grow(&r->work, &r->work_cap, total) : recv;
+        if (!buf) return KVPS_ERR_NOMEM;
+        if (send && total) memcpy(buf, send, total);
+        kvps_ring__task t;
+        kvps_ring__task_init(&t, r, all, k, me, buf, n * (size_t)k, n, 0);
+        if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 1, 0);
+        if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(buf + (size_t)me * bytes, n, op->dtype, k);
+        if (rc == KVPS_OK && bytes) memmove(recv, buf + (size_t)me * bytes, bytes);
+        break;
+    }
+    case KVPS_COLL_ALLGATHER: {
+        if (send && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
+        kvps_ring__task t;
+        kvps_ring__task_init(&t, r, all, k, me, recv, n * (size_t)k, n, 0);
+        if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 0, 1);
+        break;
+    }
+    case KVPS_COLL_GATHER:
+        if (me != op->root) {
+            rc = kvps_ring__send(r, op->root, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), send ? send : recv, bytes, 0);
+        } else {
+            if (send && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
+            for (int i = 0; i < k && rc == KVPS_OK; i++)
+                if (i != me) rc = kvps_ring__recv_copy(r, i, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), recv + (size_t)i * bytes, bytes);
+        }
+        break;
+    case KVPS_COLL_SCATTER:
+        if (me != op->root) {
+            rc = kvps_ring__recv_copy(r, op->root, kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0), recv, bytes);
+        } else {
+            const char *src = send ? send : recv;
+            for (int i = 0; i < k && rc == KVPS_OK; i++)
+                if (i != me) rc = kvps_ring__send(r, i, kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0), src + (size_t)i * bytes, bytes, 0);
+            if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) memmove(recv, src + (size_t)me * bytes, bytes);
+        }
+        break;
+    case KVPS_COLL_ALLTOALL: {
+        const char *src = send;
+        if (!src || src == recv) { /* in place: keep a copy of what goes out */
+            char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes * (size_t)k);
+            if (!w) return KVPS_ERR_NOMEM;
+            if (bytes) memcpy(w, recv, bytes * (size_t)k);
+            src = w;
+        }
+        for (int s = 1; s < k && rc == KVPS_OK; s++)
+            rc = kvps_ring__send(r, (me + s) % k, kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0), src + (size_t)((me + s) % k) * bytes, bytes, 0);
+        if (rc == KVPS_OK && bytes && src + (size_t)me * bytes != recv + (size_t)me * bytes)
+            memcpy(recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+        for (int s = 1; s < k && rc == KVPS_OK; s++) {
+            int from = (me - s + k) % k;
+            rc = kvps_ring__recv_copy(r, from, kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0), recv + (size_t)from * bytes, bytes);
+        }
+        break;
+    }
+    case KVPS_COLL_BARRIER:
+        for (int d = 1, s = 0; d < k && rc == KVPS_OK; d <<= 1, s++) {
+            rc = kvps_ring__send(r, (me + d) % k, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0), "", 0, -1);
+            if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, (me - d + k) % k, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0), NULL, 0);
+        }
+        break;
+    }
+    return rc;
+}
+
+static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *op) {
+    if (!op || op->coll < KVPS_COLL_ALLREDUCE || op->coll > KVPS_COLL_BARRIER) return KVPS_ERR_INVALID_ARG;
+    if (op->coll == KVPS_COLL_BARRIER) return KVPS_OK;
+    if (kvps_dtype_size(op->dtype) == 0 || (unsigned)op->op > KVPS_AVG || (unsigned)op->algo > KVPS_ALGO_HIER)
+        return KVPS_ERR_INVALID_ARG;
+    if (op->root < 0 || op->root >= r->size) return KVPS_ERR_INVALID_ARG;
+    if (op->count > ((size_t)1 << 40) / (size_t)r->size) return KVPS_ERR_INVALID_ARG;
+    if (op->count == 0) return KVPS_OK;
+    int root = op->root == r->rank;
+    switch (op->coll) {
+    case KVPS_COLL_REDUCE: if (root && !op->recv) return KVPS_ERR_INVALID_ARG; if (!op->send && !op->recv) return KVPS_ERR_INVALID_ARG; break;
+    case KVPS_COLL_GATHER: if (root ? !op->recv : !op->send) return KVPS_ERR_INVALID_ARG; break;
+    case KVPS_COLL_SCATTER: if (!op->recv || (root && !op->send)) return KVPS_ERR_INVALID_ARG; break;
+    default: if (!op->recv) return KVPS_ERR_INVALID_ARG;
+    }
+    return KVPS_OK;
+}
+
+/* Runs one operation in the calling thread (which holds the ring). */
+static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
+    if (r->broken) return KVPS_ERR_STATE;
+    if (!r->connected) return kvps_ring__fail(r, KVPS_ERR_STATE, "kvps_ring_connect has not been called");
+    r->seq++;
+    memset(&r->cur, 0, sizeof r->cur);
+    r->cur.magic = KVPS_RING__MAGIC;
+    r->cur.seq = r->seq;
+    r->cur.src = (uint16_t)r->rank;
+    r->cur.coll = (uint8_t)op->coll;
+    r->cur.dtype = (uint8_t)op->dtype;
+    r->cur.op = (uint8_t)op->op;
+    r->cur.root = (uint16_t)op->root;
+    r->cur.count = op->count;
+    r->hier = 0;
+    r->errmsg[0] = 0;
+    r->deadline = kvps__now_ms() + r->desc.timeout_ms;
+    kvps_result rc = kvps_ring__execute(r, op);
+    if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    /* drop stashed pieces of this collective (none unless a peer sent extra) */
+    for (kvps_ring__stash **pp = &r->stash; *pp;) {
+        kvps_ring__stash *e = *pp;
+        if ((int32_t)(e->h.seq - r->seq) <= 0) { *pp = e->next; zmq_msg_close(&e->payload); free(e); }
+        else pp = &e->next;
+    }
+    if (rc != KVPS_OK) {
+        if (rc != KVPS_ERR_PEER) kvps_ring__abort_all(r, rc);
+        kvps__log(KVPS_LOG_WARN, "ring %d: %s: %s", r->rank, kvps_result_str(rc), r->errmsg);
+        /* ZeroMQ may still hold the caller's buffers: drop everything queued before returning */
+        for (int i = 0; i < r->size; i++) {
+            if (!r->dealers[i]) continue;
+            zmq_close(r->dealers[i]);
+            r->dealers[i] = NULL;
+        }
+        kvps_ring__zc_drain(r, -1, kvps__now_ms() + 5000);
+        r->broken = 1;
+    }
+    return rc;
+}
+
+static void *kvps_ring__thread(void *arg) {
+    kvps_ring *r = (kvps_ring *)arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->quit && (!r->head || r->busy)) pthread_cond_wait(&r->cv, &r->mu);
+        if (r->quit && !r->head) break;
+        kvps_ring__job *j = r->head;
+        r->head = j->next;
+        if (!r->head) r->tail = NULL;
+        r->busy = 1;
+        r->running_id = j->id;
+        pthread_mutex_unlock(&r->mu);
+        kvps_result rc = kvps_ring__run_now(r, &j->op);
+        pthread_mutex_lock(&r->mu);
+        r->busy = 0;
+        r->running_id = 0;
+        j->result = rc;
+        j->done = 1;
+        j->next = r->finished;
+        r->finished = j;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_ring_req *out) {
+    if (!r || !out) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps_result rc = kvps_ring__validate(r, op);
+    if (rc != KVPS_OK) return rc;
+    kvps_ring__job *j = (kvps_ring__job *)calloc(1, sizeof *j);
+    if (!j) return KVPS_ERR_NOMEM;
+    j->op = *op;
+    pthread_mutex_lock(&r->mu);
+    if (!r->thread_started) {
+        if (pthread_create(&r->thread, NULL, kvps_ring__thread, r) != 0) {
+            pthread_mutex_unlock(&r->mu);
+            free(j);
+            return KVPS_ERR_NOMEM;
+        }
+        r->thread_started = 1;
+    }
+    j->id = ++r->next_id;
+    if (r->tail) r->tail->next = j; else r->head = j;
+    r->tail = j;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    *out = j->id;
+    return KVPS_OK;
+}
+
+/* Under r->mu: unlinks and returns the finished job req; *known says whether req is still to
+   come (queued or running). */
+static kvps_ring__job *kvps_ring__take(kvps_ring *r, kvps_ring_req req, int *known) {
+    *known = req != 0 && r->running_id == req;
+    for (kvps_ring__job **pp = &r->finished; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == req) { kvps_ring__job *j = *pp; *pp = j->next; return j; }
+    for (kvps_ring__job *j = r->head; j; j = j->next)
+        if (j->id == req) *known = 1;
+    return NULL;
+}
+
+KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout_ms) {
+    if (!r) return KVPS_ERR_INVALID_ARG;
+    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? r->desc.timeout_ms + 1000 : timeout_ms);
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        int known;
+        kvps_ring__job *j = kvps_ring__take(r, req, &known);
+        if (j) {
+            pthread_mutex_unlock(&r->mu);
+            kvps_result rc = j->result;
+            free(j);
+            return rc;
+        }
+        if (!known) { pthread_mutex_unlock(&r->mu); return KVPS_ERR_INVALID_REQ; }
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) { pthread_mutex_unlock(&r->mu); return KVPS_ERR_TIMEOUT; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t ns = ts.tv_nsec + (left % 1000) * 1000000;
+        ts.tv_sec += left / 1000 + ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+}
+
+KVPS_API kvps_result kvps_ring_test(kvps_ring *r, kvps_ring_req req, int *done) {
+    if (!r || !done) return KVPS_ERR_INVALID_ARG;
+    *done = 0;
+    pthread_mutex_lock(&r->mu);
+    int known;
+    kvps_ring__job *j = kvps_ring__take(r, req, &known);
+    pthread_mutex_unlock(&r->mu);
+    if (!j) return known ? KVPS_OK : KVPS_ERR_INVALID_REQ;
+    *done = 1;
+    kvps_result rc = j->result;
+    free(j);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
+    if (!r) return KVPS_ERR_INVALID_ARG;
+    kvps_result rc = kvps_ring__validate(r, op);
+    if (rc != KVPS_OK) return rc;
+    pthread_mutex_lock(&r->mu);
+    if (!r->head && !r->busy) { /* nothing queued: run here, no thread hand-off */
+        r->busy = 1;
+        pthread_mutex_unlock(&r->mu);
+        rc = kvps_ring__run_now(r, op);
+        pthread_mutex_lock(&r->mu);
+        r->busy = 0;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        return rc;
+    }
+    pthread_mutex_unlock(&r->mu);
+    kvps_ring_req q;
+    rc = kvps_ring_post(r, op, &q);
+    return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
+}
+
+#define KVPS_RING__OP(...) kvps_ring_run(r, &(kvps_ring_op){__VA_ARGS__})
+KVPS_API kvps_result kvps_ring_allreduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op);
+}
+KVPS_API kvps_result kvps_ring_reduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op, int root) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_REDUCE, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op, .root = root);
+}
+KVPS_API kvps_result kvps_ring_reduce_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op);
+}
+KVPS_API kvps_result kvps_ring_allgather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_ALLGATHER, .send = send, .recv = recv, .count = count, .dtype = dt);
+}
+KVPS_API kvps_result kvps_ring_broadcast(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_BROADCAST, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+}
+KVPS_API kvps_result kvps_ring_gather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_GATHER, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+}
+KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_SCATTER, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+}
+KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
+    return KVPS_RING__OP(.coll = KVPS_COLL_ALLTOALL, .send = send, .recv = recv, .count = count, .dtype = dt);
+}
+KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) { return KVPS_RING__OP(.coll = KVPS_COLL_BARRIER); }
+
+// >>setup
+KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size || desc->timeout_ms < 0 ||
+        (unsigned)desc->algo > KVPS_ALGO_HIER || (!desc->peers && !desc->bind)) {
+        kvps__log(KVPS_LOG_ERROR, "ring desc: need 0 <= rank < size <= 65535, and peers or bind");
+        return KVPS_ERR_CONFIG;
+    }
+    kvps__tune_malloc(0);
+    kvps_ring *r = (kvps_ring *)calloc(1, sizeof *r);
+    if (!r) return KVPS_ERR_NOMEM;
+    r->desc = *desc;
+    r->desc.timeout_ms = kvps__def(desc->timeout_ms, 30000);
+    r->desc.chunk_bytes = kvps__def(desc->chunk_bytes, (size_t)262144);
+    r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)65536);
+    r->rank = desc->rank;
+    r->size = desc->size;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->dealers = (void **)calloc((size_t)r->size, sizeof *r->dealers);
+    r->view_buf = (int *)calloc((size_t)r->size * 3, sizeof *r->view_buf);
+    if (desc->groups) {
+        int *g = (int *)malloc((size_t)r->size * sizeof *g);
+        if (g) memcpy(g, desc->groups, (size_t)r->size * sizeof *g);
+        r->desc.groups = g;
+    }
+    if (!r->dealers || !r->view_buf || (desc->groups && !r->desc.groups)) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    r->desc.peers = NULL;
+    r->ctx = desc->zmq_ctx;
+    if (!r->ctx) {
+        r->ctx = zmq_ctx_new();
+        r->own_ctx = 1;
+        if (!r->ctx) { kvps_ring_destroy(&r); return KVPS_ERR_ZMQ; }
+        zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, kvps__def(desc->io_threads, 1));
+    }
+    char **eps = NULL;
+    int neps = 0;
+    const char *bind = desc->bind;
+    if (!bind) {
+        neps = kvps__split(desc->peers, &eps);
+        if (neps != r->size) {
+            kvps__log(KVPS_LOG_ERROR, "ring: %d endpoints for %d ranks", neps, r->size);
+            kvps__free_strv(eps, neps > 0 ? neps : 0);
+            kvps_ring_destroy(&r);
+            return KVPS_ERR_CONFIG;
+        }
+        bind = eps[r->rank];
+    }
+    r->router = zmq_socket(r->ctx, ZMQ_ROUTER);
+    int zero = 0;
+    kvps_result rc = KVPS_OK;
+    if (!r->router) rc = KVPS_ERR_ZMQ;
+    else {
+        zmq_setsockopt(r->router, ZMQ_RCVHWM, &zero, sizeof zero);
+        zmq_setsockopt(r->router, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_bind(r->router, bind) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "ring %d: cannot bind '%s': %s", r->rank, bind, zmq_strerror(zmq_errno()));
+            rc = KVPS_ERR_BIND;
+        } else {
+            size_t sz = sizeof r->endpoint;
+            if (zmq_getsockopt(r->router, ZMQ_LAST_ENDPOINT, r->endpoint, &sz) != 0)
+                snprintf(r->endpoint, sizeof r->endpoint, "%s", bind);
+        }
+    }
+    kvps__free_strv(eps, neps);
+    if (rc == KVPS_OK && desc->peers) rc = kvps_ring_connect(r, desc->peers);
+    if (rc != KVPS_OK) { kvps_ring_destroy(&r); return rc; }
+    *out = r;
+    return KVPS_OK;
+}
+
+KVPS_API const char *kvps_ring_endpoint(const kvps_ring *r) { return r ? r->endpoint : NULL; }
+KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->errmsg : ""; }
+
+KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
+    if (!r || !peers) return KVPS_ERR_INVALID_ARG;
+    if (r->connected) return KVPS_ERR_STATE;
+    char **eps = NULL;
+    int n = kvps__split(peers, &eps);
+    if (n != r->size) {
+        kvps__log(KVPS_LOG_ERROR, "ring: %d endpoints for %d ranks in '%s'", n, r->size, peers);
+        kvps__free_strv(eps, n > 0 ? n : 0);
+        return KVPS_ERR_CONFIG;
+    }
+    kvps_result rc = KVPS_OK;
+    for (int i = 0; i < n && rc == KVPS_OK; i++) {
+        if (i == r->rank) continue;
+        void *s = zmq_socket(r->ctx, ZMQ_DEALER);
+        if (!s) { rc = KVPS_ERR_ZMQ; break; }
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        r->dealers[i] = s;
+        if (zmq_connect(s, eps[i]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);
+            rc = KVPS_ERR_CONNECT;
+        }
+    }
+    kvps__free_strv(eps, n);
+    if (rc == KVPS_OK) r->connected = 1;
+    return rc;
+}
+
+KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
+    if (!rp || !*rp) return;
+    kvps_ring *r = *rp;
+    *rp = NULL;
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->quit = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    while (r->stash) { kvps_ring__stash *e = r->stash; r->stash = e->next; zmq_msg_close(&e->payload); free(e); }
+    while (r->head) { kvps_ring__job *j = r->head; r->head = j->next; free(j); }
+    while (r->finished) { kvps_ring__job *j = r->finished; r->finished = j->next; free(j); }
+    if (r->dealers)
+        for (int i = 0; i < r->size; i++)
+            if (r->dealers[i]) zmq_close(r->dealers[i]);
+    if (r->router) zmq_close(r->router);
+    if (r->own_ctx && r->ctx) zmq_ctx_term(r->ctx);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free((void *)(uintptr_t)r->desc.groups);
+    free(r->dealers); free(r->view_buf); free(r->work); free(r->scratch);
+    free(r);
+}
+
+// >>rendezvous
+KVPS_API kvps_result kvps_ring_rendezvous(kvps_worker *w, int rank, int size, const char *endpoint, char *peers_out,
+                                          size_t cap, int timeout_ms) {
+    enum { SLOT = 64 }; /* floats per endpoint: 256 bytes, carried bit for bit by INIT and PULL */
+    if (!w || !endpoint || !peers_out || rank < 0 || rank >= size || strlen(endpoint) >= SLOT * 4) return KVPS_ERR_INVALID_ARG;
+    const uint64_t base = (1ull << 62) + 0x52494e47ull * 65536; /* "RING" */
+    float mine[SLOT];
+    memset(mine, 0, sizeof mine);
+    memcpy(mine, endpoint, strlen(endpoint));
+    uint64_t key = base + (uint64_t)rank;
+    size_t len = SLOT;
+    kvps_req q;
+    kvps_result rc = kvps_worker_init(w, &key, mine, &len, 1, &q);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
+    if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &q);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
+    if (rc != KVPS_OK) return rc;
+    uint64_t *keys = (uint64_t *)malloc((size_t)size * sizeof *keys);
+    size_t *lens = (size_t *)malloc((size_t)size * sizeof *lens);
+    float *all = (float *)malloc((size_t)size * SLOT * sizeof *all);
+    if (!keys || !lens || !all) rc = KVPS_ERR_NOMEM;
+    for (int i = 0; rc == KVPS_OK && i < size; i++) { keys[i] = base + (uint64_t)i; lens[i] = SLOT; }
+    if (rc == KVPS_OK) rc = kvps_worker_pull(w, keys, all, lens, (size_t)size, &q);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
+    size_t used = 0;
+    for (int i = 0; rc == KVPS_OK && i < size; i++) {
+        char ep[SLOT * 4 + 1];
+        memcpy(ep, all + (size_t)i * SLOT, SLOT * 4);
+        ep[SLOT * 4] = 0;
+        size_t l = strlen(ep);
+        if (l == 0 || used + l + 2 > cap) { rc = l == 0 ? KVPS_ERR_MALFORMED : KVPS_ERR_INVALID_ARG; break; }
+        if (i) peers_out[used++] = ',';
+        memcpy(peers_out + used, ep, l + 1);
+        used += l;
+    }
+    free(keys); free(lens); free(all);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers) {
+    if (!rank || !size || !peers) return KVPS_ERR_INVALID_ARG;
+    static const char *rv[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+    static const char *sv[] = {"KVPS_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    int got_r = 0, got_s = 0;
+    for (int i = 0; i < 4 && got_r == 0; i++) got_r = kvps__env_int(rv[i], rank);
+    for (int i = 0; i < 4 && got_s == 0; i++) got_s = kvps__env_int(sv[i], size);
+    *peers = getenv("KVPS_RING_PEERS");
+    if (got_r != 1 || got_s != 1 || *size < 1 || *rank >= *size || !*peers || !**peers) {
+        kvps__log(KVPS_LOG_ERROR, "ring env: need KVPS_RANK, KVPS_SIZE (or MPI/Slurm equivalents) and KVPS_RING_PEERS");
+        return KVPS_ERR_ENV;
+    }
+    return KVPS_OK;
+}
+
+#endif /* KVPS_RING__IMPLEMENTED */
+#endif /* KVPS_IMPLEMENTATION */
