@@ -1084,32 +1084,46 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
     return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
 }
 
-#define KVPS_RING__OP(...) kvps_ring_run(r, &(kvps_ring_op){__VA_ARGS__})
+static kvps_result kvps_ring__call(kvps_ring *r, kvps_coll coll, const void *send, void *recv, size_t count,
+                                   kvps_dtype dt, kvps_redop op, int root) {
+    kvps_ring_op o;
+    memset(&o, 0, sizeof o);
+    o.coll = coll;
+    o.send = send;
+    o.recv = recv;
+    o.count = count;
+    o.dtype = dt;
+    o.op = op;
+    o.root = root;
+    return kvps_ring_run(r, &o);
+}
 KVPS_API kvps_result kvps_ring_allreduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op);
+    return kvps_ring__call(r, KVPS_COLL_ALLREDUCE, send, recv, count, dt, op, 0);
 }
 KVPS_API kvps_result kvps_ring_reduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op, int root) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_REDUCE, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op, .root = root);
+    return kvps_ring__call(r, KVPS_COLL_REDUCE, send, recv, count, dt, op, root);
 }
 KVPS_API kvps_result kvps_ring_reduce_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = count, .dtype = dt, .op = op);
+    return kvps_ring__call(r, KVPS_COLL_REDUCE_SCATTER, send, recv, count, dt, op, 0);
 }
 KVPS_API kvps_result kvps_ring_allgather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_ALLGATHER, .send = send, .recv = recv, .count = count, .dtype = dt);
+    return kvps_ring__call(r, KVPS_COLL_ALLGATHER, send, recv, count, dt, KVPS_SUM, 0);
 }
 KVPS_API kvps_result kvps_ring_broadcast(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_BROADCAST, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+    return kvps_ring__call(r, KVPS_COLL_BROADCAST, send, recv, count, dt, KVPS_SUM, root);
 }
 KVPS_API kvps_result kvps_ring_gather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_GATHER, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+    return kvps_ring__call(r, KVPS_COLL_GATHER, send, recv, count, dt, KVPS_SUM, root);
 }
 KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_SCATTER, .send = send, .recv = recv, .count = count, .dtype = dt, .root = root);
+    return kvps_ring__call(r, KVPS_COLL_SCATTER, send, recv, count, dt, KVPS_SUM, root);
 }
 KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
-    return KVPS_RING__OP(.coll = KVPS_COLL_ALLTOALL, .send = send, .recv = recv, .count = count, .dtype = dt);
+    return kvps_ring__call(r, KVPS_COLL_ALLTOALL, send, recv, count, dt, KVPS_SUM, 0);
 }
-KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) { return KVPS_RING__OP(.coll = KVPS_COLL_BARRIER); }
+KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) {
+    return kvps_ring__call(r, KVPS_COLL_BARRIER, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0);
+}
 
 // >>setup
 KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out) {
