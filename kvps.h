@@ -88,15 +88,17 @@
        0      4    magic   0x5350564B ("KVPS")
        4      1    version 1
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER; replies set bit 0x80
-       6      2    flags   0
+       6      2    flags   0 (no flags are defined yet: anything else is rejected)
        8      4    rank    worker rank, 0..m-1
        12     4    nkeys
        16     8    req_id  echoed in the reply
-       24     4    status  replies: a kvps_result
-       28     4    aux     reserved (0)
+       24     4    status  replies: a kvps_result (0 or negative); ignored in requests
+       28     4    aux     reserved: ignored
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
    Anything else gets an error reply and changes nothing: a message is checked whole before
-   any stored value is touched.
+   any stored value is touched. A worker call that spans several servers sends one message to
+   each; each server accepts or rejects its own part (so a push whose key on server 1 has the
+   wrong length is still applied on server 0, and wait reports the error).
 
    MEMORY. ZeroMQ allocates every received message. With glibc's defaults, large buffers are
    returned to the kernel when freed and faulted in afresh on the next message (about 3 us per
@@ -639,6 +641,11 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
             r = KVPS_ERR_ENV;
             goto done;
         }
+        if (strlen(eps[rank]) >= sizeof env->endpoint) {
+            kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS entry %d is longer than %zu characters", rank, sizeof env->endpoint - 1);
+            r = KVPS_ERR_ENV;
+            goto done;
+        }
         snprintf(env->endpoint, sizeof env->endpoint, "%s", eps[rank]);
     } else if (rank >= env->num_workers) {
         kvps__log(KVPS_LOG_ERROR, "worker rank %d but KVPS_NUM_WORKERS=%d", rank, env->num_workers);
@@ -913,6 +920,22 @@ static uint32_t kvps__key_create(kvps_server *s, uint64_t key, uint64_t len) {
     return s->nkeys++;
 }
 
+/* Forgets the keys from index n on (just created by a request that then failed). */
+static void kvps__keys_truncate(kvps_server *s, uint32_t n) {
+    while (s->nkeys > n) {
+        kvps__key *k = s->keys[--s->nkeys];
+        KVPS__STAT_ADD(s, keys, (uint64_t)-1);
+        KVPS__STAT_ADD(s, value_bytes, (uint64_t)0 - k->len * sizeof(float));
+        kvps__key_free(k, s->m);
+    }
+    memset(s->slots, 0, s->nslots * sizeof *s->slots);
+    for (uint32_t k = 0; k < s->nkeys; k++) {
+        uint64_t i = kvps__mix64(s->keys[k]->key) & (s->nslots - 1);
+        while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
+        s->slots[i] = k + 1;
+    }
+}
+
 static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
     kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
     kvps_server_destroy(&s);
@@ -934,6 +957,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (!s) return KVPS_ERR_NOMEM;
     s->desc = *desc;
     s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
+    if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
     s->desc.lr = desc->lr != 0.0f ? desc->lr : 0.01f;
     s->m = desc->num_workers;
     s->stop_pipe[0] = s->stop_pipe[1] = -1;
@@ -962,6 +986,9 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     /* A ROUTER drops replies silently at its high-water mark: never let it. */
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    /* cap what libzmq will allocate for one frame before kvps sees it */
+    int64_t maxmsg = (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     if (zmq_bind(s->router, desc->endpoint) != 0) {
@@ -1205,6 +1232,11 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
         return;
     }
+    if (h.flags != 0) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x: no flags are defined in version %d", h.flags,
+                          KVPS__VERSION);
+        return;
+    }
     if (h.rank >= (uint32_t)s->m) {
         kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
         return;
@@ -1252,6 +1284,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                               (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
             return;
         }
+        if (total > UINT64_MAX / sizeof(float) - e.len) { /* max_value_len caps e.len; nkeys can still add up */
+            kvps__reply_error(s, id, &h, KVPS_ERR_TOO_LARGE, "lengths add up past 2^62 floats");
+            return;
+        }
         total += e.len;
         idx[i] = kvps__find(s, e.key);
         if (idx[i] == UINT32_MAX) { nnew++; continue; }
@@ -1287,16 +1323,19 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
     }
     /* Pass 2: create new keys, then apply. */
+    uint32_t created = 0;
     for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
         if (idx[i] != UINT32_MAX) continue;
         kvps__kent e;
         memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
         idx[i] = kvps__key_create(s, e.key, e.len);
         if (idx[i] == UINT32_MAX) {
+            kvps__keys_truncate(s, s->nkeys - created); /* a rejected request leaves nothing behind */
             kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats",
                               (unsigned long long)e.key, (unsigned long long)e.len);
             return;
         }
+        created++;
     }
     if (kvps__op_has_values(h.op)) {
         const char *src = (const char *)zmq_msg_data(&fr[2]);
@@ -1459,7 +1498,8 @@ typedef struct kvps__req {
     int pending;         /* replies still expected */
     int sent;            /* messages sent */
     kvps_result status;
-    uint32_t *dbegin;    /* per server: first index in dest (nservers + 1 entries) */
+    uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
+    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered */
     kvps__dest *dest;    /* pull destinations in send order */
 } kvps__req;
 
@@ -1496,6 +1536,7 @@ static void kvps__req_unref(kvps__req *q) {
     if (__atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         free(q->dbegin);
         free(q->dest);
+        free(q->state);
         free(q);
     }
 }
@@ -1615,8 +1656,12 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     kvps__req *q = (kvps__req *)calloc(1, sizeof *q);
     if (!q) return NULL;
     q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
+    q->state = (uint8_t *)calloc((size_t)w->n, 1);
     if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
-    if (!q->dbegin || (ndest && !q->dest)) { free(q->dbegin); free(q->dest); free(q); return NULL; }
+    if (!q->dbegin || !q->state || (ndest && !q->dest)) {
+        free(q->dbegin); free(q->dest); free(q->state); free(q);
+        return NULL;
+    }
     uint32_t slot = w->free_slots[--w->nfree];
     w->gen[slot]++;
     q->id = ((uint64_t)w->gen[slot] << 32) | (slot + 1);
@@ -1681,6 +1726,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
     }
     q->pending++;
     q->sent++;
+    q->state[srv] = 1;
     return KVPS_OK;
 }
 
@@ -1876,12 +1922,18 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
     memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
     kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
-    if (!q || q->pending <= 0) {
+    if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
         kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
                   (unsigned long long)h.req_id);
         return;
     }
     q->pending--;
+    q->state[srv] = 2;
+    if (h.status > 0) { /* not a kvps_result: a broken server */
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
+        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
+        return;
+    }
     if (h.status != KVPS_OK) {
         char text[256] = "";
         if (nfr > 1) {
