@@ -11,7 +11,7 @@ LDLIBS  = $(PKG_LIBS) -lz -lm -pthread
 B       ?= build
 
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
-BENCHES  := $(patsubst bench/%.c,$(B)/%,$(wildcard bench/bench_*.c))
+BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h
 

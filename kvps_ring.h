@@ -50,14 +50,17 @@
              of chunk_bytes, and a piece is forwarded as soon as it is reduced, so sending one
              overlaps reducing the next.
      BIRING  half the data goes round clockwise, half counter-clockwise: both directions of
-             every link carry data (with 2 ranks this is RING).
+             every link carry data (with 2 ranks this is RING). It pays only where each
+             neighbour pair has a link of its own; behind a switch every host has one NIC and a
+             plain ring already keeps it busy both ways (measured on 4 shaped hosts: RING 0.955
+             Gbit/s busbw, BIRING 0.91).
      RD      recursive doubling (non-powers of two fold the extra ranks in first): log2(n)
              exchanges of the whole buffer; best for small messages.
      HIER    ranks grouped by .groups (a machine id per rank): reduce inside each group to its
              first rank, all-reduce among those leaders, broadcast back inside the group.
    AUTO: all-reduce uses RD up to .small_bytes (default 64 KiB, measured crossover on loopback:
    see BENCHMARKS.md), then HIER when .groups names more than one group with more than one
-   rank, else BIRING for 3+ ranks, else RING. Broadcast and reduce use binomial trees for small
+   rank, else RING. Broadcast and reduce use binomial trees for small
    messages and a pipelined chain or reduce-scatter + gather for large ones.
 
    4. WIRE FORMAT
@@ -820,7 +823,7 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
     case KVPS_COLL_ALLREDUCE:
         if (send && send != recv && bytes) memcpy(recv, send, bytes);
         if (algo == KVPS_ALGO_AUTO)
-            algo = !large ? KVPS_ALGO_RD : kvps_ring__multi_group(r) ? KVPS_ALGO_HIER : k >= 3 ? KVPS_ALGO_BIRING : KVPS_ALGO_RING;
+            algo = !large ? KVPS_ALGO_RD : kvps_ring__multi_group(r) ? KVPS_ALGO_HIER : KVPS_ALGO_RING;
         if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
         else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
         if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(recv, n, op->dtype, k);
@@ -1272,8 +1275,8 @@ KVPS_API kvps_result kvps_ring_rendezvous(kvps_worker *w, int rank, int size, co
     if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &q);
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
     if (rc != KVPS_OK) return rc;
-    uint64_t *keys = (uint64_t *)malloc((size_t)size * sizeof *keys);
-    size_t *lens = (size_t *)malloc((size_t)size * sizeof *lens);
+    uint64_t *keys = (uint64_t *)calloc((size_t)size, sizeof *keys);
+    size_t *lens = (size_t *)calloc((size_t)size, sizeof *lens);
     float *all = (float *)malloc((size_t)size * SLOT * sizeof *all);
     if (!keys || !lens || !all) rc = KVPS_ERR_NOMEM;
     for (int i = 0; rc == KVPS_OK && i < size; i++) { keys[i] = base + (uint64_t)i; lens[i] = SLOT; }
