@@ -3,7 +3,7 @@
    Do this:
        #define KVPS_IMPLEMENTATION
    before you include this file in *one* C or C++ file to create the implementation.
-   Link with libzmq (`pkg-config --cflags --libs libzmq`) and -pthread.
+   Link with libzmq (`pkg-config --cflags --libs libzmq`), -pthread and -lm.
 
    CONTENTS
      1. What it is
@@ -182,6 +182,7 @@ extern "C" {
     X(KVPS_ERR_DUP_KEY, -308, "the same key appears twice in one request")                     \
     X(KVPS_ERR_NOT_BARRIER, -309, "barrier sent to a server other than server 0")              \
     X(KVPS_ERR_MISMATCH, -310, "ranks called a collective with different arguments")          \
+    X(KVPS_ERR_CODEC, -311, "wrong or unknown codec id")                                       \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -299,12 +300,71 @@ typedef struct kvps_env {
 
 KVPS_API const char *kvps_result_str(kvps_result r);
 
-/* Scalar conversions, round to nearest even; NaN stays NaN (quieted, payload kept where it
-   fits), infinities, signed zeros and subnormals are exact. */
+/* Scalar conversions, round to nearest even; infinities, signed zeros and subnormals exact.
+   A NaN stays a NaN with the top of its payload (so a 16-bit value converts to float and back
+   unchanged, signalling NaNs included); it is quieted only when the kept payload would be 0.
+   (F16C/AVX-512 quiet every NaN: the bulk functions below redo NaN lanes to match these.) */
 KVPS_API uint16_t kvps_f32_to_f16(float f);
 KVPS_API float kvps_f16_to_f32(uint16_t h);
 KVPS_API uint16_t kvps_f32_to_bf16(float f);
 KVPS_API float kvps_bf16_to_f32(uint16_t h);
+
+/* Bulk conversions: the fastest path this CPU has (AVX-512, F16C/AVX2, or portable C), chosen at
+   run time; every path gives the same bits as the scalar functions above. */
+KVPS_API void kvps_f32_to_f16_n(uint16_t *dst, const float *src, size_t n);
+KVPS_API void kvps_f16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+KVPS_API void kvps_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
+KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+/* Which path the bulk functions use: KVPS_ISA_AUTO (default), or one forced for tests/benches
+   (a forced path the CPU lacks falls back to the best it has). Returns the path now in use. */
+typedef enum kvps_isa { KVPS_ISA_AUTO = -1, KVPS_ISA_PORTABLE = 0, KVPS_ISA_AVX2 = 1, KVPS_ISA_AVX512 = 2 } kvps_isa;
+KVPS_API kvps_isa kvps_isa_set(kvps_isa isa);
+
+/* Top-k by magnitude: the k entries of largest |x| (NaN counts as larger than infinity), ties to
+   the lower index; idx ascending. Sampled threshold + one filter pass + exact trim to k. */
+KVPS_API kvps_result kvps_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val);
+
+/* CODECS. An encoded buffer: 8-byte header { u8 codec id; u8 flags; u16 reserved (0); u32 n }
+   then the codec's payload:
+     KVPS_CODEC_FP16 / BF16  n x u16
+     KVPS_CODEC_TOPK         u32 k; k x u32 index (strictly ascending, < n); k x f32 values, or
+                             k x u16 fp16 values when flags & KVPS_CODEC_FLAG_FP16_VALUES
+     KVPS_CODEC_SIGN         u32 chunk; ceil(n / chunk) x f32 scale; ceil(n / 8) bytes of sign
+                             bits (bit j of byte b: element 8b + j is negative); decodes to
+                             +-scale of its chunk (scale = mean |x| of the chunk)
+   Error feedback: pass a residual (n floats, zero at first) to encode. The codec encodes
+   x + residual and leaves in residual what was not sent, in the same pass over the data, so the
+   sum of everything decoded plus the residual always equals the sum of the inputs. */
+typedef enum kvps_codec_id {
+    KVPS_CODEC_NONE = 0, KVPS_CODEC_FP16 = 1, KVPS_CODEC_BF16 = 2, KVPS_CODEC_TOPK = 3, KVPS_CODEC_SIGN = 4,
+    KVPS_CODEC_USER = 128 /* ids from here on are yours */
+} kvps_codec_id;
+enum { KVPS_CODEC_FLAG_FP16_VALUES = 1, KVPS_CODEC_HEADER = 8 };
+
+typedef struct kvps_codec kvps_codec;
+struct kvps_codec {
+    int id;             /* kvps_codec_id, written into the header */
+    const char *name;
+    /* parameters of the built-in codecs; zero means default */
+    double topk_fraction; /* top-k: k = max(1, fraction * n) when topk_count is 0; default 0.01 */
+    size_t topk_count;
+    int topk_fp16_values;
+    uint32_t sign_chunk;  /* 1-bit: elements per scale; default 256 */
+    /* the interface: a user codec fills these (the built-ins have them set by kvps_codec_get) */
+    size_t (*max_bytes)(const kvps_codec *c, size_t n);
+    kvps_result (*encode)(const kvps_codec *c, const float *x, size_t n, float *residual, void *out,
+                          size_t cap, size_t *out_bytes);
+    /* dst = decoded (accumulate 0) or dst += decoded (accumulate 1); must reject malformed input */
+    kvps_result (*decode)(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n, int accumulate);
+    void *user;
+};
+/* A built-in codec with its functions set; parameters can be changed afterwards. */
+KVPS_API kvps_codec kvps_codec_get(kvps_codec_id id);
+KVPS_API kvps_result kvps_codec_encode(const kvps_codec *c, const float *x, size_t n, float *residual, void *out,
+                                       size_t cap, size_t *out_bytes);
+KVPS_API kvps_result kvps_codec_decode(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
+                                       int accumulate);
+KVPS_API size_t kvps_codec_max_bytes(const kvps_codec *c, size_t n);
 KVPS_API void kvps_log_set_level(kvps_log_level level);
 KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user);
 KVPS_API kvps_result kvps_env_read(kvps_env *env);
@@ -376,6 +436,7 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
 #include <fcntl.h>
 #include <time.h>
 #include <sched.h>
+#include <math.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -413,8 +474,13 @@ KVPS_API uint16_t kvps_f32_to_f16(float fin) {
     uint32_t sign = f & 0x80000000u;
     f ^= sign;
     uint16_t o;
-    if (f >= 0x47800000u) { /* >= 65536: inf; NaN keeps the top of its payload, quieted */
-        o = f > 0x7f800000u ? (uint16_t)(0x7e00u | ((f >> 13) & 0x3ffu)) : (uint16_t)0x7c00u;
+    if (f >= 0x47800000u) { /* >= 65536: inf; NaN keeps the top 10 bits of its payload (and so
+                                whether it signals), quieted only when those bits are all 0 */
+        o = 0x7c00u;
+        if (f > 0x7f800000u) {
+            o = (uint16_t)(o | ((f >> 13) & 0x3ffu));
+            if ((o & 0x3ffu) == 0) o |= 0x200u;
+        }
     } else if (f < 0x38800000u) { /* below 2^-14: subnormal half; the FPU rounds (RNE) */
         const uint32_t magic_u = 126u << 23; /* 0.5f: aligns the half's ulp to bit 0 */
         float magic, ff;
@@ -451,7 +517,10 @@ KVPS_API float kvps_f16_to_f32(uint16_t h) {
 KVPS_API uint16_t kvps_f32_to_bf16(float fin) {
     uint32_t f;
     memcpy(&f, &fin, sizeof f);
-    if ((f & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((f >> 16) | 0x40u);
+    if ((f & 0x7fffffffu) > 0x7f800000u) { /* NaN: top of the payload kept, quieted if that is 0 */
+        uint16_t b = (uint16_t)(f >> 16);
+        return (b & 0x7fu) ? b : (uint16_t)(b | 0x40u);
+    }
     f += 0x7fffu + ((f >> 16) & 1u);
     return (uint16_t)(f >> 16);
 }
@@ -2029,6 +2098,583 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
     kvps_result r = q->status;
     kvps__req_end(w, q);
     return r;
+}
+
+// >>codec
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(KVPS_NO_SIMD)
+#define KVPS__X86 1
+#include <immintrin.h>
+#define KVPS__TARGET_AVX2 __attribute__((target("avx2,f16c,sse4.1,popcnt,bmi")))
+#define KVPS__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,sse4.1,popcnt,bmi")))
+#endif
+
+static int kvps__isa_forced = KVPS_ISA_AUTO;
+
+static int kvps__isa_best(void) {
+#ifdef KVPS__X86
+    static int best = -1;
+    int b = __atomic_load_n(&best, __ATOMIC_RELAXED);
+    if (b < 0) {
+        __builtin_cpu_init();
+        b = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+                ? KVPS_ISA_AVX512
+                : __builtin_cpu_supports("avx2") ? KVPS_ISA_AVX2 : KVPS_ISA_PORTABLE;
+        __atomic_store_n(&best, b, __ATOMIC_RELAXED);
+    }
+    return b;
+#else
+    return KVPS_ISA_PORTABLE;
+#endif
+}
+
+static int kvps__isa(void) {
+    int f = __atomic_load_n(&kvps__isa_forced, __ATOMIC_RELAXED), best = kvps__isa_best();
+    return f < 0 || f > best ? best : f;
+}
+
+KVPS_API kvps_isa kvps_isa_set(kvps_isa isa) {
+    __atomic_store_n(&kvps__isa_forced, (int)isa, __ATOMIC_RELAXED);
+    return (kvps_isa)kvps__isa();
+}
+
+static uint32_t kvps__mag(float x) { /* |x| as an integer: a total order, NaN above infinity */
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u & 0x7fffffffu;
+}
+
+#ifdef KVPS__X86
+/* F16C has no signalling-NaN-preserving mode: NaN lanes (rare) are redone by the scalar code,
+   which defines the semantics, so every path gives the same bits. */
+KVPS__TARGET_AVX2 static void kvps__f2h_avx2(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(s + i);
+        _mm_storeu_si128((__m128i *)(void *)(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        for (int j = 0; nan && j < 8; j++)
+            if (nan >> j & 1) d[i + j] = kvps_f32_to_f16(s[i + j]);
+    }
+    for (; i < n; i++) d[i] = kvps_f32_to_f16(s[i]);
+}
+KVPS__TARGET_AVX2 static void kvps__h2f_avx2(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    const __m128i em = _mm_set1_epi16(0x7c00);
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+        int special = _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(h, em), em)); /* inf / NaN */
+        for (int j = 0; special && j < 8; j++)
+            if (special >> (2 * j) & 1) d[i + j] = kvps_f16_to_f32(s[i + j]);
+    }
+    for (; i < n; i++) d[i] = kvps_f16_to_f32(s[i]);
+}
+KVPS__TARGET_AVX512 static void kvps__f2h_avx512(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(s + i);
+        _mm256_storeu_si256((__m256i *)(void *)(d + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        for (int j = 0; nan && j < 16; j++)
+            if (nan >> j & 1) d[i + j] = kvps_f32_to_f16(s[i + j]);
+    }
+    kvps__f2h_avx2(d + i, s + i, n - i);
+}
+KVPS__TARGET_AVX512 static void kvps__h2f_avx512(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    const __m256i em = _mm256_set1_epi16(0x7c00);
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
+        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(h));
+        __mmask16 special = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em);
+        for (int j = 0; special && j < 16; j++)
+            if (special >> j & 1) d[i + j] = kvps_f16_to_f32(s[i + j]);
+    }
+    kvps__h2f_avx2(d + i, s + i, n - i);
+}
+KVPS__TARGET_AVX2 static void kvps__f2b_avx2(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, half)), 16);
+        __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+        _mm_storeu_si128((__m128i *)(void *)(d + i), p);
+        __m256 v = _mm256_castsi256_ps(x);
+        int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        for (int j = 0; nan && j < 8; j++)
+            if (nan >> j & 1) d[i + j] = kvps_f32_to_bf16(s[i + j]);
+    }
+    for (; i < n; i++) d[i] = kvps_f32_to_bf16(s[i]);
+}
+KVPS__TARGET_AVX2 static void kvps__b2f_avx2(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+        _mm256_storeu_si256((__m256i *)(void *)(d + i), _mm256_slli_epi32(w, 16));
+    }
+    for (; i < n; i++) d[i] = kvps_bf16_to_f32(s[i]);
+}
+#endif
+
+KVPS_API void kvps_f32_to_f16_n(uint16_t *dst, const float *src, size_t n) {
+#ifdef KVPS__X86
+    int isa = kvps__isa();
+    if (isa == KVPS_ISA_AVX512) { kvps__f2h_avx512(dst, src, n); return; }
+    if (isa == KVPS_ISA_AVX2) { kvps__f2h_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_f32_to_f16(src[i]);
+}
+KVPS_API void kvps_f16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
+#ifdef KVPS__X86
+    int isa = kvps__isa();
+    if (isa == KVPS_ISA_AVX512) { kvps__h2f_avx512(dst, src, n); return; }
+    if (isa == KVPS_ISA_AVX2) { kvps__h2f_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_f16_to_f32(src[i]);
+}
+KVPS_API void kvps_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n) {
+#ifdef KVPS__X86
+    if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__f2b_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_f32_to_bf16(src[i]);
+}
+KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
+#ifdef KVPS__X86
+    if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__b2f_avx2(dst, src, n); return; }
+#endif
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_bf16_to_f32(src[i]);
+}
+
+// >>topk
+/* Indices i with |x[i] (+ r[i])| >= t into out (at most cap); with r, r += x on the way (the
+   error-feedback accumulation, fused into the same pass). Returns the count, or cap + 1 when
+   there are more than cap. */
+static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (r) { v += r[i]; r[i] = v; }
+        if (kvps__mag(v) >= t) {
+            if (c == cap) return cap + 1;
+            out[c++] = (uint32_t)i;
+        }
+    }
+    return c;
+}
+
+#ifdef KVPS__X86
+KVPS__TARGET_AVX2 static size_t kvps__filter_avx2(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+    size_t c = 0, i = 0;
+    /* t >= 1 here and keys < 2^31: a signed compare against t - 1 is exact */
+    const __m256i am = _mm256_set1_epi32(0x7fffffff), tm1 = _mm256_set1_epi32((int)(t - 1));
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (r) { v = _mm256_add_ps(v, _mm256_loadu_ps(r + i)); _mm256_storeu_ps(r + i, v); }
+        __m256i key = _mm256_and_si256(_mm256_castps_si256(v), am);
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, tm1)));
+        if (!m) continue;
+        if (c + (size_t)__builtin_popcount(m) > cap) return cap + 1;
+        while (m) { out[c++] = (uint32_t)(i + (size_t)__builtin_ctz(m)); m &= m - 1; }
+    }
+    size_t rest = kvps__filter_portable(x + i, r ? r + i : NULL, n - i, t, out + c, cap - c);
+    if (rest > cap - c) return cap + 1;
+    for (size_t j = 0; j < rest; j++) out[c + j] += (uint32_t)i;
+    return c + rest;
+}
+KVPS__TARGET_AVX512 static size_t kvps__filter_avx512(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+    size_t c = 0, i = 0;
+    const __m512i am = _mm512_set1_epi32(0x7fffffff), tv = _mm512_set1_epi32((int)t), step = _mm512_set1_epi32(16);
+    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (r) { v = _mm512_add_ps(v, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, v); }
+        __mmask16 m = _mm512_cmpge_epu32_mask(_mm512_and_si512(_mm512_castps_si512(v), am), tv);
+        if (!m) continue;
+        size_t k = (size_t)__builtin_popcount(m);
+        if (c + k > cap) return cap + 1;
+        _mm512_mask_compressstoreu_epi32(out + c, m, iv);
+        c += k;
+    }
+    size_t rest = kvps__filter_avx2(x + i, r ? r + i : NULL, n - i, t, out + c, cap - c);
+    if (rest > cap - c) return cap + 1;
+    for (size_t j = 0; j < rest; j++) out[c + j] += (uint32_t)i;
+    return c + rest;
+}
+#endif
+
+static size_t kvps__filter(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+    if (t == 0) { /* everything qualifies */
+        if (n > cap) return cap + 1;
+        for (size_t i = 0; i < n; i++) { if (r) r[i] += x[i]; out[i] = (uint32_t)i; }
+        return n;
+    }
+#ifdef KVPS__X86
+    int isa = kvps__isa();
+    if (isa == KVPS_ISA_AVX512) return kvps__filter_avx512(x, r, n, t, out, cap);
+    if (isa == KVPS_ISA_AVX2) return kvps__filter_avx2(x, r, n, t, out, cap);
+#endif
+    return kvps__filter_portable(x, r, n, t, out, cap);
+}
+
+static int kvps__cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Hoare quickselect: after it, v[k] holds the value of rank k (ascending) among v[0..n). */
+static void kvps__select_u64(uint64_t *v, size_t n, size_t k) {
+    size_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint64_t p = v[lo + (hi - lo) / 2];
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < p) i++;
+            while (v[j] > p) j--;
+            if (i <= j) { uint64_t t = v[i]; v[i] = v[j]; v[j] = t; i++; if (j == 0) break; j--; }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return;
+    }
+}
+
+/* Top-k of x (+ r, accumulated into r when r is given). idx ascending; val = the selected
+   values of x + r. With r, the selected entries' residual becomes 0. */
+static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, uint32_t *idx, float *val) {
+    if ((!x && n) || (k && (!idx || !val)) || k > n || n > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    if (k == 0 || k == n) {
+        for (size_t i = 0; i < n; i++) {
+            float v = r ? x[i] + r[i] : x[i]; /* not x + 0.0f: that turns -0 into +0 */
+            if (r) r[i] = k ? 0.0f : v;
+            if (k) { idx[i] = (uint32_t)i; val[i] = v; }
+        }
+        return KVPS_OK;
+    }
+    /* threshold from a sample, aiming at about 2k candidates */
+    size_t m = n < 4096 ? n : 4096;
+    uint32_t *samp = (uint32_t *)malloc(m * sizeof *samp);
+    if (!samp) return KVPS_ERR_NOMEM;
+    for (size_t j = 0; j < m; j++) {
+        size_t p = (size_t)((uint64_t)j * n / m);
+        samp[j] = kvps__mag(r ? x[p] + r[p] : x[p]);
+    }
+    qsort(samp, m, sizeof *samp, kvps__cmp_u32);
+    double want = 2.0 * (double)k / (double)n * (double)m + 8.0;
+    long pos = (long)m - (long)want;
+    size_t cap = n < 4 * k + 65536 ? n : 4 * k + 65536;
+    uint32_t *cand = (uint32_t *)malloc(cap * sizeof *cand);
+    uint64_t *key = NULL;
+    kvps_result rc = cand ? KVPS_OK : KVPS_ERR_NOMEM;
+    size_t cnt = 0;
+    int accumulated = 0; /* r += x happens in the first filter pass only */
+    while (rc == KVPS_OK) {
+        uint32_t t = pos <= 0 ? 0 : samp[pos];
+        float *rr = accumulated ? NULL : r;
+        const float *src = accumulated ? r : x;
+        cnt = kvps__filter(src, rr, n, t, cand, cap);
+        if (rr && cnt <= cap) accumulated = 1;
+        if (cnt <= cap && cnt >= k) break;
+        if (rr && !accumulated) { /* the pass stopped early: finish r += x, then filter r */
+            for (size_t i = 0; i < n; i++) r[i] += x[i];
+            accumulated = 1;
+        }
+        if (cnt > cap) { /* too many: raise the threshold, or take everything if it cannot rise */
+            if (pos >= (long)m - 1 || samp[pos] == samp[m - 1]) {
+                uint32_t *all = (uint32_t *)realloc(cand, n * sizeof *cand);
+                if (!all) { rc = KVPS_ERR_NOMEM; break; }
+                cand = all;
+                cap = n;
+            } else {
+                pos = pos + ((long)m - pos) / 2;
+            }
+        } else { /* too few: lower it */
+            pos = pos <= 0 ? 0 : pos - ((long)m - pos) - 1;
+        }
+    }
+    if (rc == KVPS_OK && accumulated == 0 && r) accumulated = 1;
+    if (rc == KVPS_OK) {
+        const float *acc = r ? r : x;
+        /* exact trim: rank candidates by (magnitude, then lower index) */
+        key = (uint64_t *)malloc(cnt * sizeof *key);
+        if (!key) rc = KVPS_ERR_NOMEM;
+        for (size_t j = 0; rc == KVPS_OK && j < cnt; j++)
+            key[j] = ((uint64_t)kvps__mag(acc[cand[j]]) << 32) | (uint64_t)(0xffffffffu - cand[j]);
+        if (rc == KVPS_OK) {
+            uint64_t kth = 0;
+            if (cnt > k) { kvps__select_u64(key, cnt, cnt - k); kth = key[cnt - k]; }
+            size_t o = 0;
+            for (size_t j = 0; j < cnt; j++) {
+                uint32_t i = cand[j];
+                uint64_t kv = ((uint64_t)kvps__mag(acc[i]) << 32) | (uint64_t)(0xffffffffu - i);
+                if (kv < kth) continue;
+                idx[o] = i;
+                val[o] = acc[i];
+                if (r) r[i] = 0.0f;
+                o++;
+            }
+            KVPS_ASSERT(o == k);
+        }
+    }
+    free(samp);
+    free(cand);
+    free(key);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_topk(const float *x, size_t n, size_t k, uint32_t *idx, float *val) {
+    return kvps__topk_ef(x, NULL, n, k, idx, val);
+}
+
+// >>sign
+/* Sum of |v| in a fixed order (8 interleaved partial sums, combined pairwise), so that the
+   portable and vector paths give the same scale bit for bit. */
+static float kvps__abs_sum(const float *v, size_t n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += fabsf(v[i + j]);
+    for (int j = 0; i < n; i++, j++) s[j] += fabsf(v[i]);
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* One chunk: acc = x (+ r), scale = mean |acc|, sign bits, and r = acc - decoded. */
+static void kvps__sign_chunk(const float *x, float *r, size_t n, float *scale, uint8_t *bits, size_t bit0) {
+    float tmp[256], *acc = tmp;
+    if (r) {
+        for (size_t i = 0; i < n; i++) r[i] += x[i];
+        acc = r;
+    } else if (n <= 256) {
+        memcpy(tmp, x, n * sizeof *x);
+    } else {
+        acc = (float *)(uintptr_t)x;
+    }
+    float sc = n ? kvps__abs_sum(acc, n) / (float)n : 0.0f;
+    *scale = sc;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &acc[i], sizeof u);
+        size_t b = bit0 + i;
+        if (u >> 31) bits[b >> 3] |= (uint8_t)(1u << (b & 7));
+        else bits[b >> 3] &= (uint8_t) ~(1u << (b & 7));
+        if (r) r[i] = acc[i] - ((u >> 31) ? -sc : sc);
+    }
+}
+
+// >>codecs
+static void kvps__put32(unsigned char *p, uint32_t v) { memcpy(p, &v, sizeof v); }
+static uint32_t kvps__get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, sizeof v); return v; }
+
+static size_t kvps__topk_k(const kvps_codec *c, size_t n) {
+    size_t k = c->topk_count;
+    if (!k) {
+        double f = c->topk_fraction > 0 ? c->topk_fraction : 0.01;
+        k = (size_t)(f * (double)n);
+        if (k < 1) k = 1;
+    }
+    return k > n ? n : k;
+}
+
+static size_t kvps__codec_max_builtin(const kvps_codec *c, size_t n) {
+    switch (c->id) {
+    case KVPS_CODEC_NONE: return KVPS_CODEC_HEADER + n * 4;
+    case KVPS_CODEC_FP16: case KVPS_CODEC_BF16: return KVPS_CODEC_HEADER + n * 2;
+    case KVPS_CODEC_TOPK: return KVPS_CODEC_HEADER + 4 + kvps__topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
+    case KVPS_CODEC_SIGN: {
+        size_t ch = c->sign_chunk ? c->sign_chunk : 256;
+        return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
+    }
+    }
+    return 0;
+}
+
+static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *x, size_t n, float *r, void *out,
+                                              size_t cap, size_t *out_bytes) {
+    size_t need = kvps__codec_max_builtin(c, n);
+    if ((!x && n) || !out || !out_bytes || n > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    if (cap < need) return KVPS_ERR_TOO_LARGE;
+    unsigned char *o = (unsigned char *)out;
+    o[0] = (uint8_t)c->id;
+    o[1] = (uint8_t)(c->id == KVPS_CODEC_TOPK && c->topk_fp16_values ? KVPS_CODEC_FLAG_FP16_VALUES : 0);
+    o[2] = o[3] = 0;
+    kvps__put32(o + 4, (uint32_t)n);
+    unsigned char *p = o + KVPS_CODEC_HEADER;
+    switch (c->id) {
+    case KVPS_CODEC_NONE:
+        for (size_t i = 0; i < n; i++) {
+            float v = r ? x[i] + r[i] : x[i];
+            memcpy(p + i * 4, &v, 4);
+            if (r) r[i] = 0.0f;
+        }
+        break;
+    case KVPS_CODEC_FP16:
+    case KVPS_CODEC_BF16: {
+        /* in blocks that stay in cache: convert, then (error feedback) decode and keep the rest */
+        enum { B = 2048 };
+        float acc[B], back[B];
+        uint16_t h[B];
+        int f16 = c->id == KVPS_CODEC_FP16;
+        for (size_t b = 0; b < n; b += B) {
+            size_t m = n - b < B ? n - b : B;
+            const float *src = x + b;
+            if (r) { for (size_t i = 0; i < m; i++) acc[i] = x[b + i] + r[b + i]; src = acc; }
+            if (f16) kvps_f32_to_f16_n(h, src, m); else kvps_f32_to_bf16_n(h, src, m);
+            memcpy(p + b * 2, h, m * 2);
+            if (r) {
+                if (f16) kvps_f16_to_f32_n(back, h, m); else kvps_bf16_to_f32_n(back, h, m);
+                for (size_t i = 0; i < m; i++) r[b + i] = acc[i] - back[i];
+            }
+        }
+        break;
+    }
+    case KVPS_CODEC_TOPK: {
+        size_t k = kvps__topk_k(c, n);
+        uint32_t *idx = (uint32_t *)malloc((k ? k : 1) * sizeof *idx);
+        float *val = (float *)malloc((k ? k : 1) * sizeof *val);
+        kvps_result rc = idx && val ? kvps__topk_ef(x, r, n, k, idx, val) : KVPS_ERR_NOMEM;
+        if (rc == KVPS_OK) {
+            kvps__put32(p, (uint32_t)k);
+            memcpy(p + 4, idx, k * 4);
+            if (c->topk_fp16_values) {
+                uint16_t *hv = (uint16_t *)malloc((k ? k : 1) * sizeof *hv);
+                if (!hv) rc = KVPS_ERR_NOMEM;
+                else {
+                    kvps_f32_to_f16_n(hv, val, k);
+                    memcpy(p + 4 + k * 4, hv, k * 2);
+                    if (r) /* what fp16 rounding lost stays in the residual too */
+                        for (size_t j = 0; j < k; j++) r[idx[j]] = val[j] - kvps_f16_to_f32(hv[j]);
+                    free(hv);
+                }
+            } else {
+                memcpy(p + 4 + k * 4, val, k * 4);
+            }
+        }
+        free(idx);
+        free(val);
+        if (rc != KVPS_OK) return rc;
+        need = KVPS_CODEC_HEADER + 4 + k * (c->topk_fp16_values ? 6 : 8);
+        break;
+    }
+    case KVPS_CODEC_SIGN: {
+        uint32_t ch = c->sign_chunk ? c->sign_chunk : 256;
+        size_t nc = (n + ch - 1) / ch;
+        kvps__put32(p, ch);
+        unsigned char *scales = p + 4, *bits = p + 4 + nc * 4;
+        memset(bits, 0, (n + 7) / 8);
+        for (size_t b = 0, j = 0; b < n; b += ch, j++) {
+            size_t m = n - b < ch ? n - b : ch;
+            float sc;
+            kvps__sign_chunk(x + b, r ? r + b : NULL, m, &sc, bits, b);
+            memcpy(scales + j * 4, &sc, 4);
+        }
+        break;
+    }
+    default:
+        return KVPS_ERR_CODEC;
+    }
+    *out_bytes = need;
+    return KVPS_OK;
+}
+
+static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
+                                              int accumulate) {
+    const unsigned char *p = (const unsigned char *)in;
+    if (!in || (!dst && n)) return KVPS_ERR_INVALID_ARG;
+    if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
+    if (p[0] != (uint8_t)c->id) return KVPS_ERR_CODEC;
+    if (p[2] || p[3] || (p[1] & ~(c->id == KVPS_CODEC_TOPK ? KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
+    if (kvps__get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
+    const unsigned char *q = p + KVPS_CODEC_HEADER;
+    size_t body = bytes - KVPS_CODEC_HEADER;
+#define KVPS__BODY(sz) do { if (body < (sz)) return KVPS_ERR_TRUNCATED; if (body > (sz)) return KVPS_ERR_MALFORMED; } while (0)
+    switch (c->id) {
+    case KVPS_CODEC_NONE:
+        KVPS__BODY(n * 4);
+        for (size_t i = 0; i < n; i++) { float v; memcpy(&v, q + i * 4, 4); dst[i] = accumulate ? dst[i] + v : v; }
+        return KVPS_OK;
+    case KVPS_CODEC_FP16:
+    case KVPS_CODEC_BF16: {
+        KVPS__BODY(n * 2);
+        enum { B = 2048 };
+        uint16_t h[B];
+        float tmp[B];
+        for (size_t b = 0; b < n; b += B) {
+            size_t m = n - b < B ? n - b : B;
+            memcpy(h, q + b * 2, m * 2);
+            float *o = accumulate ? tmp : dst + b;
+            if (c->id == KVPS_CODEC_FP16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
+            if (accumulate) kvps__add(dst + b, tmp, m);
+        }
+        return KVPS_OK;
+    }
+    case KVPS_CODEC_TOPK: {
+        if (body < 4) return KVPS_ERR_TRUNCATED;
+        size_t k = kvps__get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
+        if (k > n) return KVPS_ERR_MALFORMED;
+        KVPS__BODY(4 + k * (4 + vs));
+        const unsigned char *ix = q + 4, *vv = q + 4 + k * 4;
+        for (size_t j = 0; j < k; j++) { /* check all before writing anything */
+            uint32_t i = kvps__get32(ix + j * 4);
+            if (i >= n || (j && i <= kvps__get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
+        }
+        if (!accumulate) memset(dst, 0, n * sizeof *dst);
+        for (size_t j = 0; j < k; j++) {
+            uint32_t i = kvps__get32(ix + j * 4);
+            float v;
+            if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_f16_to_f32(h); }
+            else memcpy(&v, vv + j * 4, 4);
+            dst[i] += v;
+        }
+        return KVPS_OK;
+    }
+    case KVPS_CODEC_SIGN: {
+        if (body < 4) return KVPS_ERR_TRUNCATED;
+        uint32_t ch = kvps__get32(q);
+        if (ch == 0) return KVPS_ERR_MALFORMED;
+        size_t nc = (n + ch - 1) / ch;
+        KVPS__BODY(4 + nc * 4 + (n + 7) / 8);
+        const unsigned char *scales = q + 4, *bits = q + 4 + nc * 4;
+        for (size_t b = 0, j = 0; b < n; b += ch, j++) {
+            float sc;
+            memcpy(&sc, scales + j * 4, 4);
+            size_t e = n - b < ch ? n : b + ch;
+            for (size_t i = b; i < e; i++) {
+                float v = (bits[i >> 3] >> (i & 7) & 1) ? -sc : sc;
+                dst[i] = accumulate ? dst[i] + v : v;
+            }
+        }
+        return KVPS_OK;
+    }
+    }
+#undef KVPS__BODY
+    return KVPS_ERR_CODEC;
+}
+
+KVPS_API kvps_codec kvps_codec_get(kvps_codec_id id) {
+    static const char *names[] = {"none", "fp16", "bf16", "topk", "sign"};
+    kvps_codec c;
+    memset(&c, 0, sizeof c);
+    c.id = (unsigned)id <= KVPS_CODEC_SIGN ? (int)id : KVPS_CODEC_NONE;
+    c.name = names[c.id];
+    c.max_bytes = kvps__codec_max_builtin;
+    c.encode = kvps__codec_encode_builtin;
+    c.decode = kvps__codec_decode_builtin;
+    return c;
+}
+
+KVPS_API size_t kvps_codec_max_bytes(const kvps_codec *c, size_t n) {
+    return c && c->max_bytes ? c->max_bytes(c, n) : 0;
+}
+KVPS_API kvps_result kvps_codec_encode(const kvps_codec *c, const float *x, size_t n, float *residual, void *out,
+                                       size_t cap, size_t *out_bytes) {
+    if (!c || !c->encode) return KVPS_ERR_INVALID_ARG;
+    return c->encode(c, x, n, residual, out, cap, out_bytes);
+}
+KVPS_API kvps_result kvps_codec_decode(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
+                                       int accumulate) {
+    if (!c || !c->decode) return KVPS_ERR_INVALID_ARG;
+    return c->decode(c, in, bytes, dst, n, accumulate);
 }
 
 #endif /* KVPS__IMPLEMENTED */

@@ -59,7 +59,7 @@ typedef struct kt_cluster {
     char servers[4096];
 } kt_cluster;
 
-static int kt_cluster_up(kt_cluster *c, const char *transport, int n, const kvps_server_desc *base) {
+static inline int kt_cluster_up(kt_cluster *c, const char *transport, int n, const kvps_server_desc *base) {
     static int seq;
     memset(c, 0, sizeof *c);
     c->n = n;
@@ -83,7 +83,7 @@ static int kt_cluster_up(kt_cluster *c, const char *transport, int n, const kvps
     return 0;
 }
 
-static void kt_cluster_down(kt_cluster *c) {
+static inline void kt_cluster_down(kt_cluster *c) {
     for (int i = 0; i < c->n; i++) {
         const char *ep = c->srv[i] ? kvps_server_endpoint(c->srv[i]) : NULL;
         char path[300] = "";
