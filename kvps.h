@@ -2247,17 +2247,90 @@ KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = kvps_bf16_to_f32(src[i]);
 }
 
+/* Error feedback for the 16-bit formats, one pass: v = x + r; h = half(v); r = v - float(h). */
+static void kvps__half_ef_portable(const float *x, float *r, uint16_t *h, size_t n, int f16) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i] + r[i];
+        h[i] = f16 ? kvps_f32_to_f16(v) : kvps_f32_to_bf16(v);
+        r[i] = v - (f16 ? kvps_f16_to_f32(h[i]) : kvps_bf16_to_f32(h[i]));
+    }
+}
+#ifdef KVPS__X86
+KVPS__TARGET_AVX2 static void kvps__half_ef_avx2(const float *x, float *r, uint16_t *h, size_t n, int f16) {
+    size_t i = 0;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(r + i));
+        __m128i hv;
+        __m256 back;
+        if (f16) {
+            hv = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            back = _mm256_cvtph_ps(hv);
+        } else {
+            __m256i xi = _mm256_castps_si256(v);
+            __m256i rr = _mm256_srli_epi32(_mm256_add_epi32(xi, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(xi, 16), one), half)), 16);
+            hv = _mm_packus_epi32(_mm256_castsi256_si128(rr), _mm256_extracti128_si256(rr, 1));
+            back = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hv), 16));
+        }
+        _mm_storeu_si128((__m128i *)(void *)(h + i), hv);
+        _mm256_storeu_ps(r + i, _mm256_sub_ps(v, back));
+        int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        if (nan) { /* NaN lanes by the scalar rules, from the sums */
+            float vs[8];
+            _mm256_storeu_ps(vs, v);
+            for (int j = 0; j < 8; j++) {
+                if (!(nan >> j & 1)) continue;
+                h[i + j] = f16 ? kvps_f32_to_f16(vs[j]) : kvps_f32_to_bf16(vs[j]);
+                r[i + j] = vs[j] - (f16 ? kvps_f16_to_f32(h[i + j]) : kvps_bf16_to_f32(h[i + j]));
+            }
+        }
+    }
+    kvps__half_ef_portable(x + i, r + i, h + i, n - i, f16);
+}
+KVPS__TARGET_AVX512 static void kvps__half_ef_avx512(const float *x, float *r, uint16_t *h, size_t n, int f16) {
+    size_t i = 0;
+    for (; f16 && i + 16 <= n; i += 16) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(r + i));
+        __m256i hv = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(void *)(h + i), hv);
+        _mm512_storeu_ps(r + i, _mm512_sub_ps(v, _mm512_cvtph_ps(hv)));
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        if (nan) { /* NaN lanes by the scalar rules, from the sums */
+            float vs[16];
+            _mm512_storeu_ps(vs, v);
+            for (int j = 0; j < 16; j++) {
+                if (!(nan >> j & 1)) continue;
+                h[i + j] = kvps_f32_to_f16(vs[j]);
+                r[i + j] = vs[j] - kvps_f16_to_f32(h[i + j]);
+            }
+        }
+    }
+    kvps__half_ef_avx2(x + i, r + i, h + i, n - i, f16);
+}
+#endif
+static void kvps__half_ef(const float *x, float *r, uint16_t *h, size_t n, int f16) {
+#ifdef KVPS__X86
+    int isa = kvps__isa();
+    if (isa == KVPS_ISA_AVX512) { kvps__half_ef_avx512(x, r, h, n, f16); return; }
+    if (isa == KVPS_ISA_AVX2) { kvps__half_ef_avx2(x, r, h, n, f16); return; }
+#endif
+    kvps__half_ef_portable(x, r, h, n, f16);
+}
+
 // >>topk
 /* Indices i with |x[i] (+ r[i])| >= t into out (at most cap); with r, r += x on the way (the
    error-feedback accumulation, fused into the same pass). Returns the count, or cap + 1 when
    there are more than cap. */
-static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, uint32_t *keys,
+                                    size_t cap) {
     size_t c = 0;
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
         if (r) { v += r[i]; r[i] = v; }
-        if (kvps__mag(v) >= t) {
+        uint32_t key = kvps__mag(v);
+        if (key >= t) {
             if (c == cap) return cap + 1;
+            keys[c] = key;
             out[c++] = (uint32_t)i;
         }
     }
@@ -2265,7 +2338,8 @@ static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t
 }
 
 #ifdef KVPS__X86
-KVPS__TARGET_AVX2 static size_t kvps__filter_avx2(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+KVPS__TARGET_AVX2 static size_t kvps__filter_avx2(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, uint32_t *keys,
+                                                  size_t cap) {
     size_t c = 0, i = 0;
     /* t >= 1 here and keys < 2^31: a signed compare against t - 1 is exact */
     const __m256i am = _mm256_set1_epi32(0x7fffffff), tm1 = _mm256_set1_epi32((int)(t - 1));
@@ -2276,46 +2350,46 @@ KVPS__TARGET_AVX2 static size_t kvps__filter_avx2(const float *x, float *r, size
         unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, tm1)));
         if (!m) continue;
         if (c + (size_t)__builtin_popcount(m) > cap) return cap + 1;
-        while (m) { out[c++] = (uint32_t)(i + (size_t)__builtin_ctz(m)); m &= m - 1; }
+        uint32_t kl[8];
+        _mm256_storeu_si256((__m256i *)(void *)kl, key);
+        while (m) { unsigned j = (unsigned)__builtin_ctz(m); keys[c] = kl[j]; out[c++] = (uint32_t)(i + j); m &= m - 1; }
     }
-    size_t rest = kvps__filter_portable(x + i, r ? r + i : NULL, n - i, t, out + c, cap - c);
+    size_t rest = kvps__filter_portable(x + i, r ? r + i : NULL, n - i, t, out + c, keys + c, cap - c);
     if (rest > cap - c) return cap + 1;
     for (size_t j = 0; j < rest; j++) out[c + j] += (uint32_t)i;
     return c + rest;
 }
-KVPS__TARGET_AVX512 static size_t kvps__filter_avx512(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
+KVPS__TARGET_AVX512 static size_t kvps__filter_avx512(const float *x, float *r, size_t n, uint32_t t, uint32_t *out,
+                                                      uint32_t *keys, size_t cap) {
     size_t c = 0, i = 0;
     const __m512i am = _mm512_set1_epi32(0x7fffffff), tv = _mm512_set1_epi32((int)t), step = _mm512_set1_epi32(16);
     __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
         __m512 v = _mm512_loadu_ps(x + i);
         if (r) { v = _mm512_add_ps(v, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, v); }
-        __mmask16 m = _mm512_cmpge_epu32_mask(_mm512_and_si512(_mm512_castps_si512(v), am), tv);
+        __m512i key = _mm512_and_si512(_mm512_castps_si512(v), am);
+        __mmask16 m = _mm512_cmpge_epu32_mask(key, tv);
         if (!m) continue;
         size_t k = (size_t)__builtin_popcount(m);
         if (c + k > cap) return cap + 1;
         _mm512_mask_compressstoreu_epi32(out + c, m, iv);
+        _mm512_mask_compressstoreu_epi32(keys + c, m, key);
         c += k;
     }
-    size_t rest = kvps__filter_avx2(x + i, r ? r + i : NULL, n - i, t, out + c, cap - c);
+    size_t rest = kvps__filter_avx2(x + i, r ? r + i : NULL, n - i, t, out + c, keys + c, cap - c);
     if (rest > cap - c) return cap + 1;
     for (size_t j = 0; j < rest; j++) out[c + j] += (uint32_t)i;
     return c + rest;
 }
 #endif
 
-static size_t kvps__filter(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, size_t cap) {
-    if (t == 0) { /* everything qualifies */
-        if (n > cap) return cap + 1;
-        for (size_t i = 0; i < n; i++) { if (r) r[i] += x[i]; out[i] = (uint32_t)i; }
-        return n;
-    }
+static size_t kvps__filter(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, uint32_t *keys, size_t cap) {
 #ifdef KVPS__X86
     int isa = kvps__isa();
-    if (isa == KVPS_ISA_AVX512) return kvps__filter_avx512(x, r, n, t, out, cap);
-    if (isa == KVPS_ISA_AVX2) return kvps__filter_avx2(x, r, n, t, out, cap);
+    if (t > 0 && isa == KVPS_ISA_AVX512) return kvps__filter_avx512(x, r, n, t, out, keys, cap);
+    if (t > 0 && isa == KVPS_ISA_AVX2) return kvps__filter_avx2(x, r, n, t, out, keys, cap);
 #endif
-    return kvps__filter_portable(x, r, n, t, out, cap);
+    return kvps__filter_portable(x, r, n, t, out, keys, cap); /* t == 0 takes everything */
 }
 
 static int kvps__cmp_u32(const void *a, const void *b) {
@@ -2323,21 +2397,35 @@ static int kvps__cmp_u32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Hoare quickselect: after it, v[k] holds the value of rank k (ascending) among v[0..n). */
-static void kvps__select_u64(uint64_t *v, size_t n, size_t k) {
-    size_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        uint64_t p = v[lo + (hi - lo) / 2];
-        size_t i = lo, j = hi;
-        while (i <= j) {
-            while (v[i] < p) i++;
-            while (v[j] > p) j--;
-            if (i <= j) { uint64_t t = v[i]; v[i] = v[j]; v[j] = t; i++; if (j == 0) break; j--; }
+/* The k-th largest (k >= 1) of v[0..n): radix select on 11 + 11 + 10 bits, each pass over
+   the survivors of the last (tmp: n entries, may not alias v). */
+static uint32_t kvps__kth_largest(const uint32_t *v, size_t n, size_t k, uint32_t *tmp) {
+    static const int sh[3] = {21, 10, 0}, wb[3] = {11, 11, 10};
+    uint32_t prefix = 0, pmask = 0;
+    const uint32_t *cur = v;
+    size_t cn = n, *hist = (size_t *)calloc(2048, sizeof *hist);
+    if (!hist) return 0;
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t w = 1u << wb[pass];
+        memset(hist, 0, w * sizeof *hist);
+        for (size_t j = 0; j < cn; j++) hist[(cur[j] >> sh[pass]) & (w - 1)]++;
+        size_t above = 0;
+        uint32_t b = w - 1;
+        for (;; b--) {
+            if (above + hist[b] >= k || b == 0) break;
+            above += hist[b];
         }
-        if (k <= j) hi = j;
-        else if (k >= i) lo = i;
-        else return;
+        k -= above;
+        prefix |= b << sh[pass];
+        pmask |= (w - 1) << sh[pass];
+        size_t m = 0;
+        for (size_t j = 0; j < cn; j++)
+            if ((cur[j] & pmask) == prefix) tmp[m++] = cur[j];
+        cur = tmp;
+        cn = m;
     }
+    free(hist);
+    return prefix;
 }
 
 /* Top-k of x (+ r, accumulated into r when r is given). idx ascending; val = the selected
@@ -2353,7 +2441,7 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         return KVPS_OK;
     }
     /* threshold from a sample, aiming at about 2k candidates */
-    size_t m = n < 4096 ? n : 4096;
+    size_t m = n < 8192 ? n : 8192;
     uint32_t *samp = (uint32_t *)malloc(m * sizeof *samp);
     if (!samp) return KVPS_ERR_NOMEM;
     for (size_t j = 0; j < m; j++) {
@@ -2361,11 +2449,12 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         samp[j] = kvps__mag(r ? x[p] + r[p] : x[p]);
     }
     qsort(samp, m, sizeof *samp, kvps__cmp_u32);
-    double want = 2.0 * (double)k / (double)n * (double)m + 8.0;
+    /* expected sample count above the k-th largest, plus 4 standard deviations */
+    double mu = (double)k / (double)n * (double)m, want = mu + 4.0 * sqrt(mu) + 8.0;
     long pos = (long)m - (long)want;
-    size_t cap = n < 4 * k + 65536 ? n : 4 * k + 65536;
-    uint32_t *cand = (uint32_t *)malloc(cap * sizeof *cand);
-    uint64_t *key = NULL;
+    size_t cap = n < 2 * k + 65536 ? n : 2 * k + 65536;
+    /* candidates: indices, their keys, and room for the radix select */
+    uint32_t *cand = (uint32_t *)malloc(cap * 3 * sizeof *cand);
     kvps_result rc = cand ? KVPS_OK : KVPS_ERR_NOMEM;
     size_t cnt = 0;
     int accumulated = 0; /* r += x happens in the first filter pass only */
@@ -2373,7 +2462,7 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         uint32_t t = pos <= 0 ? 0 : samp[pos];
         float *rr = accumulated ? NULL : r;
         const float *src = accumulated ? r : x;
-        cnt = kvps__filter(src, rr, n, t, cand, cap);
+        cnt = kvps__filter(src, rr, n, t, cand, cand + cap, cap);
         if (rr && cnt <= cap) accumulated = 1;
         if (cnt <= cap && cnt >= k) break;
         if (rr && !accumulated) { /* the pass stopped early: finish r += x, then filter r */
@@ -2382,7 +2471,7 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         }
         if (cnt > cap) { /* too many: raise the threshold, or take everything if it cannot rise */
             if (pos >= (long)m - 1 || samp[pos] == samp[m - 1]) {
-                uint32_t *all = (uint32_t *)realloc(cand, n * sizeof *cand);
+                uint32_t *all = (uint32_t *)realloc(cand, n * 3 * sizeof *cand);
                 if (!all) { rc = KVPS_ERR_NOMEM; break; }
                 cand = all;
                 cap = n;
@@ -2396,19 +2485,18 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
     if (rc == KVPS_OK && accumulated == 0 && r) accumulated = 1;
     if (rc == KVPS_OK) {
         const float *acc = r ? r : x;
-        /* exact trim: rank candidates by (magnitude, then lower index) */
-        key = (uint64_t *)malloc(cnt * sizeof *key);
-        if (!key) rc = KVPS_ERR_NOMEM;
-        for (size_t j = 0; rc == KVPS_OK && j < cnt; j++)
-            key[j] = ((uint64_t)kvps__mag(acc[cand[j]]) << 32) | (uint64_t)(0xffffffffu - cand[j]);
-        if (rc == KVPS_OK) {
-            uint64_t kth = 0;
-            if (cnt > k) { kvps__select_u64(key, cnt, cnt - k); kth = key[cnt - k]; }
-            size_t o = 0;
+        /* exact trim: the k-th largest magnitude T among the candidates; all above T go, and
+           the lowest-index ones equal to T fill up to k */
+        uint32_t *kk = cand + cap;
+        {
+            uint32_t T = kvps__kth_largest(kk, cnt, k, cand + 2 * cap);
+            size_t above = 0;
+            for (size_t j = 0; j < cnt; j++) above += kk[j] > T;
+            size_t ties = k - above, o = 0;
             for (size_t j = 0; j < cnt; j++) {
+                if (kk[j] < T || (kk[j] == T && ties == 0)) continue;
+                if (kk[j] == T) ties--;
                 uint32_t i = cand[j];
-                uint64_t kv = ((uint64_t)kvps__mag(acc[i]) << 32) | (uint64_t)(0xffffffffu - i);
-                if (kv < kth) continue;
                 idx[o] = i;
                 val[o] = acc[i];
                 if (r) r[i] = 0.0f;
@@ -2419,7 +2507,6 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
     }
     free(samp);
     free(cand);
-    free(key);
     return rc;
 }
 
@@ -2461,6 +2548,49 @@ static void kvps__sign_chunk(const float *x, float *r, size_t n, float *scale, u
         if (r) r[i] = acc[i] - ((u >> 31) ? -sc : sc);
     }
 }
+
+#ifdef KVPS__X86
+/* Same arithmetic as kvps__abs_sum / kvps__sign_chunk in the same order: bit-identical. n is a
+   multiple of 8 and bit0 too (whole bytes of sign bits). */
+KVPS__TARGET_AVX2 static void kvps__sign_chunk_avx2(const float *x, float *r, size_t n, float *scale, uint8_t *bits,
+                                                    size_t bit0) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 s = _mm256_setzero_ps();
+    const float *acc = x;
+    if (r) {
+        for (size_t i = 0; i < n; i += 8) {
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(x + i));
+            _mm256_storeu_ps(r + i, v);
+            s = _mm256_add_ps(s, _mm256_and_ps(v, absm));
+        }
+        acc = r;
+    } else {
+        for (size_t i = 0; i < n; i += 8) s = _mm256_add_ps(s, _mm256_and_ps(_mm256_loadu_ps(x + i), absm));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    float sc = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) / (float)n;
+    *scale = sc;
+    const __m256 scv = _mm256_set1_ps(sc), sgn = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    for (size_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(acc + i);
+        bits[(bit0 + i) >> 3] = (uint8_t)_mm256_movemask_ps(v);
+        if (r) _mm256_storeu_ps(r + i, _mm256_sub_ps(v, _mm256_or_ps(_mm256_and_ps(v, sgn), scv)));
+    }
+}
+KVPS__TARGET_AVX2 static void kvps__sign_decode_avx2(const uint8_t *bits, size_t bit0, float sc, float *dst, size_t n,
+                                                     int accumulate) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 scv = _mm256_set1_ps(sc);
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i b = _mm256_set1_epi32(bits[(bit0 + i) >> 3]);
+        __m256i sbit = _mm256_slli_epi32(_mm256_srlv_epi32(b, lane), 31);
+        __m256 v = _mm256_xor_ps(scv, _mm256_castsi256_ps(sbit));
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst + i), v);
+        _mm256_storeu_ps(dst + i, v);
+    }
+}
+#endif
 
 // >>codecs
 static void kvps__put32(unsigned char *p, uint32_t v) { memcpy(p, &v, sizeof v); }
@@ -2510,33 +2640,38 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
         break;
     case KVPS_CODEC_FP16:
     case KVPS_CODEC_BF16: {
-        /* in blocks that stay in cache: convert, then (error feedback) decode and keep the rest */
-        enum { B = 2048 };
-        float acc[B], back[B];
-        uint16_t h[B];
         int f16 = c->id == KVPS_CODEC_FP16;
+        if (((uintptr_t)p & 1) == 0) { /* straight into the output */
+            uint16_t *h = (uint16_t *)(void *)p;
+            if (r) kvps__half_ef(x, r, h, n, f16);
+            else if (f16) kvps_f32_to_f16_n(h, x, n);
+            else kvps_f32_to_bf16_n(h, x, n);
+            break;
+        }
+        enum { B = 2048 };
+        uint16_t h[B];
         for (size_t b = 0; b < n; b += B) {
             size_t m = n - b < B ? n - b : B;
-            const float *src = x + b;
-            if (r) { for (size_t i = 0; i < m; i++) acc[i] = x[b + i] + r[b + i]; src = acc; }
-            if (f16) kvps_f32_to_f16_n(h, src, m); else kvps_f32_to_bf16_n(h, src, m);
+            if (r) kvps__half_ef(x + b, r + b, h, m, f16);
+            else if (f16) kvps_f32_to_f16_n(h, x + b, m);
+            else kvps_f32_to_bf16_n(h, x + b, m);
             memcpy(p + b * 2, h, m * 2);
-            if (r) {
-                if (f16) kvps_f16_to_f32_n(back, h, m); else kvps_bf16_to_f32_n(back, h, m);
-                for (size_t i = 0; i < m; i++) r[b + i] = acc[i] - back[i];
-            }
         }
         break;
     }
     case KVPS_CODEC_TOPK: {
         size_t k = kvps__topk_k(c, n);
-        uint32_t *idx = (uint32_t *)malloc((k ? k : 1) * sizeof *idx);
-        float *val = (float *)malloc((k ? k : 1) * sizeof *val);
+        /* select straight into the output when it is aligned for it */
+        int direct = ((uintptr_t)(p + 4) & 3) == 0 && !c->topk_fp16_values;
+        uint32_t *idx = direct ? (uint32_t *)(void *)(p + 4) : (uint32_t *)malloc((k ? k : 1) * sizeof *idx);
+        float *val = direct ? (float *)(void *)(p + 4 + k * 4) : (float *)malloc((k ? k : 1) * sizeof *val);
         kvps_result rc = idx && val ? kvps__topk_ef(x, r, n, k, idx, val) : KVPS_ERR_NOMEM;
         if (rc == KVPS_OK) {
             kvps__put32(p, (uint32_t)k);
-            memcpy(p + 4, idx, k * 4);
-            if (c->topk_fp16_values) {
+            if (!direct) memcpy(p + 4, idx, k * 4);
+            if (direct) {
+                /* already in place */
+            } else if (c->topk_fp16_values) {
                 uint16_t *hv = (uint16_t *)malloc((k ? k : 1) * sizeof *hv);
                 if (!hv) rc = KVPS_ERR_NOMEM;
                 else {
@@ -2550,8 +2685,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
                 memcpy(p + 4 + k * 4, val, k * 4);
             }
         }
-        free(idx);
-        free(val);
+        if (!direct) { free(idx); free(val); }
         if (rc != KVPS_OK) return rc;
         need = KVPS_CODEC_HEADER + 4 + k * (c->topk_fp16_values ? 6 : 8);
         break;
@@ -2565,6 +2699,10 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
         for (size_t b = 0, j = 0; b < n; b += ch, j++) {
             size_t m = n - b < ch ? n - b : ch;
             float sc;
+#ifdef KVPS__X86
+            if (m % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) kvps__sign_chunk_avx2(x + b, r ? r + b : NULL, m, &sc, bits, b);
+            else
+#endif
             kvps__sign_chunk(x + b, r ? r + b : NULL, m, &sc, bits, b);
             memcpy(scales + j * 4, &sc, 4);
         }
@@ -2596,6 +2734,12 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
     case KVPS_CODEC_FP16:
     case KVPS_CODEC_BF16: {
         KVPS__BODY(n * 2);
+        int f16 = c->id == KVPS_CODEC_FP16;
+        if (!accumulate && ((uintptr_t)q & 1) == 0) {
+            if (f16) kvps_f16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
+            else kvps_bf16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
+            return KVPS_OK;
+        }
         enum { B = 2048 };
         uint16_t h[B];
         float tmp[B];
@@ -2603,7 +2747,7 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
             size_t m = n - b < B ? n - b : B;
             memcpy(h, q + b * 2, m * 2);
             float *o = accumulate ? tmp : dst + b;
-            if (c->id == KVPS_CODEC_FP16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
+            if (f16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
             if (accumulate) kvps__add(dst + b, tmp, m);
         }
         return KVPS_OK;
@@ -2639,6 +2783,12 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
             float sc;
             memcpy(&sc, scales + j * 4, 4);
             size_t e = n - b < ch ? n : b + ch;
+#ifdef KVPS__X86
+            if ((e - b) % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) {
+                kvps__sign_decode_avx2(bits, b, sc, dst + b, e - b, accumulate);
+                continue;
+            }
+#endif
             for (size_t i = b; i < e; i++) {
                 float v = (bits[i >> 3] >> (i & 7) & 1) ? -sc : sc;
                 dst[i] = accumulate ? dst[i] + v : v;
