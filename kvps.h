@@ -2216,6 +2216,28 @@ KVPS__TARGET_AVX2 static void kvps__b2f_avx2(float *d, const uint16_t *s, size_t
     }
     for (; i < n; i++) d[i] = kvps_bf16_to_f32(s[i]);
 }
+KVPS__TARGET_AVX512 static void kvps__f2b_avx512(uint16_t *d, const float *s, size_t n) {
+    size_t i = 0;
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    for (; i + 16 <= n; i += 16) {
+        __m512i x = _mm512_loadu_si512((const void *)(s + i));
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(x, 16), one), half)), 16);
+        _mm256_storeu_si256((__m256i *)(void *)(d + i), _mm512_cvtepi32_epi16(r));
+        __m512 v = _mm512_castsi512_ps(x);
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        for (int j = 0; nan && j < 16; j++)
+            if (nan >> j & 1) d[i + j] = kvps_f32_to_bf16(s[i + j]);
+    }
+    kvps__f2b_avx2(d + i, s + i, n - i);
+}
+KVPS__TARGET_AVX512 static void kvps__b2f_avx512(float *d, const uint16_t *s, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(s + i)));
+        _mm512_storeu_si512((void *)(d + i), _mm512_slli_epi32(w, 16));
+    }
+    kvps__b2f_avx2(d + i, s + i, n - i);
+}
 #endif
 
 KVPS_API void kvps_f32_to_f16_n(uint16_t *dst, const float *src, size_t n) {
@@ -2236,12 +2258,14 @@ KVPS_API void kvps_f16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 }
 KVPS_API void kvps_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n) {
 #ifdef KVPS__X86
+    if (kvps__isa() == KVPS_ISA_AVX512) { kvps__f2b_avx512(dst, src, n); return; }
     if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__f2b_avx2(dst, src, n); return; }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = kvps_f32_to_bf16(src[i]);
 }
 KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 #ifdef KVPS__X86
+    if (kvps__isa() == KVPS_ISA_AVX512) { kvps__b2f_avx512(dst, src, n); return; }
     if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__b2f_avx2(dst, src, n); return; }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = kvps_bf16_to_f32(src[i]);
@@ -2626,7 +2650,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
     if (cap < need) return KVPS_ERR_TOO_LARGE;
     unsigned char *o = (unsigned char *)out;
     o[0] = (uint8_t)c->id;
-    o[1] = (uint8_t)(c->id == KVPS_CODEC_TOPK && c->topk_fp16_values ? KVPS_CODEC_FLAG_FP16_VALUES : 0);
+    o[1] = (uint8_t)(c->id == KVPS_CODEC_TOPK && c->topk_fp16_values ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0);
     o[2] = o[3] = 0;
     kvps__put32(o + 4, (uint32_t)n);
     unsigned char *p = o + KVPS_CODEC_HEADER;
@@ -2721,7 +2745,7 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
     if (!in || (!dst && n)) return KVPS_ERR_INVALID_ARG;
     if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
     if (p[0] != (uint8_t)c->id) return KVPS_ERR_CODEC;
-    if (p[2] || p[3] || (p[1] & ~(c->id == KVPS_CODEC_TOPK ? KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
+    if (p[2] || p[3] || (p[1] & ~(c->id == KVPS_CODEC_TOPK ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
     if (kvps__get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
     const unsigned char *q = p + KVPS_CODEC_HEADER;
     size_t body = bytes - KVPS_CODEC_HEADER;
