@@ -2675,7 +2675,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
         enum { B = 2048 };
         uint16_t h[B];
         for (size_t b = 0; b < n; b += B) {
-            size_t m = n - b < B ? n - b : B;
+            size_t m = n - b < (size_t)B ? n - b : (size_t)B;
             if (r) kvps__half_ef(x + b, r + b, h, m, f16);
             else if (f16) kvps_f32_to_f16_n(h, x + b, m);
             else kvps_f32_to_bf16_n(h, x + b, m);
@@ -2768,7 +2768,7 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         uint16_t h[B];
         float tmp[B];
         for (size_t b = 0; b < n; b += B) {
-            size_t m = n - b < B ? n - b : B;
+            size_t m = n - b < (size_t)B ? n - b : (size_t)B;
             memcpy(h, q + b * 2, m * 2);
             float *o = accumulate ? tmp : dst + b;
             if (f16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
