@@ -88,12 +88,14 @@
        0      4    magic   0x5350564B ("KVPS")
        4      1    version 1
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER; replies set bit 0x80
-       6      2    flags   0 (no flags are defined yet: anything else is rejected)
+       6      2    flags   1 CODED: the values frame holds, per key, [u32 bytes][codec blob]
+                           2 CODED_REPLY: answer the pull coded with the codec whose id is aux
+                           (in the reply, flags echo it); other bits are rejected
        8      4    rank    worker rank, 0..m-1
        12     4    nkeys
        16     8    req_id  echoed in the reply
        24     4    status  replies: a kvps_result (0 or negative); ignored in requests
-       28     4    aux     reserved: ignored
+       28     4    aux     CODED_REPLY: codec id; otherwise ignored
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
    Anything else gets an error reply and changes nothing: a message is checked whole before
    any stored value is touched. A worker call that spans several servers sends one message to
@@ -249,6 +251,8 @@ typedef struct kvps_server_desc {
     void *zmq_ctx;
     int io_threads;
     int no_malloc_tuning;
+    const struct kvps_codec *codecs; /* user codecs (ids >= KVPS_CODEC_USER) this server decodes */
+    int num_codecs;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -405,6 +409,18 @@ KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t,
                                                  const float *grad, float *vals, kvps_req *out);
 KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals,
                                              kvps_req *out);
+
+/* Compression per tensor (see CODECS): pushes encoded with push (NULL: none), with error
+   feedback kept per slice on this worker when error_feedback is 1; pulls answered encoded with
+   pull (NULL: none; one of the built-in dense codecs, or a user codec the server knows). The
+   server decodes and aggregates whatever each worker sends; top-k is summed sparsely. */
+KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor t, const kvps_codec *push,
+                                              const kvps_codec *pull, int error_feedback);
+typedef struct kvps_tensor_stats {
+    uint64_t pushes, push_raw_bytes, push_wire_bytes; /* raw = float32 bytes, wire = payload sent */
+    uint64_t pulls, pull_raw_bytes, pull_wire_bytes;
+} kvps_tensor_stats;
+KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out);
 
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
@@ -746,6 +762,8 @@ enum {
     KVPS__OP_INIT = 4,
     KVPS__OP_BARRIER = 5,
     KVPS__OP_REPLY = 0x80,
+    KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
+    KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
     KVPS__HDR = 32,
     KVPS__ZC_REPLY_MIN = 32768, /* bytes: smaller pull replies are copied */
     KVPS__KENT = 16
@@ -845,8 +863,51 @@ struct kvps_server {
     size_t scratch_cap;
     float *scratch;
     size_t scratch_len;
+    float *dscratch; /* decoded contributions */
+    size_t dscratch_len;
+    uint64_t *blob_off; /* coded requests: where each key's blob starts */
+    size_t blob_cap;
     kvps_server_stats stats;
 };
+
+static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
+                                              int accumulate);
+static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n);
+
+/* The codec for id: built-in, or one from desc.codecs; NULL when unknown. */
+static const kvps_codec *kvps__server_codec(const kvps_server *s, int id, kvps_codec *tmp) {
+    if (id >= 0 && id <= KVPS_CODEC_SIGN) { *tmp = kvps_codec_get((kvps_codec_id)id); return tmp; }
+    for (int i = 0; i < s->desc.num_codecs; i++)
+        if (s->desc.codecs[i].id == id) return &s->desc.codecs[i];
+    return NULL;
+}
+
+static float *kvps__dscratch(kvps_server *s, uint64_t len) {
+    if (s->dscratch_len < len) {
+        free(s->dscratch);
+        s->dscratch = (float *)kvps__alloc_floats(len);
+        s->dscratch_len = s->dscratch ? (size_t)len : 0;
+    }
+    return s->dscratch;
+}
+
+/* A contribution: dense floats, or a validated codec blob. */
+typedef struct kvps__contrib {
+    const float *g;
+    const kvps_codec *codec;
+    const void *blob;
+    size_t bytes;
+} kvps__contrib;
+
+/* dst = contribution (acc 0) or dst += contribution (acc 1); a top-k blob adds sparsely. */
+static void kvps__contrib_into(const kvps__contrib *c, float *dst, uint64_t len, int acc) {
+    if (c->g) {
+        if (acc) kvps__add(dst, c->g, (size_t)len);
+        else memcpy(dst, c->g, (size_t)len * sizeof(float));
+    } else {
+        kvps_codec_decode(c->codec, c->blob, c->bytes, dst, (size_t)len, acc);
+    }
+}
 
 #define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
 
@@ -1134,13 +1195,12 @@ static void kvps__wake(kvps_server *s, kvps__key *k) {
 
 /* BSP: add rank r's contribution to the round in rank order, buffering out-of-turn ones.
    Contribution c of a rank belongs to round c (one push per key per round). */
-static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const float *g) {
+static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
     uint64_t c = k->recv[r]++;
     size_t bytes = (size_t)k->len * sizeof(float);
     if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
     if ((uint32_t)r == k->summed && c == k->round) {
-        if (k->summed == 0) memcpy(k->accum, g, bytes);
-        else kvps__add(k->accum, g, (size_t)k->len);
+        kvps__contrib_into(g, k->accum, k->len, k->summed != 0);
         k->summed++;
     } else {
         if (!k->qhead) {
@@ -1151,7 +1211,7 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const float *g) {
         kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
         if (!p) return -1;
         p->next = NULL;
-        memcpy(p->data, g, bytes);
+        kvps__contrib_into(g, p->data, k->len, 0);
         if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
         k->qtail[r] = p;
     }
@@ -1205,6 +1265,35 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     f[0] = p->id; /* moved: the parked struct gives up its routing id */
     zmq_msg_init(&p->id);
     kvps__msg_from_buf(&f[1], &h, sizeof h);
+    if (p->hdr.flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
+        kvps_codec tmp;
+        const kvps_codec *cd = kvps__server_codec(s, (int)p->hdr.aux, &tmp);
+        size_t cap = 0, used = 0;
+        for (uint32_t i = 0; i < p->hdr.nkeys; i++) cap += 4 + kvps_codec_max_bytes(cd, (size_t)s->keys[p->idx[i]]->len);
+        unsigned char *buf = (unsigned char *)malloc(cap ? cap : 1);
+        kvps_result er = buf ? KVPS_OK : KVPS_ERR_NOMEM;
+        for (uint32_t i = 0; i < p->hdr.nkeys && er == KVPS_OK; i++) {
+            kvps__key *k = s->keys[p->idx[i]];
+            size_t nb = 0;
+            er = kvps_codec_encode(cd, k->value, (size_t)k->len, NULL, buf + used + 4, cap - used - 4, &nb);
+            uint32_t nb32 = (uint32_t)nb;
+            memcpy(buf + used, &nb32, 4);
+            used += 4 + nb;
+        }
+        if (er != KVPS_OK || kvps__msg_from_buf(&f[2], buf, used) != 0) {
+            free(buf);
+            zmq_msg_close(&f[1]);
+            kvps__reply_error(s, &f[0], &p->hdr, er != KVPS_OK ? er : KVPS_ERR_NOMEM, "encoding a pull reply");
+            zmq_msg_close(&f[0]);
+            kvps__parked_free(p);
+            return;
+        }
+        free(buf);
+        KVPS__STAT_ADD(s, pulls, p->hdr.nkeys);
+        kvps__send_frames(s->router, f, 3);
+        kvps__parked_free(p);
+        return;
+    }
     if (p->hdr.nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
         /* one large value: send the stored buffer itself; an update meanwhile copies on write */
         kvps__key *k = s->keys[p->idx[0]];
@@ -1301,9 +1390,16 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
         return;
     }
-    if (h.flags != 0) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x: no flags are defined in version %d", h.flags,
-                          KVPS__VERSION);
+    if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
+        ((h.flags & KVPS__FLAG_CODED) && !kvps__op_has_values(h.op)) ||
+        ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
+        return;
+    }
+    kvps_codec reply_codec_tmp;
+    if ((h.flags & KVPS__FLAG_CODED_REPLY) &&
+        (!kvps__server_codec(s, (int)h.aux, &reply_codec_tmp) || h.aux == KVPS_CODEC_TOPK)) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h.aux);
         return;
     }
     if (h.rank >= (uint32_t)s->m) {
@@ -1372,7 +1468,45 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         }
         k->stamp = stamp;
     }
-    if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
+    int coded = (h.flags & KVPS__FLAG_CODED) != 0;
+    if (coded) { /* every blob framed, of a known codec, and valid, before anything changes */
+        if (s->blob_cap < h.nkeys) {
+            uint64_t *nb = (uint64_t *)realloc(s->blob_off, (size_t)h.nkeys * sizeof *nb);
+            if (!nb) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
+            s->blob_off = nb;
+            s->blob_cap = h.nkeys;
+        }
+        const unsigned char *vf = (const unsigned char *)zmq_msg_data(&fr[2]);
+        size_t vsz = zmq_msg_size(&fr[2]), off = 0;
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__kent e;
+            memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+            uint32_t nb;
+            if (vsz - off < 4) { kvps__reply_error(s, id, &h, KVPS_ERR_TRUNCATED, "key %u: no blob length", i); return; }
+            memcpy(&nb, vf + off, 4);
+            if (vsz - off - 4 < nb || nb == 0) {
+                kvps__reply_error(s, id, &h, nb ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "key %u: blob of %u bytes", i, nb);
+                return;
+            }
+            kvps_codec tmp;
+            const kvps_codec *cd = kvps__server_codec(s, vf[off + 4], &tmp);
+            if (!cd) { kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "key %u: codec id %u", i, vf[off + 4]); return; }
+            kvps_result vr;
+            if (cd == &tmp) {
+                vr = kvps__codec_decode_builtin(cd, vf + off + 4, nb, NULL, (size_t)e.len, 2);
+            } else { /* a user codec: decode for real to check it */
+                float *d = kvps__dscratch(s, e.len);
+                vr = d ? kvps_codec_decode(cd, vf + off + 4, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
+            }
+            if (vr != KVPS_OK) {
+                kvps__reply_error(s, id, &h, vr, "key %llu: bad %s blob", (unsigned long long)e.key, cd->name ? cd->name : "codec");
+                return;
+            }
+            s->blob_off[i] = off;
+            off += 4 + (size_t)nb;
+        }
+        if (off != vsz) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", vsz - off); return; }
+    } else if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
         kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
                                          ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
                           "values frame of %zu bytes, keys need %llu", zmq_msg_size(&fr[2]),
@@ -1411,31 +1545,49 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         for (uint32_t i = 0; i < h.nkeys; i++) {
             kvps__key *k = s->keys[idx[i]];
             size_t bytes = (size_t)k->len * sizeof(float);
-            const float *g = (const float *)(const void *)src;
-            if (!kvps__aligned(src)) {
-                if (s->scratch_len < k->len) {
-                    free(s->scratch);
-                    s->scratch = (float *)kvps__alloc_floats(k->len);
-                    s->scratch_len = s->scratch ? (size_t)k->len : 0;
-                    if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
+            kvps__contrib g = {NULL, NULL, NULL, 0};
+            kvps_codec tmp;
+            if (coded) {
+                const unsigned char *b = (const unsigned char *)src + s->blob_off[i];
+                uint32_t nb;
+                memcpy(&nb, b, 4);
+                g.codec = kvps__server_codec(s, b[4], &tmp);
+                g.blob = b + 4;
+                g.bytes = nb;
+            } else {
+                g.g = (const float *)(const void *)src;
+                if (!kvps__aligned(src)) {
+                    if (s->scratch_len < k->len) {
+                        free(s->scratch);
+                        s->scratch = (float *)kvps__alloc_floats(k->len);
+                        s->scratch_len = s->scratch ? (size_t)k->len : 0;
+                        if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
+                    }
+                    memcpy(s->scratch, src, bytes);
+                    g.g = s->scratch;
                 }
-                memcpy(s->scratch, src, bytes);
-                g = s->scratch;
+                src += bytes;
             }
-            src += bytes;
             if (h.op == KVPS__OP_INIT) {
                 if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
-                memcpy(k->value, g, bytes);
+                kvps__contrib_into(&g, k->value, k->len, 0);
                 continue;
             }
             KVPS__STAT_ADD(s, pushes, 1);
             int advanced;
             if (s->desc.consistency == KVPS_BSP) {
-                advanced = kvps__bsp_push(s, k, (int)h.rank, g);
+                advanced = kvps__bsp_push(s, k, (int)h.rank, &g);
                 if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
             } else {
+                const float *dense = g.g;
+                if (!dense) {
+                    float *d = kvps__dscratch(s, k->len);
+                    if (!d) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "decoding"); return; }
+                    kvps__contrib_into(&g, d, k->len, 0);
+                    dense = d;
+                }
                 k->recv[h.rank]++;
-                if (kvps__apply(s, k, g, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
+                if (kvps__apply(s, k, dense, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
                 advanced = 1;
             }
             if (advanced && k->waiters) kvps__wake(s, k);
@@ -1555,6 +1707,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
+    free(s->dscratch); free(s->blob_off);
     free(s);
 }
 
@@ -1569,6 +1722,9 @@ typedef struct kvps__req {
     kvps_result status;
     uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
     uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered */
+    struct kvps__tensor_info *tensor; /* tensor requests: for stats */
+    int coded_pull;
+    kvps_codec pull_c;
     kvps__dest *dest;    /* pull destinations in send order */
 } kvps__req;
 
@@ -1578,6 +1734,10 @@ typedef struct kvps__tensor_info {
     uint32_t nslices;
     uint64_t *keys, *off, *slen; /* per slice */
     int *server;
+    kvps_codec push_c, pull_c;
+    int has_push, has_pull;
+    float **resid; /* error feedback per slice, or NULL */
+    kvps_tensor_stats st;
 } kvps__tensor_info;
 
 struct kvps_worker {
@@ -1685,6 +1845,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     for (int i = 0; i < w->ntensors; i++) {
         kvps__tensor_info *t = &w->tensors[i];
         free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
+        for (uint32_t j = 0; t->resid && j < t->nslices; j++) free(t->resid[j]);
+        free(t->resid);
     }
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->gen);
@@ -1748,8 +1910,11 @@ static void kvps__req_end(kvps_worker *w, kvps__req *q) {
 
 /* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
    or gathered from the runs given by vptr/vlen. */
+/* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
+   codec to ask the answer in (NULL: plain floats). *wire += payload bytes sent. */
 static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
-                                  uint32_t nk, const float *const *vptr, uint32_t nruns) {
+                                  uint32_t nk, const float *const *vptr, uint32_t nruns, const kvps_codec *pc,
+                                  float *resid, const kvps_codec *pull, uint64_t *wire) {
     kvps__hdr h;
     memset(&h, 0, sizeof h);
     h.magic = KVPS__MAGIC;
@@ -1758,6 +1923,9 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
     h.rank = (uint32_t)w->desc.rank;
     h.nkeys = nk;
     h.req_id = q->id;
+    if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
+    else pc = NULL;
+    if (pull && kvps__op_pulls(op)) { h.flags |= KVPS__FLAG_CODED_REPLY; h.aux = (uint32_t)pull->id; }
     zmq_msg_t f[2];
     int nf = 1;
     if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0) return KVPS_ERR_NOMEM;
@@ -1768,7 +1936,21 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         for (uint32_t i = 0; i < nk; i++) total += ents[i].len;
         size_t bytes = (size_t)total * sizeof(float);
         nf = 2;
-        if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
+        if (pc) { /* [u32 bytes][blob], encoded straight into the frame */
+            size_t cap = kvps_codec_max_bytes(pc, (size_t)total), nb = 0;
+            if (zmq_msg_init_size(&f[1], 4 + cap) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
+            kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
+            uint32_t nb32 = (uint32_t)nb;
+            memcpy(d, &nb32, 4);
+            if (er == KVPS_OK && nb < cap) { /* a user codec that used less than its bound */
+                zmq_msg_t exact;
+                if (kvps__msg_from_buf(&exact, d, 4 + nb) != 0) er = KVPS_ERR_NOMEM;
+                else { zmq_msg_close(&f[1]); f[1] = exact; }
+            }
+            if (er != KVPS_OK) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return er; }
+            if (wire) *wire += 4 + nb;
+        } else if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
             __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
             if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
                 __atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
@@ -1780,7 +1962,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
             char *dst = (char *)zmq_msg_data(&f[1]);
             if (nruns == 1) {
                 memcpy(dst, vptr[0], bytes);
-            } else {
+            } else if (nk) {
                 for (uint32_t i = 0; i < nk; i++) {
                     memcpy(dst, vptr[i], (size_t)ents[i].len * sizeof(float));
                     dst += ents[i].len * sizeof(float);
@@ -1850,7 +2032,7 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
                 if (q->dest) { q->dest[j].ptr = dst + offs[i]; q->dest[j].len = lens[i]; }
                 if (j > b && offs[i] != offs[w->order[j - 1]] + lens[w->order[j - 1]]) contiguous = 0;
             }
-            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b);
+            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b, NULL, NULL, NULL, NULL);
         }
     }
     free(offs); free(ents); free(vp);
@@ -1941,14 +2123,26 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
     /* dest index of slice i is i; dbegin[s] points at the slice on server s */
     memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
     kvps_result r = KVPS_OK;
+    int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
+    q->tensor = t;
+    q->coded_pull = t->has_pull && kvps__op_pulls(op);
+    if (q->coded_pull) q->pull_c = t->pull_c;
     for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
         int s = t->server[i];
         q->dbegin[s] = i;
         if (q->dest) { q->dest[i].ptr = dst + t->off[i]; q->dest[i].len = t->slen[i]; }
         kvps__kent e = {t->keys[i], t->slen[i]};
         const float *vp = vals ? vals + t->off[i] : NULL;
-        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1);
+        uint64_t wire = coded ? 0 : (kvps__op_has_values(op) ? t->slen[i] * sizeof(float) : 0);
+        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1, coded ? &t->push_c : NULL, coded && t->resid ? t->resid[i] : NULL,
+                           q->coded_pull ? &t->pull_c : NULL, &wire);
+        if (r == KVPS_OK && kvps__op_has_values(op) && op != KVPS__OP_INIT) {
+            t->st.push_raw_bytes += t->slen[i] * sizeof(float);
+            t->st.push_wire_bytes += wire;
+        }
     }
+    if (kvps__op_has_values(op) && op != KVPS__OP_INIT) t->st.pushes++;
+    if (kvps__op_pulls(op)) t->st.pulls++;
     q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
     if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
     if (r != KVPS_OK) q->status = r;
@@ -1970,12 +2164,46 @@ KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, cons
     return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, out);
 }
 
+KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, const kvps_codec *push,
+                                              const kvps_codec *pull, int error_feedback) {
+    if (!w || ti < 0 || ti >= w->ntensors) return w ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    if ((push && (!push->encode || !push->max_bytes)) || (pull && !pull->decode) ||
+        (pull && pull->id == KVPS_CODEC_TOPK) || (push && (push->id < 0 || push->id > 255)) ||
+        (pull && (pull->id < 0 || pull->id > 255)) || (unsigned)error_feedback > 1)
+        return KVPS_ERR_INVALID_ARG;
+    kvps__tensor_info *t = &w->tensors[ti];
+    float **resid = NULL;
+    if (push && error_feedback) {
+        resid = (float **)calloc(t->nslices, sizeof *resid);
+        for (uint32_t i = 0; resid && i < t->nslices; i++) {
+            resid[i] = (float *)calloc((size_t)t->slen[i], sizeof(float));
+            if (!resid[i]) { for (uint32_t j = 0; j < i; j++) free(resid[j]); free(resid); resid = NULL; }
+        }
+        if (!resid) return KVPS_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; t->resid && i < t->nslices; i++) free(t->resid[i]);
+    free(t->resid);
+    t->resid = resid;
+    t->has_push = push != NULL;
+    t->has_pull = pull != NULL;
+    if (push) t->push_c = *push;
+    if (pull) t->pull_c = *pull;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out) {
+    if (!w || !out) return KVPS_ERR_INVALID_ARG;
+    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    *out = w->tensors[t].st;
+    return KVPS_OK;
+}
+
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     if (!w || !out) return KVPS_ERR_INVALID_ARG;
     *out = 0;
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return KVPS_ERR_NOMEM;
-    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0);
+    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
     if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
     *out = q->id;
     return KVPS_OK;
@@ -2019,6 +2247,27 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     uint32_t b, e;
     if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
     else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
+    if (q->coded_pull) { /* per key [u32 bytes][blob] */
+        const unsigned char *src = nfr > 1 ? (const unsigned char *)zmq_msg_data(&fr[1]) : NULL;
+        size_t size = nfr > 1 ? zmq_msg_size(&fr[1]) : 0, off = 0;
+        kvps_result dr = KVPS_OK;
+        for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
+            uint32_t nb = 0;
+            if (size - off < 4) { dr = KVPS_ERR_TRUNCATED; break; }
+            memcpy(&nb, src + off, 4);
+            if (size - off - 4 < nb) { dr = KVPS_ERR_TRUNCATED; break; }
+            dr = kvps_codec_decode(&q->pull_c, src + off + 4, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
+            off += 4 + (size_t)nb;
+            if (q->tensor) q->tensor->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
+        }
+        if (dr == KVPS_OK && off != size) dr = KVPS_ERR_MALFORMED;
+        if (q->tensor) q->tensor->st.pull_wire_bytes += size;
+        if (dr != KVPS_OK) {
+            snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
+            if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
+        }
+        return;
+    }
     uint64_t total = 0;
     for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
     if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
@@ -2031,6 +2280,10 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     for (uint32_t j = b; j < e; j++) {
         memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
         src += q->dest[j].len * sizeof(float);
+    }
+    if (q->tensor) {
+        q->tensor->st.pull_raw_bytes += total * sizeof(float);
+        q->tensor->st.pull_wire_bytes += total * sizeof(float);
     }
 }
 
@@ -2742,14 +2995,15 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
 static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
                                               int accumulate) {
     const unsigned char *p = (const unsigned char *)in;
-    if (!in || (!dst && n)) return KVPS_ERR_INVALID_ARG;
+    if (!in || (!dst && n && accumulate != 2)) return KVPS_ERR_INVALID_ARG; /* 2: check only (kvps internal) */
     if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
     if (p[0] != (uint8_t)c->id) return KVPS_ERR_CODEC;
     if (p[2] || p[3] || (p[1] & ~(c->id == KVPS_CODEC_TOPK ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
     if (kvps__get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
     const unsigned char *q = p + KVPS_CODEC_HEADER;
     size_t body = bytes - KVPS_CODEC_HEADER;
-#define KVPS__BODY(sz) do { if (body < (sz)) return KVPS_ERR_TRUNCATED; if (body > (sz)) return KVPS_ERR_MALFORMED; } while (0)
+#define KVPS__BODY(sz) do { if (body < (sz)) return KVPS_ERR_TRUNCATED; if (body > (sz)) return KVPS_ERR_MALFORMED; \
+                              if (accumulate == 2) return KVPS_OK; } while (0)
     switch (c->id) {
     case KVPS_CODEC_NONE:
         KVPS__BODY(n * 4);
@@ -2780,12 +3034,14 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         if (body < 4) return KVPS_ERR_TRUNCATED;
         size_t k = kvps__get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
         if (k > n) return KVPS_ERR_MALFORMED;
-        KVPS__BODY(4 + k * (4 + vs));
+        if (body < 4 + k * (4 + vs)) return KVPS_ERR_TRUNCATED;
+        if (body > 4 + k * (4 + vs)) return KVPS_ERR_MALFORMED;
         const unsigned char *ix = q + 4, *vv = q + 4 + k * 4;
         for (size_t j = 0; j < k; j++) { /* check all before writing anything */
             uint32_t i = kvps__get32(ix + j * 4);
             if (i >= n || (j && i <= kvps__get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
         }
+        if (accumulate == 2) return KVPS_OK;
         if (!accumulate) memset(dst, 0, n * sizeof *dst);
         for (size_t j = 0; j < k; j++) {
             uint32_t i = kvps__get32(ix + j * 4);

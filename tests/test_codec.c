@@ -310,7 +310,222 @@ static void test_paths_identical(void) {
     KT_CHECK(bad == 0, "%d codec/path combinations differ", bad);
 }
 
+/* ---- codecs on the parameter server's paths ---- */
+
+/* Workers with different codecs push one tensor (sliced over 3 servers) under BSP + SUM; the
+   server's value must equal the rank-order sum of what each worker's codec decodes to. */
+static void test_ps_mixed_codecs(void) {
+    enum { M = 3, N = 5003, STEPS = 4 };
+    kt_cluster c;
+    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_SUM});
+    kvps_codec cs[M] = {kvps_codec_get(KVPS_CODEC_FP16), kvps_codec_get(KVPS_CODEC_NONE), kvps_codec_get(KVPS_CODEC_TOPK)};
+    cs[2].topk_fraction = 0.05;
+    kvps_worker *w[M];
+    kvps_tensor t[M];
+    static float g[M][N], out[M][N], expect[N], dec[N], resid_local[M][N];
+    memset(expect, 0, sizeof expect);
+    memset(resid_local, 0, sizeof resid_local);
+    for (int r = 0; r < M; r++) {
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .rank = r, .zmq_ctx = c.ctx, .min_slice = 64}, &w[r]));
+        KT_OK(kvps_worker_tensor(w[r], "mixed", N, &t[r]));
+        KT_OK(kvps_worker_tensor_codec(w[r], t[r], r == 1 ? NULL : &cs[r], NULL, 1));
+    }
+    uint64_t seed = 17;
+    int bad = 0;
+    for (int step = 0; step < STEPS; step++) {
+        kvps_req q[M];
+        for (int r = 0; r < M; r++) for (int i = 0; i < N; i++) g[r][i] = kt_randf(&seed);
+        for (int r = M - 1; r >= 0; r--) KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], out[r], &q[r]));
+        for (int r = 0; r < M; r++) KT_OK(kvps_worker_wait(w[r], q[r], -1));
+        /* oracle: each worker's slices encoded locally with its own residual, summed in rank order */
+        static float round_sum[N];
+        for (int r = 0; r < M; r++) {
+            for (uint32_t sl = 0; sl < 3; sl++) {
+                size_t b = (size_t)N * sl / 3, e = (size_t)N * (sl + 1) / 3, len = e - b;
+                if (r == 1) { memcpy(dec + b, g[r] + b, len * 4); continue; }
+                size_t cap = kvps_codec_max_bytes(&cs[r], len), nb = 0;
+                unsigned char *buf = (unsigned char *)malloc(cap);
+                kvps_codec_encode(&cs[r], g[r] + b, len, resid_local[r] + b, buf, cap, &nb);
+                kvps_codec_decode(&cs[r], buf, nb, dec + b, len, 0);
+                free(buf);
+            }
+            for (int i = 0; i < N; i++) round_sum[i] = r == 0 ? dec[i] : round_sum[i] + dec[i];
+        }
+        for (int i = 0; i < N; i++) expect[i] += round_sum[i];
+        for (int r = 0; r < M; r++) bad += memcmp(out[r], expect, sizeof expect) != 0;
+    }
+    KT_CHECK(bad == 0, "%d (step, worker) results differ from the rank-order sum of decoded contributions", bad);
+    kvps_tensor_stats st;
+    KT_OK(kvps_worker_tensor_stats(w[0], t[0], &st));
+    KT_CHECK(st.pushes == STEPS && st.push_raw_bytes == (uint64_t)STEPS * N * 4, "fp16 stats %llu pushes %llu bytes",
+             (unsigned long long)st.pushes, (unsigned long long)st.push_raw_bytes);
+    KT_CHECK(st.push_wire_bytes == (uint64_t)STEPS * (3 * (4 + 8) + N * 2), "fp16 wire bytes %llu", (unsigned long long)st.push_wire_bytes);
+    KT_OK(kvps_worker_tensor_stats(w[2], t[2], &st));
+    /* 5% of the entries at 8 bytes each (index + value) against 4 bytes per float: about 10x */
+    KT_CHECK(st.push_raw_bytes > 9 * st.push_wire_bytes, "top-k 5%%: %llu raw vs %llu wire", (unsigned long long)st.push_raw_bytes,
+             (unsigned long long)st.push_wire_bytes);
+    for (int r = 0; r < M; r++) kvps_worker_destroy(&w[r]);
+    kt_cluster_down(&c);
+}
+
+/* Error feedback through the server: async SUM, 1 worker, top-k 2% with EF. After many steps,
+   stored value + the worker's residual = sum of all gradients (dyadic values: exact). */
+static void test_ps_error_feedback_conserves(void) {
+    enum { N = 2000, STEPS = 40 };
+    kt_cluster c;
+    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM});
+    kvps_worker *w;
+    kvps_tensor t;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .min_slice = 100}, &w));
+    KT_OK(kvps_worker_tensor(w, "ef", N, &t));
+    kvps_codec tk = kvps_codec_get(KVPS_CODEC_TOPK);
+    tk.topk_fraction = 0.02;
+    KT_OK(kvps_worker_tensor_codec(w, t, &tk, NULL, 1));
+    static float g[N], total[N], val[N];
+    memset(total, 0, sizeof total);
+    uint64_t seed = 23;
+    kvps_req q;
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < N; i++) { g[i] = (float)((int)(kt_randf(&seed) * 512)) / 128.0f; total[i] += g[i]; }
+        KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+        KT_OK(kvps_worker_wait(w, q, -1));
+    }
+    KT_OK(kvps_worker_pull_tensor(w, t, val, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    kvps__tensor_info *ti = &w->tensors[t];
+    int bad = 0;
+    for (uint32_t sl = 0; sl < ti->nslices; sl++)
+        for (uint64_t i = 0; i < ti->slen[sl]; i++) {
+            size_t e = (size_t)(ti->off[sl] + i);
+            bad += val[e] + ti->resid[sl][i] != total[e];
+        }
+    KT_CHECK(bad == 0, "%d elements: server value + residual != sum of gradients", bad);
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+}
+
+/* Pulls answered in fp16 / bf16 / 1-bit: the worker gets exactly the codec's rounding of the value. */
+static void test_ps_coded_pull(void) {
+    enum { N = 3001 };
+    kt_cluster c;
+    kt_cluster_up(&c, "inproc", 2, &(kvps_server_desc){.num_workers = 1});
+    kvps_worker *w;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx, .min_slice = 100}, &w));
+    static float v[N], out[N], want[N];
+    uint64_t seed = 31;
+    for (int i = 0; i < N; i++) v[i] = kt_randf(&seed) * 3.0f;
+    kvps_codec_id ids[] = {KVPS_CODEC_FP16, KVPS_CODEC_BF16, KVPS_CODEC_SIGN};
+    for (int c2 = 0; c2 < 3; c2++) {
+        char name[16];
+        snprintf(name, sizeof name, "pull%d", c2);
+        kvps_tensor t = 0;
+        kvps_req q = 0;
+        KT_OK(kvps_worker_tensor(w, name, N, &t));
+        kvps_codec cd = kvps_codec_get(ids[c2]);
+        KT_OK(kvps_worker_tensor_codec(w, t, NULL, &cd, 0));
+        KT_OK(kvps_worker_init_tensor(w, t, v, &q)); /* exact: init is never coded */
+        KT_OK(kvps_worker_wait(w, q, -1));
+        KT_OK(kvps_worker_pull_tensor(w, t, out, &q));
+        KT_OK(kvps_worker_wait(w, q, -1));
+        kvps__tensor_info *ti = &w->tensors[t];
+        for (uint32_t sl = 0; sl < ti->nslices; sl++) { /* the oracle: the codec applied per slice */
+            size_t b = (size_t)ti->off[sl], len = (size_t)ti->slen[sl], cap = kvps_codec_max_bytes(&cd, len), nb;
+            unsigned char *buf = (unsigned char *)malloc(cap);
+            kvps_codec_encode(&cd, v + b, len, NULL, buf, cap, &nb);
+            kvps_codec_decode(&cd, buf, nb, want + b, len, 0);
+            free(buf);
+        }
+        KT_CHECK(memcmp(out, want, sizeof want) == 0, "%s pull differs from the codec's rounding", cd.name);
+        kvps_tensor_stats st;
+        memset(&st, 0, sizeof st);
+        KT_OK(kvps_worker_tensor_stats(w, t, &st));
+        KT_CHECK(st.pull_wire_bytes < st.pull_raw_bytes, "%s: pulled %llu wire bytes for %llu raw", cd.name,
+                 (unsigned long long)st.pull_wire_bytes, (unsigned long long)st.pull_raw_bytes);
+    }
+    kvps_codec tk = kvps_codec_get(KVPS_CODEC_TOPK);
+    kvps_tensor t2;
+    KT_OK(kvps_worker_tensor(w, "notopkpull", 10, &t2));
+    KT_CHECK(kvps_worker_tensor_codec(w, t2, NULL, &tk, 0) == KVPS_ERR_INVALID_ARG, "top-k is not a pull codec");
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+}
+
+/* Malformed coded pushes from a raw DEALER: rejected with their error, nothing stored changes. */
+static void test_ps_bad_coded_push(void) {
+    kt_cluster c;
+    kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+    kvps_log_set_level(KVPS_LOG_NONE);
+    kvps_worker *w;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
+    uint64_t key = 77;
+    size_t len = 10;
+    float init[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, out[10];
+    kvps_req q;
+    KT_OK(kvps_worker_init(w, &key, init, &len, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    void *d = zmq_socket(c.ctx, ZMQ_DEALER);
+    zmq_connect(d, c.servers);
+    kvps_codec tk = kvps_codec_get(KVPS_CODEC_TOPK);
+    tk.topk_count = 3;
+    unsigned char blob[64];
+    size_t nb = 0;
+    kvps_codec_encode(&tk, init, 10, NULL, blob, sizeof blob, &nb);
+    struct { const char *name; int mutate; kvps_result want; } cases[] = {
+        {"good blob, wrong codec id byte", 1, KVPS_ERR_CODEC},
+        {"top-k index out of range", 2, KVPS_ERR_MALFORMED},
+        {"blob length past the frame", 3, KVPS_ERR_TRUNCATED},
+        {"trailing bytes after the blob", 4, KVPS_ERR_MALFORMED},
+        {"blob n differs from the key length", 5, KVPS_ERR_LEN_MISMATCH},
+        {"zero-length blob", 6, KVPS_ERR_MALFORMED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        unsigned char frame[128], b2[64];
+        memcpy(b2, blob, nb);
+        uint32_t bl = (uint32_t)nb;
+        size_t fsz = 4 + nb;
+        if (cases[i].mutate == 1) b2[0] = 99;
+        if (cases[i].mutate == 2) { uint32_t bad = 10; memcpy(b2 + 8 + 4 + 8, &bad, 4); }
+        if (cases[i].mutate == 3) bl = (uint32_t)nb + 10;
+        if (cases[i].mutate == 4) fsz += 3;
+        if (cases[i].mutate == 5) { uint32_t n9 = 9; memcpy(b2 + 4, &n9, 4); }
+        if (cases[i].mutate == 6) { bl = 0; fsz = 4; }
+        memcpy(frame, &bl, 4);
+        memcpy(frame + 4, b2, nb);
+        memset(frame + 4 + nb, 0, 8);
+        kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PUSH, KVPS__FLAG_CODED, 0, 1, 1000 + i, 0, 0};
+        kvps__kent e = {key, 10};
+        unsigned char meta[48];
+        memcpy(meta, &h, 32);
+        memcpy(meta + 32, &e, 16);
+        zmq_send(d, meta, 48, ZMQ_SNDMORE);
+        zmq_send(d, frame, fsz, 0);
+        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+        kvps__hdr rh;
+        memset(&rh, 0, sizeof rh);
+        if (zmq_poll(&it, 1, 2000) == 1) {
+            zmq_recv(d, &rh, sizeof rh, 0);
+            int more;
+            size_t ml = sizeof more;
+            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+            char text[300];
+            if (more) zmq_recv(d, text, sizeof text, 0);
+        }
+        KT_CHECK(rh.status == cases[i].want, "%s: got %s", cases[i].name, kvps_result_str((kvps_result)rh.status));
+    }
+    KT_OK(kvps_worker_pull(w, &key, out, &len, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    KT_CHECK(memcmp(out, init, sizeof init) == 0, "stored value changed by rejected pushes");
+    zmq_close(d);
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+    kvps_log_set_level(KVPS_LOG_WARN);
+}
+
 int main(void) {
+    KT_RUN(test_ps_mixed_codecs);
+    KT_RUN(test_ps_error_feedback_conserves);
+    KT_RUN(test_ps_coded_pull);
+    KT_RUN(test_ps_bad_coded_push);
     KT_RUN(test_paths_identical);
     KT_RUN(test_half_roundtrip_all_65536);
     KT_RUN(test_topk_against_full_sort);
