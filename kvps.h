@@ -2794,6 +2794,11 @@ KVPS_API kvps_result kvps_topk(const float *x, size_t n, size_t k, uint32_t *idx
 // >>sign
 /* Sum of |v| in a fixed order (8 interleaved partial sums, combined pairwise), so that the
    portable and vector paths give the same scale bit for bit. */
+static float kvps__canon_nan(float x) { /* which NaN a sum ends on depends on operand order */
+    if (x != x) { uint32_t q = 0x7fc00000u; memcpy(&x, &q, sizeof x); }
+    return x;
+}
+
 static float kvps__abs_sum(const float *v, size_t n) {
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = 0;
@@ -2814,7 +2819,7 @@ static void kvps__sign_chunk(const float *x, float *r, size_t n, float *scale, u
     } else {
         acc = (float *)(uintptr_t)x;
     }
-    float sc = n ? kvps__abs_sum(acc, n) / (float)n : 0.0f;
+    float sc = n ? kvps__canon_nan(kvps__abs_sum(acc, n) / (float)n) : 0.0f;
     *scale = sc;
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
@@ -2846,7 +2851,7 @@ KVPS__TARGET_AVX2 static void kvps__sign_chunk_avx2(const float *x, float *r, si
     }
     float l[8];
     _mm256_storeu_ps(l, s);
-    float sc = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) / (float)n;
+    float sc = kvps__canon_nan((((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) / (float)n);
     *scale = sc;
     const __m256 scv = _mm256_set1_ps(sc), sgn = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
     for (size_t i = 0; i < n; i += 8) {
