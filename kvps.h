@@ -795,7 +795,8 @@ static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP
 static int kvps__send_frames(void *sock, zmq_msg_t *frames, int n) {
     int rc = 0;
     for (int i = 0; i < n; i++) {
-        if (rc == 0 && zmq_msg_send(&frames[i], sock, i + 1 < n ? ZMQ_SNDMORE : 0) < 0) rc = -1;
+        /* never block: a DEALER whose peer is gone (inproc) has no pipe and would wait forever */
+        if (rc == 0 && zmq_msg_send(&frames[i], sock, ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0) rc = -1;
         if (rc != 0) zmq_msg_close(&frames[i]);
     }
     return rc;

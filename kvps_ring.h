@@ -37,13 +37,19 @@
      alltoall        send[count * size] -> recv[count * size]: block j of rank i lands as block i
                      of rank j
      barrier         returns when every rank has entered
-   In place: send == recv, or send == NULL (allgather: the rank's block already in recv[rank *
-   count]; reduce_scatter: the whole input in recv, result in recv[0 .. count)). Any count,
+   In place: send == NULL or send == recv (allgather and gather: also send == recv + rank *
+   count): the data is already in recv: allgather / gather: the rank's block at recv[rank *
+   count]; reduce_scatter / scatter (root): the whole input in recv, the rank's result moved to
+   recv[0 .. count); reduce: every rank's input in recv (non-roots' recv is clobbered). Any count,
    including 0. dtypes float32, float64, int32, int64, float16, bfloat16 (16-bit floats are
    reduced in float32 and rounded to nearest even after each step); ops sum, prod, min, max, avg
    (sum / size; integers divide with truncation). Every rank must pass the same collective,
-   count, dtype, op and root: a rank that receives a message from a different call reports
-   KVPS_ERR_MISMATCH and tells the others, who return KVPS_ERR_PEER.
+   count, dtype, op and root: a rank that receives any piece of a different call reports
+   KVPS_ERR_MISMATCH and tells the others, who return KVPS_ERR_PEER (or time out). A rank that
+   only sends in a collective (the root of broadcast or scatter, non-roots of gather, leaves of a
+   small reduce, or a rank whose count is 0) may finish before its peers notice and return
+   KVPS_OK; the receivers report the error, and the sender's next call on the ring fails with
+   KVPS_ERR_MISMATCH or KVPS_ERR_PEER when the late pieces or the abort reach it.
 
    3. ALGORITHMS (kvps_ring_algo; KVPS_ALGO_AUTO chooses by size, forced per call or per ring)
      RING    reduce-scatter then all-gather, n-1 steps each; each rank's block is cut into pieces
@@ -214,6 +220,18 @@ typedef struct kvps_ring__stash {
     zmq_msg_t payload;
 } kvps_ring__stash;
 
+/* Frames sent without a copy are released by ZeroMQ's I/O thread, possibly after the ring is
+   gone (an inproc peer that never reads holds them): so the counters live in their own block,
+   freed by whichever of the ring and the last frame lets go last. */
+typedef struct kvps_ring__zc {
+    int pending[2]; /* per ring phase */
+    int refs;       /* 1 for the ring + 1 per frame held */
+} kvps_ring__zc;
+
+static void kvps_ring__zc_unref(kvps_ring__zc *z) {
+    if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) == 0) free(z);
+}
+
 typedef struct kvps_ring__job {
     struct kvps_ring__job *next;
     uint64_t id;
@@ -232,9 +250,10 @@ struct kvps_ring {
     uint32_t seq;
     int64_t deadline;
     kvps_ring__hdr cur; /* the running collective's identity, for mismatch checks */
+    kvps_ring__hdr prev; /* the last one's: late pieces of it are checked too */
     uint64_t hier;      /* tag offset of a hierarchical sub-phase */
     kvps_ring__stash *stash;
-    int zc[2];          /* zero-copy frames ZeroMQ still holds, per ring phase */
+    kvps_ring__zc *zc;  /* zero-copy frames ZeroMQ still holds (outlives the ring if need be) */
     void *work, *scratch;
     size_t work_cap, scratch_cap;
     int *view_buf;
@@ -353,8 +372,12 @@ static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt
 }
 
 static void kvps_ring__zc_free(void *data, void *hint) {
+    /* hint encodes the block and the phase: the block pointer with the phase in bit 0 */
     (void)data;
-    __atomic_sub_fetch((int *)hint, 1, __ATOMIC_ACQ_REL);
+    uintptr_t h = (uintptr_t)hint;
+    kvps_ring__zc *z = (kvps_ring__zc *)(h & ~(uintptr_t)1);
+    __atomic_sub_fetch(&z->pending[h & 1], 1, __ATOMIC_ACQ_REL);
+    kvps_ring__zc_unref(z);
 }
 
 static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data,
@@ -362,10 +385,13 @@ static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__h
     zmq_msg_t f[2];
     kvps__msg_from_buf(&f[0], h, sizeof *h);
     if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
-        int *ctr = &r->zc[phase_zc];
-        __atomic_add_fetch(ctr, 1, __ATOMIC_ACQ_REL);
-        if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)data, bytes, kvps_ring__zc_free, ctr) != 0) {
-            __atomic_sub_fetch(ctr, 1, __ATOMIC_ACQ_REL);
+        kvps_ring__zc *z = r->zc;
+        __atomic_add_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
+        if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)data, bytes, kvps_ring__zc_free,
+                              (void *)((uintptr_t)z | (uintptr_t)phase_zc)) != 0) {
+            __atomic_sub_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
+            __atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
             zmq_msg_close(&f[0]);
             return KVPS_ERR_NOMEM;
         }
@@ -373,8 +399,10 @@ static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__h
         zmq_msg_close(&f[0]);
         return KVPS_ERR_NOMEM;
     }
+    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
     if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
-        return kvps_ring__fail(r, KVPS_ERR_ZMQ, "send to rank %d: %s", dst, zmq_strerror(zmq_errno()));
+        return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "send to rank %d: %s", dst,
+                               zmq_errno() == EAGAIN ? "no connection (the peer is gone)" : zmq_strerror(zmq_errno()));
     return KVPS_OK;
 }
 
@@ -414,6 +442,7 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
     tag += r->hier;
     for (kvps_ring__stash **pp = &r->stash; *pp; pp = &(*pp)->next) {
         kvps_ring__stash *e = *pp;
+        if (e->h.seq == r->seq && !e->h.abort && kvps_ring__check(r, &e->h) != KVPS_OK) return KVPS_ERR_MISMATCH;
         if (e->h.seq == r->seq && ((e->h.src == src && e->h.tag == tag) || e->h.abort)) {
             kvps_result rc = kvps_ring__check(r, &e->h);
             *pp = e->next;
@@ -444,10 +473,25 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
             if (!ok || (int32_t)(h.seq - r->seq) < 0) { /* garbage, or a late piece of an old collective */
                 if (!ok) kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
                 for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+                /* a rank that only sent in the last collective learns of a mismatch here */
+                if (ok && h.seq == r->prev.seq && h.abort)
+                    return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the previous collective (%u): %s", h.src, h.seq,
+                                           kvps_result_str((kvps_result)(int64_t)h.count));
+                if (ok && h.seq == r->prev.seq) {
+                    kvps_ring__hdr c = r->cur;
+                    r->cur = r->prev;
+                    kvps_result late = kvps_ring__check(r, &h);
+                    r->cur = c;
+                    if (late != KVPS_OK) return late;
+                }
                 continue;
             }
             zmq_msg_close(&fr[0]);
             zmq_msg_close(&fr[1]);
+            if (h.seq == r->seq && !h.abort && kvps_ring__check(r, &h) != KVPS_OK) { /* any piece tells */
+                zmq_msg_close(&fr[2]);
+                return KVPS_ERR_MISMATCH;
+            }
             if (h.seq == r->seq && ((h.src == src && h.tag == tag) || h.abort)) {
                 kvps_result rc = kvps_ring__check(r, &h);
                 *out = fr[2];
@@ -518,14 +562,20 @@ static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, voi
     return KVPS_OK;
 }
 
-/* Waits until ZeroMQ has let go of every zero-copy frame of counter i (-1: both). */
+static int kvps_ring__zc_busy(const kvps_ring *r, int i) {
+    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_ACQUIRE)
+                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_ACQUIRE);
+}
+
+/* Waits until ZeroMQ has let go of every zero-copy frame of phase i (-1: both). An inproc frame
+   is let go when the peer reads it, so a peer that stops reading shows up here. */
 static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
     for (;;) {
-        int busy = i < 0 ? __atomic_load_n(&r->zc[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc[1], __ATOMIC_ACQUIRE)
-                         : __atomic_load_n(&r->zc[i], __ATOMIC_ACQUIRE);
+        int busy = kvps_ring__zc_busy(r, i);
         if (busy == 0) return KVPS_OK;
         if (kvps__now_ms() > deadline)
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: ZeroMQ still holds %d outgoing frames", r->rank, busy);
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: %d frames sent without a copy were never taken by the peers",
+                                   r->rank, busy);
         sched_yield();
     }
 }
@@ -826,10 +876,14 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
             algo = !large ? KVPS_ALGO_RD : kvps_ring__multi_group(r) ? KVPS_ALGO_HIER : KVPS_ALGO_RING;
         if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
         else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
-        if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(recv, n, op->dtype, k);
+        if (rc == KVPS_OK && op->op == KVPS_AVG) {
+            rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
+            if (rc == KVPS_OK) kvps_ring__scale(recv, n, op->dtype, k);
+        }
         break;
     case KVPS_COLL_REDUCE: {
-        char *buf = me == op->root ? recv : (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes);
+        /* in place (send NULL or == recv): the data is in recv on every rank, and clobbered */
+        char *buf = me == op->root || !send || send == recv ? recv : (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes);
         if (!buf) return KVPS_ERR_NOMEM;
         if (send && send != buf && bytes) memcpy(buf, send, bytes);
         rc = kvps_ring__reduce_view(r, all, k, op->root, buf, n, large);
@@ -849,11 +903,14 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
         kvps_ring__task_init(&t, r, all, k, me, buf, n * (size_t)k, n, 0);
         if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 1, 0);
         if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(buf + (size_t)me * bytes, n, op->dtype, k);
-        if (rc == KVPS_OK && bytes) memmove(recv, buf + (size_t)me * bytes, bytes);
+        if (rc == KVPS_OK && bytes && buf + (size_t)me * bytes != recv) {
+            rc = kvps_ring__zc_drain(r, -1, r->deadline); /* block 0 may still be going out */
+            if (rc == KVPS_OK) memmove(recv, buf + (size_t)me * bytes, bytes);
+        }
         break;
     }
     case KVPS_COLL_ALLGATHER: {
-        if (send && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
+        if (send && send != recv && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
         kvps_ring__task t;
         kvps_ring__task_init(&t, r, all, k, me, recv, n * (size_t)k, n, 0);
         if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 0, 1);
@@ -863,7 +920,7 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
         if (me != op->root) {
             rc = kvps_ring__send(r, op->root, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), send ? send : recv, bytes, 0);
         } else {
-            if (send && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
+            if (send && send != recv && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
             for (int i = 0; i < k && rc == KVPS_OK; i++)
                 if (i != me) rc = kvps_ring__recv_copy(r, i, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), recv + (size_t)i * bytes, bytes);
         }
@@ -875,7 +932,10 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
             const char *src = send ? send : recv;
             for (int i = 0; i < k && rc == KVPS_OK; i++)
                 if (i != me) rc = kvps_ring__send(r, i, kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0), src + (size_t)i * bytes, bytes, 0);
-            if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) memmove(recv, src + (size_t)me * bytes, bytes);
+            if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) {
+                rc = kvps_ring__zc_drain(r, -1, r->deadline); /* in place: block 0 may still be going out */
+                if (rc == KVPS_OK) memmove(recv, src + (size_t)me * bytes, bytes);
+            }
         }
         break;
     case KVPS_COLL_ALLTOALL: {
@@ -918,7 +978,7 @@ static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *o
     switch (op->coll) {
     case KVPS_COLL_REDUCE: if (root && !op->recv) return KVPS_ERR_INVALID_ARG; if (!op->send && !op->recv) return KVPS_ERR_INVALID_ARG; break;
     case KVPS_COLL_GATHER: if (root ? !op->recv : !op->send) return KVPS_ERR_INVALID_ARG; break;
-    case KVPS_COLL_SCATTER: if (!op->recv || (root && !op->send)) return KVPS_ERR_INVALID_ARG; break;
+    case KVPS_COLL_SCATTER: if (!op->recv) return KVPS_ERR_INVALID_ARG; break;
     default: if (!op->recv) return KVPS_ERR_INVALID_ARG;
     }
     return KVPS_OK;
@@ -943,6 +1003,7 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
     kvps_result rc = kvps_ring__execute(r, op);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    r->prev = r->cur;
     /* drop stashed pieces of this collective (none unless a peer sent extra) */
     for (kvps_ring__stash **pp = &r->stash; *pp;) {
         kvps_ring__stash *e = *pp;
@@ -958,7 +1019,10 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
             zmq_close(r->dealers[i]);
             r->dealers[i] = NULL;
         }
-        kvps_ring__zc_drain(r, -1, kvps__now_ms() + 5000);
+        for (int64_t until = kvps__now_ms() + 2000; kvps_ring__zc_busy(r, -1) && kvps__now_ms() < until;) sched_yield();
+        if (kvps_ring__zc_busy(r, -1))
+            kvps__log(KVPS_LOG_ERROR, "ring %d: a peer still holds frames sent without a copy: keep the buffers "
+                                      "of the failed call alive until the peers are gone", r->rank);
         r->broken = 1;
     }
     return rc;
@@ -1149,13 +1213,15 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->dealers = (void **)calloc((size_t)r->size, sizeof *r->dealers);
+    r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
+    if (r->zc) r->zc->refs = 1;
     r->view_buf = (int *)calloc((size_t)r->size * 3, sizeof *r->view_buf);
     if (desc->groups) {
         int *g = (int *)malloc((size_t)r->size * sizeof *g);
         if (g) memcpy(g, desc->groups, (size_t)r->size * sizeof *g);
         r->desc.groups = g;
     }
-    if (!r->dealers || !r->view_buf || (desc->groups && !r->desc.groups)) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    if (!r->dealers || !r->zc || !r->view_buf || (desc->groups && !r->desc.groups)) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
     r->desc.peers = NULL;
     r->ctx = desc->zmq_ctx;
     if (!r->ctx) {
@@ -1253,6 +1319,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (r->own_ctx && r->ctx) zmq_ctx_term(r->ctx);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
     free(r->dealers); free(r->view_buf); free(r->work); free(r->scratch);
     free(r);
