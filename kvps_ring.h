@@ -141,6 +141,7 @@ typedef struct kvps_ring_op {
     kvps_redop op;
     int root;
     kvps_ring_algo algo; /* 0: the ring's */
+    kvps_dtype wire;     /* all-reduce of float32: KVPS_FLOAT16 or KVPS_BFLOAT16 on the wire (0: as dtype) */
 } kvps_ring_op;
 
 typedef struct kvps_ring kvps_ring;
@@ -181,6 +182,16 @@ KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *rec
 KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count,
                                         kvps_dtype dt);
 KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r);
+
+/* Float32 all-reduce (sum) with 16-bit floats on the wire: half the bytes; sums are formed in
+   float32, and each rank's partial result is rounded to the wire format before it is sent, so
+   every rank ends with the same bits. */
+KVPS_API kvps_result kvps_ring_allreduce_wire(kvps_ring *r, const void *send, void *recv, size_t count,
+                                              kvps_redop op, kvps_dtype wire);
+/* Sparse all-reduce: each rank keeps the k largest |buf + residual| entries (error feedback in
+   residual, which may be NULL), the ranks all-gather their (index, value) pairs, and buf becomes
+   their sum, added in rank order (the same bits everywhere). k must be the same on every rank. */
+KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual);
 
 /* dst[i] = dst[i] op src[i], as the collectives reduce (exposed for tests and users). */
 KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op);
@@ -252,6 +263,7 @@ struct kvps_ring {
     kvps_ring__hdr cur; /* the running collective's identity, for mismatch checks */
     kvps_ring__hdr prev; /* the last one's: late pieces of it are checked too */
     uint64_t hier;      /* tag offset of a hierarchical sub-phase */
+    int wire;           /* this all-reduce's wire format (KVPS_FLOAT16/BFLOAT16), 0: as dtype */
     kvps_ring__stash *stash;
     kvps_ring__zc *zc;  /* zero-copy frames ZeroMQ still holds (outlives the ring if need be) */
     void *work, *scratch;
@@ -542,15 +554,76 @@ static const void *kvps_ring__data(kvps_ring *r, zmq_msg_t *m) {
     return s;
 }
 
+static kvps_dtype kvps_ring__dt(const kvps_ring *r) { return (kvps_dtype)(r->cur.dtype & 15); }
+
+/* Sends nel elements of the running collective: float32 as 16-bit when the wire says so. */
+static kvps_result kvps_ring__send_el(kvps_ring *r, int dst, uint64_t tag, const void *ptr, size_t nel, int zc) {
+    if (!r->wire) return kvps_ring__send(r, dst, tag, ptr, nel * kvps_dtype_size(kvps_ring__dt(r)), zc);
+    kvps_ring__hdr h = r->cur;
+    h.tag = tag + r->hier;
+    zmq_msg_t f[2];
+    kvps__msg_from_buf(&f[0], &h, sizeof h);
+    if (zmq_msg_init_size(&f[1], nel * 2) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+    uint16_t *d = (uint16_t *)zmq_msg_data(&f[1]);
+    if (r->wire == KVPS_FLOAT16) kvps_f32_to_f16_n(d, (const float *)ptr, nel);
+    else kvps_f32_to_bf16_n(d, (const float *)ptr, nel);
+    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
+        return kvps_ring__fail(r, KVPS_ERR_PEER, "send to rank %d: %s", dst, zmq_strerror(zmq_errno()));
+    return KVPS_OK;
+}
+
+/* Wire float32 -> 16 bits -> float32, in place: what the peers will see of these elements. */
+static void kvps_ring__round(const kvps_ring *r, float *p, size_t nel) {
+    if (!r->wire) return;
+    uint16_t h[1024];
+    for (size_t b = 0; b < nel; b += 1024) {
+        size_t m = nel - b < 1024 ? nel - b : 1024;
+        if (r->wire == KVPS_FLOAT16) { kvps_f32_to_f16_n(h, p + b, m); kvps_f16_to_f32_n(p + b, h, m); }
+        else { kvps_f32_to_bf16_n(h, p + b, m); kvps_bf16_to_f32_n(p + b, h, m); }
+    }
+}
+
+/* Widens a received 16-bit piece into float32 at dst (aligned scratch when needed). */
+static void kvps_ring__widen(const kvps_ring *r, float *dst, const void *src, size_t nel) {
+    uint16_t h[1024];
+    for (size_t b = 0; b < nel; b += 1024) {
+        size_t m = nel - b < 1024 ? nel - b : 1024;
+        memcpy(h, (const char *)src + b * 2, m * 2);
+        if (r->wire == KVPS_FLOAT16) kvps_f16_to_f32_n(dst + b, h, m);
+        else kvps_bf16_to_f32_n(dst + b, h, m);
+    }
+}
+
 static kvps_result kvps_ring__recv_reduce(kvps_ring *r, int src, uint64_t tag, void *dst, size_t n) {
-    size_t es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    size_t es = r->wire ? 2 : kvps_dtype_size((kvps_dtype)(r->cur.dtype & 15));
     zmq_msg_t m;
     kvps_result rc = kvps_ring__recv_n(r, src, tag, n * es, &m);
     if (rc != KVPS_OK) return rc;
-    const void *p = kvps_ring__data(r, &m);
-    if (p) kvps_reduce_into(dst, p, n, (kvps_dtype)r->cur.dtype, (kvps_redop)r->cur.op);
+    const void *p;
+    if (r->wire) { /* widen into scratch, reduce in float32 */
+        float *w = (float *)kvps_ring__grow(&r->scratch, &r->scratch_cap, n * sizeof(float));
+        if (w) kvps_ring__widen(r, w, zmq_msg_data(&m), n);
+        p = w;
+    } else {
+        p = kvps_ring__data(r, &m);
+    }
+    if (p) kvps_reduce_into(dst, p, n, (kvps_dtype)(r->cur.dtype & 15), (kvps_redop)r->cur.op);
     zmq_msg_close(&m);
     return p ? KVPS_OK : KVPS_ERR_NOMEM;
+}
+
+static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes);
+
+/* Receives nel elements into dst, widening 16-bit wire data. */
+static kvps_result kvps_ring__recv_el(kvps_ring *r, int src, uint64_t tag, void *dst, size_t nel) {
+    if (!r->wire) return kvps_ring__recv_copy(r, src, tag, dst, nel * kvps_dtype_size((kvps_dtype)(r->cur.dtype & 15)));
+    zmq_msg_t m;
+    kvps_result rc = kvps_ring__recv_n(r, src, tag, nel * 2, &m);
+    if (rc != KVPS_OK) return rc;
+    kvps_ring__widen(r, (float *)dst, zmq_msg_data(&m), nel);
+    zmq_msg_close(&m);
+    return KVPS_OK;
 }
 
 static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes) {
@@ -614,8 +687,8 @@ static kvps_result kvps_ring__send_block(kvps_ring *r, const kvps_ring__task *t,
     size_t off = kvps_ring__off(t, c), len = kvps_ring__len(t, c), np = kvps_ring__npieces(t, c);
     for (size_t p = 0; p < np; p++) {
         size_t b = p * t->piece, n = len - b < t->piece ? len - b : t->piece;
-        kvps_result rc = kvps_ring__send(r, right, kvps_ring__tag(phase, t->dir, (uint64_t)step, p),
-                                         t->buf + (off + b) * t->es, n * t->es, zc);
+        kvps_result rc = kvps_ring__send_el(r, right, kvps_ring__tag(phase, t->dir, (uint64_t)step, p),
+                                            t->buf + (off + b) * t->es, n, zc);
         if (rc != KVPS_OK) return rc;
     }
     return KVPS_OK;
@@ -648,13 +721,14 @@ static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, in
                     char *ptr = x->buf + (kvps_ring__off(x, c) + b) * x->es;
                     int ph = phase == 0 ? KVPS_RING__PH_RS : KVPS_RING__PH_AG;
                     uint64_t tag = kvps_ring__tag(ph, x->dir, (uint64_t)s, p);
-                    rc = phase == 0 ? kvps_ring__recv_reduce(r, left, tag, ptr, n)
-                                    : kvps_ring__recv_copy(r, left, tag, ptr, n * x->es);
+                    rc = phase == 0 ? kvps_ring__recv_reduce(r, left, tag, ptr, n) : kvps_ring__recv_el(r, left, tag, ptr, n);
                     if (rc != KVPS_OK) break;
-                    if (s < k - 2) /* forward: it is the next step's block */
-                        rc = kvps_ring__send(r, right, kvps_ring__tag(ph, x->dir, (uint64_t)s + 1, p), ptr, n * x->es, phase);
-                    else if (phase == 0 && ag) /* the finished block opens the all-gather */
-                        rc = kvps_ring__send(r, right, kvps_ring__tag(KVPS_RING__PH_AG, x->dir, 0, p), ptr, n * x->es, 1);
+                    if (s < k - 2) { /* forward: it is the next step's block */
+                        rc = kvps_ring__send_el(r, right, kvps_ring__tag(ph, x->dir, (uint64_t)s + 1, p), ptr, n, phase);
+                    } else if (phase == 0 && ag) { /* the finished block opens the all-gather */
+                        kvps_ring__round(r, (float *)(void *)ptr, n); /* keep exactly what the others get */
+                        rc = kvps_ring__send_el(r, right, kvps_ring__tag(KVPS_RING__PH_AG, x->dir, 0, p), ptr, n, 1);
+                    }
                 }
             }
         }
@@ -671,7 +745,7 @@ static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *vi
     t->buf = (char *)buf;
     t->count = count;
     t->blk = blk;
-    t->es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    t->es = kvps_dtype_size(kvps_ring__dt(r));
     t->piece = r->desc.chunk_bytes / t->es;
     if (t->piece == 0) t->piece = 1;
 }
@@ -681,7 +755,7 @@ static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int 
                                              int bidir) {
     kvps_ring__task t[2];
     if (bidir && k >= 3 && count >= 2 * (size_t)k) {
-        size_t half = count / 2, es = kvps_dtype_size((kvps_dtype)r->cur.dtype);
+        size_t half = count / 2, es = kvps_dtype_size(kvps_ring__dt(r));
         int *rev = r->view_buf + r->size; /* the view reversed: my index becomes k-1-me */
         for (int i = 0; i < k; i++) rev[i] = view[k - 1 - i];
         kvps_ring__task_init(&t[0], r, view, k, me, buf, half, 0, 0);
@@ -693,20 +767,24 @@ static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int 
 }
 
 // >>small
-/* Recursive doubling all-reduce of the whole buffer over view (any k). */
+/* Recursive doubling all-reduce of the whole buffer over view (any k). With a 16-bit wire each
+   rank rounds its partial sum before sending it, so both sides of an exchange add the same two
+   values and every rank ends with the same bits. */
 static kvps_result kvps_ring__allreduce_rd(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count) {
-    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
     int p2 = 1;
     while (p2 * 2 <= k) p2 *= 2;
     int rem = k - p2, nid;
     kvps_result rc = KVPS_OK;
+    float *fb = (float *)buf;
     /* fold: among the first 2*rem, even ranks hand their data to the odd one above */
     if (me < 2 * rem) {
         if (me % 2 == 0) {
-            rc = kvps_ring__send(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, bytes, -1);
-            if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, bytes);
+            kvps_ring__round(r, fb, count);
+            rc = kvps_ring__send_el(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, count, -1);
+            if (rc == KVPS_OK) rc = kvps_ring__recv_el(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, count);
             return rc;
         }
+        kvps_ring__round(r, fb, count);
         rc = kvps_ring__recv_reduce(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, count);
         nid = me / 2;
     } else {
@@ -714,11 +792,13 @@ static kvps_result kvps_ring__allreduce_rd(kvps_ring *r, const int *view, int k,
     }
     for (int mask = 1, step = 0; mask < p2 && rc == KVPS_OK; mask <<= 1, step++) {
         int pn = nid ^ mask, peer = view[pn < rem ? pn * 2 + 1 : pn + rem];
-        rc = kvps_ring__send(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, bytes, -1);
+        kvps_ring__round(r, fb, count);
+        rc = kvps_ring__send_el(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, count, -1);
         if (rc == KVPS_OK) rc = kvps_ring__recv_reduce(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, count);
     }
+    kvps_ring__round(r, fb, count);
     if (rc == KVPS_OK && me < 2 * rem)
-        rc = kvps_ring__send(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, bytes, -1);
+        rc = kvps_ring__send_el(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, count, -1);
     return rc;
 }
 
@@ -758,7 +838,7 @@ static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, 
 
 /* Binomial-tree reduce to view index root, into buf (buf is clobbered on non-roots). */
 static kvps_result kvps_ring__reduce_tree(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
-    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    size_t bytes = count * kvps_dtype_size(kvps_ring__dt(r));
     int rel = (me - root + k) % k;
     kvps_result rc = KVPS_OK;
     for (int mask = 1; mask < k && rc == KVPS_OK; mask <<= 1) {
@@ -812,7 +892,7 @@ static kvps_result kvps_ring__reduce_view(kvps_ring *r, const int *view, int k, 
 static kvps_result kvps_ring__bcast_view(kvps_ring *r, const int *view, int k, int root, void *buf, size_t count, int large) {
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
-    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
+    size_t bytes = count * kvps_dtype_size(kvps_ring__dt(r));
     return large ? kvps_ring__bcast_chain(r, view, k, me, root, buf, count) : kvps_ring__bcast_tree(r, view, k, me, root, buf, bytes);
 }
 
@@ -825,8 +905,9 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
         for (int j = 0; j < i; j++) first &= g[j] != g[i];
         if (first) lead[nl++] = i;
     }
-    size_t bytes = count * kvps_dtype_size((kvps_dtype)r->cur.dtype);
-    int large = bytes > r->desc.small_bytes;
+    size_t bytes = count * kvps_dtype_size(kvps_ring__dt(r));
+    int large = bytes > r->desc.small_bytes, wire = r->wire;
+    r->wire = 0; /* inside a machine the data goes as it is; the wire format is for the leaders */
     r->hier = 0x10ull << 56;
     kvps_result rc = kvps_ring__reduce_view(r, grp, ng, 0, buf, count, large);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
@@ -836,7 +917,9 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
         if (!lv) rc = KVPS_ERR_NOMEM;
         else {
             memcpy(lv, lead, (size_t)nl * sizeof *lv);
+            r->wire = wire;
             rc = kvps_ring__allreduce_view(r, lv, nl, buf, count, inner);
+            r->wire = 0;
             free(lv);
         }
     }
@@ -844,6 +927,7 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
     r->hier = 0x30ull << 56;
     if (rc == KVPS_OK) rc = kvps_ring__bcast_view(r, grp, ng, 0, buf, count, large);
     r->hier = 0;
+    r->wire = wire;
     return rc;
 }
 
@@ -971,6 +1055,9 @@ static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *o
     if (op->coll == KVPS_COLL_BARRIER) return KVPS_OK;
     if (kvps_dtype_size(op->dtype) == 0 || (unsigned)op->op > KVPS_AVG || (unsigned)op->algo > KVPS_ALGO_HIER)
         return KVPS_ERR_INVALID_ARG;
+    if (op->wire && (op->coll != KVPS_COLL_ALLREDUCE || op->dtype != KVPS_FLOAT32 ||
+                     (op->wire != KVPS_FLOAT16 && op->wire != KVPS_BFLOAT16)))
+        return KVPS_ERR_INVALID_ARG;
     if (op->root < 0 || op->root >= r->size) return KVPS_ERR_INVALID_ARG;
     if (op->count > ((size_t)1 << 40) / (size_t)r->size) return KVPS_ERR_INVALID_ARG;
     if (op->count == 0) return KVPS_OK;
@@ -994,7 +1081,8 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->cur.seq = r->seq;
     r->cur.src = (uint16_t)r->rank;
     r->cur.coll = (uint8_t)op->coll;
-    r->cur.dtype = (uint8_t)op->dtype;
+    r->cur.dtype = (uint8_t)(op->dtype | (op->wire << 4)); /* the wire format is part of the call */
+    r->wire = op->coll == KVPS_COLL_ALLREDUCE ? (int)op->wire : 0;
     r->cur.op = (uint8_t)op->op;
     r->cur.root = (uint16_t)op->root;
     r->cur.count = op->count;
@@ -1188,6 +1276,48 @@ KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *rec
 KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
     return kvps_ring__call(r, KVPS_COLL_ALLTOALL, send, recv, count, dt, KVPS_SUM, 0);
 }
+KVPS_API kvps_result kvps_ring_allreduce_wire(kvps_ring *r, const void *send, void *recv, size_t count,
+                                              kvps_redop op, kvps_dtype wire) {
+    kvps_ring_op o;
+    memset(&o, 0, sizeof o);
+    o.coll = KVPS_COLL_ALLREDUCE;
+    o.send = send;
+    o.recv = recv;
+    o.count = count;
+    o.dtype = KVPS_FLOAT32;
+    o.op = op;
+    o.wire = wire;
+    return kvps_ring_run(r, &o);
+}
+
+KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual) {
+    if (!r || (!buf && count) || k > count || count > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    size_t kk = k ? k : 1, n = (size_t)r->size;
+    uint32_t *mine = (uint32_t *)malloc(kk * 2 * sizeof *mine), *all = (uint32_t *)malloc(kk * 2 * n * sizeof *all);
+    float *val = (float *)malloc(kk * sizeof *val);
+    kvps_result rc = mine && all && val ? KVPS_OK : KVPS_ERR_NOMEM;
+    if (rc == KVPS_OK) rc = kvps__topk_ef(buf, residual, count, k, mine, val);
+    if (rc == KVPS_OK) {
+        /* pairs (index, value bits): indices are already in mine[0..k), values after them */
+        memcpy(mine + k, val, k * sizeof *val);
+        rc = kvps_ring_allgather(r, mine, all, 2 * k, KVPS_INT32);
+    }
+    if (rc == KVPS_OK) {
+        memset(buf, 0, count * sizeof *buf);
+        for (size_t q = 0; q < n; q++) {
+            const uint32_t *ix = all + q * 2 * k, *vv = ix + k;
+            for (size_t j = 0; j < k; j++) {
+                float v;
+                memcpy(&v, vv + j, sizeof v);
+                if (ix[j] >= count) { rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %zu sent index %u", q, ix[j]); break; }
+                buf[ix[j]] += v;
+            }
+        }
+    }
+    free(mine); free(all); free(val);
+    return rc;
+}
+
 KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) {
     return kvps_ring__call(r, KVPS_COLL_BARRIER, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0);
 }

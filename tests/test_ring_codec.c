@@ -1,0 +1,183 @@
+/* Compressed collectives: float32 all-reduce with fp16/bf16 on the wire, and the top-k sparse
+   all-reduce, for 1..6 ranks (threads on inproc, and 3 processes on loopback TCP). */
+#define KVPS_IMPLEMENTATION
+#include "kvps_ring.h"
+#include "tests/kvps_test.h"
+#include <math.h>
+#include <pthread.h>
+#include <sys/wait.h>
+
+enum { MAXK = 6 };
+static void *g_ctx;
+static char g_peers[2048];
+static int g_k;
+
+typedef struct rank_job {
+    int rank;
+    int fails;
+    char why[400];
+    kvps_result (*body)(struct rank_job *j, kvps_ring *r);
+} rank_job;
+
+static void *rank_main(void *arg) {
+    rank_job *j = (rank_job *)arg;
+    kvps_ring *r = NULL;
+    kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = j->rank, .size = g_k, .peers = g_peers, .zmq_ctx = g_ctx,
+                                                        .timeout_ms = 20000, .chunk_bytes = 4096},
+                                      &r);
+    if (rc == KVPS_OK) rc = j->body(j, r);
+    if (rc != KVPS_OK && !j->fails) {
+        j->fails++;
+        snprintf(j->why, sizeof j->why, "rank %d: %s %s", j->rank, kvps_result_str(rc), r ? kvps_ring_last_error(r) : "");
+    }
+    kvps_ring_destroy(&r);
+    return NULL;
+}
+
+static int run_ranks(int k, kvps_result (*body)(rank_job *, kvps_ring *)) {
+    static int seq;
+    g_k = k;
+    g_peers[0] = 0;
+    for (int i = 0; i < k; i++)
+        snprintf(g_peers + strlen(g_peers), sizeof g_peers - strlen(g_peers), "%sinproc://rc-%d-%d", i ? "," : "", seq, i);
+    seq++;
+    pthread_t th[MAXK];
+    rank_job jobs[MAXK];
+    for (int i = 0; i < k; i++) {
+        jobs[i] = (rank_job){.rank = i, .body = body};
+        pthread_create(&th[i], NULL, rank_main, &jobs[i]);
+    }
+    int fails = 0;
+    for (int i = 0; i < k; i++) {
+        pthread_join(th[i], NULL);
+        if (jobs[i].fails) { fails++; printf("  k=%d %s\n", k, jobs[i].why); }
+    }
+    return fails;
+}
+
+static float input_at(int rank, size_t i) {
+    uint64_t s = ((uint64_t)rank << 40) ^ i;
+    return kt_randf(&s);
+}
+
+/* results of every rank, to compare bits across ranks */
+static float *g_out[MAXK];
+static size_t g_n;
+static int g_wire, g_algo;
+
+static kvps_result wire_body(rank_job *j, kvps_ring *r) {
+    float *x = g_out[j->rank];
+    for (size_t i = 0; i < g_n; i++) x[i] = input_at(j->rank, i);
+    kvps_ring_op op = {.coll = KVPS_COLL_ALLREDUCE, .send = x, .recv = x, .count = g_n, .dtype = KVPS_FLOAT32,
+                       .op = KVPS_SUM, .algo = (kvps_ring_algo)g_algo, .wire = (kvps_dtype)g_wire};
+    return kvps_ring_run(r, &op);
+}
+
+static void test_wire_allreduce(void) {
+    size_t ns[] = {0, 1, 7, 1000, 70001};
+    int algos[] = {KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_AUTO};
+    int wires[] = {KVPS_FLOAT16, KVPS_BFLOAT16};
+    for (int w = 0; w < 2; w++)
+        for (int a = 0; a < 4; a++)
+            for (int k = 1; k <= MAXK; k++)
+                for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+                    if (kt_quick() && ns[c] > 1000) continue;
+                    g_n = ns[c];
+                    g_wire = wires[w];
+                    g_algo = algos[a];
+                    for (int i = 0; i < k; i++) g_out[i] = (float *)malloc((g_n ? g_n : 1) * sizeof(float));
+                    int f = run_ranks(k, wire_body);
+                    KT_CHECK(f == 0, "wire %d algo %d k=%d n=%zu: %d ranks failed", g_wire, g_algo, k, g_n, f);
+                    /* same bits everywhere; close to the exact sum */
+                    double eps = g_wire == KVPS_FLOAT16 ? ldexp(1, -10) : ldexp(1, -7);
+                    int diff = 0, far = 0;
+                    for (size_t i = 0; i < g_n; i++) {
+                        double exact = 0, mag = 0;
+                        for (int q = 0; q < k; q++) { exact += input_at(q, i); mag += fabs(input_at(q, i)); }
+                        for (int q = 1; q < k; q++) diff += memcmp(&g_out[q][i], &g_out[0][i], 4) != 0;
+                        far += fabs(g_out[0][i] - exact) > (k + 1) * eps * mag;
+                    }
+                    KT_CHECK(diff == 0, "wire %d algo %d k=%d n=%zu: %d elements differ between ranks", g_wire, g_algo, k, g_n, diff);
+                    KT_CHECK(far == 0, "wire %d algo %d k=%d n=%zu: %d elements too far from the sum", g_wire, g_algo, k, g_n, far);
+                    for (int i = 0; i < k; i++) free(g_out[i]);
+                }
+}
+
+/* top-k: oracle = each rank's kvps_topk of (x + residual), summed in rank order */
+static size_t g_topk;
+static float *g_resid[MAXK];
+
+static kvps_result topk_body(rank_job *j, kvps_ring *r) {
+    float *x = g_out[j->rank];
+    for (int step = 0; step < 3; step++) {
+        for (size_t i = 0; i < g_n; i++) x[i] = input_at(j->rank * 7 + step, i);
+        kvps_result rc = kvps_ring_allreduce_topk(r, x, g_n, g_topk, g_resid[j->rank]);
+        if (rc != KVPS_OK) return rc;
+    }
+    return KVPS_OK;
+}
+
+static void test_topk_allreduce(void) {
+    size_t ns[] = {1, 10, 1000, 50000};
+    for (int k = 1; k <= MAXK; k++)
+        for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+            g_n = ns[c];
+            g_topk = g_n / 20 + 1;
+            for (int i = 0; i < k; i++) {
+                g_out[i] = (float *)malloc(g_n * sizeof(float));
+                g_resid[i] = (float *)calloc(g_n, sizeof(float));
+            }
+            int f = run_ranks(k, topk_body);
+            KT_CHECK(f == 0, "top-k k=%d n=%zu: %d ranks failed", k, g_n, f);
+            /* replay the three steps in one process */
+            float *want = (float *)calloc(g_n, sizeof(float)), *acc = (float *)malloc(g_n * sizeof(float));
+            float *res[MAXK];
+            uint32_t *idx = (uint32_t *)malloc(g_topk * 4);
+            float *val = (float *)malloc(g_topk * 4);
+            for (int q = 0; q < k; q++) res[q] = (float *)calloc(g_n, sizeof(float));
+            for (int step = 0; step < 3; step++) {
+                memset(want, 0, g_n * sizeof(float));
+                for (int q = 0; q < k; q++) {
+                    for (size_t i = 0; i < g_n; i++) acc[i] = input_at(q * 7 + step, i) + res[q][i];
+                    kvps_topk(acc, g_n, g_topk, idx, val);
+                    memcpy(res[q], acc, g_n * sizeof(float));
+                    for (size_t j = 0; j < g_topk; j++) { res[q][idx[j]] = 0; want[idx[j]] += val[j]; }
+                }
+            }
+            int bad = 0;
+            for (int q = 0; q < k; q++) {
+                bad += memcmp(g_out[q], want, g_n * sizeof(float)) != 0;
+                bad += memcmp(g_resid[q], res[q], g_n * sizeof(float)) != 0;
+            }
+            KT_CHECK(bad == 0, "top-k k=%d n=%zu: %d results or residuals differ from the replay", k, g_n, bad);
+            for (int q = 0; q < k; q++) { free(res[q]); free(g_out[q]); free(g_resid[q]); }
+            free(want); free(acc); free(idx); free(val);
+        }
+}
+
+static void test_wire_bad_args(void) {
+    kvps_ring *r = NULL;
+    KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://rc-single", .zmq_ctx = g_ctx}, &r));
+    double d = 1;
+    float f = 1;
+    KT_CHECK(kvps_ring_allreduce_wire(r, &f, &f, 1, KVPS_SUM, KVPS_INT32) == KVPS_ERR_INVALID_ARG, "wire must be fp16/bf16");
+    kvps_ring_op op = {.coll = KVPS_COLL_ALLREDUCE, .send = &d, .recv = &d, .count = 1, .dtype = KVPS_FLOAT64, .wire = KVPS_FLOAT16};
+    KT_CHECK(kvps_ring_run(r, &op) == KVPS_ERR_INVALID_ARG, "wire needs float32 data");
+    op.coll = KVPS_COLL_BROADCAST;
+    op.dtype = KVPS_FLOAT32;
+    op.send = op.recv = &f;
+    KT_CHECK(kvps_ring_run(r, &op) == KVPS_ERR_INVALID_ARG, "wire is for all-reduce");
+    KT_CHECK(kvps_ring_allreduce_topk(r, &f, 1, 2, NULL) == KVPS_ERR_INVALID_ARG, "k > count");
+    KT_OK(kvps_ring_allreduce_wire(r, &f, &f, 1, KVPS_SUM, KVPS_FLOAT16));
+    kvps_ring_destroy(&r);
+}
+
+int main(void) {
+    kvps_log_set_level(KVPS_LOG_ERROR);
+    g_ctx = zmq_ctx_new();
+    KT_RUN(test_wire_bad_args);
+    KT_RUN(test_wire_allreduce);
+    KT_RUN(test_topk_allreduce);
+    zmq_ctx_term(g_ctx);
+    return kt_finish();
+}
