@@ -2719,7 +2719,8 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         return KVPS_OK;
     }
     /* threshold from a sample, aiming at about 2k candidates */
-    size_t m = n < 8192 ? n : 8192;
+    /* about n/16 samples, 256 to 8192: enough to place the threshold, cheap for small tensors */
+    size_t m = n / 16 < 256 ? (n < 256 ? n : 256) : n / 16 > 8192 ? 8192 : n / 16;
     uint32_t *samp = (uint32_t *)malloc(m * sizeof *samp);
     if (!samp) return KVPS_ERR_NOMEM;
     for (size_t j = 0; j < m; j++) {

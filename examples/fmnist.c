@@ -78,12 +78,16 @@ typedef struct opts {
     int decay;       /* 1 cosine, 0 none */
     int timeout_s;
     int set_servers, set_workers;
+    kvps_codec_id codec; /* gradient compression on the pushes */
+    double topk_frac;
+    int ef;              /* error feedback for lossy codecs */
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]\n"
             "              [--lr LR] [--hidden H] [--mode bsp|async] [--seed S] [--data DIR]\n"
+           "              [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]\n"
             "              [--decay cosine|none] [--target ACC] [--check] [--timeout SECONDS]\n"
             "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
             "          --mode bsp --seed 1 --data " DATA_DIR " --decay cosine --timeout 900\n");
@@ -110,7 +114,7 @@ static int parse_double(const char *s, double lo, double hi, double *out) {
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.mlp = 1, .servers = 2, .workers = 4, .epochs = 15, .batch = 128, .hidden = 128,
-                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900};
+                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900, .ef = 1};
     for (int i = 1; i < argc; i++) {
         char name[32];
         const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
@@ -142,6 +146,18 @@ static int parse_opts(int argc, char **argv, opts *o) {
         if (strcmp(name, "--model") == 0) {
             if (strcmp(val, "softmax") == 0) o->mlp = 0;
             else if (strcmp(val, "mlp") == 0) o->mlp = 1;
+            else bad = 1;
+        } else if (strcmp(name, "--codec") == 0) {
+            if (strcmp(val, "none") == 0) o->codec = KVPS_CODEC_NONE;
+            else if (strcmp(val, "fp16") == 0) o->codec = KVPS_CODEC_FP16;
+            else if (strcmp(val, "bf16") == 0) o->codec = KVPS_CODEC_BF16;
+            else if (strcmp(val, "sign") == 0) o->codec = KVPS_CODEC_SIGN;
+            else if (strncmp(val, "topk:", 5) == 0 && (o->topk_frac = atof(val + 5)) > 0 && o->topk_frac <= 1)
+                o->codec = KVPS_CODEC_TOPK;
+            else bad = 1;
+        } else if (strcmp(name, "--ef") == 0) {
+            if (strcmp(val, "1") == 0) o->ef = 1;
+            else if (strcmp(val, "0") == 0) o->ef = 0;
             else bad = 1;
         } else if (strcmp(name, "--decay") == 0) {
             if (strcmp(val, "cosine") == 0) o->decay = 1;
@@ -635,6 +651,11 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
     kvps_tensor th[MAX_TENSORS];
     kvps_req q[MAX_TENSORS];
     for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor(w, n.name[i], n.len[i], &th[i]), "tensor");
+    if (o->codec != KVPS_CODEC_NONE) { /* gradients go compressed; weights come back as float32 */
+        kvps_codec c = kvps_codec_get(o->codec);
+        c.topk_fraction = o->topk_frac;
+        for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor_codec(w, th[i], &c, NULL, o->ef), "codec");
+    }
 
     if (me) {
         net_init(&n, t, o->seed);
@@ -658,16 +679,19 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
         printf("fmnist: %d epochs of %d steps, global batch %d (%s per worker), lr %g%s%s, seed %llu\n",
                o->epochs, steps, o->batch, share, (double)o->lr, o->decay ? " with cosine decay" : "",
                o->async ? " (servers apply lr/workers per push)" : "", (unsigned long long)o->seed);
+        static const char *cn[] = {"none", "fp16", "bf16", "topk", "sign"};
+        if (o->codec == KVPS_CODEC_TOPK) printf("fmnist: pushes compressed with top-k %g%s\n", o->topk_frac, o->ef ? " + error feedback" : "");
+        else if (o->codec) printf("fmnist: pushes compressed with %s%s\n", cn[o->codec], o->ef && o->codec != KVPS_CODEC_NONE ? " + error feedback" : "");
         printf("fmnist: loss and train_acc: running means over worker 0's shard; "
-               "net_MB: payload pushed + pulled by all workers\n");
-        printf("%5s %8s %10s %9s %10s %9s %7s\n", "epoch", "loss", "train_acc", "test_acc", "samples/s",
-               "net_MB", "time_s");
+               "net_MB: payload pushed + pulled by all workers; push_KB: bytes one worker pushes per step\n");
+        printf("%5s %8s %10s %9s %10s %9s %8s %7s\n", "epoch", "loss", "train_acc", "test_acc", "samples/s",
+               "net_MB", "push_KB", "time_s");
         fflush(stdout);
     }
 
     int *perm = (int *)xcalloc((size_t)train->n, sizeof *perm);
     double t_start = now_s(), train_s = 0, test_acc = 0;
-    uint64_t step_bytes = 2 * nparams * sizeof(float); /* one pushpull of every tensor */
+    uint64_t prev_bytes = 0, prev_push = 0, prev_pushes = 0;
     for (int e = 0; e < o->epochs; e++) {
         double t0 = now_s();
         step_stats st = {0, 0, 0};
@@ -683,10 +707,23 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
         double dt = now_s() - t0;
         train_s += dt;
         if (me) {
+            uint64_t bytes = 0, push = 0, pushes = 0;
+            for (int i = 0; i < n.nt; i++) { /* this worker's measured payload; every worker sends as much */
+                kvps_tensor_stats ts;
+                memset(&ts, 0, sizeof ts);
+                kvps_worker_tensor_stats(w, th[i], &ts);
+                bytes += ts.push_wire_bytes + ts.pull_wire_bytes;
+                push += ts.push_wire_bytes;
+                pushes += ts.pushes;
+            }
             test_acc = evaluate(&n, t, &s, test);
-            printf("%5d %8.4f %10.4f %9.4f %10.0f %9.1f %7.2f\n", e + 1, st.loss / st.seen,
+            printf("%5d %8.4f %10.4f %9.4f %10.0f %9.1f %8.1f %7.2f\n", e + 1, st.loss / st.seen,
                    (double)st.correct / st.seen, test_acc, (double)steps * o->batch / dt,
-                   (double)steps * step_bytes * m / 1e6, now_s() - t0);
+                   (double)(bytes - prev_bytes) * m / 1e6,
+                   (double)(push - prev_push) / ((double)(pushes - prev_pushes) / n.nt) / 1e3, now_s() - t0);
+            prev_bytes = bytes;
+            prev_push = push;
+            prev_pushes = pushes;
             fflush(stdout);
         }
     }
