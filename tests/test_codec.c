@@ -521,7 +521,69 @@ static void test_ps_bad_coded_push(void) {
     kvps_log_set_level(KVPS_LOG_WARN);
 }
 
+/* A user codec through the interface: int16 fixed point (x * 256), id 200. */
+static size_t q8_max(const kvps_codec *c, size_t n) { (void)c; return 8 + n * 2; }
+static kvps_result q8_encode(const kvps_codec *c, const float *x, size_t n, float *r, void *out, size_t cap, size_t *nb) {
+    unsigned char *o = (unsigned char *)out;
+    if (cap < 8 + n * 2) return KVPS_ERR_TOO_LARGE;
+    uint32_t n32 = (uint32_t)n;
+    o[0] = (unsigned char)c->id; o[1] = o[2] = o[3] = 0;
+    memcpy(o + 4, &n32, 4);
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i] + (r ? r[i] : 0.0f);
+        int16_t q = (int16_t)lrintf(fmaxf(-32768.0f, fminf(32767.0f, v * 256.0f)));
+        memcpy(o + 8 + i * 2, &q, 2);
+        if (r) r[i] = v - (float)q / 256.0f;
+    }
+    *nb = 8 + n * 2;
+    return KVPS_OK;
+}
+static kvps_result q8_decode(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n, int acc) {
+    const unsigned char *p = (const unsigned char *)in;
+    uint32_t n32;
+    if (bytes < 8) return KVPS_ERR_TRUNCATED;
+    if (p[0] != (unsigned char)c->id) return KVPS_ERR_CODEC;
+    memcpy(&n32, p + 4, 4);
+    if (n32 != n || bytes != 8 + n * 2) return KVPS_ERR_MALFORMED;
+    for (size_t i = 0; i < n; i++) {
+        int16_t q;
+        memcpy(&q, p + 8 + i * 2, 2);
+        dst[i] = acc ? dst[i] + (float)q / 256.0f : (float)q / 256.0f;
+    }
+    return KVPS_OK;
+}
+
+static void test_ps_user_codec(void) {
+    kvps_codec q8 = {.id = 200, .name = "q8", .max_bytes = q8_max, .encode = q8_encode, .decode = q8_decode};
+    for (int known = 0; known < 2; known++) {
+        kt_cluster c;
+        kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM,
+                                                           .codecs = known ? &q8 : NULL, .num_codecs = known});
+        kvps_log_set_level(KVPS_LOG_NONE);
+        kvps_worker *w;
+        kvps_tensor t;
+        kvps_req q;
+        float g[5] = {1.0f, -0.5f, 0.3f, 2.0f, 100.0f}, out[5];
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
+        KT_OK(kvps_worker_tensor(w, "user", 5, &t));
+        KT_OK(kvps_worker_tensor_codec(w, t, &q8, known ? &q8 : NULL, 0));
+        KT_OK(kvps_worker_pushpull_tensor(w, t, g, out, &q));
+        kvps_result rc = kvps_worker_wait(w, q, -1);
+        if (known) {
+            KT_CHECK(rc == KVPS_OK, "%s", kvps_result_str(rc));
+            for (int i = 0; i < 5; i++)
+                KT_CHECK(out[i] == (float)lrintf(g[i] * 256.0f) / 256.0f, "[%d] %g", i, out[i]);
+        } else {
+            KT_CHECK(rc == KVPS_ERR_CODEC, "a server without the codec: %s", kvps_result_str(rc));
+        }
+        kvps_worker_destroy(&w);
+        kt_cluster_down(&c);
+        kvps_log_set_level(KVPS_LOG_WARN);
+    }
+}
+
 int main(void) {
+    KT_RUN(test_ps_user_codec);
     KT_RUN(test_ps_mixed_codecs);
     KT_RUN(test_ps_error_feedback_conserves);
     KT_RUN(test_ps_coded_pull);
