@@ -71,6 +71,16 @@
    run to run. A pull from worker r waits until the key has applied as many rounds as r has
    pushed, so "push(t); pull" returns the value after step t.
    KVPS_ASYNC: each push is applied on arrival as a round of one contribution; pulls never wait.
+   KVPS_SSP (.staleness = k): rounds as under BSP, but a pull from a worker that has pushed c
+   rounds waits only for round c - k: a worker runs at most k steps ahead of the slowest, and
+   still sees every update older than that (k = 0 is BSP; a large k never waits).
+   KVPS_ADAPTIVE: SSP whose k the server moves between .staleness_min and .staleness: every 64
+   rounds it looks at the share of pulls that stalled; above 10% it allows one more step of
+   staleness, at 0% one less. Each switch is logged (info), counted in stats and passed to
+   .on_switch. A worker is never more than the k in force ahead.
+   Per tensor, kvps_worker_tensor_optim picks a kvps_rule (aggregate sum/mean/max/min,
+   accumulate, SGD, momentum, Nesterov, Adagrad, Adam) with its hyper-parameters; the formulas
+   are at kvps_rule, computed in float32 in exactly that order.
    The update rule turns a round's sum into the stored value:
      KVPS_UPDATE_MEAN  value = sum / count           (aggregate-only: pull returns mean gradient)
      KVPS_UPDATE_SUM   value += sum                   (accumulating key-value store)
@@ -87,7 +97,8 @@
        offset size field
        0      4    magic   0x5350564B ("KVPS")
        4      1    version 1
-       5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER; replies set bit 0x80
+       5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
+                           key { u32 rule; f32 lr, momentum, beta1, beta2, eps }); replies set 0x80
        6      2    flags   1 CODED: the values frame holds, per key, [u32 bytes][codec blob]
                            2 CODED_REPLY: answer the pull coded with the codec whose id is aux
                            (in the reply, flags echo it); other bits are rejected
@@ -185,6 +196,7 @@ extern "C" {
     X(KVPS_ERR_NOT_BARRIER, -309, "barrier sent to a server other than server 0")              \
     X(KVPS_ERR_MISMATCH, -310, "ranks called a collective with different arguments")          \
     X(KVPS_ERR_CODEC, -311, "wrong or unknown codec id")                                       \
+    X(KVPS_ERR_HYPERPARAM, -312, "optimizer hyper-parameter out of range")                      \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -194,7 +206,36 @@ typedef enum kvps_result {
 #undef KVPS__ENUM
 } kvps_result;
 
-typedef enum kvps_consistency { KVPS_BSP = 0, KVPS_ASYNC = 1 } kvps_consistency;
+typedef enum kvps_consistency {
+    KVPS_BSP = 0, KVPS_ASYNC = 1,
+    KVPS_SSP = 2,      /* bounded staleness: .staleness = k */
+    KVPS_ADAPTIVE = 3  /* k moved by the server between .staleness_min and .staleness */
+} kvps_consistency;
+
+/* Per-tensor rules (kvps_worker_tensor_optim); g = the round's sum / count (mean gradient). */
+typedef enum kvps_rule {
+    KVPS_RULE_DEFAULT = 0,    /* the server's desc.update */
+    KVPS_RULE_MEAN = 1,       /* aggregate-only: value = mean of the round */
+    KVPS_RULE_SUM = 2,        /*   value = sum of the round */
+    KVPS_RULE_MAX = 3,        /*   value = element-wise max over the round's contributions */
+    KVPS_RULE_MIN = 4,        /*   value = element-wise min */
+    KVPS_RULE_ACCUMULATE = 5, /* value += sum of the round */
+    KVPS_RULE_SGD = 6,        /* w -= lr * g */
+    KVPS_RULE_MOMENTUM = 7,   /* v = mu * v + g; w -= lr * v */
+    KVPS_RULE_NESTEROV = 8,   /* v = mu * v + g; w -= lr * (g + mu * v) */
+    KVPS_RULE_ADAGRAD = 9,    /* h += g * g; w -= lr * g / (sqrt(h) + eps) */
+    KVPS_RULE_ADAM = 10       /* b1t *= b1; b2t *= b2 (from 1); m = b1 * m + (1 - b1) * g;
+                                 v = b2 * v + (1 - b2) * (g * g);
+                                 w -= lr * (m / (1 - b1t)) / (sqrt(v / (1 - b2t)) + eps) */
+} kvps_rule;
+
+/* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8. Out of range
+   (lr < 0, momentum / beta outside [0, 1), eps <= 0, not finite) is KVPS_ERR_HYPERPARAM. The
+   optimizer state (v, h, m) lives on the server shard that owns each slice. */
+typedef struct kvps_optim {
+    kvps_rule rule;
+    float lr, momentum, beta1, beta2, eps;
+} kvps_optim;
 
 typedef enum kvps_update {
     KVPS_UPDATE_MEAN = 0, /* value = sum / count */
@@ -253,6 +294,10 @@ typedef struct kvps_server_desc {
     int no_malloc_tuning;
     const struct kvps_codec *codecs; /* user codecs (ids >= KVPS_CODEC_USER) this server decodes */
     int num_codecs;
+    int staleness;      /* KVPS_SSP: k; KVPS_ADAPTIVE: the largest k it may choose */
+    int staleness_min;  /* KVPS_ADAPTIVE: the smallest k (0 = BSP) */
+    void (*on_switch)(void *user, int old_k, int new_k); /* KVPS_ADAPTIVE: told of each change */
+    void *switch_user;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -263,6 +308,9 @@ typedef struct kvps_server_stats {
     uint64_t pulls;       /* key values sent */
     uint64_t rounds;      /* rounds applied, all keys */
     uint64_t errors;      /* requests answered with an error (or dropped) */
+    uint64_t stalls;      /* pulls that had to wait for a round */
+    uint64_t switches;    /* KVPS_ADAPTIVE: changes of k */
+    uint64_t staleness;   /* the k in force */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -421,6 +469,14 @@ typedef struct kvps_tensor_stats {
     uint64_t pulls, pull_raw_bytes, pull_wire_bytes;
 } kvps_tensor_stats;
 KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out);
+
+/* Sets the update rule and hyper-parameters of a tensor on the servers that hold its slices
+   (any worker may do it, before the tensor is trained; a change resets optimizer state). */
+KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor t, const kvps_optim *o, kvps_req *out);
+
+/* Elastic averaging (EASGD): pulls the centre c, e = alpha * (local - c), pushes e (the centre's
+   servers use KVPS_RULE_ACCUMULATE, so c += e), local -= e. Blocking, within timeout_ms. */
+KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms);
 
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
@@ -761,6 +817,8 @@ enum {
     KVPS__OP_PUSHPULL = 3,
     KVPS__OP_INIT = 4,
     KVPS__OP_BARRIER = 5,
+    KVPS__OP_CONFIG = 6,
+    KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
     KVPS__OP_REPLY = 0x80,
     KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
     KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
@@ -787,7 +845,7 @@ typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
 typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
 
 static int kvps__op_has_values(int op) {
-    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT;
+    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG;
 }
 static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
 
@@ -816,6 +874,7 @@ typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BS
 
 typedef struct kvps__parked { /* a pull waiting for a key's round */
     struct kvps__parked *next;
+    int stalled;
     zmq_msg_t id;
     kvps__hdr hdr;
     uint32_t *idx; /* key indices in request order */
@@ -839,6 +898,9 @@ typedef struct kvps__key {
     uint64_t *recv;      /* per worker: contributions received */
     kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
     kvps__parked *waiters;
+    kvps_optim opt;      /* rule DEFAULT: the server's update rule */
+    float *state;        /* optimizer state: v, h, or m then v (2 x len) */
+    float b1t, b2t;      /* Adam: beta1^t, beta2^t */
 } kvps__key;
 
 struct kvps_server {
@@ -868,12 +930,36 @@ struct kvps_server {
     size_t dscratch_len;
     uint64_t *blob_off; /* coded requests: where each key's blob starts */
     size_t blob_cap;
+    int cur_k;          /* SSP / ADAPTIVE: staleness in force */
+    uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
     kvps_server_stats stats;
 };
 
 static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
                                               int accumulate);
 static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n);
+
+static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
+
+/* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
+static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
+    uint32_t rule;
+    float f[5];
+    memcpy(&rule, rec, 4);
+    memcpy(f, rec + 4, sizeof f);
+    o->rule = (kvps_rule)(rule <= KVPS_RULE_ADAM ? rule : 0);
+    o->lr = f[0] != 0.0f ? f[0] : 0.01f;
+    o->momentum = f[1] != 0.0f ? f[1] : 0.9f;
+    o->beta1 = f[2] != 0.0f ? f[2] : 0.9f;
+    o->beta2 = f[3] != 0.0f ? f[3] : 0.999f;
+    o->eps = f[4] != 0.0f ? f[4] : 1e-8f;
+    if (rule > KVPS_RULE_ADAM) return KVPS_ERR_MALFORMED;
+    if (!kvps__finite(o->lr) || o->lr < 0 || !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ||
+        !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1 || !kvps__finite(o->beta2) || o->beta2 < 0 ||
+        o->beta2 >= 1 || !kvps__finite(o->eps) || o->eps <= 0)
+        return KVPS_ERR_HYPERPARAM;
+    return KVPS_OK;
+}
 
 /* The codec for id: built-in, or one from desc.codecs; NULL when unknown. */
 static const kvps_codec *kvps__server_codec(const kvps_server *s, int id, kvps_codec *tmp) {
@@ -900,13 +986,27 @@ typedef struct kvps__contrib {
     size_t bytes;
 } kvps__contrib;
 
-/* dst = contribution (acc 0) or dst += contribution (acc 1); a top-k blob adds sparsely. */
-static void kvps__contrib_into(const kvps__contrib *c, float *dst, uint64_t len, int acc) {
-    if (c->g) {
-        if (acc) kvps__add(dst, c->g, (size_t)len);
-        else memcpy(dst, c->g, (size_t)len * sizeof(float));
+/* dst = contribution (acc 0), or dst combined with it (acc 1): added, or element-wise max /
+   min for those rules (NaN wins); a top-k blob adds sparsely. */
+static void kvps__contrib_into(kvps_server *s, const kvps__key *k, const kvps__contrib *c, float *dst, int acc) {
+    size_t len = (size_t)k->len;
+    int mm = acc && (k->opt.rule == KVPS_RULE_MAX || k->opt.rule == KVPS_RULE_MIN);
+    const float *g = c->g;
+    if (!g && mm) { /* decode first, then take the max / min */
+        float *d = kvps__dscratch(s, len);
+        if (!d) return;
+        kvps_codec_decode(c->codec, c->blob, c->bytes, d, len, 0);
+        g = d;
+    }
+    if (mm) {
+        int mx = k->opt.rule == KVPS_RULE_MAX;
+        for (size_t i = 0; i < len; i++)
+            if (g[i] != g[i] || (mx ? g[i] > dst[i] : g[i] < dst[i])) dst[i] = g[i];
+    } else if (g) {
+        if (acc) kvps__add(dst, g, len);
+        else memcpy(dst, g, len * sizeof(float));
     } else {
-        kvps_codec_decode(c->codec, c->blob, c->bytes, dst, (size_t)len, acc);
+        kvps_codec_decode(c->codec, c->blob, c->bytes, dst, len, acc);
     }
 }
 
@@ -1019,7 +1119,7 @@ static void kvps__key_free(kvps__key *k, int m) {
     }
     kvps__vbuf_unref(k->cur);
     kvps__vbuf_unref(k->spare);
-    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k);
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k);
 }
 
 /* Creates a key; returns its index or UINT32_MAX when out of memory. */
@@ -1077,7 +1177,9 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
     if (!desc->endpoint || desc->num_workers < 1 || desc->rank < 0 || desc->io_threads < 0 ||
-        (unsigned)desc->consistency > KVPS_ASYNC || (unsigned)desc->update > KVPS_UPDATE_CUSTOM ||
+        (unsigned)desc->consistency > KVPS_ADAPTIVE || (unsigned)desc->update > KVPS_UPDATE_CUSTOM ||
+        desc->staleness < 0 || desc->staleness_min < 0 ||
+        (desc->consistency == KVPS_ADAPTIVE && desc->staleness_min > desc->staleness) ||
         (desc->update == KVPS_UPDATE_CUSTOM && !desc->update_fn)) {
         kvps__log(KVPS_LOG_ERROR, "server desc: need endpoint, num_workers >= 1, a known consistency "
                                   "and update rule (CUSTOM needs update_fn)");
@@ -1092,6 +1194,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->desc.lr = desc->lr != 0.0f ? desc->lr : 0.01f;
     s->m = desc->num_workers;
     s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
+    s->stats.staleness = (uint64_t)s->cur_k;
     if (desc->update_fn) {
         s->update_fn = desc->update_fn;
     } else {
@@ -1173,12 +1277,62 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
     kvps__send_frames(s->router, f, 3);
 }
 
+/* The per-key rules of kvps_rule, in float32, in the documented order. */
+static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
+    float *w = k->value, c = (float)count;
+    const kvps_optim *o = &k->opt;
+    size_t n = (size_t)k->len;
+    int nstate = o->rule == KVPS_RULE_ADAM ? 2 : o->rule >= KVPS_RULE_MOMENTUM ? 1 : 0;
+    if (nstate && !k->state) {
+        k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
+        if (!k->state) return -1;
+        k->b1t = k->b2t = 1.0f;
+    }
+    float *v = k->state, *m2 = k->state ? k->state + n : NULL;
+    switch (o->rule) {
+    case KVPS_RULE_MEAN: for (size_t i = 0; i < n; i++) w[i] = sum[i] / c; break;
+    case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
+    case KVPS_RULE_ACCUMULATE: kvps__add(w, sum, n); break;
+    case KVPS_RULE_SGD: for (size_t i = 0; i < n; i++) w[i] -= o->lr * (sum[i] / c); break;
+    case KVPS_RULE_MOMENTUM:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * v[i]; }
+        break;
+    case KVPS_RULE_NESTEROV:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * (g + o->momentum * v[i]); }
+        break;
+    case KVPS_RULE_ADAGRAD:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] += g * g; w[i] -= o->lr * g / (sqrtf(v[i]) + o->eps); }
+        break;
+    case KVPS_RULE_ADAM: {
+        k->b1t *= o->beta1;
+        k->b2t *= o->beta2;
+        float c1 = 1.0f - k->b1t, c2 = 1.0f - k->b2t;
+        for (size_t i = 0; i < n; i++) {
+            float g = sum[i] / c;
+            v[i] = o->beta1 * v[i] + (1.0f - o->beta1) * g;
+            m2[i] = o->beta2 * m2[i] + (1.0f - o->beta2) * (g * g);
+            w[i] -= o->lr * (v[i] / c1) / (sqrtf(m2[i] / c2) + o->eps);
+        }
+        break;
+    }
+    default: break;
+    }
+    return 0;
+}
+
+static void kvps__adapt(kvps_server *s);
+
 static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
     if (kvps__value_writable(k) != 0) return -1;
-    kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
-    s->update_fn(&a);
+    if (k->opt.rule != KVPS_RULE_DEFAULT) {
+        if (kvps__apply_rule(k, sum, count) != 0) return -1;
+    } else {
+        kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
+        s->update_fn(&a);
+    }
     k->round++;
     KVPS__STAT_ADD(s, rounds, 1);
+    if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 64) kvps__adapt(s);
     return 0;
 }
 
@@ -1201,7 +1355,7 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
     size_t bytes = (size_t)k->len * sizeof(float);
     if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
     if ((uint32_t)r == k->summed && c == k->round) {
-        kvps__contrib_into(g, k->accum, k->len, k->summed != 0);
+        kvps__contrib_into(s, k, g, k->accum, k->summed != 0);
         k->summed++;
     } else {
         if (!k->qhead) {
@@ -1212,7 +1366,7 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
         kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
         if (!p) return -1;
         p->next = NULL;
-        kvps__contrib_into(g, p->data, k->len, 0);
+        kvps__contrib_into(s, k, g, p->data, 0);
         if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
         k->qtail[r] = p;
     }
@@ -1228,8 +1382,8 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
         if (!p) break;
         k->qhead[nr] = p->next;
         if (!p->next) k->qtail[nr] = NULL;
-        if (nr == 0) memcpy(k->accum, p->data, bytes);
-        else kvps__add(k->accum, p->data, (size_t)k->len);
+        kvps__contrib c2 = {p->data, NULL, NULL, 0};
+        kvps__contrib_into(s, k, &c2, k->accum, nr != 0);
         free(p);
         k->summed++;
     }
@@ -1238,7 +1392,29 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
 
 /* Round a pull from rank r must wait for. */
 static uint64_t kvps__needed_round(const kvps_server *s, const kvps__key *k, uint32_t r) {
-    return s->desc.consistency == KVPS_BSP ? k->recv[r] : 0;
+    switch (s->desc.consistency) {
+    case KVPS_BSP: return k->recv[r];
+    case KVPS_ASYNC: return 0;
+    default: return k->recv[r] > (uint64_t)s->cur_k ? k->recv[r] - (uint64_t)s->cur_k : 0;
+    }
+}
+
+/* ADAPTIVE: one more step of staleness when more than 10% of the window's pulls stalled, one
+   less when none did; parked pulls are looked at again under the new bound. */
+static void kvps__adapt(kvps_server *s) {
+    int old = s->cur_k, k = old;
+    if (s->win_pulls && s->win_stalls * 10 > s->win_pulls && k < s->desc.staleness) k++;
+    else if (s->win_stalls == 0 && k > s->desc.staleness_min) k--;
+    s->win_rounds = s->win_pulls = s->win_stalls = 0;
+    if (k == old) return;
+    s->cur_k = k;
+    __atomic_store_n(&s->stats.staleness, (uint64_t)k, __ATOMIC_RELAXED);
+    KVPS__STAT_ADD(s, switches, 1);
+    kvps__log(KVPS_LOG_INFO, "server %d: staleness %d -> %d", s->desc.rank, old, k);
+    if (s->desc.on_switch) s->desc.on_switch(s->desc.switch_user, old, k);
+    if (k > old)
+        for (uint32_t i = 0; i < s->nkeys; i++)
+            if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]);
 }
 
 static void kvps__parked_free(kvps__parked *p) {
@@ -1253,6 +1429,7 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
         kvps__key *k = s->keys[p->idx[i]];
         if (k->round < kvps__needed_round(s, k, p->hdr.rank)) {
+            if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
             p->next = k->waiters;
             k->waiters = p;
             return;
@@ -1387,12 +1564,12 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                           KVPS__VERSION);
         return;
     }
-    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_BARRIER) {
+    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_CONFIG) {
         kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
         return;
     }
     if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
-        ((h.flags & KVPS__FLAG_CODED) && !kvps__op_has_values(h.op)) ||
+        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG)) ||
         ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
         kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
         return;
@@ -1507,6 +1684,22 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             off += 4 + (size_t)nb;
         }
         if (off != vsz) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", vsz - off); return; }
+    } else if (h.op == KVPS__OP_CONFIG) { /* records checked whole here */
+        if (zmq_msg_size(&fr[2]) != (size_t)h.nkeys * KVPS__OPTREC) {
+            kvps__reply_error(s, id, &h, zmq_msg_size(&fr[2]) < (size_t)h.nkeys * KVPS__OPTREC ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                              "config frame of %zu bytes for %u keys", zmq_msg_size(&fr[2]), h.nkeys);
+            return;
+        }
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps_optim o;
+            kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
+            if (vr != KVPS_OK) {
+                kvps__reply_error(s, id, &h, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
+                                  (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
+                return;
+            }
+        }
     } else if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
         kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
                                          ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
@@ -1541,7 +1734,15 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         }
         created++;
     }
-    if (kvps__op_has_values(h.op)) {
+    if (h.op == KVPS__OP_CONFIG) {
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__key *k = s->keys[idx[i]];
+            kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
+            free(k->state); /* a new rule starts from fresh state */
+            k->state = NULL;
+        }
+    } else if (kvps__op_has_values(h.op)) {
         const char *src = (const char *)zmq_msg_data(&fr[2]);
         for (uint32_t i = 0; i < h.nkeys; i++) {
             kvps__key *k = s->keys[idx[i]];
@@ -1571,7 +1772,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             }
             if (h.op == KVPS__OP_INIT) {
                 if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
-                kvps__contrib_into(&g, k->value, k->len, 0);
+                kvps__contrib_into(s, k, &g, k->value, 0);
                 continue;
             }
             KVPS__STAT_ADD(s, pushes, 1);
@@ -1584,7 +1785,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                 if (!dense) {
                     float *d = kvps__dscratch(s, k->len);
                     if (!d) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "decoding"); return; }
-                    kvps__contrib_into(&g, d, k->len, 0);
+                    kvps__contrib_into(s, k, &g, d, 0);
                     dense = d;
                 }
                 k->recv[h.rank]++;
@@ -1605,6 +1806,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             return;
         }
         memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
+        s->win_pulls++;
         zmq_msg_init(&p->id);
         zmq_msg_copy(&p->id, id);
         p->hdr = h;
@@ -2190,6 +2392,68 @@ KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, co
     if (push) t->push_c = *push;
     if (pull) t->pull_c = *pull;
     return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, const kvps_optim *o, kvps_req *out) {
+    if (!w || !o || !out) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (ti < 0 || ti >= w->ntensors) return KVPS_ERR_TENSOR;
+    unsigned char rec[KVPS__OPTREC];
+    uint32_t rule = (uint32_t)o->rule;
+    float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+    kvps_optim chk;
+    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
+    if (r != KVPS_OK) return (unsigned)o->rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
+    kvps__tensor_info *t = &w->tensors[ti];
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
+        kvps__hdr h;
+        memset(&h, 0, sizeof h);
+        h.magic = KVPS__MAGIC;
+        h.version = KVPS__VERSION;
+        h.op = KVPS__OP_CONFIG;
+        h.rank = (uint32_t)w->desc.rank;
+        h.nkeys = 1;
+        h.req_id = q->id;
+        kvps__kent e = {t->keys[i], t->slen[i]};
+        zmq_msg_t f2[2];
+        unsigned char meta[KVPS__HDR + KVPS__KENT];
+        memcpy(meta, &h, sizeof h);
+        memcpy(meta + KVPS__HDR, &e, sizeof e);
+        if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
+        if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
+        if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
+        q->pending++;
+        q->sent++;
+        q->state[t->server[i]] = 1;
+    }
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms) {
+    if (!w || !local || !(alpha > 0.0f && alpha < 1.0f)) return KVPS_ERR_INVALID_ARG;
+    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    size_t n = (size_t)w->tensors[t].len;
+    float *c = (float *)malloc(n * sizeof *c);
+    if (!c) return KVPS_ERR_NOMEM;
+    kvps_req q;
+    kvps_result r = kvps_worker_pull_tensor(w, t, c, &q);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
+    if (r == KVPS_OK) {
+        for (size_t i = 0; i < n; i++) c[i] = alpha * (local[i] - c[i]); /* the elastic difference */
+        r = kvps_worker_push_tensor(w, t, c, &q);
+        if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
+        if (r == KVPS_OK)
+            for (size_t i = 0; i < n; i++) local[i] -= c[i];
+    }
+    free(c);
+    return r;
 }
 
 KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out) {

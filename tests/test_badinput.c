@@ -315,7 +315,7 @@ static const bi_case bi_cases[] = {
     {"version 2", KVPS_ERR_VERSION, EX, .patch = {P(version, 2)}},
     {"version 255", KVPS_ERR_VERSION, .op = PULL, EX, .patch = {P(version, 255)}},
     {"op 0", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0)}},
-    {"op 6", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 6)}},
+    {"op 7 (the first unknown)", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 7)}},
     {"op 0x7f", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0x7f)}},
     {"op 0x80 (the reply bit alone)", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0x80)}},
     {"op 0x81 (a push reply sent back)", KVPS_ERR_OP, EX, .patch = {P(op, 0x81)}},
@@ -697,7 +697,7 @@ static void test_random_garbage(void) {
                 if (n < KVPS__HDR) want = KVPS_ERR_TRUNCATED;
                 else if (h.magic != KVPS__MAGIC) want = KVPS_ERR_MAGIC;
                 else if (h.version != KVPS__VERSION) want = KVPS_ERR_VERSION;
-                else if (h.op < PUSH || h.op > BARRIER) want = KVPS_ERR_OP;
+                else if (h.op < PUSH || h.op > KVPS__OP_CONFIG) want = KVPS_ERR_OP;
                 else if (h.rank >= BI_M) want = KVPS_ERR_RANK;
             }
             bi_add(&m, buf, n);
@@ -790,7 +790,7 @@ static int bi_fuzz_one(uint64_t *seed, int srv, bi_msg *m) {
         if (nd == 1) want = KVPS_ERR_VERSION;
     }
     if (has[D_OP]) {
-        uint8_t bad_ops[] = {0, 6, 7, 0x40, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0xfe, 0xff};
+        uint8_t bad_ops[] = {0, 7, 8, 0x40, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0xfe, 0xff};
         h.op = bad_ops[kt_rng(seed) % sizeof bad_ops];
         if (nd == 1) want = KVPS_ERR_OP;
     }
@@ -1555,7 +1555,7 @@ static void test_server_bad_desc(void) {
         {"no endpoint", {.endpoint = NULL, .num_workers = 1}, KVPS_ERR_CONFIG},
         {"rank -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .rank = -1}, KVPS_ERR_CONFIG},
         {"io_threads -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .io_threads = -1}, KVPS_ERR_CONFIG},
-        {"consistency 2", {.endpoint = "inproc://bi-d", .num_workers = 1, .consistency = (kvps_consistency)2}, KVPS_ERR_CONFIG},
+        {"consistency 4", {.endpoint = "inproc://bi-d", .num_workers = 1, .consistency = (kvps_consistency)4}, KVPS_ERR_CONFIG},
         {"consistency -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .consistency = (kvps_consistency)-1}, KVPS_ERR_CONFIG},
         {"update 4", {.endpoint = "inproc://bi-d", .num_workers = 1, .update = (kvps_update)4}, KVPS_ERR_CONFIG},
         {"CUSTOM without update_fn", {.endpoint = "inproc://bi-d", .num_workers = 1, .update = KVPS_UPDATE_CUSTOM}, KVPS_ERR_CONFIG},
