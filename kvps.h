@@ -74,7 +74,7 @@
    KVPS_SSP (.staleness = k): rounds as under BSP, but a pull from a worker that has pushed c
    rounds waits only for round c - k: a worker runs at most k steps ahead of the slowest, and
    still sees every update older than that (k = 0 is BSP; a large k never waits).
-   KVPS_ADAPTIVE: SSP whose k the server moves between .staleness_min and .staleness: every 64
+   KVPS_ADAPTIVE: SSP whose k the server moves between .staleness_min and .staleness: every 16
    rounds it looks at the share of pulls that stalled; above 10% it allows one more step of
    staleness, at 0% one less. Each switch is logged (info), counted in stats and passed to
    .on_switch. A worker is never more than the k in force ahead.
@@ -1235,7 +1235,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
         snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
     s->desc.endpoint = s->endpoint;
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
-              desc->consistency == KVPS_BSP ? "BSP" : "async");
+              (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
     *out = s;
     return KVPS_OK;
 }
@@ -1332,7 +1332,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
     }
     k->round++;
     KVPS__STAT_ADD(s, rounds, 1);
-    if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 64) kvps__adapt(s);
+    if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 16) kvps__adapt(s);
     return 0;
 }
 
@@ -1777,7 +1777,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             }
             KVPS__STAT_ADD(s, pushes, 1);
             int advanced;
-            if (s->desc.consistency == KVPS_BSP) {
+            if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
                 advanced = kvps__bsp_push(s, k, (int)h.rank, &g);
                 if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
             } else {
