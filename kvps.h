@@ -98,7 +98,11 @@
        0      4    magic   0x5350564B ("KVPS")
        4      1    version 1
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
-                           key { u32 rule; f32 lr, momentum, beta1, beta2, eps }); replies set 0x80
+                           key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
+                           8 PULL_ROWS, 9 TABLE (see below); replies set 0x80
+     table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
+     PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
+     u64 seed } with no ids
        6      2    flags   1 CODED: the values frame holds, per key, [u32 bytes][codec blob]
                            2 CODED_REPLY: answer the pull coded with the codec whose id is aux
                            (in the reply, flags echo it); other bits are rejected
@@ -197,6 +201,7 @@ extern "C" {
     X(KVPS_ERR_MISMATCH, -310, "ranks called a collective with different arguments")          \
     X(KVPS_ERR_CODEC, -311, "wrong or unknown codec id")                                       \
     X(KVPS_ERR_HYPERPARAM, -312, "optimizer hyper-parameter out of range")                      \
+    X(KVPS_ERR_TABLE, -313, "unknown table, or a table configured differently")                \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -311,6 +316,9 @@ typedef struct kvps_server_stats {
     uint64_t stalls;      /* pulls that had to wait for a round */
     uint64_t switches;    /* KVPS_ADAPTIVE: changes of k */
     uint64_t staleness;   /* the k in force */
+    uint64_t table_rows;  /* sparse rows held, all tables */
+    uint64_t table_bytes; /* their memory: values + index (+ optimizer state, counted apart) */
+    uint64_t table_state_bytes;
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -477,6 +485,28 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor t, con
 /* Elastic averaging (EASGD): pulls the centre c, e = alpha * (local - c), pushes e (the centre's
    servers use KVPS_RULE_ACCUMULATE, so c += e), local -= e. Blocking, within timeout_ms. */
 KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms);
+
+/* SPARSE TABLES (embeddings): rows of dim floats under any uint64_t id, sharded over the servers
+   by id, created on first touch (pull or push) with the table's initialiser. Pushes carry
+   gradients for the rows a batch touched and are applied on arrival, row by row, with the
+   table's rule (optimizer state per row), whatever the server's consistency; a pull returns the
+   rows' current values (a row not there yet: its initial value). Duplicate ids in one call are
+   merged on the worker (gradients added in call order; one fetch per id). */
+typedef int kvps_table;
+typedef struct kvps_table_desc {
+    const char *name;
+    uint32_t dim;
+    kvps_optim opt;   /* rule DEFAULT: SGD; aggregate rules store the last gradient */
+    float init_scale; /* new rows uniform in [-init_scale, init_scale), from (seed, id, j); 0: zeros */
+    uint64_t seed;
+} kvps_table_desc;
+/* Registers the table on this worker and configures it on every server (same call on every
+   worker; a table already there with another dim or rule is KVPS_ERR_TABLE). */
+KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req);
+KVPS_API kvps_result kvps_worker_push_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, const float *grads,
+                                           size_t nrows, kvps_req *out);
+KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, float *rows, size_t nrows,
+                                           kvps_req *out);
 
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
@@ -818,6 +848,10 @@ enum {
     KVPS__OP_INIT = 4,
     KVPS__OP_BARRIER = 5,
     KVPS__OP_CONFIG = 6,
+    KVPS__OP_PUSH_ROWS = 7,
+    KVPS__OP_PULL_ROWS = 8,
+    KVPS__OP_TABLE = 9,
+    KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
     KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
     KVPS__OP_REPLY = 0x80,
     KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
@@ -845,8 +879,10 @@ typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
 typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
 
 static int kvps__op_has_values(int op) {
-    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG;
+    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG ||
+           op == KVPS__OP_PUSH_ROWS || op == KVPS__OP_TABLE;
 }
+static int kvps__op_table(int op) { return op >= KVPS__OP_PUSH_ROWS && op <= KVPS__OP_TABLE; }
 static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
 
 /* Sends a whole multipart message; frames are closed (ownership passes to ZeroMQ). */
@@ -931,6 +967,7 @@ struct kvps_server {
     uint64_t *blob_off; /* coded requests: where each key's blob starts */
     size_t blob_cap;
     int cur_k;          /* SSP / ADAPTIVE: staleness in force */
+    struct kvps__table *tables;
     uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
     kvps_server_stats stats;
 };
@@ -1277,18 +1314,10 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
     kvps__send_frames(s->router, f, 3);
 }
 
-/* The per-key rules of kvps_rule, in float32, in the documented order. */
-static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
-    float *w = k->value, c = (float)count;
-    const kvps_optim *o = &k->opt;
-    size_t n = (size_t)k->len;
-    int nstate = o->rule == KVPS_RULE_ADAM ? 2 : o->rule >= KVPS_RULE_MOMENTUM ? 1 : 0;
-    if (nstate && !k->state) {
-        k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
-        if (!k->state) return -1;
-        k->b1t = k->b2t = 1.0f;
-    }
-    float *v = k->state, *m2 = k->state ? k->state + n : NULL;
+/* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
+   m2 for Adam; *b1t, *b2t its bias-correction powers). Shared by keys and table rows. */
+static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
+                            float *b2t, size_t n) {
     switch (o->rule) {
     case KVPS_RULE_MEAN: for (size_t i = 0; i < n; i++) w[i] = sum[i] / c; break;
     case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
@@ -1304,9 +1333,9 @@ static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
         for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] += g * g; w[i] -= o->lr * g / (sqrtf(v[i]) + o->eps); }
         break;
     case KVPS_RULE_ADAM: {
-        k->b1t *= o->beta1;
-        k->b2t *= o->beta2;
-        float c1 = 1.0f - k->b1t, c2 = 1.0f - k->b2t;
+        *b1t *= o->beta1;
+        *b2t *= o->beta2;
+        float c1 = 1.0f - *b1t, c2 = 1.0f - *b2t;
         for (size_t i = 0; i < n; i++) {
             float g = sum[i] / c;
             v[i] = o->beta1 * v[i] + (1.0f - o->beta1) * g;
@@ -1317,6 +1346,20 @@ static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
     }
     default: break;
     }
+}
+
+/* Floats of optimizer state per value for a rule (Adam: m and v). */
+static int kvps__rule_state(kvps_rule r) { return r == KVPS_RULE_ADAM ? 2 : r >= KVPS_RULE_MOMENTUM ? 1 : 0; }
+
+static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
+    size_t n = (size_t)k->len;
+    int nstate = kvps__rule_state(k->opt.rule);
+    if (nstate && !k->state) {
+        k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
+        if (!k->state) return -1;
+        k->b1t = k->b2t = 1.0f;
+    }
+    kvps__rule_math(&k->opt, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
     return 0;
 }
 
@@ -1538,6 +1581,210 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     }
 }
 
+// >>table
+enum { KVPS__SLAB = 1 << 16 }; /* rows per slab */
+typedef struct kvps__table {
+    uint64_t id;
+    uint32_t dim, sdim;  /* sdim: state floats per row */
+    kvps_optim opt;
+    float init_scale;
+    uint64_t seed;
+    uint64_t *hk;        /* open addressing: id -> row + 1, load <= 0.7 */
+    uint32_t *hv;
+    uint64_t hcap, nrows;
+    float **slab, **sslab;
+    uint32_t nslab;
+    struct kvps__table *next;
+} kvps__table;
+
+static void kvps__table_free(kvps__table *t) {
+    for (uint32_t i = 0; i < t->nslab; i++) { free(t->slab[i]); if (t->sslab) free(t->sslab[i]); }
+    free(t->slab); free(t->sslab); free(t->hk); free(t->hv); free(t);
+}
+
+static kvps__table *kvps__table_find(kvps__table *list, uint64_t id) {
+    for (; list; list = list->next)
+        if (list->id == id) return list;
+    return NULL;
+}
+
+static float *kvps__row(const kvps__table *t, uint64_t r) { return t->slab[r >> 16] + (size_t)(r & 0xffff) * t->dim; }
+static float *kvps__row_state(const kvps__table *t, uint64_t r) {
+    return t->sslab ? t->sslab[r >> 16] + (size_t)(r & 0xffff) * t->sdim : NULL;
+}
+
+/* The initial value of a row: a function of (seed, id, j) only, so it is the same on any server. */
+static void kvps__row_init(const kvps__table *t, uint64_t id, float *v) {
+    for (uint32_t j = 0; j < t->dim; j++) {
+        if (t->init_scale == 0.0f) { v[j] = 0.0f; continue; }
+        uint64_t h = kvps__mix64(t->seed ^ kvps__mix64(id ^ ((uint64_t)j << 48)));
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        v[j] = t->init_scale * (2.0f * u - 1.0f);
+    }
+}
+
+static int kvps__tbl_grow(kvps_server *s, kvps__table *t) {
+    uint64_t nc = t->hcap ? t->hcap * 2 : 1024;
+    uint64_t *hk = (uint64_t *)malloc(nc * sizeof *hk);
+    uint32_t *hv = (uint32_t *)calloc(nc, sizeof *hv);
+    if (!hk || !hv) { free(hk); free(hv); return -1; }
+    for (uint64_t i = 0; i < t->hcap; i++) {
+        if (!t->hv[i]) continue;
+        uint64_t j = kvps__mix64(t->hk[i]) & (nc - 1);
+        while (hv[j]) j = (j + 1) & (nc - 1);
+        hk[j] = t->hk[i];
+        hv[j] = t->hv[i];
+    }
+    KVPS__STAT_ADD(s, table_bytes, (nc - t->hcap) * (sizeof *hk + sizeof *hv));
+    free(t->hk);
+    free(t->hv);
+    t->hk = hk;
+    t->hv = hv;
+    t->hcap = nc;
+    return 0;
+}
+
+/* The row index of id, created (initialised) when absent; UINT64_MAX when out of memory. */
+static uint64_t kvps__table_row(kvps_server *s, kvps__table *t, uint64_t id) {
+    if (t->hcap) {
+        uint64_t j = kvps__mix64(id) & (t->hcap - 1);
+        for (; t->hv[j]; j = (j + 1) & (t->hcap - 1))
+            if (t->hk[j] == id) return t->hv[j] - 1;
+    }
+    if (t->nrows >= UINT32_MAX - 1) return UINT64_MAX;
+    if ((t->nrows + 1) * 10 > t->hcap * 7 && kvps__tbl_grow(s, t) != 0) return UINT64_MAX;
+    uint64_t r = t->nrows;
+    if ((r >> 16) >= t->nslab) { /* a new slab: calloc'd, so untouched rows cost no memory */
+        float **ns = (float **)realloc(t->slab, (t->nslab + 1) * sizeof *ns);
+        if (!ns) return UINT64_MAX;
+        t->slab = ns;
+        if (!(ns[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->dim, sizeof(float)))) return UINT64_MAX;
+        if (t->sdim) {
+            float **nss = (float **)realloc(t->sslab, (t->nslab + 1) * sizeof *nss);
+            if (!nss) { free(ns[t->nslab]); return UINT64_MAX; }
+            t->sslab = nss;
+            if (!(nss[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->sdim, sizeof(float)))) { free(ns[t->nslab]); return UINT64_MAX; }
+        }
+        t->nslab++;
+    }
+    kvps__row_init(t, id, kvps__row(t, r));
+    float *st = kvps__row_state(t, r);
+    if (st && t->opt.rule == KVPS_RULE_ADAM) st[t->sdim - 2] = st[t->sdim - 1] = 1.0f; /* beta powers */
+    uint64_t j = kvps__mix64(id) & (t->hcap - 1);
+    while (t->hv[j]) j = (j + 1) & (t->hcap - 1);
+    t->hk[j] = id;
+    t->hv[j] = (uint32_t)(r + 1);
+    t->nrows++;
+    KVPS__STAT_ADD(s, table_rows, 1);
+    KVPS__STAT_ADD(s, table_bytes, t->dim * sizeof(float));
+    KVPS__STAT_ADD(s, table_state_bytes, t->sdim * sizeof(float));
+    return r;
+}
+
+/* Table requests: TABLE (configure), PUSH_ROWS, PULL_ROWS; checked whole, then applied. */
+static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
+    size_t msz = zmq_msg_size(&fr[1]);
+    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
+    int want = kvps__op_has_values(h->op) ? 3 : 2;
+    uint64_t nrows = h->op == KVPS__OP_TABLE ? 0 : h->nkeys;
+    if (nfr != want || msz < KVPS__HDR + 16 || (msz - KVPS__HDR - 16) != nrows * 8) {
+        kvps__reply_error(s, id, h, nfr < want || msz < KVPS__HDR + 16 + nrows * 8 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "table request: %d frames, meta of %zu bytes for %llu rows", nfr - 1, msz, (unsigned long long)nrows);
+        return;
+    }
+    uint64_t tid;
+    uint32_t dim;
+    memcpy(&tid, meta + KVPS__HDR, 8);
+    memcpy(&dim, meta + KVPS__HDR + 8, 4);
+    const unsigned char *ids = meta + KVPS__HDR + 16;
+    kvps__table *t = kvps__table_find(s->tables, tid);
+    if (h->op == KVPS__OP_TABLE) {
+        kvps_optim o;
+        kvps_result vr = zmq_msg_size(&fr[2]) != KVPS__TREC ? KVPS_ERR_MALFORMED
+                                                             : kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
+        float scale;
+        uint64_t seed;
+        memcpy(&scale, (const unsigned char *)zmq_msg_data(&fr[2]) + 24, 4);
+        memcpy(&seed, (const unsigned char *)zmq_msg_data(&fr[2]) + 32, 8);
+        if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
+        if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
+        if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
+            vr = KVPS_ERR_TABLE;
+        if (vr != KVPS_OK) { kvps__reply_error(s, id, h, vr, "table %llu: dim %u", (unsigned long long)tid, dim); return; }
+        if (!t) {
+            t = (kvps__table *)calloc(1, sizeof *t);
+            if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "table"); return; }
+            t->id = tid;
+            t->dim = dim;
+            t->opt = o;
+            t->init_scale = scale;
+            t->seed = seed;
+            t->sdim = (uint32_t)kvps__rule_state(o.rule) * dim + (o.rule == KVPS_RULE_ADAM ? 2u : 0u);
+            t->next = s->tables;
+            s->tables = t;
+        }
+    } else {
+        if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_TABLE, "table %llu is not configured here", (unsigned long long)tid); return; }
+        if (dim != t->dim) {
+            kvps__reply_error(s, id, h, KVPS_ERR_LEN_MISMATCH, "table %llu: rows of %u, the table has %u", (unsigned long long)tid, dim, t->dim);
+            return;
+        }
+        if (h->op == KVPS__OP_PUSH_ROWS && zmq_msg_size(&fr[2]) != nrows * dim * sizeof(float)) {
+            kvps__reply_error(s, id, h, zmq_msg_size(&fr[2]) < nrows * dim * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                              "%zu bytes of rows for %llu x %u", zmq_msg_size(&fr[2]), (unsigned long long)nrows, dim);
+            return;
+        }
+        if (nrows > 1) { /* duplicate ids: the worker merges them; a raw client is told */
+            uint64_t *sorted = (uint64_t *)malloc(nrows * sizeof *sorted);
+            if (!sorted) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "rows"); return; }
+            memcpy(sorted, ids, nrows * 8);
+            qsort(sorted, nrows, sizeof *sorted, kvps__cmp_u64);
+            int dup = 0;
+            for (uint64_t i = 1; i < nrows; i++) dup |= sorted[i] == sorted[i - 1];
+            free(sorted);
+            if (dup) { kvps__reply_error(s, id, h, KVPS_ERR_DUP_KEY, "a row id twice in one request"); return; }
+        }
+    }
+    zmq_msg_t f[3];
+    int nf = 2;
+    kvps__hdr rh = *h;
+    rh.op |= KVPS__OP_REPLY;
+    rh.status = KVPS_OK;
+    if (h->op == KVPS__OP_PULL_ROWS) {
+        if (zmq_msg_init_size(&f[2], nrows * t->dim * sizeof(float)) != 0) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "reply"); return; }
+        float *dst = (float *)zmq_msg_data(&f[2]);
+        for (uint64_t i = 0; i < nrows; i++) {
+            uint64_t rid;
+            memcpy(&rid, ids + i * 8, 8);
+            uint64_t r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { zmq_msg_close(&f[2]); kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
+            memcpy(dst + i * t->dim, kvps__row(t, r), t->dim * sizeof(float));
+        }
+        KVPS__STAT_ADD(s, pulls, nrows);
+        nf = 3;
+    } else if (h->op == KVPS__OP_PUSH_ROWS) {
+        const unsigned char *gv = (const unsigned char *)zmq_msg_data(&fr[2]);
+        float *g = kvps__dscratch(s, t->dim);
+        if (!g) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "scratch"); return; }
+        for (uint64_t i = 0; i < nrows; i++) {
+            uint64_t rid;
+            memcpy(&rid, ids + i * 8, 8);
+            uint64_t r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
+            memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
+            float *st = kvps__row_state(t, r);
+            int adam = t->opt.rule == KVPS_RULE_ADAM;
+            kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, adam ? st + t->sdim - 2 : NULL,
+                            adam ? st + t->sdim - 1 : NULL, t->dim);
+        }
+        KVPS__STAT_ADD(s, pushes, nrows);
+    }
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__send_frames(s->router, f, nf);
+}
+
 /* Checks one request whole, then applies it. frames: [id][meta][values?]. */
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     zmq_msg_t *id = &fr[0];
@@ -1564,12 +1811,12 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                           KVPS__VERSION);
         return;
     }
-    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_CONFIG) {
+    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_TABLE) {
         kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
         return;
     }
     if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
-        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG)) ||
+        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG || kvps__op_table(h.op))) ||
         ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
         kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
         return;
@@ -1582,6 +1829,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     }
     if (h.rank >= (uint32_t)s->m) {
         kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
+        return;
+    }
+    if (kvps__op_table(h.op)) {
+        kvps__handle_table(s, id, &h, fr, nfr);
         return;
     }
     int want_frames = kvps__op_has_values(h.op) ? 3 : 2;
@@ -1911,6 +2162,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->blob_off);
+    while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
     free(s);
 }
 
@@ -1926,6 +2178,10 @@ typedef struct kvps__req {
     uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
     uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered */
     struct kvps__tensor_info *tensor; /* tensor requests: for stats */
+    uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
+    size_t ndups;
+    float *dup_base;
+    uint32_t dup_dim;
     int coded_pull;
     kvps_codec pull_c;
     kvps__dest *dest;    /* pull destinations in send order */
@@ -1958,6 +2214,8 @@ struct kvps_worker {
     uint32_t nfree;
     kvps__tensor_info *tensors;
     int ntensors, cap_tensors;
+    struct { uint64_t id; uint32_t dim; } *tables;
+    int ntables;
     /* per-call scratch: keys grouped by server */
     uint32_t *order, *count;
     size_t order_cap;
@@ -1969,6 +2227,7 @@ static void kvps__req_unref(kvps__req *q) {
         free(q->dbegin);
         free(q->dest);
         free(q->state);
+        free(q->dups);
         free(q);
     }
 }
@@ -2053,7 +2312,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     }
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->gen);
-    free(w->free_slots); free(w->order); free(w->count);
+    free(w->free_slots); free(w->order); free(w->count); free(w->tables);
     free(w);
 }
 
@@ -2463,6 +2722,159 @@ KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor 
     return KVPS_OK;
 }
 
+// >>rows
+static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
+    return (int)(kvps__mix64(id ^ kvps__mix64(table)) % (uint64_t)w->n);
+}
+
+/* One table message to server srv: meta (+ ids) and optional values. */
+static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
+                                    const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)op;
+    h.rank = (uint32_t)w->desc.rank;
+    h.nkeys = nrows;
+    h.req_id = q->id;
+    zmq_msg_t f[2];
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0) return KVPS_ERR_NOMEM;
+    unsigned char *m = (unsigned char *)zmq_msg_data(&f[0]);
+    uint32_t zero = 0;
+    memcpy(m, &h, sizeof h);
+    memcpy(m + KVPS__HDR, &table, 8);
+    memcpy(m + KVPS__HDR + 8, &dim, 4);
+    memcpy(m + KVPS__HDR + 12, &zero, 4);
+    if (nrows) memcpy(m + KVPS__HDR + 16, ids, (size_t)nrows * 8);
+    int nf = 1;
+    if (vals) {
+        if (kvps__msg_from_buf(&f[1], vals, vbytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+        nf = 2;
+    }
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) return KVPS_ERR_ZMQ;
+    q->pending++;
+    q->sent++;
+    q->state[srv] = 1;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
+    if (!w || !d || !d->name || !*d->name || !out || !req || d->dim == 0 || d->dim > (1u << 20) ||
+        !(d->init_scale >= 0.0f && d->init_scale < 1e30f))
+        return KVPS_ERR_INVALID_ARG;
+    *req = 0;
+    unsigned char rec[KVPS__TREC];
+    memset(rec, 0, sizeof rec);
+    uint32_t rule = (uint32_t)d->opt.rule;
+    float f[5] = {d->opt.lr, d->opt.momentum, d->opt.beta1, d->opt.beta2, d->opt.eps};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+    memcpy(rec + 24, &d->init_scale, 4);
+    memcpy(rec + 32, &d->seed, 8);
+    kvps_optim chk;
+    kvps_result r = kvps__optim_read(rec, &chk);
+    if (r != KVPS_OK) return (unsigned)d->opt.rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
+    uint64_t id = kvps__fnv1a(d->name);
+    for (int i = 0; i < w->ntables; i++)
+        if (w->tables[i].id == id) return KVPS_ERR_TABLE;
+    void *nt = realloc(w->tables, (size_t)(w->ntables + 1) * sizeof *w->tables);
+    if (!nt) return KVPS_ERR_NOMEM;
+    memcpy(&w->tables, &nt, sizeof nt);
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    for (int s = 0; s < w->n && r == KVPS_OK; s++)
+        r = kvps__send_table(w, q, s, KVPS__OP_TABLE, id, d->dim, NULL, 0, rec, sizeof rec);
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    w->tables[w->ntables].id = id;
+    w->tables[w->ntables].dim = d->dim;
+    *out = w->ntables++;
+    *req = q->id;
+    return KVPS_OK;
+}
+
+typedef struct kvps__rowref { uint64_t id; uint32_t pos, srv; } kvps__rowref;
+static int kvps__cmp_rowref(const void *a, const void *b) {
+    const kvps__rowref *x = (const kvps__rowref *)a, *y = (const kvps__rowref *)b;
+    if (x->srv != y->srv) return x->srv < y->srv ? -1 : 1;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Rows grouped by server, then id, then position: duplicates side by side, first one first. */
+static kvps__rowref *kvps__rows_sorted(const kvps_worker *w, uint64_t table, const uint64_t *ids, size_t n) {
+    kvps__rowref *v = (kvps__rowref *)malloc(n * sizeof *v);
+    if (!v) return NULL;
+    for (size_t i = 0; i < n; i++) { v[i].id = ids[i]; v[i].pos = (uint32_t)i; v[i].srv = (uint32_t)kvps__row_server(w, table, ids[i]); }
+    qsort(v, n, sizeof *v, kvps__cmp_rowref);
+    return v;
+}
+
+static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const uint64_t *ids, const float *grads, float *rows,
+                                 size_t nrows, kvps_req *out) {
+    if (!w || !ids || !out || nrows == 0 || nrows >= UINT32_MAX || (op == KVPS__OP_PUSH_ROWS ? !grads : !rows))
+        return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (ti < 0 || ti >= w->ntables) return KVPS_ERR_TABLE;
+    uint64_t table = w->tables[ti].id;
+    uint32_t dim = w->tables[ti].dim;
+    kvps__rowref *v = kvps__rows_sorted(w, table, ids, nrows);
+    uint64_t *uid = (uint64_t *)malloc(nrows * sizeof *uid);
+    float *vals = op == KVPS__OP_PUSH_ROWS ? (float *)malloc(nrows * dim * sizeof(float)) : NULL;
+    kvps__req *q = v && uid && (vals || op != KVPS__OP_PUSH_ROWS) ? kvps__req_new(w, op == KVPS__OP_PULL_ROWS ? nrows : 0) : NULL;
+    kvps_result r = q ? KVPS_OK : KVPS_ERR_NOMEM;
+    if (q && op == KVPS__OP_PULL_ROWS) {
+        q->dups = (uint32_t *)malloc(nrows * 2 * sizeof *q->dups);
+        if (!q->dups) r = KVPS_ERR_NOMEM;
+        q->dup_base = rows;
+        q->dup_dim = dim;
+    }
+    size_t i = 0, nu = 0;
+    while (r == KVPS_OK && i < nrows) {
+        uint32_t srv = v[i].srv;
+        size_t first = nu;
+        q->dbegin[srv] = (uint32_t)nu;
+        while (i < nrows && v[i].srv == srv) {
+            size_t j = i; /* the run of one id */
+            uid[nu] = v[i].id;
+            if (vals) memcpy(vals + nu * dim, grads + (size_t)v[i].pos * dim, dim * sizeof(float));
+            if (q->dest) { q->dest[nu].ptr = rows + (size_t)v[i].pos * dim; q->dest[nu].len = dim; }
+            for (j = i + 1; j < nrows && v[j].id == v[i].id && v[j].srv == srv; j++) {
+                if (vals) kvps__add(vals + nu * dim, grads + (size_t)v[j].pos * dim, dim);
+                if (q->dups) { q->dups[2 * q->ndups] = v[i].pos; q->dups[2 * q->ndups + 1] = v[j].pos; q->ndups++; }
+            }
+            nu++;
+            i = j;
+        }
+        r = kvps__send_table(w, q, (int)srv, op, table, dim, uid + first, (uint32_t)(nu - first), vals ? vals + first * dim : NULL,
+                             (nu - first) * dim * sizeof(float));
+    }
+    /* dbegin[s + 1] must bound server s's rows for the reply scatter: fill the gaps */
+    if (q) {
+        q->dbegin[w->n] = (uint32_t)nu;
+        for (int s2 = w->n - 1; s2 >= 0; s2--)
+            if (!q->state[s2]) q->dbegin[s2] = q->dbegin[s2 + 1];
+    }
+    free(v);
+    free(uid);
+    free(vals);
+    if (!q) return r;
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_push_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, const float *grads, size_t nrows,
+                                           kvps_req *out) {
+    return kvps__rows_op(w, KVPS__OP_PUSH_ROWS, t, ids, grads, NULL, nrows, out);
+}
+KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, float *rows, size_t nrows,
+                                           kvps_req *out) {
+    return kvps__rows_op(w, KVPS__OP_PULL_ROWS, t, ids, NULL, rows, nrows, out);
+}
+
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     if (!w || !out) return KVPS_ERR_INVALID_ARG;
     *out = 0;
@@ -2573,6 +2985,14 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
     return KVPS_OK;
 }
 
+/* Work left for when every reply is in: rows asked for more than once get their copies. */
+static void kvps__req_finish(kvps__req *q) {
+    if (q->status != KVPS_OK) return;
+    for (size_t i = 0; i < q->ndups; i++)
+        memcpy(q->dup_base + (size_t)q->dups[2 * i + 1] * q->dup_dim, q->dup_base + (size_t)q->dups[2 * i] * q->dup_dim,
+               q->dup_dim * sizeof(float));
+}
+
 static int kvps__req_done(kvps__req *q) {
     return q->pending == 0 && __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1;
 }
@@ -2587,6 +3007,7 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (!kvps__req_done(q)) return KVPS_OK;
     *done = 1;
     r = q->status;
+    kvps__req_finish(q);
     kvps__req_end(w, q);
     return r;
 }
@@ -2614,6 +3035,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         }
     }
     kvps_result r = q->status;
+    kvps__req_finish(q);
     kvps__req_end(w, q);
     return r;
 }

@@ -315,7 +315,7 @@ static const bi_case bi_cases[] = {
     {"version 2", KVPS_ERR_VERSION, EX, .patch = {P(version, 2)}},
     {"version 255", KVPS_ERR_VERSION, .op = PULL, EX, .patch = {P(version, 255)}},
     {"op 0", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0)}},
-    {"op 7 (the first unknown)", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 7)}},
+    {"op after the last known", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, KVPS__OP_TABLE + 1)}},
     {"op 0x7f", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0x7f)}},
     {"op 0x80 (the reply bit alone)", KVPS_ERR_OP, .op = PULL, EX, .patch = {P(op, 0x80)}},
     {"op 0x81 (a push reply sent back)", KVPS_ERR_OP, EX, .patch = {P(op, 0x81)}},
@@ -697,7 +697,7 @@ static void test_random_garbage(void) {
                 if (n < KVPS__HDR) want = KVPS_ERR_TRUNCATED;
                 else if (h.magic != KVPS__MAGIC) want = KVPS_ERR_MAGIC;
                 else if (h.version != KVPS__VERSION) want = KVPS_ERR_VERSION;
-                else if (h.op < PUSH || h.op > KVPS__OP_CONFIG) want = KVPS_ERR_OP;
+                else if (h.op < PUSH || h.op > KVPS__OP_TABLE) want = KVPS_ERR_OP;
                 else if (h.rank >= BI_M) want = KVPS_ERR_RANK;
             }
             bi_add(&m, buf, n);
@@ -790,7 +790,7 @@ static int bi_fuzz_one(uint64_t *seed, int srv, bi_msg *m) {
         if (nd == 1) want = KVPS_ERR_VERSION;
     }
     if (has[D_OP]) {
-        uint8_t bad_ops[] = {0, 7, 8, 0x40, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0xfe, 0xff};
+        uint8_t bad_ops[] = {0, KVPS__OP_TABLE + 1, KVPS__OP_TABLE + 2, 0x40, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0xfe, 0xff};
         h.op = bad_ops[kt_rng(seed) % sizeof bad_ops];
         if (nd == 1) want = KVPS_ERR_OP;
     }
