@@ -316,25 +316,17 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
         else KVPS_RING__RED(float, dst, src, n, op);
         break;
     case KVPS_FLOAT64: KVPS_RING__RED(double, dst, src, n, op); break;
-    case KVPS_INT32: {
-        /* wrap-around arithmetic as unsigned: signed overflow is undefined in C */
-        if (op == KVPS_SUM || op == KVPS_AVG || op == KVPS_PROD) {
-            uint32_t *d = (uint32_t *)dst;
-            const uint32_t *s = (const uint32_t *)src;
-            if (op == KVPS_PROD) for (size_t i = 0; i < n; i++) d[i] *= s[i];
-            else for (size_t i = 0; i < n; i++) d[i] += s[i];
-        } else KVPS_RING__RED(int32_t, dst, src, n, op);
-        break;
-    }
-    case KVPS_INT64: {
-        if (op == KVPS_SUM || op == KVPS_AVG || op == KVPS_PROD) {
-            uint64_t *d = (uint64_t *)dst;
-            const uint64_t *s = (const uint64_t *)src;
-            if (op == KVPS_PROD) for (size_t i = 0; i < n; i++) d[i] *= s[i];
-            else for (size_t i = 0; i < n; i++) d[i] += s[i];
-        } else KVPS_RING__RED(int64_t, dst, src, n, op);
-        break;
-    }
+    /* integers: sum and prod wrap around, computed as unsigned (signed overflow is undefined) */
+#define KVPS_RING__WRAP(U, S)                                                         \
+    if (op == KVPS_SUM || op == KVPS_AVG || op == KVPS_PROD) {                        \
+        U *d = (U *)dst;                                                              \
+        const U *s = (const U *)src;                                                  \
+        if (op == KVPS_PROD) for (size_t i = 0; i < n; i++) d[i] *= s[i];             \
+        else for (size_t i = 0; i < n; i++) d[i] += s[i];                             \
+    } else KVPS_RING__RED(S, dst, src, n, op);
+    case KVPS_INT32: KVPS_RING__WRAP(uint32_t, int32_t) break;
+    case KVPS_INT64: KVPS_RING__WRAP(uint64_t, int64_t) break;
+#undef KVPS_RING__WRAP
     case KVPS_FLOAT16: {
         uint16_t *d = (uint16_t *)dst;
         const uint16_t *s = (const uint16_t *)src;
