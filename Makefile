@@ -16,7 +16,14 @@ EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h
 
 .PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
-all: deps $(TESTS) $(BENCHES) $(EXAMPLES)
+# The OpenMPI peer of bench_ring, built where mpicc is (bench_ring runs without it and says so).
+MPICC   ?= mpicc
+MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce)
+
+all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
+
+$(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B)
+	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 deps:
 	@scripts/deps.sh build
@@ -57,6 +64,9 @@ valgrind-test: all
 
 bench: all
 	$(B)/bench_pushpull
+	$(B)/bench_ring
+	$(B)/bench_compress
+	$(B)/bench_keys
 
 demo: deps-demo all
 	@scripts/demo.sh $(B)

@@ -64,10 +64,11 @@
              exchanges of the whole buffer; best for small messages.
      HIER    ranks grouped by .groups (a machine id per rank): reduce inside each group to its
              first rank, all-reduce among those leaders, broadcast back inside the group.
-   AUTO: all-reduce uses RD up to .small_bytes (default 64 KiB, measured crossover on loopback:
-   see BENCHMARKS.md), then HIER when .groups names more than one group with more than one
-   rank, else RING. Broadcast and reduce use binomial trees for small
-   messages and a pipelined chain or reduce-scatter + gather for large ones.
+   AUTO: all-reduce uses RD up to .small_bytes (default 512 KiB: on loopback RD wins up to 512
+   KiB at 2, 4 and 8 ranks, the ring from 1 MiB; see BENCHMARKS.md), then HIER when .groups
+   names more than one group with more than one rank, else RING. Broadcast and reduce use
+   binomial trees for small messages and a pipelined chain or reduce-scatter + gather for large
+   ones. An out-of-place ring all-reduce reads send directly: the input is never copied first.
 
    4. WIRE FORMAT
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
@@ -114,9 +115,9 @@ typedef enum kvps_coll {
    | peers       | NULL: call kvps_ring_connect later            |
    | bind        | this rank's entry of peers                    |
    | timeout_ms  | 30000                                         |
-   | chunk_bytes | 262144 (pipeline piece)                       |
+   | chunk_bytes | 1 MiB (pipeline piece; measured best at 1-64 MB) |
    | algo        | KVPS_ALGO_AUTO                                |
-   | small_bytes | 65536 (AUTO: RD at or below)                  |
+   | small_bytes | 512 KiB (AUTO: RD at or below; measured crossover) |
    | groups      | NULL: one group (no HIER)                     |
    | zmq_ctx     | a context of its own; io_threads 1            | */
 typedef struct kvps_ring_desc {
@@ -607,6 +608,30 @@ static kvps_result kvps_ring__recv_reduce(kvps_ring *r, int src, uint64_t tag, v
 
 static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes);
 
+/* dst = in op (received piece): the first reduction of a block when the all-reduce is out of
+   place, so that the input never has to be copied to the output first. */
+static kvps_result kvps_ring__recv_reduce3(kvps_ring *r, int src, uint64_t tag, void *dst, const void *in, size_t n) {
+    kvps_dtype dt = (kvps_dtype)(r->cur.dtype & 15);
+    kvps_redop op = (kvps_redop)r->cur.op;
+    if (dt != KVPS_FLOAT32 || (op != KVPS_SUM && op != KVPS_AVG)) { /* the piece is cache-hot for the reduce */
+        memcpy(dst, in, n * kvps_dtype_size(dt));
+        return kvps_ring__recv_reduce(r, src, tag, dst, n);
+    }
+    zmq_msg_t m;
+    kvps_result rc = kvps_ring__recv_n(r, src, tag, n * sizeof(float), &m);
+    if (rc != KVPS_OK) return rc;
+    const float *KVPS__RESTRICT b = (const float *)kvps_ring__data(r, &m);
+    if (b) {
+        float *KVPS__RESTRICT d = (float *)dst;
+        const float *KVPS__RESTRICT a = (const float *)in;
+        size_t i = 0;
+        KVPS__VLOOP(n, i, kvps__st(d + i, kvps__ld(a + i) + kvps__ld(b + i)))
+        for (; i < n; i++) d[i] = a[i] + b[i];
+    }
+    zmq_msg_close(&m);
+    return b ? KVPS_OK : KVPS_ERR_NOMEM;
+}
+
 /* Receives nel elements into dst, widening 16-bit wire data. */
 static kvps_result kvps_ring__recv_el(kvps_ring *r, int src, uint64_t tag, void *dst, size_t nel) {
     if (!r->wire) return kvps_ring__recv_copy(r, src, tag, dst, nel * kvps_dtype_size((kvps_dtype)(r->cur.dtype & 15)));
@@ -656,6 +681,7 @@ typedef struct kvps_ring__task {
     const int *view;
     int k, me, dir;
     char *buf;
+    const char *src; /* all-reduce out of place: the input (buf is the output), NULL: in place */
     size_t count, blk, es, piece; /* blk > 0: fixed blocks of blk elements, else count cut in k */
 } kvps_ring__task;
 
@@ -679,8 +705,9 @@ static kvps_result kvps_ring__send_block(kvps_ring *r, const kvps_ring__task *t,
     size_t off = kvps_ring__off(t, c), len = kvps_ring__len(t, c), np = kvps_ring__npieces(t, c);
     for (size_t p = 0; p < np; p++) {
         size_t b = p * t->piece, n = len - b < t->piece ? len - b : t->piece;
+        const char *base = t->src && phase == KVPS_RING__PH_RS ? t->src : t->buf;
         kvps_result rc = kvps_ring__send_el(r, right, kvps_ring__tag(phase, t->dir, (uint64_t)step, p),
-                                            t->buf + (off + b) * t->es, n, zc);
+                                            base + (off + b) * t->es, n, zc);
         if (rc != KVPS_OK) return rc;
     }
     return KVPS_OK;
@@ -694,7 +721,8 @@ static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, in
         rc = rc ? rc : rs ? kvps_ring__send_block(r, &t[d], KVPS_RING__PH_RS, 0, t[d].me - 1, 0)
                           : kvps_ring__send_block(r, &t[d], KVPS_RING__PH_AG, 0, t[d].me, 1);
     for (int phase = rs ? 0 : 1; phase <= (ag ? 1 : 0) && rc == KVPS_OK; phase++) {
-        if (phase == 1 && rs) rc = kvps_ring__zc_drain(r, 0, r->deadline); /* about to overwrite sent blocks */
+        /* about to overwrite blocks sent from buf (out of place with 2 ranks, none were) */
+        if (phase == 1 && rs && !(t[0].src && k == 2)) rc = kvps_ring__zc_drain(r, 0, r->deadline);
         for (int s = 0; s < k - 1 && rc == KVPS_OK; s++) {
             size_t maxp = 0;
             for (int d = 0; d < nt; d++) {
@@ -713,7 +741,8 @@ static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, in
                     char *ptr = x->buf + (kvps_ring__off(x, c) + b) * x->es;
                     int ph = phase == 0 ? KVPS_RING__PH_RS : KVPS_RING__PH_AG;
                     uint64_t tag = kvps_ring__tag(ph, x->dir, (uint64_t)s, p);
-                    rc = phase == 0 ? kvps_ring__recv_reduce(r, left, tag, ptr, n) : kvps_ring__recv_el(r, left, tag, ptr, n);
+                    if (phase == 0 && x->src) rc = kvps_ring__recv_reduce3(r, left, tag, ptr, x->src + (ptr - x->buf), n);
+                    else rc = phase == 0 ? kvps_ring__recv_reduce(r, left, tag, ptr, n) : kvps_ring__recv_el(r, left, tag, ptr, n);
                     if (rc != KVPS_OK) break;
                     if (s < k - 2) { /* forward: it is the next step's block */
                         rc = kvps_ring__send_el(r, right, kvps_ring__tag(ph, x->dir, (uint64_t)s + 1, p), ptr, n, phase);
@@ -735,6 +764,7 @@ static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *vi
     t->me = me;
     t->dir = dir;
     t->buf = (char *)buf;
+    t->src = NULL;
     t->count = count;
     t->blk = blk;
     t->es = kvps_dtype_size(kvps_ring__dt(r));
@@ -744,7 +774,7 @@ static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *vi
 
 /* All-reduce of buf over view by ring (bidir: half each way). */
 static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count,
-                                             int bidir) {
+                                             int bidir, const void *src) {
     kvps_ring__task t[2];
     if (bidir && k >= 3 && count >= 2 * (size_t)k) {
         size_t half = count / 2, es = kvps_dtype_size(kvps_ring__dt(r));
@@ -752,9 +782,11 @@ static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int 
         for (int i = 0; i < k; i++) rev[i] = view[k - 1 - i];
         kvps_ring__task_init(&t[0], r, view, k, me, buf, half, 0, 0);
         kvps_ring__task_init(&t[1], r, rev, k, k - 1 - me, (char *)buf + half * es, count - half, 0, 1);
+        if (src) { t[0].src = (const char *)src; t[1].src = (const char *)src + half * es; }
         return kvps_ring__rings(r, t, 2, 1, 1);
     }
     kvps_ring__task_init(&t[0], r, view, k, me, buf, count, 0, 0);
+    t[0].src = (const char *)src;
     return kvps_ring__rings(r, t, 1, 1, 1);
 }
 
@@ -857,7 +889,7 @@ static kvps_result kvps_ring__allreduce_view(kvps_ring *r, const int *view, int 
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
     if (algo == KVPS_ALGO_RD) return kvps_ring__allreduce_rd(r, view, k, me, buf, count);
-    return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING);
+    return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING, NULL);
 }
 
 static kvps_result kvps_ring__reduce_view(kvps_ring *r, const int *view, int k, int root, void *buf, size_t count,
@@ -947,11 +979,16 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
     kvps_result rc = KVPS_OK;
     switch (op->coll) {
     case KVPS_COLL_ALLREDUCE:
-        if (send && send != recv && bytes) memcpy(recv, send, bytes);
         if (algo == KVPS_ALGO_AUTO)
             algo = !large ? KVPS_ALGO_RD : kvps_ring__multi_group(r) ? KVPS_ALGO_HIER : KVPS_ALGO_RING;
-        if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
-        else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
+        if (send && send != recv && k > 1 && n && !r->wire && (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING)) {
+            /* out of place: the ring reads send and writes every block of recv itself */
+            rc = kvps_ring__allreduce_ring(r, all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
+        } else {
+            if (send && send != recv && bytes) memcpy(recv, send, bytes);
+            if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
+            else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
+        }
         if (rc == KVPS_OK && op->op == KVPS_AVG) {
             rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
             if (rc == KVPS_OK) kvps_ring__scale(recv, n, op->dtype, k);
@@ -1328,8 +1365,8 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     if (!r) return KVPS_ERR_NOMEM;
     r->desc = *desc;
     r->desc.timeout_ms = kvps__def(desc->timeout_ms, 30000);
-    r->desc.chunk_bytes = kvps__def(desc->chunk_bytes, (size_t)262144);
-    r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)65536);
+    r->desc.chunk_bytes = kvps__def(desc->chunk_bytes, (size_t)1 << 20);
+    r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)512 << 10);
     r->rank = desc->rank;
     r->size = desc->size;
     pthread_mutex_init(&r->mu, NULL);
