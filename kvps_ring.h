@@ -1269,7 +1269,7 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
 }
 
 static kvps_result kvps_ring__call(kvps_ring *r, kvps_coll coll, const void *send, void *recv, size_t count,
-                                   kvps_dtype dt, kvps_redop op, int root) {
+                                   kvps_dtype dt, kvps_redop op, int root, kvps_dtype wire) {
     kvps_ring_op o;
     memset(&o, 0, sizeof o);
     o.coll = coll;
@@ -1279,44 +1279,36 @@ static kvps_result kvps_ring__call(kvps_ring *r, kvps_coll coll, const void *sen
     o.dtype = dt;
     o.op = op;
     o.root = root;
+    o.wire = wire;
     return kvps_ring_run(r, &o);
 }
 KVPS_API kvps_result kvps_ring_allreduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
-    return kvps_ring__call(r, KVPS_COLL_ALLREDUCE, send, recv, count, dt, op, 0);
+    return kvps_ring__call(r, KVPS_COLL_ALLREDUCE, send, recv, count, dt, op, 0, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_reduce(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op, int root) {
-    return kvps_ring__call(r, KVPS_COLL_REDUCE, send, recv, count, dt, op, root);
+    return kvps_ring__call(r, KVPS_COLL_REDUCE, send, recv, count, dt, op, root, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_reduce_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, kvps_redop op) {
-    return kvps_ring__call(r, KVPS_COLL_REDUCE_SCATTER, send, recv, count, dt, op, 0);
+    return kvps_ring__call(r, KVPS_COLL_REDUCE_SCATTER, send, recv, count, dt, op, 0, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_allgather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
-    return kvps_ring__call(r, KVPS_COLL_ALLGATHER, send, recv, count, dt, KVPS_SUM, 0);
+    return kvps_ring__call(r, KVPS_COLL_ALLGATHER, send, recv, count, dt, KVPS_SUM, 0, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_broadcast(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return kvps_ring__call(r, KVPS_COLL_BROADCAST, send, recv, count, dt, KVPS_SUM, root);
+    return kvps_ring__call(r, KVPS_COLL_BROADCAST, send, recv, count, dt, KVPS_SUM, root, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_gather(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return kvps_ring__call(r, KVPS_COLL_GATHER, send, recv, count, dt, KVPS_SUM, root);
+    return kvps_ring__call(r, KVPS_COLL_GATHER, send, recv, count, dt, KVPS_SUM, root, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_scatter(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt, int root) {
-    return kvps_ring__call(r, KVPS_COLL_SCATTER, send, recv, count, dt, KVPS_SUM, root);
+    return kvps_ring__call(r, KVPS_COLL_SCATTER, send, recv, count, dt, KVPS_SUM, root, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count, kvps_dtype dt) {
-    return kvps_ring__call(r, KVPS_COLL_ALLTOALL, send, recv, count, dt, KVPS_SUM, 0);
+    return kvps_ring__call(r, KVPS_COLL_ALLTOALL, send, recv, count, dt, KVPS_SUM, 0, KVPS_FLOAT32);
 }
 KVPS_API kvps_result kvps_ring_allreduce_wire(kvps_ring *r, const void *send, void *recv, size_t count,
                                               kvps_redop op, kvps_dtype wire) {
-    kvps_ring_op o;
-    memset(&o, 0, sizeof o);
-    o.coll = KVPS_COLL_ALLREDUCE;
-    o.send = send;
-    o.recv = recv;
-    o.count = count;
-    o.dtype = KVPS_FLOAT32;
-    o.op = op;
-    o.wire = wire;
-    return kvps_ring_run(r, &o);
+    return kvps_ring__call(r, KVPS_COLL_ALLREDUCE, send, recv, count, KVPS_FLOAT32, op, 0, wire);
 }
 
 KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual) {
@@ -1348,7 +1340,7 @@ KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t c
 }
 
 KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) {
-    return kvps_ring__call(r, KVPS_COLL_BARRIER, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0);
+    return kvps_ring__call(r, KVPS_COLL_BARRIER, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0, KVPS_FLOAT32);
 }
 
 // >>setup
