@@ -953,7 +953,8 @@ struct kvps_server {
     pthread_t thread;
     int started;
     int m;
-    kvps_update_fn update_fn;
+    kvps_update_fn update_fn; /* your own rule, or NULL */
+    kvps_optim default_opt;   /* desc.update as a kvps_rule (keys without their own rule) */
     /* key table: open addressing (key -> index + 1), grows at 1/2 load */
     kvps__key **keys;
     uint32_t nkeys, cap_keys;
@@ -1073,18 +1074,14 @@ static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, si
     KVPS__VLOOP(n, i, kvps__st(d + i, kvps__ld(d + i) + kvps__ld(g + i)))
     for (; i < n; i++) d[i] += g[i];
 }
-static void kvps__update_mean(const kvps_update_args *a) {
-    float c = (float)a->count, *KVPS__RESTRICT v = a->value;
-    const float *KVPS__RESTRICT g = a->sum;
-    size_t i = 0, n = a->len;
+/* v = g / c (the mean of a round) and v -= lr * (g / c) (SGD): the two hot rules, vectorised. */
+static void kvps__mean_into(float *KVPS__RESTRICT v, const float *KVPS__RESTRICT g, float c, size_t n) {
+    size_t i = 0;
     KVPS__VLOOP(n, i, kvps__st(v + i, kvps__ld(g + i) / kvps__splat(c)))
     for (; i < n; i++) v[i] = g[i] / c;
 }
-static void kvps__update_sum(const kvps_update_args *a) { kvps__add(a->value, a->sum, a->len); }
-static void kvps__update_sgd(const kvps_update_args *a) {
-    float lr = *(const float *)a->user, c = (float)a->count, *KVPS__RESTRICT v = a->value;
-    const float *KVPS__RESTRICT g = a->sum;
-    size_t i = 0, n = a->len;
+static void kvps__sgd_step(float *KVPS__RESTRICT v, const float *KVPS__RESTRICT g, float lr, float c, size_t n) {
+    size_t i = 0;
     KVPS__VLOOP(n, i, kvps__st(v + i, kvps__ld(v + i) - kvps__splat(lr) * (kvps__ld(g + i) / kvps__splat(c))))
     for (; i < n; i++) v[i] -= lr * (g[i] / c);
 }
@@ -1238,13 +1235,11 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->stop_pipe[0] = s->stop_pipe[1] = -1;
     s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
     s->stats.staleness = (uint64_t)s->cur_k;
-    if (desc->update_fn) {
-        s->update_fn = desc->update_fn;
-    } else {
-        static const kvps_update_fn builtin[] = {kvps__update_mean, kvps__update_sum, kvps__update_sgd};
-        s->update_fn = builtin[desc->update];
-        s->desc.update_user = &s->desc.lr;
-    }
+    /* the built-in update rules are the matching kvps_rule; update_fn is for your own */
+    s->update_fn = desc->update_fn;
+    static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
+    s->default_opt.rule = builtin[desc->update];
+    s->default_opt.lr = s->desc.lr;
     s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
     if (!s->barrier_gen || kvps__table_grow(s) != 0) { free(s->barrier_gen); free(s); return KVPS_ERR_NOMEM; }
     if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
@@ -1324,10 +1319,10 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
 static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
                             float *b2t, size_t n) {
     switch (o->rule) {
-    case KVPS_RULE_MEAN: for (size_t i = 0; i < n; i++) w[i] = sum[i] / c; break;
+    case KVPS_RULE_MEAN: kvps__mean_into(w, sum, c, n); break;
     case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
     case KVPS_RULE_ACCUMULATE: kvps__add(w, sum, n); break;
-    case KVPS_RULE_SGD: for (size_t i = 0; i < n; i++) w[i] -= o->lr * (sum[i] / c); break;
+    case KVPS_RULE_SGD: kvps__sgd_step(w, sum, o->lr, c, n); break;
     case KVPS_RULE_MOMENTUM:
         for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * v[i]; }
         break;
@@ -1356,15 +1351,15 @@ static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, flo
 /* Floats of optimizer state per value for a rule (Adam: m and v). */
 static int kvps__rule_state(kvps_rule r) { return r == KVPS_RULE_ADAM ? 2 : r >= KVPS_RULE_MOMENTUM ? 1 : 0; }
 
-static int kvps__apply_rule(kvps__key *k, const float *sum, int count) {
+static int kvps__apply_rule(kvps__key *k, const kvps_optim *o, const float *sum, int count) {
     size_t n = (size_t)k->len;
-    int nstate = kvps__rule_state(k->opt.rule);
+    int nstate = kvps__rule_state(o->rule);
     if (nstate && !k->state) {
         k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
         if (!k->state) return -1;
         k->b1t = k->b2t = 1.0f;
     }
-    kvps__rule_math(&k->opt, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
+    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
     return 0;
 }
 
@@ -1372,11 +1367,11 @@ static void kvps__adapt(kvps_server *s);
 
 static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
     if (kvps__value_writable(k) != 0) return -1;
-    if (k->opt.rule != KVPS_RULE_DEFAULT) {
-        if (kvps__apply_rule(k, sum, count) != 0) return -1;
-    } else {
+    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
         kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
         s->update_fn(&a);
+    } else if (kvps__apply_rule(k, k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt, sum, count) != 0) {
+        return -1;
     }
     k->round++;
     KVPS__STAT_ADD(s, rounds, 1);
@@ -1471,35 +1466,35 @@ static void kvps__parked_free(kvps__parked *p) {
     free(p);
 }
 
-/* Sends a pull reply if every key is ready, else parks p on the first key that is not. */
-static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
-        kvps__key *k = s->keys[p->idx[i]];
-        if (k->round < kvps__needed_round(s, k, p->hdr.rank)) {
-            if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
-            p->next = k->waiters;
-            k->waiters = p;
-            return;
-        }
-        total += k->len;
+/* The first key of a pull that has not reached the round the puller needs, or NULL. */
+static kvps__key *kvps__pull_blocker(const kvps_server *s, const kvps__hdr *hdr, const uint32_t *idx) {
+    for (uint32_t i = 0; i < hdr->nkeys; i++) {
+        kvps__key *k = s->keys[idx[i]];
+        if (k->round < kvps__needed_round(s, k, hdr->rank)) return k;
     }
-    kvps__hdr h = p->hdr;
+    return NULL;
+}
+
+/* Answers a pull whose keys are all ready; id (the routing id) is moved into the reply. */
+static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr, const uint32_t *idx) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < hdr->nkeys; i++) total += s->keys[idx[i]]->len;
+    kvps__hdr h = *hdr;
     h.op |= KVPS__OP_REPLY;
     h.status = KVPS_OK;
     zmq_msg_t f[3];
-    f[0] = p->id; /* moved: the parked struct gives up its routing id */
-    zmq_msg_init(&p->id);
+    f[0] = *id; /* moved */
+    zmq_msg_init(id);
     kvps__msg_from_buf(&f[1], &h, sizeof h);
-    if (p->hdr.flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
+    if (hdr->flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
         kvps_codec tmp;
-        const kvps_codec *cd = kvps__server_codec(s, (int)p->hdr.aux, &tmp);
+        const kvps_codec *cd = kvps__server_codec(s, (int)hdr->aux, &tmp);
         size_t cap = 0, used = 0;
-        for (uint32_t i = 0; i < p->hdr.nkeys; i++) cap += 4 + kvps_codec_max_bytes(cd, (size_t)s->keys[p->idx[i]]->len);
+        for (uint32_t i = 0; i < hdr->nkeys; i++) cap += 4 + kvps_codec_max_bytes(cd, (size_t)s->keys[idx[i]]->len);
         unsigned char *buf = (unsigned char *)malloc(cap ? cap : 1);
         kvps_result er = buf ? KVPS_OK : KVPS_ERR_NOMEM;
-        for (uint32_t i = 0; i < p->hdr.nkeys && er == KVPS_OK; i++) {
-            kvps__key *k = s->keys[p->idx[i]];
+        for (uint32_t i = 0; i < hdr->nkeys && er == KVPS_OK; i++) {
+            kvps__key *k = s->keys[idx[i]];
             size_t nb = 0;
             er = kvps_codec_encode(cd, k->value, (size_t)k->len, NULL, buf + used + 4, cap - used - 4, &nb);
             uint32_t nb32 = (uint32_t)nb;
@@ -1509,45 +1504,54 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
         if (er != KVPS_OK || kvps__msg_from_buf(&f[2], buf, used) != 0) {
             free(buf);
             zmq_msg_close(&f[1]);
-            kvps__reply_error(s, &f[0], &p->hdr, er != KVPS_OK ? er : KVPS_ERR_NOMEM, "encoding a pull reply");
+            kvps__reply_error(s, &f[0], hdr, er != KVPS_OK ? er : KVPS_ERR_NOMEM, "encoding a pull reply");
             zmq_msg_close(&f[0]);
-            kvps__parked_free(p);
             return;
         }
         free(buf);
-        KVPS__STAT_ADD(s, pulls, p->hdr.nkeys);
+        KVPS__STAT_ADD(s, pulls, hdr->nkeys);
         kvps__send_frames(s->router, f, 3);
-        kvps__parked_free(p);
         return;
     }
-    if (p->hdr.nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
+    if (hdr->nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
         /* one large value: send the stored buffer itself; an update meanwhile copies on write */
-        kvps__key *k = s->keys[p->idx[0]];
+        kvps__key *k = s->keys[idx[0]];
         __atomic_add_fetch(&k->cur->refs, 1, __ATOMIC_ACQ_REL);
         if (zmq_msg_init_data(&f[2], k->value, (size_t)total * sizeof(float), kvps__vbuf_release, k->cur) == 0) {
             KVPS__STAT_ADD(s, pulls, 1);
             kvps__send_frames(s->router, f, 3);
-            kvps__parked_free(p);
             return;
         }
         kvps__vbuf_unref(k->cur);
     }
     if (zmq_msg_init_size(&f[2], (size_t)total * sizeof(float)) != 0) {
         zmq_msg_close(&f[1]);
-        kvps__reply_error(s, &f[0], &p->hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
+        kvps__reply_error(s, &f[0], hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
                           (unsigned long long)total);
         zmq_msg_close(&f[0]);
-        kvps__parked_free(p);
         return;
     }
     char *dst = (char *)zmq_msg_data(&f[2]);
-    for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
-        kvps__key *k = s->keys[p->idx[i]];
+    for (uint32_t i = 0; i < hdr->nkeys; i++) {
+        kvps__key *k = s->keys[idx[i]];
         memcpy(dst, k->value, (size_t)k->len * sizeof(float));
         dst += k->len * sizeof(float);
     }
-    KVPS__STAT_ADD(s, pulls, p->hdr.nkeys);
+    KVPS__STAT_ADD(s, pulls, hdr->nkeys);
     kvps__send_frames(s->router, f, 3);
+}
+
+
+/* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
+static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
+    kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
+    if (k) {
+        if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
+        p->next = k->waiters;
+        k->waiters = p;
+        return;
+    }
+    kvps__pull_reply(s, &p->id, &p->hdr, p->idx);
     kvps__parked_free(p);
 }
 
@@ -2054,6 +2058,15 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
     if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
     if (kvps__op_pulls(h.op)) {
+        s->win_pulls++;
+        if (!kvps__pull_blocker(s, &h, idx)) { /* the usual case: answer now, nothing to keep */
+            zmq_msg_t rid;
+            zmq_msg_init(&rid);
+            zmq_msg_copy(&rid, id);
+            kvps__pull_reply(s, &rid, &h, idx);
+            zmq_msg_close(&rid);
+            return;
+        }
         kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
         uint32_t *pidx = (uint32_t *)malloc((size_t)h.nkeys * sizeof *pidx);
         if (!p || !pidx) {
@@ -2062,7 +2075,6 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
             return;
         }
         memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
-        s->win_pulls++;
         zmq_msg_init(&p->id);
         zmq_msg_copy(&p->id, id);
         p->hdr = h;

@@ -385,30 +385,36 @@ static void kvps_ring__zc_free(void *data, void *hint) {
     kvps_ring__zc_unref(z);
 }
 
-static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data,
-                                       size_t bytes, int phase_zc) {
+/* Sends [h][payload] to rank dst; the payload frame is consumed. */
+static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
     zmq_msg_t f[2];
     kvps__msg_from_buf(&f[0], h, sizeof *h);
-    if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
-        kvps_ring__zc *z = r->zc;
-        __atomic_add_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
-        __atomic_add_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
-        if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)data, bytes, kvps_ring__zc_free,
-                              (void *)((uintptr_t)z | (uintptr_t)phase_zc)) != 0) {
-            __atomic_sub_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
-            __atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
-            zmq_msg_close(&f[0]);
-            return KVPS_ERR_NOMEM;
-        }
-    } else if (kvps__msg_from_buf(&f[1], data, bytes) != 0) {
-        zmq_msg_close(&f[0]);
-        return KVPS_ERR_NOMEM;
-    }
+    f[1] = *payload;
+    zmq_msg_init(payload);
     if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
     if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
         return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "send to rank %d: %s", dst,
                                zmq_errno() == EAGAIN ? "no connection (the peer is gone)" : zmq_strerror(zmq_errno()));
     return KVPS_OK;
+}
+
+static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data,
+                                       size_t bytes, int phase_zc) {
+    zmq_msg_t pl;
+    if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
+        kvps_ring__zc *z = r->zc;
+        __atomic_add_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
+        if (zmq_msg_init_data(&pl, (void *)(uintptr_t)data, bytes, kvps_ring__zc_free,
+                              (void *)((uintptr_t)z | (uintptr_t)phase_zc)) != 0) {
+            __atomic_sub_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
+            __atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
+            return KVPS_ERR_NOMEM;
+        }
+    } else if (kvps__msg_from_buf(&pl, data, bytes) != 0) {
+        return KVPS_ERR_NOMEM;
+    }
+    return kvps_ring__post(r, dst, h, &pl);
 }
 
 /* Sends a piece of the running collective. phase_zc: which zero-copy counter (0/1), -1 to copy. */
@@ -554,16 +560,12 @@ static kvps_result kvps_ring__send_el(kvps_ring *r, int dst, uint64_t tag, const
     if (!r->wire) return kvps_ring__send(r, dst, tag, ptr, nel * kvps_dtype_size(kvps_ring__dt(r)), zc);
     kvps_ring__hdr h = r->cur;
     h.tag = tag + r->hier;
-    zmq_msg_t f[2];
-    kvps__msg_from_buf(&f[0], &h, sizeof h);
-    if (zmq_msg_init_size(&f[1], nel * 2) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
-    uint16_t *d = (uint16_t *)zmq_msg_data(&f[1]);
+    zmq_msg_t m; /* converted straight into the frame */
+    if (zmq_msg_init_size(&m, nel * 2) != 0) return KVPS_ERR_NOMEM;
+    uint16_t *d = (uint16_t *)zmq_msg_data(&m);
     if (r->wire == KVPS_FLOAT16) kvps_f32_to_f16_n(d, (const float *)ptr, nel);
     else kvps_f32_to_bf16_n(d, (const float *)ptr, nel);
-    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
-    if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
-        return kvps_ring__fail(r, KVPS_ERR_PEER, "send to rank %d: %s", dst, zmq_strerror(zmq_errno()));
-    return KVPS_OK;
+    return kvps_ring__post(r, dst, &h, &m);
 }
 
 /* Wire float32 -> 16 bits -> float32, in place: what the peers will see of these elements. */
