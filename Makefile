@@ -73,3 +73,6 @@ demo: deps-demo all
 
 clean:
 	rm -rf build build-asan
+
+# Further targets, one fragment per concern (gpu, install, fuzz, ...).
+-include $(wildcard mk/*.mk)

@@ -522,6 +522,87 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
 /* Never blocks: *done = 1 when the request has ended (its result returned, handle freed). */
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
 
+/* ---- Element-wise numerics shared with kvps_gpu.h ----------------------------------------
+   One definition of each per-element operation of the codecs, compiled by the C compiler for
+   the CPU paths (and checked by the CPU tests) and by nvcc as __host__ __device__ for the CUDA
+   kernels, so both give the same bits. */
+#if defined(__CUDACC__)
+#define KVPS_HD __host__ __device__
+#else
+#define KVPS_HD
+#endif
+#include <string.h>
+static inline KVPS_HD uint16_t kvps_el_f32_to_f16(float fin) {
+    uint32_t f;
+    memcpy(&f, &fin, sizeof f);
+    uint32_t sign = f & 0x80000000u;
+    f ^= sign;
+    uint16_t o;
+    if (f >= 0x47800000u) { /* >= 65536: inf; NaN keeps the top 10 bits of its payload (and so
+                                whether it signals), quieted only when those bits are all 0 */
+        o = 0x7c00u;
+        if (f > 0x7f800000u) {
+            o = (uint16_t)(o | ((f >> 13) & 0x3ffu));
+            if ((o & 0x3ffu) == 0) o |= 0x200u;
+        }
+    } else if (f < 0x38800000u) { /* below 2^-14: subnormal half; the FPU rounds (RNE) */
+        const uint32_t magic_u = 126u << 23; /* 0.5f: aligns the half's ulp to bit 0 */
+        float magic, ff;
+        memcpy(&magic, &magic_u, sizeof magic);
+        memcpy(&ff, &f, sizeof ff);
+        ff += magic;
+        uint32_t r;
+        memcpy(&r, &ff, sizeof r);
+        o = (uint16_t)(r - magic_u);
+    } else { /* normal: rebias and round the 13 dropped bits to nearest even (may carry to inf) */
+        uint32_t odd = (f >> 13) & 1u;
+        f += 0xc8000fffu + odd; /* (15 - 127) << 23, plus rounding */
+        o = (uint16_t)(f >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+static inline KVPS_HD float kvps_el_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, f;
+    if (e == 0x1f) {
+        f = sign | 0x7f800000u | (m << 13);
+    } else if (e) {
+        f = sign | ((e + 112u) << 23) | (m << 13);
+    } else {
+        float v = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
+        memcpy(&f, &v, sizeof f);
+        f |= sign;
+    }
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
+}
+
+static inline KVPS_HD uint16_t kvps_el_f32_to_bf16(float fin) {
+    uint32_t f;
+    memcpy(&f, &fin, sizeof f);
+    if ((f & 0x7fffffffu) > 0x7f800000u) { /* NaN: top of the payload kept, quieted if that is 0 */
+        uint16_t b = (uint16_t)(f >> 16);
+        return (b & 0x7fu) ? b : (uint16_t)(b | 0x40u);
+    }
+    f += 0x7fffu + ((f >> 16) & 1u);
+    return (uint16_t)(f >> 16);
+}
+
+static inline KVPS_HD float kvps_el_bf16_to_f32(uint16_t h) {
+    uint32_t f = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &f, sizeof out);
+    return out;
+}
+
+/* |x| as an integer: a total order on magnitudes, NaN above infinity (top-k's key). */
+static inline KVPS_HD uint32_t kvps_el_mag(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u & 0x7fffffffu;
+}
+
 #ifdef __cplusplus
 }
 #endif
@@ -575,69 +656,10 @@ KVPS_API const char *kvps_result_str(kvps_result r) {
 }
 
 // >>half
-KVPS_API uint16_t kvps_f32_to_f16(float fin) {
-    uint32_t f;
-    memcpy(&f, &fin, sizeof f);
-    uint32_t sign = f & 0x80000000u;
-    f ^= sign;
-    uint16_t o;
-    if (f >= 0x47800000u) { /* >= 65536: inf; NaN keeps the top 10 bits of its payload (and so
-                                whether it signals), quieted only when those bits are all 0 */
-        o = 0x7c00u;
-        if (f > 0x7f800000u) {
-            o = (uint16_t)(o | ((f >> 13) & 0x3ffu));
-            if ((o & 0x3ffu) == 0) o |= 0x200u;
-        }
-    } else if (f < 0x38800000u) { /* below 2^-14: subnormal half; the FPU rounds (RNE) */
-        const uint32_t magic_u = 126u << 23; /* 0.5f: aligns the half's ulp to bit 0 */
-        float magic, ff;
-        memcpy(&magic, &magic_u, sizeof magic);
-        memcpy(&ff, &f, sizeof ff);
-        ff += magic;
-        uint32_t r;
-        memcpy(&r, &ff, sizeof r);
-        o = (uint16_t)(r - magic_u);
-    } else { /* normal: rebias and round the 13 dropped bits to nearest even (may carry to inf) */
-        uint32_t odd = (f >> 13) & 1u;
-        f += 0xc8000fffu + odd; /* (15 - 127) << 23, plus rounding */
-        o = (uint16_t)(f >> 13);
-    }
-    return (uint16_t)(o | (sign >> 16));
-}
-
-KVPS_API float kvps_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, f;
-    if (e == 0x1f) {
-        f = sign | 0x7f800000u | (m << 13);
-    } else if (e) {
-        f = sign | ((e + 112u) << 23) | (m << 13);
-    } else {
-        float v = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
-        memcpy(&f, &v, sizeof f);
-        f |= sign;
-    }
-    float out;
-    memcpy(&out, &f, sizeof out);
-    return out;
-}
-
-KVPS_API uint16_t kvps_f32_to_bf16(float fin) {
-    uint32_t f;
-    memcpy(&f, &fin, sizeof f);
-    if ((f & 0x7fffffffu) > 0x7f800000u) { /* NaN: top of the payload kept, quieted if that is 0 */
-        uint16_t b = (uint16_t)(f >> 16);
-        return (b & 0x7fu) ? b : (uint16_t)(b | 0x40u);
-    }
-    f += 0x7fffu + ((f >> 16) & 1u);
-    return (uint16_t)(f >> 16);
-}
-
-KVPS_API float kvps_bf16_to_f32(uint16_t h) {
-    uint32_t f = (uint32_t)h << 16;
-    float out;
-    memcpy(&out, &f, sizeof out);
-    return out;
-}
+KVPS_API uint16_t kvps_f32_to_f16(float f) { return kvps_el_f32_to_f16(f); }
+KVPS_API float kvps_f16_to_f32(uint16_t h) { return kvps_el_f16_to_f32(h); }
+KVPS_API uint16_t kvps_f32_to_bf16(float f) { return kvps_el_f32_to_bf16(f); }
+KVPS_API float kvps_bf16_to_f32(uint16_t h) { return kvps_el_bf16_to_f32(h); }
 
 // >>log
 static int kvps__log_level = -1;
@@ -3094,11 +3116,6 @@ KVPS_API kvps_isa kvps_isa_set(kvps_isa isa) {
     return (kvps_isa)kvps__isa();
 }
 
-static uint32_t kvps__mag(float x) { /* |x| as an integer: a total order, NaN above infinity */
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u & 0x7fffffffu;
-}
 
 #ifdef KVPS__X86
 /* F16C has no signalling-NaN-preserving mode: NaN lanes (rare) are redone by the scalar code,
@@ -3110,9 +3127,9 @@ KVPS__TARGET_AVX2 static void kvps__f2h_avx2(uint16_t *d, const float *s, size_t
         _mm_storeu_si128((__m128i *)(void *)(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         for (int j = 0; nan && j < 8; j++)
-            if (nan >> j & 1) d[i + j] = kvps_f32_to_f16(s[i + j]);
+            if (nan >> j & 1) d[i + j] = kvps_el_f32_to_f16(s[i + j]);
     }
-    for (; i < n; i++) d[i] = kvps_f32_to_f16(s[i]);
+    for (; i < n; i++) d[i] = kvps_el_f32_to_f16(s[i]);
 }
 KVPS__TARGET_AVX2 static void kvps__h2f_avx2(float *d, const uint16_t *s, size_t n) {
     size_t i = 0;
@@ -3122,9 +3139,9 @@ KVPS__TARGET_AVX2 static void kvps__h2f_avx2(float *d, const uint16_t *s, size_t
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
         int special = _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(h, em), em)); /* inf / NaN */
         for (int j = 0; special && j < 8; j++)
-            if (special >> (2 * j) & 1) d[i + j] = kvps_f16_to_f32(s[i + j]);
+            if (special >> (2 * j) & 1) d[i + j] = kvps_el_f16_to_f32(s[i + j]);
     }
-    for (; i < n; i++) d[i] = kvps_f16_to_f32(s[i]);
+    for (; i < n; i++) d[i] = kvps_el_f16_to_f32(s[i]);
 }
 KVPS__TARGET_AVX512 static void kvps__f2h_avx512(uint16_t *d, const float *s, size_t n) {
     size_t i = 0;
@@ -3133,7 +3150,7 @@ KVPS__TARGET_AVX512 static void kvps__f2h_avx512(uint16_t *d, const float *s, si
         _mm256_storeu_si256((__m256i *)(void *)(d + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         for (int j = 0; nan && j < 16; j++)
-            if (nan >> j & 1) d[i + j] = kvps_f32_to_f16(s[i + j]);
+            if (nan >> j & 1) d[i + j] = kvps_el_f32_to_f16(s[i + j]);
     }
     kvps__f2h_avx2(d + i, s + i, n - i);
 }
@@ -3145,7 +3162,7 @@ KVPS__TARGET_AVX512 static void kvps__h2f_avx512(float *d, const uint16_t *s, si
         _mm512_storeu_ps(d + i, _mm512_cvtph_ps(h));
         __mmask16 special = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em);
         for (int j = 0; special && j < 16; j++)
-            if (special >> j & 1) d[i + j] = kvps_f16_to_f32(s[i + j]);
+            if (special >> j & 1) d[i + j] = kvps_el_f16_to_f32(s[i + j]);
     }
     kvps__h2f_avx2(d + i, s + i, n - i);
 }
@@ -3161,9 +3178,9 @@ KVPS__TARGET_AVX2 static void kvps__f2b_avx2(uint16_t *d, const float *s, size_t
         __m256 v = _mm256_castsi256_ps(x);
         int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         for (int j = 0; nan && j < 8; j++)
-            if (nan >> j & 1) d[i + j] = kvps_f32_to_bf16(s[i + j]);
+            if (nan >> j & 1) d[i + j] = kvps_el_f32_to_bf16(s[i + j]);
     }
-    for (; i < n; i++) d[i] = kvps_f32_to_bf16(s[i]);
+    for (; i < n; i++) d[i] = kvps_el_f32_to_bf16(s[i]);
 }
 KVPS__TARGET_AVX2 static void kvps__b2f_avx2(float *d, const uint16_t *s, size_t n) {
     size_t i = 0;
@@ -3171,7 +3188,7 @@ KVPS__TARGET_AVX2 static void kvps__b2f_avx2(float *d, const uint16_t *s, size_t
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
         _mm256_storeu_si256((__m256i *)(void *)(d + i), _mm256_slli_epi32(w, 16));
     }
-    for (; i < n; i++) d[i] = kvps_bf16_to_f32(s[i]);
+    for (; i < n; i++) d[i] = kvps_el_bf16_to_f32(s[i]);
 }
 KVPS__TARGET_AVX512 static void kvps__f2b_avx512(uint16_t *d, const float *s, size_t n) {
     size_t i = 0;
@@ -3183,7 +3200,7 @@ KVPS__TARGET_AVX512 static void kvps__f2b_avx512(uint16_t *d, const float *s, si
         __m512 v = _mm512_castsi512_ps(x);
         __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         for (int j = 0; nan && j < 16; j++)
-            if (nan >> j & 1) d[i + j] = kvps_f32_to_bf16(s[i + j]);
+            if (nan >> j & 1) d[i + j] = kvps_el_f32_to_bf16(s[i + j]);
     }
     kvps__f2b_avx2(d + i, s + i, n - i);
 }
@@ -3203,7 +3220,7 @@ KVPS_API void kvps_f32_to_f16_n(uint16_t *dst, const float *src, size_t n) {
     if (isa == KVPS_ISA_AVX512) { kvps__f2h_avx512(dst, src, n); return; }
     if (isa == KVPS_ISA_AVX2) { kvps__f2h_avx2(dst, src, n); return; }
 #endif
-    for (size_t i = 0; i < n; i++) dst[i] = kvps_f32_to_f16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_el_f32_to_f16(src[i]);
 }
 KVPS_API void kvps_f16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 #ifdef KVPS__X86
@@ -3211,29 +3228,29 @@ KVPS_API void kvps_f16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
     if (isa == KVPS_ISA_AVX512) { kvps__h2f_avx512(dst, src, n); return; }
     if (isa == KVPS_ISA_AVX2) { kvps__h2f_avx2(dst, src, n); return; }
 #endif
-    for (size_t i = 0; i < n; i++) dst[i] = kvps_f16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_el_f16_to_f32(src[i]);
 }
 KVPS_API void kvps_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n) {
 #ifdef KVPS__X86
     if (kvps__isa() == KVPS_ISA_AVX512) { kvps__f2b_avx512(dst, src, n); return; }
     if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__f2b_avx2(dst, src, n); return; }
 #endif
-    for (size_t i = 0; i < n; i++) dst[i] = kvps_f32_to_bf16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_el_f32_to_bf16(src[i]);
 }
 KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 #ifdef KVPS__X86
     if (kvps__isa() == KVPS_ISA_AVX512) { kvps__b2f_avx512(dst, src, n); return; }
     if (kvps__isa() >= KVPS_ISA_AVX2) { kvps__b2f_avx2(dst, src, n); return; }
 #endif
-    for (size_t i = 0; i < n; i++) dst[i] = kvps_bf16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = kvps_el_bf16_to_f32(src[i]);
 }
 
 /* Error feedback for the 16-bit formats, one pass: v = x + r; h = half(v); r = v - float(h). */
 static void kvps__half_ef_portable(const float *x, float *r, uint16_t *h, size_t n, int f16) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i] + r[i];
-        h[i] = f16 ? kvps_f32_to_f16(v) : kvps_f32_to_bf16(v);
-        r[i] = v - (f16 ? kvps_f16_to_f32(h[i]) : kvps_bf16_to_f32(h[i]));
+        h[i] = f16 ? kvps_el_f32_to_f16(v) : kvps_el_f32_to_bf16(v);
+        r[i] = v - (f16 ? kvps_el_f16_to_f32(h[i]) : kvps_el_bf16_to_f32(h[i]));
     }
 }
 #ifdef KVPS__X86
@@ -3261,8 +3278,8 @@ KVPS__TARGET_AVX2 static void kvps__half_ef_avx2(const float *x, float *r, uint1
             _mm256_storeu_ps(vs, v);
             for (int j = 0; j < 8; j++) {
                 if (!(nan >> j & 1)) continue;
-                h[i + j] = f16 ? kvps_f32_to_f16(vs[j]) : kvps_f32_to_bf16(vs[j]);
-                r[i + j] = vs[j] - (f16 ? kvps_f16_to_f32(h[i + j]) : kvps_bf16_to_f32(h[i + j]));
+                h[i + j] = f16 ? kvps_el_f32_to_f16(vs[j]) : kvps_el_f32_to_bf16(vs[j]);
+                r[i + j] = vs[j] - (f16 ? kvps_el_f16_to_f32(h[i + j]) : kvps_el_bf16_to_f32(h[i + j]));
             }
         }
     }
@@ -3281,8 +3298,8 @@ KVPS__TARGET_AVX512 static void kvps__half_ef_avx512(const float *x, float *r, u
             _mm512_storeu_ps(vs, v);
             for (int j = 0; j < 16; j++) {
                 if (!(nan >> j & 1)) continue;
-                h[i + j] = kvps_f32_to_f16(vs[j]);
-                r[i + j] = vs[j] - kvps_f16_to_f32(h[i + j]);
+                h[i + j] = kvps_el_f32_to_f16(vs[j]);
+                r[i + j] = vs[j] - kvps_el_f16_to_f32(h[i + j]);
             }
         }
     }
@@ -3308,7 +3325,7 @@ static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
         if (r) { v += r[i]; r[i] = v; }
-        uint32_t key = kvps__mag(v);
+        uint32_t key = kvps_el_mag(v);
         if (key >= t) {
             if (c == cap) return cap + 1;
             keys[c] = key;
@@ -3428,7 +3445,7 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
     if (!samp) return KVPS_ERR_NOMEM;
     for (size_t j = 0; j < m; j++) {
         size_t p = (size_t)((uint64_t)j * n / m);
-        samp[j] = kvps__mag(r ? x[p] + r[p] : x[p]);
+        samp[j] = kvps_el_mag(r ? x[p] + r[p] : x[p]);
     }
     qsort(samp, m, sizeof *samp, kvps__cmp_u32);
     /* expected sample count above the k-th largest, plus 4 standard deviations */
@@ -3665,7 +3682,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
                     kvps_f32_to_f16_n(hv, val, k);
                     memcpy(p + 4 + k * 4, hv, k * 2);
                     if (r) /* what fp16 rounding lost stays in the residual too */
-                        for (size_t j = 0; j < k; j++) r[idx[j]] = val[j] - kvps_f16_to_f32(hv[j]);
+                        for (size_t j = 0; j < k; j++) r[idx[j]] = val[j] - kvps_el_f16_to_f32(hv[j]);
                     free(hv);
                 }
             } else {
@@ -3756,7 +3773,7 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         for (size_t j = 0; j < k; j++) {
             uint32_t i = kvps__get32(ix + j * 4);
             float v;
-            if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_f16_to_f32(h); }
+            if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_el_f16_to_f32(h); }
             else memcpy(&v, vv + j * 4, 4);
             dst[i] += v;
         }
