@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test binary in DIR and sums their "N passed, N failed" lines.
+# A binary may add ", N skipped" (device tests on a machine without the device).
 # KVPS_TEST_WRAP (e.g. valgrind ...) prefixes each run.
 set -u
 dir=${1:-build}
-pass=0; fail=0
+pass=0; fail=0; skip=0
 for t in "$dir"/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
@@ -11,10 +12,11 @@ for t in "$dir"/test_*; do
   out=$(timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
   printf '%s\n' "$out" | grep -v '^ok ' | tail -n 40
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
-  p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}')
+  p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}' | tr -d ,)
+  k=$(echo "$line" | awk '$6 == "skipped" {print $5}'); skip=$((skip + ${k:-0}))
   [ -n "$p" ] || { p=0; f=1; echo "$name: no result line (exit $rc)"; }
   [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { f=1; echo "$name: exit code $rc"; }
   pass=$((pass + p)); fail=$((fail + f))
 done
-echo "$pass passed, $fail failed"
+if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ "$fail" -eq 0 ]
