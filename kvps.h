@@ -470,6 +470,17 @@ KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t,
                                                  const float *grad, float *vals, kvps_req *out);
 KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals,
                                              kvps_req *out);
+/* Zero-copy pull (ps-lite's ZPull): the values stay in the received ZeroMQ messages and *view
+   points into them, so nothing is copied on this worker. *view is created by the call (NULL on
+   an immediate error) and is the caller's to release with kvps_view_release, whatever the
+   request's result (but, like a pull's destination buffer, not while the request is still in
+   flight); its parts are readable once kvps_worker_wait / test returns KVPS_OK. Part i
+   holds the tensor's floats [offset, offset + len) (one part per slice, in tensor order). */
+typedef struct kvps_view kvps_view;
+KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out);
+KVPS_API size_t kvps_view_parts(const kvps_view *v);
+KVPS_API const float *kvps_view_part(const kvps_view *v, size_t i, size_t *offset, size_t *len);
+KVPS_API void kvps_view_release(kvps_view **v);
 
 /* Compression per tensor (see CODECS): pushes encoded with push (NULL: none), with error
    feedback kept per slice on this worker when error_feedback is 1; pulls answered encoded with
@@ -1091,8 +1102,71 @@ static kvps__vf kvps__splat(float x) { kvps__vf v = {x, x, x, x}; return v; }
 #define KVPS__VLOOP(n, i, vbody)
 #endif
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(KVPS_NO_SIMD)
+#define KVPS__X86 1
+#include <immintrin.h>
+#define KVPS__TARGET_AVX2 __attribute__((target("avx2,f16c,sse4.1,popcnt,bmi")))
+#define KVPS__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,sse4.1,popcnt,bmi")))
+#endif
+
+static int kvps__isa_forced = KVPS_ISA_AUTO;
+
+static int kvps__isa_best(void) {
+#ifdef KVPS__X86
+    static int best = -1;
+    int b = __atomic_load_n(&best, __ATOMIC_RELAXED);
+    if (b < 0) {
+        __builtin_cpu_init();
+        b = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+                ? KVPS_ISA_AVX512
+                : __builtin_cpu_supports("avx2") ? KVPS_ISA_AVX2 : KVPS_ISA_PORTABLE;
+        __atomic_store_n(&best, b, __ATOMIC_RELAXED);
+    }
+    return b;
+#else
+    return KVPS_ISA_PORTABLE;
+#endif
+}
+
+static int kvps__isa(void) {
+    int f = __atomic_load_n(&kvps__isa_forced, __ATOMIC_RELAXED), best = kvps__isa_best();
+    return f < 0 || f > best ? best : f;
+}
+
+#ifdef KVPS__X86
+KVPS__TARGET_AVX2 static void kvps__add_avx2(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(g + i));
+        __m256 b = _mm256_add_ps(_mm256_loadu_ps(d + i + 8), _mm256_loadu_ps(g + i + 8));
+        _mm256_storeu_ps(d + i, a);
+        _mm256_storeu_ps(d + i + 8, b);
+    }
+    for (; i < n; i++) d[i] += g[i];
+}
+KVPS__TARGET_AVX512 static void kvps__add_avx512(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(g + i));
+        __m512 b = _mm512_add_ps(_mm512_loadu_ps(d + i + 16), _mm512_loadu_ps(g + i + 16));
+        _mm512_storeu_ps(d + i, a);
+        _mm512_storeu_ps(d + i + 16, b);
+    }
+    for (; i < n; i++) d[i] += g[i];
+}
+#endif
+
+/* d += g: the aggregation pass, with the widest vectors this CPU has (one IEEE add per element
+   on every path, so the bits do not depend on the path). */
 static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n) {
     size_t i = 0;
+#ifdef KVPS__X86
+    if (n >= 64) {
+        int isa = kvps__isa();
+        if (isa == KVPS_ISA_AVX512) { kvps__add_avx512(d, g, n); return; }
+        if (isa == KVPS_ISA_AVX2) { kvps__add_avx2(d, g, n); return; }
+    }
+#endif
     KVPS__VLOOP(n, i, kvps__st(d + i, kvps__ld(d + i) + kvps__ld(g + i)))
     for (; i < n; i++) d[i] += g[i];
 }
@@ -2224,7 +2298,19 @@ typedef struct kvps__req {
     int coded_pull;
     kvps_codec pull_c;
     kvps__dest *dest;    /* pull destinations in send order */
+    struct kvps_view *view; /* zero-copy tensor pull: replies are kept, not copied */
 } kvps__req;
+
+typedef struct kvps__vpart {
+    const float *data;
+    uint64_t off, len;
+    zmq_msg_t msg; /* the reply that holds data (moved out of the socket's frame) */
+    float *own;    /* decoded (coded pulls) or realigned values, when data is not in msg */
+} kvps__vpart;
+struct kvps_view {
+    size_t n;
+    kvps__vpart *part;
+};
 
 typedef struct kvps__tensor_info {
     char *name;
@@ -2614,13 +2700,18 @@ KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
 
 /* A tensor's slices sit on distinct servers, so each message carries one contiguous slice. */
 static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
-                                   kvps_req *out) {
+                                   kvps_view *view, kvps_req *out) {
     if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst)) return KVPS_ERR_INVALID_ARG;
+    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
     *out = 0;
     kvps__tensor_info *t = &w->tensors[ti];
     kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? t->nslices : 0);
     if (!q) return KVPS_ERR_NOMEM;
+    if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
+        for (uint32_t i = 0; i < t->nslices; i++)
+            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) { kvps__req_end(w, q); return KVPS_ERR_NOMEM; }
+    }
+    q->view = view;
     /* dest index of slice i is i; dbegin[s] points at the slice on server s */
     memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
     kvps_result r = KVPS_OK;
@@ -2631,7 +2722,8 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
     for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
         int s = t->server[i];
         q->dbegin[s] = i;
-        if (q->dest) { q->dest[i].ptr = dst + t->off[i]; q->dest[i].len = t->slen[i]; }
+        if (q->dest) { q->dest[i].ptr = view ? view->part[i].own : dst + t->off[i]; q->dest[i].len = t->slen[i]; }
+        if (view) { view->part[i].off = t->off[i]; view->part[i].len = t->slen[i]; view->part[i].data = view->part[i].own; }
         kvps__kent e = {t->keys[i], t->slen[i]};
         const float *vp = vals ? vals + t->off[i] : NULL;
         uint64_t wire = coded ? 0 : (kvps__op_has_values(op) ? t->slen[i] * sizeof(float) : 0);
@@ -2652,17 +2744,53 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
 }
 
 KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, out);
+    return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, out);
 }
 KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, out);
+    return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
 }
 KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
                                                  float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, out);
+    return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, NULL, out);
 }
 KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, out);
+    return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, NULL, out);
+}
+
+KVPS_API void kvps_view_release(kvps_view **pv) {
+    kvps_view *v = pv ? *pv : NULL;
+    if (!v) return;
+    for (size_t i = 0; i < v->n; i++) {
+        zmq_msg_close(&v->part[i].msg);
+        free(v->part[i].own);
+    }
+    free(v->part);
+    free(v);
+    *pv = NULL;
+}
+
+KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out) {
+    if (!view) return KVPS_ERR_INVALID_ARG;
+    *view = NULL;
+    if (!w || !out || t < 0 || t >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    kvps_view *v = (kvps_view *)calloc(1, sizeof *v);
+    size_t n = w->tensors[t].nslices;
+    if (!v || !(v->part = (kvps__vpart *)calloc(n, sizeof *v->part))) { free(v); return KVPS_ERR_NOMEM; }
+    v->n = n;
+    for (size_t i = 0; i < n; i++) zmq_msg_init(&v->part[i].msg);
+    kvps_result r = kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, NULL, v, out);
+    if (r != KVPS_OK) kvps_view_release(&v);
+    *view = v;
+    return r;
+}
+
+KVPS_API size_t kvps_view_parts(const kvps_view *v) { return v ? v->n : 0; }
+
+KVPS_API const float *kvps_view_part(const kvps_view *v, size_t i, size_t *offset, size_t *len) {
+    if (!v || i >= v->n) { if (offset) *offset = 0; if (len) *len = 0; return NULL; }
+    if (offset) *offset = (size_t)v->part[i].off;
+    if (len) *len = (size_t)v->part[i].len;
+    return v->part[i].data;
 }
 
 KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, const kvps_codec *push,
@@ -2993,7 +3121,19 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     const char *src = (const char *)zmq_msg_data(&fr[1]);
-    for (uint32_t j = b; j < e; j++) {
+    if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
+        kvps__vpart *p = &q->view->part[b];
+        if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
+            zmq_msg_move(&p->msg, &fr[1]);
+            p->data = (const float *)zmq_msg_data(&p->msg);
+        } else if ((p->own = (float *)kvps__alloc_floats(total)) != NULL) {
+            memcpy(p->own, src, (size_t)total * sizeof(float));
+            p->data = p->own;
+        } else if (q->status == KVPS_OK) {
+            q->status = KVPS_ERR_NOMEM;
+        }
+    }
+    for (uint32_t j = b; j < e && !q->view; j++) {
         memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
         src += q->dest[j].len * sizeof(float);
     }
@@ -3080,36 +3220,6 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
 }
 
 // >>codec
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(KVPS_NO_SIMD)
-#define KVPS__X86 1
-#include <immintrin.h>
-#define KVPS__TARGET_AVX2 __attribute__((target("avx2,f16c,sse4.1,popcnt,bmi")))
-#define KVPS__TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c,sse4.1,popcnt,bmi")))
-#endif
-
-static int kvps__isa_forced = KVPS_ISA_AUTO;
-
-static int kvps__isa_best(void) {
-#ifdef KVPS__X86
-    static int best = -1;
-    int b = __atomic_load_n(&best, __ATOMIC_RELAXED);
-    if (b < 0) {
-        __builtin_cpu_init();
-        b = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
-                ? KVPS_ISA_AVX512
-                : __builtin_cpu_supports("avx2") ? KVPS_ISA_AVX2 : KVPS_ISA_PORTABLE;
-        __atomic_store_n(&best, b, __ATOMIC_RELAXED);
-    }
-    return b;
-#else
-    return KVPS_ISA_PORTABLE;
-#endif
-}
-
-static int kvps__isa(void) {
-    int f = __atomic_load_n(&kvps__isa_forced, __ATOMIC_RELAXED), best = kvps__isa_best();
-    return f < 0 || f > best ? best : f;
-}
 
 KVPS_API kvps_isa kvps_isa_set(kvps_isa isa) {
     __atomic_store_n(&kvps__isa_forced, (int)isa, __ATOMIC_RELAXED);

@@ -157,6 +157,67 @@ static void test_balance(void) {
     }
 }
 
+/* Zero-copy pulls: the view's parts cover the tensor in order and hold the same bits as a
+   copying pull, plain and fp16-coded, on 1..4 servers over inproc and TCP. */
+static void test_pull_view(void) {
+    const char *transports[2] = {"inproc", "tcp"};
+    for (int tr = 0; tr < 2; tr++)
+        for (int n = 1; n <= 4; n++)
+            for (int coded = 0; coded <= 1; coded++) {
+                kt_cluster c;
+                if (kt_cluster_up(&c, transports[tr], n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM})) {
+                    KT_CHECK(0, "cluster");
+                    kt_cluster_down(&c);
+                    return;
+                }
+                kvps_worker *w = NULL;
+                KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
+                size_t len = 100003;
+                float *g = (float *)malloc(len * sizeof(float)), *copy = (float *)malloc(len * sizeof(float));
+                uint64_t seed = (uint64_t)(n * 2 + coded);
+                for (size_t i = 0; i < len; i++) g[i] = kt_randf(&seed);
+                kvps_tensor t;
+                kvps_req q;
+                KT_OK(kvps_worker_tensor(w, "v", len, &t));
+                kvps_codec f16 = kvps_codec_get(KVPS_CODEC_FP16);
+                if (coded) KT_OK(kvps_worker_tensor_codec(w, t, NULL, &f16, 0));
+                KT_OK(kvps_worker_init_tensor(w, t, g, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                KT_OK(kvps_worker_pull_tensor(w, t, copy, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                kvps_view *v = NULL;
+                KT_OK(kvps_worker_pull_tensor_view(w, t, &v, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                /* a push after the pull must not change what the view shows (the server copies
+                   a value still referenced by a reply before it writes: inproc shares buffers) */
+                KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                size_t covered = 0, np = kvps_view_parts(v);
+                KT_CHECK(np == kvps_worker_tensor_slices(w, t), "%zu parts", np);
+                for (size_t p = 0; p < np; p++) {
+                    size_t off = 0, plen = 0;
+                    const float *d = kvps_view_part(v, p, &off, &plen);
+                    KT_CHECK(d && off == covered, "%s n=%d part %zu at %zu, want %zu", transports[tr], n, p, off, covered);
+                    if (!d || off != covered) break;
+                    KT_CHECK(memcmp(d, copy + off, plen * sizeof(float)) == 0, "%s n=%d coded=%d part %zu differs",
+                             transports[tr], n, coded, p);
+                    covered += plen;
+                }
+                KT_CHECK(covered == len, "parts cover %zu of %zu", covered, len);
+                if (!coded) KT_CHECK(memcmp(copy, g, len * sizeof(float)) == 0, "plain pull differs from init");
+                KT_CHECK(kvps_view_part(v, np, NULL, NULL) == NULL, "part past the end");
+                kvps_view_release(&v);
+                KT_CHECK(v == NULL, "release clears the pointer");
+                kvps_view_release(&v); /* NULL is fine */
+                KT_CHECK(kvps_worker_pull_tensor_view(w, t, NULL, &q) == KVPS_ERR_INVALID_ARG, "NULL view");
+                KT_CHECK(kvps_worker_pull_tensor_view(w, t + 7, &v, &q) == KVPS_ERR_TENSOR && v == NULL, "bad tensor");
+                free(g);
+                free(copy);
+                kvps_worker_destroy(&w);
+                kt_cluster_down(&c);
+            }
+}
+
 static void test_raw_keys(void) {
     /* Many raw keys of different lengths in one call, spread over 3 servers, 2 workers. */
     kt_cluster c;
@@ -330,6 +391,7 @@ int main(void) {
     KT_RUN(test_barrier_and_pull_waits);
     KT_RUN(test_inflight_and_test);
     KT_RUN(test_balance);
+    KT_RUN(test_pull_view);
     KT_RUN(test_processes);
     KT_RUN(test_matrix_inproc);
     KT_RUN(test_tcp_and_ipc);
