@@ -193,6 +193,7 @@ extern "C" {
     X(KVPS_ERR_CONNECT, -202, "cannot connect to a server endpoint")                            \
     X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
     X(KVPS_ERR_PEER, -204, "a peer aborted the operation")                                      \
+    X(KVPS_ERR_PEER_LOST, -205, "a peer is unreachable: its connection or heartbeats stopped")  \
     X(KVPS_ERR_MALFORMED, -300, "malformed message")                                            \
     X(KVPS_ERR_TRUNCATED, -301, "truncated message: a frame is shorter than its header says")  \
     X(KVPS_ERR_MAGIC, -302, "wrong magic number: not a kvps message")                           \
@@ -207,6 +208,8 @@ extern "C" {
     X(KVPS_ERR_CODEC, -311, "wrong or unknown codec id")                                       \
     X(KVPS_ERR_HYPERPARAM, -312, "optimizer hyper-parameter out of range")                      \
     X(KVPS_ERR_TABLE, -313, "unknown table, or a table configured differently")                \
+    X(KVPS_ERR_REPLAY, -314, "re-sent request too old to tell whether it was applied")         \
+    X(KVPS_ERR_CHECKPOINT, -315, "checkpoint file unreadable, torn, or from another server")   \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -308,6 +311,10 @@ typedef struct kvps_server_desc {
     int staleness_min;  /* KVPS_ADAPTIVE: the smallest k (0 = BSP) */
     void (*on_switch)(void *user, int old_k, int new_k); /* KVPS_ADAPTIVE: told of each change */
     void *switch_user;
+    int heartbeat_ms;        /* ZMTP heartbeats: 1000 (-1: none) */
+    int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 */
+    const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
+    int checkpoint_every;    /* also write one every this many rounds (0: only on request) */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -324,6 +331,9 @@ typedef struct kvps_server_stats {
     uint64_t table_rows;  /* sparse rows held, all tables */
     uint64_t table_bytes; /* their memory: values + index (+ optimizer state, counted apart) */
     uint64_t table_state_bytes;
+    uint64_t duplicates;  /* re-sent requests answered without being applied again */
+    uint64_t peers_lost;  /* workers declared lost (no connection for peer_timeout_ms) */
+    uint64_t checkpoints; /* checkpoint files written */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -336,7 +346,10 @@ typedef struct kvps_server_stats {
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
    | zmq_ctx       | a context of its own                      |
    | io_threads    | 1 (own context only)                      |
-   | no_malloc_tuning | 0: tune glibc malloc (see MEMORY); 1: leave it alone | */
+   | no_malloc_tuning | 0: tune glibc malloc (see MEMORY); 1: leave it alone |
+   | heartbeat_ms  | 1000: ZMTP heartbeat interval on every connection (-1: none) |
+   | peer_timeout_ms | 5000: a connection silent this long is dropped and re-made |
+   See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
     int rank;
@@ -347,6 +360,8 @@ typedef struct kvps_worker_desc {
     void *zmq_ctx;
     int io_threads;
     int no_malloc_tuning;
+    int heartbeat_ms;
+    int peer_timeout_ms;
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -441,6 +456,15 @@ KVPS_API kvps_result kvps_server_start(kvps_server *s); /* serves from a backgro
 KVPS_API void kvps_server_stop(kvps_server *s);
 KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out);
 KVPS_API void kvps_server_destroy(kvps_server **s);
+/* Checkpoints (see FAULTS). kvps_server_checkpoint writes the shard (values, optimizer state,
+   rounds, which requests were applied) to desc.checkpoint_path: a temporary file, fsync,
+   rename, so the path always holds a whole checkpoint. From any thread; the serving thread
+   writes it at the next moment no round is half summed, within timeout_ms.
+   kvps_server_restore loads one into a server that has not started and holds no keys; a file
+   that is torn, corrupt, of another version, or of another server (rank, workers) is refused
+   with KVPS_ERR_CHECKPOINT and nothing loaded. Sparse tables are not in checkpoints yet. */
+KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms);
+KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path);
 
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out);
 KVPS_API void kvps_worker_destroy(kvps_worker **w);
@@ -527,7 +551,8 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
-/* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT the request
+/* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT, or
+   KVPS_ERR_PEER_LOST (it timed out while a server it waits for was disconnected), the request
    stays valid. Any other return ends the request and frees its handle. */
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms);
 /* Never blocks: *done = 1 when the request has ended (its result returned, handle freed). */
@@ -940,6 +965,68 @@ static int kvps__msg_from_buf(zmq_msg_t *m, const void *data, size_t size) {
     return 0;
 }
 
+/* A random 32-bit number, never 0 (incarnations). */
+static uint32_t kvps__random32(void) {
+    uint32_t r = 0;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd >= 0) {
+        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
+        close(fd);
+    }
+    if (!r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = (uint32_t)kvps__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec);
+    }
+    return r ? r : 1u;
+}
+
+/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
+   (and, on the connecting side, made again). */
+static void kvps__heartbeats(void *sock, int ivl, int timeout) {
+    if (ivl <= 0) return;
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
+}
+
+/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
+static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
+    static int counter;
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
+    void *m = zmq_socket(ctx, ZMQ_PAIR);
+    if (!m) return -1;
+    int zero = 0;
+    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
+    *out = m;
+    return 0;
+}
+
+/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
+   for a drop), 0 when none is waiting. */
+static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
+    zmq_msg_t a, b;
+    zmq_msg_init(&a);
+    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
+    int ok = zmq_msg_size(&a) >= 6;
+    if (ok) {
+        memcpy(event, zmq_msg_data(&a), 2);
+        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
+    }
+    int more = zmq_msg_more(&a);
+    zmq_msg_close(&a);
+    while (more) { /* the endpoint frame */
+        zmq_msg_init(&b);
+        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
+        more = zmq_msg_more(&b);
+        zmq_msg_close(&b);
+    }
+    return ok;
+}
+
 // >>server
 typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
     struct kvps__pend *next;
@@ -1008,8 +1095,52 @@ struct kvps_server {
     int cur_k;          /* SSP / ADAPTIVE: staleness in force */
     struct kvps__table *tables;
     uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
+    struct kvps__seen *seen; /* per worker: which requests were applied (exactly-once) */
+    /* liveness: the socket each worker last spoke from, since when it has been gone, lost */
+    void *mon;
+    int *rank_fd;
+    int64_t *gone_since;
+    uint8_t *lost;
+    int nlost;
+    /* checkpoints: asked for by other threads (ckpt_req), written by the serving thread */
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cv;
+    uint64_t ckpt_req, ckpt_done, max_round, ckpt_round;
+    kvps_result ckpt_result;
     kvps_server_stats stats;
 };
+
+/* Exactly-once: per worker, its incarnation and a window of the request sequence numbers
+   (handle >> 24, rising) already applied. A re-sent request inside the window is answered
+   without being applied again; one older than the window is refused (KVPS_ERR_REPLAY).
+   Incarnation 0 (a raw client) is not tracked. */
+enum { KVPS__SEEN_WIN = 1 << 16 };
+typedef struct kvps__seen {
+    uint32_t inc;
+    uint64_t hi;
+    uint64_t bits[KVPS__SEEN_WIN / 64];
+} kvps__seen;
+
+static int kvps__seen_bit(const kvps__seen *w, uint64_t q) { return (int)(w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)] >> (q % 64) & 1); }
+static void kvps__seen_set(kvps__seen *w, uint64_t q, int on) {
+    uint64_t *b = &w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)], m = 1ull << (q % 64);
+    *b = on ? *b | m : *b & ~m;
+}
+/* 1: new (now recorded); 0: applied before; -1: too old to tell. */
+static int kvps__seen_check(kvps__seen *w, uint32_t inc, uint64_t q) {
+    if (w->inc != inc) { memset(w, 0, sizeof *w); w->inc = inc; }
+    if (q > w->hi) {
+        if (q - w->hi >= KVPS__SEEN_WIN) memset(w->bits, 0, sizeof w->bits);
+        else for (uint64_t x = w->hi + 1; x < q; x++) kvps__seen_set(w, x, 0);
+        kvps__seen_set(w, q, 1);
+        w->hi = q;
+        return 1;
+    }
+    if (w->hi - q >= KVPS__SEEN_WIN) return -1;
+    if (kvps__seen_bit(w, q)) return 0;
+    kvps__seen_set(w, q, 1);
+    return 1;
+}
 
 static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
                                               int accumulate);
@@ -1337,7 +1468,19 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->default_opt.rule = builtin[desc->update];
     s->default_opt.lr = s->desc.lr;
     s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
-    if (!s->barrier_gen || kvps__table_grow(s) != 0) { free(s->barrier_gen); free(s); return KVPS_ERR_NOMEM; }
+    s->seen = (kvps__seen *)calloc((size_t)s->m, sizeof *s->seen);
+    s->rank_fd = (int *)malloc((size_t)s->m * sizeof *s->rank_fd);
+    s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
+    s->lost = (uint8_t *)calloc((size_t)s->m, 1);
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || kvps__table_grow(s) != 0) {
+        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s);
+        return KVPS_ERR_NOMEM;
+    }
+    for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
+    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
+    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    pthread_mutex_init(&s->ckpt_mu, NULL);
+    pthread_cond_init(&s->ckpt_cv, NULL);
     if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
     fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
     fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
@@ -1359,6 +1502,11 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    int one = 1; /* a worker that reconnects takes its routing id (and parked answers) back */
+    zmq_setsockopt(s->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    kvps__heartbeats(s->router, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
+    if (kvps__monitor(s->ctx, s->router, ZMQ_EVENT_DISCONNECTED, &s->mon) != 0)
+        return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
     if (zmq_bind(s->router, desc->endpoint) != 0) {
         kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
         return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
@@ -1392,6 +1540,10 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     KVPS__STAT_ADD(s, errors, 1);
+    /* a rejected request was not applied: a re-send of it must not count as a duplicate */
+    if (req && req->status != 0 && req->rank < (uint32_t)s->m && s->seen[req->rank].inc == (uint32_t)req->status &&
+        rc != KVPS_ERR_REPLAY && s->seen[req->rank].hi - (req->req_id >> 24) < KVPS__SEEN_WIN)
+        kvps__seen_set(&s->seen[req->rank], req->req_id >> 24, 0);
     kvps__log(KVPS_LOG_WARN, "server %d: rejected request from rank %u: %s (%s)", s->desc.rank,
               req ? req->rank : 0u, text, kvps_result_str(rc));
     kvps__hdr h;
@@ -1470,6 +1622,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
         return -1;
     }
     k->round++;
+    if (k->round > s->max_round) s->max_round = k->round;
     KVPS__STAT_ADD(s, rounds, 1);
     if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 16) kvps__adapt(s);
     return 0;
@@ -1641,6 +1794,12 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
 /* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
 static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
+    if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
+        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
+                          s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+        kvps__parked_free(p);
+        return;
+    }
     if (k) {
         if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
         p->next = k->waiters;
@@ -1657,6 +1816,10 @@ static int kvps__cmp_u64(const void *a, const void *b) {
 }
 
 static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+    if (s->nlost) {
+        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
+        return;
+    }
     kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
     if (!p) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "no memory for a barrier"); return; }
     zmq_msg_init(&p->id);
@@ -1891,6 +2054,25 @@ static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h
 }
 
 /* Checks one request whole, then applies it. frames: [id][meta][values?]. */
+/* Replies [id][hdr] with status OK and no payload; id is copied, not consumed. */
+static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+    kvps__hdr rh = *h;
+    rh.op |= KVPS__OP_REPLY;
+    rh.status = KVPS_OK;
+    rh.nkeys = 0;
+    zmq_msg_t f[2];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__send_frames(s->router, f, 2);
+}
+
+static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
+    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
+        if (p->hdr.rank == rank) return 1;
+    return 0;
+}
+
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     zmq_msg_t *id = &fr[0];
     if (nfr < 2) {
@@ -1935,6 +2117,34 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     if (h.rank >= (uint32_t)s->m) {
         kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
         return;
+    }
+    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
+    if (fd >= 0) s->rank_fd[h.rank] = fd;
+    if (s->gone_since[h.rank] || s->lost[h.rank]) {
+        if (s->lost[h.rank]) {
+            s->nlost--;
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, h.rank);
+        }
+        s->gone_since[h.rank] = 0;
+        s->lost[h.rank] = 0;
+    }
+    if (h.status != 0 && (kvps__op_has_values(h.op) || h.op == KVPS__OP_BARRIER)) { /* changes state */
+        int fresh = kvps__seen_check(&s->seen[h.rank], (uint32_t)h.status, h.req_id >> 24);
+        if (fresh < 0) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_REPLAY, "request %llu of rank %u re-sent after %llu newer ones",
+                              (unsigned long long)(h.req_id >> 24), h.rank, (unsigned long long)KVPS__SEEN_WIN);
+            return;
+        }
+        if (fresh == 0) { /* a re-send of something applied: answer, change nothing */
+            KVPS__STAT_ADD(s, duplicates, 1);
+            if (h.op != KVPS__OP_PUSHPULL) {
+                if (h.op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h.rank)) kvps__reply_ack(s, id, &h);
+                return; /* (a barrier still open answers the same routing id when it completes) */
+            }
+            h.op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
+            h.flags &= (uint16_t)~KVPS__FLAG_CODED;
+            nfr = 2;
+        }
     }
     if (kvps__op_table(h.op)) {
         kvps__handle_table(s, id, &h, fr, nfr);
@@ -2178,15 +2388,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__try_pull(s, p);
         return;
     }
-    kvps__hdr rh = h;
-    rh.op |= KVPS__OP_REPLY;
-    rh.status = KVPS_OK;
-    rh.nkeys = 0;
-    zmq_msg_t f[2];
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-    kvps__send_frames(s->router, f, 2);
+    kvps__reply_ack(s, id, &h);
 }
 
 /* Receives one whole multipart message (at most 3 frames kept; extra frames are counted and
@@ -2209,19 +2411,306 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
     return n;
 }
 
+// >>liveness
+/* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
+static void kvps__fail_waiters(kvps_server *s, int rank) {
+    char text[160];
+    snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
+             s->desc.peer_timeout_ms);
+    kvps__parked *all = s->barrier_waiters;
+    s->barrier_waiters = NULL;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__parked *w = s->keys[i]->waiters;
+        s->keys[i]->waiters = NULL;
+        while (w) { kvps__parked *n = w->next; w->next = all; all = w; w = n; }
+    }
+    while (all) {
+        kvps__parked *n = all->next;
+        kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
+        kvps__parked_free(all);
+        all = n;
+    }
+}
+
+/* Connection drops (from the monitor) start a worker's clock; past peer_timeout_ms it is lost. */
+static void kvps__liveness(kvps_server *s) {
+    uint16_t ev = 0;
+    int32_t fd = -1;
+    while (s->mon && kvps__monitor_event(s->mon, &ev, &fd))
+        if (ev == ZMQ_EVENT_DISCONNECTED)
+            for (int r = 0; r < s->m; r++)
+                if (s->rank_fd[r] == fd && !s->gone_since[r] && !s->lost[r]) {
+                    s->gone_since[r] = kvps__now_ms();
+                    s->rank_fd[r] = -1;
+                    kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
+                }
+    int64_t now = kvps__now_ms();
+    for (int r = 0; r < s->m; r++)
+        if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
+            s->lost[r] = 1;
+            s->nlost++;
+            KVPS__STAT_ADD(s, peers_lost, 1);
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms", s->desc.rank, r,
+                      s->desc.peer_timeout_ms);
+            kvps__fail_waiters(s, r);
+        }
+}
+
+static int kvps__liveness_pending(const kvps_server *s) {
+    for (int r = 0; r < s->m; r++)
+        if (s->gone_since[r] && !s->lost[r]) return 1;
+    return 0;
+}
+
+// >>checkpoint
+/* CRC-32 (IEEE 802.3, zlib's crc32), bytewise from a table. */
+static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
+    static uint32_t table[256];
+    static int ready;
+    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int j = 0; j < 8; j++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    }
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    while (n--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
+   reserved; per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
+   floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
+   per worker: u64 barriers entered, u32 incarnation, u64 hi, u64 window[1024]; then u32 CRC-32
+   of everything before it and "KEND". */
+enum { KVPS__CKPT_VERSION = 1 };
+typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
+static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
+    if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
+    w->crc = kvps__crc32(w->crc, p, n);
+}
+#define KVPS__CW(w, v) kvps__cw_put((w), &(v), sizeof(v))
+
+/* True when nothing is half done: no round partly summed, no push buffered, no barrier open. */
+static int kvps__quiescent(const kvps_server *s) {
+    if (s->barrier_waiters) return 0;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        const kvps__key *k = s->keys[i];
+        if (k->summed) return 0;
+        for (int r = 0; k->qhead && r < s->m; r++)
+            if (k->qhead[r]) return 0;
+    }
+    return 1;
+}
+
+static kvps_result kvps__checkpoint_write(kvps_server *s) {
+    const char *path = s->desc.checkpoint_path;
+    if (!path || !*path) return KVPS_ERR_CONFIG;
+    size_t plen = strlen(path);
+    char *tmp = (char *)malloc(plen + 32);
+    if (!tmp) return KVPS_ERR_NOMEM;
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    kvps__cw w = {fopen(tmp, "wb"), 0, 0};
+    if (!w.f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: cannot create %s: %s", s->desc.rank, tmp, strerror(errno));
+        free(tmp);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    uint32_t hdr[6] = {KVPS__CKPT_VERSION, (uint32_t)s->desc.rank, (uint32_t)s->m, (uint32_t)s->desc.consistency,
+                       s->nkeys, 0};
+    kvps__cw_put(&w, "KVPSCKPT", 8);
+    kvps__cw_put(&w, hdr, sizeof hdr);
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        const kvps__key *k = s->keys[i];
+        uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? (uint32_t)kvps__rule_state(k->opt.rule != KVPS_RULE_DEFAULT ? k->opt.rule : s->default_opt.rule) : 0;
+        float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
+        KVPS__CW(&w, k->key);
+        KVPS__CW(&w, k->len);
+        KVPS__CW(&w, k->round);
+        KVPS__CW(&w, rule);
+        kvps__cw_put(&w, f, 5 * sizeof(float));
+        KVPS__CW(&w, nstate);
+        kvps__cw_put(&w, f + 5, 2 * sizeof(float));
+        kvps__cw_put(&w, k->recv, (size_t)s->m * sizeof *k->recv);
+        kvps__cw_put(&w, k->value, (size_t)k->len * sizeof(float));
+        if (nstate) kvps__cw_put(&w, k->state, (size_t)k->len * nstate * sizeof(float));
+    }
+    for (int r = 0; r < s->m; r++) {
+        KVPS__CW(&w, s->barrier_gen[r]);
+        KVPS__CW(&w, s->seen[r].inc);
+        KVPS__CW(&w, s->seen[r].hi);
+        kvps__cw_put(&w, s->seen[r].bits, sizeof s->seen[r].bits);
+    }
+    uint32_t crc = w.crc;
+    kvps__cw_put(&w, &crc, 4);
+    kvps__cw_put(&w, "KEND", 4);
+    int bad = w.err || fflush(w.f) != 0 || fsync(fileno(w.f)) != 0;
+    bad |= fclose(w.f) != 0;
+    if (!bad && rename(tmp, path) != 0) bad = 1;
+    if (bad) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: writing %s failed: %s", s->desc.rank, path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    free(tmp);
+    /* make the rename itself durable */
+    char *dir = strdup(path);
+    if (dir) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+        int fd = open(slash ? dir : ".", O_RDONLY);
+        if (fd >= 0) { fsync(fd); close(fd); }
+        free(dir);
+    }
+    s->ckpt_round = s->max_round;
+    KVPS__STAT_ADD(s, checkpoints, 1);
+    kvps__log(KVPS_LOG_INFO, "server %d: checkpoint of %u keys at round %llu in %s", s->desc.rank, s->nkeys,
+              (unsigned long long)s->max_round, path);
+    return KVPS_OK;
+}
+
+/* Serving thread: writes a checkpoint that is due (asked for, or every N rounds) once the
+   shard is quiescent, and tells whoever asked. */
+static void kvps__checkpoint_maybe(kvps_server *s) {
+    pthread_mutex_lock(&s->ckpt_mu);
+    uint64_t asked = s->ckpt_req;
+    pthread_mutex_unlock(&s->ckpt_mu);
+    int every = s->desc.checkpoint_every > 0 && s->desc.checkpoint_path &&
+                s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
+    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
+    kvps_result r = kvps__checkpoint_write(s);
+    pthread_mutex_lock(&s->ckpt_mu);
+    if (asked != s->ckpt_done) {
+        s->ckpt_result = r;
+        s->ckpt_done = asked;
+        pthread_cond_broadcast(&s->ckpt_cv);
+    }
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
+KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
+    if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms < 0 ? 10000 : timeout_ms) * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&s->ckpt_mu);
+    uint64_t ticket = ++s->ckpt_req;
+    char c = 'c';
+    ssize_t wr = write(s->stop_pipe[1], &c, 1);
+    (void)wr;
+    int rc = 0;
+    while (s->ckpt_done < ticket && rc == 0) rc = pthread_cond_timedwait(&s->ckpt_cv, &s->ckpt_mu, &until);
+    kvps_result r = s->ckpt_done >= ticket ? s->ckpt_result : KVPS_ERR_TIMEOUT;
+    pthread_mutex_unlock(&s->ckpt_mu);
+    return r;
+}
+
+typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
+static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
+    if (r->left < n) return -1;
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 0;
+}
+
+KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
+    if (!s || !path) return KVPS_ERR_INVALID_ARG;
+    if (s->started || s->nkeys) return KVPS_ERR_STATE;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
+        return KVPS_ERR_CHECKPOINT;
+    }
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (end >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (unsigned char *)malloc((size_t)end + 1)) != NULL)
+        size = fread(buf, 1, (size_t)end, f);
+    fclose(f);
+    const char *why = NULL;
+    if (!buf || end < 0 || size != (size_t)end) why = "cannot read the file";
+    else if (size < 8 + 24 + 8 || memcmp(buf, "KVPSCKPT", 8) != 0) why = "not a kvps checkpoint";
+    else if (memcmp(buf + size - 4, "KEND", 4) != 0) why = "torn: the end marker is missing";
+    uint32_t crc = 0, hdr[6] = {0};
+    if (!why) {
+        memcpy(&crc, buf + size - 8, 4);
+        memcpy(hdr, buf + 8, sizeof hdr);
+        if (kvps__crc32(0, buf, size - 8) != crc) why = "checksum mismatch: the file is corrupt";
+        else if (hdr[0] != KVPS__CKPT_VERSION) why = "another checkpoint version";
+        else if (hdr[1] != (uint32_t)s->desc.rank || hdr[2] != (uint32_t)s->m) why = "written by another server (rank or number of workers differ)";
+    }
+    /* parse everything into fresh keys; only a whole, consistent file is kept */
+    kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
+    for (uint32_t i = 0; !why && i < hdr[4]; i++) {
+        uint64_t key, len, round;
+        uint32_t rule, nstate;
+        float f5[5], bt[2];
+        if (kvps__cr_get(&rd, &key, 8) || kvps__cr_get(&rd, &len, 8) || kvps__cr_get(&rd, &round, 8) ||
+            kvps__cr_get(&rd, &rule, 4) || kvps__cr_get(&rd, f5, sizeof f5) || kvps__cr_get(&rd, &nstate, 4) ||
+            kvps__cr_get(&rd, bt, sizeof bt)) { why = "truncated key record"; break; }
+        if (len == 0 || len > s->desc.max_value_len || rule > KVPS_RULE_ADAM || nstate > 2 ||
+            kvps__find(s, key) != UINT32_MAX) { why = "invalid key record"; break; }
+        uint32_t ki = kvps__key_create(s, key, len);
+        if (ki == UINT32_MAX) { why = "out of memory"; break; }
+        kvps__key *k = s->keys[ki];
+        k->round = round;
+        if (round > s->max_round) s->max_round = round;
+        k->opt.rule = (kvps_rule)rule;
+        k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
+        k->b1t = bt[0];
+        k->b2t = bt[1];
+        if (kvps__cr_get(&rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
+            kvps__cr_get(&rd, k->value, (size_t)len * sizeof(float))) { why = "truncated values"; break; }
+        if (nstate) {
+            if (len > SIZE_MAX / (nstate * sizeof(float)) || rd.left < (size_t)len * nstate * sizeof(float) ||
+                !(k->state = (float *)malloc((size_t)len * nstate * sizeof(float)))) { why = "truncated optimizer state"; break; }
+            kvps__cr_get(&rd, k->state, (size_t)len * nstate * sizeof(float));
+        }
+    }
+    for (int r = 0; !why && r < s->m; r++)
+        if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
+            kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
+            why = "truncated worker records";
+    if (!why && rd.left != 0) why = "trailing bytes";
+    free(buf);
+    if (why) {
+        kvps__keys_truncate(s, 0);
+        s->max_round = 0;
+        memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
+        memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
+        kvps__log(KVPS_LOG_ERROR, "server %d: restore from %s refused: %s", s->desc.rank, path, why);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    s->ckpt_round = s->max_round;
+    kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
+              (unsigned long long)s->max_round, path);
+    return KVPS_OK;
+}
+
 KVPS_API kvps_result kvps_server_run(kvps_server *s) {
     if (!s) return KVPS_ERR_INVALID_ARG;
-    zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
+                               {s->mon, 0, ZMQ_POLLIN, 0}};
     for (;;) {
-        if (zmq_poll(items, 2, -1) < 0) {
+        if (zmq_poll(items, 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
         }
         if (items[1].revents & ZMQ_POLLIN) {
             char c;
-            while (read(s->stop_pipe[0], &c, 1) == 1) {}
-            return KVPS_OK;
+            int stop = 0;
+            while (read(s->stop_pipe[0], &c, 1) == 1) stop |= c != 'c'; /* 'c': a checkpoint is asked for */
+            if (stop) return KVPS_OK;
         }
         /* Drain a batch, then look at the stop pipe again. */
         for (int i = 0; i < 256; i++) {
@@ -2232,6 +2721,8 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             kvps__handle(s, fr, n + extra);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
+        kvps__liveness(s);
+        kvps__checkpoint_maybe(s);
     }
 }
 
@@ -2269,12 +2760,15 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         s->barrier_waiters = p->next;
         kvps__parked_free(p);
     }
+    if (s->mon) zmq_close(s->mon);
     if (s->router) zmq_close(s->router);
     if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
-    free(s->dscratch); free(s->blob_off);
+    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost);
+    pthread_mutex_destroy(&s->ckpt_mu);
+    pthread_cond_destroy(&s->ckpt_cv);
     while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
     free(s);
 }
@@ -2299,6 +2793,8 @@ typedef struct kvps__req {
     kvps_codec pull_c;
     kvps__dest *dest;    /* pull destinations in send order */
     struct kvps_view *view; /* zero-copy tensor pull: replies are kept, not copied */
+    zmq_msg_t (*kept)[2];   /* per server: the frames sent, kept until its reply to re-send them */
+    uint8_t *nkept;
 } kvps__req;
 
 typedef struct kvps__vpart {
@@ -2332,8 +2828,12 @@ struct kvps_worker {
     void **socks;
     zmq_pollitem_t *items;
     char **endpoints;
-    kvps__req **slots; /* request table: handle = (generation << 32) | (slot + 1) */
-    uint32_t *gen;
+    kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
+    uint64_t seq;
+    uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
+    void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
+    uint8_t *down;     /* per server: connection lost, not back yet */
+    int64_t *down_since;
     uint32_t nslots;
     uint32_t *free_slots;
     uint32_t nfree;
@@ -2347,8 +2847,16 @@ struct kvps_worker {
     char errmsg[320];
 };
 
+static void kvps__req_drop_kept(kvps__req *q, int srv) {
+    if (!q->nkept) return;
+    for (int j = 0; j < q->nkept[srv]; j++) zmq_msg_close(&q->kept[srv][j]);
+    q->nkept[srv] = 0;
+}
+
 static void kvps__req_unref(kvps__req *q) {
     if (__atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        free(q->kept);
+        free(q->nkept);
         free(q->dbegin);
         free(q->dest);
         free(q->state);
@@ -2387,9 +2895,18 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     }
     w->desc.servers = NULL;
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
-    w->items = (zmq_pollitem_t *)calloc((size_t)w->n, sizeof *w->items);
+    w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
     w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
-    if (!w->socks || !w->items || !w->count) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
+    w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
+    w->down = (uint8_t *)calloc((size_t)w->n, 1);
+    w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
+    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->down_since) {
+        kvps_worker_destroy(&w);
+        return KVPS_ERR_NOMEM;
+    }
+    w->incarnation = kvps__random32();
+    w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
+    w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
     w->ctx = desc->zmq_ctx;
     if (!w->ctx) {
         w->ctx = zmq_ctx_new();
@@ -2405,6 +2922,19 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
         zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        /* a routing id that survives reconnects, so the server's answers to requests it parked
+           before a drop still reach this socket (the server hands the id over) */
+        unsigned char rid[16] = {'k', 'v', 'p', 's'};
+        uint32_t rk = (uint32_t)desc->rank, si = (uint32_t)i;
+        memcpy(rid + 4, &w->incarnation, 4);
+        memcpy(rid + 8, &rk, 4);
+        memcpy(rid + 12, &si, 4);
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
+        kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
+        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED, &w->mons[i]) != 0) {
+            r = KVPS_ERR_ZMQ;
+            break;
+        }
         if (zmq_connect(s, w->endpoints[i]) != 0) {
             kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
                       w->endpoints[i], zmq_strerror(zmq_errno()));
@@ -2413,6 +2943,8 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         }
         w->items[i].socket = s;
         w->items[i].events = ZMQ_POLLIN;
+        w->items[w->n + i].socket = w->mons[i];
+        w->items[w->n + i].events = ZMQ_POLLIN;
     }
     if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
     *out = w;
@@ -2423,8 +2955,10 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     if (!wp || !*wp) return;
     kvps_worker *w = *wp;
     *wp = NULL;
-    for (int i = 0; i < w->n; i++)
+    for (int i = 0; i < w->n; i++) {
         if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
+        if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
+    }
     /* Requests that ZeroMQ still references are freed by the last free callback. */
     for (uint32_t i = 0; i < w->nslots; i++)
         if (w->slots[i]) kvps__req_unref(w->slots[i]);
@@ -2436,7 +2970,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->resid);
     }
     kvps__free_strv(w->endpoints, w->n);
-    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->gen);
+    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->down_since);
     free(w->free_slots); free(w->order); free(w->count); free(w->tables);
     free(w);
 }
@@ -2444,8 +2978,9 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w) { return w ? w->n : 0; }
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w) { return w ? w->errmsg : ""; }
 
+#define KVPS__SLOT_BITS 24
 static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
-    uint32_t slot = (uint32_t)(h & 0xffffffffu);
+    uint32_t slot = (uint32_t)(h & ((1u << KVPS__SLOT_BITS) - 1));
     if (slot == 0 || slot > w->nslots) return NULL;
     kvps__req *q = w->slots[slot - 1];
     if (!q || q->id != h) return NULL;
@@ -2455,18 +2990,15 @@ static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
 static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     if (w->nfree == 0) {
         uint32_t nc = w->nslots ? w->nslots * 2 : 64;
+        if (nc >= (1u << KVPS__SLOT_BITS)) return NULL;
         kvps__req **ns = (kvps__req **)realloc(w->slots, nc * sizeof *ns);
         if (!ns) return NULL;
         w->slots = ns;
-        uint32_t *ng = (uint32_t *)realloc(w->gen, nc * sizeof *ng);
-        if (!ng) return NULL;
-        w->gen = ng;
         uint32_t *nf = (uint32_t *)realloc(w->free_slots, nc * sizeof *nf);
         if (!nf) return NULL;
         w->free_slots = nf;
         for (uint32_t i = w->nslots; i < nc; i++) {
             ns[i] = NULL;
-            ng[i] = 0;
             nf[w->nfree++] = nc - 1 - (i - w->nslots);
         }
         w->nslots = nc;
@@ -2475,21 +3007,23 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     if (!q) return NULL;
     q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
     q->state = (uint8_t *)calloc((size_t)w->n, 1);
+    q->kept = (zmq_msg_t(*)[2])malloc((size_t)w->n * sizeof *q->kept);
+    q->nkept = (uint8_t *)calloc((size_t)w->n, 1);
     if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
-    if (!q->dbegin || !q->state || (ndest && !q->dest)) {
-        free(q->dbegin); free(q->dest); free(q->state); free(q);
+    if (!q->dbegin || !q->state || !q->kept || !q->nkept || (ndest && !q->dest)) {
+        free(q->dbegin); free(q->dest); free(q->state); free(q->kept); free(q->nkept); free(q);
         return NULL;
     }
     uint32_t slot = w->free_slots[--w->nfree];
-    w->gen[slot]++;
-    q->id = ((uint64_t)w->gen[slot] << 32) | (slot + 1);
+    q->id = (++w->seq << KVPS__SLOT_BITS) | (slot + 1);
     q->refs = 1;
     w->slots[slot] = q;
     return q;
 }
 
 static void kvps__req_end(kvps_worker *w, kvps__req *q) {
-    uint32_t slot = (uint32_t)(q->id & 0xffffffffu) - 1;
+    uint32_t slot = (uint32_t)(q->id & ((1u << KVPS__SLOT_BITS) - 1)) - 1;
+    for (int s = 0; s < w->n; s++) kvps__req_drop_kept(q, s);
     w->slots[slot] = NULL;
     w->free_slots[w->nfree++] = slot;
     kvps__req_unref(q);
@@ -2510,6 +3044,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
     h.rank = (uint32_t)w->desc.rank;
     h.nkeys = nk;
     h.req_id = q->id;
+    h.status = (int32_t)w->incarnation; /* requests carry the sender's incarnation here */
     if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
     else pc = NULL;
     if (pull && kvps__op_pulls(op)) { h.flags |= KVPS__FLAG_CODED_REPLY; h.aux = (uint32_t)pull->id; }
@@ -2557,7 +3092,15 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
             }
         }
     }
+    /* keep a reference to the frames (no copy of the bytes) to re-send after a reconnect */
+    kvps__req_drop_kept(q, srv);
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&q->kept[srv][j]);
+        zmq_msg_copy(&q->kept[srv][j], &f[j]);
+    }
+    q->nkept[srv] = (uint8_t)nf;
     if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
+        kvps__req_drop_kept(q, srv);
         kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
                   zmq_strerror(zmq_errno()));
         return KVPS_ERR_ZMQ;
@@ -3070,6 +3613,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
     q->pending--;
     q->state[srv] = 2;
+    kvps__req_drop_kept(q, srv);
     if (h.status > 0) { /* not a kvps_result: a broken server */
         snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
         if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
@@ -3143,13 +3687,66 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
 }
 
+static int kvps__cmp_req(const void *a, const void *b) {
+    uint64_t x = (*(kvps__req *const *)a)->id, y = (*(kvps__req *const *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Re-sends, in the order first sent, every request still waiting for server srv (after its
+   connection came back: what was in flight is lost; the server drops what it already has). */
+static void kvps__resend(kvps_worker *w, int srv) {
+    size_t n = 0;
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) n++;
+    if (!n) return;
+    kvps__req **v = (kvps__req **)malloc(n * sizeof *v);
+    if (!v) return; /* those requests time out instead */
+    n = 0;
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) v[n++] = w->slots[i];
+    qsort(v, n, sizeof *v, kvps__cmp_req);
+    for (size_t i = 0; i < n; i++) {
+        zmq_msg_t f[2];
+        int nf = v[i]->nkept[srv];
+        for (int j = 0; j < nf; j++) {
+            zmq_msg_init(&f[j]);
+            zmq_msg_copy(&f[j], &v[i]->kept[srv][j]);
+        }
+        if (kvps__send_frames(w->socks[srv], f, nf) != 0) break;
+    }
+    kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent", w->desc.rank, srv, n);
+    free(v);
+}
+
+/* Connection events: a drop marks the server down; its return re-sends what was in flight. */
+static void kvps__watch(kvps_worker *w) {
+    for (int s = 0; s < w->n; s++) {
+        uint16_t ev = 0;
+        int32_t val = 0;
+        while (w->mons[s] && kvps__monitor_event(w->mons[s], &ev, &val)) {
+            if (ev == ZMQ_EVENT_DISCONNECTED) {
+                if (!w->down[s]) {
+                    w->down[s] = 1;
+                    w->down_since[s] = kvps__now_ms();
+                    kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
+                              w->endpoints[s]);
+                }
+            } else if (ev == ZMQ_EVENT_CONNECTED && w->down[s]) {
+                w->down[s] = 0;
+                kvps__resend(w, s);
+            }
+        }
+    }
+}
+
 /* Handles every reply that has arrived; with wait_ms > 0, first waits up to that long for one. */
 static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
     if (wait_ms > 0) {
-        int rc = zmq_poll(w->items, w->n, wait_ms);
+        int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
         if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
         if (rc <= 0) return KVPS_OK;
     }
+    kvps__watch(w);
     for (int s = 0; s < w->n; s++) {
         for (;;) {
             zmq_msg_t fr[2];
@@ -3202,6 +3799,13 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         if (kvps__req_done(q)) break;
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
+            for (int s = 0; s < w->n; s++)
+                if (q->state[s] == 1 && w->down[s]) {
+                    snprintf(w->errmsg, sizeof w->errmsg,
+                             "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
+                             s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
+                    return KVPS_ERR_PEER_LOST;
+                }
             snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
                      q->pending, q->sent);
             return KVPS_ERR_TIMEOUT;

@@ -1,0 +1,468 @@
+/* test_faults - connections dropped mid-run (exactly-once pushes), checkpoints (round trip and
+   every kind of bad file), a server killed with SIGKILL and restarted from its checkpoint, and a
+   worker lost under BSP. Loopback TCP only; temporary files under $TMPDIR, removed. */
+#define _DEFAULT_SOURCE
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+#include "tests/kvps_test.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <time.h>
+
+/* ---- a TCP proxy whose connections can be cut ---------------------------------------------- */
+typedef struct proxy {
+    int lfd, port, upstream_port;
+    volatile int stop, cut; /* cut: close every connection now (the listener stays) */
+    int cuts_done;
+    pthread_t th;
+} proxy;
+
+static int listen_any(int *port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)*port);
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 16) != 0) { close(fd); return -1; }
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int connect_port(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+static void *proxy_main(void *arg) {
+    proxy *p = (proxy *)arg;
+    enum { MAXC = 16 };
+    int cfd[MAXC], ufd[MAXC], n = 0;
+    char buf[65536];
+    while (!p->stop) {
+        if (p->cut) {
+            for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
+            n = 0;
+            p->cut = 0;
+            p->cuts_done++;
+        }
+        struct pollfd pf[1 + 2 * MAXC];
+        pf[0] = (struct pollfd){p->lfd, POLLIN, 0};
+        for (int i = 0; i < n; i++) {
+            pf[1 + 2 * i] = (struct pollfd){cfd[i], POLLIN, 0};
+            pf[2 + 2 * i] = (struct pollfd){ufd[i], POLLIN, 0};
+        }
+        if (poll(pf, (nfds_t)(1 + 2 * n), 20) <= 0) continue;
+        if ((pf[0].revents & POLLIN) && n < MAXC) {
+            int c = accept(p->lfd, NULL, NULL);
+            int u = c >= 0 ? connect_port(p->upstream_port) : -1;
+            if (c >= 0 && u >= 0) { cfd[n] = c; ufd[n] = u; n++; }
+            else { if (c >= 0) close(c); if (u >= 0) close(u); }
+        }
+        for (int i = 0; i < n; i++) {
+            int dead = 0;
+            for (int d = 0; d < 2 && !dead; d++) {
+                short re = pf[1 + 2 * i + d].revents;
+                if (!re) continue;
+                int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
+                ssize_t got = read(from, buf, sizeof buf);
+                if (got <= 0) { dead = 1; break; }
+                for (ssize_t off = 0; off < got;) {
+                    ssize_t w = write(to, buf + off, (size_t)(got - off));
+                    if (w <= 0) { dead = 1; break; }
+                    off += w;
+                }
+            }
+            if (dead) {
+                close(cfd[i]); close(ufd[i]);
+                cfd[i] = cfd[n - 1]; ufd[i] = ufd[n - 1];
+                n--;
+                break; /* pf indices are stale now */
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
+    return NULL;
+}
+
+static int proxy_start(proxy *p, int upstream_port) {
+    memset(p, 0, sizeof *p);
+    p->upstream_port = upstream_port;
+    p->lfd = listen_any(&p->port);
+    if (p->lfd < 0) return -1;
+    return pthread_create(&p->th, NULL, proxy_main, p);
+}
+
+static void proxy_cut(proxy *p) {
+    int want = p->cuts_done + 1;
+    p->cut = 1;
+    while (p->cuts_done < want) usleep(1000);
+}
+
+static void proxy_stop(proxy *p) {
+    p->stop = 1;
+    pthread_join(p->th, NULL);
+    close(p->lfd);
+}
+
+static int port_of(const char *endpoint) {
+    const char *c = strrchr(endpoint, ':');
+    return c ? atoi(c + 1) : -1;
+}
+
+/* Waits, retrying while the answer is only late (the request stays valid), up to total_ms. */
+static kvps_result wait_patiently(kvps_worker *w, kvps_req q, int total_ms, int *lost_seen) {
+    int64_t until = kvps__now_ms() + total_ms;
+    for (;;) {
+        kvps_result r = kvps_worker_wait(w, q, 200);
+        if (r == KVPS_ERR_PEER_LOST && lost_seen) (*lost_seen)++;
+        if ((r != KVPS_ERR_TIMEOUT && r != KVPS_ERR_PEER_LOST) || kvps__now_ms() > until) return r;
+    }
+}
+
+/* Pushes through a proxy whose connections are cut several times mid-run: every push is
+   applied exactly once (integer sums, exact), under async and BSP. */
+static void test_exactly_once_over_cuts(void) {
+    for (int bsp = 0; bsp <= 1; bsp++) {
+        kvps_server *s = NULL;
+        KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                      .consistency = bsp ? KVPS_BSP : KVPS_ASYNC,
+                                                      .update = KVPS_UPDATE_SUM, .heartbeat_ms = 100,
+                                                      .peer_timeout_ms = 60000},
+                                 &s));
+        KT_OK(kvps_server_start(s));
+        proxy px;
+        KT_CHECK(proxy_start(&px, port_of(kvps_server_endpoint(s))) == 0, "proxy");
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", px.port);
+        kvps_worker *w = NULL;
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = ep, .heartbeat_ms = 100, .peer_timeout_ms = 500}, &w));
+        enum { LEN = 4099, STEPS = 400, WIN = 8 };
+        float *g = (float *)malloc(LEN * sizeof(float)), *v = (float *)malloc(LEN * sizeof(float));
+        for (int i = 0; i < LEN; i++) g[i] = (float)(i % 7 + 1);
+        kvps_tensor t;
+        KT_OK(kvps_worker_tensor(w, "x", LEN, &t));
+        kvps_req ring[WIN] = {0};
+        int failures = 0;
+        for (int k = 0; k < STEPS && !failures; k++) {
+            if (k >= WIN && wait_patiently(w, ring[k % WIN], 20000, NULL) != KVPS_OK) failures++;
+            if (k % 97 == 50) proxy_cut(&px); /* mid-run, with pushes in flight */
+            if (kvps_worker_push_tensor(w, t, g, &ring[k % WIN]) != KVPS_OK) failures++;
+        }
+        for (int k = STEPS - WIN; k < STEPS && !failures; k++)
+            if (wait_patiently(w, ring[k % WIN], 20000, NULL) != KVPS_OK) failures++;
+        KT_CHECK(failures == 0, "bsp=%d: a push failed: %s", bsp, kvps_worker_last_error(w));
+        kvps_req q;
+        KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
+        KT_OK(wait_patiently(w, q, 20000, NULL));
+        int bad = 0;
+        for (int i = 0; i < LEN && !bad; i++)
+            if (v[i] != (float)STEPS * g[i]) {
+                KT_CHECK(0, "bsp=%d [%d] = %g, want %g (%d cuts)", bsp, i, (double)v[i], (double)STEPS * g[i], px.cuts_done);
+                bad = 1;
+            }
+        kvps_server_stats st;
+        kvps_server_stats_get(s, &st);
+        KT_CHECK(px.cuts_done >= 4, "%d cuts", px.cuts_done);
+        printf("  bsp=%d: %d connection cuts, %llu re-sent requests answered without applying them again\n", bsp,
+               px.cuts_done, (unsigned long long)st.duplicates);
+        free(g);
+        free(v);
+        kvps_worker_destroy(&w);
+        proxy_stop(&px);
+        kvps_server_destroy(&s);
+    }
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------------- */
+static char tmpdir[256];
+
+static void path_in_tmp(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", tmpdir, name); }
+
+/* A server with momentum and Adam keys after a few rounds, checkpointed, then restored into a
+   fresh server: continuing both with the same pushes gives the same bits as never stopping. */
+static void test_checkpoint_round_trip(void) {
+    char path[320];
+    path_in_tmp(path, sizeof path, "a.ckpt");
+    kt_cluster c;
+    kt_cluster_up(&c, "tcp", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SGD, .lr = 0.1f,
+                                                     .checkpoint_path = path});
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers}, &w));
+    enum { LEN = 1000 };
+    kvps_tensor t[2];
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(w, "m", LEN, &t[0]));
+    KT_OK(kvps_worker_tensor(w, "a", LEN, &t[1]));
+    KT_OK(kvps_worker_tensor_optim(w, t[0], &(kvps_optim){.rule = KVPS_RULE_MOMENTUM, .lr = 0.05f}, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    KT_OK(kvps_worker_tensor_optim(w, t[1], &(kvps_optim){.rule = KVPS_RULE_ADAM, .lr = 0.01f}, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    float g[LEN], a[LEN], b[LEN];
+    uint64_t seed = 5;
+    for (int step = 0; step < 6; step++)
+        for (int i = 0; i < 2; i++) {
+            for (int j = 0; j < LEN; j++) g[j] = kt_randf(&seed);
+            KT_OK(kvps_worker_push_tensor(w, t[i], g, &q));
+            KT_OK(kvps_worker_wait(w, q, -1));
+        }
+    KT_OK(kvps_server_checkpoint(c.srv[0], 5000));
+    kvps_server_stats st;
+    kvps_server_stats_get(c.srv[0], &st);
+    KT_CHECK(st.checkpoints == 1, "%llu checkpoints", (unsigned long long)st.checkpoints);
+
+    /* the file's CRC, checked with zlib's crc32 (an independent implementation) */
+    FILE *f = fopen(path, "rb");
+    KT_CHECK(f != NULL, "no file at %s", path);
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *file = (unsigned char *)malloc((size_t)size);
+    KT_CHECK(fread(file, 1, (size_t)size, f) == (size_t)size, "read");
+    fclose(f);
+    uint32_t stored;
+    memcpy(&stored, file + size - 8, 4);
+    KT_CHECK(stored == (uint32_t)crc32(0L, file, (uInt)(size - 8)), "CRC differs from zlib's");
+
+    /* a second server restored from the file, next to the first, both continued */
+    kvps_server *s2 = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                  .update = KVPS_UPDATE_SGD, .lr = 0.1f},
+                             &s2));
+    KT_OK(kvps_server_restore(s2, path));
+    KT_CHECK(kvps_server_restore(s2, path) == KVPS_ERR_STATE, "restore twice");
+    KT_OK(kvps_server_start(s2));
+    kvps_worker *w2 = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s2)}, &w2));
+    kvps_tensor t2[2];
+    KT_OK(kvps_worker_tensor(w2, "m", LEN, &t2[0]));
+    KT_OK(kvps_worker_tensor(w2, "a", LEN, &t2[1]));
+    for (int step = 0; step < 4; step++)
+        for (int i = 0; i < 2; i++) {
+            for (int j = 0; j < LEN; j++) g[j] = kt_randf(&seed);
+            KT_OK(kvps_worker_push_tensor(w, t[i], g, &q));
+            KT_OK(kvps_worker_wait(w, q, -1));
+            KT_OK(kvps_worker_push_tensor(w2, t2[i], g, &q));
+            KT_OK(kvps_worker_wait(w2, q, -1));
+        }
+    for (int i = 0; i < 2; i++) {
+        KT_OK(kvps_worker_pull_tensor(w, t[i], a, &q));
+        KT_OK(kvps_worker_wait(w, q, -1));
+        KT_OK(kvps_worker_pull_tensor(w2, t2[i], b, &q));
+        KT_OK(kvps_worker_wait(w2, q, -1));
+        KT_CHECK(memcmp(a, b, sizeof a) == 0, "tensor %d: restored server diverged (optimizer state or rounds lost)", i);
+    }
+
+    /* bad files: each refused with KVPS_ERR_CHECKPOINT, nothing loaded */
+    char bad[320];
+    path_in_tmp(bad, sizeof bad, "bad.ckpt");
+    struct { const char *what; long keep; long flip; } cases[] = {
+        {"torn (cut short)", size / 2, -1}, {"torn (last byte gone)", size - 1, -1},
+        {"a flipped bit", size, size / 3}, {"empty", 0, -1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        f = fopen(bad, "wb");
+        if (cases[i].flip >= 0) file[cases[i].flip] ^= 0x10;
+        fwrite(file, 1, (size_t)cases[i].keep, f);
+        if (cases[i].flip >= 0) file[cases[i].flip] ^= 0x10;
+        fclose(f);
+        kvps_server *s3 = NULL;
+        KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://ckpt-bad", .num_workers = 1}, &s3));
+        KT_CHECK(kvps_server_restore(s3, bad) == KVPS_ERR_CHECKPOINT, "%s accepted", cases[i].what);
+        kvps_server_stats_get(s3, &st);
+        KT_CHECK(st.keys == 0, "%s: %llu keys loaded", cases[i].what, (unsigned long long)st.keys);
+        kvps_server_destroy(&s3);
+    }
+    f = fopen(bad, "wb");
+    fputs("#!/bin/sh\necho not a checkpoint\n", f);
+    fclose(f);
+    const struct { const char *what, *file; int rank, workers; } other[] = {
+        {"a foreign file", bad, 0, 1}, {"another rank's file", path, 1, 1}, {"another job's file", path, 0, 3},
+        {"a missing file", "/nonexistent/kvps.ckpt", 0, 1}};
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        kvps_server *s3 = NULL;
+        KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://ckpt-bad", .num_workers = other[i].workers,
+                                                      .rank = other[i].rank},
+                                 &s3));
+        KT_CHECK(kvps_server_restore(s3, other[i].file) == KVPS_ERR_CHECKPOINT, "%s accepted", other[i].what);
+        kvps_server_destroy(&s3);
+    }
+    /* no checkpoint_path: a configuration error, not a crash */
+    kvps_server *s4 = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://ckpt-none", .num_workers = 1}, &s4));
+    KT_CHECK(kvps_server_checkpoint(s4, 100) == KVPS_ERR_CONFIG, "checkpoint without a path");
+    kvps_server_destroy(&s4);
+    unlink(bad);
+    unlink(path);
+    free(file);
+    kvps_worker_destroy(&w2);
+    kvps_server_destroy(&s2);
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+}
+
+/* The server process is killed with SIGKILL mid-training and started again from its last
+   checkpoint on the same port; the workers reconnect by themselves and finish. Every round adds
+   exactly m (each worker pushes ones): the final value shows no push applied twice, and at most
+   the rounds since the checkpoint lost. */
+static pid_t spawn_server(int port, const char *path, int restore, int every) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    kvps_server *s = NULL;
+    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 2, .update = KVPS_UPDATE_SUM,
+                                                           .checkpoint_path = path, .checkpoint_every = every,
+                                                           .heartbeat_ms = 100, .peer_timeout_ms = 30000},
+                                       &s);
+    if (r == KVPS_OK && restore) r = kvps_server_restore(s, path);
+    if (r != KVPS_OK) _exit(3);
+    kvps_server_run(s); /* until killed */
+    _exit(0);
+}
+
+typedef struct kjob {
+    int rank, steps, port;
+    int failures, lost_seen;
+    float last;
+    char why[400];
+} kjob;
+
+static void *kill_worker(void *arg) {
+    kjob *j = (kjob *)arg;
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", j->port);
+    kvps_worker *w = NULL;
+    if (kvps_worker_create(&(kvps_worker_desc){.servers = ep, .rank = j->rank, .heartbeat_ms = 100, .peer_timeout_ms = 300},
+                           &w) != KVPS_OK) {
+        j->failures++;
+        return NULL;
+    }
+    enum { LEN = 2048 };
+    float g[LEN], v[LEN];
+    for (int i = 0; i < LEN; i++) g[i] = 1.0f;
+    kvps_tensor t;
+    kvps_worker_tensor(w, "w", LEN, &t);
+    for (int k = 0; k < j->steps && !j->failures; k++) {
+        kvps_req q;
+        kvps_result r = kvps_worker_pushpull_tensor(w, t, g, v, &q);
+        if (r == KVPS_OK) r = wait_patiently(w, q, 30000, &j->lost_seen);
+        if (r != KVPS_OK) {
+            snprintf(j->why, sizeof j->why, "rank %d step %d: %s %s", j->rank, k, kvps_result_str(r), kvps_worker_last_error(w));
+            j->failures++;
+        }
+        for (int i = 1; i < LEN && !j->failures; i++)
+            if (v[i] != v[0]) { snprintf(j->why, sizeof j->why, "rank %d: elements differ", j->rank); j->failures++; }
+        usleep(2000);
+    }
+    j->last = v[0];
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+
+static void test_kill9_and_restart(void) {
+    char path[320];
+    path_in_tmp(path, sizeof path, "kill.ckpt");
+    int port = 0, lfd = listen_any(&port); /* a free port for both server lives */
+    close(lfd);
+    enum { M = 2, STEPS = 120, EVERY = 10 };
+    pid_t pid = spawn_server(port, path, 0, EVERY);
+    kjob jobs[M];
+    pthread_t th[M];
+    for (int r = 0; r < M; r++) {
+        jobs[r] = (kjob){.rank = r, .steps = STEPS, .port = port};
+        pthread_create(&th[r], NULL, kill_worker, &jobs[r]);
+    }
+    /* kill once a checkpoint exists and training is well past it */
+    struct stat sb;
+    for (int i = 0; i < 2000 && stat(path, &sb) != 0; i++) usleep(5000);
+    KT_CHECK(stat(path, &sb) == 0, "no checkpoint was written");
+    usleep(150000);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    usleep(500000); /* the workers find the server gone */
+    pid = spawn_server(port, path, 1, EVERY);
+    int failures = 0;
+    for (int r = 0; r < M; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].failures) { failures++; printf("  %s\n", jobs[r].why); }
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    KT_CHECK(failures == 0, "%d workers failed", failures);
+    /* value = M x rounds applied; rounds <= STEPS (nothing twice), >= STEPS - EVERY - 1 */
+    float v = jobs[0].last;
+    KT_CHECK(v == jobs[1].last, "workers saw %g and %g", (double)v, (double)jobs[1].last);
+    KT_CHECK(v <= (float)(M * STEPS), "final %g > %d: a push was applied twice", (double)v, M * STEPS);
+    KT_CHECK(v >= (float)(M * (STEPS - EVERY - 2)), "final %g: more than the rounds since the checkpoint lost", (double)v);
+    KT_CHECK((int)v % M == 0, "final %g is not whole rounds", (double)v);
+    printf("  killed and restarted: %g of %d rounds kept; %d waits reported the server lost\n", (double)v / M, STEPS,
+           jobs[0].lost_seen + jobs[1].lost_seen);
+    unlink(path);
+}
+
+/* Under BSP a worker that disconnects is lost after peer_timeout_ms: the survivor's pull,
+   waiting for a round that cannot complete, gets KVPS_ERR_PEER_LOST instead of hanging. */
+static void test_worker_lost_bsp(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2,
+                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 50, .peer_timeout_ms = 300},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    kvps_worker *w[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++)
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = r,
+                                                     .zmq_ctx = NULL},
+                                 &w[r]));
+    float g[16] = {1}, v[16];
+    kvps_tensor t[2];
+    kvps_req q[2];
+    for (int r = 0; r < 2; r++) {
+        KT_OK(kvps_worker_tensor(w[r], "x", 16, &t[r]));
+        KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g, v, &q[r]));
+    }
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
+    kvps_worker_destroy(&w[1]); /* worker 1 dies: its connection closes */
+    KT_OK(kvps_worker_pushpull_tensor(w[0], t[0], g, v, &q[0]));
+    kvps_result r = kvps_worker_wait(w[0], q[0], 20000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "survivor got %s (%s)", kvps_result_str(r), kvps_worker_last_error(w[0]));
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    KT_CHECK(st.peers_lost == 1, "%llu peers lost", (unsigned long long)st.peers_lost);
+    /* a barrier now fails the same way */
+    KT_OK(kvps_worker_barrier(w[0], &q[0]));
+    r = kvps_worker_wait(w[0], q[0], 20000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "barrier got %s", kvps_result_str(r));
+    kvps_worker_destroy(&w[0]);
+    kvps_server_destroy(&s);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/kvps-faults-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+    KT_RUN(test_checkpoint_round_trip);
+    KT_RUN(test_worker_lost_bsp);
+    KT_RUN(test_exactly_once_over_cuts);
+    KT_RUN(test_kill9_and_restart);
+    rmdir(tmpdir);
+    return kt_finish();
+}
