@@ -194,6 +194,7 @@ extern "C" {
     X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
     X(KVPS_ERR_PEER, -204, "a peer aborted the operation")                                      \
     X(KVPS_ERR_PEER_LOST, -205, "a peer is unreachable: its connection or heartbeats stopped")  \
+    X(KVPS_ERR_AUTH, -206, "the server refused the connection (CURVE key not allowed or wrong)") \
     X(KVPS_ERR_MALFORMED, -300, "malformed message")                                            \
     X(KVPS_ERR_TRUNCATED, -301, "truncated message: a frame is shorter than its header says")  \
     X(KVPS_ERR_MAGIC, -302, "wrong magic number: not a kvps message")                           \
@@ -315,6 +316,12 @@ typedef struct kvps_server_desc {
     int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 */
     const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
     int checkpoint_every;    /* also write one every this many rounds (0: only on request) */
+    /* CURVE (see SECURITY): this server's secret key (Z85, 40 characters) turns encryption on;
+       only workers whose public key is in curve_clients get in. Needs a ZeroMQ context of the
+       server's own (zmq_ctx NULL): the context's authentication handler is this server's. */
+    const char *curve_secret_key;
+    const char *const *curve_clients;
+    int num_curve_clients;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -362,6 +369,11 @@ typedef struct kvps_worker_desc {
     int no_malloc_tuning;
     int heartbeat_ms;
     int peer_timeout_ms;
+    /* CURVE: the servers' public keys (Z85; comma-separated, one per server, or one for all)
+       and this worker's key pair. All three, or none (plaintext). */
+    const char *curve_server_keys;
+    const char *curve_public_key;
+    const char *curve_secret_key;
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -464,6 +476,9 @@ KVPS_API void kvps_server_destroy(kvps_server **s);
    that is torn, corrupt, of another version, or of another server (rank, workers) is refused
    with KVPS_ERR_CHECKPOINT and nothing loaded. Sparse tables are not in checkpoints yet. */
 KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms);
+/* Reads a CURVE certificate file in CZMQ's zcert format (`make certs` writes them): the public
+   key, and the secret key when the file is a secret certificate (else *secret_z85 = 0). */
+KVPS_API kvps_result kvps_cert_load(const char *path, char public_z85[41], char secret_z85[41]);
 KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path);
 
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out);
@@ -552,8 +567,8 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
 /* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT, or
-   KVPS_ERR_PEER_LOST (it timed out while a server it waits for was disconnected), the request
-   stays valid. Any other return ends the request and frees its handle. */
+   KVPS_ERR_PEER_LOST (it timed out while a server it waits for was disconnected), or
+   KVPS_ERR_AUTH (... while that server refused our handshake), the request stays valid. Any other return ends the request and frees its handle. */
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms);
 /* Never blocks: *done = 1 when the request has ended (its result returned, handle freed). */
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
@@ -1098,6 +1113,9 @@ struct kvps_server {
     struct kvps__seen *seen; /* per worker: which requests were applied (exactly-once) */
     /* liveness: the socket each worker last spoke from, since when it has been gone, lost */
     void *mon;
+    void *zap; /* CURVE: the ZAP handler (REP on inproc://zeromq.zap.01) */
+    uint8_t (*curve_ok)[32];
+    int ncurve_ok;
     int *rank_fd;
     int64_t *gone_since;
     uint8_t *lost;
@@ -1433,8 +1451,109 @@ static void kvps__keys_truncate(kvps_server *s, uint32_t n) {
     }
 }
 
+// >>curve
+static int kvps__z85_key(const char *z85, uint8_t out[32]) {
+    return z85 && strlen(z85) == 40 && zmq_z85_decode(out, z85) != NULL ? 0 : -1;
+}
+
+/* CURVE on the server socket, and a ZAP handler that lets in only the listed public keys. */
+static int kvps__curve_server(kvps_server *s) {
+    uint8_t sk[32];
+    const kvps_server_desc *d = &s->desc;
+    if (!zmq_has("curve")) { kvps__log(KVPS_LOG_ERROR, "server: this libzmq has no CURVE"); return -1; }
+    if (!s->own_ctx) { kvps__log(KVPS_LOG_ERROR, "server: CURVE needs a ZeroMQ context of the server's own"); return -1; }
+    if (kvps__z85_key(d->curve_secret_key, sk) != 0 || d->num_curve_clients < 0 ||
+        (d->num_curve_clients > 0 && !d->curve_clients)) {
+        kvps__log(KVPS_LOG_ERROR, "server: curve_secret_key must be 40 Z85 characters, curve_clients a list");
+        return -1;
+    }
+    s->curve_ok = (uint8_t(*)[32])calloc((size_t)d->num_curve_clients + 1, 32);
+    if (!s->curve_ok) return -1;
+    for (int i = 0; i < d->num_curve_clients; i++)
+        if (kvps__z85_key(d->curve_clients[i], s->curve_ok[i]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "server: curve_clients[%d] is not a 40-character Z85 key", i);
+            return -1;
+        }
+    s->ncurve_ok = d->num_curve_clients;
+    s->zap = zmq_socket(s->ctx, ZMQ_REP);
+    if (!s->zap || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0) return -1;
+    int one = 1;
+    zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one);
+    zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, sk, 32);
+    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvps", 4);
+    memset(sk, 0, sizeof sk);
+    s->desc.curve_secret_key = NULL; /* the caller's strings are not kept */
+    s->desc.curve_clients = NULL;
+    return 0;
+}
+
+/* Answers one ZAP request: 200 for a listed CURVE key, 400 for anything else. */
+static void kvps__zap_serve(kvps_server *s) {
+    zmq_msg_t fr[7];
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t tmp, *m = n < 7 ? &fr[n] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, s->zap, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
+            return;
+        }
+        more = zmq_msg_more(m);
+        if (n < 7) n++;
+        else zmq_msg_close(m);
+    }
+    /* version, request id, domain, address, routing id, mechanism, credentials */
+    int ok = 0;
+    if (n == 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
+        zmq_msg_size(&fr[6]) == 32)
+        for (int i = 0; i < s->ncurve_ok && !ok; i++) ok = memcmp(zmq_msg_data(&fr[6]), s->curve_ok[i], 32) == 0;
+    if (!ok) {
+        KVPS__STAT_ADD(s, errors, 1);
+        kvps__log(KVPS_LOG_WARN, "server %d: refused a connection: %s", s->desc.rank,
+                  n == 7 ? "its CURVE key is not listed" : "not a CURVE handshake");
+    }
+    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not allowed";
+    zmq_msg_t out[6];
+    kvps__msg_from_buf(&out[0], "1.0", 3);
+    zmq_msg_init(&out[1]);
+    if (n >= 2) zmq_msg_copy(&out[1], &fr[1]);
+    kvps__msg_from_buf(&out[2], status, 3);
+    kvps__msg_from_buf(&out[3], text, strlen(text));
+    kvps__msg_from_buf(&out[4], "", 0);
+    kvps__msg_from_buf(&out[5], "", 0);
+    for (int i = 0; i < 6; i++) zmq_msg_send(&out[i], s->zap, i < 5 ? ZMQ_SNDMORE : 0);
+    for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
+}
+
+KVPS_API kvps_result kvps_cert_load(const char *path, char public_z85[41], char secret_z85[41]) {
+    if (!path || !public_z85 || !secret_z85) return KVPS_ERR_INVALID_ARG;
+    public_z85[0] = secret_z85[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return KVPS_ERR_CONFIG;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *names[2] = {"public-key", "secret-key"};
+        char *outs[2] = {public_z85, secret_z85};
+        for (int i = 0; i < 2; i++) {
+            char *p = strstr(line, names[i]), *q1, *q2;
+            if (!p || (q1 = strchr(p, '"')) == NULL || (q2 = strchr(q1 + 1, '"')) == NULL || q2 - q1 - 1 != 40) continue;
+            memcpy(outs[i], q1 + 1, 40);
+            outs[i][40] = 0;
+        }
+    }
+    fclose(f);
+    uint8_t k[32];
+    if (kvps__z85_key(public_z85, k) != 0 || (secret_z85[0] && kvps__z85_key(secret_z85, k) != 0)) {
+        public_z85[0] = secret_z85[0] = 0;
+        return KVPS_ERR_CONFIG;
+    }
+    return KVPS_OK;
+}
+
 static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
-    kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
+    if (rc == KVPS_ERR_CONFIG) kvps__log(KVPS_LOG_ERROR, "server: %s: bad configuration", what);
+    else kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
     kvps_server_destroy(&s);
     return (kvps_result)rc;
 }
@@ -1507,6 +1626,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     kvps__heartbeats(s->router, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
     if (kvps__monitor(s->ctx, s->router, ZMQ_EVENT_DISCONNECTED, &s->mon) != 0)
         return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
+    if (desc->curve_secret_key && kvps__curve_server(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "CURVE");
     if (zmq_bind(s->router, desc->endpoint) != 0) {
         kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
         return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
@@ -2698,10 +2818,10 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
 
 KVPS_API kvps_result kvps_server_run(kvps_server *s) {
     if (!s) return KVPS_ERR_INVALID_ARG;
-    zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
-                               {s->mon, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
+                               {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
     for (;;) {
-        if (zmq_poll(items, 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
+        if (zmq_poll(items, s->zap ? 4 : 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
@@ -2721,6 +2841,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             kvps__handle(s, fr, n + extra);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
+        if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         kvps__liveness(s);
         kvps__checkpoint_maybe(s);
     }
@@ -2761,6 +2882,8 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         kvps__parked_free(p);
     }
     if (s->mon) zmq_close(s->mon);
+    if (s->zap) zmq_close(s->zap);
+    free(s->curve_ok);
     if (s->router) zmq_close(s->router);
     if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
     for (int i = 0; i < 2; i++)
@@ -2833,6 +2956,7 @@ struct kvps_worker {
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
     void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
     uint8_t *down;     /* per server: connection lost, not back yet */
+    uint8_t *refused;  /* per server: its last handshake failed (CURVE keys) */
     int64_t *down_since;
     uint32_t nslots;
     uint32_t *free_slots;
@@ -2899,12 +3023,30 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
     w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
     w->down = (uint8_t *)calloc((size_t)w->n, 1);
+    w->refused = (uint8_t *)calloc((size_t)w->n, 1);
     w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
-    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->down_since) {
+    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->down_since) {
         kvps_worker_destroy(&w);
         return KVPS_ERR_NOMEM;
     }
     w->incarnation = kvps__random32();
+    char **skeys = NULL;
+    int nskeys = 0;
+    uint8_t cpub[32], csec[32];
+    if (desc->curve_server_keys || desc->curve_public_key || desc->curve_secret_key) {
+        nskeys = desc->curve_server_keys ? kvps__split(desc->curve_server_keys, &skeys) : 0;
+        uint8_t tmp[32];
+        int bad = !zmq_has("curve") || kvps__z85_key(desc->curve_public_key, cpub) != 0 ||
+                  kvps__z85_key(desc->curve_secret_key, csec) != 0 || (nskeys != 1 && nskeys != w->n);
+        for (int i = 0; i < nskeys && !bad; i++) bad = kvps__z85_key(skeys[i], tmp) != 0;
+        if (bad) {
+            kvps__log(KVPS_LOG_ERROR, "worker: CURVE needs curve_server_keys (one, or one per server), "
+                                      "curve_public_key and curve_secret_key, 40 Z85 characters each");
+            kvps__free_strv(skeys, nskeys);
+            kvps_worker_destroy(&w);
+            return KVPS_ERR_CONFIG;
+        }
+    }
     w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
     w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
     w->ctx = desc->zmq_ctx;
@@ -2931,7 +3073,16 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         memcpy(rid + 12, &si, 4);
         zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
         kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
-        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED, &w->mons[i]) != 0) {
+        if (nskeys) {
+            uint8_t sk[32];
+            kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
+            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, sk, 32);
+            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
+            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 32);
+        }
+        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0) {
             r = KVPS_ERR_ZMQ;
             break;
         }
@@ -2946,6 +3097,9 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         w->items[w->n + i].socket = w->mons[i];
         w->items[w->n + i].events = ZMQ_POLLIN;
     }
+    kvps__free_strv(skeys, nskeys);
+    w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
+    memset(csec, 0, sizeof csec);
     if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
     *out = w;
     return KVPS_OK;
@@ -2970,7 +3124,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->resid);
     }
     kvps__free_strv(w->endpoints, w->n);
-    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->down_since);
+    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->down_since);
     free(w->free_slots); free(w->order); free(w->count); free(w->tables);
     free(w);
 }
@@ -3731,9 +3885,19 @@ static void kvps__watch(kvps_worker *w) {
                     kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
                               w->endpoints[s]);
                 }
-            } else if (ev == ZMQ_EVENT_CONNECTED && w->down[s]) {
-                w->down[s] = 0;
-                kvps__resend(w, s);
+            } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                w->refused[s] = 0;
+                if (w->down[s]) {
+                    w->down[s] = 0;
+                    kvps__resend(w, s);
+                }
+            } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+                if (!w->refused[s])
+                    kvps__log(KVPS_LOG_ERROR, "worker %d: server %d (%s) refused the handshake", w->desc.rank, s,
+                              w->endpoints[s]);
+                w->refused[s] = 1;
+                if (!w->down[s]) { w->down[s] = 1; w->down_since[s] = kvps__now_ms(); }
             }
         }
     }
@@ -3799,6 +3963,13 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         if (kvps__req_done(q)) break;
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
+            for (int s = 0; s < w->n; s++)
+                if (q->state[s] == 1 && w->refused[s]) {
+                    snprintf(w->errmsg, sizeof w->errmsg,
+                             "server %d (%s) refused the handshake: check the CURVE keys (ours must be listed, "
+                             "curve_server_keys must be its public key)", s, w->endpoints[s]);
+                    return KVPS_ERR_AUTH;
+                }
             for (int s = 0; s < w->n; s++)
                 if (q->state[s] == 1 && w->down[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,

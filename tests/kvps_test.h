@@ -42,14 +42,14 @@ static int kt_finish(void) {
 static inline int kt_quick(void) { const char *e = getenv("KVPS_TEST_QUICK"); return e && *e && *e != '0'; }
 
 /* Deterministic pseudo-random floats in [-1, 1). */
-static uint64_t kt_rng(uint64_t *s) {
+static inline uint64_t kt_rng(uint64_t *s) {
     *s += 0x9e3779b97f4a7c15ull;
     uint64_t z = *s;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static float kt_randf(uint64_t *s) { return (float)((double)(kt_rng(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static inline float kt_randf(uint64_t *s) { return (float)((double)(kt_rng(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
 /* n servers in background threads. transport: "inproc", "ipc" or "tcp". */
 typedef struct kt_cluster {

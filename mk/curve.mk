@@ -1,0 +1,10 @@
+# CURVE certificates: `make certs` writes certs/server.cert(_secret) and certs/worker.cert(_secret)
+# with kvps-keygen (CZMQ's zcert format). test_curve also links CZMQ to check that format both ways.
+.PHONY: certs
+all: $(B)/kvps-keygen
+$(B)/kvps-keygen: tools/kvps_keygen.c | $(B)
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/test_curve: LDLIBS += $(shell pkg-config --libs libczmq 2>/dev/null)
+certs: $(B)/kvps-keygen
+	@mkdir -p certs
+	$(B)/kvps-keygen certs/server certs/worker
