@@ -322,6 +322,7 @@ typedef struct kvps_server_desc {
     const char *curve_secret_key;
     const char *const *curve_clients;
     int num_curve_clients;
+    int elastic; /* 1: a lost worker leaves the aggregation (means over those left) and may join again */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -1069,7 +1070,8 @@ typedef struct kvps__key {
     float *value, *accum;  /* value == cur->data */
     kvps__vbuf *cur, *spare;
     uint64_t round;      /* rounds applied */
-    uint32_t summed;     /* BSP: ranks 0..summed-1 are in accum for this round */
+    uint32_t summed;     /* BSP: ranks 0..summed-1 are done for this round (in accum, or out) */
+    uint32_t nin;        /* BSP: contributions in accum this round */
     uint64_t stamp;      /* duplicate detection within one request */
     uint64_t *recv;      /* per worker: contributions received */
     kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
@@ -1120,6 +1122,7 @@ struct kvps_server {
     int64_t *gone_since;
     uint8_t *lost;
     int nlost;
+    uint8_t *out; /* elastic: left the aggregation */
     /* checkpoints: asked for by other threads (ckpt_req), written by the serving thread */
     pthread_mutex_t ckpt_mu;
     pthread_cond_t ckpt_cv;
@@ -1591,8 +1594,9 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->rank_fd = (int *)malloc((size_t)s->m * sizeof *s->rank_fd);
     s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
     s->lost = (uint8_t *)calloc((size_t)s->m, 1);
-    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || kvps__table_grow(s) != 0) {
-        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s);
+    s->out = (uint8_t *)calloc((size_t)s->m, 1);
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || kvps__table_grow(s) != 0) {
+        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out); free(s);
         return KVPS_ERR_NOMEM;
     }
     for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
@@ -1762,13 +1766,15 @@ static void kvps__wake(kvps_server *s, kvps__key *k) {
 
 /* BSP: add rank r's contribution to the round in rank order, buffering out-of-turn ones.
    Contribution c of a rank belongs to round c (one push per key per round). */
+static int kvps__bsp_advance(kvps_server *s, kvps__key *k);
 static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
     uint64_t c = k->recv[r]++;
     size_t bytes = (size_t)k->len * sizeof(float);
     if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
     if ((uint32_t)r == k->summed && c == k->round) {
-        kvps__contrib_into(s, k, g, k->accum, k->summed != 0);
+        kvps__contrib_into(s, k, g, k->accum, k->nin != 0);
         k->summed++;
+        k->nin++;
     } else {
         if (!k->qhead) {
             k->qhead = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qhead);
@@ -1782,12 +1788,22 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
         if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
         k->qtail[r] = p;
     }
+    return kvps__bsp_advance(s, k);
+}
+
+/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic), and
+   applies each round that completes; 1 if one did, -1 when out of memory. */
+static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
     int advanced = 0;
     for (;;) {
+        while (k->summed < (uint32_t)s->m && s->out[k->summed]) k->summed++;
         if (k->summed == (uint32_t)s->m) {
-            if (kvps__apply(s, k, k->accum, s->m) != 0) return -1;
+            if (k->nin == 0) break; /* everyone left: no round */
+            if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
             k->summed = 0;
+            k->nin = 0;
             advanced = 1;
+            continue;
         }
         uint32_t nr = k->summed;
         kvps__pend *p = k->qhead ? k->qhead[nr] : NULL;
@@ -1795,9 +1811,10 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
         k->qhead[nr] = p->next;
         if (!p->next) k->qtail[nr] = NULL;
         kvps__contrib c2 = {p->data, NULL, NULL, 0};
-        kvps__contrib_into(s, k, &c2, k->accum, nr != 0);
+        kvps__contrib_into(s, k, &c2, k->accum, k->nin != 0);
         free(p);
         k->summed++;
+        k->nin++;
     }
     return advanced;
 }
@@ -1935,6 +1952,7 @@ static int kvps__cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static void kvps__barrier_check(kvps_server *s, uint64_t gen);
 static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     if (s->nlost) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
@@ -1948,10 +1966,13 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
     p->next = s->barrier_waiters;
     s->barrier_waiters = p;
-    /* The generation is complete when every rank has entered it. */
-    uint64_t gen = p->hdr.aux;
+    kvps__barrier_check(s, p->hdr.aux);
+}
+
+/* Releases barrier generation gen once every rank still in has entered it. */
+static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
     for (int r = 0; r < s->m; r++)
-        if (s->barrier_gen[r] <= gen) return;
+        if (!s->out[r] && s->barrier_gen[r] <= gen) return;
     kvps__parked **pp = &s->barrier_waiters;
     while (*pp) {
         kvps__parked *w = *pp;
@@ -2193,6 +2214,7 @@ static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
     return 0;
 }
 
+static void kvps__rejoin(kvps_server *s, int r);
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     zmq_msg_t *id = &fr[0];
     if (nfr < 2) {
@@ -2240,8 +2262,9 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     }
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
     if (fd >= 0) s->rank_fd[h.rank] = fd;
-    if (s->gone_since[h.rank] || s->lost[h.rank]) {
-        if (s->lost[h.rank]) {
+    if (s->gone_since[h.rank] || s->lost[h.rank] || s->out[h.rank]) {
+        if (s->out[h.rank]) kvps__rejoin(s, (int)h.rank);
+        else if (s->lost[h.rank]) {
             s->nlost--;
             kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, h.rank);
         }
@@ -2533,6 +2556,37 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
 
 // >>liveness
 /* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
+/* Elastic: rank r leaves; its buffered pushes go, and rounds and barriers that only waited for
+   it complete (means over the contributions they have). */
+static void kvps__leave(kvps_server *s, int r) {
+    s->out[r] = 1;
+    s->nlost--; /* not an error any more: the job goes on without it */
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__key *k = s->keys[i];
+        while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+        if (k->qtail) k->qtail[r] = NULL;
+        if (s->desc.consistency != KVPS_ASYNC && kvps__bsp_advance(s, k) > 0 && k->waiters) kvps__wake(s, k);
+    }
+    uint64_t lo = UINT64_MAX;
+    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
+        if (p->hdr.aux < lo) lo = p->hdr.aux;
+    if (lo != UINT64_MAX) kvps__barrier_check(s, lo);
+}
+
+/* Elastic: rank r is back (or replaced): it joins from the next round it has not missed. */
+static void kvps__rejoin(kvps_server *s, int r) {
+    s->out[r] = 0;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__key *k = s->keys[i];
+        k->recv[r] = k->round + (k->summed > (uint32_t)r ? 1 : 0);
+    }
+    uint64_t g = UINT64_MAX;
+    for (int q = 0; q < s->m; q++)
+        if (!s->out[q] && q != r && s->barrier_gen[q] < g) g = s->barrier_gen[q];
+    s->barrier_gen[r] = g == UINT64_MAX ? 0 : g;
+    kvps__log(KVPS_LOG_WARN, "server %d: worker %d joins again", s->desc.rank, r);
+}
+
 static void kvps__fail_waiters(kvps_server *s, int rank) {
     char text[160];
     snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
@@ -2570,9 +2624,10 @@ static void kvps__liveness(kvps_server *s) {
             s->lost[r] = 1;
             s->nlost++;
             KVPS__STAT_ADD(s, peers_lost, 1);
-            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms", s->desc.rank, r,
-                      s->desc.peer_timeout_ms);
-            kvps__fail_waiters(s, r);
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s", s->desc.rank, r,
+                      s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "");
+            if (s->desc.elastic) kvps__leave(s, r);
+            else kvps__fail_waiters(s, r);
         }
 }
 
@@ -2604,7 +2659,8 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
 /* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
    reserved; per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
    floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
-   per worker: u64 barriers entered, u32 incarnation, u64 hi, u64 window[1024]; then u32 CRC-32
+   per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
+   then u32 CRC-32
    of everything before it and "KEND". */
 enum { KVPS__CKPT_VERSION = 1 };
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
@@ -2619,7 +2675,7 @@ static int kvps__quiescent(const kvps_server *s) {
     if (s->barrier_waiters) return 0;
     for (uint32_t i = 0; i < s->nkeys; i++) {
         const kvps__key *k = s->keys[i];
-        if (k->summed) return 0;
+        if (k->nin) return 0;
         for (int r = 0; k->qhead && r < s->m; r++)
             if (k->qhead[r]) return 0;
     }
@@ -2660,6 +2716,7 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
     }
     for (int r = 0; r < s->m; r++) {
         KVPS__CW(&w, s->barrier_gen[r]);
+        KVPS__CW(&w, s->out[r]);
         KVPS__CW(&w, s->seen[r].inc);
         KVPS__CW(&w, s->seen[r].hi);
         kvps__cw_put(&w, s->seen[r].bits, sizeof s->seen[r].bits);
@@ -2797,7 +2854,8 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         }
     }
     for (int r = 0; !why && r < s->m; r++)
-        if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
+        if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
+            kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
             kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
             why = "truncated worker records";
     if (!why && rd.left != 0) why = "trailing bytes";
@@ -2807,6 +2865,7 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         s->max_round = 0;
         memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
         memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
+        memset(s->out, 0, (size_t)s->m);
         kvps__log(KVPS_LOG_ERROR, "server %d: restore from %s refused: %s", s->desc.rank, path, why);
         return KVPS_ERR_CHECKPOINT;
     }
@@ -2889,7 +2948,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
-    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost);
+    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
     pthread_mutex_destroy(&s->ckpt_mu);
     pthread_cond_destroy(&s->ckpt_cv);
     while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }

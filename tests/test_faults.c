@@ -454,6 +454,58 @@ static void test_worker_lost_bsp(void) {
     kvps_server_destroy(&s);
 }
 
+/* Elastic BSP: worker 2 of 3 dies; once it is lost the round completes as the mean of the two
+   left (and a barrier completes without it); a new worker 2 joins, pulls the current weights
+   and the next round is the mean of all three again. Means are checked against float sums in
+   rank order. */
+static void test_elastic(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 3,
+                                                  .update = KVPS_UPDATE_MEAN, .heartbeat_ms = 50,
+                                                  .peer_timeout_ms = 300, .elastic = 1},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    enum { LEN = 257 };
+    kvps_worker *w[3];
+    kvps_tensor t[3];
+    float g[3][LEN], v[LEN], want[LEN];
+    uint64_t seed = 9;
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < LEN; i++) g[r][i] = kt_randf(&seed);
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = r}, &w[r]));
+        KT_OK(kvps_worker_tensor(w[r], "x", LEN, &t[r]));
+    }
+    kvps_req q[3];
+    for (int r = 0; r < 3; r++) KT_OK(kvps_worker_push_tensor(w[r], t[r], g[r], &q[r]));
+    for (int r = 0; r < 3; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
+    kvps_worker_destroy(&w[2]);
+    /* round 2 with two workers: completes when worker 2 is declared lost */
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], v, &q[r]));
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 20000));
+    for (int i = 0; i < LEN; i++) want[i] = (g[0][i] + g[1][i]) / 2.0f;
+    KT_CHECK(memcmp(v, want, sizeof v) == 0, "round without worker 2 is not the mean of the two left");
+    /* a barrier of the two that are left completes */
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_barrier(w[r], &q[r]));
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 20000));
+    /* a new worker 2 joins, pulls the current weights, and takes part in round 3 */
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = 2}, &w[2]));
+    KT_OK(kvps_worker_tensor(w[2], "x", LEN, &t[2]));
+    float cur[LEN];
+    KT_OK(kvps_worker_pull_tensor(w[2], t[2], cur, &q[2]));
+    KT_OK(kvps_worker_wait(w[2], q[2], 5000));
+    KT_CHECK(memcmp(cur, want, sizeof cur) == 0, "the new worker pulled something else than the current weights");
+    for (int r = 0; r < 3; r++) KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[(r + 1) % 3], v, &q[r]));
+    for (int r = 0; r < 3; r++) KT_OK(kvps_worker_wait(w[r], q[r], 20000));
+    for (int i = 0; i < LEN; i++) want[i] = (g[1][i] + g[2][i] + g[0][i]) / 3.0f;
+    KT_CHECK(memcmp(v, want, sizeof v) == 0, "round after the join is not the mean of all three");
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    KT_CHECK(st.peers_lost == 1 && st.rounds == 3, "%llu lost, %llu rounds", (unsigned long long)st.peers_lost,
+             (unsigned long long)st.rounds);
+    for (int r = 0; r < 3; r++) kvps_worker_destroy(&w[r]);
+    kvps_server_destroy(&s);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const char *base = getenv("TMPDIR");
@@ -461,6 +513,7 @@ int main(void) {
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
     KT_RUN(test_checkpoint_round_trip);
     KT_RUN(test_worker_lost_bsp);
+    KT_RUN(test_elastic);
     KT_RUN(test_exactly_once_over_cuts);
     KT_RUN(test_kill9_and_restart);
     rmdir(tmpdir);
