@@ -475,7 +475,7 @@ KVPS_API void kvps_server_destroy(kvps_server **s);
    writes it at the next moment no round is half summed, within timeout_ms.
    kvps_server_restore loads one into a server that has not started and holds no keys; a file
    that is torn, corrupt, of another version, or of another server (rank, workers) is refused
-   with KVPS_ERR_CHECKPOINT and nothing loaded. Sparse tables are not in checkpoints yet. */
+   with KVPS_ERR_CHECKPOINT and nothing loaded. Sparse tables are included. */
 KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms);
 /* Reads a CURVE certificate file in CZMQ's zcert format (`make certs` writes them): the public
    key, and the secret key when the file is a secret certificate (else *secret_z85 = 0). */
@@ -2657,7 +2657,9 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
 }
 
 /* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
-   reserved; per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
+   ntables; per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
+   eps init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
+   per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
    floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
@@ -2695,10 +2697,28 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
         free(tmp);
         return KVPS_ERR_CHECKPOINT;
     }
+    uint32_t ntables = 0;
+    for (const kvps__table *t = s->tables; t; t = t->next) ntables++;
     uint32_t hdr[6] = {KVPS__CKPT_VERSION, (uint32_t)s->desc.rank, (uint32_t)s->m, (uint32_t)s->desc.consistency,
-                       s->nkeys, 0};
+                       s->nkeys, ntables};
     kvps__cw_put(&w, "KVPSCKPT", 8);
     kvps__cw_put(&w, hdr, sizeof hdr);
+    for (const kvps__table *t = s->tables; t; t = t->next) {
+        uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
+        float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
+        KVPS__CW(&w, t->id);
+        kvps__cw_put(&w, u, sizeof u);
+        kvps__cw_put(&w, f, sizeof f);
+        KVPS__CW(&w, t->seed);
+        KVPS__CW(&w, t->nrows);
+        for (uint64_t j = 0; j < t->hcap; j++) {
+            if (!t->hv[j]) continue;
+            uint64_t r = t->hv[j] - 1;
+            KVPS__CW(&w, t->hk[j]);
+            kvps__cw_put(&w, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+            if (t->sdim) kvps__cw_put(&w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+        }
+    }
     for (uint32_t i = 0; i < s->nkeys; i++) {
         const kvps__key *k = s->keys[i];
         uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? (uint32_t)kvps__rule_state(k->opt.rule != KVPS_RULE_DEFAULT ? k->opt.rule : s->default_opt.rule) : 0;
@@ -2801,7 +2821,7 @@ static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
 
 KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     if (!s || !path) return KVPS_ERR_INVALID_ARG;
-    if (s->started || s->nkeys) return KVPS_ERR_STATE;
+    if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
     FILE *f = fopen(path, "rb");
     if (!f) {
         kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
@@ -2827,6 +2847,36 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     }
     /* parse everything into fresh keys; only a whole, consistent file is kept */
     kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
+    for (uint32_t i = 0; !why && i < hdr[5]; i++) {
+        uint64_t tid, seed, nrows;
+        uint32_t u[3];
+        float fl[6];
+        if (kvps__cr_get(&rd, &tid, 8) || kvps__cr_get(&rd, u, sizeof u) || kvps__cr_get(&rd, fl, sizeof fl) ||
+            kvps__cr_get(&rd, &seed, 8) || kvps__cr_get(&rd, &nrows, 8)) { why = "truncated table record"; break; }
+        if (u[0] == 0 || u[0] > (1u << 20) || u[2] > KVPS_RULE_ADAM || kvps__table_find(s->tables, tid) ||
+            u[1] != (uint32_t)kvps__rule_state((kvps_rule)u[2]) * u[0] + (u[2] == KVPS_RULE_ADAM ? 2u : 0u) ||
+            nrows > rd.left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float))) { why = "invalid table record"; break; }
+        kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
+        if (!t) { why = "out of memory"; break; }
+        t->id = tid;
+        t->dim = u[0];
+        t->sdim = u[1];
+        t->opt.rule = (kvps_rule)u[2];
+        t->opt.lr = fl[0]; t->opt.momentum = fl[1]; t->opt.beta1 = fl[2]; t->opt.beta2 = fl[3]; t->opt.eps = fl[4];
+        t->init_scale = fl[5];
+        t->seed = seed;
+        t->next = s->tables;
+        s->tables = t;
+        for (uint64_t j = 0; j < nrows && !why; j++) {
+            uint64_t rid = 0;
+            kvps__cr_get(&rd, &rid, 8);
+            uint64_t nbefore = t->nrows, r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { why = "out of memory"; break; }
+            if (t->nrows == nbefore) { why = "a row id twice"; break; }
+            kvps__cr_get(&rd, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+            if (t->sdim) kvps__cr_get(&rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+        }
+    }
     for (uint32_t i = 0; !why && i < hdr[4]; i++) {
         uint64_t key, len, round;
         uint32_t rule, nstate;
@@ -2862,6 +2912,8 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     free(buf);
     if (why) {
         kvps__keys_truncate(s, 0);
+        while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
+        s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
         s->max_round = 0;
         memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
         memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);

@@ -216,12 +216,24 @@ static void test_checkpoint_round_trip(void) {
     KT_OK(kvps_worker_wait(w, q, -1));
     float g[LEN], a[LEN], b[LEN];
     uint64_t seed = 5;
-    for (int step = 0; step < 6; step++)
+    /* and a sparse table with Adam state per row */
+    enum { DIM = 8, NROWS = 50 };
+    kvps_table_desc td = {.name = "emb", .dim = DIM, .opt = {KVPS_RULE_ADAM, 0.01f, 0, 0, 0, 0}, .init_scale = 0.1f, .seed = 3};
+    kvps_table tb, tb2;
+    uint64_t ids[NROWS];
+    for (int i = 0; i < NROWS; i++) ids[i] = (uint64_t)i * 1000003u + 7u;
+    KT_OK(kvps_worker_table(w, &td, &tb, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    for (int step = 0; step < 6; step++) {
         for (int i = 0; i < 2; i++) {
             for (int j = 0; j < LEN; j++) g[j] = kt_randf(&seed);
             KT_OK(kvps_worker_push_tensor(w, t[i], g, &q));
             KT_OK(kvps_worker_wait(w, q, -1));
         }
+        for (int j = 0; j < NROWS * DIM; j++) g[j] = kt_randf(&seed);
+        KT_OK(kvps_worker_push_rows(w, tb, ids, g, NROWS - step * 5, &q)); /* rows touched a varying number of times */
+        KT_OK(kvps_worker_wait(w, q, -1));
+    }
     KT_OK(kvps_server_checkpoint(c.srv[0], 5000));
     kvps_server_stats st;
     kvps_server_stats_get(c.srv[0], &st);
@@ -254,7 +266,9 @@ static void test_checkpoint_round_trip(void) {
     kvps_tensor t2[2];
     KT_OK(kvps_worker_tensor(w2, "m", LEN, &t2[0]));
     KT_OK(kvps_worker_tensor(w2, "a", LEN, &t2[1]));
-    for (int step = 0; step < 4; step++)
+    KT_OK(kvps_worker_table(w2, &td, &tb2, &q));
+    KT_OK(kvps_worker_wait(w2, q, -1));
+    for (int step = 0; step < 4; step++) {
         for (int i = 0; i < 2; i++) {
             for (int j = 0; j < LEN; j++) g[j] = kt_randf(&seed);
             KT_OK(kvps_worker_push_tensor(w, t[i], g, &q));
@@ -262,6 +276,17 @@ static void test_checkpoint_round_trip(void) {
             KT_OK(kvps_worker_push_tensor(w2, t2[i], g, &q));
             KT_OK(kvps_worker_wait(w2, q, -1));
         }
+        for (int j = 0; j < NROWS * DIM; j++) g[j] = kt_randf(&seed);
+        KT_OK(kvps_worker_push_rows(w, tb, ids, g, NROWS, &q));
+        KT_OK(kvps_worker_wait(w, q, -1));
+        KT_OK(kvps_worker_push_rows(w2, tb2, ids, g, NROWS, &q));
+        KT_OK(kvps_worker_wait(w2, q, -1));
+    }
+    KT_OK(kvps_worker_pull_rows(w, tb, ids, a, NROWS, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    KT_OK(kvps_worker_pull_rows(w2, tb2, ids, b, NROWS, &q));
+    KT_OK(kvps_worker_wait(w2, q, -1));
+    KT_CHECK(memcmp(a, b, NROWS * DIM * sizeof(float)) == 0, "table rows diverged after the restore");
     for (int i = 0; i < 2; i++) {
         KT_OK(kvps_worker_pull_tensor(w, t[i], a, &q));
         KT_OK(kvps_worker_wait(w, q, -1));
