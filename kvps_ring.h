@@ -1465,9 +1465,16 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     while (r->stash) { kvps_ring__stash *e = r->stash; r->stash = e->next; zmq_msg_close(&e->payload); free(e); }
     while (r->head) { kvps_ring__job *j = r->head; r->head = j->next; free(j); }
     while (r->finished) { kvps_ring__job *j = r->finished; r->finished = j->next; free(j); }
-    if (r->dealers)
+    if (r->dealers) {
+        /* a healthy ring flushes what it still has queued: a peer may still be connecting, and
+           with no linger ZeroMQ would drop its last piece (that peer then times out) */
+        int linger = r->broken ? 0 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000);
         for (int i = 0; i < r->size; i++)
-            if (r->dealers[i]) zmq_close(r->dealers[i]);
+            if (r->dealers[i]) {
+                zmq_setsockopt(r->dealers[i], ZMQ_LINGER, &linger, sizeof linger);
+                zmq_close(r->dealers[i]);
+            }
+    }
     if (r->router) zmq_close(r->router);
     if (r->own_ctx && r->ctx) zmq_ctx_term(r->ctx);
     pthread_mutex_destroy(&r->mu);

@@ -1,25 +1,43 @@
 /* fmnist.c - distributed training on Fashion-MNIST with kvps: servers hold the weights, workers
-   push gradients and pull weights back.
+   push gradients and pull weights back (or, in allreduce mode, workers all-reduce gradients
+   among themselves with kvps_ring.h and no server).
 
    What it shows: a whole kvps job. The parameters of a softmax regression (784x10 + 10) or of a
    one-hidden-layer MLP (784 -> H ReLU -> 10) are kvps tensors ("fc1.w", "fc1.b", "fc2.w",
-   "fc2.b"). The servers apply plain SGD (KVPS_UPDATE_SGD, lr on the server) under BSP or async
-   consistency. Worker 0 writes the initial weights (kvps_worker_init_tensor), everyone meets at
-   a barrier and pulls them; then each step every worker computes the mean gradient of its share
-   of the global batch (worker r takes positions r, r+M, ... of each shuffled batch) and
-   pushpulls every tensor at once, which returns the updated weights. The servers' lr is fixed,
-   so the workers apply a cosine learning-rate decay by scaling their gradients.
+   "fc2.b"). Worker 0 writes the initial weights (kvps_worker_init_tensor), everyone meets at a
+   barrier and pulls them; then each step every worker computes the mean gradient of its share of
+   the global batch (worker r takes positions r, r+M, ... of each shuffled batch). The workers
+   apply a cosine learning-rate decay by scaling their gradients. --mode picks how they combine:
+     bsp        every step pushpulls every tensor at once; the servers apply plain SGD
+                (KVPS_UPDATE_SGD) to the sum of all M gradients, in rank order: deterministic
+     ssp:K      the same rounds, but a worker's pull waits only for round t - K (KVPS_SSP): a
+                worker runs at most K steps ahead of the slowest
+     async      each push is applied on arrival (lr / M per push); pulls never wait
+     easgd      elastic averaging: each worker trains its own copy with local SGD and every
+                --tau steps exchanges alpha * (local - centre) with the centre on the servers
+                (kvps_worker_easgd; the servers accumulate, KVPS_RULE_ACCUMULATE, async); the
+                centre is the model evaluated
+     allreduce  no server: the workers are the ranks of a kvps_ring, each step all-reduces the
+                gradients (ring algorithm) and applies the same SGD step locally; every rank
+                holds the same weights
+   --codec compresses what goes on the wire: pushes to the servers (with error feedback per
+   --ef), or in allreduce mode fp16/bf16 on the wire (kvps_ring_allreduce_wire) or top-k
+   (kvps_ring_allreduce_topk, with error feedback per --ef).
 
    usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]
-                 [--lr LR] [--hidden H] [--mode bsp|async] [--seed S] [--data DIR]
-                 [--decay cosine|none] [--target ACC] [--check] [--timeout SECONDS]
+                 [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]
+                 [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]
+                 [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]
+                 [--timeout SECONDS]
 
    Two ways to run it:
    - Standalone (default): the program forks N servers bound to tcp://127.0.0.1:* (each reports
      its port through a pipe), then M workers, waits for the workers, stops the servers. Only
-     worker 0 prints.
-   - Under a launcher, one process per role, when KVPS_ROLE, KVPS_SERVERS, KVPS_RANK or an MPI
-     rank variable is set (see kvps_env_read in kvps.h), e.g. for 2 servers and 4 workers:
+     worker 0 prints. In allreduce mode it forks M ranks, each bound to tcp://127.0.0.1:*; the
+     parent collects their endpoints through pipes and hands every rank the list.
+   - Under a launcher, one process per role, when KVPS_ROLE, KVPS_SERVERS, KVPS_RANK,
+     KVPS_RING_PEERS or an MPI rank variable is set (see kvps_env_read in kvps.h), e.g.
+     `scripts/kvps-run -s 2 -w 4 -- ./fmnist --model mlp`, or by hand for 2 servers and 4 workers:
          export KVPS_SERVERS=tcp://10.0.0.1:5555,tcp://10.0.0.2:5555 KVPS_NUM_WORKERS=4
          KVPS_ROLE=server KVPS_RANK=0 ./fmnist --model mlp      # on 10.0.0.1
          KVPS_ROLE=worker KVPS_RANK=3 ./fmnist --model mlp      # ... and so on
@@ -27,10 +45,13 @@
      process must get the same options. A server leaves on SIGINT/SIGTERM, or by itself once
      every worker has pulled every key as often as the options say it will (a server that holds
      no key at all, with more servers than tensor slices, waits for the signal).
+     allreduce mode reads the ring from KVPS_RANK / KVPS_SIZE / KVPS_RING_PEERS (or the MPI and
+     Slurm rank and size; kvps_ring_env_read): `kvps-run -s 0 -w 4 -- ./fmnist --mode allreduce`,
+     or mpirun with -x KVPS_RING_PEERS=tcp://h1:7000,tcp://h2:7000,... (one per rank).
 
    Under BSP the run is deterministic: every worker pulls the same weights, and the servers sum
    the contributions in rank order. --check replays the same shards in one process and compares
-   the final weights bit for bit.
+   the final weights bit for bit (BSP only).
 
    Data: the gzip'd idx files of Debian's dataset-fashion-mnist package
    (/usr/share/datasets/fashion-mnist, or --data DIR).
@@ -38,7 +59,7 @@
    Exit codes: 0 done, 1 a process failed or timed out, 2 bad usage or data, 3 test accuracy
    below --target, 4 --check found a difference, 128 + n after signal n (standalone parent). */
 #define KVPS_IMPLEMENTATION
-#include "kvps.h"
+#include "kvps_ring.h" /* includes kvps.h */
 
 #include <errno.h>
 #include <math.h>
@@ -66,11 +87,16 @@
 
 /* ---------------------------------------------------------------------------------------------
    Options */
+typedef enum sync_mode { MODE_BSP, MODE_SSP, MODE_ASYNC, MODE_EASGD, MODE_ALLREDUCE } sync_mode;
+
 typedef struct opts {
     int mlp;         /* 0 softmax regression, 1 MLP */
     int servers, workers, epochs, batch, hidden;
     float lr;
-    int async;
+    sync_mode mode;
+    int staleness;   /* ssp:K */
+    int tau;         /* easgd: local steps between exchanges */
+    float alpha;     /* easgd: elastic coefficient; 0 = 0.9 / workers */
     uint64_t seed;
     const char *data;
     double target;   /* 0 = none */
@@ -86,11 +112,13 @@ typedef struct opts {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]\n"
-            "              [--lr LR] [--hidden H] [--mode bsp|async] [--seed S] [--data DIR]\n"
-           "              [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]\n"
-            "              [--decay cosine|none] [--target ACC] [--check] [--timeout SECONDS]\n"
+            "              [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]\n"
+            "              [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]\n"
+            "              [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]\n"
+            "              [--timeout SECONDS]\n"
             "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
-            "          --mode bsp --seed 1 --data " DATA_DIR " --decay cosine --timeout 900\n");
+            "          --mode bsp --seed 1 --data " DATA_DIR " --codec none --ef 1 --decay cosine\n"
+            "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n");
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out) {
@@ -114,7 +142,7 @@ static int parse_double(const char *s, double lo, double hi, double *out) {
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.mlp = 1, .servers = 2, .workers = 4, .epochs = 15, .batch = 128, .hidden = 128,
-                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900, .ef = 1};
+                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900, .ef = 1, .tau = 4};
     for (int i = 1; i < argc; i++) {
         char name[32];
         const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
@@ -164,9 +192,20 @@ static int parse_opts(int argc, char **argv, opts *o) {
             else if (strcmp(val, "none") == 0) o->decay = 0;
             else bad = 1;
         } else if (strcmp(name, "--mode") == 0) {
-            if (strcmp(val, "bsp") == 0) o->async = 0;
-            else if (strcmp(val, "async") == 0) o->async = 1;
-            else bad = 1;
+            if (strcmp(val, "bsp") == 0) o->mode = MODE_BSP;
+            else if (strcmp(val, "async") == 0) o->mode = MODE_ASYNC;
+            else if (strcmp(val, "easgd") == 0) o->mode = MODE_EASGD;
+            else if (strcmp(val, "allreduce") == 0) o->mode = MODE_ALLREDUCE;
+            else if (strncmp(val, "ssp:", 4) == 0 && parse_long(val + 4, 0, 1000, &l) == 0) {
+                o->mode = MODE_SSP;
+                o->staleness = (int)l;
+            } else bad = 1;
+        } else if (strcmp(name, "--tau") == 0) {
+            bad = parse_long(val, 1, 100000, &l);
+            o->tau = (int)l;
+        } else if (strcmp(name, "--alpha") == 0) {
+            bad = parse_double(val, 1e-6, 0.999999, &d);
+            o->alpha = (float)d;
         } else if (strcmp(name, "--servers") == 0) {
             bad = parse_long(val, 1, 64, &l);
             o->servers = (int)l;
@@ -219,12 +258,26 @@ static int check_opts(const opts *o) {
                 o->batch, o->workers);
         return 2;
     }
-    if (o->check && o->async) {
+    if (o->check && o->mode != MODE_BSP) {
         fprintf(stderr, "fmnist: --check compares against a sequential replay, which only BSP matches\n");
+        return 2;
+    }
+    if (o->mode == MODE_ALLREDUCE && o->codec == KVPS_CODEC_SIGN) {
+        fprintf(stderr, "fmnist: --mode allreduce takes --codec none, fp16, bf16 or topk:F (no 1-bit sign all-reduce)\n");
         return 2;
     }
     return 0;
 }
+
+static const char *mode_name(const opts *o, char *buf, size_t cap) {
+    static const char *names[] = {"bsp", "ssp", "async", "easgd", "allreduce"};
+    if (o->mode == MODE_SSP) snprintf(buf, cap, "ssp:%d", o->staleness);
+    else snprintf(buf, cap, "%s", names[o->mode]);
+    return buf;
+}
+
+/* EASGD's alpha: 0.9 / workers by default (the paper's beta = alpha * workers = 0.9). */
+static float easgd_alpha(const opts *o) { return o->alpha > 0 ? o->alpha : 0.9f / (float)o->workers; }
 
 static double now_s(void) {
     struct timespec ts;
@@ -560,15 +613,22 @@ static float grad_scale(const opts *o, long step, long total) {
 }
 
 /* What the servers count so they can leave on their own: every worker pulls every key once
-   before training, once per step, and once at the end. */
+   before training, once per step (EASGD: per exchange), and once at the end. */
 static uint64_t pulls_per_key(const opts *o) {
     uint64_t steps = (uint64_t)o->epochs * (uint64_t)(NTRAIN / o->batch);
+    if (o->mode == MODE_EASGD) /* first and last pull, one per exchange, worker 0's centre per epoch */
+        return (uint64_t)o->workers * (steps / (uint64_t)o->tau + 2) + (uint64_t)o->epochs;
     return (uint64_t)o->workers * (steps + 2);
 }
 
 /* The server's learning rate. Under async each push is applied on its own, so lr / m keeps the
    step per global batch the same as under BSP. */
-static float server_lr(const opts *o) { return o->async ? o->lr / (float)o->workers : o->lr; }
+static float server_lr(const opts *o) { return o->mode == MODE_ASYNC ? o->lr / (float)o->workers : o->lr; }
+
+/* EASGD's centre takes pushes as they come (KVPS_RULE_ACCUMULATE on its tensors). */
+static kvps_consistency server_consistency(const opts *o) {
+    return o->mode == MODE_SSP ? KVPS_SSP : o->mode == MODE_ASYNC || o->mode == MODE_EASGD ? KVPS_ASYNC : KVPS_BSP;
+}
 
 /* ---------------------------------------------------------------------------------------------
    Worker */
@@ -633,14 +693,70 @@ static void train_sequential(const opts *o, const net *n, float **t, const datas
     tensors_free(n, acc);
 }
 
-static int worker_main(const opts *o, const char *servers, int rank, const dataset *train,
+/* Rank failures in allreduce mode. */
+static void die_ring(const kvps_ring *r, kvps_result rc, const char *what) {
+    const char *detail = r ? kvps_ring_last_error(r) : "";
+    fprintf(stderr, "fmnist: rank %d: %s: %s%s%s\n", g_rank, what, kvps_result_str(rc), *detail ? " - " : "", detail);
+    fflush(NULL);
+    _exit(1);
+}
+
+/* allreduce mode: the tensors back to back in one buffer, and back. */
+static void flat_pack(const net *n, float *const *t, float *flat) {
+    size_t off = 0;
+    for (int i = 0; i < n->nt; i++) {
+        memcpy(flat + off, t[i], n->len[i] * sizeof(float));
+        off += n->len[i];
+    }
+}
+
+static void flat_unpack(const net *n, const float *flat, float **t) {
+    size_t off = 0;
+    for (int i = 0; i < n->nt; i++) {
+        memcpy(t[i], flat + off, n->len[i] * sizeof(float));
+        off += n->len[i];
+    }
+}
+
+/* allreduce mode, one step: every rank's gradients summed across the ring (as the codec says),
+   then the servers' SGD arithmetic, value -= lr * (sum / m), on every rank alike. Adds the
+   payload this rank sent to *sent (as the ring algorithm moves it: 2 (m - 1) / m of the buffer
+   for an all-reduce, (m - 1) k pairs of 8 bytes for top-k's all-gather). */
+static void ring_step(kvps_ring *ring, const opts *o, const net *n, float **t, float *const *g, float *flat,
+                      float *resid, uint64_t *sent) {
+    size_t total = net_params(n), off = 0;
+    int m = o->workers;
+    flat_pack(n, g, flat);
+    kvps_result rc;
+    double per = (double)(m - 1) / m;
+    if (o->codec == KVPS_CODEC_TOPK) {
+        size_t k = (size_t)(o->topk_frac * (double)total);
+        k = k < 1 ? 1 : k > total ? total : k;
+        rc = kvps_ring_allreduce_topk(ring, flat, total, k, o->ef ? resid : NULL);
+        *sent += (uint64_t)(m - 1) * k * 8;
+    } else if (o->codec == KVPS_CODEC_FP16 || o->codec == KVPS_CODEC_BF16) {
+        rc = kvps_ring_allreduce_wire(ring, flat, flat, total, KVPS_SUM,
+                                      o->codec == KVPS_CODEC_FP16 ? KVPS_FLOAT16 : KVPS_BFLOAT16);
+        *sent += (uint64_t)(2.0 * per * (double)total * 2);
+    } else {
+        rc = kvps_ring_allreduce(ring, flat, flat, total, KVPS_FLOAT32, KVPS_SUM);
+        *sent += (uint64_t)(2.0 * per * (double)total * 4);
+    }
+    if (rc != KVPS_OK) die_ring(ring, rc, "all-reduce");
+    float lr = o->lr, c = (float)m;
+    off = 0;
+    for (int i = 0; i < n->nt; i++) {
+        for (size_t k = 0; k < n->len[i]; k++) t[i][k] -= lr * (flat[off + k] / c);
+        off += n->len[i];
+    }
+}
+
+/* One worker (or, in allreduce mode, one ring rank: servers is NULL and ring is connected). */
+static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int rank, const dataset *train,
                        const dataset *test) {
     g_rank = rank;
-    int m = o->workers, me = rank == 0;
+    int m = o->workers, me = rank == 0, ps = o->mode != MODE_ALLREDUCE;
     kvps_worker *w = NULL;
-    KVPS_CHECK(w, kvps_worker_create(&(kvps_worker_desc){.servers = servers, .rank = rank, .num_workers = m,
-                                                         .timeout_ms = WAIT_MS}, &w),
-               "create");
     net n;
     net_setup(&n, o);
     float *t[MAX_TENSORS], *g[MAX_TENSORS];
@@ -650,40 +766,75 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
     scratch_alloc(&n, &s);
     kvps_tensor th[MAX_TENSORS];
     kvps_req q[MAX_TENSORS];
-    for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor(w, n.name[i], n.len[i], &th[i]), "tensor");
-    if (o->codec != KVPS_CODEC_NONE) { /* gradients go compressed; weights come back as float32 */
-        kvps_codec c = kvps_codec_get(o->codec);
-        c.topk_fraction = o->topk_frac;
-        for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor_codec(w, th[i], &c, NULL, o->ef), "codec");
+    size_t nparams = net_params(&n);
+    float *flat = NULL, *resid = NULL; /* allreduce: the gradients back to back; top-k's error feedback */
+    uint64_t ring_sent = 0;
+    float alpha = easgd_alpha(o);
+    if (ps) {
+        KVPS_CHECK(w, kvps_worker_create(&(kvps_worker_desc){.servers = servers, .rank = rank, .num_workers = m,
+                                                             .timeout_ms = WAIT_MS}, &w),
+                   "create");
+        for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor(w, n.name[i], n.len[i], &th[i]), "tensor");
+        if (o->codec != KVPS_CODEC_NONE) { /* gradients go compressed; weights come back as float32 */
+            kvps_codec c = kvps_codec_get(o->codec);
+            c.topk_fraction = o->topk_frac;
+            for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor_codec(w, th[i], &c, NULL, o->ef), "codec");
+        }
+        if (me) {
+            if (o->mode == MODE_EASGD) { /* the centre: its servers add what the workers push */
+                kvps_optim acc = {.rule = KVPS_RULE_ACCUMULATE};
+                for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_tensor_optim(w, th[i], &acc, &q[i]), "optim");
+                wait_all(w, q, n.nt, WAIT_MS, "optim");
+            }
+            net_init(&n, t, o->seed);
+            for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_init_tensor(w, th[i], t[i], &q[i]), "init");
+            wait_all(w, q, n.nt, WAIT_MS, "init");
+        }
+        KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
+        wait_all(w, q, 1, WAIT_MS, "barrier");
+        pull_all(w, &n, th, t, WAIT_MS);
+    } else {
+        flat = (float *)xcalloc(nparams, sizeof *flat);
+        if (o->codec == KVPS_CODEC_TOPK && o->ef) resid = (float *)xcalloc(nparams, sizeof *resid);
+        if (me) net_init(&n, t, o->seed);
+        flat_pack(&n, t, flat); /* rank 0's initial weights to every rank */
+        kvps_result rc = kvps_ring_broadcast(ring, flat, flat, nparams, KVPS_FLOAT32, 0);
+        if (rc != KVPS_OK) die_ring(ring, rc, "broadcast");
+        flat_unpack(&n, flat, t);
     }
-
-    if (me) {
-        net_init(&n, t, o->seed);
-        for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_init_tensor(w, th[i], t[i], &q[i]), "init");
-        wait_all(w, q, n.nt, WAIT_MS, "init");
-    }
-    KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
-    wait_all(w, q, 1, WAIT_MS, "barrier");
-    pull_all(w, &n, th, t, WAIT_MS);
 
     int steps = train->n / o->batch;
-    size_t nparams = net_params(&n);
+    char mname[32];
+    mode_name(o, mname, sizeof mname);
     if (me) {
         if (o->mlp) printf("fmnist: mlp 784-%d-10", o->hidden);
         else printf("fmnist: softmax regression 784-10");
-        printf(", %zu parameters in %d tensors; %s, %d servers, %d workers\n", nparams, n.nt,
-               o->async ? "async" : "BSP", o->servers, m);
+        if (ps) printf(", %zu parameters in %d tensors; %s, %d servers, %d workers\n", nparams, n.nt, mname, o->servers, m);
+        else printf(", %zu parameters; allreduce (ring, no server), %d workers\n", nparams, m);
         char share[48];
         if (o->batch % m == 0) snprintf(share, sizeof share, "%d", o->batch / m);
         else snprintf(share, sizeof share, "%d-%d", o->batch / m, o->batch / m + 1);
         printf("fmnist: %d epochs of %d steps, global batch %d (%s per worker), lr %g%s%s, seed %llu\n",
                o->epochs, steps, o->batch, share, (double)o->lr, o->decay ? " with cosine decay" : "",
-               o->async ? " (servers apply lr/workers per push)" : "", (unsigned long long)o->seed);
+               o->mode == MODE_ASYNC ? " (servers apply lr/workers per push)" : "", (unsigned long long)o->seed);
+        if (o->mode == MODE_SSP)
+            printf("fmnist: SSP: a worker's pull waits only for the round %d steps behind its own\n", o->staleness);
+        if (o->mode == MODE_EASGD)
+            printf("fmnist: EASGD: local SGD on each worker's share, elastic exchange with the centre every %d steps, "
+                   "alpha %g; test_acc is the centre's\n", o->tau, (double)alpha);
         static const char *cn[] = {"none", "fp16", "bf16", "topk", "sign"};
-        if (o->codec == KVPS_CODEC_TOPK) printf("fmnist: pushes compressed with top-k %g%s\n", o->topk_frac, o->ef ? " + error feedback" : "");
-        else if (o->codec) printf("fmnist: pushes compressed with %s%s\n", cn[o->codec], o->ef && o->codec != KVPS_CODEC_NONE ? " + error feedback" : "");
-        printf("fmnist: loss and train_acc: running means over worker 0's shard; "
-               "net_MB: payload pushed + pulled by all workers; push_KB: bytes one worker pushes per step\n");
+        const char *what = ps ? "pushes compressed with" : "all-reduce with";
+        if (o->codec == KVPS_CODEC_TOPK) printf("fmnist: %s top-k %g%s\n", what, o->topk_frac, o->ef ? " + error feedback" : "");
+        else if (o->codec == KVPS_CODEC_FP16 || o->codec == KVPS_CODEC_BF16)
+            printf("fmnist: %s %s%s\n", what, cn[o->codec], ps ? (o->ef ? " + error feedback" : "") : " on the wire");
+        else if (o->codec) printf("fmnist: %s %s%s\n", what, cn[o->codec], o->ef ? " + error feedback" : "");
+        printf("fmnist: loss and train_acc: running means over worker 0's shard; %s\n",
+               ps ? (o->mode == MODE_EASGD ? "net_MB: payload pushed + pulled by all workers; push_KB: bytes one worker "
+                                             "pushes per exchange"
+                                           : "net_MB: payload pushed + pulled by all workers; push_KB: bytes one worker "
+                                             "pushes per step")
+                  : "net_MB: payload sent by all ranks (as the ring algorithm moves it); push_KB: bytes one rank "
+                    "sends per step");
         printf("%5s %8s %10s %9s %10s %9s %8s %7s\n", "epoch", "loss", "train_acc", "test_acc", "samples/s",
                "net_MB", "push_KB", "time_s");
         fflush(stdout);
@@ -692,45 +843,70 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
     int *perm = (int *)xcalloc((size_t)train->n, sizeof *perm);
     double t_start = now_s(), train_s = 0, test_acc = 0;
     uint64_t prev_bytes = 0, prev_push = 0, prev_pushes = 0;
+    long gstep = 0;
     for (int e = 0; e < o->epochs; e++) {
         double t0 = now_s();
         step_stats st = {0, 0, 0};
         shuffle(perm, train->n, o->seed, e);
-        for (int step = 0; step < steps; step++) {
+        for (int step = 0; step < steps; step++, gstep++) {
             shard_grad(&n, t, g, &s, train, perm + (size_t)step * o->batch, o->batch, rank, m,
                        grad_scale(o, (long)e * steps + step, (long)o->epochs * steps), &st);
-            /* All tensors in flight at once; each reply brings the weights after this round. */
-            for (int i = 0; i < n.nt; i++)
-                KVPS_CHECK(w, kvps_worker_pushpull_tensor(w, th[i], g[i], t[i], &q[i]), "pushpull");
-            wait_all(w, q, n.nt, WAIT_MS, "pushpull");
+            if (o->mode == MODE_ALLREDUCE) {
+                ring_step(ring, o, &n, t, g, flat, resid, &ring_sent);
+            } else if (o->mode == MODE_EASGD) {
+                for (int i = 0; i < n.nt; i++) /* local SGD on this worker's copy */
+                    for (size_t k = 0; k < n.len[i]; k++) t[i][k] -= o->lr * g[i][k];
+                if ((gstep + 1) % o->tau == 0)
+                    for (int i = 0; i < n.nt; i++)
+                        KVPS_CHECK(w, kvps_worker_easgd(w, th[i], t[i], alpha, WAIT_MS), "easgd");
+            } else {
+                /* All tensors in flight at once; each reply brings the weights after this round. */
+                for (int i = 0; i < n.nt; i++)
+                    KVPS_CHECK(w, kvps_worker_pushpull_tensor(w, th[i], g[i], t[i], &q[i]), "pushpull");
+                wait_all(w, q, n.nt, WAIT_MS, "pushpull");
+            }
         }
         double dt = now_s() - t0;
         train_s += dt;
         if (me) {
             uint64_t bytes = 0, push = 0, pushes = 0;
-            for (int i = 0; i < n.nt; i++) { /* this worker's measured payload; every worker sends as much */
-                kvps_tensor_stats ts;
-                memset(&ts, 0, sizeof ts);
-                kvps_worker_tensor_stats(w, th[i], &ts);
-                bytes += ts.push_wire_bytes + ts.pull_wire_bytes;
-                push += ts.push_wire_bytes;
-                pushes += ts.pushes;
+            if (ps) {
+                for (int i = 0; i < n.nt; i++) { /* this worker's measured payload; every worker sends as much */
+                    kvps_tensor_stats ts;
+                    memset(&ts, 0, sizeof ts);
+                    kvps_worker_tensor_stats(w, th[i], &ts);
+                    bytes += ts.push_wire_bytes + ts.pull_wire_bytes;
+                    push += ts.push_wire_bytes;
+                    pushes += ts.pushes;
+                }
+            } else {
+                bytes = push = ring_sent;
+                pushes = (uint64_t)gstep * (uint64_t)n.nt;
             }
-            test_acc = evaluate(&n, t, &s, test);
+            if (o->mode == MODE_EASGD) { /* score the centre (g is free until the next step) */
+                for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_pull_tensor(w, th[i], g[i], &q[i]), "pull centre");
+                wait_all(w, q, n.nt, WAIT_MS, "pull centre");
+                test_acc = evaluate(&n, g, &s, test);
+            } else {
+                test_acc = evaluate(&n, t, &s, test);
+            }
+            double per_push = pushes > prev_pushes ? (double)(push - prev_push) / ((double)(pushes - prev_pushes) / n.nt) : 0;
             printf("%5d %8.4f %10.4f %9.4f %10.0f %9.1f %8.1f %7.2f\n", e + 1, st.loss / st.seen,
                    (double)st.correct / st.seen, test_acc, (double)steps * o->batch / dt,
-                   (double)(bytes - prev_bytes) * m / 1e6,
-                   (double)(push - prev_push) / ((double)(pushes - prev_pushes) / n.nt) / 1e3, now_s() - t0);
+                   (double)(bytes - prev_bytes) * m / 1e6, per_push / 1e3, now_s() - t0);
             prev_bytes = bytes;
             prev_push = push;
             prev_pushes = pushes;
             fflush(stdout);
         }
     }
-    /* Under async the others may still be pushing: meet, then read the final weights. */
-    KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
-    wait_all(w, q, 1, END_WAIT_MS, "final barrier");
-    pull_all(w, &n, th, t, WAIT_MS);
+    if (ps) {
+        /* Under async and EASGD the others may still be pushing: meet, then read the final
+           weights (EASGD: the centre). */
+        KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
+        wait_all(w, q, 1, END_WAIT_MS, "final barrier");
+        pull_all(w, &n, th, t, WAIT_MS);
+    }
     double wall_s = now_s() - t_start;
     kvps_worker_destroy(&w);
 
@@ -741,10 +917,10 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
         char model[32];
         if (o->mlp) snprintf(model, sizeof model, "mlp-%d", o->hidden);
         else snprintf(model, sizeof model, "softmax");
-        printf("  %-9s %7s %7s %5s %6s %5s %7s %8s %7s %7s\n", "model", "servers", "workers", "mode", "epochs",
+        printf("  %-9s %7s %7s %9s %6s %5s %7s %8s %7s %7s\n", "model", "servers", "workers", "mode", "epochs",
                "batch", "lr", "test_acc", "train_s", "wall_s");
-        printf("  %-9s %7d %7d %5s %6d %5d %7g %8.4f %7.1f %7.1f\n", model, o->servers, m,
-               o->async ? "async" : "bsp", o->epochs, o->batch, (double)o->lr, test_acc, train_s, wall_s);
+        printf("  %-9s %7d %7d %9s %6d %5d %7g %8.4f %7.1f %7.1f\n", model, ps ? o->servers : 0, m, mname, o->epochs,
+               o->batch, (double)o->lr, test_acc, train_s, wall_s);
         if (o->target > 0) {
             printf("fmnist: test accuracy %.4f %s target %.4f\n", test_acc, test_acc >= o->target ? ">=" : "BELOW",
                    o->target);
@@ -774,6 +950,8 @@ static int worker_main(const opts *o, const char *servers, int rank, const datas
         }
     }
     free(perm);
+    free(flat);
+    free(resid);
     scratch_free(&n, &s);
     tensors_free(&n, t);
     tensors_free(&n, g);
@@ -831,7 +1009,8 @@ static int server_main(const opts *o, const char *endpoint, int rank, int report
     kvps_server *s = NULL;
     kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = endpoint, .num_workers = o->workers,
                                                            .rank = rank,
-                                                           .consistency = o->async ? KVPS_ASYNC : KVPS_BSP,
+                                                           .consistency = server_consistency(o),
+                                                           .staleness = o->staleness,
                                                            .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
                                        &s);
     if (r != KVPS_OK) {
@@ -930,6 +1109,52 @@ static void stop_children(child *c, int n) {
     }
 }
 
+/* Waits for the workers; stops everything at the first failure, signal or the deadline. A
+   server may leave before the workers do (it has served its last pull) but only with 0. */
+static int wait_cluster(const opts *o, child *c, int ns, int nc, double t0, int rc) {
+    catch_stop_signals(on_parent_signal);
+
+    double deadline = t0 + o->timeout_s;
+    int workers_left = nc - ns;
+    while (rc == 0 && workers_left > 0) {
+        reap(c, nc);
+        workers_left = 0;
+        for (int i = 0; i < nc; i++) {
+            if (!c[i].done) { workers_left += i >= ns; continue; }
+            if (c[i].reported || exited_ok(c[i].status)) continue;
+            c[i].reported = 1;
+            int code = WIFEXITED(c[i].status) ? WEXITSTATUS(c[i].status) : 1;
+            /* Worker 0's 3 (below --target) and 4 (--check differs) are results it printed. */
+            if (i < ns || (code != 3 && code != 4)) describe_exit(&c[i]);
+            if (rc == 0) rc = i >= ns && (code == 3 || code == 4) ? code : 1;
+        }
+        if (rc == 0 && workers_left > 0) {
+            if (g_parent_signal) {
+                fprintf(stderr, "fmnist: signal %d: stopping the cluster\n", (int)g_parent_signal);
+                rc = 128 + (int)g_parent_signal;
+            } else if (now_s() > deadline) {
+                fprintf(stderr, "fmnist: timed out after %d s (--timeout): stopping the cluster\n", o->timeout_s);
+                rc = 1;
+            } else {
+                sleep_ms(20);
+            }
+        }
+    }
+    stop_children(c, nc);
+    for (int i = 0; i < ns; i++) { /* a server that failed while being stopped */
+        if (c[i].pid > 0 && !c[i].reported && !exited_ok(c[i].status)) {
+            describe_exit(&c[i]);
+            if (rc == 0) rc = 1;
+        }
+    }
+    if (rc == 0) {
+        if (ns) printf("fmnist: %d servers and %d workers finished in %.1f s\n", ns, nc - ns, now_s() - t0);
+        else printf("fmnist: %d ranks finished in %.1f s\n", nc, now_s() - t0);
+    }
+    return rc;
+}
+
+
 static int run_local(const opts *o, const dataset *train, const dataset *test) {
     int ns = o->servers, nw = o->workers, nc = ns + nw, rc = 0;
     child *c = (child *)xcalloc((size_t)nc, sizeof *c);
@@ -966,52 +1191,96 @@ static int run_local(const opts *o, const dataset *train, const dataset *test) {
         pid_t pid = fork();
         if (pid < 0) { perror("fmnist: fork"); rc = 1; break; }
         if (pid == 0) {
-            int wrc = worker_main(o, servers, r, train, test);
+            int wrc = worker_main(o, servers, NULL, r, train, test);
             fflush(NULL);
             _exit(wrc);
         }
         c[ns + r] = (child){pid, "worker", r, 0, 0, 0};
     }
-    catch_stop_signals(on_parent_signal);
-
-    /* Wait for the workers; stop everything at the first failure, signal or the deadline. A
-       server may leave before the workers do (it has served its last pull) but only with 0. */
-    double deadline = t0 + o->timeout_s;
-    int workers_left = nw;
-    while (rc == 0 && workers_left > 0) {
-        reap(c, nc);
-        workers_left = 0;
-        for (int i = 0; i < nc; i++) {
-            if (!c[i].done) { workers_left += i >= ns; continue; }
-            if (c[i].reported || exited_ok(c[i].status)) continue;
-            c[i].reported = 1;
-            int code = WIFEXITED(c[i].status) ? WEXITSTATUS(c[i].status) : 1;
-            /* Worker 0's 3 (below --target) and 4 (--check differs) are results it printed. */
-            if (i < ns || (code != 3 && code != 4)) describe_exit(&c[i]);
-            if (rc == 0) rc = i >= ns && (code == 3 || code == 4) ? code : 1;
-        }
-        if (rc == 0 && workers_left > 0) {
-            if (g_parent_signal) {
-                fprintf(stderr, "fmnist: signal %d: stopping the cluster\n", (int)g_parent_signal);
-                rc = 128 + (int)g_parent_signal;
-            } else if (now_s() > deadline) {
-                fprintf(stderr, "fmnist: timed out after %d s (--timeout): stopping the cluster\n", o->timeout_s);
-                rc = 1;
-            } else {
-                sleep_ms(20);
-            }
-        }
-    }
-    stop_children(c, nc);
-    for (int i = 0; i < ns; i++) { /* a server that failed while being stopped */
-        if (c[i].pid > 0 && !c[i].reported && !exited_ok(c[i].status)) {
-            describe_exit(&c[i]);
-            if (rc == 0) rc = 1;
-        }
-    }
-    if (rc == 0)
-        printf("fmnist: %d servers and %d workers finished in %.1f s\n", ns, nw, now_s() - t0);
+    rc = wait_cluster(o, c, ns, nc, t0, rc);
     free(servers);
+    free(c);
+    return rc;
+}
+
+/* allreduce mode, one forked rank: binds a free port, tells the parent (up_fd), learns every
+   rank's endpoint from it (down_fd), connects, trains. */
+static int ring_child(const opts *o, int rank, int up_fd, int down_fd, const dataset *train, const dataset *test) {
+    g_rank = rank;
+    kvps_ring *ring = NULL;
+    kvps_result r = kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = o->workers, .bind = "tcp://127.0.0.1:*",
+                                                       .timeout_ms = WAIT_MS, .algo = KVPS_ALGO_RING}, &ring);
+    if (r != KVPS_OK) die_ring(ring, r, "create");
+    char line[300];
+    int len = snprintf(line, sizeof line, "%s\n", kvps_ring_endpoint(ring));
+    if (write(up_fd, line, (size_t)len) != len) { perror("fmnist: rank: write"); return 1; }
+    close(up_fd);
+    size_t cap = (size_t)o->workers * 300;
+    char *peers = (char *)xcalloc(cap, 1);
+    if (read_line(down_fd, peers, cap, 30000) != 0) {
+        fprintf(stderr, "fmnist: rank %d: no peer list from the parent\n", rank);
+        return 1;
+    }
+    close(down_fd);
+    r = kvps_ring_connect(ring, peers);
+    if (r != KVPS_OK) die_ring(ring, r, "connect");
+    free(peers);
+    int rc = worker_main(o, NULL, ring, rank, train, test);
+    kvps_ring_destroy(&ring);
+    return rc;
+}
+
+/* Standalone allreduce mode: fork M ranks, collect their endpoints, hand out the list. */
+static int run_local_ring(const opts *o, const dataset *train, const dataset *test) {
+    int nw = o->workers, rc = 0;
+    child *c = (child *)xcalloc((size_t)nw, sizeof *c);
+    int *up = (int *)xcalloc((size_t)nw, sizeof *up), *down = (int *)xcalloc((size_t)nw, sizeof *down);
+    char *peers = (char *)xcalloc((size_t)nw, 300);
+    double t0 = now_s();
+    for (int r = 0; r < nw; r++) up[r] = down[r] = -1;
+    for (int r = 0; r < nw && rc == 0; r++) {
+        int fu[2], fd[2];
+        if (pipe(fu) != 0) { perror("fmnist: pipe"); rc = 1; break; }
+        if (pipe(fd) != 0) { perror("fmnist: pipe"); close(fu[0]); close(fu[1]); rc = 1; break; }
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) { perror("fmnist: fork"); rc = 1; break; }
+        if (pid == 0) {
+            for (int j = 0; j < r; j++) { close(up[j]); close(down[j]); } /* the other ranks' pipes */
+            close(fu[0]);
+            close(fd[1]);
+            int wrc = ring_child(o, r, fu[1], fd[0], train, test);
+            fflush(NULL);
+            _exit(wrc);
+        }
+        close(fu[1]);
+        close(fd[0]);
+        up[r] = fu[0];
+        down[r] = fd[1];
+        c[r] = (child){pid, "rank", r, 0, 0, 0};
+    }
+    for (int r = 0; r < nw && rc == 0; r++) {
+        char ep[256];
+        if (read_line(up[r], ep, sizeof ep, 15000) != 0) {
+            fprintf(stderr, "fmnist: rank %d did not report its endpoint\n", r);
+            rc = 1;
+        } else {
+            size_t len = strlen(peers);
+            snprintf(peers + len, (size_t)nw * 300 - len, "%s%s", r ? "," : "", ep);
+        }
+    }
+    size_t len = strlen(peers);
+    peers[len] = '\n';
+    for (int r = 0; r < nw && rc == 0; r++)
+        if (write(down[r], peers, len + 1) != (ssize_t)(len + 1)) { perror("fmnist: write"); rc = 1; }
+    for (int r = 0; r < nw; r++) {
+        if (up[r] >= 0) close(up[r]);
+        if (down[r] >= 0) close(down[r]);
+    }
+    rc = wait_cluster(o, c, 0, nw, t0, rc);
+    free(peers);
+    free(up);
+    free(down);
     free(c);
     return rc;
 }
@@ -1019,7 +1288,8 @@ static int run_local(const opts *o, const dataset *train, const dataset *test) {
 /* ---------------------------------------------------------------------------------------------
    main */
 static int under_launcher(void) {
-    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
+                                 "PMI_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         if (v && *v) return 1;
@@ -1033,6 +1303,34 @@ int main(int argc, char **argv) {
     if (rc != 0) return rc;
     static dataset train, test;
 
+    if (under_launcher() && o.mode == MODE_ALLREDUCE) { /* one ring rank per process, no server */
+        const char *role = getenv("KVPS_ROLE");
+        if (role && strcmp(role, "server") == 0) {
+            printf("fmnist: --mode allreduce needs no server; this one leaves (use kvps-run -s 0)\n");
+            return 0;
+        }
+        int rank = 0, size = 0;
+        const char *peers = NULL;
+        if (kvps_ring_env_read(&rank, &size, &peers) != KVPS_OK) {
+            fprintf(stderr, "fmnist: --mode allreduce under a launcher needs KVPS_RANK, KVPS_SIZE (or the MPI/Slurm\n"
+                            "  rank and size) and KVPS_RING_PEERS (one endpoint per rank)\n");
+            return 2;
+        }
+        if (o.set_workers && o.workers != size)
+            fprintf(stderr, "fmnist: using the environment's %d ranks, not --workers %d\n", size, o.workers);
+        o.workers = size;
+        if ((rc = check_opts(&o)) != 0) return rc;
+        if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+            return 2;
+        g_rank = rank;
+        kvps_ring *ring = NULL;
+        kvps_result r = kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = size, .peers = peers,
+                                                           .timeout_ms = WAIT_MS, .algo = KVPS_ALGO_RING}, &ring);
+        if (r != KVPS_OK) die_ring(ring, r, "create");
+        rc = worker_main(&o, NULL, ring, rank, &train, &test);
+        kvps_ring_destroy(&ring);
+        return rc;
+    }
     if (under_launcher()) {
         kvps_env env;
         kvps_result r = kvps_env_read(&env);
@@ -1049,12 +1347,12 @@ int main(int argc, char **argv) {
         if (env.role == KVPS_ROLE_SERVER) return server_main(&o, env.endpoint, env.rank, -1, 0);
         if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
             return 2;
-        return worker_main(&o, env.servers, env.rank, &train, &test);
+        return worker_main(&o, env.servers, NULL, env.rank, &train, &test);
     }
 
     if ((rc = check_opts(&o)) != 0) return rc;
     /* Loaded once before the forks: the children share the pages. */
     if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
         return 2;
-    return run_local(&o, &train, &test);
+    return o.mode == MODE_ALLREDUCE ? run_local_ring(&o, &train, &test) : run_local(&o, &train, &test);
 }

@@ -1,0 +1,31 @@
+# make install / uninstall: the headers into $(PREFIX)/include, kvps-run and kvps-keygen into $(PREFIX)/bin and
+# kvps.pc (made from kvps.pc.in) into $(PREFIX)/lib/pkgconfig. DESTDIR is prepended to every
+# path (staged installs); the paths written into kvps.pc leave it out, and name the include
+# directory from ${prefix} so `pkg-config --define-variable=prefix=DIR` relocates it.
+#   make install PREFIX=/usr/local
+#   cc prog.c $(pkg-config --cflags --libs kvps)
+PREFIX       ?= /usr/local
+INCLUDEDIR   ?= $(PREFIX)/include
+BINDIR       ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(PREFIX)/lib/pkgconfig
+INSTALL      ?= install
+KVPS_HEADERS := kvps.h kvps_ring.h kvps_gpu.h
+# the version on kvps.h's identity line: "kvps.h - v0.1 - ..."
+KVPS_VERSION := $(shell sed -n '1s/^.* - v\([0-9][0-9.]*\) - .*$$/\1/p' kvps.h)
+
+.PHONY: install uninstall
+
+$(B)/kvps.pc: kvps.pc.in kvps.h | $(B)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' \
+	  -e 's|@VERSION@|$(KVPS_VERSION)|' $< > $@
+
+install: $(B)/kvps.pc $(B)/kvps-keygen
+	$(INSTALL) -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(PKGCONFIGDIR)
+	$(INSTALL) -m 644 $(KVPS_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	$(INSTALL) -m 755 scripts/kvps-run $(DESTDIR)$(BINDIR)/kvps-run
+	$(INSTALL) -m 755 $(B)/kvps-keygen $(DESTDIR)$(BINDIR)/kvps-keygen
+	$(INSTALL) -m 644 $(B)/kvps.pc $(DESTDIR)$(PKGCONFIGDIR)/kvps.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(KVPS_HEADERS)) $(DESTDIR)$(BINDIR)/kvps-run $(DESTDIR)$(BINDIR)/kvps-keygen \
+	  $(DESTDIR)$(PKGCONFIGDIR)/kvps.pc

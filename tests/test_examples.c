@@ -1,0 +1,500 @@
+/* test_examples.c - runs the built examples and scripts/kvps-run the way a user would, with small
+   sizes, and checks what they print and how they exit:
+     ring_allreduce   the exact sums, standalone (threads) and one process per rank (kvps-run)
+     ctr              learns: held-out AUC within a margin of the true model's AUC (LR under
+                      BSP, FM under SSP, LR async under kvps-run)
+     fmnist           ssp, easgd and allreduce modes for one epoch, standalone and under kvps-run
+                      (skipped without Debian's dataset-fashion-mnist)
+     kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
+                      SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting
+     make install     into a DESTDIR, then a program built with `pkg-config --cflags --libs kvps`
+   Run from the repository root (make test does), or from anywhere as build/test_examples.
+   Ends with "N passed, N failed[, N skipped]". */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int n_pass, n_fail, n_skip, cur_failed, cur_skipped;
+static const char *cur;
+static char root[4096]; /* the repository */
+static char bdir[4096]; /* the build directory holding the examples */
+static char tmp[4096];  /* this run's scratch directory */
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            if (!cur_failed) printf("FAIL %s\n", cur);                       \
+            cur_failed = 1;                                                   \
+            printf("  %s:%d: %s: ", __FILE__, __LINE__, #cond);               \
+            printf(__VA_ARGS__);                                              \
+            printf("\n");                                                     \
+        }                                                                     \
+    } while (0)
+#define RUN(fn)                                                               \
+    do {                                                                      \
+        cur = #fn;                                                            \
+        cur_failed = cur_skipped = 0;                                         \
+        fn();                                                                 \
+        if (cur_skipped) n_skip++;                                            \
+        else if (cur_failed) n_fail++;                                        \
+        else { n_pass++; printf("ok %s\n", cur); }                            \
+        fflush(stdout);                                                       \
+    } while (0)
+static void skip(const char *why) {
+    printf("skip %s: %s\n", cur, why);
+    cur_skipped = 1;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs a shell command line from the repository root; returns its exit code (-1: not run) and
+   its stdout + stderr in *out (caller frees). */
+static int run(char **out, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[sizeof cmd + sizeof root + 32];
+    snprintf(full, sizeof full, "cd '%s' && { %s ; } 2>&1", root, cmd);
+    fflush(stdout);
+    FILE *p = popen(full, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = (char *)malloc(cap);
+    buf[0] = 0;
+    if (!p) { *out = buf; return -1; }
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 4096) buf = (char *)realloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static void show(const char *out) { /* the tail of a failing command's output */
+    size_t len = strlen(out);
+    const char *p = len > 3000 ? out + len - 3000 : out;
+    printf("  --- output (last %zu bytes) ---\n%s  ---\n", strlen(p), p);
+}
+
+static int has_line(const char *out, const char *line) { /* a whole line equal to `line` */
+    size_t n = strlen(line);
+    for (const char *p = out; (p = strstr(p, line)) != NULL; p++)
+        if ((p == out || p[-1] == '\n') && (p[n] == '\n' || p[n] == 0)) return 1;
+    return 0;
+}
+
+static int count_lines_starting(const char *out, const char *prefix) {
+    int n = 0;
+    size_t k = strlen(prefix);
+    for (const char *p = out; *p;) {
+        if (strncmp(p, prefix, k) == 0) n++;
+        const char *e = strchr(p, '\n');
+        if (!e) break;
+        p = e + 1;
+    }
+    return n;
+}
+
+/* Processes whose command line starts with `marker` (orphans of a stopped job). */
+static int count_procs(const char *marker) {
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t len = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (len <= 0) continue;
+        for (ssize_t i = 0; i < len; i++) if (!buf[i]) buf[i] = ' ';
+        buf[len] = 0;
+        if (strncmp(buf, marker, strlen(marker)) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int wait_no_procs(const char *marker, double seconds) {
+    double end = now_s() + seconds;
+    while (count_procs(marker) > 0 && now_s() < end) sleep_ms(50);
+    return count_procs(marker);
+}
+
+static int file_exists(const char *path) { struct stat st; return stat(path, &st) == 0; }
+
+/* ---------------------------------------------------------------------------------------------
+   ring_allreduce */
+static void test_ring_allreduce_threads(void) {
+    char *out;
+    int rc = run(&out, "timeout 60 %s/ring_allreduce --ranks 3 --count 1000", bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    /* rank r adds (r + 1) * (i % 8 + 1): 1 + 2 + 3 = 6, times 1 at i = 0 and 8 at i = 999 */
+    for (int r = 0; r < 3; r++) {
+        char want[200];
+        snprintf(want, sizeof want, "rank %d of 3: all-reduce of 1000 floats: ok (x[0] = 6, x[999] = 48; expected 6 and 48)", r);
+        CHECK(has_line(out, want), "missing '%s'", want);
+    }
+    CHECK(has_line(out, "ring_allreduce: 3 ranks, 1000 floats: every rank holds the exact sum"), "no summary");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_ring_allreduce_processes(void) {
+    char *out;
+    int rc = run(&out, "timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 -- %s/ring_allreduce", bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    for (int r = 0; r < 3; r++) {
+        char want[200];
+        snprintf(want, sizeof want,
+                 "[worker %d] rank %d of 3: all-reduce of 1000000 floats: ok (x[0] = 6, x[999999] = 48; expected 6 and 48)", r, r);
+        CHECK(has_line(out, want), "missing '%s'", want);
+    }
+    if (cur_failed) show(out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   ctr: "ctr: test AUC A, true model AUC T (gap G)..." */
+static void check_ctr(const char *out, const char *prefix, double max_gap) {
+    const char *p = strstr(out, "ctr: test AUC ");
+    double a = 0, t = 0;
+    int got = p && sscanf(p, "ctr: test AUC %lf, true model AUC %lf", &a, &t) == 2;
+    CHECK(got, "no result line");
+    if (!got) return;
+    if (prefix) CHECK(p - out >= (long)strlen(prefix) && strncmp(p - strlen(prefix), prefix, strlen(prefix)) == 0,
+                      "the result line lacks the prefix '%s'", prefix);
+    CHECK(t > 0.75 && t < 0.95, "true model AUC %.4f out of the expected range", t);
+    CHECK(a > 0.70, "test AUC %.4f: nothing learnt", a);
+    CHECK(t - a < max_gap, "test AUC %.4f is %.4f below the true model's %.4f (allowed %.2f)", a, t - a, t, max_gap);
+    CHECK(count_lines_starting(out, prefix ? "[worker 0]     " : "    ") >= 2, "fewer than 2 epoch lines");
+}
+
+static void test_ctr_lr_bsp(void) {
+    char *out;
+    int rc = run(&out, "timeout 120 %s/ctr --model lr --servers 2 --workers 2 --train 100000 --test 10000 --epochs 2 "
+                       "--target-gap 0.04", bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    check_ctr(out, NULL, 0.04);
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_ctr_fm_ssp(void) {
+    char *out;
+    int rc = run(&out, "timeout 120 %s/ctr --model fm --mode ssp:2 --servers 2 --workers 2 --train 100000 --test 10000 "
+                       "--epochs 2", bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    check_ctr(out, NULL, 0.08);
+    CHECK(strstr(out, "SSP (k = 2)") != NULL, "mode not reported");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_ctr_async_under_kvps_run(void) {
+    char *out;
+    int rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 90 -- %s/ctr --mode async --train 60000 "
+                       "--test 10000 --epochs 2", bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    check_ctr(out, "[worker 0] ", 0.06);
+    /* the servers left by themselves after the last clock, and said so */
+    CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
+    CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   fmnist: one epoch of softmax regression per mode */
+static int have_fmnist_data(void) { return file_exists("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"); }
+
+static void check_fmnist(const char *out, const char *prefix, const char *mode) {
+    char want[64];
+    snprintf(want, sizeof want, "%s    1 ", prefix); /* the epoch line: 8 columns */
+    const char *p = strstr(out, want);
+    double v[7];
+    int cols = p ? sscanf(p + strlen(prefix), "%*d %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) : 0;
+    CHECK(cols == 7, "no epoch line with 8 columns");
+    if (cols == 7) {
+        CHECK(v[2] > 0.75, "test accuracy %.4f after one epoch", v[2]);
+        CHECK(v[3] > 0 && v[4] > 0, "samples/s %g, net_MB %g", v[3], v[4]);
+    }
+    CHECK(strstr(out, mode) != NULL, "result does not name mode %s", mode);
+}
+
+static void test_fmnist_modes(void) {
+    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    static const char *modes[] = {"ssp:1", "easgd", "allreduce"};
+    for (int i = 0; i < 3; i++) {
+        char *out;
+        int rc = run(&out, "timeout 120 %s/fmnist --model softmax --servers 2 --workers 2 --epochs 1 --mode %s --timeout 100",
+                     bdir, modes[i]);
+        CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
+        check_fmnist(out, "", modes[i]);
+        if (cur_failed) { show(out); free(out); return; }
+        free(out);
+    }
+}
+
+static void test_fmnist_under_kvps_run(void) {
+    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    char *out;
+    int rc = run(&out, "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 "
+                       "--mode allreduce --codec fp16", bdir);
+    CHECK(rc == 0, "allreduce: exit %d", rc);
+    check_fmnist(out, "[worker 0] ", "allreduce");
+    if (cur_failed) { show(out); free(out); return; }
+    free(out);
+    rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 --mode bsp",
+             bdir);
+    CHECK(rc == 0, "bsp: exit %d", rc);
+    check_fmnist(out, "[worker 0] ", "bsp");
+    CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   kvps-run */
+static void test_launcher_env_and_prefixes(void) {
+    char *out;
+    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 3 --server-wait 1 -- sh -c "
+                       "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
+                       "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
+    CHECK(rc == 0, "exit %d", rc);
+    CHECK(has_line(out, "[server 0] role=server rank=0 n=3 size="), "server 0 line");
+    CHECK(has_line(out, "[server 1] role=server rank=1 n=3 size="), "server 1 line");
+    for (int r = 0; r < 3; r++) {
+        char want[100];
+        snprintf(want, sizeof want, "[worker %d] role=worker rank=%d n=3 size=3", r, r);
+        CHECK(has_line(out, want), "missing '%s'", want);
+        snprintf(want, sizeof want, "[worker %d] err", r);
+        CHECK(has_line(out, want), "missing '%s' (stderr)", want);
+    }
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_launcher_failure_stops_job(void) {
+    char marker[64], *out;
+    snprintf(marker, sizeof marker, "sleep 41.%d", (int)getpid() % 100000);
+    double t0 = now_s();
+    int rc = run(&out, "timeout 60 scripts/kvps-run -s 1 -w 3 -- sh -c "
+                       "'if [ \"$KVPS_ROLE $KVPS_RANK\" = \"worker 1\" ]; then sleep 0.5; echo failing; exit 3; fi; "
+                       "%s & wait'", marker);
+    double dt = now_s() - t0;
+    CHECK(rc == 3, "exit %d, want 3", rc);
+    CHECK(dt < 30, "took %.1f s: the others were not stopped", dt); /* they sleep 41 s */
+    CHECK(has_line(out, "[worker 1] failing"), "no output of the failing worker");
+    CHECK(strstr(out, "kvps-run: worker 1 exited with code 3") != NULL, "no message naming the failure");
+    int left = wait_no_procs(marker, 5);
+    CHECK(left == 0, "%d processes of the job still running", left);
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_launcher_sigint(void) {
+    char marker[64], script[256];
+    snprintf(marker, sizeof marker, "sleep 43.%d", (int)getpid() % 100000);
+    snprintf(script, sizeof script, "echo ready; %s & wait", marker);
+    int fd[2];
+    if (pipe(fd) != 0) { CHECK(0, "pipe"); return; }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGINT, SIG_DFL); /* as from a terminal, whatever started this test */
+        if (chdir(root) != 0) _exit(126);
+        dup2(fd[1], 1);
+        dup2(fd[1], 2);
+        close(fd[0]);
+        close(fd[1]);
+        execl("scripts/kvps-run", "kvps-run", "-s", "2", "-w", "2", "--", "sh", "-c", script, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    /* wait for all four "ready" lines, so the job is really running */
+    char buf[1 << 14];
+    size_t len = 0;
+    double end = now_s() + 20;
+    while (count_lines_starting(buf, "[") < 4 && now_s() < end && len + 1 < sizeof buf) {
+        struct pollfd p = {fd[0], POLLIN, 0};
+        if (poll(&p, 1, 100) == 1) {
+            ssize_t got = read(fd[0], buf + len, sizeof buf - 1 - len);
+            if (got <= 0) break;
+            len += (size_t)got;
+        }
+        buf[len] = 0;
+    }
+    buf[len] = 0;
+    CHECK(count_lines_starting(buf, "[") == 4, "the job did not start: '%s'", buf);
+    end = now_s() + 10; /* "ready" comes just before the sleeps start */
+    while (count_procs(marker) < 4 && now_s() < end) sleep_ms(20);
+    CHECK(count_procs(marker) == 4, "%d of 4 processes running", count_procs(marker));
+    kill(pid, SIGINT);
+    int st = 0;
+    end = now_s() + 20;
+    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() < end) sleep_ms(20);
+    int exited = waitpid(pid, &st, WNOHANG) != 0 || WIFEXITED(st) || WIFSIGNALED(st);
+    if (!exited) { kill(pid, SIGKILL); waitpid(pid, &st, 0); }
+    CHECK(exited, "kvps-run still running 20 s after SIGINT");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d, want exit 130", st);
+    int left = wait_no_procs(marker, 5);
+    CHECK(left == 0, "%d processes of the job still running", left);
+    close(fd[0]);
+}
+
+/* --host-file: hosts 127.0.0.1 and 127.0.0.2 (both loopback on Linux), started through a stand-in
+   for ssh that runs the remote command here, as sshd would. */
+static void test_launcher_host_file(void) {
+    char ssh[4200], hosts[4200], *out;
+    snprintf(ssh, sizeof ssh, "%s/fake-ssh", tmp);
+    snprintf(hosts, sizeof hosts, "%s/hosts", tmp);
+    FILE *f = fopen(ssh, "w");
+    if (!f) { CHECK(0, "cannot write %s", ssh); return; }
+    fprintf(f, "#!/bin/sh\n# stand-in for ssh HOST COMMAND: runs COMMAND here\nshift\nexec sh -c \"$*\"\n");
+    fclose(f);
+    chmod(ssh, 0755);
+    f = fopen(hosts, "w");
+    fprintf(f, "# two hosts\n127.0.0.1\n127.0.0.2   slots=1\n\n");
+    fclose(f);
+    int rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 "
+                       "--host-file '%s' -- %s/ring_allreduce", ssh, hosts, bdir);
+    CHECK(rc == 0, "ring over hosts: exit %d", rc);
+    CHECK(strstr(out, "[worker 1] rank 1 of 3: all-reduce of 1000000 floats: ok") != NULL, "no result of worker 1");
+    if (cur_failed) { show(out); free(out); return; }
+    free(out);
+    /* arguments and KVPS_* variables reach the remote side intact */
+    rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 60 scripts/kvps-run -s 1 -w 2 --server-wait 1 "
+                   "--host-file '%s' -- sh -c 'echo \"[$1] [$KVPS_EXAMPLE_VAR] $KVPS_SERVERS\"' argv0 \"a b'c \\$HOME\"",
+             ssh, hosts);
+    CHECK(rc == 0, "quoting: exit %d", rc);
+    CHECK(strstr(out, "[worker 1] [a b'c $HOME] [x y] tcp://127.0.0.1:") != NULL, "arguments or environment mangled");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   make install */
+static void test_install_and_pkg_config(void) {
+    char *out;
+    int rc = run(&out, "command -v pkg-config >/dev/null");
+    free(out);
+    if (rc != 0) { skip("no pkg-config"); return; }
+    /* not the jobserver of a `make test` that runs us */
+    rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s install DESTDIR='%s/dest' PREFIX=/usr/local B='%s/b'",
+             tmp, tmp);
+    CHECK(rc == 0, "make install: exit %d", rc);
+    if (cur_failed) { show(out); free(out); return; }
+    free(out);
+    static const char *files[] = {"include/kvps.h", "include/kvps_ring.h", "include/kvps_gpu.h", "bin/kvps-run",
+                                  "lib/pkgconfig/kvps.pc"};
+    for (int i = 0; i < 5; i++) {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
+        CHECK(file_exists(p), "%s not installed", p);
+    }
+    char p[4300];
+    snprintf(p, sizeof p, "%s/dest/usr/local/bin/kvps-run", tmp);
+    CHECK(access(p, X_OK) == 0, "kvps-run is not executable");
+    rc = run(&out, "grep -qx 'prefix=/usr/local' '%s/dest/usr/local/lib/pkgconfig/kvps.pc'", tmp);
+    CHECK(rc == 0, "kvps.pc does not say prefix=/usr/local (DESTDIR leaked?)");
+    free(out);
+    /* a user's program, away from the repository, built against the installed copy only */
+    rc = run(&out, "mkdir -p '%s/user' && cp examples/ring_allreduce.c '%s/user/' && cd '%s/user' && "
+                   "export PKG_CONFIG_PATH='%s/dest/usr/local/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s/dest' && "
+                   "${CC:-cc} -std=c99 -D_POSIX_C_SOURCE=200809L ring_allreduce.c -o ring_allreduce "
+                   "$(pkg-config --cflags --libs kvps) && ./ring_allreduce --ranks 2 --count 100",
+             tmp, tmp, tmp, tmp, tmp);
+    CHECK(rc == 0, "build with pkg-config: exit %d", rc);
+    CHECK(strstr(out, "ring_allreduce: 2 ranks, 100 floats: every rank holds the exact sum") != NULL, "wrong output");
+    if (cur_failed) show(out);
+    free(out);
+    rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s uninstall DESTDIR='%s/dest' PREFIX=/usr/local "
+                   "B='%s/b'", tmp, tmp);
+    CHECK(rc == 0, "make uninstall: exit %d", rc);
+    free(out);
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
+        CHECK(!file_exists(p), "%s left after uninstall", p);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    /* the examples sit beside this binary; the repository is here, or that directory's parent */
+    char self[4096];
+    if (!realpath(argv[0], self)) { perror(argv[0]); return 1; }
+    *strrchr(self, '/') = 0;
+    snprintf(bdir, sizeof bdir, "%s", self);
+    if (file_exists("kvps.h") && file_exists("scripts/kvps-run")) {
+        if (!getcwd(root, sizeof root)) return 1;
+    } else {
+        snprintf(self + strlen(self), sizeof self - strlen(self), "/..");
+        if (!realpath(self, root)) { perror(self); return 1; }
+    }
+    snprintf(tmp, sizeof tmp, "%s/kvps-test-examples.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
+    signal(SIGPIPE, SIG_IGN);
+
+    /* make asan-test builds only the tests into build-asan: use the examples in build/ then */
+    static const char *bins[] = {"ring_allreduce", "ctr", "fmnist"};
+    char p[4300];
+    snprintf(p, sizeof p, "%s/ctr", bdir);
+    if (access(p, X_OK) != 0) {
+        snprintf(bdir, sizeof bdir, "%.4000s/build", root);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", bdir, bins[i]);
+        if (access(p, X_OK) != 0) printf("note: %s is not built (make %s)\n", p, p);
+    }
+    RUN(test_ring_allreduce_threads);
+    RUN(test_ring_allreduce_processes);
+    RUN(test_ctr_lr_bsp);
+    RUN(test_ctr_fm_ssp);
+    RUN(test_ctr_async_under_kvps_run);
+    RUN(test_fmnist_modes);
+    RUN(test_fmnist_under_kvps_run);
+    RUN(test_launcher_env_and_prefixes);
+    RUN(test_launcher_failure_stops_job);
+    RUN(test_launcher_sigint);
+    RUN(test_launcher_host_file);
+    RUN(test_install_and_pkg_config);
+
+    char *out;
+    run(&out, "rm -rf '%s'", tmp);
+    free(out);
+    if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    else printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
