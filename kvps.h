@@ -1,4 +1,4 @@
-/* kvps.h - v0.1 - sharded parameter server over ZeroMQ for distributed training - MIT licence
+/* kvps.h - v0.2 - sharded parameter server over ZeroMQ for distributed training - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -16,7 +16,9 @@
      8. Errors and logging
      9. Environment (launchers)
     10. Config macros
-    11. Revision history
+    11. Faults: heartbeats, re-sends, lost workers, checkpoints
+    12. Security: CURVE
+    13. Revision history
 
    1. WHAT IT IS
    Workers push gradients and pull aggregated values or updated weights. Keys are sharded over
@@ -108,8 +110,10 @@
                            (in the reply, flags echo it); other bits are rejected
        8      4    rank    worker rank, 0..m-1
        12     4    nkeys
-       16     8    req_id  echoed in the reply
-       24     4    status  replies: a kvps_result (0 or negative); ignored in requests
+       16     8    req_id  echoed in the reply; (sequence << 24) | slot, the sequence rising
+                           per worker (what the server de-duplicates re-sends by)
+       24     4    status  replies: a kvps_result (0 or negative); requests: the worker's
+                           incarnation (random, nonzero; 0 = a raw client, not de-duplicated)
        28     4    aux     CODED_REPLY: codec id; otherwise ignored
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
    Anything else gets an error reply and changes nothing: a message is checked whole before
@@ -130,7 +134,8 @@
    returns for that request: push values may be sent without a copy, pull destinations are
    written when replies arrive. After KVPS_ERR_TIMEOUT the request is still in flight and the
    buffers stay borrowed: wait again, or destroy the worker (which drops what is in flight)
-   before reusing them. A worker is used by one thread at a time; use one worker per thread.
+   before reusing them. kvps_worker_pull_tensor_view pulls without the copy into your buffer:
+   the view points into the received messages until kvps_view_release. A worker is used by one thread at a time; use one worker per thread.
    Servers are driven by the thread in kvps_server_run; kvps_server_stop may be called from any
    thread or a signal handler. THREADING MODEL: a server is one thread (plus ZeroMQ's I/O
    thread): it handles requests one at a time, so no locks guard its keys and tables. Measured
@@ -160,8 +165,53 @@
    The implementation uses POSIX (pthreads, pipe, posix_memalign, clock_gettime): under a strict
    -std=c99 define _POSIX_C_SOURCE=200809L for the file that holds KVPS_IMPLEMENTATION.
 
-   11. REVISION HISTORY
+   11. FAULTS
+   Heartbeats: every connection carries ZMTP heartbeats (.heartbeat_ms, default 1000); one
+   silent for .peer_timeout_ms (default 5000) is closed. A worker reconnects by itself.
+   Re-sends, exactly once: a worker keeps each request's frames (references, not copies) until
+   its reply. When a server connection comes back (after a drop, or a server restarted on the
+   same endpoint), every request still waiting for that server is sent again, in order. The
+   server remembers, per worker incarnation, which of the last 65536 request sequence numbers
+   it applied: a re-sent push, init, config or row push is answered without being applied
+   again, a re-sent pushpull gets its pull, so nothing is summed twice. While a server is
+   unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT (the
+   request stays valid: wait again to ride out a restart). Stable routing ids (incarnation,
+   rank, server) and ROUTER handover let answers to requests parked before a drop reach the
+   reconnected socket.
+   Lost workers: a server notes which connection each worker speaks from; when it closes (the
+   process died, or heartbeats stopped) and the worker has not come back within
+   .peer_timeout_ms, the worker is lost. Under BSP/SSP, pulls and barriers that wait for it are
+   answered KVPS_ERR_PEER_LOST, and so are new ones that would wait, until it returns. With
+   .elastic = 1 it leaves the aggregation instead: rounds complete over the workers left (MEAN
+   and SGD divide by the contributions the round has), barriers complete without it, and a
+   worker with its rank (a restart or a replacement) joins again from the next round and can
+   pull the current weights first. Only tcp:// and ipc:// workers are watched (inproc has no
+   connections to lose). Workers cannot be added beyond num_workers.
+   Checkpoints: .checkpoint_path with .checkpoint_every = N writes the shard every N rounds
+   (and kvps_server_checkpoint on request): values, optimizer state, rounds, per-worker round
+   counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
+   a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
+   is written when no round is half summed (under BSP that is each round's end; under SSP with
+   k > 0 it can wait for a lull). kvps_server_restore loads it into a fresh server before
+   kvps_server_start; restart the server on the same endpoint and its workers carry on:
+   requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
+   Not done yet: replication to a backup server.
+
+   12. SECURITY: CURVE
+   Make certificates with `make certs` (or kvps-keygen NAME: NAME.cert is public, NAME.cert_secret
+   is secret; CZMQ's zcert format). kvps_cert_load reads them. A server with .curve_secret_key
+   encrypts every connection and admits only workers whose public key is in .curve_clients (its
+   own ZAP handler; needs the server's own ZeroMQ context). A worker sets .curve_server_keys (the
+   servers' public keys), .curve_public_key and .curve_secret_key. A client without a key, with
+   an unlisted key, or expecting another server key gets no data and changes nothing; its wait
+   returns KVPS_ERR_AUTH. Size limits: the server sets ZMQ_MAXMSGSIZE to max_value_len floats +
+   64 MiB, so no peer makes it allocate more for one frame, and checks every length before
+   allocating (KVPS_ERR_TOO_LARGE).
+
+   13. REVISION HISTORY
    0.1  sharded push/pull/pushpull/barrier, BSP and async, MEAN/SUM/SGD/custom updates, tensors.
+   0.2  codecs, SSP/adaptive, optimizers, sparse tables, zero-copy pulls, faults (re-sends,
+        exactly-once, lost workers, elastic BSP, checkpoints) and CURVE.
 */
 #ifndef KVPS_H
 #define KVPS_H
