@@ -3276,7 +3276,10 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     }
     /* Requests that ZeroMQ still references are freed by the last free callback. */
     for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i]) kvps__req_unref(w->slots[i]);
+        if (w->slots[i]) {
+            for (int s = 0; s < w->n; s++) kvps__req_drop_kept(w->slots[i], s);
+            kvps__req_unref(w->slots[i]);
+        }
     if (w->own_ctx && w->ctx) zmq_ctx_term(w->ctx);
     for (int i = 0; i < w->ntensors; i++) {
         kvps__tensor_info *t = &w->tensors[i];

@@ -36,6 +36,7 @@ static void kt_end(void) {
 #define KT_RUN(fn) do { kt_begin(#fn); fn(); kt_end(); } while (0)
 static int kt_finish(void) {
     printf("%d passed, %d failed\n", kt_pass, kt_fail);
+    fflush(stdout); /* before exit-time checkers (LeakSanitizer) can end the process */
     return kt_fail ? 1 : 0;
 }
 /* KVPS_TEST_QUICK=1 (sanitizers, valgrind) skips the largest sizes. */
