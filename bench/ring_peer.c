@@ -2,8 +2,10 @@
    (KVPS_RANK, KVPS_SIZE, KVPS_RING_PEERS), so that ranks can run on different hosts or in
    network namespaces (bench/ethernet_ring.sh). Rank 0 prints one line per size:
        bytes: N  time_us: T  algbw_GBps: A  busbw_GBps: B  busbw_Gbps: G
+   With --csv TAG it prints instead one line per timed all-reduce (bench/ethernet.sh takes the
+   median), each all-reduce timed on its own:  TAG,ranks,bytes,iter,time_us
    usage: ring_peer [--sizes 4096,1048576,...] [--iters N] [--algo auto|ring|biring|rd]
-                    [--chunk BYTES] [--timeout MS] */
+                    [--chunk BYTES] [--timeout MS] [--csv TAG] */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
 #include <stdio.h>
@@ -17,7 +19,7 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *sizes = "65536,1048576,16777216,67108864", *algo_s = "auto";
+    const char *sizes = "65536,1048576,16777216,67108864", *algo_s = "auto", *csv = NULL;
     int iters = 0, timeout = 60000;
     size_t chunk = 0;
     for (int i = 1; i < argc; i++) {
@@ -26,8 +28,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--algo") && i + 1 < argc) algo_s = argv[++i];
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--sizes B,B,...] [--iters N] [--algo auto|ring|biring|rd] [--chunk BYTES] [--timeout MS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sizes B,B,...] [--iters N] [--algo auto|ring|biring|rd] [--chunk BYTES] [--timeout MS] [--csv TAG]\n", argv[0]);
             return 2;
         }
     }
@@ -45,7 +48,7 @@ int main(int argc, char **argv) {
     float *buf = (float *)malloc(maxb ? maxb : 4);
     memset(buf, 0, maxb); /* touch once: fresh pages are expensive */
     int status = 0;
-    if (rank == 0) printf("# ring_peer: %d ranks, algo %s, float32 sum; busbw = algbw * 2(n-1)/n\n", size, algo_s);
+    if (rank == 0 && !csv) printf("# ring_peer: %d ranks, algo %s, float32 sum; busbw = algbw * 2(n-1)/n\n", size, algo_s);
     for (const char *p = sizes; *p && !status;) {
         size_t bytes = (size_t)strtoull(p, (char **)&p, 10);
         if (*p == ',') p++;
@@ -54,11 +57,15 @@ int main(int argc, char **argv) {
         for (int w = 0; w < 2 && !status; w++) status = kvps_ring_allreduce(r, buf, buf, n, KVPS_FLOAT32, KVPS_SUM) != KVPS_OK;
         status = status || kvps_ring_barrier(r) != KVPS_OK;
         double t0 = now_s();
-        for (int i = 0; i < it && !status; i++) status = kvps_ring_allreduce(r, buf, buf, n, KVPS_FLOAT32, KVPS_SUM) != KVPS_OK;
+        for (int i = 0; i < it && !status; i++) {
+            double ti = now_s();
+            status = kvps_ring_allreduce(r, buf, buf, n, KVPS_FLOAT32, KVPS_SUM) != KVPS_OK;
+            if (csv && rank == 0 && !status) printf("%s,%d,%zu,%d,%.0f\n", csv, size, bytes, i, (now_s() - ti) * 1e6);
+        }
         double t = (now_s() - t0) / it;
         if (status) { fprintf(stderr, "ring_peer %d: %s\n", rank, kvps_ring_last_error(r)); break; }
         double alg = (double)bytes / t / 1e9, bus = alg * 2.0 * (size - 1) / size;
-        if (rank == 0)
+        if (rank == 0 && !csv)
             printf("bytes: %zu  time_us: %.1f  algbw_GBps: %.3f  busbw_GBps: %.3f  busbw_Gbps: %.3f\n", bytes, t * 1e6, alg, bus, bus * 8);
         fflush(stdout);
     }
