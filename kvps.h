@@ -392,6 +392,7 @@ typedef struct kvps_server_stats {
     uint64_t duplicates;  /* re-sent requests answered without being applied again */
     uint64_t peers_lost;  /* workers declared lost (no connection for peer_timeout_ms) */
     uint64_t checkpoints; /* checkpoint files written */
+    uint64_t fused;       /* async pushes applied in one pass with others queued for their key */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -1127,6 +1128,8 @@ typedef struct kvps__key {
     kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
     kvps__parked *waiters;
     kvps_optim opt;      /* rule DEFAULT: the server's update rule */
+    struct kvps__defer *def; /* async: pushes received, applied together by kvps__flush */
+    uint32_t ndef;
     float *state;        /* optimizer state: v, h, or m then v (2 x len) */
     float b1t, b2t;      /* Adam: beta1^t, beta2^t */
 } kvps__key;
@@ -1163,6 +1166,8 @@ struct kvps_server {
     struct kvps__table *tables;
     uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
     struct kvps__seen *seen; /* per worker: which requests were applied (exactly-once) */
+    kvps__key **dirty;       /* keys with deferred pushes */
+    uint32_t ndirty, cap_dirty;
     /* liveness: the socket each worker last spoke from, since when it has been gone, lost */
     void *mon;
     void *zap; /* CURVE: the ZAP handler (REP on inproc://zeromq.zap.01) */
@@ -1442,6 +1447,18 @@ static int kvps__value_writable(kvps__key *k) {
     return 0;
 }
 
+/* A single-key async push held back so that the pushes queued for a key are applied in one pass
+   over its value (kvps__flush): its values (still in the message) and who to answer. */
+enum { KVPS__DEFER_MAX = 8, KVPS__DEFER_MIN_LEN = 16384, KVPS__CHUNK = 4096 };
+typedef struct kvps__defer {
+    zmq_msg_t data, id;
+    kvps__hdr hdr;
+} kvps__defer;
+static void kvps__defer_close(kvps__defer *d) {
+    zmq_msg_close(&d->data);
+    zmq_msg_close(&d->id);
+}
+
 static void kvps__key_free(kvps__key *k, int m) {
     if (!k) return;
     if (k->qhead)
@@ -1456,6 +1473,8 @@ static void kvps__key_free(kvps__key *k, int m) {
     }
     kvps__vbuf_unref(k->cur);
     kvps__vbuf_unref(k->spare);
+    for (uint32_t i = 0; i < k->ndef; i++) kvps__defer_close(&k->def[i]);
+    free(k->def);
     free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k);
 }
 
@@ -2264,6 +2283,84 @@ static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
     return 0;
 }
 
+/* An async, uncoded push of one key of at least KVPS__DEFER_MIN_LEN floats whose rule is a
+   per-element formula (not Adam, whose bias correction is per call, nor an update_fn): those are
+   deferred, so that pushes already queued for the key are applied together. */
+static int kvps__deferrable(const kvps_server *s, const kvps__hdr *h, const uint32_t *idx, int coded) {
+    if (h->op != KVPS__OP_PUSH || h->nkeys != 1 || coded || s->desc.consistency != KVPS_ASYNC || idx[0] == UINT32_MAX)
+        return 0;
+    const kvps__key *k = s->keys[idx[0]];
+    kvps_rule rule = k->opt.rule != KVPS_RULE_DEFAULT ? k->opt.rule : s->default_opt.rule;
+    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) return 0;
+    return k->len >= KVPS__DEFER_MIN_LEN && rule != KVPS_RULE_ADAM && rule != KVPS_RULE_DEFAULT;
+}
+
+/* Applies a key's deferred pushes in arrival order, in one pass over the value, chunk by chunk:
+   each element goes through the same float operations in the same order as one push at a time,
+   so the bits are the same; then answers them. */
+static void kvps__flush(kvps_server *s, kvps__key *k) {
+    uint32_t n = k->ndef;
+    if (!n) return;
+    k->ndef = 0;
+    const kvps_optim *o = k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt;
+    int nstate = kvps__rule_state(o->rule), ok = kvps__value_writable(k) == 0;
+    if (ok && nstate && !k->state) {
+        k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
+        ok = k->state != NULL;
+    }
+    size_t len = (size_t)k->len;
+    for (size_t off = 0; ok && off < len; off += KVPS__CHUNK) {
+        size_t c = len - off < KVPS__CHUNK ? len - off : KVPS__CHUNK;
+        for (uint32_t j = 0; j < n; j++)
+            kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
+                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
+    }
+    if (ok) {
+        if (n > 1) KVPS__STAT_ADD(s, fused, n);
+        k->round += n;
+        if (k->round > s->max_round) s->max_round = k->round;
+        KVPS__STAT_ADD(s, rounds, n);
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        zmq_msg_close(&k->def[j].data);
+        zmq_msg_init(&k->def[j].data);
+        if (ok) kvps__reply_ack(s, &k->def[j].id, &k->def[j].hdr);
+        else kvps__reply_error(s, &k->def[j].id, &k->def[j].hdr, KVPS_ERR_NOMEM, "update");
+        kvps__defer_close(&k->def[j]);
+    }
+    if (k->waiters) kvps__wake(s, k);
+}
+
+static void kvps__flush_all(kvps_server *s) {
+    for (uint32_t i = 0; i < s->ndirty; i++) kvps__flush(s, s->dirty[i]);
+    s->ndirty = 0;
+}
+
+/* Holds a push back (its message moves here); a full queue is applied at once. */
+static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *data) {
+    if (!k->def && !(k->def = (kvps__defer *)malloc(KVPS__DEFER_MAX * sizeof *k->def))) {
+        kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update");
+        return;
+    }
+    if (k->ndef == 0) {
+        if (s->ndirty == s->cap_dirty) {
+            uint32_t nc = s->cap_dirty ? 2 * s->cap_dirty : 16;
+            kvps__key **nd = (kvps__key **)realloc(s->dirty, nc * sizeof *nd);
+            if (!nd) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update"); return; }
+            s->dirty = nd;
+            s->cap_dirty = nc;
+        }
+        s->dirty[s->ndirty++] = k;
+    }
+    kvps__defer *d = &k->def[k->ndef++];
+    zmq_msg_init(&d->data);
+    zmq_msg_move(&d->data, data);
+    zmq_msg_init(&d->id);
+    zmq_msg_copy(&d->id, id);
+    d->hdr = *h;
+    if (k->ndef == KVPS__DEFER_MAX) kvps__flush(s, k); /* stays on the dirty list: flushing twice is harmless */
+}
+
 static void kvps__rejoin(kvps_server *s, int r);
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     zmq_msg_t *id = &fr[0];
@@ -2478,6 +2575,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         free(nk);
         if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
     }
+    /* Deferred pushes of these keys are applied first: everything after sees them. */
+    if (!kvps__deferrable(s, &h, idx, coded))
+        for (uint32_t i = 0; i < h.nkeys; i++)
+            if (idx[i] != UINT32_MAX && s->keys[idx[i]]->ndef) kvps__flush(s, s->keys[idx[i]]);
     /* Pass 2: create new keys, then apply. */
     uint32_t created = 0;
     for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
@@ -2548,6 +2649,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                     dense = d;
                 }
                 k->recv[h.rank]++;
+                if (g.g && kvps__deferrable(s, &h, idx, coded) && kvps__aligned(zmq_msg_data(&fr[2]))) {
+                    kvps__defer_push(s, k, id, &h, &fr[2]); /* answered when applied */
+                    return;
+                }
                 if (kvps__apply(s, k, dense, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
                 advanced = 1;
             }
@@ -2724,7 +2829,7 @@ static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
 
 /* True when nothing is half done: no round partly summed, no push buffered, no barrier open. */
 static int kvps__quiescent(const kvps_server *s) {
-    if (s->barrier_waiters) return 0;
+    if (s->barrier_waiters || s->ndirty) return 0;
     for (uint32_t i = 0; i < s->nkeys; i++) {
         const kvps__key *k = s->keys[i];
         if (k->nin) return 0;
@@ -3002,6 +3107,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             kvps__handle(s, fr, n + extra);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
+        kvps__flush_all(s); /* nothing more queued: apply what was held back */
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         kvps__liveness(s);
         kvps__checkpoint_maybe(s);
@@ -3050,7 +3156,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
-    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
     pthread_mutex_destroy(&s->ckpt_mu);
     pthread_cond_destroy(&s->ckpt_cv);
     while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
