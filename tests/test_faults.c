@@ -69,13 +69,14 @@ static void *proxy_main(void *arg) {
             pf[2 + 2 * i] = (struct pollfd){ufd[i], POLLIN, 0};
         }
         if (poll(pf, (nfds_t)(1 + 2 * n), 20) <= 0) continue;
+        int polled = n; /* a connection accepted now has no poll result yet */
         if ((pf[0].revents & POLLIN) && n < MAXC) {
             int c = accept(p->lfd, NULL, NULL);
             int u = c >= 0 ? connect_port(p->upstream_port) : -1;
             if (c >= 0 && u >= 0) { cfd[n] = c; ufd[n] = u; n++; }
             else { if (c >= 0) close(c); if (u >= 0) close(u); }
         }
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < polled; i++) {
             int dead = 0;
             for (int d = 0; d < 2 && !dead; d++) {
                 short re = pf[1 + 2 * i + d].revents;
