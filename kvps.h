@@ -2362,6 +2362,7 @@ static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const 
 }
 
 static void kvps__rejoin(kvps_server *s, int r);
+static void kvps__liveness_events(kvps_server *s);
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     zmq_msg_t *id = &fr[0];
     if (nfr < 2) {
@@ -2408,7 +2409,12 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         return;
     }
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
-    if (fd >= 0) s->rank_fd[h.rank] = fd;
+    if (fd >= 0 && s->rank_fd[h.rank] != fd) {
+        /* a new connection: first take in the drops already reported, one of which may be of an
+           earlier connection that had this same fd number */
+        kvps__liveness_events(s);
+        s->rank_fd[h.rank] = fd;
+    }
     if (s->gone_since[h.rank] || s->lost[h.rank] || s->out[h.rank]) {
         if (s->out[h.rank]) kvps__rejoin(s, (int)h.rank);
         else if (s->lost[h.rank]) {
@@ -2761,8 +2767,8 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
     }
 }
 
-/* Connection drops (from the monitor) start a worker's clock; past peer_timeout_ms it is lost. */
-static void kvps__liveness(kvps_server *s) {
+/* Connection drops (from the monitor) start a worker's clock. */
+static void kvps__liveness_events(kvps_server *s) {
     uint16_t ev = 0;
     int32_t fd = -1;
     while (s->mon && kvps__monitor_event(s->mon, &ev, &fd))
@@ -2773,6 +2779,11 @@ static void kvps__liveness(kvps_server *s) {
                     s->rank_fd[r] = -1;
                     kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
                 }
+}
+
+/* A worker gone for peer_timeout_ms is lost. */
+static void kvps__liveness(kvps_server *s) {
+    kvps__liveness_events(s);
     int64_t now = kvps__now_ms();
     for (int r = 0; r < s->m; r++)
         if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
