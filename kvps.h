@@ -204,9 +204,9 @@
    own ZAP handler; needs the server's own ZeroMQ context). A worker sets .curve_server_keys (the
    servers' public keys), .curve_public_key and .curve_secret_key. A client without a key, with
    an unlisted key, or expecting another server key gets no data and changes nothing; its wait
-   returns KVPS_ERR_AUTH. Size limits: the server sets ZMQ_MAXMSGSIZE to max_value_len floats +
-   64 MiB, so no peer makes it allocate more for one frame, and checks every length before
-   allocating (KVPS_ERR_TOO_LARGE).
+   returns KVPS_ERR_AUTH. Size limits: the server sets ZMQ_MAXMSGSIZE to .max_msg_bytes (default
+   max_value_len floats + 64 MiB), so no peer makes it allocate more for one frame (ZeroMQ drops
+   that connection), and checks every length before allocating (KVPS_ERR_TOO_LARGE).
 
    13. REVISION HISTORY
    0.1  sharded push/pull/pushpull/barrier, BSP and async, MEAN/SUM/SGD/custom updates, tensors.
@@ -373,6 +373,8 @@ typedef struct kvps_server_desc {
     const char *const *curve_clients;
     int num_curve_clients;
     int elastic; /* 1: a lost worker leaves the aggregation (means over those left) and may join again */
+    int64_t max_msg_bytes; /* largest frame ZeroMQ accepts (a bigger one drops that connection):
+                              max_value_len floats + 64 MiB */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -1690,7 +1692,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
     /* cap what libzmq will allocate for one frame before kvps sees it */
-    int64_t maxmsg = (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
+    int64_t maxmsg = desc->max_msg_bytes > 0 ? desc->max_msg_bytes
+                                              : (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);

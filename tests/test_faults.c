@@ -532,6 +532,54 @@ static void test_elastic(void) {
     kvps_server_destroy(&s);
 }
 
+/* A frame over max_msg_bytes: ZeroMQ drops that connection before kvps allocates it; the
+   stored value and another client are unaffected. */
+static void test_size_limit(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                  .update = KVPS_UPDATE_SUM, .max_msg_bytes = 1 << 20},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    enum { LEN = 1000 };
+    float g[LEN], v[LEN];
+    for (int i = 0; i < LEN; i++) g[i] = 1.0f;
+    kvps_worker *w = NULL;
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w));
+    KT_OK(kvps_worker_tensor(w, "x", LEN, &t));
+    KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    /* a raw client sends a well-formed header for the same key, then 8 MiB of values */
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 1000;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_connect(d, kvps_server_endpoint(s));
+    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PUSH, 0, 0, 1, 1, 0, 0};
+    unsigned char meta[KVPS__HDR + KVPS__KENT];
+    kvps__kent e = {kvps_worker_tensor_slices(w, t) ? w->tensors[t].keys[0] : 0, 8u << 18};
+    memcpy(meta, &h, sizeof h);
+    memcpy(meta + KVPS__HDR, &e, sizeof e);
+    size_t big = (size_t)8 << 20;
+    char *junk = (char *)calloc(big, 1);
+    zmq_send(d, meta, sizeof meta, ZMQ_SNDMORE);
+    zmq_send(d, junk, big, 0);
+    char reply[256];
+    KT_CHECK(zmq_recv(d, reply, sizeof reply, 0) < 0, "an oversized frame was answered");
+    free(junk);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_CHECK(memcmp(v, g, sizeof v) == 0, "the stored value changed");
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    KT_CHECK(st.pushes == 1, "%llu pushes", (unsigned long long)st.pushes);
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&s);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const char *base = getenv("TMPDIR");
@@ -540,6 +588,7 @@ int main(void) {
     KT_RUN(test_checkpoint_round_trip);
     KT_RUN(test_worker_lost_bsp);
     KT_RUN(test_elastic);
+    KT_RUN(test_size_limit);
     KT_RUN(test_exactly_once_over_cuts);
     KT_RUN(test_kill9_and_restart);
     rmdir(tmpdir);
