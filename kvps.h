@@ -375,6 +375,7 @@ typedef struct kvps_server_desc {
     int elastic; /* 1: a lost worker leaves the aggregation (means over those left) and may join again */
     int64_t max_msg_bytes; /* largest frame ZeroMQ accepts (a bigger one drops that connection):
                               max_value_len floats + 64 MiB */
+    int max_queued_replies; /* per worker: replies waiting to be read (10000); more are dropped */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -395,6 +396,7 @@ typedef struct kvps_server_stats {
     uint64_t peers_lost;  /* workers declared lost (no connection for peer_timeout_ms) */
     uint64_t checkpoints; /* checkpoint files written */
     uint64_t fused;       /* async pushes applied in one pass with others queued for their key */
+    uint64_t replies_dropped; /* replies to a peer that did not read them (max_queued_replies) */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -1097,6 +1099,9 @@ static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
 }
 
 // >>server
+struct kvps_server;
+static void kvps__server_send(struct kvps_server *s, zmq_msg_t *frames, int n);
+
 typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
     struct kvps__pend *next;
     float data[];
@@ -1673,6 +1678,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
     s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
     s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
     pthread_mutex_init(&s->ckpt_mu, NULL);
     pthread_cond_init(&s->ckpt_cv, NULL);
     if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
@@ -1687,10 +1693,15 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     }
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
     if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
-    int zero = 0;
-    /* A ROUTER drops replies silently at its high-water mark: never let it. */
-    zmq_setsockopt(s->router, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    /* Bounded queues: a peer that sends faster than it is served is held back by TCP (RCVHWM),
+       and a peer that does not read its replies loses those past max_queued_replies (counted in
+       stats.replies_dropped) instead of growing the server without bound. ROUTER_MANDATORY makes
+       such a reply an error we can count rather than a silent drop. A worker reads replies on its
+       I/O thread whatever its application does, so its queue never fills. */
+    int hwm = s->desc.max_queued_replies, one_m = 1;
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one_m, sizeof one_m);
     /* cap what libzmq will allocate for one frame before kvps sees it */
     int64_t maxmsg = desc->max_msg_bytes > 0 ? desc->max_msg_bytes
                                               : (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
@@ -1755,7 +1766,7 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
     zmq_msg_copy(&f[0], id);
     kvps__msg_from_buf(&f[1], &h, sizeof h);
     kvps__msg_from_buf(&f[2], text, strlen(text));
-    kvps__send_frames(s->router, f, 3);
+    kvps__server_send(s, f, 3);
 }
 
 /* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
@@ -1968,7 +1979,7 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
         }
         free(buf);
         KVPS__STAT_ADD(s, pulls, hdr->nkeys);
-        kvps__send_frames(s->router, f, 3);
+        kvps__server_send(s, f, 3);
         return;
     }
     if (hdr->nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
@@ -1977,7 +1988,7 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
         __atomic_add_fetch(&k->cur->refs, 1, __ATOMIC_ACQ_REL);
         if (zmq_msg_init_data(&f[2], k->value, (size_t)total * sizeof(float), kvps__vbuf_release, k->cur) == 0) {
             KVPS__STAT_ADD(s, pulls, 1);
-            kvps__send_frames(s->router, f, 3);
+            kvps__server_send(s, f, 3);
             return;
         }
         kvps__vbuf_unref(k->cur);
@@ -1996,7 +2007,7 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
         dst += k->len * sizeof(float);
     }
     KVPS__STAT_ADD(s, pulls, hdr->nkeys);
-    kvps__send_frames(s->router, f, 3);
+    kvps__server_send(s, f, 3);
 }
 
 
@@ -2057,7 +2068,7 @@ static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
         f[0] = w->id;
         zmq_msg_init(&w->id);
         kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-        kvps__send_frames(s->router, f, 2);
+        kvps__server_send(s, f, 2);
         kvps__parked_free(w);
     }
 }
@@ -2180,9 +2191,13 @@ static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h
     const unsigned char *ids = meta + KVPS__HDR + 16;
     kvps__table *t = kvps__table_find(s->tables, tid);
     if (h->op == KVPS__OP_TABLE) {
+        if (zmq_msg_size(&fr[2]) != KVPS__TREC) { /* nothing is read from a record of another size */
+            kvps__reply_error(s, id, h, KVPS_ERR_MALFORMED, "table %llu: record of %zu bytes, want %d", (unsigned long long)tid,
+                              zmq_msg_size(&fr[2]), KVPS__TREC);
+            return;
+        }
         kvps_optim o;
-        kvps_result vr = zmq_msg_size(&fr[2]) != KVPS__TREC ? KVPS_ERR_MALFORMED
-                                                             : kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
+        kvps_result vr = kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
         float scale;
         uint64_t seed;
         memcpy(&scale, (const unsigned char *)zmq_msg_data(&fr[2]) + 24, 4);
@@ -2263,10 +2278,18 @@ static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h
     zmq_msg_init(&f[0]);
     zmq_msg_copy(&f[0], id);
     kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-    kvps__send_frames(s->router, f, nf);
+    kvps__server_send(s, f, nf);
 }
 
 /* Checks one request whole, then applies it. frames: [id][meta][values?]. */
+/* Sends a reply; one that cannot be queued (the peer does not read its replies, or is gone)
+   is dropped and counted. */
+static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
+    if (kvps__send_frames(s->router, frames, n) == 0) return;
+    KVPS__STAT_ADD(s, replies_dropped, 1);
+    kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
+}
+
 /* Replies [id][hdr] with status OK and no payload; id is copied, not consumed. */
 static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     kvps__hdr rh = *h;
@@ -2277,7 +2300,7 @@ static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     zmq_msg_init(&f[0]);
     zmq_msg_copy(&f[0], id);
     kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-    kvps__send_frames(s->router, f, 2);
+    kvps__server_send(s, f, 2);
 }
 
 static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
@@ -2980,6 +3003,21 @@ KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
 }
 
 typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
+
+/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps) are what CONFIG
+   would have stored: valid and already resolved; nstate (unless 0: not allocated yet) matches
+   the rule in force (the server's default for a key without a rule of its own). */
+static int kvps__ckpt_optim_ok(uint32_t rule, const float *f5, kvps_rule dflt, uint32_t nstate) {
+    if (nstate && nstate != (uint32_t)kvps__rule_state(rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt)) return 0;
+    if (rule == KVPS_RULE_DEFAULT) return 1; /* the fields are not used */
+    unsigned char rec[KVPS__OPTREC];
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f5, 5 * sizeof(float));
+    kvps_optim o;
+    if (kvps__optim_read(rec, &o) != KVPS_OK) return 0;
+    float back[5] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps};
+    return memcmp(back, f5, sizeof back) == 0;
+}
 static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     if (r->left < n) return -1;
     memcpy(out, r->p, n);
@@ -3022,7 +3060,8 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         float fl[6];
         if (kvps__cr_get(&rd, &tid, 8) || kvps__cr_get(&rd, u, sizeof u) || kvps__cr_get(&rd, fl, sizeof fl) ||
             kvps__cr_get(&rd, &seed, 8) || kvps__cr_get(&rd, &nrows, 8)) { why = "truncated table record"; break; }
-        if (u[0] == 0 || u[0] > (1u << 20) || u[2] > KVPS_RULE_ADAM || kvps__table_find(s->tables, tid) ||
+        if (u[0] == 0 || u[0] > (1u << 20) || u[2] > KVPS_RULE_ADAM || u[2] == KVPS_RULE_DEFAULT ||
+            kvps__table_find(s->tables, tid) || !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) ||
             u[1] != (uint32_t)kvps__rule_state((kvps_rule)u[2]) * u[0] + (u[2] == KVPS_RULE_ADAM ? 2u : 0u) ||
             nrows > rd.left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float))) { why = "invalid table record"; break; }
         kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
@@ -3053,8 +3092,17 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         if (kvps__cr_get(&rd, &key, 8) || kvps__cr_get(&rd, &len, 8) || kvps__cr_get(&rd, &round, 8) ||
             kvps__cr_get(&rd, &rule, 4) || kvps__cr_get(&rd, f5, sizeof f5) || kvps__cr_get(&rd, &nstate, 4) ||
             kvps__cr_get(&rd, bt, sizeof bt)) { why = "truncated key record"; break; }
-        if (len == 0 || len > s->desc.max_value_len || rule > KVPS_RULE_ADAM || nstate > 2 ||
-            kvps__find(s, key) != UINT32_MAX) { why = "invalid key record"; break; }
+        if (len == 0 || len > s->desc.max_value_len || rule > KVPS_RULE_ADAM || kvps__find(s, key) != UINT32_MAX ||
+            !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
+            (nstate == 2 && !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f))) {
+            why = "invalid key record"; /* (Adam's bias-correction powers in (0, 1]) */
+            break;
+        }
+        /* the file must hold what the record announces before anything is allocated for it */
+        if ((rd.left - (size_t)s->m * 8) / sizeof(float) / (1 + nstate) < len || rd.left < (size_t)s->m * 8) {
+            why = "truncated values";
+            break;
+        }
         uint32_t ki = kvps__key_create(s, key, len);
         if (ki == UINT32_MAX) { why = "out of memory"; break; }
         kvps__key *k = s->keys[ki];
@@ -4873,7 +4921,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
             size_t m = n - b < ch ? n - b : ch;
             float sc;
 #ifdef KVPS__X86
-            if (m % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) kvps__sign_chunk_avx2(x + b, r ? r + b : NULL, m, &sc, bits, b);
+            if (m % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) /* whole bytes of sign bits */ kvps__sign_chunk_avx2(x + b, r ? r + b : NULL, m, &sc, bits, b);
             else
 #endif
             kvps__sign_chunk(x + b, r ? r + b : NULL, m, &sc, bits, b);

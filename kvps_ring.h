@@ -1325,6 +1325,15 @@ KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t c
         memcpy(mine + k, val, k * sizeof *val);
         rc = kvps_ring_allgather(r, mine, all, 2 * k, KVPS_INT32);
     }
+    /* every index checked before buf changes; every rank got the same pairs, so every rank
+       fails alike, and the ring is broken as after any failed collective */
+    for (size_t q = 0; rc == KVPS_OK && q < n; q++)
+        for (size_t j = 0; j < k; j++)
+            if (all[q * 2 * k + j] >= count) {
+                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %zu sent index %u", q, all[q * 2 * k + j]);
+                r->broken = 1;
+                break;
+            }
     if (rc == KVPS_OK) {
         memset(buf, 0, count * sizeof *buf);
         for (size_t q = 0; q < n; q++) {
@@ -1332,7 +1341,6 @@ KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t c
             for (size_t j = 0; j < k; j++) {
                 float v;
                 memcpy(&v, vv + j, sizeof v);
-                if (ix[j] >= count) { rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %zu sent index %u", q, ix[j]); break; }
                 buf[ix[j]] += v;
             }
         }

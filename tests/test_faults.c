@@ -21,7 +21,7 @@
 /* ---- a TCP proxy whose connections can be cut ---------------------------------------------- */
 typedef struct proxy {
     int lfd, port, upstream_port;
-    volatile int stop, cut; /* cut: close every connection now (the listener stays) */
+    int stop, cut; /* cut: close every connection now (the listener stays); atomics */
     int cuts_done;
     pthread_t th;
 } proxy;
@@ -55,12 +55,12 @@ static void *proxy_main(void *arg) {
     enum { MAXC = 16 };
     int cfd[MAXC], ufd[MAXC], n = 0;
     char buf[65536];
-    while (!p->stop) {
-        if (p->cut) {
+    while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&p->cut, __ATOMIC_ACQUIRE)) {
             for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
             n = 0;
-            p->cut = 0;
-            p->cuts_done++;
+            __atomic_store_n(&p->cut, 0, __ATOMIC_RELEASE);
+            __atomic_add_fetch(&p->cuts_done, 1, __ATOMIC_ACQ_REL);
         }
         struct pollfd pf[1 + 2 * MAXC];
         pf[0] = (struct pollfd){p->lfd, POLLIN, 0};
@@ -111,13 +111,13 @@ static int proxy_start(proxy *p, int upstream_port) {
 }
 
 static void proxy_cut(proxy *p) {
-    int want = p->cuts_done + 1;
-    p->cut = 1;
-    while (p->cuts_done < want) usleep(1000);
+    int want = __atomic_load_n(&p->cuts_done, __ATOMIC_ACQUIRE) + 1;
+    __atomic_store_n(&p->cut, 1, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&p->cuts_done, __ATOMIC_ACQUIRE) < want) usleep(1000);
 }
 
 static void proxy_stop(proxy *p) {
-    p->stop = 1;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
     pthread_join(p->th, NULL);
     close(p->lfd);
 }
@@ -580,6 +580,54 @@ static void test_size_limit(void) {
     kvps_server_destroy(&s);
 }
 
+/* A client that sends pulls and never reads the replies: past max_queued_replies they are
+   dropped and counted, the server stays bounded, and another worker is still served. */
+static void test_unread_replies_bounded(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                  .update = KVPS_UPDATE_SUM, .max_queued_replies = 100},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    enum { LEN = 4096, NPULL = 3000 };
+    static float g[LEN], v[LEN];
+    for (int i = 0; i < LEN; i++) g[i] = (float)i;
+    kvps_worker *w = NULL;
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w));
+    KT_OK(kvps_worker_tensor(w, "x", LEN, &t));
+    KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, ten = 10;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVHWM, &ten, sizeof ten);
+    int rcvbuf = 65536;
+    zmq_setsockopt(d, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    zmq_connect(d, kvps_server_endpoint(s));
+    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PULL, 0, 0, 1, 1, 0, 0};
+    unsigned char meta[KVPS__HDR + KVPS__KENT];
+    kvps__kent e = {w->tensors[t].keys[0], LEN};
+    memcpy(meta, &h, sizeof h);
+    memcpy(meta + KVPS__HDR, &e, sizeof e);
+    for (int i = 0; i < NPULL; i++) zmq_send(d, meta, sizeof meta, 0);
+    kvps_server_stats st;
+    for (int i = 0; i < 500; i++) { /* the server answers them all, or drops what cannot be queued */
+        kvps_server_stats_get(s, &st);
+        if (st.pulls + st.replies_dropped >= NPULL + 1) break;
+        usleep(10000);
+    }
+    KT_CHECK(st.replies_dropped > 0, "no reply dropped: %llu pulls", (unsigned long long)st.pulls);
+    printf("  %llu of %d replies to a client that reads none were dropped\n", (unsigned long long)st.replies_dropped, NPULL);
+    KT_OK(kvps_worker_pull_tensor(w, t, v, &q)); /* the well-behaved worker is unaffected */
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_CHECK(memcmp(v, g, sizeof v) == 0, "pull differs");
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&s);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     const char *base = getenv("TMPDIR");
@@ -589,6 +637,7 @@ int main(void) {
     KT_RUN(test_worker_lost_bsp);
     KT_RUN(test_elastic);
     KT_RUN(test_size_limit);
+    KT_RUN(test_unread_replies_bounded);
     KT_RUN(test_exactly_once_over_cuts);
     KT_RUN(test_kill9_and_restart);
     rmdir(tmpdir);

@@ -1,0 +1,69 @@
+/* fuzz_common.h - what the kvps libFuzzer targets share: splitting an input into messages and
+   frames, a silent logger, and a check that stops the fuzzer with a message.
+
+   Input layout used by the message-driven targets (fuzz_server, fuzz_reply, fuzz_ring):
+       [config bytes][message]("\xfeMSG"[message])*
+       message = [frame]("\xfeFRM"[frame])*
+   Delimiters rather than length prefixes: a mutation that inserts or drops bytes inside one
+   frame leaves the others where they were, so the fuzzer keeps its place in the protocol.
+   Include after kvps.h. */
+#ifndef KVPS_FUZZ_COMMON_H
+#define KVPS_FUZZ_COMMON_H
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FZ_MSG "\xfe" "MSG"
+#define FZ_FRM "\xfe" "FRM"
+#define FZ_SEP 4
+
+/* A property the code under test must keep: a violation is a crash the fuzzer saves. */
+#define FZ_CHECK(cond, ...)                                                                    \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "FUZZ CHECK FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fprintf(stderr, "\n");                                                             \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static inline const uint8_t *fz_find(const uint8_t *p, size_t n, const char *sep) {
+    for (size_t i = 0; i + FZ_SEP <= n; i++)
+        if (memcmp(p + i, sep, FZ_SEP) == 0) return p + i;
+    return NULL;
+}
+
+/* Cuts [p, p + n) at sep: the piece before it in *piece / *plen, the rest after it. Returns 0 when
+   nothing is left (n was 0 and the last piece was already given). */
+typedef struct fz_cut {
+    const uint8_t *p;
+    size_t n;
+    int done;
+} fz_cut;
+
+static inline int fz_next(fz_cut *c, const char *sep, const uint8_t **piece, size_t *plen) {
+    if (c->done) return 0;
+    const uint8_t *e = fz_find(c->p, c->n, sep);
+    *piece = c->p;
+    if (!e) {
+        *plen = c->n;
+        c->done = 1;
+        return 1;
+    }
+    *plen = (size_t)(e - c->p);
+    c->n -= *plen + FZ_SEP;
+    c->p = e + FZ_SEP;
+    return 1;
+}
+
+static inline void fz_nolog(void *user, kvps_log_level level, const char *msg) {
+    (void)user; (void)level;
+    /* read the whole message, so a missing terminator shows up under ASan */
+    volatile size_t n = strlen(msg);
+    (void)n;
+}
+
+static inline uint32_t fz_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+#endif

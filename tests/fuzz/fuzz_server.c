@@ -1,0 +1,278 @@
+/* fuzz_server - the server's request path: every message a worker (or anyone who can reach the
+   port) may send, through kvps__handle, the function kvps_server_run calls for each received
+   message, with frames built exactly as kvps__recv_msg builds them (at most 4 kept, the rest
+   counted). No receive socket is needed; the replies go out through the server's real ROUTER
+   to a DEALER that this harness reads, so they are checked too.
+
+   Input: [config byte][message]("\xfeMSG"[message])*, a message = its frames after the routing
+   id, separated by "\xfeFRM". An empty message is one with no meta frame at all, and it ends a
+   batch: kvps__flush_all runs there and at the end of the input, as kvps_server_run runs it
+   after each batch it drains (applying the pushes it held back). A frame "\xfe" "BIG" u32 n,
+   byte b stands for n bytes of b (n <= 1 MiB), so that values of the lengths the server treats
+   differently (held-back pushes from 16384 floats, zero-copy replies from 32 KiB) fit in an
+   input. Config byte: bits 0-1 consistency, bit 2 three workers (else one), bit 3 server rank 1
+   (not the barrier server), bits 4-5 update rule (3: custom update_fn), bit 6 max_value_len
+   1 << 16 (else 64), bit 7 staleness 2.
+
+   Properties checked beyond "no crash, no leak, no hang":
+   - every reply is a well-formed kvps reply (magic, version, op | 0x80, a known status <= 0,
+     [meta][text] for errors, [meta][values] of the right size for pulls);
+   - a rejected request changes nothing (a digest of every key, round, buffered contribution,
+     barrier and table row is the same before and after): "a message is checked whole before
+     any stored value is touched" (kvps.h, WIRE FORMAT);
+   - every request that is rejected, or is not a pull or barrier (which may wait), gets a reply
+     by the end of its batch. */
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+#include "tests/fuzz/fuzz_common.h"
+
+static void *fz_ctx;
+static int fz_seq;
+
+/* A user codec, so that the server's path for codecs it does not know itself is covered:
+   [8-byte header, id 200][n floats]. */
+enum { FZ_USER_ID = 200 };
+static size_t fz_user_max(const kvps_codec *c, size_t n) { (void)c; return 8 + 4 * n; }
+static kvps_result fz_user_encode(const kvps_codec *c, const float *x, size_t n, float *r, void *out, size_t cap,
+                                  size_t *ob) {
+    (void)c; (void)r;
+    if (cap < 8 + 4 * n) return KVPS_ERR_TOO_LARGE;
+    uint8_t *o = (uint8_t *)out;
+    uint32_t n32 = (uint32_t)n;
+    memset(o, 0, 8);
+    o[0] = FZ_USER_ID;
+    memcpy(o + 4, &n32, 4);
+    if (n) memcpy(o + 8, x, 4 * n);
+    *ob = 8 + 4 * n;
+    return KVPS_OK;
+}
+static kvps_result fz_user_decode(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n, int acc) {
+    (void)c;
+    const uint8_t *p = (const uint8_t *)in;
+    if (bytes != 8 + 4 * n || p[0] != FZ_USER_ID || fz_get32(p + 4) != n) return KVPS_ERR_MALFORMED;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, p + 8 + 4 * i, 4);
+        dst[i] = acc ? dst[i] + v : v;
+    }
+    return KVPS_OK;
+}
+
+static void fz_update(const kvps_update_args *a) {
+    for (size_t i = 0; i < a->len; i++) a->value[i] += a->sum[i] * 0.5f;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    fz_ctx = zmq_ctx_new();
+    kvps_log_set_fn(fz_nolog, NULL);
+    kvps_log_set_level(KVPS_LOG_DEBUG); /* format every message, print none */
+    return 0;
+}
+
+/* ---- the digest of everything a request may change -------------------------------------- */
+static uint64_t fz_h(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+#define FZ_HV(h, v) ((h) = fz_h((h), &(v), sizeof(v)))
+
+static uint64_t fz_digest(const kvps_server *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    FZ_HV(h, s->nkeys);
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        const kvps__key *k = s->keys[i];
+        FZ_HV(h, k->key); FZ_HV(h, k->len); FZ_HV(h, k->round); FZ_HV(h, k->summed);
+        FZ_HV(h, k->opt); FZ_HV(h, k->b1t); FZ_HV(h, k->b2t);
+        h = fz_h(h, k->value, (size_t)k->len * sizeof(float));
+        if (k->summed && k->accum) h = fz_h(h, k->accum, (size_t)k->len * sizeof(float));
+        int has_state = k->state != NULL;
+        FZ_HV(h, has_state);
+        h = fz_h(h, k->recv, (size_t)s->m * sizeof *k->recv);
+        for (int r = 0; k->qhead && r < s->m; r++)
+            for (const kvps__pend *p = k->qhead[r]; p; p = p->next) h = fz_h(h, p->data, (size_t)k->len * sizeof(float));
+        uint32_t nw = 0;
+        for (const kvps__parked *p = k->waiters; p; p = p->next) nw++;
+        FZ_HV(h, nw);
+    }
+    h = fz_h(h, s->barrier_gen, (size_t)s->m * sizeof *s->barrier_gen);
+    uint32_t nb = 0;
+    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next) nb++;
+    FZ_HV(h, nb);
+    FZ_HV(h, s->cur_k);
+    for (const kvps__table *t = s->tables; t; t = t->next) {
+        FZ_HV(h, t->id); FZ_HV(h, t->dim); FZ_HV(h, t->sdim); FZ_HV(h, t->opt); FZ_HV(h, t->init_scale);
+        FZ_HV(h, t->seed); FZ_HV(h, t->nrows);
+        uint32_t d = t->dim < 64 ? t->dim : 64; /* the head of each row is enough to see a write */
+        for (uint64_t r = 0; r < t->nrows; r++) h = fz_h(h, kvps__row(t, r), d * sizeof(float));
+    }
+    return h;
+}
+
+/* ---- replies ------------------------------------------------------------------------------ */
+typedef struct fz_sent {
+    int nfr;
+    kvps__hdr h;
+    int has_hdr;
+} fz_sent;
+
+/* Reads every reply waiting on the DEALER and checks its form. Returns how many. */
+static int fz_replies(void *dealer, const kvps_server *s) {
+    int n = 0;
+    for (;;) {
+        zmq_msg_t f[4];
+        int nf = 0, more = 1;
+        while (more) {
+            zmq_msg_t tmp, *m = nf < 4 ? &f[nf] : &tmp;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, dealer, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(m);
+                FZ_CHECK(nf == 0, "a reply ended after %d frames", nf);
+                return n;
+            }
+            more = zmq_msg_more(m);
+            if (m == &tmp) zmq_msg_close(m);
+            nf++;
+        }
+        n++;
+        /* the DEALER sees [meta] or [meta][values / text]: the routing id is gone */
+        FZ_CHECK(nf == 1 || nf == 2, "reply of %d frames", nf);
+        FZ_CHECK(zmq_msg_size(&f[0]) == KVPS__HDR, "reply meta of %zu bytes", zmq_msg_size(&f[0]));
+        kvps__hdr h;
+        memcpy(&h, zmq_msg_data(&f[0]), sizeof h);
+        FZ_CHECK(h.magic == KVPS__MAGIC && h.version == KVPS__VERSION && (h.op & KVPS__OP_REPLY),
+                 "reply magic 0x%x version %u op 0x%x", h.magic, h.version, h.op);
+        FZ_CHECK(h.status <= 0 && strcmp(kvps_result_str((kvps_result)h.status), "unknown kvps_result") != 0,
+                 "reply status %d", h.status);
+        if (h.status < 0) {
+            FZ_CHECK(nf == 2 && zmq_msg_size(&f[1]) > 0, "error reply: %d frames, text of %zu bytes", nf,
+                     nf > 1 ? zmq_msg_size(&f[1]) : 0);
+            if (getenv("FZ_VERBOSE"))
+                fprintf(stderr, "  op %u: %s: %.*s\n", h.op & 0x7f, kvps_result_str((kvps_result)h.status), (int)zmq_msg_size(&f[1]),
+                        (const char *)zmq_msg_data(&f[1]));
+        } else {
+            int op = h.op & 0x7f;
+            FZ_CHECK(nf == (kvps__op_pulls(op) || op == KVPS__OP_PULL_ROWS ? 2 : 1), "op %d answered with %d frames", op, nf);
+            if (op == KVPS__OP_PULL_ROWS) {
+                /* rows x dim floats, dim of one of the tables (the reply does not say which) */
+                int ok = 0;
+                for (const kvps__table *t = s->tables; t && !ok; t = t->next)
+                    ok = zmq_msg_size(&f[1]) == (size_t)h.nkeys * t->dim * sizeof(float);
+                FZ_CHECK(ok, "PULL_ROWS reply of %zu bytes for %u rows", zmq_msg_size(&f[1]), h.nkeys);
+            }
+        }
+        for (int i = 0; i < nf && i < 4; i++) zmq_msg_close(&f[i]);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    uint8_t cfg = data[0];
+    kvps_codec user = kvps_codec_get(KVPS_CODEC_NONE);
+    user.id = FZ_USER_ID;
+    user.name = "fuzz-user";
+    user.max_bytes = fz_user_max;
+    user.encode = fz_user_encode;
+    user.decode = fz_user_decode;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://fuzz-server-%d", fz_seq++);
+    int upd = (cfg >> 4) & 3;
+    kvps_server_desc d = {
+        .endpoint = ep,
+        .num_workers = (cfg & 4) ? 3 : 1,
+        .rank = (cfg >> 3) & 1,
+        .consistency = (kvps_consistency)(cfg & 3),
+        .update = (kvps_update)upd,
+        .update_fn = upd == KVPS_UPDATE_CUSTOM ? fz_update : NULL,
+        .max_value_len = (cfg & 64) ? 1 << 16 : 64,
+        .zmq_ctx = fz_ctx,
+        .no_malloc_tuning = 1,
+        .codecs = &user,
+        .num_codecs = 1,
+        .staleness = (cfg & 128) ? 2 : 0,
+    };
+    kvps_server *s = NULL;
+    FZ_CHECK(kvps_server_create(&d, &s) == KVPS_OK, "server create");
+    /* The peer the replies go to: a DEALER whose routing id the messages carry. */
+    static const char rid[] = "fuzz-peer";
+    void *dealer = zmq_socket(fz_ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, rid, sizeof rid - 1);
+    FZ_CHECK(dealer && zmq_connect(dealer, kvps_server_endpoint(s)) == 0, "connect: %s", zmq_strerror(zmq_errno()));
+    /* let the ROUTER take the connection in and read the peer's id */
+    size_t esz = sizeof(int);
+    int ev;
+    zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &esz);
+
+    fz_cut msgs = {data + 1, size - 1, 0};
+    const uint8_t *mp;
+    size_t mn;
+    long owed = 0, replies = 0; /* replies due by the end of the batch, and received */
+    while (fz_next(&msgs, FZ_MSG, &mp, &mn)) {
+        zmq_msg_t fr[4];
+        int n = 0, total = 1;
+        zmq_msg_init_size(&fr[0], sizeof rid - 1);
+        memcpy(zmq_msg_data(&fr[0]), rid, sizeof rid - 1);
+        n = 1;
+        fz_sent sent = {0};
+        if (mn) {
+            fz_cut frames = {mp, mn, 0};
+            const uint8_t *fp;
+            size_t fn;
+            while (fz_next(&frames, FZ_FRM, &fp, &fn)) {
+                if (total == 1 && fn >= KVPS__HDR) { memcpy(&sent.h, fp, sizeof sent.h); sent.has_hdr = 1; }
+                total++;
+                if (n < 4) { /* as kvps__recv_msg: at most 4 kept */
+                    if (fn >= 9 && memcmp(fp, "\xfe" "BIG", 4) == 0 && fz_get32(fp + 4) <= (1u << 20)) {
+                        zmq_msg_init_size(&fr[n], fz_get32(fp + 4));
+                        memset(zmq_msg_data(&fr[n]), fp[8], zmq_msg_size(&fr[n]));
+                    } else {
+                        zmq_msg_init_size(&fr[n], fn);
+                        if (fn) memcpy(zmq_msg_data(&fr[n]), fp, fn);
+                    }
+                    n++;
+                }
+            }
+        }
+        sent.nfr = total;
+#ifdef FZ_AVOID_KNOWN
+        /* Bugs already reported, skipped so that a run can look past them (-DFZ_AVOID_KNOWN). */
+        if (sent.has_hdr && sent.h.op == KVPS__OP_TABLE && total == 3 && zmq_msg_size(&fr[2]) != KVPS__TREC) {
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+            continue;
+        }
+#endif
+        uint64_t before = fz_digest(s), errs = s->stats.errors;
+        kvps__handle(s, fr, total);
+        for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        int rejected = s->stats.errors != errs;
+        if (rejected) FZ_CHECK(fz_digest(s) == before, "a rejected request changed the server's state");
+        replies += fz_replies(dealer, s);
+        int may_wait = sent.has_hdr && (kvps__op_pulls(sent.h.op) || sent.h.op == KVPS__OP_BARRIER);
+        owed += total >= 2 && (rejected || !may_wait);
+        if (total == 1) { /* end of a batch */
+            kvps__flush_all(s);
+            replies += fz_replies(dealer, s);
+            FZ_CHECK(replies >= owed, "%ld requests due an answer, %ld replies", owed, replies);
+        }
+    }
+    kvps__flush_all(s);
+    replies += fz_replies(dealer, s);
+    FZ_CHECK(replies >= owed, "%ld requests due an answer, %ld replies", owed, replies);
+    if (getenv("FZ_VERBOSE"))
+        fprintf(stderr, "cfg 0x%02x: %ld replies (%ld due), %llu pushes, %llu rounds, %llu fused, %llu errors\n", cfg, replies,
+                owed, (unsigned long long)s->stats.pushes, (unsigned long long)s->stats.rounds,
+                (unsigned long long)s->stats.fused, (unsigned long long)s->stats.errors);
+    zmq_close(dealer);
+    kvps_server_destroy(&s);
+    /* ZeroMQ frees closed sockets on its reaper thread; on a busy machine thousands of inputs a
+       second can outrun it (EMFILE at ZMQ_MAX_SOCKETS, 1023: a server is 3 sockets with its
+       monitor, plus our DEALER). A new context every 64 inputs waits for it. */
+    if (fz_seq % 64 == 0) {
+        zmq_ctx_term(fz_ctx);
+        fz_ctx = zmq_ctx_new();
+    }
+    return 0;
+}
