@@ -4,7 +4,9 @@
 all: $(B)/kvps-keygen
 $(B)/kvps-keygen: tools/kvps_keygen.c | $(B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/test_curve: LDLIBS += $(shell pkg-config --libs libczmq 2>/dev/null)
+CZMQ_LIBS = $(shell pkg-config --libs libczmq 2>/dev/null)
+$(B)/test_curve: tests/test_curve.c $(HEADERS) | $(B)
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS) $(CZMQ_LIBS)
 certs: $(B)/kvps-keygen
 	@mkdir -p certs
 	$(B)/kvps-keygen certs/server certs/worker
