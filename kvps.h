@@ -3171,7 +3171,8 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         }
         kvps__flush_all(s); /* nothing more queued: apply what was held back */
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
-        kvps__liveness(s);
+        if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
+        if (kvps__liveness_pending(s)) kvps__liveness(s);
         kvps__checkpoint_maybe(s);
     }
 }
@@ -3286,6 +3287,7 @@ struct kvps_worker {
     void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
     uint8_t *down;     /* per server: connection lost, not back yet */
     uint8_t *refused;  /* per server: its last handshake failed (CURVE keys) */
+    int64_t last_watch; /* when connection events were last read (each read is a syscall) */
     int64_t *down_since;
     uint32_t nslots;
     uint32_t *free_slots;
@@ -4241,8 +4243,15 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
         int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
         if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
         if (rc <= 0) return KVPS_OK;
+        for (int s = 0; s < w->n; s++)
+            if (w->items[w->n + s].revents & ZMQ_POLLIN) { w->last_watch = 0; break; }
     }
-    kvps__watch(w);
+    /* connection events change rarely; reading an empty monitor costs a syscall: every 10 ms */
+    int64_t now = kvps__now_ms();
+    if (now - w->last_watch >= 10) {
+        kvps__watch(w);
+        w->last_watch = now;
+    }
     for (int s = 0; s < w->n; s++) {
         for (;;) {
             zmq_msg_t fr[2];
@@ -4295,6 +4304,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         if (kvps__req_done(q)) break;
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
+            kvps__watch(w); /* the latest connection state decides which error this is */
             for (int s = 0; s < w->n; s++)
                 if (q->state[s] == 1 && w->refused[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
