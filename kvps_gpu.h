@@ -976,18 +976,15 @@ static size_t kvps_gpu__topk_k(const kvps_codec *c, size_t n) {
     return k > n ? n : k;
 }
 
+/* The CPU codec's bound (the blob format is the same); the built-in codecs only. */
 KVPS_API size_t kvps_gpu_codec_bytes(const kvps_codec *c, size_t n) {
-    if (!c) return 0;
-    switch (c->id) {
-    case KVPS_CODEC_NONE: return KVPS_CODEC_HEADER + n * 4;
-    case KVPS_CODEC_FP16: case KVPS_CODEC_BF16: return KVPS_CODEC_HEADER + n * 2;
-    case KVPS_CODEC_TOPK: return KVPS_CODEC_HEADER + 4 + kvps_gpu__topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
-    case KVPS_CODEC_SIGN: {
-        size_t ch = c->sign_chunk ? c->sign_chunk : 256;
-        return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
-    }
-    }
-    return 0;
+    if (!c || c->id < KVPS_CODEC_NONE || c->id > KVPS_CODEC_SIGN) return 0;
+    kvps_codec b = kvps_codec_get((kvps_codec_id)c->id);
+    b.topk_fraction = c->topk_fraction;
+    b.topk_count = c->topk_count;
+    b.topk_fp16_values = c->topk_fp16_values;
+    b.sign_chunk = c->sign_chunk;
+    return kvps_codec_max_bytes(&b, n);
 }
 
 KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size_t n, float *d_residual, void *d_out,
