@@ -31,7 +31,8 @@ FUZZ_HEADERS := kvps.h kvps_ring.h tests/fuzz/fuzz_common.h tests/fuzz/fuzz_ring
 .PHONY: fuzz fuzz-build fuzz-smoke fuzz-crashes fuzz-corpus fuzz-clean fuzz-cc tsan-test
 
 fuzz-cc:
-	@command -v $(FUZZ_CC) >/dev/null && command -v $(TSAN_CC) >/dev/null || { echo "make fuzz / tsan-test need clang: apt-get install -y clang"; exit 1; }
+	@scripts/deps.sh clang
+	@command -v $(FUZZ_CC) >/dev/null && command -v $(TSAN_CC) >/dev/null || { echo "make fuzz / tsan-test need clang: apt-get install -y clang libclang-rt-dev"; exit 1; }
 fuzz-build: deps fuzz-cc $(addprefix build-fuzz/,$(FUZZ_TARGETS))
 
 build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HEADERS)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what kvps needs on Debian (as root), or prints the exact install line and fails.
-# usage: scripts/deps.sh [build|demo|mpi]
+# usage: scripts/deps.sh [build|demo|mpi|clang]   (clang: for make fuzz and make tsan-test)
 set -u
 want="build"; [ $# -gt 0 ] && want="$1"
 missing=()
@@ -16,6 +16,12 @@ if [ "$want" = demo ]; then
 fi
 if [ "$want" = mpi ]; then
   command -v mpicc >/dev/null 2>&1 || missing+=(openmpi-bin libopenmpi-dev)
+fi
+if [ "$want" = clang ]; then
+  command -v clang >/dev/null 2>&1 || missing+=(clang)
+  # libFuzzer and the sanitizer runtimes
+  clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep -q / &&
+    [ -f "$(clang -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-x86_64.a" ] || missing+=(libclang-rt-dev)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 line="apt-get install -y ${missing[*]}"
