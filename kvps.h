@@ -2336,7 +2336,7 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
     }
     size_t len = (size_t)k->len;
     for (size_t off = 0; ok && off < len; off += KVPS__CHUNK) {
-        size_t c = len - off < KVPS__CHUNK ? len - off : KVPS__CHUNK;
+        size_t c = len - off < (size_t)KVPS__CHUNK ? len - off : (size_t)KVPS__CHUNK;
         for (uint32_t j = 0; j < n; j++)
             kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
                             k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
