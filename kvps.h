@@ -1693,14 +1693,15 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     }
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
     if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
-    /* Bounded queues: a peer that sends faster than it is served is held back by TCP (RCVHWM),
-       and a peer that does not read its replies loses those past max_queued_replies (counted in
-       stats.replies_dropped) instead of growing the server without bound. ROUTER_MANDATORY makes
+    /* A peer that does not read its replies loses those past max_queued_replies (counted in
+       stats.replies_dropped) instead of growing the server without bound; ROUTER_MANDATORY makes
        such a reply an error we can count rather than a silent drop. A worker reads replies on its
-       I/O thread whatever its application does, so its queue never fills. */
-    int hwm = s->desc.max_queued_replies, one_m = 1;
+       I/O thread whatever its application does, so its queue never fills. RCVHWM stays
+       unlimited: libzmq 4.3.4 aborts ("!_io_error", stream_engine_base.cpp) when a heartbeat
+       times out on a connection whose input it stopped at a finite RCVHWM (libzmq#4364, #4767). */
+    int hwm = s->desc.max_queued_replies, one_m = 1, zero = 0;
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(s->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one_m, sizeof one_m);
     /* cap what libzmq will allocate for one frame before kvps sees it */
     int64_t maxmsg = desc->max_msg_bytes > 0 ? desc->max_msg_bytes

@@ -1476,7 +1476,8 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (r->dealers) {
         /* a healthy ring flushes what it still has queued: a peer may still be connecting, and
            with no linger ZeroMQ would drop its last piece (that peer then times out) */
-        int linger = r->broken ? 0 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000);
+        int linger = r->broken ? 200 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000); /* (a broken
+           ring still gets its abort notices out, but does not wait long for peers that are gone) */
         for (int i = 0; i < r->size; i++)
             if (r->dealers[i]) {
                 zmq_setsockopt(r->dealers[i], ZMQ_LINGER, &linger, sizeof linger);
