@@ -703,6 +703,17 @@ static inline KVPS_HD float kvps_el_bf16_to_f32(uint16_t h) {
     return out;
 }
 
+/* How many values a top-k codec keeps of n: topk_count, else max(1, fraction x n); at most n. */
+static inline size_t kvps_el_topk_k(const struct kvps_codec *c, size_t n) {
+    size_t k = c->topk_count;
+    if (!k) {
+        double f = c->topk_fraction > 0 ? c->topk_fraction : 0.01;
+        k = (size_t)(f * (double)n);
+        if (k < 1) k = 1;
+    }
+    return k > n ? n : k;
+}
+
 /* |x| as an integer: a total order on magnitudes, NaN above infinity (top-k's key). */
 static inline KVPS_HD uint32_t kvps_el_mag(float x) {
     uint32_t u;
@@ -2609,7 +2620,8 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
     }
     /* Deferred pushes of these keys are applied first: everything after sees them. */
-    if (!kvps__deferrable(s, &h, idx, coded))
+    int defer = kvps__deferrable(s, &h, idx, coded); /* (a key created by this push: not deferred) */
+    if (!defer)
         for (uint32_t i = 0; i < h.nkeys; i++)
             if (idx[i] != UINT32_MAX && s->keys[idx[i]]->ndef) kvps__flush(s, s->keys[idx[i]]);
     /* Pass 2: create new keys, then apply. */
@@ -2682,7 +2694,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
                     dense = d;
                 }
                 k->recv[h.rank]++;
-                if (g.g && kvps__deferrable(s, &h, idx, coded) && kvps__aligned(zmq_msg_data(&fr[2]))) {
+                if (g.g && defer && kvps__aligned(zmq_msg_data(&fr[2]))) {
                     kvps__defer_push(s, k, id, &h, &fr[2]); /* answered when applied */
                     return;
                 }
@@ -2966,10 +2978,9 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
 /* Serving thread: writes a checkpoint that is due (asked for, or every N rounds) once the
    shard is quiescent, and tells whoever asked. */
 static void kvps__checkpoint_maybe(kvps_server *s) {
-    pthread_mutex_lock(&s->ckpt_mu);
-    uint64_t asked = s->ckpt_req;
-    pthread_mutex_unlock(&s->ckpt_mu);
-    int every = s->desc.checkpoint_every > 0 && s->desc.checkpoint_path &&
+    if (!s->desc.checkpoint_path) return; /* (kvps_server_checkpoint refuses without a path) */
+    uint64_t asked = __atomic_load_n(&s->ckpt_req, __ATOMIC_ACQUIRE); /* no lock on every batch */
+    int every = s->desc.checkpoint_every > 0 &&
                 s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
     if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
     kvps_result r = kvps__checkpoint_write(s);
@@ -2992,7 +3003,7 @@ KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
     until.tv_sec += (time_t)(ns / 1000000000);
     until.tv_nsec = (long)(ns % 1000000000);
     pthread_mutex_lock(&s->ckpt_mu);
-    uint64_t ticket = ++s->ckpt_req;
+    uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
     char c = 'c';
     ssize_t wr = write(s->stop_pipe[1], &c, 1);
     (void)wr;
@@ -4828,21 +4839,11 @@ KVPS__TARGET_AVX2 static void kvps__sign_decode_avx2(const uint8_t *bits, size_t
 static void kvps__put32(unsigned char *p, uint32_t v) { memcpy(p, &v, sizeof v); }
 static uint32_t kvps__get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, sizeof v); return v; }
 
-static size_t kvps__topk_k(const kvps_codec *c, size_t n) {
-    size_t k = c->topk_count;
-    if (!k) {
-        double f = c->topk_fraction > 0 ? c->topk_fraction : 0.01;
-        k = (size_t)(f * (double)n);
-        if (k < 1) k = 1;
-    }
-    return k > n ? n : k;
-}
-
 static size_t kvps__codec_max_builtin(const kvps_codec *c, size_t n) {
     switch (c->id) {
     case KVPS_CODEC_NONE: return KVPS_CODEC_HEADER + n * 4;
     case KVPS_CODEC_FP16: case KVPS_CODEC_BF16: return KVPS_CODEC_HEADER + n * 2;
-    case KVPS_CODEC_TOPK: return KVPS_CODEC_HEADER + 4 + kvps__topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
+    case KVPS_CODEC_TOPK: return KVPS_CODEC_HEADER + 4 + kvps_el_topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
     case KVPS_CODEC_SIGN: {
         size_t ch = c->sign_chunk ? c->sign_chunk : 256;
         return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
@@ -4892,7 +4893,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
         break;
     }
     case KVPS_CODEC_TOPK: {
-        size_t k = kvps__topk_k(c, n);
+        size_t k = kvps_el_topk_k(c, n);
         /* select straight into the output when it is aligned for it */
         int direct = ((uintptr_t)(p + 4) & 3) == 0 && !c->topk_fp16_values;
         uint32_t *idx = direct ? (uint32_t *)(void *)(p + 4) : (uint32_t *)malloc((k ? k : 1) * sizeof *idx);

@@ -965,17 +965,6 @@ KVPS_API kvps_result kvps_gpu_scale(void *d_dst, const void *d_src, float factor
     return KVPS_OK;
 }
 
-/* kvps.h's top-k count (kvps__topk_k), which is private there */
-static size_t kvps_gpu__topk_k(const kvps_codec *c, size_t n) {
-    size_t k = c->topk_count;
-    if (!k) {
-        double f = c->topk_fraction > 0 ? c->topk_fraction : 0.01;
-        k = (size_t)(f * (double)n);
-        if (k < 1) k = 1;
-    }
-    return k > n ? n : k;
-}
-
 /* The CPU codec's bound (the blob format is the same); the built-in codecs only. */
 KVPS_API size_t kvps_gpu_codec_bytes(const kvps_codec *c, size_t n) {
     if (!c || c->id < KVPS_CODEC_NONE || c->id > KVPS_CODEC_SIGN) return 0;
@@ -1001,7 +990,7 @@ KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size
     cudaStream_t st = (cudaStream_t)stream;
     unsigned char *o = (unsigned char *)d_out, *p = o + KVPS_CODEC_HEADER;
     int topk = c->id == KVPS_CODEC_TOPK, fp16v = topk && c->topk_fp16_values;
-    size_t k = topk ? kvps_gpu__topk_k(c, n) : 0;
+    size_t k = topk ? kvps_el_topk_k(c, n) : 0;
     uint32_t ch = c->sign_chunk ? c->sign_chunk : 256;
     kvps_gpu__header_k<<<1, 1, 0, st>>>(o, c->id, fp16v ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0, (uint32_t)n,
                                         topk || c->id == KVPS_CODEC_SIGN, topk ? (uint32_t)k : ch);

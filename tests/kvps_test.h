@@ -52,6 +52,23 @@ static inline uint64_t kt_rng(uint64_t *s) {
 }
 static inline float kt_randf(uint64_t *s) { return (float)((double)(kt_rng(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
+/* A raw DEALER on endpoint, and the meta frame of a one-key request of op for (key, len). */
+static inline void *kt_raw_dealer(void *ctx, const char *endpoint, int rcvhwm, int rcvtimeo_ms) {
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    if (rcvhwm) zmq_setsockopt(d, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    if (rcvtimeo_ms) zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcvtimeo_ms, sizeof rcvtimeo_ms);
+    zmq_connect(d, endpoint);
+    return d;
+}
+static inline void kt_raw_meta(unsigned char meta[KVPS__HDR + KVPS__KENT], int op, uint64_t key, uint64_t len) {
+    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, (uint8_t)op, 0, 0, 1, 1, 0, 0};
+    kvps__kent e = {key, len};
+    memcpy(meta, &h, sizeof h);
+    memcpy(meta + KVPS__HDR, &e, sizeof e);
+}
+
 /* n servers in background threads. transport: "inproc", "ipc" or "tcp". */
 typedef struct kt_cluster {
     int n;

@@ -77,16 +77,9 @@ static void test_curve_access(void) {
         KT_CHECK(r == KVPS_ERR_AUTH, "%s: %s", what[i], kvps_result_str(r));
     }
     /* a raw plaintext DEALER with a well-formed push gets nothing back either */
-    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0, tmo = 500;
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    zmq_connect(d, ep);
-    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PUSH, 0, 0, 1, 1, 0, 0};
+    void *ctx = zmq_ctx_new(), *d = kt_raw_dealer(ctx, ep, 0, 500);
     unsigned char meta[KVPS__HDR + KVPS__KENT];
-    kvps__kent e = {1, LEN};
-    memcpy(meta, &h, sizeof h);
-    memcpy(meta + KVPS__HDR, &e, sizeof e);
+    kt_raw_meta(meta, KVPS__OP_PUSH, 1, LEN);
     zmq_send(d, meta, sizeof meta, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(d, g, sizeof g, ZMQ_DONTWAIT);
     char reply[64];

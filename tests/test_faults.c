@@ -541,23 +541,6 @@ static void worker_with_x(kvps_server *s, kvps_worker **w, kvps_tensor *t, const
     KT_OK(kvps_worker_wait(*w, q, 5000));
 }
 
-/* A raw DEALER on endpoint, and the meta frame of a one-key request of op for (key, len). */
-static void *raw_dealer(void *ctx, const char *endpoint, int rcvhwm, int rcvtimeo_ms) {
-    void *d = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    if (rcvhwm) zmq_setsockopt(d, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
-    if (rcvtimeo_ms) zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcvtimeo_ms, sizeof rcvtimeo_ms);
-    zmq_connect(d, endpoint);
-    return d;
-}
-static void raw_meta(unsigned char meta[KVPS__HDR + KVPS__KENT], int op, uint64_t key, uint64_t len) {
-    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, (uint8_t)op, 0, 0, 1, 1, 0, 0};
-    kvps__kent e = {key, len};
-    memcpy(meta, &h, sizeof h);
-    memcpy(meta + KVPS__HDR, &e, sizeof e);
-}
-
 /* A frame over max_msg_bytes: ZeroMQ drops that connection before kvps allocates it; the
    stored value and another client are unaffected. */
 static void test_size_limit(void) {
@@ -574,9 +557,9 @@ static void test_size_limit(void) {
     kvps_req q;
     worker_with_x(s, &w, &t, g, LEN);
     /* a raw client sends a well-formed header for the same key, then 8 MiB of values */
-    void *ctx = zmq_ctx_new(), *d = raw_dealer(ctx, kvps_server_endpoint(s), 0, 1000);
+    void *ctx = zmq_ctx_new(), *d = kt_raw_dealer(ctx, kvps_server_endpoint(s), 0, 1000);
     unsigned char meta[KVPS__HDR + KVPS__KENT];
-    raw_meta(meta, KVPS__OP_PUSH, w->tensors[t].keys[0], 8u << 18);
+    kt_raw_meta(meta, KVPS__OP_PUSH, w->tensors[t].keys[0], 8u << 18);
     size_t big = (size_t)8 << 20;
     char *junk = (char *)calloc(big, 1);
     zmq_send(d, meta, sizeof meta, ZMQ_SNDMORE);
@@ -611,9 +594,9 @@ static void test_unread_replies_bounded(void) {
     kvps_tensor t;
     kvps_req q;
     worker_with_x(s, &w, &t, g, LEN);
-    void *ctx = zmq_ctx_new(), *d = raw_dealer(ctx, kvps_server_endpoint(s), 10, 0);
+    void *ctx = zmq_ctx_new(), *d = kt_raw_dealer(ctx, kvps_server_endpoint(s), 10, 0);
     unsigned char meta[KVPS__HDR + KVPS__KENT];
-    raw_meta(meta, KVPS__OP_PULL, w->tensors[t].keys[0], LEN);
+    kt_raw_meta(meta, KVPS__OP_PULL, w->tensors[t].keys[0], LEN);
     for (int i = 0; i < NPULL; i++) zmq_send(d, meta, sizeof meta, 0);
     kvps_server_stats st;
     for (int i = 0; i < 500; i++) { /* the server answers them all, or drops what cannot be queued */

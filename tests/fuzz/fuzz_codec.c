@@ -148,7 +148,7 @@ static void fz_roundtrip(kvps_codec *c, const float *x, size_t n, int ef) {
         break;
     case KVPS_CODEC_TOPK: {
         size_t k = fz_get32(ref + 8);
-        FZ_CHECK(k == kvps__topk_k(c, n), "top-k: k %zu, want %zu", k, kvps__topk_k(c, n));
+        FZ_CHECK(k == kvps_el_topk_k(c, n), "top-k: k %zu, want %zu", k, kvps_el_topk_k(c, n));
         uint8_t *sel = (uint8_t *)calloc(n ? n : 1, 1);
         for (size_t j = 0; j < k; j++) {
             uint32_t i = fz_get32(ref + 12 + 4 * j);
