@@ -1,10 +1,13 @@
 /* bench_pushpull - kvps push, pull and push+pull round trip against raw ZeroMQ, same run.
 
-   usage: bench_pushpull [--quick] [--csv] [--time SECONDS]
+   usage: bench_pushpull [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]
 
-   Everything runs in one process over tcp://127.0.0.1 (ephemeral ports). Each server and the
-   worker has a ZeroMQ context of its own, so each side has its own I/O thread, as separate
-   processes would. Servers are async with KVPS_UPDATE_SUM, so a push never waits for a round.
+   Over tcp://127.0.0.1 (ephemeral ports). Each server side (the raw ROUTER, and each kvps
+   configuration's servers) runs in a process of its own, forked at the start; the clients (raw
+   DEALER, kvps workers) run in this process, each with a ZeroMQ context of its own. That is how a
+   job is deployed. --one-process runs the servers as threads here instead: that layout favours
+   the raw peer (its figures rise by up to a third while kvps's stay), so it is kept for comparison
+   only. Servers are async with KVPS_UPDATE_SUM, so a push never waits for a round.
 
    The peer is raw ZeroMQ DEALER -> ROUTER on one connection, with kvps's socket options
    (no high-water marks, no linger) and kvps's message pattern: one request [meta][bytes?],
@@ -17,8 +20,8 @@
    and as a zero-copy view of the received message (kvps_worker_pull_tensor_view, "pull0"),
    which is what raw ZeroMQ does; the zmq row's pull0 is its pull.
    Counts are calibrated on raw ZeroMQ so that one measurement takes about --time seconds
-   (default 0.2) and then used for every peer at that size. Each figure is the median of 3
-   repetitions; the repetitions of raw ZeroMQ and of each kvps configuration are interleaved so
+   (default 0.2) and then used for every peer at that size. Each figure is the median of --reps
+   (default 5) repetitions; the repetitions of raw ZeroMQ and of each kvps configuration are interleaved so
    that drift on a shared machine hits them alike. Buffers are allocated and touched once.
 
    The headline is 1 server x 1 worker with KVPS_UPDATE_SUM. A second 1x1 row uses an update_fn
@@ -34,11 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
 enum { OP_PUSH = 1, OP_PULL = 2, OP_RT = 3, OP_PULLV = 4, OP_QUIT = 9 };
-enum { NREP = 3, MAX_SIZES = 5, NCONF = 4, META_REQ = 48, META_REP = 32 };
+enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 4, META_REQ = 48, META_REP = 32 };
 
 static const size_t sizes[MAX_SIZES] = {4096, 65536, 1u << 20, 16u << 20, 64u << 20};
 static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
@@ -83,6 +88,7 @@ typedef struct raw_req { uint32_t op, pad; uint64_t bytes; } raw_req; /* head of
 typedef struct raw_server {
     void *ctx, *router;
     pthread_t thread;
+    pid_t pid;
     char endpoint[256];
     const char *buf; /* what pulls send, zero-copy */
 } raw_server;
@@ -100,35 +106,44 @@ static void raw_released(void *data, void *hint) {
     __atomic_add_fetch((long *)hint, 1, __ATOMIC_RELEASE);
 }
 
+/* Like kvps's server loop: wait in zmq_poll, then drain every queued request without blocking
+   (a blocking receive per frame costs the raw peer a wake-up per message when the server is a
+   process of its own: its push rate fell to 0.6x of this loop's). */
 static void *raw_server_main(void *arg) {
     raw_server *s = (raw_server *)arg;
+    zmq_pollitem_t it = {s->router, 0, ZMQ_POLLIN, 0};
     for (;;) {
-        zmq_msg_t id, meta, val;
-        zmq_msg_init(&id);
-        zmq_msg_init(&meta);
-        zmq_msg_init(&val);
-        zcheck(zmq_msg_recv(&id, s->router, 0), "raw server recv");
-        zcheck(zmq_msg_recv(&meta, s->router, 0), "raw server recv");
-        if (zmq_msg_more(&meta)) zcheck(zmq_msg_recv(&val, s->router, 0), "raw server recv");
-        raw_req rq;
-        memcpy(&rq, zmq_msg_data(&meta), sizeof rq);
-        zmq_msg_close(&val); /* released before the reply, as kvps does */
-        zmq_msg_close(&meta);
-        if (rq.op == OP_QUIT) { zmq_msg_close(&id); break; }
-        int has_bytes = rq.op == OP_PULL || rq.op == OP_RT;
-        zmq_msg_t rep;
-        zmq_msg_init_size(&rep, META_REP);
-        memset(zmq_msg_data(&rep), 0, META_REP);
-        memcpy(zmq_msg_data(&rep), &rq, sizeof rq);
-        zcheck(zmq_msg_send(&id, s->router, ZMQ_SNDMORE), "raw server send");
-        zcheck(zmq_msg_send(&rep, s->router, has_bytes ? ZMQ_SNDMORE : 0), "raw server send");
-        if (has_bytes) {
-            zmq_msg_t b;
-            zmq_msg_init_data(&b, (void *)(uintptr_t)s->buf, (size_t)rq.bytes, raw_nofree, NULL);
-            zcheck(zmq_msg_send(&b, s->router, 0), "raw server send");
+        zcheck(zmq_poll(&it, 1, -1), "raw server poll");
+        for (;;) {
+            zmq_msg_t id, meta, val;
+            zmq_msg_init(&id);
+            zmq_msg_init(&meta);
+            zmq_msg_init(&val);
+            if (zmq_msg_recv(&id, s->router, ZMQ_DONTWAIT) < 0) {
+                if (zmq_errno() == EAGAIN) { zmq_msg_close(&id); break; }
+                die("raw server recv", zmq_strerror(zmq_errno()));
+            }
+            zcheck(zmq_msg_recv(&meta, s->router, 0), "raw server recv");
+            if (zmq_msg_more(&meta)) zcheck(zmq_msg_recv(&val, s->router, 0), "raw server recv");
+            raw_req rq;
+            memcpy(&rq, zmq_msg_data(&meta), sizeof rq);
+            zmq_msg_close(&val); /* released before the reply, as kvps does */
+            zmq_msg_close(&meta);
+            if (rq.op == OP_QUIT) { zmq_msg_close(&id); return NULL; }
+            int has_bytes = rq.op == OP_PULL || rq.op == OP_RT;
+            zmq_msg_t rep;
+            zmq_msg_init_size(&rep, META_REP);
+            memset(zmq_msg_data(&rep), 0, META_REP);
+            memcpy(zmq_msg_data(&rep), &rq, sizeof rq);
+            zcheck(zmq_msg_send(&id, s->router, ZMQ_SNDMORE), "raw server send");
+            zcheck(zmq_msg_send(&rep, s->router, has_bytes ? ZMQ_SNDMORE : 0), "raw server send");
+            if (has_bytes) {
+                zmq_msg_t b;
+                zmq_msg_init_data(&b, (void *)(uintptr_t)s->buf, (size_t)rq.bytes, raw_nofree, NULL);
+                zcheck(zmq_msg_send(&b, s->router, 0), "raw server send");
+            }
         }
     }
-    return NULL;
 }
 
 static void raw_send(raw_client *c, int op, const char *payload, size_t bytes) {
@@ -162,33 +177,111 @@ static void raw_drain_zc(raw_client *c) { /* kvps's wait also waits for this */
     while (__atomic_load_n(&c->released_zc, __ATOMIC_ACQUIRE) != c->sent_zc) sched_yield();
 }
 
-static void raw_up(raw_server *s, raw_client *c, const char *buf) {
-    memset(s, 0, sizeof *s);
-    memset(c, 0, sizeof *c);
-    s->buf = buf;
+/* By default every server side runs in a process of its own, forked before the
+   parent makes any ZeroMQ context, as a deployment runs it; it sends its endpoints up a pipe and
+   ends when the parent closes the pipe it reads (kvps) or sends OP_QUIT (raw). */
+static int g_procs = 1;
+
+static pid_t fork_server(int *ctl_w, int *ep_r) { /* parent: pid; child: 0 */
+    int ep[2], ctl[2];
+    if (pipe(ep) != 0 || pipe(ctl) != 0) die("pipe", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) die("fork", strerror(errno));
+    if (pid == 0) { /* nothing but its own pipe ends: another child's must reach EOF when the parent closes it */
+        for (int fd = 3; fd < 1024; fd++)
+            if (fd != ep[1] && fd != ctl[0]) close(fd);
+        *ctl_w = ctl[0]; /* the child reads EOF here when the parent is done */
+        *ep_r = ep[1];   /* and writes its endpoints here */
+        return 0;
+    }
+    close(ep[1]);
+    close(ctl[0]);
+    *ctl_w = ctl[1];
+    *ep_r = ep[0];
+    return pid;
+}
+
+static void read_line(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        ssize_t r = read(fd, buf + n, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("server process", "ended before it sent its endpoints");
+        if (buf[n] == '\n') break;
+        n++;
+    }
+    buf[n] = 0;
+}
+
+static void write_all(int fd, const char *buf) {
+    size_t n = strlen(buf);
+    while (n) {
+        ssize_t r = write(fd, buf, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("write", strerror(errno));
+        buf += r;
+        n -= (size_t)r;
+    }
+}
+
+static void raw_server_bind(raw_server *s) {
     s->ctx = zmq_ctx_new();
-    c->ctx = zmq_ctx_new();
-    if (!s->ctx || !c->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
+    if (!s->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (!s->router || !c->dealer) die("zmq_socket", zmq_strerror(zmq_errno()));
+    if (!s->router) die("zmq_socket", zmq_strerror(zmq_errno()));
     no_hwm(s->router);
-    no_hwm(c->dealer);
     zcheck(zmq_bind(s->router, "tcp://127.0.0.1:*"), "raw bind");
     size_t sz = sizeof s->endpoint;
     zcheck(zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz), "raw endpoint");
+}
+
+static void raw_server_up(raw_server *s, const char *buf) {
+    memset(s, 0, sizeof *s);
+    s->buf = buf;
+    if (!g_procs) {
+        raw_server_bind(s);
+        if (pthread_create(&s->thread, NULL, raw_server_main, s) != 0) die("pthread_create", "failed");
+        return;
+    }
+    int ctl, ep;
+    s->pid = fork_server(&ctl, &ep);
+    if (s->pid == 0) {
+        raw_server_bind(s);
+        char line[300];
+        snprintf(line, sizeof line, "%s\n", s->endpoint);
+        write_all(ep, line);
+        raw_server_main(s);
+        zmq_close(s->router);
+        zmq_ctx_term(s->ctx);
+        _exit(0);
+    }
+    close(ctl);
+    read_line(ep, s->endpoint, sizeof s->endpoint);
+    close(ep);
+}
+
+static void raw_client_up(raw_client *c, const raw_server *s) {
+    memset(c, 0, sizeof *c);
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
+    c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
+    if (!c->dealer) die("zmq_socket", zmq_strerror(zmq_errno()));
+    no_hwm(c->dealer);
     zcheck(zmq_connect(c->dealer, s->endpoint), "raw connect");
-    if (pthread_create(&s->thread, NULL, raw_server_main, s) != 0) die("pthread_create", "failed");
 }
 
 static void raw_down(raw_server *s, raw_client *c) {
     raw_send(c, OP_QUIT, NULL, 0);
-    pthread_join(s->thread, NULL);
+    if (g_procs) waitpid(s->pid, NULL, 0);
+    else pthread_join(s->thread, NULL);
     raw_drain_zc(c);
     zmq_close(c->dealer);
-    zmq_close(s->router);
     zmq_ctx_term(c->ctx);
-    zmq_ctx_term(s->ctx);
+    if (!g_procs) {
+        zmq_close(s->router);
+        zmq_ctx_term(s->ctx);
+    }
 }
 
 /* W requests in flight; replies come back in order on one connection. Returns seconds. */
@@ -224,14 +317,14 @@ typedef struct kcluster {
     char servers[1024];
     kvps_req *ring;
     kvps_view **views;
+    pid_t pid;
+    int ctl; /* server process: closing this ends it */
 } kcluster;
 
 static void update_nothing(const kvps_update_args *a) { (void)a; }
 
-static void kvps_up(kcluster *k, int n, int noupdate, int nsizes) {
-    memset(k, 0, sizeof *k);
-    k->n = n;
-    for (int i = 0; i < n; i++) {
+static void kvps_servers_run(kcluster *k, int noupdate) {
+    for (int i = 0; i < k->n; i++) {
         kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .rank = i, .consistency = KVPS_ASYNC,
                                                       .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
@@ -242,6 +335,34 @@ static void kvps_up(kcluster *k, int n, int noupdate, int nsizes) {
         size_t len = strlen(k->servers);
         snprintf(k->servers + len, sizeof k->servers - len, "%s%s", i ? "," : "", kvps_server_endpoint(k->srv[i]));
     }
+}
+
+static void kvps_servers_up(kcluster *k, int n, int noupdate) {
+    memset(k, 0, sizeof *k);
+    k->n = n;
+    k->ctl = -1;
+    if (!g_procs) {
+        kvps_servers_run(k, noupdate);
+        return;
+    }
+    int ctl, ep;
+    k->pid = fork_server(&ctl, &ep);
+    if (k->pid == 0) {
+        kvps_servers_run(k, noupdate);
+        size_t len = strlen(k->servers);
+        snprintf(k->servers + len, sizeof k->servers - len, "\n");
+        write_all(ep, k->servers);
+        char c;
+        while (read(ctl, &c, 1) != 0 && errno == EINTR) {} /* EOF: the parent is done */
+        for (int i = 0; i < n; i++) kvps_server_destroy(&k->srv[i]);
+        _exit(0);
+    }
+    k->ctl = ctl;
+    read_line(ep, k->servers, sizeof k->servers);
+    close(ep);
+}
+
+static void kvps_worker_up(kcluster *k, int nsizes) {
     kcheck(kvps_worker_create(&(kvps_worker_desc){.servers = k->servers, .rank = 0, .num_workers = 1,
                                                   .timeout_ms = 120000}, &k->w),
            "kvps_worker_create", NULL);
@@ -257,7 +378,12 @@ static void kvps_up(kcluster *k, int n, int noupdate, int nsizes) {
 
 static void kvps_down(kcluster *k) {
     kvps_worker_destroy(&k->w);
-    for (int i = 0; i < k->n; i++) kvps_server_destroy(&k->srv[i]);
+    if (g_procs) {
+        close(k->ctl);
+        waitpid(k->pid, NULL, 0);
+    } else {
+        for (int i = 0; i < k->n; i++) kvps_server_destroy(&k->srv[i]);
+    }
     free(k->ring);
     free(k->views);
 }
@@ -332,14 +458,16 @@ static double percentile(double *v, long n, double p) { /* sorts v; nearest rank
     return v[i];
 }
 
-static double median3(const double *v) {
-    double a = v[0], b = v[1], c = v[2];
-    if (a > b) { double t = a; a = b; b = t; }
-    if (b > c) b = c;
-    return a > b ? a : b;
+static int g_reps = 5; /* repetitions per figure (odd); the median is reported */
+
+static double median(const double *v) {
+    double t[MAX_REP];
+    memcpy(t, v, (size_t)g_reps * sizeof *t);
+    qsort(t, (size_t)g_reps, sizeof *t, cmp_double);
+    return t[g_reps / 2];
 }
 
-typedef struct row { /* medians over NREP */
+typedef struct row { /* medians over g_reps */
     double push_gbs, pull_gbs, push_ops, p50_us, p99_us, pullv_gbs;
 } row;
 
@@ -387,26 +515,41 @@ static void print_row(int csv, const char *peer, const char *upd, int srv, size_
 }
 
 static void usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS]\n"
+    fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]\n"
                     "  --quick      skip 64 MB values\n"
+                    "  --only B     measure one of the sizes only (4096 65536 1048576 16777216 67108864)\n"
                     "  --csv        print CSV rows instead of the table\n"
+                    "  --reps N     repetitions per figure, odd, at most 15 (default 5); medians are reported\n"
+                    "  --one-process  servers as threads of this process (default: a process per server side)\n"
                     "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n", argv0);
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, csv = 0;
+    int quick = 0, csv = 0, only = -1;
     double target = 0.2;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--csv") == 0) csv = 1;
+        else if (strcmp(argv[i], "--one-process") == 0) g_procs = 0;
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            g_reps = atoi(argv[++i]);
+            if (g_reps < 1 || g_reps > MAX_REP || g_reps % 2 == 0) usage(argv[0]);
+        }
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            unsigned long long b = strtoull(argv[++i], &end, 10);
+            for (int k = 0; k < MAX_SIZES && !*end; k++)
+                if (sizes[k] == b) only = k;
+            if (only < 0) usage(argv[0]);
+        }
         else if (strcmp(argv[i], "--time") == 0 && i + 1 < argc) {
             char *end = NULL;
             target = strtod(argv[++i], &end);
             if (*end || !(target > 0.0 && target <= 60.0)) usage(argv[0]);
         } else usage(argv[0]);
     }
-    int nsizes = quick ? MAX_SIZES - 1 : MAX_SIZES;
+    int nsizes = only >= 0 ? only + 1 : quick ? MAX_SIZES - 1 : MAX_SIZES;
     size_t maxb = sizes[nsizes - 1], maxf = maxb / sizeof(float);
 
     /* Buffers once, touched before any timing (fresh pages cost ~3 us per 4 KiB here). */
@@ -422,22 +565,25 @@ int main(int argc, char **argv) {
 
     raw_server rs;
     raw_client rc;
-    raw_up(&rs, &rc, srvbuf);
     kcluster kc[NCONF];
-    for (int c = 0; c < NCONF; c++) kvps_up(&kc[c], conf_servers[c], conf_noupdate[c], nsizes);
+    raw_server_up(&rs, srvbuf); /* every server side first: forked before any context here */
+    for (int c = 0; c < NCONF; c++) kvps_servers_up(&kc[c], conf_servers[c], conf_noupdate[c]);
+    raw_client_up(&rc, &rs);
+    for (int c = 0; c < NCONF; c++) kvps_worker_up(&kc[c], nsizes);
 
     int major, minor, patch;
     zmq_version(&major, &minor, &patch);
     if (!csv) {
         printf("# bench_pushpull: kvps push / pull / push+pull round trip vs raw ZeroMQ, same run\n");
-        printf("# tcp loopback, one process; servers and worker have a ZeroMQ context (1 I/O thread) each;\n");
+        printf("# tcp loopback; %s; servers and worker have a ZeroMQ context (1 I/O thread) each;\n",
+               g_procs ? "each server side in a process of its own, clients in this one" : "one process (--one-process)");
         printf("# servers async + KVPS_UPDATE_SUM; 1 worker; libzmq %d.%d.%d; %ld CPUs\n", major, minor, patch,
                sysconf(_SC_NPROCESSORS_ONLN));
         printf("# peer zmq: raw DEALER->ROUTER, zero-copy sends both ways, same bytes, counts, window, framing\n");
         printf("#   push: W in flight, request carries the bytes, small reply; pull: W in flight, small request,\n");
         printf("#   reply carries the bytes; rt: pushpull one at a time, latency per op (p50, p99)\n");
         printf("# W = requests in flight, n_thr = pushes (and pulls) per repetition, n_rt = round trips,\n");
-        printf("# sl = tensor slices (servers used); GB/s = 1e9 bytes/s of values; median of %d repetitions;\n", NREP);
+        printf("# sl = tensor slices (servers used); GB/s = 1e9 bytes/s of values; median of %d repetitions;\n", g_reps);
         printf("# upd = server update: sum (KVPS_UPDATE_SUM, the headline) or none (an update_fn that does nothing:\n");
         printf("#   transport and protocol only); (x) = kvps / zmq at the same size: above 1 is better for GB/s\n");
         printf("#   and ops/s, worse for latency. The zmq row is 1 server x 1 worker; every kvps row compares to it.\n");
@@ -449,7 +595,7 @@ int main(int argc, char **argv) {
 
     row res[MAX_SIZES][1 + NCONF];
     double t_start = now_s();
-    for (int si = 0; si < nsizes; si++) {
+    for (int si = only >= 0 ? only : 0; si < nsizes; si++) {
         size_t bytes = sizes[si], len = bytes / sizeof(float);
         int W = windows[si];
 
@@ -493,9 +639,9 @@ int main(int argc, char **argv) {
         double *lat = (double *)malloc((size_t)n_rt * sizeof *lat);
         if (!lat) die("malloc", "out of memory");
 
-        double v[1 + NCONF][6][NREP];
+        double v[1 + NCONF][6][MAX_REP];
         for (int op = OP_PUSH; op <= OP_PULLV; op++) {
-            for (int rep = 0; rep < NREP; rep++) {
+            for (int rep = 0; rep < g_reps; rep++) {
                 for (int p = 0; p < 1 + NCONF; p++) { /* p 0: raw ZeroMQ, 1..: kvps configurations */
                     if (op == OP_RT) {
                         if (p == 0) raw_rt(&rc, (const char *)grad, bytes, n_rt, lat);
@@ -518,12 +664,12 @@ int main(int argc, char **argv) {
         free(lat);
         for (int p = 0; p < 1 + NCONF; p++) {
             row *r = &res[si][p];
-            r->push_gbs = median3(v[p][0]);
-            r->pull_gbs = median3(v[p][1]);
-            r->push_ops = median3(v[p][2]);
-            r->p50_us = median3(v[p][3]);
-            r->p99_us = median3(v[p][4]);
-            r->pullv_gbs = median3(v[p][5]);
+            r->push_gbs = median(v[p][0]);
+            r->pull_gbs = median(v[p][1]);
+            r->push_ops = median(v[p][2]);
+            r->p50_us = median(v[p][3]);
+            r->p99_us = median(v[p][4]);
+            r->pullv_gbs = median(v[p][5]);
         }
         print_row(csv, "zmq", "-", 1, bytes, W, n_thr, n_rt, 0, &res[si][0], NULL);
         for (int c = 0; c < NCONF; c++)
@@ -539,7 +685,7 @@ int main(int argc, char **argv) {
         int pass = 1;
         char buf[256] = "";
         size_t used = 0;
-        for (int si = 0; si < nsizes; si++) {
+        for (int si = only >= 0 ? only : 0; si < nsizes; si++) {
             if (sizes[si] < (1u << 20)) continue;
             double x = which == 0   ? res[si][1].push_gbs / res[si][0].push_gbs
                        : which == 1 ? res[si][1].pull_gbs / res[si][0].pull_gbs
@@ -547,16 +693,18 @@ int main(int argc, char **argv) {
             pass &= x >= 0.9;
             used += (size_t)snprintf(buf + used, sizeof buf - used, " %zuMB %.2fx", sizes[si] >> 20, x);
         }
-        printf("#   %-4s %s payload GB/s >= 0.9x zmq at >= 1 MB:%s\n", pass ? "PASS" : "MISS",
+        if (!used) snprintf(buf, sizeof buf, " not measured (--only)");
+        printf("#   %-4s %s payload GB/s >= 0.9x zmq at >= 1 MB:%s\n", !used ? "-" : pass ? "PASS" : "MISS",
                which == 0 ? "push" : which == 1 ? "pull (into the caller's buffer)" : "pull (zero-copy view)", buf);
     }
+    if (only > 0) goto done; /* the 4 KB targets need the 4 KB row */
     double xo = res[0][1].push_ops / res[0][0].push_ops;
     printf("#   %-4s 4 KB pipelined push ops/s >= 0.5x zmq: %.2fx (ps-lite ~0.16x)\n",
            xo >= 0.5 ? "PASS" : "MISS", xo);
     double xl = res[0][1].p50_us / res[0][0].p50_us;
     printf("#   %-4s 4 KB pushpull round trip p50 <= 1.5x zmq: %.1f us vs %.1f us = %.2fx\n",
            xl <= 1.5 ? "PASS" : "MISS", res[0][1].p50_us, res[0][0].p50_us, xl);
-
+done:
     for (int c = 0; c < NCONF; c++) kvps_down(&kc[c]);
     raw_down(&rs, &rc);
     free(grad); free(dst); free(scratch); free(srvbuf);
