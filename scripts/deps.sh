@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what kvps needs on Debian (as root), or prints the exact install line and fails.
-# usage: scripts/deps.sh [build|demo|mpi|clang]   (clang: for make fuzz and make tsan-test)
+# usage: scripts/deps.sh [build|demo|mpi|clang|ssh]   (clang: for make fuzz and make tsan-test;
+#                                                  ssh: for make ssh-check)
 set -u
 want="build"; [ $# -gt 0 ] && want="$1"
 missing=()
@@ -22,6 +23,10 @@ if [ "$want" = clang ]; then
   # libFuzzer and the sanitizer runtimes
   clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null | grep -q / &&
     [ -f "$(clang -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-x86_64.a" ] || missing+=(libclang-rt-dev)
+fi
+if [ "$want" = ssh ]; then
+  [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || missing+=(openssh-server)
+  command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 line="apt-get install -y ${missing[*]}"
