@@ -1294,7 +1294,9 @@ static int under_launcher(void) {
         const char *v = getenv(vars[i]);
         if (v && *v) return 1;
     }
-    return 0;
+    /* srun: a task of several (one task alone, e.g. a batch script's, runs the whole job here) */
+    const char *nt = getenv("SLURM_NTASKS");
+    return getenv("SLURM_PROCID") && nt && atoi(nt) > 1;
 }
 
 int main(int argc, char **argv) {

@@ -5,6 +5,8 @@
                       BSP, FM under SSP, LR async under kvps-run)
      fmnist           ssp, easgd and allreduce modes for one epoch, standalone and under kvps-run
                       (skipped without Debian's dataset-fashion-mnist)
+     mpirun           ring_allreduce (-n 3) and fmnist bsp (-n 4: 2 servers, 2 workers) under a real
+                      Open MPI mpirun, ranks from OMPI_COMM_WORLD_RANK (skipped without mpirun)
      kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
                       SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting
      make install     into a DESTDIR, then a program built with `pkg-config --cflags --libs kvps`
@@ -28,6 +30,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 static int n_pass, n_fail, n_skip, cur_failed, cur_skipped;
 static const char *cur;
@@ -286,6 +291,79 @@ static void test_fmnist_under_kvps_run(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   mpirun: the examples take their rank from OMPI_COMM_WORLD_RANK (they use no MPI themselves) */
+static int port_free(int port) { /* nothing bound to 127.0.0.1:port, not even in TIME_WAIT */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((unsigned short)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* n loopback endpoints "tcp://127.0.0.1:P,..." on ports free now, from 20000-32767 (below the
+   ephemeral range, as kvps-run picks them) */
+static void free_endpoints(char *buf, size_t cap, int n) {
+    static int next;
+    if (!next) next = 20000 + (int)(getpid() * 7919L % 12000);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        for (int tries = 0; tries < 200 && !port_free(next); tries++) next = next >= 32767 ? 20000 : next + 1;
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%stcp://127.0.0.1:%d", i ? "," : "", next);
+        next = next >= 32767 ? 20000 : next + 1;
+    }
+}
+
+/* "mpirun OPTIONS" for this machine: Open MPI refuses root without --allow-run-as-root and more
+   ranks than cores without --oversubscribe; only the self and tcp transports (no shared memory
+   or fabric probing in a container). 0: not usable (skipped). */
+static int mpirun_cmd(char *buf, size_t cap) {
+    char *out;
+    int rc = run(&out, "command -v mpirun >/dev/null && mpirun --version");
+    int openmpi = rc == 0 && (strstr(out, "Open MPI") || strstr(out, "OpenRTE"));
+    free(out);
+    if (rc != 0) { skip("no mpirun"); return 0; }
+    if (!openmpi) { skip("mpirun is not Open MPI's (these tests use its -x and --oversubscribe)"); return 0; }
+    snprintf(buf, cap, "mpirun%s --oversubscribe --mca btl self,tcp", geteuid() == 0 ? " --allow-run-as-root" : "");
+    return 1;
+}
+
+static void test_ring_allreduce_mpirun(void) {
+    char mpirun[200], peers[200], *out;
+    if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
+    free_endpoints(peers, sizeof peers, 3);
+    int rc = run(&out, "timeout 90 %s -n 3 -x KVPS_RING_PEERS=%s %s/ring_allreduce </dev/null", mpirun, peers, bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    for (int r = 0; r < 3; r++) {
+        char want[200];
+        snprintf(want, sizeof want,
+                 "rank %d of 3: all-reduce of 1000000 floats: ok (x[0] = 6, x[999999] = 48; expected 6 and 48)", r);
+        CHECK(has_line(out, want), "missing '%s'", want);
+    }
+    if (cur_failed) show(out);
+    free(out);
+}
+
+static void test_fmnist_mpirun(void) {
+    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    char mpirun[200], servers[200], *out;
+    if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
+    free_endpoints(servers, sizeof servers, 2);
+    /* ranks 0 and 1 serve, 2 and 3 work; -x NAME passes the variable set here, as in the README */
+    int rc = run(&out, "export KVPS_SERVERS=%s KVPS_NUM_WORKERS=2 && timeout 120 %s -n 4 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "
+                       "%s/fmnist --model softmax --epochs 1 --mode bsp --timeout 100 </dev/null", servers, mpirun, bdir);
+    CHECK(rc == 0, "exit %d", rc);
+    check_fmnist(out, "", "bsp");
+    CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
+    if (cur_failed) show(out);
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
    kvps-run */
 static void test_launcher_env_and_prefixes(void) {
     char *out;
@@ -485,6 +563,8 @@ int main(int argc, char **argv) {
     RUN(test_ctr_async_under_kvps_run);
     RUN(test_fmnist_modes);
     RUN(test_fmnist_under_kvps_run);
+    RUN(test_ring_allreduce_mpirun);
+    RUN(test_fmnist_mpirun);
     RUN(test_launcher_env_and_prefixes);
     RUN(test_launcher_failure_stops_job);
     RUN(test_launcher_sigint);

@@ -1,0 +1,6 @@
+# make slurm-check: ring_allreduce and fmnist under a real srun (rank from SLURM_PROCID), on a
+# one-node Slurm cluster started for the run from a temporary directory (root; installs
+# slurmctld, slurmd, slurm-client and munge when missing). Exit 77: skipped.
+.PHONY: slurm-check
+slurm-check: $(B)/ring_allreduce $(B)/fmnist
+	@tests/slurm_check.sh $(B) || [ $$? -eq 77 ]
