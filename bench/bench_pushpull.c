@@ -89,6 +89,7 @@ typedef struct raw_server {
     void *ctx, *router;
     pthread_t thread;
     pid_t pid;
+    int ctl; /* server process: the child reads EOF here if the parent is gone; -1 as a thread */
     char endpoint[256];
     const char *buf; /* what pulls send, zero-copy */
 } raw_server;
@@ -111,9 +112,10 @@ static void raw_released(void *data, void *hint) {
    process of its own: its push rate fell to 0.6x of this loop's). */
 static void *raw_server_main(void *arg) {
     raw_server *s = (raw_server *)arg;
-    zmq_pollitem_t it = {s->router, 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t it[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->ctl, ZMQ_POLLIN, 0}};
     for (;;) {
-        zcheck(zmq_poll(&it, 1, -1), "raw server poll");
+        zcheck(zmq_poll(it, s->ctl >= 0 ? 2 : 1, -1), "raw server poll");
+        if (s->ctl >= 0 && it[1].revents) return NULL; /* EOF or hang-up: the parent died without OP_QUIT */
         for (;;) {
             zmq_msg_t id, meta, val;
             zmq_msg_init(&id);
@@ -239,6 +241,7 @@ static void raw_server_bind(raw_server *s) {
 static void raw_server_up(raw_server *s, const char *buf) {
     memset(s, 0, sizeof *s);
     s->buf = buf;
+    s->ctl = -1;
     if (!g_procs) {
         raw_server_bind(s);
         if (pthread_create(&s->thread, NULL, raw_server_main, s) != 0) die("pthread_create", "failed");
@@ -246,6 +249,7 @@ static void raw_server_up(raw_server *s, const char *buf) {
     }
     int ctl, ep;
     s->pid = fork_server(&ctl, &ep);
+    s->ctl = ctl;
     if (s->pid == 0) {
         raw_server_bind(s);
         char line[300];
@@ -256,7 +260,6 @@ static void raw_server_up(raw_server *s, const char *buf) {
         zmq_ctx_term(s->ctx);
         _exit(0);
     }
-    close(ctl);
     read_line(ep, s->endpoint, sizeof s->endpoint);
     close(ep);
 }
@@ -273,8 +276,12 @@ static void raw_client_up(raw_client *c, const raw_server *s) {
 
 static void raw_down(raw_server *s, raw_client *c) {
     raw_send(c, OP_QUIT, NULL, 0);
-    if (g_procs) waitpid(s->pid, NULL, 0);
-    else pthread_join(s->thread, NULL);
+    if (g_procs) {
+        waitpid(s->pid, NULL, 0);
+        close(s->ctl);
+    } else {
+        pthread_join(s->thread, NULL);
+    }
     raw_drain_zc(c);
     zmq_close(c->dealer);
     zmq_ctx_term(c->ctx);
