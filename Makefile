@@ -32,7 +32,7 @@ deps-demo:
 
 $(B)/%: tests/%.c $(HEADERS) | $(B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: bench/%.c $(HEADERS) | $(B)
+$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) | $(B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/%: examples/%.c $(HEADERS) | $(B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)

@@ -157,7 +157,10 @@
    kvps_env_read fills a kvps_env from KVPS_ROLE (server|worker), KVPS_RANK (else
    OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), KVPS_SERVERS (comma-separated endpoints),
    KVPS_NUM_WORKERS. Under mpirun/srun without KVPS_ROLE, ranks 0..n-1 are servers and the rest
-   workers (worker rank = rank - n).
+   workers (worker rank = rank - n). kvps_env_launched() tells whether a launcher started this
+   process: one of KVPS_ROLE, KVPS_SERVERS, KVPS_RANK, KVPS_RING_PEERS, OMPI_COMM_WORLD_RANK or
+   PMI_RANK is set (not empty), or SLURM_PROCID with SLURM_NTASKS > 1 (one task alone, e.g. a
+   batch script's, is not a job of several). A program that runs standalone or launched checks it.
 
    10. CONFIG MACROS
    KVPS_API        linkage of public functions (default extern; define as static for a private copy)
@@ -516,6 +519,7 @@ KVPS_API size_t kvps_codec_max_bytes(const kvps_codec *c, size_t n);
 KVPS_API void kvps_log_set_level(kvps_log_level level);
 KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user);
 KVPS_API kvps_result kvps_env_read(kvps_env *env);
+KVPS_API int kvps_env_launched(void);
 
 KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out);
 KVPS_API const char *kvps_server_endpoint(const kvps_server *s); /* resolved, e.g. port of '*' */
@@ -898,6 +902,17 @@ static int kvps__env_int(const char *name, int *out) {
     if (*end || v < 0 || v > 1 << 30) return -1;
     *out = (int)v;
     return 1;
+}
+
+KVPS_API int kvps_env_launched(void) {
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
+                                 "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return 1;
+    }
+    const char *nt = getenv("SLURM_NTASKS");
+    return getenv("SLURM_PROCID") && nt && atoi(nt) > 1;
 }
 
 KVPS_API kvps_result kvps_env_read(kvps_env *env) {

@@ -30,6 +30,7 @@
    min(servers, len / 1024 floats) slices) are compared with the same 1x1 raw ZeroMQ figures. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "bench/bench_pipe.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -204,27 +205,13 @@ static pid_t fork_server(int *ctl_w, int *ep_r) { /* parent: pid; child: 0 */
     return pid;
 }
 
-static void read_line(int fd, char *buf, size_t cap) {
-    size_t n = 0;
-    while (n + 1 < cap) {
-        ssize_t r = read(fd, buf + n, 1);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) die("server process", "ended before it sent its endpoints");
-        if (buf[n] == '\n') break;
-        n++;
-    }
-    buf[n] = 0;
-}
-
-static void write_all(int fd, const char *buf) {
-    size_t n = strlen(buf);
-    while (n) {
-        ssize_t r = write(fd, buf, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) die("write", strerror(errno));
-        buf += r;
-        n -= (size_t)r;
-    }
+/* the endpoint line(s) a server process sends up its pipe, into buf */
+static void read_endpoints(int fd, char *buf, size_t cap) {
+    char *str = read_str(fd);
+    if (!str) die("server process", "ended before it sent its endpoints");
+    if (strlen(str) >= cap) die("server process", "endpoint list too long");
+    strcpy(buf, str);
+    free(str);
 }
 
 static void raw_server_bind(raw_server *s) {
@@ -252,15 +239,13 @@ static void raw_server_up(raw_server *s, const char *buf) {
     s->ctl = ctl;
     if (s->pid == 0) {
         raw_server_bind(s);
-        char line[300];
-        snprintf(line, sizeof line, "%s\n", s->endpoint);
-        write_all(ep, line);
+        if (write_str(ep, s->endpoint) != 0) die("write", strerror(errno));
         raw_server_main(s);
         zmq_close(s->router);
         zmq_ctx_term(s->ctx);
         _exit(0);
     }
-    read_line(ep, s->endpoint, sizeof s->endpoint);
+    read_endpoints(ep, s->endpoint, sizeof s->endpoint);
     close(ep);
 }
 
@@ -356,16 +341,14 @@ static void kvps_servers_up(kcluster *k, int n, int noupdate) {
     k->pid = fork_server(&ctl, &ep);
     if (k->pid == 0) {
         kvps_servers_run(k, noupdate);
-        size_t len = strlen(k->servers);
-        snprintf(k->servers + len, sizeof k->servers - len, "\n");
-        write_all(ep, k->servers);
+        if (write_str(ep, k->servers) != 0) die("write", strerror(errno));
         char c;
         while (read(ctl, &c, 1) != 0 && errno == EINTR) {} /* EOF: the parent is done */
         for (int i = 0; i < n; i++) kvps_server_destroy(&k->srv[i]);
         _exit(0);
     }
     k->ctl = ctl;
-    read_line(ep, k->servers, sizeof k->servers);
+    read_endpoints(ep, k->servers, sizeof k->servers);
     close(ep);
 }
 

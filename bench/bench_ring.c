@@ -41,6 +41,7 @@
    MPI are oversubscribed; OpenMPI's ranks poll while they wait, kvps's sleep in zmq_poll. */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
+#include "bench/bench_pipe.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -279,36 +280,6 @@ static void bench_size(rank_ctx *c, const config *cf, int ci, const int *algos, 
     }
 }
 
-static int read_full(int fd, void *buf, size_t len) {
-    char *p = (char *)buf;
-    while (len) {
-        ssize_t g = read(fd, p, len);
-        if (g < 0 && errno == EINTR) continue;
-        if (g <= 0) return -1;
-        p += g;
-        len -= (size_t)g;
-    }
-    return 0;
-}
-
-static void write_str(int fd, const char *str) {
-    uint32_t len = (uint32_t)strlen(str);
-    if (write(fd, &len, sizeof len) != (ssize_t)sizeof len || write(fd, str, len) != (ssize_t)len)
-        die("write", strerror(errno));
-}
-
-static char *read_str(int fd) { /* malloc'ed, NULL at end of input */
-    uint32_t len;
-    char *str = NULL;
-    if (read_full(fd, &len, sizeof len) != 0 || len > (1u << 20) || !(str = (char *)malloc(len + 1)) ||
-        read_full(fd, str, len) != 0) {
-        free(str);
-        return NULL;
-    }
-    str[len] = 0;
-    return str;
-}
-
 static void rank_main(const config *cf, int rank, int n, int up, int down) {
     rank_ctx c;
     memset(&c, 0, sizeof c);
@@ -326,7 +297,7 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
                                 &c.rings[k]),
                "kvps_ring_create", &c);
         /* endpoint exchange through the parent: [u32 len][text] up, the list of all back down */
-        write_str(up, kvps_ring_endpoint(c.rings[k]));
+        if (write_str(up, kvps_ring_endpoint(c.rings[k])) != 0) die("write", strerror(errno));
     }
     c.r = c.rings[0];
     for (int k = 0; k < cf->nchunk; k++) {
@@ -447,7 +418,8 @@ static int run_kvps(const config *cf, int n) {
             free(ep);
         }
     for (int i = 0; i < n; i++) {
-        for (int k = 0; k < cf->nchunk; k++) write_str(down[i][1], peers[k]);
+        for (int k = 0; k < cf->nchunk; k++)
+            if (write_str(down[i][1], peers[k]) != 0) die("write", strerror(errno));
         close(down[i][1]);
     }
     for (int i = 1; i < n; i++) close(up[i][0]);

@@ -687,17 +687,6 @@ static int server_process(const opts *o, const kvps_env *env) {
 
 /* ---------------------------------------------------------------------------------------------
    main */
-static int under_launcher(void) {
-    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return 1;
-    }
-    /* srun: a task of several (one task alone, e.g. a batch script's, runs the whole job here) */
-    const char *nt = getenv("SLURM_NTASKS");
-    return getenv("SLURM_PROCID") && nt && atoi(nt) > 1;
-}
-
 static void on_alarm(int sig) {
     (void)sig;
     static const char msg[] = "ctr: timed out (--timeout)\n";
@@ -712,7 +701,7 @@ int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     alarm((unsigned)o.timeout_s);
 
-    if (under_launcher()) {
+    if (kvps_env_launched()) {
         kvps_env env;
         kvps_result r = kvps_env_read(&env);
         if (r != KVPS_OK) {

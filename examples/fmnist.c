@@ -1287,25 +1287,13 @@ static int run_local_ring(const opts *o, const dataset *train, const dataset *te
 
 /* ---------------------------------------------------------------------------------------------
    main */
-static int under_launcher(void) {
-    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
-                                 "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return 1;
-    }
-    /* srun: a task of several (one task alone, e.g. a batch script's, runs the whole job here) */
-    const char *nt = getenv("SLURM_NTASKS");
-    return getenv("SLURM_PROCID") && nt && atoi(nt) > 1;
-}
-
 int main(int argc, char **argv) {
     opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc != 0) return rc;
     static dataset train, test;
 
-    if (under_launcher() && o.mode == MODE_ALLREDUCE) { /* one ring rank per process, no server */
+    if (kvps_env_launched() && o.mode == MODE_ALLREDUCE) { /* one ring rank per process, no server */
         const char *role = getenv("KVPS_ROLE");
         if (role && strcmp(role, "server") == 0) {
             printf("fmnist: --mode allreduce needs no server; this one leaves (use kvps-run -s 0)\n");
@@ -1333,7 +1321,7 @@ int main(int argc, char **argv) {
         kvps_ring_destroy(&ring);
         return rc;
     }
-    if (under_launcher()) {
+    if (kvps_env_launched()) {
         kvps_env env;
         kvps_result r = kvps_env_read(&env);
         if (r != KVPS_OK) {

@@ -1695,6 +1695,31 @@ static void test_env(void) {
     for (int v = 0; v < 7; v++) unsetenv(bi_env_vars[v]);
 }
 
+/* kvps_env_launched: a launcher's variables, each alone, and srun's only with several tasks. */
+static void test_env_launched(void) {
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
+                                 "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS"};
+    enum { NV = sizeof vars / sizeof vars[0] };
+    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
+    KT_CHECK(kvps_env_launched() == 0, "nothing set: launched");
+    for (int v = 0; v < 6; v++) {
+        setenv(vars[v], "", 1);
+        KT_CHECK(kvps_env_launched() == 0, "%s empty: launched", vars[v]);
+        setenv(vars[v], "0", 1);
+        KT_CHECK(kvps_env_launched() == 1, "%s=0: not launched", vars[v]);
+        unsetenv(vars[v]);
+    }
+    setenv("SLURM_PROCID", "0", 1);
+    KT_CHECK(kvps_env_launched() == 0, "SLURM_PROCID without SLURM_NTASKS: launched");
+    setenv("SLURM_NTASKS", "1", 1);
+    KT_CHECK(kvps_env_launched() == 0, "one srun task: launched");
+    setenv("SLURM_NTASKS", "4", 1);
+    KT_CHECK(kvps_env_launched() == 1, "srun -n 4: not launched");
+    unsetenv("SLURM_PROCID");
+    KT_CHECK(kvps_env_launched() == 0, "SLURM_NTASKS alone: launched");
+    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
+}
+
 static void test_result_strings(void) {
 #define BI_STR(name, value, text)                                                                  \
     KT_CHECK(strncmp(kvps_result_str(name), #name ": ", strlen(#name) + 2) == 0 &&                 \
@@ -1720,6 +1745,7 @@ int main(void) {
     BI_RUN1(test_server_bad_desc);
     BI_RUN1(test_worker_bad_desc);
     BI_RUN1(test_env);
+    BI_RUN1(test_env_launched);
     BI_RUN1(test_result_strings);
     return kt_finish();
 }
