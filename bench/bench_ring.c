@@ -70,7 +70,7 @@ static const coll_info colls[] = {
 };
 enum { NCOLLS = sizeof colls / sizeof colls[0] };
 
-static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier"};
+static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
 
 static double bus_factor(int busf, int n) {
     return busf == 2 ? 2.0 * (n - 1) / n : busf == 1 ? (double)(n - 1) / n : 1.0;
@@ -732,7 +732,8 @@ static int add_coll(const char *t, void *a) {
 }
 static int add_algo(const char *t, void *a) {
     config *cf = (config *)a;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 6; i++)
+        if (i != KVPS_ALGO_HIER)
         if (strcmp(t, algo_names[i]) == 0 && cf->nalgo < MAX_LIST) { cf->algo[cf->nalgo++] = i; return 0; }
     return -1;
 }

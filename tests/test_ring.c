@@ -23,7 +23,7 @@
 enum { MAXR = 8 };
 static const char *DT_NAME[6] = {"f32", "f64", "i32", "i64", "f16", "bf16"};
 static const char *OP_NAME[5] = {"sum", "prod", "min", "max", "avg"};
-static const char *ALGO_NAME[5] = {"auto", "ring", "biring", "rd", "hier"};
+static const char *ALGO_NAME[6] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -576,7 +576,7 @@ static void t_barrier(rk *x, int rounds) {
 /* The matrix */
 
 typedef struct suite_cfg {
-    kvps_ring_algo algos[5];
+    kvps_ring_algo algos[6];
     int nalgo;
     int others;   /* run the other collectives too */
     int thin;     /* quick mode: a stride through the dtype x op x count cross product */
@@ -640,7 +640,7 @@ static int matrix_size_included(int k) { return !kt_quick() || k <= 3 || k == 5 
 
 /* Default pieces (RD for everything here under AUTO; trees for reduce and broadcast). */
 static void test_matrix_default(void) {
-    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD}, 4, 1, kt_quick() ? 5 : 0};
+    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD}, 5, 1, kt_quick() ? 5 : 0};
     for (int k = 1; k <= MAXR; k++)
         if (matrix_size_included(k)) run_suite("default", k, &c, 0, 0, NULL);
 }
@@ -648,7 +648,7 @@ static void test_matrix_default(void) {
 /* 64-byte pieces and a 256-byte small limit: many pieces per block, AUTO picks the ring
    algorithms, reduce and broadcast take their large-message paths. */
 static void test_matrix_pipelined(void) {
-    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD}, 4, 1, kt_quick() ? 11 : 0};
+    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD}, 5, 1, kt_quick() ? 11 : 0};
     for (int k = 1; k <= MAXR; k++)
         if (matrix_size_included(k)) run_suite("pipelined", k, &c, 64, 256, NULL);
 }
@@ -677,6 +677,8 @@ static void zc_main(rk *x) {
         t_allreduce(x, KVPS_FLOAT32, KVPS_MAX, big, KVPS_ALGO_RING, place);
         t_allreduce(x, KVPS_FLOAT64, KVPS_SUM, big, KVPS_ALGO_BIRING, place);
         t_allreduce(x, KVPS_INT64, KVPS_PROD, mid, KVPS_ALGO_RD, place);
+        t_allreduce(x, KVPS_FLOAT32, KVPS_SUM, big, KVPS_ALGO_RHD, place);
+        t_allreduce(x, KVPS_INT32, KVPS_MIN, big, KVPS_ALGO_RHD, place);
         t_allreduce(x, KVPS_BFLOAT16, KVPS_SUM, big, KVPS_ALGO_AUTO, place);
         t_allreduce(x, KVPS_FLOAT16, KVPS_MIN, big, KVPS_ALGO_BIRING, place);
         t_allreduce(x, KVPS_FLOAT32, KVPS_AVG, big, KVPS_ALGO_AUTO, place);
@@ -710,6 +712,8 @@ static void run_team(const char *label, void (*fn)(rk *), int k, int tcp, int ti
 static void test_zero_copy_sizes(void) {
     run_team("zero-copy", zc_main, 2, 0, 20000, NULL);
     run_team("zero-copy", zc_main, 3, 0, 20000, NULL);
+    run_team("zero-copy", zc_main, 4, 0, 20000, NULL); /* RHD's halving and doubling */
+    if (!kt_quick()) run_team("zero-copy-tcp", zc_main, 4, 1, 20000, NULL);
     if (!kt_quick()) run_team("zero-copy", zc_main, 5, 0, 20000, NULL);
     if (!kt_quick()) run_team("zero-copy-tcp", zc_main, 3, 1, 20000, NULL);
     /* HIER's reduce, leader ring and chain broadcast on big messages */
@@ -719,9 +723,10 @@ static void test_zero_copy_sizes(void) {
 /* AVG divides the sum by the number of ranks once, also when the ring's last pieces went out
    without a copy: every dtype, ring, bidirectional ring, AUTO and HIER, inproc and TCP. */
 static void avg_zc_main(rk *x) {
-    kvps_ring_algo algos[3] = {KVPS_ALGO_RING, KVPS_ALGO_BIRING, x->t->base.groups ? KVPS_ALGO_HIER : KVPS_ALGO_AUTO};
+    kvps_ring_algo algos[4] = {KVPS_ALGO_RING, KVPS_ALGO_BIRING, x->t->base.groups ? KVPS_ALGO_HIER : KVPS_ALGO_AUTO,
+                               KVPS_ALGO_RHD};
     for (int dt = 0; dt < 6; dt++)
-        for (int a = 0; a < 3; a++) t_allreduce(x, (kvps_dtype)dt, KVPS_AVG, 100003, algos[a], (dt + a) % 3);
+        for (int a = 0; a < 4; a++) t_allreduce(x, (kvps_dtype)dt, KVPS_AVG, 100003, algos[a], (dt + a) % 3);
 }
 
 static void test_avg_zero_copy(void) {
@@ -1329,7 +1334,7 @@ static void badarg_main(rk *x) {
             {"run op NULL", kvps_ring_run(r, NULL)},
             {"run coll 0", kvps_ring_run(r, &(kvps_ring_op){.coll = (kvps_coll)0, .recv = g, .count = 1})},
             {"run coll 10", kvps_ring_run(r, &(kvps_ring_op){.coll = (kvps_coll)10, .recv = g, .count = 1})},
-            {"run algo 5", kvps_ring_run(r, &(kvps_ring_op){.coll = KVPS_COLL_ALLREDUCE, .recv = g, .count = 1, .algo = (kvps_ring_algo)5})},
+            {"run algo 6", kvps_ring_run(r, &(kvps_ring_op){.coll = KVPS_COLL_ALLREDUCE, .recv = g, .count = 1, .algo = (kvps_ring_algo)6})},
             {"post out NULL", kvps_ring_post(r, &(kvps_ring_op){.coll = KVPS_COLL_ALLREDUCE, .recv = g, .count = 1}, NULL)},
             {"post ring NULL", kvps_ring_post(NULL, &(kvps_ring_op){.coll = KVPS_COLL_ALLREDUCE, .recv = g, .count = 1}, &req)},
             {"wait ring NULL", kvps_ring_wait(NULL, 1, 0)},
@@ -1372,7 +1377,7 @@ static void test_bad_desc(void) {
         {"rank = size", {.rank = 2, .size = 2, .bind = "inproc://bd"}, KVPS_ERR_CONFIG},
         {"size 65536", {.rank = 0, .size = 65536, .bind = "inproc://bd"}, KVPS_ERR_CONFIG},
         {"timeout -1", {.rank = 0, .size = 2, .bind = "inproc://bd", .timeout_ms = -1}, KVPS_ERR_CONFIG},
-        {"algo 5", {.rank = 0, .size = 2, .bind = "inproc://bd", .algo = (kvps_ring_algo)5}, KVPS_ERR_CONFIG},
+        {"algo 6", {.rank = 0, .size = 2, .bind = "inproc://bd", .algo = (kvps_ring_algo)6}, KVPS_ERR_CONFIG},
         {"no peers, no bind", {.rank = 0, .size = 2}, KVPS_ERR_CONFIG},
         {"3 peers for 2 ranks", {.rank = 0, .size = 2, .peers = "inproc://x0,inproc://x1,inproc://x2"}, KVPS_ERR_CONFIG},
         {"1 peer for 2 ranks", {.rank = 0, .size = 2, .peers = "inproc://x0"}, KVPS_ERR_CONFIG},

@@ -75,10 +75,10 @@ static kvps_result wire_body(rank_job *j, kvps_ring *r) {
 
 static void test_wire_allreduce(void) {
     size_t ns[] = {0, 1, 7, 1000, 70001};
-    int algos[] = {KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_AUTO};
+    int algos[] = {KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_AUTO, KVPS_ALGO_RHD};
     int wires[] = {KVPS_FLOAT16, KVPS_BFLOAT16};
     for (int w = 0; w < 2; w++)
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < 5; a++)
             for (int k = 1; k <= MAXK; k++)
                 for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
                     if (kt_quick() && ns[c] > 1000) continue;
