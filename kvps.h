@@ -64,8 +64,13 @@
    server mix64(k) mod n. A named tensor is registered once per worker with kvps_worker_tensor;
    it is cut into min(n, ceil(len / min_slice)) slices of equal size (+-1 element), slice i on
    server (h + i) mod n where h = hash(name) mod n, so each server holds about 1/n of every
-   large tensor's bytes. Slice keys have bit 63 set (reserved for tensors). Every worker must use
-   the same server list (same order) and the same min_slice.
+   large tensor's bytes. Where those slices would be longer than max_slice, the tensor is cut
+   into the next multiple of n slices that are not (at most len, at most 65536), so every server
+   still holds as many: a server then sums or sends one piece while the next is on the wire
+   (BytePS cuts at 4 MB too; measured in BENCHMARKS.md). A push, pull or pushpull of such a
+   tensor sends one message per slice, all in flight at once, and is still one request. Slice
+   keys have bit 63 set (reserved for tensors). Every worker must use the same server list
+   (same order), min_slice and max_slice.
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
@@ -409,6 +414,7 @@ typedef struct kvps_server_stats {
    | num_workers   | 0 = unchecked; else rank must be below it |
    | timeout_ms    | 10000 (used when a call passes -1)        |
    | min_slice     | 1024 floats: tensors are cut into slices no smaller than this |
+   | max_slice     | 1 Mi floats (4 MiB): larger slices are cut again (see TENSORS) |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
    | zmq_ctx       | a context of its own                      |
    | io_threads    | 1 (own context only)                      |
@@ -422,6 +428,7 @@ typedef struct kvps_worker_desc {
     int num_workers;
     int timeout_ms;
     size_t min_slice;
+    size_t max_slice;
     size_t zerocopy_min;
     void *zmq_ctx;
     int io_threads;
@@ -3275,6 +3282,9 @@ typedef struct kvps__req {
     struct kvps_view *view; /* zero-copy tensor pull: replies are kept, not copied */
     zmq_msg_t (*kept)[2];   /* per server: the frames sent, kept until its reply to re-send them */
     uint8_t *nkept;
+    uint64_t next;       /* a tensor op with more slices than servers goes out in rounds of at most one
+                            slice per server, chained: the next round's request, 0 for the last */
+    uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
 } kvps__req;
 
 typedef struct kvps__vpart {
@@ -3366,6 +3376,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc = *desc;
     w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
+    w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 20);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
     kvps_result r = KVPS_OK;
     w->n = kvps__split(desc->servers, &w->endpoints);
@@ -3723,9 +3734,13 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
         w->tensors = nt;
         w->cap_tensors = nc;
     }
-    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice;
-    if (ns > (uint64_t)w->n) ns = (uint64_t)w->n;
+    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice, n = (uint64_t)w->n;
+    if (ns > n) ns = n;
     if (ns < 1) ns = 1;
+    uint64_t pieces = (len + w->desc.max_slice - 1) / w->desc.max_slice;
+    if (pieces > ns) ns = (pieces + n - 1) / n * n; /* a multiple of n: the servers stay even */
+    if (ns > 65536) ns = 65536 - 65536 % n;           /* the slice index has 16 bits in the key */
+    if (ns > len) ns = len;
     kvps__tensor_info *t = &w->tensors[w->ntensors];
     memset(t, 0, sizeof *t);
     t->name = (char *)malloc(strlen(name) + 1);
@@ -3756,31 +3771,44 @@ KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
     return (w && t >= 0 && t < w->ntensors) ? w->tensors[t].nslices : 0;
 }
 
-/* A tensor's slices sit on distinct servers, so each message carries one contiguous slice. */
-static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
-                                   kvps_view *view, kvps_req *out) {
-    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    kvps__tensor_info *t = &w->tensors[ti];
-    kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? t->nslices : 0);
+/* Links round q of a chained request after *last (the first becomes *head); a round with nothing
+   in flight is dropped. r: how sending q went. */
+static kvps_result kvps__chain_link(kvps_worker *w, kvps__req **head, kvps__req **last, kvps__req *q, kvps_result r) {
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    if (*last) (*last)->next = q->id;
+    else *head = q;
+    *last = q;
+    return r;
+}
+
+/* The caller's handle for a chain: its first round, which carries the error of a round that
+   could not go out. Nothing in flight: the error itself. */
+static kvps_result kvps__chain_out(kvps__req *head, kvps_result r, kvps_req *out) {
+    if (!head) return r;
+    if (r != KVPS_OK && head->status == KVPS_OK) head->status = r;
+    *out = head->id;
+    return KVPS_OK;
+}
+
+/* One round of a tensor op: slices [i0, i1), on distinct servers, one message each. */
+static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info *t, uint32_t i0, uint32_t i1,
+                                      const float *vals, float *dst, kvps_view *view, kvps__req **out) {
+    kvps__req *q = *out = kvps__req_new(w, kvps__op_pulls(op) ? i1 - i0 : 0);
     if (!q) return KVPS_ERR_NOMEM;
-    if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
-        for (uint32_t i = 0; i < t->nslices; i++)
-            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) { kvps__req_end(w, q); return KVPS_ERR_NOMEM; }
-    }
     q->view = view;
-    /* dest index of slice i is i; dbegin[s] points at the slice on server s */
+    q->vbase = i0;
+    /* dest index of slice i is i - i0; dbegin[s] points at the slice on server s */
     memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
     kvps_result r = KVPS_OK;
     int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
     q->tensor = t;
     q->coded_pull = t->has_pull && kvps__op_pulls(op);
     if (q->coded_pull) q->pull_c = t->pull_c;
-    for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
+    for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
         int s = t->server[i];
-        q->dbegin[s] = i;
-        if (q->dest) { q->dest[i].ptr = view ? view->part[i].own : dst + t->off[i]; q->dest[i].len = t->slen[i]; }
+        q->dbegin[s] = i - i0;
+        if (q->dest) { q->dest[i - i0].ptr = view ? view->part[i].own : dst + t->off[i]; q->dest[i - i0].len = t->slen[i]; }
         if (view) { view->part[i].off = t->off[i]; view->part[i].len = t->slen[i]; view->part[i].data = view->part[i].own; }
         kvps__kent e = {t->keys[i], t->slen[i]};
         const float *vp = vals ? vals + t->off[i] : NULL;
@@ -3792,13 +3820,33 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
             t->st.push_wire_bytes += wire;
         }
     }
+    q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
+    return r;
+}
+
+/* A tensor op goes out in rounds of at most one slice per server (one round unless the tensor
+   has more slices than servers, see max_slice); every round's messages are in flight at once. */
+static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
+                                   kvps_view *view, kvps_req *out) {
+    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps__tensor_info *t = &w->tensors[ti];
+    if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
+        for (uint32_t i = 0; i < t->nslices; i++)
+            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) return KVPS_ERR_NOMEM;
+    }
+    kvps__req *head = NULL, *last = NULL;
+    kvps_result r = KVPS_OK;
+    for (uint32_t i0 = 0; i0 < t->nslices && r == KVPS_OK; i0 += (uint32_t)w->n) {
+        uint32_t i1 = t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
+        kvps__req *q;
+        r = kvps__tensor_round(w, op, t, i0, i1, vals, dst, view, &q);
+        if (q) r = kvps__chain_link(w, &head, &last, q, r);
+    }
     if (kvps__op_has_values(op) && op != KVPS__OP_INIT) t->st.pushes++;
     if (kvps__op_pulls(op)) t->st.pulls++;
-    q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r;
-    *out = q->id;
-    return KVPS_OK;
+    return kvps__chain_out(head, r, out);
 }
 
 KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
@@ -3891,9 +3939,12 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
     if (r != KVPS_OK) return (unsigned)o->rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
     kvps__tensor_info *t = &w->tensors[ti];
-    kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return KVPS_ERR_NOMEM;
+    kvps__req *head = NULL, *last = NULL, *q = NULL;
     for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
+        if (i % (uint32_t)w->n == 0) { /* a round: at most one slice per server */
+            if (q) kvps__chain_link(w, &head, &last, q, KVPS_OK);
+            if (!(q = kvps__req_new(w, 0))) { r = KVPS_ERR_NOMEM; break; }
+        }
         kvps__hdr h;
         memset(&h, 0, sizeof h);
         h.magic = KVPS__MAGIC;
@@ -3914,10 +3965,8 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
         q->sent++;
         q->state[t->server[i]] = 1;
     }
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r;
-    *out = q->id;
-    return KVPS_OK;
+    if (q) r = kvps__chain_link(w, &head, &last, q, r);
+    return kvps__chain_out(head, r, out);
 }
 
 KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms) {
@@ -4181,7 +4230,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
     const char *src = (const char *)zmq_msg_data(&fr[1]);
     if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
-        kvps__vpart *p = &q->view->part[b];
+        kvps__vpart *p = &q->view->part[q->vbase + b];
         if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
             zmq_msg_move(&p->msg, &fr[1]);
             p->data = (const float *)zmq_msg_data(&p->msg);
@@ -4305,6 +4354,26 @@ static int kvps__req_done(kvps__req *q) {
     return q->pending == 0 && __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1;
 }
 
+/* The first round of a chained request that is still busy; NULL when all are done. */
+static kvps__req *kvps__chain_busy(kvps_worker *w, kvps__req *q) {
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
+        if (!kvps__req_done(q)) return q;
+    return NULL;
+}
+
+/* Ends every round of a finished request; its result is the first error among them. */
+static kvps_result kvps__chain_end(kvps_worker *w, kvps__req *q) {
+    kvps_result r = KVPS_OK;
+    while (q) {
+        kvps__req *nx = q->next ? kvps__req_get(w, q->next) : NULL;
+        if (r == KVPS_OK) r = q->status;
+        kvps__req_finish(q);
+        kvps__req_end(w, q);
+        q = nx;
+    }
+    return r;
+}
+
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (!w || !done) return KVPS_ERR_INVALID_ARG;
     *done = 0;
@@ -4312,12 +4381,9 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (!q) return KVPS_ERR_INVALID_REQ;
     kvps_result r = kvps__progress(w, 0);
     if (r != KVPS_OK) return r;
-    if (!kvps__req_done(q)) return KVPS_OK;
+    if (kvps__chain_busy(w, q)) return KVPS_OK;
     *done = 1;
-    r = q->status;
-    kvps__req_finish(q);
-    kvps__req_end(w, q);
-    return r;
+    return kvps__chain_end(w, q);
 }
 
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
@@ -4328,39 +4394,37 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
         if (r != KVPS_OK) return r;
-        if (kvps__req_done(q)) break;
+        kvps__req *c = kvps__chain_busy(w, q); /* the round to report on */
+        if (!c) break;
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
             kvps__watch(w); /* the latest connection state decides which error this is */
             for (int s = 0; s < w->n; s++)
-                if (q->state[s] == 1 && w->refused[s]) {
+                if (c->state[s] == 1 && w->refused[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) refused the handshake: check the CURVE keys (ours must be listed, "
                              "curve_server_keys must be its public key)", s, w->endpoints[s]);
                     return KVPS_ERR_AUTH;
                 }
             for (int s = 0; s < w->n; s++)
-                if (q->state[s] == 1 && w->down[s]) {
+                if (c->state[s] == 1 && w->down[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
                              s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
                     return KVPS_ERR_PEER_LOST;
                 }
             snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
-                     q->pending, q->sent);
+                     c->pending, c->sent);
             return KVPS_ERR_TIMEOUT;
         }
-        if (q->pending > 0) {
+        if (c->pending > 0) {
             r = kvps__progress(w, left);
             if (r != KVPS_OK) return r;
         } else {
             sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
         }
     }
-    kvps_result r = q->status;
-    kvps__req_finish(q);
-    kvps__req_end(w, q);
-    return r;
+    return kvps__chain_end(w, q);
 }
 
 // >>codec

@@ -29,7 +29,7 @@ typedef struct job {
     void *ctx;
     int rank, m, rounds, ntensors;
     const size_t *lens;
-    size_t min_slice;
+    size_t min_slice, max_slice;
     int failures;
     char why[256];
 } job;
@@ -39,7 +39,7 @@ static void *worker_main(void *arg) {
     kvps_worker *w = NULL;
     kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank,
                                                             .num_workers = j->m, .zmq_ctx = j->ctx,
-                                                            .min_slice = j->min_slice,
+                                                            .min_slice = j->min_slice, .max_slice = j->max_slice,
                                                             .timeout_ms = 30000},
                                        &w);
     if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); j->failures++; return NULL; }
@@ -83,6 +83,8 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+static size_t g_max_slice; /* 0: the default */
+
 static int run_threads(const char *transport, int n, int m, const size_t *lens, int ntensors, int rounds,
                        size_t min_slice) {
     kt_cluster c;
@@ -95,7 +97,8 @@ static int run_threads(const char *transport, int n, int m, const size_t *lens, 
     pthread_t th[8];
     for (int r = 0; r < m; r++) {
         jobs[r] = (job){.servers = c.servers, .ctx = c.ctx, .rank = r, .m = m, .rounds = rounds,
-                        .ntensors = ntensors, .lens = lens, .min_slice = min_slice};
+                        .ntensors = ntensors, .lens = lens, .min_slice = min_slice,
+                        .max_slice = g_max_slice};
         pthread_create(&th[r], NULL, worker_main, &jobs[r]);
     }
     int fails = 0;
@@ -128,6 +131,113 @@ static void test_large_tensor(void) {
     /* 64 MB of float32 (16M floats), 2 servers x 2 workers on loopback TCP. */
     size_t lens[1] = {kt_quick() ? (size_t)1 << 20 : (size_t)16 << 20};
     KT_CHECK(run_threads("tcp", 2, 2, lens, 1, 1, 0) == 0, "64 MB tensor");
+}
+
+/* Tensors whose slices would pass max_slice are cut into more slices, a multiple of n, and each
+   op goes out in rounds of one slice per server, all in flight: BSP sums stay exact with 1..13
+   slices per server, pushes and pulls of several tensors interleaved. */
+static void test_pieces_sums(void) {
+    g_max_slice = 1000;
+    size_t lens[6] = {1, 999, 1000, 1001, 10007, 65537};
+    for (int n = 1; n <= 3; n++)
+        for (int m = 1; m <= 3; m += 2) {
+            int f = run_threads("inproc", n, m, lens, 6, 3, 8);
+            KT_CHECK(f == 0, "n=%d m=%d: %d workers failed", n, m, f);
+        }
+    size_t big[2] = {10007, 262147};
+    KT_CHECK(run_threads("tcp", 2, 2, big, 2, 2, 0) == 0, "tcp 2x2");
+    g_max_slice = 0;
+}
+
+/* Slices of a cut tensor, seen through a zero-copy pull: they cover it in order, each at most
+   max_slice (unless there are as many slices as elements), lengths within one element, a
+   multiple of n of them (so every server holds as many), and no fewer slices would do. */
+static void test_pieces_layout(void) {
+    size_t maxs[3] = {1, 7, 1000}, lens[6] = {1, 5, 999, 1001, 2500, 10007};
+    for (int n = 1; n <= 4; n++) {
+        kt_cluster c;
+        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+        for (int mi = 0; mi < 3; mi++) {
+            kvps_worker *w = NULL;
+            KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx, .min_slice = 1,
+                                                         .max_slice = maxs[mi]}, &w));
+            for (int li = 0; li < 6; li++) {
+                size_t len = lens[li], ms = maxs[mi];
+                char name[32];
+                snprintf(name, sizeof name, "p%zu.%zu", len, ms);
+                kvps_tensor t;
+                kvps_req q;
+                float *g = (float *)calloc(len, sizeof(float));
+                KT_OK(kvps_worker_tensor(w, name, len, &t));
+                KT_OK(kvps_worker_init_tensor(w, t, g, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                kvps_view *v = NULL;
+                KT_OK(kvps_worker_pull_tensor_view(w, t, &v, &q));
+                KT_OK(kvps_worker_wait(w, q, -1));
+                size_t ns = kvps_worker_tensor_slices(w, t), covered = 0, lo = (size_t)-1, hi = 0;
+                KT_CHECK(kvps_view_parts(v) == ns, "n=%d len %zu: %zu parts, %zu slices", n, len, kvps_view_parts(v), ns);
+                for (size_t p = 0; p < kvps_view_parts(v); p++) {
+                    size_t off = 0, plen = 0;
+                    kvps_view_part(v, p, &off, &plen);
+                    KT_CHECK(off == covered, "n=%d len %zu part %zu at %zu", n, len, p, off);
+                    covered += plen;
+                    if (plen < lo) lo = plen;
+                    if (plen > hi) hi = plen;
+                }
+                KT_CHECK(covered == len && hi - lo <= 1, "n=%d len %zu: covered %zu, lengths %zu..%zu", n, len, covered, lo, hi);
+                KT_CHECK(hi <= ms || ns == len, "n=%d len %zu max %zu: a slice of %zu in %zu", n, len, ms, hi, ns);
+                size_t fewer = ns > (size_t)n ? ns - (size_t)n : 0; /* the next smaller multiple of n */
+                KT_CHECK(ns <= (size_t)n || fewer == 0 || (len + fewer - 1) / fewer > ms,
+                         "n=%d len %zu max %zu: %zu slices, %zu would do", n, len, ms, ns, fewer);
+                KT_CHECK(ns <= (size_t)n || ns == len || ns % (size_t)n == 0, "n=%d len %zu: %zu slices, not a multiple",
+                         n, len, ns);
+                kvps_view_release(&v);
+                free(g);
+            }
+            kvps_worker_destroy(&w);
+        }
+        kt_cluster_down(&c);
+    }
+}
+
+/* Optimizers on a cut tensor: the CONFIG goes to every slice (two rounds per server here), and
+   momentum SGD over three async pushes equals the same updates done one at a time here. */
+static void test_pieces_optim(void) {
+    enum { LEN = 10007, NP = 3 };
+    kt_cluster c;
+    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .consistency = KVPS_ASYNC});
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .max_slice = 2000}, &w));
+    kvps_tensor t;
+    kvps_req q[NP];
+    KT_OK(kvps_worker_tensor(w, "m", LEN, &t));
+    KT_CHECK(kvps_worker_tensor_slices(w, t) == 6, "%zu slices", kvps_worker_tensor_slices(w, t));
+    kvps_optim o = {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0};
+    KT_OK(kvps_worker_tensor_optim(w, t, &o, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    float *w0 = (float *)malloc(LEN * sizeof(float)), *g = (float *)malloc((size_t)NP * LEN * sizeof(float));
+    float *ref = (float *)malloc(LEN * sizeof(float)), *v = (float *)calloc(LEN, sizeof(float));
+    float *got = (float *)malloc(LEN * sizeof(float));
+    uint64_t seed = 5;
+    for (int i = 0; i < LEN; i++) ref[i] = w0[i] = kt_randf(&seed);
+    for (int i = 0; i < NP * LEN; i++) g[i] = kt_randf(&seed);
+    KT_OK(kvps_worker_init_tensor(w, t, w0, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    for (int p = 0; p < NP; p++) KT_OK(kvps_worker_push_tensor(w, t, g + (size_t)p * LEN, &q[p]));
+    for (int p = 0; p < NP; p++) KT_OK(kvps_worker_wait(w, q[p], -1));
+    KT_OK(kvps_worker_pull_tensor(w, t, got, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    for (int p = 0; p < NP; p++)
+        for (int i = 0; i < LEN; i++) {
+            v[i] = o.momentum * v[i] + g[(size_t)p * LEN + i];
+            ref[i] -= o.lr * v[i];
+        }
+    int bad = 0;
+    for (int i = 0; i < LEN; i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
+    KT_CHECK(bad == 0, "%d of %d values differ from one update at a time", bad, LEN);
+    kvps_worker_destroy(&w);
+    kt_cluster_down(&c);
+    free(w0); free(g); free(ref); free(v); free(got);
 }
 
 static void test_balance(void) {
@@ -391,6 +501,9 @@ int main(void) {
     KT_RUN(test_barrier_and_pull_waits);
     KT_RUN(test_inflight_and_test);
     KT_RUN(test_balance);
+    KT_RUN(test_pieces_sums);
+    KT_RUN(test_pieces_layout);
+    KT_RUN(test_pieces_optim);
     KT_RUN(test_pull_view);
     KT_RUN(test_processes);
     KT_RUN(test_matrix_inproc);
