@@ -1,6 +1,7 @@
 /* bench_pushpull - kvps push, pull and push+pull round trip against raw ZeroMQ, same run.
 
    usage: bench_pushpull [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]
+                         [--max-slice FLOATS]
 
    Over tcp://127.0.0.1 (ephemeral ports). Each server side (the raw ROUTER, and each kvps
    configuration's servers) runs in a process of its own, forked at the start; the clients (raw
@@ -187,6 +188,7 @@ static void raw_drain_zc(raw_client *c) { /* kvps's wait also waits for this */
    parent makes any ZeroMQ context, as a deployment runs it; it sends its endpoints up a pipe and
    ends when the parent closes the pipe it reads (kvps) or sends OP_QUIT (raw). */
 static int g_procs = 1;
+static size_t g_max_slice; /* --max-slice: kvps_worker_desc.max_slice (0: the default) */
 
 static pid_t fork_server(int *ctl_w, int *ep_r) { /* parent: pid; child: 0 */
     int ep[2], ctl[2];
@@ -364,7 +366,7 @@ static void kvps_servers_up(kcluster *k, int n, int noupdate) {
 
 static void kvps_worker_up(kcluster *k, int nsizes) {
     kcheck(kvps_worker_create(&(kvps_worker_desc){.servers = k->servers, .rank = 0, .num_workers = 1,
-                                                  .timeout_ms = 120000}, &k->w),
+                                                  .timeout_ms = 120000, .max_slice = g_max_slice}, &k->w),
            "kvps_worker_create", NULL);
     for (int i = 0; i < nsizes; i++) {
         char name[32];
@@ -516,12 +518,15 @@ static void print_row(int csv, const char *peer, const char *upd, int srv, size_
 
 static void usage(const char *argv0) {
     fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]\n"
+                    "          [--max-slice FLOATS]\n"
                     "  --quick      skip 64 MB values\n"
                     "  --only B     measure one of the sizes only (4096 65536 1048576 16777216 67108864)\n"
                     "  --csv        print CSV rows instead of the table\n"
                     "  --reps N     repetitions per figure, odd, at most 15 (default 5); medians are reported\n"
                     "  --one-process  servers as threads of this process (default: a process per server side)\n"
-                    "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n", argv0);
+                    "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n"
+                    "  --max-slice F  kvps_worker_desc.max_slice in floats (default 1048576 = 4 MiB; 268435456:\n"
+                    "               a value is never cut beyond one slice per server, as before it existed)\n", argv0);
     exit(2);
 }
 
@@ -532,6 +537,12 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--csv") == 0) csv = 1;
         else if (strcmp(argv[i], "--one-process") == 0) g_procs = 0;
+        else if (strcmp(argv[i], "--max-slice") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            unsigned long long f = strtoull(argv[++i], &end, 10);
+            if (*end || f == 0) usage(argv[0]);
+            g_max_slice = (size_t)f;
+        }
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
             if (g_reps < 1 || g_reps > MAX_REP || g_reps % 2 == 0) usage(argv[0]);
