@@ -3,6 +3,7 @@
 #
 # usage: bench/ethernet.sh [--rate 1gbit|10gbit|RATE] [--hosts N] [--host-file F] [--quick]
 #                          [--bytes B] [--tensors K] [--steps N] [--only 1,2,...] [--out DIR]
+#                          [--max-slice F]
 #                          [--remote-dir D]
 #
 # Emulated (default; root): one network namespace per host, each joined to a bridge by a veth
@@ -39,6 +40,12 @@
 # in flight at once, so that one tensor's pull overlaps the next one's push: with one tensor,
 # sharded servers on full-duplex links fall into taking turns on each link direction. Steps: 7 timed after 2 warm-up (--quick:
 # 3 after 1, at most 4 hosts). The default run takes 2-4 minutes.
+# --max-slice F (floats, passed to ps_peer's workers) defaults to 268435456 here: a tensor is cut
+# into at most one slice per server, so that a step is the notes' "all pushes, then all pulls".
+# kvps's own default (1048576 = 4 MiB) cuts a 16 MiB model into 4 MiB slices that go out one
+# message each, so one slice's pull overlaps the next one's push and a one-server step takes
+# about 1.3 T instead of 2 T: faster than the notes' arithmetic, which the claims then miss.
+# Pass --max-slice 1048576 to measure that.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 
@@ -48,6 +55,7 @@ usage() {
 }
 
 rate=1gbit hosts=8 host_file="" quick=0 bytes="" steps="" tensors=16 only="1,2,3,4,5" outdir=bench/results remote_dir=$PWD
+max_slice=268435456
 while [ $# -gt 0 ]; do
     case "$1" in
         --rate) rate=${2:?}; shift 2;;
@@ -56,6 +64,7 @@ while [ $# -gt 0 ]; do
         --quick) quick=1; shift;;
         --bytes) bytes=${2:?}; shift 2;;
         --tensors) tensors=${2:?}; shift 2;;
+        --max-slice) max_slice=${2:?}; shift 2;;
         --steps) steps=${2:?}; shift 2;;
         --only) only=${2:?}; shift 2;;
         --out) outdir=${2:?}; shift 2;;
@@ -226,7 +235,7 @@ declare -A R_MED R_LO R_HI R_WIRE R_RAW R_CPU
 run_ps() {
     local t=$1 sh=($2) wh=($3) servers="" k spids=() wpids=() rc=0 c0 errs=(); shift 3
     for k in "${sh[@]}"; do servers+="${servers:+,}tcp://${ADDR[k]}:5555"; done
-    local args=(--bytes "$bytes" --tensors 1 --steps "$steps" --warmup "$warmup" --tag "$t" "$@")
+    local args=(--bytes "$bytes" --tensors 1 --steps "$steps" --warmup "$warmup" --max-slice "$max_slice" --tag "$t" "$@")
     cpu_mark
     for k in "${!sh[@]}"; do
         start_on "${sh[k]}" "$work/$t.s$k.out" "$work/$t.s$k.err" env KVPS_ROLE=server KVPS_RANK=$k \
@@ -301,8 +310,8 @@ mode="emulated: $nh network namespaces on a bridge, tbf $rate burst $burst laten
 [ -n "$host_file" ] && mode="real hosts from $host_file over ssh (no shaping; nominal link $rate)"
 say "# bench/ethernet.sh --rate %s --hosts %s%s%s\n# %s\n" "$rate" "$hosts" "${host_file:+ --host-file $host_file}" \
     "$( [ $quick = 1 ] && echo ' --quick')" "$mode"
-say "# model S = %s bytes (%.2f MiB) float32, %s timed steps after %s warm-up; %s vCPUs here\n" \
-    "$bytes" "$(pf "\"%.2f\", $bytes / 1048576")" "$steps" "$warmup" "$(nproc)"
+say "# model S = %s bytes (%.2f MiB) float32, %s timed steps after %s warm-up; max_slice %s floats; %s vCPUs here\n" \
+    "$bytes" "$(pf "\"%.2f\", $bytes / 1048576")" "$steps" "$warmup" "$max_slice" "$(nproc)"
 say "# cpu%% = OURS/ALL: share of the %s CPUs used by this run's processes / busy with anything (other work too)\n" "$(nproc)"
 
 link=$(measure_link)

@@ -3,7 +3,7 @@
    workers can run on different hosts or network namespaces (bench/ethernet.sh).
 
    usage: ps_peer [--bytes B] [--steps N] [--warmup W] [--codec none|fp16|topk|topk+fp16]
-                  [--topk FRACTION] [--tensors K] [--timeout MS] [--tag TEXT]
+                  [--topk FRACTION] [--tensors K] [--timeout MS] [--tag TEXT] [--max-slice F]
           ps_peer --link-recv PORT [--bytes B]        (plain TCP sink: prints the link's goodput)
           ps_peer --link-send HOST:PORT [--bytes B]   (plain TCP source)
 
@@ -49,7 +49,7 @@ static void sleep_ms(int ms) {
 }
 
 typedef struct opts {
-    size_t bytes;
+    size_t bytes, max_slice;
     int steps, warmup, timeout_ms, tensors;
     const char *codec, *tag;
     double topk;
@@ -58,7 +58,7 @@ typedef struct opts {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--bytes B] [--steps N] [--warmup W] [--codec none|fp16|topk|topk+fp16] [--topk F]\n"
-            "          [--tensors K] [--timeout MS] [--tag TEXT]          (role and rank from KVPS_* in the environment)\n"
+            "          [--tensors K] [--timeout MS] [--tag TEXT] [--max-slice F]   (role and rank from KVPS_*)\n"
             "       %s --link-recv PORT [--bytes B] | --link-send HOST:PORT [--bytes B]\n",
             prog, prog);
 }
@@ -133,7 +133,8 @@ static int worker_main(const opts *o, const kvps_env *env) {
     int rank = env->rank;
     kvps_worker *w = NULL;
     kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = env->servers, .rank = rank,
-                                                           .num_workers = env->num_workers, .timeout_ms = o->timeout_ms},
+                                                           .num_workers = env->num_workers, .timeout_ms = o->timeout_ms,
+                                                           .max_slice = o->max_slice},
                                        &w);
     if (r != KVPS_OK) return worker_fail(NULL, rank, "create", r);
     size_t n = o->bytes / sizeof(float), per = n / (size_t)o->tensors;
@@ -270,7 +271,7 @@ static int link_send(const char *hostport, size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {16u << 20, 10, 2, 120000, 1, "none", "ps", 0.01};
+    opts o = {.bytes = 16u << 20, .steps = 10, .warmup = 2, .timeout_ms = 120000, .tensors = 1, .codec = "none", .tag = "ps", .topk = 0.01};
     const char *lrecv = NULL, *lsend = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -283,6 +284,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) o.timeout_ms = atoi(v);
         else if (!strcmp(a, "--tag")) o.tag = v;
         else if (!strcmp(a, "--tensors")) o.tensors = atoi(v);
+        else if (!strcmp(a, "--max-slice")) o.max_slice = (size_t)strtoull(v, NULL, 10);
         else if (!strcmp(a, "--link-recv")) lrecv = v;
         else if (!strcmp(a, "--link-send")) lsend = v;
         else { usage(argv[0]); return 2; }
