@@ -71,8 +71,8 @@
    AUTO: all-reduce uses RD up to .small_bytes (default 512 KiB: on loopback RD wins up to 512
    KiB at 2, 4 and 8 ranks, the ring from 1 MiB; see BENCHMARKS.md), then HIER when .groups
    names more than one group with more than one rank, else RHD for 4, 8, 16... ranks up to 16
-   MiB (measured on loopback: 1.02-1.29x RING's busbw at 1-16 MB with 4 and 8 ranks, 0.93-0.96x
-   at 64 MB), else RING. Broadcast and reduce use
+   MiB (measured on loopback with 4 and 8 ranks, six runs: 0.97-1.39x RING's busbw at 1-4 MB,
+   0.89-1.11x at 16 MB, 0.93-1.05x at 64 MB), else RING. Broadcast and reduce use
    binomial trees for small messages and a pipelined chain or reduce-scatter + gather for large
    ones. An out-of-place ring all-reduce reads send directly: the input is never copied first.
 
