@@ -413,8 +413,8 @@ typedef struct kvps_server_stats {
    | rank          | 0                                         |
    | num_workers   | 0 = unchecked; else rank must be below it |
    | timeout_ms    | 10000 (used when a call passes -1)        |
-   | min_slice     | 1024 floats: tensors are cut into slices no smaller than this |
-   | max_slice     | 1 Mi floats (4 MiB): larger slices are cut again (see TENSORS) |
+   | min_slice     | 1024 floats: tensors are cut into slices no smaller than this (max_slice wins) |
+   | max_slice     | 1 Mi floats (4 MiB): longer slices are cut again (see KEYS, TENSORS) |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
    | zmq_ctx       | a context of its own                      |
    | io_threads    | 1 (own context only)                      |
