@@ -138,9 +138,11 @@ static kvps_result wait_patiently(kvps_worker *w, kvps_req q, int total_ms, int 
 }
 
 /* Pushes through a proxy whose connections are cut several times mid-run: every push is
-   applied exactly once (integer sums, exact), under async and BSP. */
+   applied exactly once (integer sums, exact), under async and BSP, with the tensor in one slice
+   and cut into 5 (max_slice 1000: each push is a chain of 5 requests, all in flight). */
 static void test_exactly_once_over_cuts(void) {
-    for (int bsp = 0; bsp <= 1; bsp++) {
+    for (int mode = 0; mode < 4; mode++) {
+        int bsp = mode & 1, pieces = mode >> 1;
         kvps_server *s = NULL;
         KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .consistency = bsp ? KVPS_BSP : KVPS_ASYNC,
@@ -153,12 +155,14 @@ static void test_exactly_once_over_cuts(void) {
         char ep[64];
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", px.port);
         kvps_worker *w = NULL;
-        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = ep, .heartbeat_ms = 100, .peer_timeout_ms = 500}, &w));
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = ep, .heartbeat_ms = 100, .peer_timeout_ms = 500,
+                                                     .max_slice = pieces ? 1000 : 0}, &w));
         enum { LEN = 4099, STEPS = 400, WIN = 8 };
         float *g = (float *)malloc(LEN * sizeof(float)), *v = (float *)malloc(LEN * sizeof(float));
         for (int i = 0; i < LEN; i++) g[i] = (float)(i % 7 + 1);
         kvps_tensor t;
         KT_OK(kvps_worker_tensor(w, "x", LEN, &t));
+        KT_CHECK(kvps_worker_tensor_slices(w, t) == (pieces ? 5u : 1u), "%zu slices", kvps_worker_tensor_slices(w, t));
         kvps_req ring[WIN] = {0};
         int failures = 0;
         for (int k = 0; k < STEPS && !failures; k++) {
@@ -168,21 +172,22 @@ static void test_exactly_once_over_cuts(void) {
         }
         for (int k = STEPS - WIN; k < STEPS && !failures; k++)
             if (wait_patiently(w, ring[k % WIN], 20000, NULL) != KVPS_OK) failures++;
-        KT_CHECK(failures == 0, "bsp=%d: a push failed: %s", bsp, kvps_worker_last_error(w));
+        KT_CHECK(failures == 0, "bsp=%d pieces=%d: a push failed: %s", bsp, pieces, kvps_worker_last_error(w));
         kvps_req q;
         KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
         KT_OK(wait_patiently(w, q, 20000, NULL));
         int bad = 0;
         for (int i = 0; i < LEN && !bad; i++)
             if (v[i] != (float)STEPS * g[i]) {
-                KT_CHECK(0, "bsp=%d [%d] = %g, want %g (%d cuts)", bsp, i, (double)v[i], (double)STEPS * g[i], px.cuts_done);
+                KT_CHECK(0, "bsp=%d pieces=%d [%d] = %g, want %g (%d cuts)", bsp, pieces, i, (double)v[i], (double)STEPS * g[i],
+                         px.cuts_done);
                 bad = 1;
             }
         kvps_server_stats st;
         kvps_server_stats_get(s, &st);
         KT_CHECK(px.cuts_done >= 4, "%d cuts", px.cuts_done);
-        printf("  bsp=%d: %d connection cuts, %llu re-sent requests answered without applying them again\n", bsp,
-               px.cuts_done, (unsigned long long)st.duplicates);
+        printf("  bsp=%d slices=%d: %d connection cuts, %llu re-sent requests answered without applying them again\n", bsp,
+               pieces ? 5 : 1, px.cuts_done, (unsigned long long)st.duplicates);
         free(g);
         free(v);
         kvps_worker_destroy(&w);
