@@ -428,7 +428,6 @@ typedef struct kvps_worker_desc {
     int num_workers;
     int timeout_ms;
     size_t min_slice;
-    size_t max_slice;
     size_t zerocopy_min;
     void *zmq_ctx;
     int io_threads;
@@ -440,6 +439,7 @@ typedef struct kvps_worker_desc {
     const char *curve_server_keys;
     const char *curve_public_key;
     const char *curve_secret_key;
+    size_t max_slice; /* last, so that older positional initialisers keep their meaning */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
