@@ -70,7 +70,10 @@
    (BytePS cuts at 4 MB too; measured in BENCHMARKS.md). A push, pull or pushpull of such a
    tensor sends one message per slice, all in flight at once, and is still one request. Slice
    keys have bit 63 set (reserved for tensors). Every worker must use the same server list
-   (same order), min_slice and max_slice.
+   (same order), min_slice and max_slice. They decide the slice keys and lengths, so a
+   checkpoint keeps to them too: workers with another layout get KVPS_ERR_LEN_MISMATCH from the
+   restored servers (tensors over 4 MiB saved before max_slice existed: pass max_slice =
+   268435456).
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
