@@ -1438,6 +1438,25 @@ static void bi_fake_send(bi_fake *f, const void *a, size_t asize, const void *b,
     if (bsize >= 0) zmq_send(f->router, b, (size_t)bsize, 0);
 }
 
+/* A fake server on inproc endpoint ep, and a worker connected to it. */
+static kvps_worker *bi_fake_up(bi_fake *f, const char *ep) {
+    memset(f, 0, sizeof *f);
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_bind(f->router, ep);
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = ep, .zmq_ctx = f->ctx, .timeout_ms = 2000}, &w));
+    return w;
+}
+
+static void bi_fake_down(bi_fake *f, kvps_worker *w) {
+    kvps_worker_destroy(&w);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+}
+
 static kvps__hdr bi_fake_hdr(const bi_fake *f, int32_t status) {
     kvps__hdr h = f->req;
     h.op |= KVPS__OP_REPLY;
@@ -1447,14 +1466,7 @@ static kvps__hdr bi_fake_hdr(const bi_fake *f, int32_t status) {
 
 static void test_worker_broken_server(void) {
     bi_fake f;
-    memset(&f, 0, sizeof f);
-    f.ctx = zmq_ctx_new();
-    f.router = zmq_socket(f.ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(f.router, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_bind(f.router, "inproc://bi-fake");
-    kvps_worker *w = NULL;
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://bi-fake", .zmq_ctx = f.ctx, .timeout_ms = 2000}, &w));
+    kvps_worker *w = bi_fake_up(&f, "inproc://bi-fake");
     uint64_t k[1] = {5};
     size_t l[1] = {4};
     float v[4] = {1, 2, 3, 4}, o[4];
@@ -1513,22 +1525,13 @@ static void test_worker_broken_server(void) {
     bi_fake_send(&f, &h, sizeof h, v, sizeof v);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_OK && memcmp(o, v, sizeof v) == 0, "the real reply: %s", kvps_result_str(r));
-    kvps_worker_destroy(&w);
-    zmq_close(f.router);
-    zmq_ctx_term(f.ctx);
+    bi_fake_down(&f, w);
 }
 
 /* Errors are negative (manual, section 8), whatever status a broken server puts in a reply. */
 static void test_worker_positive_status_reply(void) {
     bi_fake f;
-    memset(&f, 0, sizeof f);
-    f.ctx = zmq_ctx_new();
-    f.router = zmq_socket(f.ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(f.router, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_bind(f.router, "inproc://bi-fake2");
-    kvps_worker *w = NULL;
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://bi-fake2", .zmq_ctx = f.ctx, .timeout_ms = 2000}, &w));
+    kvps_worker *w = bi_fake_up(&f, "inproc://bi-fake2");
     uint64_t k[1] = {5};
     size_t l[1] = {4};
     float o[4];
@@ -1540,9 +1543,7 @@ static void test_worker_positive_status_reply(void) {
     bi_fake_send(&f, &h, sizeof h, "seven", 5);
     kvps_result r = kvps_worker_wait(w, q, -1);
     KT_CHECK((int)r < 0, "a pull answered with status 7 (nothing written) returns %d (%s)", (int)r, kvps_result_str(r));
-    kvps_worker_destroy(&w);
-    zmq_close(f.router);
-    zmq_ctx_term(f.ctx);
+    bi_fake_down(&f, w);
 }
 
 /* ---------------------------------------------------------------------------------------- */
