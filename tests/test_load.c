@@ -205,6 +205,24 @@ static void pick_keys(void) {
     }
 }
 
+/* NW worker threads running fn against servers, in a context of 2 I/O threads (g_wctx, left for
+   the caller to end); each failing worker is reported. Returns how many failed. */
+static int run_workers(const char *servers, void *(*fn)(void *), wjob *jobs) {
+    g_wctx = zmq_ctx_new();
+    zmq_ctx_set(g_wctx, ZMQ_IO_THREADS, 2);
+    pthread_t th[NW];
+    for (int r = 0; r < NW; r++) {
+        jobs[r] = (wjob){.servers = servers, .rank = r};
+        pthread_create(&th[r], NULL, fn, &jobs[r]);
+    }
+    int failures = 0;
+    for (int r = 0; r < NW; r++) {
+        pthread_join(th[r], NULL);
+        if (jobs[r].failures) { failures++; KT_CHECK(0, "worker %d: %d failures, first: %s", r, jobs[r].failures, jobs[r].why); }
+    }
+    return failures;
+}
+
 /* Both server processes are forked first, while this process is small and has no threads. */
 static cluster g_async, g_bsp;
 static int g_async_up, g_bsp_up;
@@ -213,20 +231,9 @@ static void test_async_pushes(void) {
     cluster c = g_async;
     if (!g_async_up) { KT_CHECK(0, "server process did not start"); return; }
     pick_keys();
-    g_wctx = zmq_ctx_new();
-    zmq_ctx_set(g_wctx, ZMQ_IO_THREADS, 2);
-    pthread_t th[NW];
     wjob jobs[NW];
     int64_t t0 = kvps__now_ms();
-    for (int r = 0; r < NW; r++) {
-        jobs[r] = (wjob){.servers = c.servers, .rank = r};
-        pthread_create(&th[r], NULL, push_worker, &jobs[r]);
-    }
-    int failures = 0;
-    for (int r = 0; r < NW; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) { failures++; KT_CHECK(0, "worker %d: %d failures, first: %s", r, jobs[r].failures, jobs[r].why); }
-    }
+    int failures = run_workers(c.servers, push_worker, jobs);
     double secs = (double)(kvps__now_ms() - t0) / 1000.0;
     int P = pushes_per_worker();
 
@@ -320,19 +327,9 @@ static void *bsp_worker(void *arg) {
 static void test_bsp_pushpull(void) {
     cluster c = g_bsp;
     if (!g_bsp_up) { KT_CHECK(0, "server process did not start"); return; }
-    g_wctx = zmq_ctx_new();
-    zmq_ctx_set(g_wctx, ZMQ_IO_THREADS, 2);
-    pthread_t th[NW];
     wjob jobs[NW];
     int64_t t0 = kvps__now_ms();
-    for (int r = 0; r < NW; r++) {
-        jobs[r] = (wjob){.servers = c.servers, .rank = r};
-        pthread_create(&th[r], NULL, bsp_worker, &jobs[r]);
-    }
-    for (int r = 0; r < NW; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) KT_CHECK(0, "worker %d: %s", r, jobs[r].why);
-    }
+    run_workers(c.servers, bsp_worker, jobs);
     double secs = (double)(kvps__now_ms() - t0) / 1000.0;
     zmq_ctx_term(g_wctx);
     srv_report rep;
