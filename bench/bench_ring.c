@@ -2,7 +2,7 @@
    measured in the same run.
 
    usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]
-                     [--algo auto,ring,biring,rd] [--chunk 256K,...] [--time S] [--inplace]
+                     [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]
                      [--io-threads N] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
 
    Ranks are separate processes on one machine (fork; each makes its ZeroMQ context after the
@@ -660,12 +660,12 @@ static void cpu_report(const config *cf, const cpu_mark *t0, const char *what) {
 static void usage(void) {
     fprintf(stderr,
             "usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]\n"
-            "                  [--algo auto,ring,biring,rd] [--chunk 256K,...] [--time S] [--inplace]\n"
+            "                  [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]\n"
             "                  [--io-threads N] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
             "  --ranks   rank counts (processes), each 2..%d\n"
             "  --sizes   MIN:MAX[:FACTOR] (default 4K:64M:4) or a list; K/M suffixes are 1024-based\n"
             "  --coll    allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall or all (default all)\n"
-            "  --algo    all-reduce algorithms, default auto,ring,biring,rd\n"
+            "  --algo    all-reduce algorithms (auto,ring,biring,rd,rhd), default auto,ring,biring,rd\n"
             "  --chunk   kvps .chunk_bytes values (default 0: the ring's default, 1M)\n"
             "  --time S  seconds per size and algorithm, 5 blocks together (default 0.3)\n"
             "  --inplace all-reduce in place (kvps and MPI)\n"
