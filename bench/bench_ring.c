@@ -732,9 +732,11 @@ static int add_coll(const char *t, void *a) {
 }
 static int add_algo(const char *t, void *a) {
     config *cf = (config *)a;
-    for (int i = 0; i < 6; i++)
-        if (i != KVPS_ALGO_HIER)
-        if (strcmp(t, algo_names[i]) == 0 && cf->nalgo < MAX_LIST) { cf->algo[cf->nalgo++] = i; return 0; }
+    for (int i = 0; i < (int)(sizeof algo_names / sizeof *algo_names); i++) /* hier needs groups: not here */
+        if (i != KVPS_ALGO_HIER && strcmp(t, algo_names[i]) == 0 && cf->nalgo < MAX_LIST) {
+            cf->algo[cf->nalgo++] = i;
+            return 0;
+        }
     return -1;
 }
 static int add_chunk(const char *t, void *a) {
