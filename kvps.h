@@ -134,7 +134,12 @@
    4 KiB page here, more than the copy itself), which halves throughput at 1 MB and up. So the
    first server or worker created sets M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 1 GiB
    (mallopt): freed message buffers are reused. This is process-wide; .no_malloc_tuning = 1 on
-   every desc leaves malloc alone.
+   every desc leaves malloc alone. One case it does not cover: the I/O thread allocates from an
+   arena of its own, made of 64 MiB heaps that glibc unmaps whenever one empties, so a process
+   that holds views (kvps_worker_pull_tensor_view) of large tensors gets fresh pages again. Run
+   such a process with MALLOC_ARENA_MAX=1 in its environment: 64 MB views went from 2.5 to
+   3.0-3.4 GB/s here. kvps does not set it itself, as one arena serialises every thread's
+   malloc.
 
    7. OWNERSHIP AND THREADS
    kvps_x_destroy(&x) frees x and sets it to NULL; destroying NULL is harmless. Buffers passed to
