@@ -66,14 +66,15 @@
    server (h + i) mod n where h = hash(name) mod n, so each server holds about 1/n of every
    large tensor's bytes. Where those slices would be longer than max_slice, the tensor is cut
    into the next multiple of n slices that are not (at most len, at most 65536), so every server
-   still holds as many: a server then sums or sends one piece while the next is on the wire
-   (BytePS cuts at 4 MB too; measured in BENCHMARKS.md). A push, pull or pushpull of such a
-   tensor sends one message per slice, all in flight at once, and is still one request. Slice
-   keys have bit 63 set (reserved for tensors). Every worker must use the same server list
-   (same order), min_slice and max_slice. They decide the slice keys and lengths, so a
-   checkpoint keeps to them too: workers with another layout get KVPS_ERR_LEN_MISMATCH from the
-   restored servers (tensors over 4 MiB saved before max_slice existed: pass max_slice =
-   268435456).
+   still holds as many: a server then sums or sends one piece while the next is on the wire,
+   and each piece fits in a core's L2 cache on its way through (BytePS cuts at 4 MB; here 1 MiB
+   pieces beat 4 MiB ones by up to 1.7x at 16 MB, see BENCHMARKS.md). A push, pull or
+   pushpull of such a tensor sends one message per slice, all in flight at once, and is still
+   one request. Slice keys have bit 63 set (reserved for tensors). Every worker must use the
+   same server list (same order), min_slice and max_slice. They decide the slice keys and
+   lengths, so a checkpoint keeps to them too: workers with another layout get
+   KVPS_ERR_LEN_MISMATCH from the restored servers (tensors over 1 MiB saved before max_slice
+   existed: pass max_slice = 268435456).
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
@@ -135,11 +136,11 @@
    first server or worker created sets M_MMAP_THRESHOLD to 32 MiB and M_TRIM_THRESHOLD to 1 GiB
    (mallopt): freed message buffers are reused. This is process-wide; .no_malloc_tuning = 1 on
    every desc leaves malloc alone. One case it does not cover: the I/O thread allocates from an
-   arena of its own, made of 64 MiB heaps that glibc unmaps whenever one empties, so a process
-   that holds views (kvps_worker_pull_tensor_view) of large tensors gets fresh pages again. Run
-   such a process with MALLOC_ARENA_MAX=1 in its environment: 64 MB views went from 2.5 to
-   3.0-3.4 GB/s here. kvps does not set it itself, as one arena serialises every thread's
-   malloc.
+   arena of its own, made of 64 MiB heaps that glibc unmaps whenever one empties. With
+   max_slice raised to 4 MiB, a process that held views (kvps_worker_pull_tensor_view) of 64 MB
+   tensors got fresh pages again, and MALLOC_ARENA_MAX=1 in its environment took those views
+   from 2.5 to 3.0-3.4 GB/s here; with the default 1 MiB slices it made no difference. kvps
+   does not set it itself, as one arena serialises every thread's malloc.
 
    7. OWNERSHIP AND THREADS
    kvps_x_destroy(&x) frees x and sets it to NULL; destroying NULL is harmless. Buffers passed to
@@ -422,7 +423,7 @@ typedef struct kvps_server_stats {
    | num_workers   | 0 = unchecked; else rank must be below it |
    | timeout_ms    | 10000 (used when a call passes -1)        |
    | min_slice     | 1024 floats: tensors are cut into slices no smaller than this (max_slice wins) |
-   | max_slice     | 1 Mi floats (4 MiB): longer slices are cut again (see KEYS, TENSORS) |
+   | max_slice     | 256 Ki floats (1 MiB): longer slices are cut again (see KEYS, TENSORS) |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
    | zmq_ctx       | a context of its own                      |
    | io_threads    | 1 (own context only)                      |
@@ -3384,7 +3385,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc = *desc;
     w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
-    w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 20);
+    w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
     kvps_result r = KVPS_OK;
     w->n = kvps__split(desc->servers, &w->endpoints);

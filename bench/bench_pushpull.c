@@ -29,7 +29,7 @@
    that does nothing, so the cost of the update (a pass over the stored value) shows apart from
    transport and protocol. Rows for 2 and 4 servers (the tensor is cut into
    min(servers, len / 1024 floats) slices) are compared with the same 1x1 raw ZeroMQ figures.
-   Values past kvps's max_slice (4 MiB: 16 and 64 MB here) go out from kvps as several slices,
+   Values past kvps's max_slice (1 MiB: 16 and 64 MB here) go out from kvps as several slices,
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
    pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it. */
 #define KVPS_IMPLEMENTATION
@@ -525,7 +525,7 @@ static void usage(const char *argv0) {
                     "  --reps N     repetitions per figure, odd, at most 15 (default 5); medians are reported\n"
                     "  --one-process  servers as threads of this process (default: a process per server side)\n"
                     "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n"
-                    "  --max-slice F  kvps_worker_desc.max_slice in floats (default 1048576 = 4 MiB; 268435456:\n"
+                    "  --max-slice F  kvps_worker_desc.max_slice in floats (default 262144 = 1 MiB; 268435456:\n"
                     "               a value is never cut beyond one slice per server, as before it existed)\n", argv0);
     exit(2);
 }
@@ -598,7 +598,7 @@ int main(int argc, char **argv) {
         printf("# upd = server update: sum (KVPS_UPDATE_SUM, the headline) or none (an update_fn that does nothing:\n");
         printf("#   transport and protocol only); (x) = kvps / zmq at the same size: above 1 is better for GB/s\n");
         printf("#   and ops/s, worse for latency. The zmq row is 1 server x 1 worker; every kvps row compares to it.\n");
-        printf("# kvps cuts a tensor past max_slice (4 MiB) into slices (sl): there a second zmq row sends each value\n");
+        printf("# kvps cuts a tensor past max_slice (1 MiB) into slices (sl): there a second zmq row sends each value\n");
         printf("#   as the same sl pieces (W values in flight = W x sl messages), the same message pattern as kvps,\n");
         printf("#   and the kvps rows compare to that one; the targets also show the ratio to whole values.\n");
         printf("# ZeroMQ allocates each received message: past glibc's mmap threshold (at most 32 MiB) that is fresh\n");

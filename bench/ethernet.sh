@@ -42,10 +42,10 @@
 # 3 after 1, at most 4 hosts). The default run takes 2-4 minutes.
 # --max-slice F (floats, passed to ps_peer's workers) defaults to 268435456 here: a tensor is cut
 # into at most one slice per server, so that a step is the notes' "all pushes, then all pulls".
-# kvps's own default (1048576 = 4 MiB) cuts a 16 MiB model into 4 MiB slices that go out one
+# kvps's own default (262144 = 1 MiB) cuts a 16 MiB model into 1 MiB slices that go out one
 # message each, so one slice's pull overlaps the next one's push and a one-server step takes
 # about 1.3 T instead of 2 T: faster than the notes' arithmetic, which the claims then miss.
-# Pass --max-slice 1048576 to measure that.
+# Pass --max-slice 262144 to measure that.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 
