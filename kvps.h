@@ -3780,6 +3780,12 @@ KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
     return (w && t >= 0 && t < w->ntensors) ? w->tensors[t].nslices : 0;
 }
 
+/* A tensor op's round starting at slice i0 ends here: consecutive slices sit on consecutive
+   servers, so n of them are on distinct servers. */
+static uint32_t kvps__round_end(const kvps_worker *w, const kvps__tensor_info *t, uint32_t i0) {
+    return t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
+}
+
 /* Links round q of a chained request after *last (the first becomes *head); a round with nothing
    in flight is dropped. r: how sending q went. */
 static kvps_result kvps__chain_link(kvps_worker *w, kvps__req **head, kvps__req **last, kvps__req *q, kvps_result r) {
@@ -3847,8 +3853,8 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
     }
     kvps__req *head = NULL, *last = NULL;
     kvps_result r = KVPS_OK;
-    for (uint32_t i0 = 0; i0 < t->nslices && r == KVPS_OK; i0 += (uint32_t)w->n) {
-        uint32_t i1 = t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
+    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
+        i1 = kvps__round_end(w, t, i0);
         kvps__req *q;
         r = kvps__tensor_round(w, op, t, i0, i1, vals, dst, view, &q);
         if (q) r = kvps__chain_link(w, &head, &last, q, r);
@@ -3948,33 +3954,34 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
     if (r != KVPS_OK) return (unsigned)o->rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
     kvps__tensor_info *t = &w->tensors[ti];
-    kvps__req *head = NULL, *last = NULL, *q = NULL;
-    for (uint32_t i = 0; i < t->nslices && r == KVPS_OK; i++) {
-        if (i % (uint32_t)w->n == 0) { /* a round: at most one slice per server */
-            if (q) kvps__chain_link(w, &head, &last, q, KVPS_OK);
-            if (!(q = kvps__req_new(w, 0))) { r = KVPS_ERR_NOMEM; break; }
+    kvps__req *head = NULL, *last = NULL;
+    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
+        i1 = kvps__round_end(w, t, i0);
+        kvps__req *q = kvps__req_new(w, 0);
+        if (!q) { r = KVPS_ERR_NOMEM; break; }
+        for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
+            kvps__hdr h;
+            memset(&h, 0, sizeof h);
+            h.magic = KVPS__MAGIC;
+            h.version = KVPS__VERSION;
+            h.op = KVPS__OP_CONFIG;
+            h.rank = (uint32_t)w->desc.rank;
+            h.nkeys = 1;
+            h.req_id = q->id;
+            kvps__kent e = {t->keys[i], t->slen[i]};
+            zmq_msg_t f2[2];
+            unsigned char meta[KVPS__HDR + KVPS__KENT];
+            memcpy(meta, &h, sizeof h);
+            memcpy(meta + KVPS__HDR, &e, sizeof e);
+            if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
+            if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
+            if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
+            q->pending++;
+            q->sent++;
+            q->state[t->server[i]] = 1;
         }
-        kvps__hdr h;
-        memset(&h, 0, sizeof h);
-        h.magic = KVPS__MAGIC;
-        h.version = KVPS__VERSION;
-        h.op = KVPS__OP_CONFIG;
-        h.rank = (uint32_t)w->desc.rank;
-        h.nkeys = 1;
-        h.req_id = q->id;
-        kvps__kent e = {t->keys[i], t->slen[i]};
-        zmq_msg_t f2[2];
-        unsigned char meta[KVPS__HDR + KVPS__KENT];
-        memcpy(meta, &h, sizeof h);
-        memcpy(meta + KVPS__HDR, &e, sizeof e);
-        if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
-        if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
-        if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
-        q->pending++;
-        q->sent++;
-        q->state[t->server[i]] = 1;
+        r = kvps__chain_link(w, &head, &last, q, r);
     }
-    if (q) r = kvps__chain_link(w, &head, &last, q, r);
     return kvps__chain_out(head, r, out);
 }
 

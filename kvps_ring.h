@@ -681,6 +681,12 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
     }
 }
 
+/* Elements per pipeline piece (chunk_bytes, at least one element). */
+static size_t kvps_ring__piece(const kvps_ring *r, size_t es) {
+    size_t p = r->desc.chunk_bytes / es;
+    return p ? p : 1;
+}
+
 static uint64_t kvps_ring__tag(int phase, int dir, uint64_t step, uint64_t piece) {
     return ((uint64_t)phase << 56) | ((uint64_t)dir << 55) | ((step & 0x7fffffull) << 32) | (piece & 0xffffffffull);
 }
@@ -779,8 +785,7 @@ static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *vi
     t->count = count;
     t->blk = blk;
     t->es = kvps_dtype_size(kvps_ring__dt(r));
-    t->piece = r->desc.chunk_bytes / t->es;
-    if (t->piece == 0) t->piece = 1;
+    t->piece = kvps_ring__piece(r, t->es);
 }
 
 /* All-reduce of buf over view by ring (bidir: half each way). */
@@ -819,13 +824,12 @@ static kvps_result kvps_ring__send_range(kvps_ring *r, int peer, int phase, int 
    reduced at one rank, so all ranks end with the same bits. src: out of place, the input. */
 static kvps_result kvps_ring__allreduce_rhd(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count,
                                             const void *src) {
-    size_t es = kvps_dtype_size(kvps_ring__dt(r)), piece = r->desc.chunk_bytes / es, lo = 0, hi = count;
+    size_t es = kvps_dtype_size(kvps_ring__dt(r)), piece = kvps_ring__piece(r, es), lo = 0, hi = count;
     size_t plo[32], phi[32];
     char *b = (char *)buf;
     const char *in = (const char *)src;
     kvps_result rc = KVPS_OK;
     int steps = 0;
-    if (piece == 0) piece = 1;
     for (int mask = k >> 1; mask >= 1 && rc == KVPS_OK; mask >>= 1, steps++) {
         int peer = view[me ^ mask], upper = (me & mask) != 0;
         size_t mid = lo + (hi - lo) / 2, klo = upper ? mid : lo, khi = upper ? hi : mid;
@@ -956,7 +960,7 @@ static kvps_result kvps_ring__allreduce_view(kvps_ring *r, const int *view, int 
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
     if (algo == KVPS_ALGO_RD) return kvps_ring__allreduce_rd(r, view, k, me, buf, count);
-    if (algo == KVPS_ALGO_RHD && !r->wire && (k & (k - 1)) == 0) return kvps_ring__allreduce_rhd(r, view, k, me, buf, count, NULL);
+    if (algo == KVPS_ALGO_RHD) return kvps_ring__allreduce_rhd(r, view, k, me, buf, count, NULL); /* (a power of two) */
     return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING, NULL);
 }
 
@@ -1052,12 +1056,12 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
                    : kvps_ring__multi_group(r)   ? KVPS_ALGO_HIER
                    : k >= 4 && (k & (k - 1)) == 0 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
                                                  : KVPS_ALGO_RING;
-        if (send && send != recv && k > 1 && n && !r->wire && algo == KVPS_ALGO_RHD && (k & (k - 1)) == 0) {
-            rc = kvps_ring__allreduce_rhd(r, all, k, me, recv, n, send);
-        } else if (send && send != recv && k > 1 && n && !r->wire &&
-                   (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
-            /* out of place: the ring reads send and writes every block of recv itself */
-            rc = kvps_ring__allreduce_ring(r, all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
+        if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING; /* RHD cannot run */
+        if (send && send != recv && k > 1 && n && !r->wire &&
+            (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
+            /* out of place: the algorithm reads send and writes every block of recv itself */
+            rc = algo == KVPS_ALGO_RHD ? kvps_ring__allreduce_rhd(r, all, k, me, recv, n, send)
+                                       : kvps_ring__allreduce_ring(r, all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
         } else {
             if (send && send != recv && bytes) memcpy(recv, send, bytes);
             if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
