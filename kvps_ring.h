@@ -126,7 +126,8 @@ typedef enum kvps_coll {
    | algo        | KVPS_ALGO_AUTO                                |
    | small_bytes | 512 KiB (AUTO: RD at or below; measured crossover) |
    | groups      | NULL: one group (no HIER)                     |
-   | zmq_ctx     | a context of its own; io_threads 1            | */
+   | zmq_ctx     | a context of its own; io_threads 1            |
+   | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -138,6 +139,7 @@ typedef struct kvps_ring_desc {
     const int *groups;
     void *zmq_ctx;
     int io_threads;
+    const char *io_cpus;
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -1433,6 +1435,7 @@ KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) {
 KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out) {
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
+    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "ring")) return KVPS_ERR_CONFIG;
     if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size || desc->timeout_ms < 0 ||
         (unsigned)desc->algo > KVPS_ALGO_RHD || (!desc->peers && !desc->bind)) {
         kvps__log(KVPS_LOG_ERROR, "ring desc: need 0 <= rank < size <= 65535, and peers or bind");
@@ -1462,10 +1465,9 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->desc.peers = NULL;
     r->ctx = desc->zmq_ctx;
     if (!r->ctx) {
-        r->ctx = zmq_ctx_new();
+        r->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
         r->own_ctx = 1;
-        if (!r->ctx) { kvps_ring_destroy(&r); return KVPS_ERR_ZMQ; }
-        zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, kvps__def(desc->io_threads, 1));
+        if (!r->ctx) { kvps_ring_destroy(&r); return desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ; }
     }
     char **eps = NULL;
     int neps = 0;

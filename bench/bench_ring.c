@@ -3,7 +3,7 @@
 
    usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]
                      [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]
-                     [--io-threads N] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
+                     [--io-threads N] [--io-cpus rank|none] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
 
    Ranks are separate processes on one machine (fork; each makes its ZeroMQ context after the
    fork), talking over tcp://127.0.0.1 on ephemeral ports. Each rank creates its ring with
@@ -12,7 +12,11 @@
    kvps_ring_connect. With several --chunk values each rank makes one ring per value, all on
    one ZeroMQ context (so they share its I/O thread as a single ring would). Each rank
    allocates its send and receive buffers once, for the largest size, and touches them before
-   any timing.
+   any timing. By default rank r pins its ZeroMQ I/O thread(s) to CPU r mod (CPUs online)
+   (kvps_zmq_ctx_pin, what .io_cpus does for a ring's own context); the ranks' own threads are
+   not pinned. --io-cpus none leaves every thread to the OS. OpenMPI runs with --bind-to none:
+   binding its ranks to cores (--bind-to core, core:overload-allowed at 4 ranks) changed its
+   figures by less than run-to-run noise here (BENCHMARKS.md).
 
    Per collective and size, for every variant (chunk size x all-reduce algorithm): one call
    whose result is checked on every rank (exact small integers), then an estimate (2 calls; the
@@ -93,7 +97,7 @@ typedef struct config {
     size_t chunk[MAX_LIST];
     int nchunk;
     double target;
-    int inplace, csv, io_threads;
+    int inplace, csv, io_threads, io_cpus_none;
 } config;
 
 static double cpu_s(void) { /* this process, every thread (ZeroMQ's I/O thread too) */
@@ -290,6 +294,11 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
     c.zctx = zmq_ctx_new();
     if (!c.zctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
     zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, cf->io_threads ? cf->io_threads : 1);
+    if (!cf->io_cpus_none) { /* before the first socket: the I/O threads start with it */
+        char cpu[16];
+        snprintf(cpu, sizeof cpu, "%ld", rank % sysconf(_SC_NPROCESSORS_ONLN));
+        kcheck(kvps_zmq_ctx_pin(c.zctx, cpu), "kvps_zmq_ctx_pin", &c);
+    }
     for (int k = 0; k < cf->nchunk; k++) {
         kcheck(kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = n, .bind = "tcp://127.0.0.1:*",
                                                   .chunk_bytes = cf->chunk[k], .timeout_ms = 120000,
@@ -661,7 +670,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]\n"
             "                  [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]\n"
-            "                  [--io-threads N] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
+            "                  [--io-threads N] [--io-cpus rank|none] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
             "  --ranks   rank counts (processes), each 2..%d\n"
             "  --sizes   MIN:MAX[:FACTOR] (default 4K:64M:4) or a list; K/M suffixes are 1024-based\n"
             "  --coll    allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall or all (default all)\n"
@@ -670,6 +679,8 @@ static void usage(void) {
             "  --time S  seconds per size and algorithm, 5 blocks together (default 0.3)\n"
             "  --inplace all-reduce in place (kvps and MPI)\n"
             "  --io-threads N  ZeroMQ I/O threads per rank (kvps_ring_desc.io_threads; default 1)\n"
+            "  --io-cpus  rank (default): rank r's I/O thread(s) on CPU r mod CPUs (kvps_ring_desc.io_cpus);\n"
+            "             none: the OS places every thread\n"
             "  --mpi     run the OpenMPI peer (PATH: mpi_allreduce binary; default next to this program,\n"
             "            run when found); --no-mpi skips it\n"
             "  --quick   2 and 4 ranks, 64K:16M, 0.15 s per size\n"
@@ -790,6 +801,10 @@ int main(int argc, char **argv) {
             if (*end || t < 1 || t > 16) usage();
             cf.io_threads = (int)t;
             i++;
+        } else if (strcmp(a, "--io-cpus") == 0) {
+            if (strcmp(v, "rank") && strcmp(v, "none")) usage();
+            cf.io_cpus_none = strcmp(v, "none") == 0;
+            i++;
         } else if (strcmp(a, "--time") == 0) {
             char *end = NULL;
             cf.target = strtod(v, &end);
@@ -827,8 +842,10 @@ int main(int argc, char **argv) {
     } else {
         char cmd[4096];
         printf("# bench_ring: kvps_ring collectives, nccl-tests style, next to OpenMPI over TCP in the same run\n");
-        printf("# ranks are processes on tcp://127.0.0.1; libzmq %d.%d.%d, %d I/O thread(s) per rank; %ld CPUs%s\n",
-               major, minor, patch, cf.io_threads ? cf.io_threads : 1, sysconf(_SC_NPROCESSORS_ONLN),
+        printf("# ranks are processes on tcp://127.0.0.1; libzmq %d.%d.%d, %d I/O thread(s) per rank, %s; %ld CPUs%s\n",
+               major, minor, patch, cf.io_threads ? cf.io_threads : 1,
+               cf.io_cpus_none ? "placed by the OS (--io-cpus none)" : "pinned to CPU rank mod CPUs (--io-cpus rank)",
+               sysconf(_SC_NPROCESSORS_ONLN),
                sysconf(_SC_NPROCESSORS_ONLN) < 8 ? " (more ranks than CPUs are oversubscribed, for kvps and MPI alike)" : "");
         printf("# time = per-call time averaged over ranks (max_us: the slowest rank), median of %d blocks,\n", NREP);
         printf("#   each about %.2f s / %d after a barrier; sizes as nccl-tests (whole buffer); GB/s = 1e9 B/s\n",

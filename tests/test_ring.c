@@ -3,15 +3,19 @@
    pipeline pieces and in-place variants; 2, 3, 4 and 8 ranks as processes on loopback TCP that
    meet through kvps_ring_rendezvous; a 64 MB all-reduce; a dead rank and mismatched calls end in
    errors within the timeout; non-blocking post/wait/test; argument, desc and environment checks;
-   kvps_reduce_into against a scalar reference.
+   kvps_reduce_into against a scalar reference; .io_cpus against the kernel's affinity of the
+   threads it pinned.
    Inputs are functions of (seed, rank, index), so every rank computes what it should receive.
    Integer results are exact (wrap-around); min/max exact; float sums, products and averages
    within (terms + 1) * 2 * eps * sum|terms| (16-bit floats round after each step, so their own
    eps); all-reduce and broadcast results must be bit-identical on every rank. */
+#define _GNU_SOURCE /* sched_getaffinity of a thread: the oracle for .io_cpus */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
+#include <dirent.h>
 #include <math.h>
+#include <sched.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1425,6 +1429,182 @@ static void test_bad_desc(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
 }
 
+/* ---- .io_cpus: the ring's ZeroMQ I/O threads pinned ------------------------------------------ */
+
+/* Thread ids of this process's ZeroMQ I/O threads (named "ZMQbg/IO/<n>" by libzmq). */
+static int zmq_io_tids(pid_t *tids, int cap) {
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], comm[64] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+        fclose(f);
+        if (strncmp(comm, "ZMQbg/IO/", 9) == 0 && n < cap) tids[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct tidset { pid_t t[64]; int n; } tidset;
+
+/* Checks that exactly expect ZeroMQ I/O threads appeared since before, each allowed on exactly
+   the CPUs of want. A thread pins itself, then names itself, as it starts: the names are waited
+   for (2 s at most). */
+static void check_new_io_threads(const tidset *before, int expect, const cpu_set_t *want, const char *label) {
+    tidset after;
+    int fresh = 0;
+    for (int tries = 0; tries < 200; tries++, sleep_ms(10)) {
+        after.n = zmq_io_tids(after.t, 64);
+        fresh = 0;
+        for (int i = 0; i < after.n; i++) {
+            int old = 0;
+            for (int j = 0; j < before->n; j++) old |= after.t[i] == before->t[j];
+            fresh += !old;
+        }
+        if (fresh >= expect) break;
+    }
+    KT_CHECK(before->n >= 0 && fresh == expect, "%s: %d new I/O threads, want %d", label, fresh, expect);
+    for (int i = 0; i < after.n; i++) {
+        int old = 0;
+        for (int j = 0; j < before->n; j++) old |= after.t[i] == before->t[j];
+        if (old) continue;
+        cpu_set_t got;
+        CPU_ZERO(&got);
+        KT_CHECK(sched_getaffinity(after.t[i], sizeof got, &got) == 0, "sched_getaffinity(%d): %s", (int)after.t[i],
+                 strerror(errno));
+        KT_CHECK(CPU_EQUAL(&got, want), "%s: I/O thread %d may run on %d CPUs, not just those asked for", label,
+                 (int)after.t[i], CPU_COUNT(&got));
+    }
+}
+
+/* A ring of one with io_cpus and io_threads: its I/O threads pinned, and it works. */
+static void check_pinned(const char *io_cpus, int io_threads, const cpu_set_t *want) {
+    tidset before;
+    before.n = zmq_io_tids(before.t, 64);
+    kvps_ring *r = NULL;
+    KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://kt-pin", .io_threads = io_threads,
+                                             .io_cpus = io_cpus}, &r));
+    char label[64];
+    snprintf(label, sizeof label, "ring io_cpus '%s'", io_cpus);
+    check_new_io_threads(&before, io_threads, want, label);
+    if (r) {
+        double d[2] = {1.5, -2}, e[2] = {0, 0};
+        KT_OK(kvps_ring_allreduce(r, d, e, 2, KVPS_FLOAT64, KVPS_SUM));
+        KT_CHECK(e[0] == 1.5 && e[1] == -2, "pinned ring of one: %g %g", e[0], e[1]);
+    }
+    kvps_ring_destroy(&r);
+}
+
+/* The same helper serves kvps.h: a server and a worker with io_cpus, over TCP. */
+static void check_pinned_ps(const char *srv_cpus, const cpu_set_t *srv_want, const char *wrk_cpus,
+                            const cpu_set_t *wrk_want) {
+    tidset before;
+    before.n = zmq_io_tids(before.t, 64);
+    kvps_server *sv = NULL;
+    kvps_worker *w = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                 .update = KVPS_UPDATE_SUM, .io_cpus = srv_cpus}, &sv));
+    check_new_io_threads(&before, 1, srv_want, "server io_cpus");
+    if (!sv) return;
+    KT_OK(kvps_server_start(sv));
+    before.n = zmq_io_tids(before.t, 64);
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(sv), .io_cpus = wrk_cpus}, &w));
+    check_new_io_threads(&before, 1, wrk_want, "worker io_cpus");
+    if (w) {
+        uint64_t key = 7;
+        size_t len = 3;
+        float g[3] = {1, -2, 0.5f}, v[3] = {0, 0, 0};
+        kvps_req q = 0;
+        for (int i = 0; i < 2; i++) {
+            KT_OK(kvps_worker_push(w, &key, g, &len, 1, &q));
+            KT_OK(kvps_worker_wait(w, q, 10000));
+        }
+        KT_OK(kvps_worker_pull(w, &key, v, &len, 1, &q));
+        KT_OK(kvps_worker_wait(w, q, 10000));
+        KT_CHECK(v[0] == 2 && v[1] == -4 && v[2] == 1, "pinned server and worker: %g %g %g, want 2 -4 1", v[0], v[1], v[2]);
+    }
+    kvps_worker_destroy(&w);
+    kvps_server_stop(sv);
+    kvps_server_destroy(&sv);
+}
+
+static void pinned_main(rk *x) {
+    t_allreduce(x, KVPS_FLOAT32, KVPS_SUM, 300007, KVPS_ALGO_RING, 0);
+    t_allreduce(x, KVPS_INT64, KVPS_MAX, 70001, KVPS_ALGO_AUTO, 1);
+}
+
+static void test_io_cpus(void) {
+    cpu_set_t allowed, one, two;
+    KT_CHECK(sched_getaffinity(0, sizeof allowed, &allowed) == 0, "sched_getaffinity: %s", strerror(errno));
+    int first = -1, last = -1, outside = -1;
+    for (int c = 0; c < 1024; c++) {
+        if (CPU_ISSET(c, &allowed)) { if (first < 0) first = c; last = c; }
+        else if (outside < 0) outside = c;
+    }
+    char s_last[16], s_two[32], s_out[16];
+    snprintf(s_last, sizeof s_last, "%d", last);
+    snprintf(s_two, sizeof s_two, "%d,%d", first, last);
+    snprintf(s_out, sizeof s_out, "%d", outside);
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    CPU_ZERO(&two);
+    CPU_SET(first, &two);
+    CPU_SET(last, &two);
+    check_pinned(s_last, 1, &one);
+    check_pinned(s_last, 2, &one);
+    check_pinned(s_two, 2, &two);
+    check_pinned_ps(s_last, &one, s_two, &two);
+    /* every rank's own context pinned to one CPU: results as always */
+    team t;
+    memset(&t, 0, sizeof t);
+    t.label = "io_cpus tcp";
+    t.k = 3;
+    t.tcp = 1;
+    t.fn = pinned_main;
+    t.base.timeout_ms = 20000;
+    t.base.io_cpus = s_last;
+    team_run(&t);
+
+    kvps_log_set_level(KVPS_LOG_NONE);
+    const char *bad[] = {"", "x", "1-0", "0-", "-1", "0,", ",0", "0,,1", "0 ", " 0", "0;1", "1024", "0-1024",
+                         "99999999999999999999", "0-99999999999999999999", s_out};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i] == s_out && outside < 0) continue; /* every CPU below 1024 allowed: nothing to refuse */
+        kvps_ring *r = (kvps_ring *)&r;
+        kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://kt-pin-bad",
+                                                            .io_cpus = bad[i]}, &r);
+        KT_CHECK(rc == KVPS_ERR_CONFIG && r == NULL, "io_cpus '%s': %s, want KVPS_ERR_CONFIG", bad[i], kvps_result_str(rc));
+    }
+    void *ctx = zmq_ctx_new();
+    kvps_ring *r = (kvps_ring *)&r;
+    kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://kt-pin-ctx",
+                                                        .zmq_ctx = ctx, .io_cpus = s_last}, &r);
+    KT_CHECK(rc == KVPS_ERR_CONFIG && r == NULL, "io_cpus with a zmq_ctx of the caller's: %s", kvps_result_str(rc));
+    KT_CHECK(kvps_zmq_ctx_pin(ctx, "x") == KVPS_ERR_CONFIG, "kvps_zmq_ctx_pin(ctx, \"x\")");
+    KT_OK(kvps_zmq_ctx_pin(ctx, s_last));
+    zmq_ctx_term(ctx);
+    KT_CHECK(kvps_zmq_ctx_pin(NULL, "0") == KVPS_ERR_INVALID_ARG, "kvps_zmq_ctx_pin(NULL)");
+    kvps_server *sv = NULL;
+    kvps_worker *w = NULL;
+    KT_CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://kt-pin-s", .num_workers = 1, .io_cpus = "0-"},
+                                &sv) == KVPS_ERR_CONFIG && !sv, "server io_cpus '0-'");
+    KT_CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://kt-pin-s", .io_cpus = "1024"}, &w) ==
+                 KVPS_ERR_CONFIG && !w, "worker io_cpus '1024'");
+    ctx = zmq_ctx_new();
+    KT_CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://kt-pin-s", .num_workers = 1, .zmq_ctx = ctx,
+                                                    .io_cpus = s_last}, &sv) == KVPS_ERR_CONFIG && !sv,
+             "server io_cpus with a zmq_ctx of the caller's");
+    KT_CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://kt-pin-s", .zmq_ctx = ctx, .io_cpus = s_last},
+                                &w) == KVPS_ERR_CONFIG && !w, "worker io_cpus with a zmq_ctx of the caller's");
+    zmq_ctx_term(ctx);
+    kvps_log_set_level(KVPS_LOG_ERROR);
+}
+
 static void test_env(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
     static const char *vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "KVPS_SIZE",
@@ -1694,6 +1874,7 @@ int main(void) {
     RUN(test_reduce_into, 60);
     RUN(test_bad_desc, 60);
     RUN(test_env, 60);
+    RUN(test_io_cpus, 60);
     RUN(test_bad_arguments, 60);
     RUN(test_nonblocking, 60);
     RUN(test_matrix_default, 240);
