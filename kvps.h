@@ -162,10 +162,12 @@
    the OS puts them. Each CPU must be one the calling thread may run on (KVPS_ERR_CONFIG
    otherwise). A context you pass as zmq_ctx is yours to pin: kvps_zmq_ctx_pin(ctx, cpus)
    before its first socket (its threads start then; they inherit the affinity of the thread
-   that makes that socket, so a process bound to one core needs neither). Waking a thread on
-   another vCPU is dear in a VM (a 4 KB ZeroMQ one-way message: 50 us across two vCPUs, 23 us
-   on one; raw TCP 3.5 us): with each rank's I/O thread on a CPU of its own, 2-rank all-reduce
-   of 4 MB ran 1.2-1.5x faster here (BENCHMARKS.md).
+   that makes that socket, so a process bound to one core needs neither). The list is read
+   during create only. Waking a thread on another vCPU is dear in a VM (a 4 KB ZeroMQ one-way
+   message: 50 us across two vCPUs, 23 us on one; raw TCP 3.5 us). With each rank's I/O thread
+   on a CPU of its own, ring all-reduce ran 1.47x faster at 4 MB with 2 ranks and 1.12-1.34x at
+   1-16 MB with 4, but 0.93x at 1 MB with 2 (paired runs, BENCHMARKS.md). For a server and a
+   worker, two paired 16 MB runs moved kvps and raw ZeroMQ (pinned the same way) alike.
 
    8. ERRORS AND LOGGING
    Every fallible call returns kvps_result (KVPS_OK = 0, errors < 0, banded: -1.. arguments and
@@ -1844,6 +1846,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->ctx = desc->zmq_ctx;
     if (!s->ctx) {
         s->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
+        s->desc.io_cpus = NULL; /* read here only */
         s->own_ctx = 1;
         if (!s->ctx) return kvps__server_fail(s, desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ, "context");
     }
@@ -3545,6 +3548,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->ctx = desc->zmq_ctx;
     if (!w->ctx) {
         w->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
+        w->desc.io_cpus = NULL; /* read here only */
         w->own_ctx = 1;
         if (!w->ctx) { kvps_worker_destroy(&w); return desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ; }
     }

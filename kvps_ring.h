@@ -1466,6 +1466,7 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->ctx = desc->zmq_ctx;
     if (!r->ctx) {
         r->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
+        r->desc.io_cpus = NULL; /* read here only */
         r->own_ctx = 1;
         if (!r->ctx) { kvps_ring_destroy(&r); return desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ; }
     }
