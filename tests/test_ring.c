@@ -329,6 +329,16 @@ static void *team_thread(void *arg) {
     return NULL;
 }
 
+/* A team with zeroed settings: label, function, k ranks, inproc (tcp 0) or TCP, timeout. */
+static void team_init(team *t, const char *label, void (*fn)(rk *), int k, int tcp, int timeout_ms) {
+    memset(t, 0, sizeof *t);
+    t->label = label;
+    t->fn = fn;
+    t->k = k;
+    t->tcp = tcp;
+    t->base.timeout_ms = timeout_ms;
+}
+
 /* Runs t->fn on every rank; reports each rank's first failure and results that differ across
    ranks. Returns the number of ranks that failed. */
 static int team_run(team *t) {
@@ -625,12 +635,8 @@ static void suite_main(rk *x) {
 
 static int run_suite(const char *label, int k, const suite_cfg *c, size_t chunk, size_t small, const int *groups) {
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = label;
-    t.k = k;
-    t.fn = suite_main;
+    team_init(&t, label, suite_main, k, 0, kt_quick() ? 60000 : 20000);
     t.arg = c;
-    t.base.timeout_ms = kt_quick() ? 60000 : 20000;
     t.base.chunk_bytes = chunk;
     t.base.small_bytes = small;
     t.base.groups = groups;
@@ -703,12 +709,7 @@ static void zc_main(rk *x) {
 
 static void run_team(const char *label, void (*fn)(rk *), int k, int tcp, int timeout_ms, const int *groups) {
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = label;
-    t.k = k;
-    t.tcp = tcp;
-    t.fn = fn;
-    t.base.timeout_ms = kt_quick() ? 3 * timeout_ms : timeout_ms;
+    team_init(&t, label, fn, k, tcp, kt_quick() ? 3 * timeout_ms : timeout_ms);
     t.base.groups = groups;
     team_run(&t);
 }
@@ -776,12 +777,7 @@ static void big_main(rk *x) {
 
 static void test_64mb_tcp(void) {
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = "64MB-tcp";
-    t.k = 4;
-    t.tcp = 1;
-    t.fn = big_main;
-    t.base.timeout_ms = 120000;
+    team_init(&t, "64MB-tcp", big_main, 4, 1, 120000);
     team_run(&t);
     printf("  info: all-reduce of %zu MB float32 on 4 ranks over loopback TCP: %lld ms\n", big_n() * 4 >> 20,
            (long long)t.ranks[0].ms1);
@@ -1015,11 +1011,7 @@ static void dead_threads_body(void) {
     int sizes[2] = {3, 4};
     for (int i = 0; i < 2; i++) {
         team t;
-        memset(&t, 0, sizeof t);
-        t.label = "dead-thread";
-        t.k = sizes[i];
-        t.fn = dead_main;
-        t.base.timeout_ms = fail_timeout_ms();
+        team_init(&t, "dead-thread", dead_main, sizes[i], 0, fail_timeout_ms());
         t.base.algo = i ? KVPS_ALGO_RING : KVPS_ALGO_AUTO;
         team_run(&t);
     }
@@ -1167,12 +1159,8 @@ static void mismatch_body(void) {
     for (size_t i = 0; i < g_mm_n; i++) {
         const mm_case *c = &g_mm_cases[i];
         team t;
-        memset(&t, 0, sizeof t);
-        t.label = c->name;
-        t.k = 3;
-        t.fn = mm_main;
+        team_init(&t, c->name, mm_main, 3, 0, fail_timeout_ms());
         t.arg = c;
-        t.base.timeout_ms = fail_timeout_ms();
         team_run(&t);
         int nmm = 0;
         char got[200] = "";
@@ -1298,11 +1286,7 @@ out:
 
 static void test_nonblocking(void) {
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = "nonblocking";
-    t.k = 3;
-    t.fn = nb_main;
-    t.base.timeout_ms = kt_quick() ? 60000 : 10000;
+    team_init(&t, "nonblocking", nb_main, 3, 0, kt_quick() ? 60000 : 10000);
     team_run(&t);
 }
 
@@ -1363,11 +1347,7 @@ static void badarg_main(rk *x) {
 
 static void test_bad_arguments(void) {
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = "bad-arguments";
-    t.k = 2;
-    t.fn = badarg_main;
-    t.base.timeout_ms = 10000;
+    team_init(&t, "bad-arguments", badarg_main, 2, 0, 10000);
     team_run(&t);
 }
 
@@ -1561,12 +1541,7 @@ static void test_io_cpus(void) {
     check_pinned_ps(s_last, &one, s_two, &two);
     /* every rank's own context pinned to one CPU: results as always */
     team t;
-    memset(&t, 0, sizeof t);
-    t.label = "io_cpus tcp";
-    t.k = 3;
-    t.tcp = 1;
-    t.fn = pinned_main;
-    t.base.timeout_ms = 20000;
+    team_init(&t, "io_cpus tcp", pinned_main, 3, 1, 20000);
     t.base.io_cpus = s_last;
     team_run(&t);
 
