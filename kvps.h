@@ -167,7 +167,7 @@
    message: 50 us across two vCPUs, 23 us on one; raw TCP 3.5 us). With each rank's I/O thread
    on a CPU of its own, ring all-reduce ran 1.47x faster at 4 MB with 2 ranks and 1.12-1.34x at
    1-16 MB with 4, but 0.93x at 1 MB with 2 (paired runs, BENCHMARKS.md). For a server and a
-   worker, two paired 16 MB runs moved kvps and raw ZeroMQ (pinned the same way) alike.
+   worker on one machine it was mixed (bench_pushpull --io-cpus split, three paired runs).
 
    8. ERRORS AND LOGGING
    Every fallible call returns kvps_result (KVPS_OK = 0, errors < 0, banded: -1.. arguments and

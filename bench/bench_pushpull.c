@@ -1,7 +1,7 @@
 /* bench_pushpull - kvps push, pull and push+pull round trip against raw ZeroMQ, same run.
 
    usage: bench_pushpull [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]
-                         [--max-slice FLOATS]
+                         [--max-slice FLOATS] [--io-cpus split|none]
 
    Over tcp://127.0.0.1 (ephemeral ports). Each server side (the raw ROUTER, and each kvps
    configuration's servers) runs in a process of its own, forked at the start; the clients (raw
@@ -189,6 +189,8 @@ static void raw_drain_zc(raw_client *c) { /* kvps's wait also waits for this */
    ends when the parent closes the pipe it reads (kvps) or sends OP_QUIT (raw). */
 static int g_procs = 1;
 static size_t g_max_slice; /* --max-slice: kvps_worker_desc.max_slice (0: the default) */
+/* --io-cpus split: server sides' I/O threads on CPU 1, clients' on CPU 0, raw ZeroMQ and kvps alike */
+static const char *g_srv_cpus, *g_cli_cpus;
 
 static pid_t fork_server(int *ctl_w, int *ep_r) { /* parent: pid; child: 0 */
     int ep[2], ctl[2];
@@ -222,6 +224,7 @@ static void read_endpoints(int fd, char *buf, size_t cap) {
 static void raw_server_bind(raw_server *s) {
     s->ctx = zmq_ctx_new();
     if (!s->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
+    if (g_srv_cpus) kcheck(kvps_zmq_ctx_pin(s->ctx, g_srv_cpus), "kvps_zmq_ctx_pin", NULL);
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
     if (!s->router) die("zmq_socket", zmq_strerror(zmq_errno()));
     no_hwm(s->router);
@@ -258,6 +261,7 @@ static void raw_client_up(raw_client *c, const raw_server *s) {
     memset(c, 0, sizeof *c);
     c->ctx = zmq_ctx_new();
     if (!c->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
+    if (g_cli_cpus) kcheck(kvps_zmq_ctx_pin(c->ctx, g_cli_cpus), "kvps_zmq_ctx_pin", NULL);
     c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
     if (!c->dealer) die("zmq_socket", zmq_strerror(zmq_errno()));
     no_hwm(c->dealer);
@@ -332,7 +336,8 @@ static void kvps_servers_run(kcluster *k, int noupdate) {
         kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .rank = i, .consistency = KVPS_ASYNC,
                                                       .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
-                                                      .update_fn = noupdate ? update_nothing : NULL},
+                                                      .update_fn = noupdate ? update_nothing : NULL,
+                                                      .io_cpus = g_srv_cpus},
                                   &k->srv[i]),
                "kvps_server_create", NULL);
         kcheck(kvps_server_start(k->srv[i]), "kvps_server_start", NULL);
@@ -366,7 +371,8 @@ static void kvps_servers_up(kcluster *k, int n, int noupdate) {
 
 static void kvps_worker_up(kcluster *k, int nsizes) {
     kcheck(kvps_worker_create(&(kvps_worker_desc){.servers = k->servers, .rank = 0, .num_workers = 1,
-                                                  .timeout_ms = 120000, .max_slice = g_max_slice}, &k->w),
+                                                  .timeout_ms = 120000, .max_slice = g_max_slice,
+                                                  .io_cpus = g_cli_cpus}, &k->w),
            "kvps_worker_create", NULL);
     for (int i = 0; i < nsizes; i++) {
         char name[32];
@@ -523,7 +529,7 @@ static double row_gbs(const row *r, int which) {
 
 static void usage(const char *argv0) {
     fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]\n"
-                    "          [--max-slice FLOATS]\n"
+                    "          [--max-slice FLOATS] [--io-cpus split|none]\n"
                     "  --quick      skip 64 MB values\n"
                     "  --only B     measure one of the sizes only (4096 65536 1048576 16777216 67108864)\n"
                     "  --csv        print CSV rows instead of the table\n"
@@ -531,7 +537,9 @@ static void usage(const char *argv0) {
                     "  --one-process  servers as threads of this process (default: a process per server side)\n"
                     "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n"
                     "  --max-slice F  kvps_worker_desc.max_slice in floats (default 262144 = 1 MiB; 268435456:\n"
-                    "               a value is never cut beyond one slice per server, as before it existed)\n", argv0);
+                    "               a value is never cut beyond one slice per server, as before it existed)\n"
+                    "  --io-cpus split  server sides' ZeroMQ I/O threads on CPU 1, clients' on CPU 0, for zmq and kvps\n"
+                    "               alike (kvps_zmq_ctx_pin, .io_cpus); none (default): the OS places them\n", argv0);
     exit(2);
 }
 
@@ -547,6 +555,11 @@ int main(int argc, char **argv) {
             unsigned long long f = strtoull(argv[++i], &end, 10);
             if (*end || f == 0) usage(argv[0]);
             g_max_slice = (size_t)f;
+        }
+        else if (strcmp(argv[i], "--io-cpus") == 0 && i + 1 < argc) {
+            i++;
+            if (strcmp(argv[i], "split") == 0) { g_srv_cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? "1" : "0"; g_cli_cpus = "0"; }
+            else if (strcmp(argv[i], "none") != 0) usage(argv[0]);
         }
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
@@ -593,8 +606,10 @@ int main(int argc, char **argv) {
         printf("# bench_pushpull: kvps push / pull / push+pull round trip vs raw ZeroMQ, same run\n");
         printf("# tcp loopback; %s; servers and worker have a ZeroMQ context (1 I/O thread) each;\n",
                g_procs ? "each server side in a process of its own, clients in this one" : "one process (--one-process)");
-        printf("# servers async + KVPS_UPDATE_SUM; 1 worker; libzmq %d.%d.%d; %ld CPUs\n", major, minor, patch,
-               sysconf(_SC_NPROCESSORS_ONLN));
+        printf("# servers async + KVPS_UPDATE_SUM; 1 worker; libzmq %d.%d.%d; %ld CPUs; I/O threads %s\n", major, minor,
+               patch, sysconf(_SC_NPROCESSORS_ONLN),
+               g_srv_cpus ? "pinned: server sides' on CPU 1, clients' on CPU 0, zmq and kvps alike (--io-cpus split)"
+                          : "placed by the OS");
         printf("# peer zmq: raw DEALER->ROUTER, zero-copy sends both ways, same bytes, counts, window, framing\n");
         printf("#   push: W in flight, request carries the bytes, small reply; pull: W in flight, small request,\n");
         printf("#   reply carries the bytes; rt: pushpull one at a time, latency per op (p50, p99)\n");
