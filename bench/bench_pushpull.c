@@ -32,8 +32,10 @@
    Values past kvps's max_slice (1 MiB: 16 and 64 MB here) go out from kvps as several slices,
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
    pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it. */
+#define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "bench/bench_cpu.h"
 #include "bench/bench_pipe.h"
 
 #include <math.h>
@@ -189,7 +191,8 @@ static void raw_drain_zc(raw_client *c) { /* kvps's wait also waits for this */
    ends when the parent closes the pipe it reads (kvps) or sends OP_QUIT (raw). */
 static int g_procs = 1;
 static size_t g_max_slice; /* --max-slice: kvps_worker_desc.max_slice (0: the default) */
-/* --io-cpus split: server sides' I/O threads on CPU 1, clients' on CPU 0, raw ZeroMQ and kvps alike */
+/* --io-cpus split: server sides' I/O threads on the second CPU this process may use, clients' on
+   the first (bench_cpu), raw ZeroMQ and kvps alike */
 static const char *g_srv_cpus, *g_cli_cpus;
 
 static pid_t fork_server(int *ctl_w, int *ep_r) { /* parent: pid; child: 0 */
@@ -538,8 +541,9 @@ static void usage(const char *argv0) {
                     "  --time S     target seconds per raw ZeroMQ measurement (default 0.2)\n"
                     "  --max-slice F  kvps_worker_desc.max_slice in floats (default 262144 = 1 MiB; 268435456:\n"
                     "               a value is never cut beyond one slice per server, as before it existed)\n"
-                    "  --io-cpus split  server sides' ZeroMQ I/O threads on CPU 1, clients' on CPU 0, for zmq and kvps\n"
-                    "               alike (kvps_zmq_ctx_pin, .io_cpus); none (default): the OS places them\n", argv0);
+                    "  --io-cpus split  server sides' ZeroMQ I/O threads on the second CPU allowed, clients' on the\n"
+                    "               first, zmq and kvps alike (kvps_zmq_ctx_pin, .io_cpus); none (default): the OS\n"
+                    "               places them\n", argv0);
     exit(2);
 }
 
@@ -558,7 +562,10 @@ int main(int argc, char **argv) {
         }
         else if (strcmp(argv[i], "--io-cpus") == 0 && i + 1 < argc) {
             i++;
-            if (strcmp(argv[i], "split") == 0) { g_srv_cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? "1" : "0"; g_cli_cpus = "0"; }
+            static char srv[16], cli[16];
+            snprintf(srv, sizeof srv, "%d", bench_cpu(1));
+            snprintf(cli, sizeof cli, "%d", bench_cpu(0));
+            if (strcmp(argv[i], "split") == 0) { g_srv_cpus = srv; g_cli_cpus = cli; }
             else if (strcmp(argv[i], "none") != 0) usage(argv[0]);
         }
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
@@ -608,8 +615,9 @@ int main(int argc, char **argv) {
                g_procs ? "each server side in a process of its own, clients in this one" : "one process (--one-process)");
         printf("# servers async + KVPS_UPDATE_SUM; 1 worker; libzmq %d.%d.%d; %ld CPUs; I/O threads %s\n", major, minor,
                patch, sysconf(_SC_NPROCESSORS_ONLN),
-               g_srv_cpus ? "pinned: server sides' on CPU 1, clients' on CPU 0, zmq and kvps alike (--io-cpus split)"
-                          : "placed by the OS");
+               g_srv_cpus ? "pinned (--io-cpus split)" : "placed by the OS");
+        if (g_srv_cpus)
+            printf("#   zmq and kvps alike: server sides' I/O threads on CPU %s, clients' on CPU %s\n", g_srv_cpus, g_cli_cpus);
         printf("# peer zmq: raw DEALER->ROUTER, zero-copy sends both ways, same bytes, counts, window, framing\n");
         printf("#   push: W in flight, request carries the bytes, small reply; pull: W in flight, small request,\n");
         printf("#   reply carries the bytes; rt: pushpull one at a time, latency per op (p50, p99)\n");

@@ -12,8 +12,8 @@
    kvps_ring_connect. With several --chunk values each rank makes one ring per value, all on
    one ZeroMQ context (so they share its I/O thread as a single ring would). Each rank
    allocates its send and receive buffers once, for the largest size, and touches them before
-   any timing. By default rank r pins its ZeroMQ I/O thread(s) to CPU r mod (CPUs online)
-   (kvps_zmq_ctx_pin, what .io_cpus does for a ring's own context); the ranks' own threads are
+   any timing. By default rank r pins its ZeroMQ I/O thread(s) to the (r mod n)-th of the n CPUs
+   it may run on (kvps_zmq_ctx_pin, what .io_cpus does for a ring's own context); the ranks' own threads are
    not pinned. --io-cpus none leaves every thread to the OS. OpenMPI runs with --bind-to none:
    binding its ranks to cores (--bind-to core, core:overload-allowed at 4 ranks) changed its
    figures by less than run-to-run noise here (BENCHMARKS.md).
@@ -43,8 +43,10 @@
    when mpirun is on PATH and mpi_allreduce sits next to this program (or --mpi PATH); --no-mpi
    skips it. Where there are fewer CPUs than ranks (4 and 8 on a 2-CPU machine) both kvps and
    MPI are oversubscribed; OpenMPI's ranks poll while they wait, kvps's sleep in zmq_poll. */
+#define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
+#include "bench/bench_cpu.h"
 #include "bench/bench_pipe.h"
 
 #include <errno.h>
@@ -296,7 +298,7 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
     zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, cf->io_threads ? cf->io_threads : 1);
     if (!cf->io_cpus_none) { /* before the first socket: the I/O threads start with it */
         char cpu[16];
-        snprintf(cpu, sizeof cpu, "%ld", rank % sysconf(_SC_NPROCESSORS_ONLN));
+        snprintf(cpu, sizeof cpu, "%d", bench_cpu(rank));
         kcheck(kvps_zmq_ctx_pin(c.zctx, cpu), "kvps_zmq_ctx_pin", &c);
     }
     for (int k = 0; k < cf->nchunk; k++) {
@@ -679,7 +681,7 @@ static void usage(void) {
             "  --time S  seconds per size and algorithm, 5 blocks together (default 0.3)\n"
             "  --inplace all-reduce in place (kvps and MPI)\n"
             "  --io-threads N  ZeroMQ I/O threads per rank (kvps_ring_desc.io_threads; default 1)\n"
-            "  --io-cpus  rank (default): rank r's I/O thread(s) on CPU r mod CPUs (kvps_ring_desc.io_cpus);\n"
+            "  --io-cpus  rank (default): rank r's I/O thread(s) on CPU r mod CPUs allowed (kvps_zmq_ctx_pin);\n"
             "             none: the OS places every thread\n"
             "  --mpi     run the OpenMPI peer (PATH: mpi_allreduce binary; default next to this program,\n"
             "            run when found); --no-mpi skips it\n"
@@ -844,7 +846,7 @@ int main(int argc, char **argv) {
         printf("# bench_ring: kvps_ring collectives, nccl-tests style, next to OpenMPI over TCP in the same run\n");
         printf("# ranks are processes on tcp://127.0.0.1; libzmq %d.%d.%d, %d I/O thread(s) per rank, %s; %ld CPUs%s\n",
                major, minor, patch, cf.io_threads ? cf.io_threads : 1,
-               cf.io_cpus_none ? "placed by the OS (--io-cpus none)" : "pinned to CPU rank mod CPUs (--io-cpus rank)",
+               cf.io_cpus_none ? "placed by the OS (--io-cpus none)" : "pinned to CPU rank mod CPUs allowed (--io-cpus rank)",
                sysconf(_SC_NPROCESSORS_ONLN),
                sysconf(_SC_NPROCESSORS_ONLN) < 8 ? " (more ranks than CPUs are oversubscribed, for kvps and MPI alike)" : "");
         printf("# time = per-call time averaged over ranks (max_us: the slowest rank), median of %d blocks,\n", NREP);
