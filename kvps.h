@@ -3682,6 +3682,19 @@ static void kvps__req_end(kvps_worker *w, kvps__req *q) {
     kvps__req_unref(q);
 }
 
+/* The header of a worker's request: op, nkeys and the request's id, from this worker's rank. */
+static kvps__hdr kvps__req_hdr(const kvps_worker *w, const kvps__req *q, int op, uint32_t nkeys) {
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)op;
+    h.rank = (uint32_t)w->desc.rank;
+    h.nkeys = nkeys;
+    h.req_id = q->id;
+    return h;
+}
+
 /* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
    or gathered from the runs given by vptr/vlen. */
 /* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
@@ -3689,14 +3702,7 @@ static void kvps__req_end(kvps_worker *w, kvps__req *q) {
 static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
                                   uint32_t nk, const float *const *vptr, uint32_t nruns, const kvps_codec *pc,
                                   float *resid, const kvps_codec *pull, uint64_t *wire) {
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)op;
-    h.rank = (uint32_t)w->desc.rank;
-    h.nkeys = nk;
-    h.req_id = q->id;
+    kvps__hdr h = kvps__req_hdr(w, q, op, nk);
     h.status = (int32_t)w->incarnation; /* requests carry the sender's incarnation here */
     if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
     else pc = NULL;
@@ -4078,14 +4084,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
         kvps__req *q = kvps__req_new(w, 0);
         if (!q) { r = KVPS_ERR_NOMEM; break; }
         for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
-            kvps__hdr h;
-            memset(&h, 0, sizeof h);
-            h.magic = KVPS__MAGIC;
-            h.version = KVPS__VERSION;
-            h.op = KVPS__OP_CONFIG;
-            h.rank = (uint32_t)w->desc.rank;
-            h.nkeys = 1;
-            h.req_id = q->id;
+            kvps__hdr h = kvps__req_hdr(w, q, KVPS__OP_CONFIG, 1);
             kvps__kent e = {t->keys[i], t->slen[i]};
             zmq_msg_t f2[2];
             unsigned char meta[KVPS__HDR + KVPS__KENT];
@@ -4138,14 +4137,7 @@ static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
 /* One table message to server srv: meta (+ ids) and optional values. */
 static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
                                     const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)op;
-    h.rank = (uint32_t)w->desc.rank;
-    h.nkeys = nrows;
-    h.req_id = q->id;
+    kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
     zmq_msg_t f[2];
     if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0) return KVPS_ERR_NOMEM;
     unsigned char *m = (unsigned char *)zmq_msg_data(&f[0]);

@@ -1056,9 +1056,10 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
         if (algo == KVPS_ALGO_AUTO)
             algo = !large                        ? KVPS_ALGO_RD
                    : kvps_ring__multi_group(r)   ? KVPS_ALGO_HIER
-                   : k >= 4 && (k & (k - 1)) == 0 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
+                   : k >= 4 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
                                                  : KVPS_ALGO_RING;
-        if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING; /* RHD cannot run */
+        /* RHD cannot run on a size that is not a power of two, nor with a 16-bit wire */
+        if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING;
         if (send && send != recv && k > 1 && n && !r->wire &&
             (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
             /* out of place: the algorithm reads send and writes every block of recv itself */

@@ -1432,6 +1432,12 @@ static int zmq_io_tids(pid_t *tids, int cap) {
 
 typedef struct tidset { pid_t t[64]; int n; } tidset;
 
+static int tid_in(const tidset *s, pid_t t) {
+    for (int j = 0; j < s->n; j++)
+        if (s->t[j] == t) return 1;
+    return 0;
+}
+
 /* Checks that exactly expect ZeroMQ I/O threads appeared since before, each allowed on exactly
    the CPUs of want. A thread pins itself, then names itself, as it starts: the names are waited
    for (2 s at most). */
@@ -1441,18 +1447,12 @@ static void check_new_io_threads(const tidset *before, int expect, const cpu_set
     for (int tries = 0; tries < 200; tries++, sleep_ms(10)) {
         after.n = zmq_io_tids(after.t, 64);
         fresh = 0;
-        for (int i = 0; i < after.n; i++) {
-            int old = 0;
-            for (int j = 0; j < before->n; j++) old |= after.t[i] == before->t[j];
-            fresh += !old;
-        }
+        for (int i = 0; i < after.n; i++) fresh += !tid_in(before, after.t[i]);
         if (fresh >= expect) break;
     }
     KT_CHECK(before->n >= 0 && fresh == expect, "%s: %d new I/O threads, want %d", label, fresh, expect);
     for (int i = 0; i < after.n; i++) {
-        int old = 0;
-        for (int j = 0; j < before->n; j++) old |= after.t[i] == before->t[j];
-        if (old) continue;
+        if (tid_in(before, after.t[i])) continue;
         cpu_set_t got;
         CPU_ZERO(&got);
         KT_CHECK(sched_getaffinity(after.t[i], sizeof got, &got) == 0, "sched_getaffinity(%d): %s", (int)after.t[i],
