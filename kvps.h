@@ -4760,9 +4760,23 @@ static void kvps__half_ef(const float *x, float *r, uint16_t *h, size_t n, int f
 }
 
 // >>topk
+/* Top-k by magnitude. A threshold is guessed from a sorted sample, one filter pass keeps the
+   indices at or above it (at most cap of them), and an exact radix select trims those to k. The
+   guess is searched by bisection over the sample's positions; when no sample value lies between a
+   threshold that keeps too many and one that keeps too few (heavy ties, or fewer than k entries
+   above a value most of the input shares: a sparse gradient), the k-th largest magnitude is
+   selected exactly over the whole input instead. Every path ends in a bounded number of passes. */
+
+/* r[i] = x[i] + r[i] for i in [from, n): a filter pass that stops early finishes the
+   error-feedback accumulation with it (x + r, the order the pass uses: NaN payloads match). */
+static void kvps__acc_rest(const float *x, float *r, size_t from, size_t n) {
+    if (r)
+        for (size_t i = from; i < n; i++) r[i] = x[i] + r[i];
+}
+
 /* Indices i with |x[i] (+ r[i])| >= t into out (at most cap); with r, r += x on the way (the
-   error-feedback accumulation, fused into the same pass). Returns the count, or cap + 1 when
-   there are more than cap. */
+   error-feedback accumulation, fused into the same pass, and always finished over all n).
+   Returns the count, or cap + 1 when there are more than cap. */
 static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t t, uint32_t *out, uint32_t *keys,
                                     size_t cap) {
     size_t c = 0;
@@ -4771,7 +4785,7 @@ static size_t kvps__filter_portable(const float *x, float *r, size_t n, uint32_t
         if (r) { v += r[i]; r[i] = v; }
         uint32_t key = kvps_el_mag(v);
         if (key >= t) {
-            if (c == cap) return cap + 1;
+            if (c == cap) { kvps__acc_rest(x, r, i + 1, n); return cap + 1; }
             keys[c] = key;
             out[c++] = (uint32_t)i;
         }
@@ -4791,7 +4805,7 @@ KVPS__TARGET_AVX2 static size_t kvps__filter_avx2(const float *x, float *r, size
         __m256i key = _mm256_and_si256(_mm256_castps_si256(v), am);
         unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, tm1)));
         if (!m) continue;
-        if (c + (size_t)__builtin_popcount(m) > cap) return cap + 1;
+        if (c + (size_t)__builtin_popcount(m) > cap) { kvps__acc_rest(x, r, i + 8, n); return cap + 1; }
         uint32_t kl[8];
         _mm256_storeu_si256((__m256i *)(void *)kl, key);
         while (m) { unsigned j = (unsigned)__builtin_ctz(m); keys[c] = kl[j]; out[c++] = (uint32_t)(i + j); m &= m - 1; }
@@ -4813,7 +4827,7 @@ KVPS__TARGET_AVX512 static size_t kvps__filter_avx512(const float *x, float *r, 
         __mmask16 m = _mm512_cmpge_epu32_mask(key, tv);
         if (!m) continue;
         size_t k = (size_t)__builtin_popcount(m);
-        if (c + k > cap) return cap + 1;
+        if (c + k > cap) { kvps__acc_rest(x, r, i + 16, n); return cap + 1; }
         _mm512_mask_compressstoreu_epi32(out + c, m, iv);
         _mm512_mask_compressstoreu_epi32(keys + c, m, key);
         c += k;
@@ -4839,18 +4853,28 @@ static int kvps__cmp_u32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The k-th largest (k >= 1) of v[0..n): radix select on 11 + 11 + 10 bits, each pass over
-   the survivors of the last (tmp: n entries, may not alias v). */
-static uint32_t kvps__kth_largest(const uint32_t *v, size_t n, size_t k, uint32_t *tmp) {
+/* The key of entry j of a top-k candidate list: keys[j], or |x[j]| when the list is the whole
+   input (keys NULL). */
+static uint32_t kvps__topk_key(const uint32_t *keys, const float *x, size_t j) {
+    return keys ? keys[j] : kvps_el_mag(x[j]);
+}
+
+/* The k-th largest key (1 <= k <= n) of keys[0..n), or of |x[0..n)| when keys is NULL: radix
+   select on 11 + 11 + 10 bits. With tmp (n entries, not aliasing keys) each pass keeps the
+   survivors of the last; without it each pass reads all n again. */
+static uint32_t kvps__kth_largest(const uint32_t *keys, const float *x, size_t n, size_t k, uint32_t *tmp) {
     static const int sh[3] = {21, 10, 0}, wb[3] = {11, 11, 10};
+    size_t hist[2048];
     uint32_t prefix = 0, pmask = 0;
-    const uint32_t *cur = v;
-    size_t cn = n, *hist = (size_t *)calloc(2048, sizeof *hist);
-    if (!hist) return 0;
+    const uint32_t *cur = keys;
+    size_t cn = n;
     for (int pass = 0; pass < 3; pass++) {
         uint32_t w = 1u << wb[pass];
         memset(hist, 0, w * sizeof *hist);
-        for (size_t j = 0; j < cn; j++) hist[(cur[j] >> sh[pass]) & (w - 1)]++;
+        for (size_t j = 0; j < cn; j++) {
+            uint32_t key = kvps__topk_key(cur, x, j);
+            if ((key & pmask) == prefix) hist[(key >> sh[pass]) & (w - 1)]++;
+        }
         size_t above = 0;
         uint32_t b = w - 1;
         for (;; b--) {
@@ -4860,14 +4884,35 @@ static uint32_t kvps__kth_largest(const uint32_t *v, size_t n, size_t k, uint32_
         k -= above;
         prefix |= b << sh[pass];
         pmask |= (w - 1) << sh[pass];
+        if (!cur || !tmp) continue;
         size_t m = 0;
         for (size_t j = 0; j < cn; j++)
             if ((cur[j] & pmask) == prefix) tmp[m++] = cur[j];
         cur = tmp;
         cn = m;
     }
-    free(hist);
     return prefix;
+}
+
+/* The exact trim: of the cnt candidates (index cand[j], key keys[j]; both NULL: every index of
+   acc), the k of largest key, ties to the lower index, into idx / val in index order; with r,
+   the residual of each one taken becomes 0. T is the k-th largest key among them. */
+static void kvps__topk_take(const float *acc, float *r, const uint32_t *cand, const uint32_t *keys, size_t cnt,
+                            size_t k, uint32_t T, uint32_t *idx, float *val) {
+    size_t above = 0, o = 0;
+    for (size_t j = 0; j < cnt; j++) above += kvps__topk_key(keys, acc, j) > T;
+    size_t ties = k - above;
+    for (size_t j = 0; j < cnt; j++) {
+        uint32_t key = kvps__topk_key(keys, acc, j);
+        if (key < T || (key == T && ties == 0)) continue;
+        if (key == T) ties--;
+        uint32_t i = cand ? cand[j] : (uint32_t)j;
+        idx[o] = i;
+        val[o] = acc[i];
+        if (r) r[i] = 0.0f;
+        o++;
+    }
+    KVPS_ASSERT(o == k);
 }
 
 /* Top-k of x (+ r, accumulated into r when r is given). idx ascending; val = the selected
@@ -4882,7 +4927,6 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         }
         return KVPS_OK;
     }
-    /* threshold from a sample, aiming at about 2k candidates */
     /* about n/16 samples, 256 to 8192: enough to place the threshold, cheap for small tensors */
     size_t m = n / 16 < 256 ? (n < 256 ? n : 256) : n / 16 > 8192 ? 8192 : n / 16;
     uint32_t *samp = (uint32_t *)malloc(m * sizeof *samp);
@@ -4892,60 +4936,46 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
         samp[j] = kvps_el_mag(r ? x[p] + r[p] : x[p]);
     }
     qsort(samp, m, sizeof *samp, kvps__cmp_u32);
-    /* expected sample count above the k-th largest, plus 4 standard deviations */
+    /* the threshold at sample position p: samp[p], and position 0 takes everything; it does not
+       fall as p rises. First guess: the expected sample count above the k-th largest, plus 4
+       standard deviations, aiming at about 2k candidates. */
+#define KVPS__THR(p) ((p) <= 0 ? 0u : samp[p])
     double mu = (double)k / (double)n * (double)m, want = mu + 4.0 * sqrt(mu) + 8.0;
     long pos = (long)m - (long)want;
+    /* lo: the highest position known to keep more than cap; hi: the lowest known to keep fewer
+       than k. Positions strictly between them are the ones left to try. */
+    long lo = -1, hi = (long)m;
     size_t cap = n < 2 * k + 65536 ? n : 2 * k + 65536;
     /* candidates: indices, their keys, and room for the radix select */
     uint32_t *cand = (uint32_t *)malloc(cap * 3 * sizeof *cand);
     kvps_result rc = cand ? KVPS_OK : KVPS_ERR_NOMEM;
     size_t cnt = 0;
-    int accumulated = 0; /* r += x happens in the first filter pass only */
-    while (rc == KVPS_OK) {
-        uint32_t t = pos <= 0 ? 0 : samp[pos];
-        float *rr = accumulated ? NULL : r;
-        const float *src = accumulated ? r : x;
+    const float *src = x; /* the first pass accumulates r += x; later passes read r */
+    float *rr = r;
+    int found = 0;
+    while (rc == KVPS_OK && lo + 1 < hi) {
+        pos = pos <= lo ? lo + 1 : pos >= hi ? hi - 1 : pos;
+        uint32_t t = KVPS__THR(pos);
         cnt = kvps__filter(src, rr, n, t, cand, cand + cap, cap);
-        if (rr && cnt <= cap) accumulated = 1;
-        if (cnt <= cap && cnt >= k) break;
-        if (rr && !accumulated) { /* the pass stopped early: finish r += x, then filter r */
-            for (size_t i = 0; i < n; i++) r[i] += x[i];
-            accumulated = 1;
-        }
-        if (cnt > cap) { /* too many: raise the threshold, or take everything if it cannot rise */
-            if (pos >= (long)m - 1 || samp[pos] == samp[m - 1]) {
-                uint32_t *all = (uint32_t *)realloc(cand, n * 3 * sizeof *cand);
-                if (!all) { rc = KVPS_ERR_NOMEM; break; }
-                cand = all;
-                cap = n;
-            } else {
-                pos = pos + ((long)m - pos) / 2;
-            }
-        } else { /* too few: lower it */
-            pos = pos <= 0 ? 0 : pos - ((long)m - pos) - 1;
+        if (rr) { src = r; rr = NULL; }
+        if (cnt <= cap && cnt >= k) { found = 1; break; }
+        if (cnt > cap) { /* too many: every position with this threshold keeps as many */
+            for (lo = pos; lo + 1 < (long)m && KVPS__THR(lo + 1) == t; lo++) {}
+            pos = lo + (hi - lo) / 2;
+        } else { /* too few: likewise; below, step down twice as far as from the top until
+                    a position that keeps too many is known, then bisect */
+            for (hi = pos; hi > 0 && KVPS__THR(hi - 1) == t; hi--) {}
+            pos = lo < 0 ? hi - ((long)m - hi) - 1 : lo + (hi - lo) / 2;
         }
     }
-    if (rc == KVPS_OK && accumulated == 0 && r) accumulated = 1;
+#undef KVPS__THR
     if (rc == KVPS_OK) {
         const float *acc = r ? r : x;
-        /* exact trim: the k-th largest magnitude T among the candidates; all above T go, and
-           the lowest-index ones equal to T fill up to k */
-        uint32_t *kk = cand + cap;
-        {
-            uint32_t T = kvps__kth_largest(kk, cnt, k, cand + 2 * cap);
-            size_t above = 0;
-            for (size_t j = 0; j < cnt; j++) above += kk[j] > T;
-            size_t ties = k - above, o = 0;
-            for (size_t j = 0; j < cnt; j++) {
-                if (kk[j] < T || (kk[j] == T && ties == 0)) continue;
-                if (kk[j] == T) ties--;
-                uint32_t i = cand[j];
-                idx[o] = i;
-                val[o] = acc[i];
-                if (r) r[i] = 0.0f;
-                o++;
-            }
-            KVPS_ASSERT(o == k);
+        if (found) { /* the exact trim among the candidates */
+            uint32_t *kk = cand + cap;
+            kvps__topk_take(acc, r, cand, kk, cnt, k, kvps__kth_largest(kk, NULL, cnt, k, cand + 2 * cap), idx, val);
+        } else { /* no sampled threshold fits: select over the whole (accumulated) input */
+            kvps__topk_take(acc, r, NULL, NULL, n, k, kvps__kth_largest(NULL, acc, n, k, NULL), idx, val);
         }
     }
     free(samp);

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <unistd.h>
 #include <zmq.h>
 
 static int kt_pass, kt_fail, kt_cur_failed;
@@ -39,6 +42,34 @@ static int kt_finish(void) {
     fflush(stdout); /* before exit-time checkers (LeakSanitizer) can end the process */
     return kt_fail ? 1 : 0;
 }
+/* A watchdog for calls that must return: kt_alarm(s, fmt, ...) arms SIGALRM for s seconds; if the
+   call has not returned by then (kt_alarm(0, NULL) disarms), the test fails with what was named,
+   the closing "N passed, N failed" line is printed and the process exits, so that a hang fails
+   the suite instead of stalling it. The message is made when armed (the handler only writes). */
+static char kt_alarm_msg[768];
+static size_t kt_alarm_len;
+static inline void kt_on_alarm(int sig) {
+    (void)sig;
+    ssize_t w = write(1, kt_alarm_msg, kt_alarm_len);
+    (void)w;
+    _exit(1);
+}
+static inline void kt_alarm(unsigned seconds, const char *fmt, ...) {
+    if (!seconds) { alarm(0); return; }
+    char what[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    int len = snprintf(kt_alarm_msg, sizeof kt_alarm_msg, "%s%s%s  %s did not return within %u s (a hang)\n%d passed, %d failed\n",
+                       kt_cur_failed ? "" : "FAIL ", kt_cur_failed ? "" : (kt_cur ? kt_cur : "?"), kt_cur_failed ? "" : "\n",
+                       what, seconds, kt_pass, kt_fail + 1);
+    kt_alarm_len = len < 0 ? 0 : (size_t)len < sizeof kt_alarm_msg ? (size_t)len : sizeof kt_alarm_msg - 1;
+    fflush(stdout); /* what was printed before goes out first */
+    signal(SIGALRM, kt_on_alarm);
+    alarm(seconds);
+}
+
 /* KVPS_TEST_QUICK=1 (sanitizers, valgrind) skips the largest sizes. */
 static inline int kt_quick(void) { const char *e = getenv("KVPS_TEST_QUICK"); return e && *e && *e != '0'; }
 

@@ -155,6 +155,46 @@ static void test_topk_allreduce(void) {
         }
 }
 
+/* top-k on sparse gradients (fewer non-zeros than k, the report's hang): each rank's 50
+   non-zeros, small integers at rank-dependent places, are all sent, so the result is the naive
+   sum exactly and every residual ends at zero. Under an alarm: a hang fails the test. */
+static float sparse_at(int rank, int step, size_t i) {
+    size_t period = g_n / 50;
+    return i % period == (size_t)(rank * 7 + step) % period ? (float)(rank + 2 * step + 1) : 0.0f;
+}
+static kvps_result topk_sparse_body(rank_job *j, kvps_ring *r) {
+    float *x = g_out[j->rank];
+    for (int step = 0; step < 2; step++) {
+        for (size_t i = 0; i < g_n; i++) x[i] = sparse_at(j->rank, step, i);
+        kvps_result rc = kvps_ring_allreduce_topk(r, x, g_n, g_topk, g_resid[j->rank]);
+        if (rc != KVPS_OK) return rc;
+    }
+    return KVPS_OK;
+}
+
+static void test_topk_allreduce_sparse(void) {
+    g_n = 100000;
+    g_topk = g_n / 100; /* the default 1% */
+    for (int k = 1; k <= MAXK; k++) {
+        for (int i = 0; i < k; i++) {
+            g_out[i] = (float *)malloc(g_n * sizeof(float));
+            g_resid[i] = (float *)calloc(g_n, sizeof(float));
+        }
+        kt_alarm(120, "a top-k all-reduce of 50 non-zeros per rank, %d ranks", k);
+        int f = run_ranks(k, topk_sparse_body);
+        kt_alarm(0, NULL);
+        KT_CHECK(f == 0, "sparse top-k k=%d: %d ranks failed", k, f);
+        int bad = 0, left = 0;
+        for (size_t i = 0; i < g_n; i++) {
+            double want = 0;
+            for (int q = 0; q < k; q++) want += sparse_at(q, 1, i);
+            for (int q = 0; q < k; q++) { bad += g_out[q][i] != want; left += g_resid[q][i] != 0.0f; }
+        }
+        KT_CHECK(bad == 0 && left == 0, "sparse top-k k=%d: %d sums wrong, %d residuals non-zero", k, bad, left);
+        for (int q = 0; q < k; q++) { free(g_out[q]); free(g_resid[q]); }
+    }
+}
+
 static void test_wire_bad_args(void) {
     kvps_ring *r = NULL;
     KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://rc-single", .zmq_ctx = g_ctx}, &r));
@@ -178,6 +218,7 @@ int main(void) {
     KT_RUN(test_wire_bad_args);
     KT_RUN(test_wire_allreduce);
     KT_RUN(test_topk_allreduce);
+    KT_RUN(test_topk_allreduce_sparse);
     zmq_ctx_term(g_ctx);
     return kt_finish();
 }

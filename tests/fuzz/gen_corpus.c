@@ -261,6 +261,48 @@ static void codec_seed(const char *name, kvps_codec c, uint32_t n, uint8_t mode)
     save("fuzz_codec", name, &b);
 }
 
+/* Round trips of top-k over the input shapes its threshold search must survive: [mode][u32 n =
+   count][floats]; mode 0xa0 = round trip of a LONG input (the payload, then its last float
+   repeated past the candidate cap), 0x90 / 0xb0 with error feedback. */
+static void topk_rt_seed(const char *name, uint8_t mode, uint32_t count, const float *x, size_t m) {
+    buf b;
+    uint8_t hdr[6] = {KVPS_CODEC_TOPK, mode};
+    memcpy(hdr + 2, &count, 4);
+    begin(&b, hdr, sizeof hdr);
+    put(&b, x, m * sizeof *x);
+    save("fuzz_codec", name, &b);
+}
+
+static void topk_shape_seeds(void) {
+    float x[128];
+    uint32_t nan1 = 0x7fc00123u, nan2 = 0xffa00001u; /* a quiet NaN with a payload, a signalling one */
+    for (int i = 0; i < 64; i++) x[i] = (float)((i * 37) % 64 + 1) * (i % 3 ? 1.0f : -1.0f); /* no ties */
+    topk_rt_seed("topk_rt_distinct", 0x80, 8, x, 64);
+    topk_rt_seed("topk_rt_k1", 0x80, 1, x, 64);
+    topk_rt_seed("topk_rt_k_n_minus_1", 0x90, 63, x, 64);
+    topk_rt_seed("topk_rt_k_is_n", 0x80, 64, x, 64);
+    for (int i = 0; i < 64; i++) x[i] = (float)(i % 4) - 1.0f; /* heavy ties */
+    topk_rt_seed("topk_rt_heavy_ties", 0x80, 10, x, 64);
+    for (int i = 0; i < 32; i++) x[i] = 0.5f; /* all equal */
+    topk_rt_seed("topk_rt_all_equal", 0x90, 5, x, 32);
+    for (int i = 0; i < 100; i++) x[i] = i == 17 ? 3.0f : i == 80 ? -1.5f : 0.0f; /* mostly zeros */
+    topk_rt_seed("topk_rt_mostly_zeros", 0x80, 10, x, 100);
+    for (int i = 0; i < 40; i++) x[i] = (float)(i - 20) * 1e-42f; /* subnormal */
+    topk_rt_seed("topk_rt_subnormal", 0x80, 4, x, 40);
+    for (int i = 0; i < 40; i++) x[i] = (float)(i % 7) - 3.0f; /* inf and NaN among them */
+    x[3] = INFINITY; x[9] = -INFINITY;
+    memcpy(&x[5], &nan1, 4);
+    memcpy(&x[30], &nan2, 4);
+    topk_rt_seed("topk_rt_inf_nan", 0x90, 6, x, 40);
+    /* LONG: 50 x 2.0 on a plateau of 1.0, k = 100 (the report's hang), and sparse: 50
+       non-zeros, then zeros, with the default 1% */
+    for (int i = 0; i < 51; i++) x[i] = i < 50 ? 2.0f : 1.0f;
+    topk_rt_seed("topk_long_plateau", 0xa0, 100, x, 51);
+    topk_rt_seed("topk_long_plateau_ef", 0xb0, 100, x, 51);
+    for (int i = 0; i < 51; i++) x[i] = i < 50 ? (float)(i + 1) * 0.25f : 0.0f;
+    topk_rt_seed("topk_long_sparse", 0xa0, 0, x, 51);
+}
+
 static void codec_seeds(void) {
     kvps_codec c;
     c = kvps_codec_get(KVPS_CODEC_NONE); codec_seed("none_17", c, 17, 0);
@@ -281,6 +323,7 @@ static void codec_seeds(void) {
     uint32_t specials[] = {0x7f800001u, 0xff800000u, 0x477fe000u, 0x33800000u, 0x80000001u, 0x3f800000u, 0x7fc00000u, 0};
     put(&b, specials, sizeof specials);
     save("fuzz_codec", "roundtrip_fp16_specials", &b);
+    topk_shape_seeds();
 }
 
 /* ---- environments: fields separated by "\xfe" "MSG", see fuzz_env.c ---------------------------- */
