@@ -22,6 +22,7 @@
 typedef struct proxy {
     int lfd, port, upstream_port;
     int stop, cut; /* cut: close every connection now (the listener stays); atomics */
+    int hold;      /* atomic: forward nothing from the server side (replies stay unread) */
     int cuts_done;
     pthread_t th;
 } proxy;
@@ -80,7 +81,7 @@ static void *proxy_main(void *arg) {
             int dead = 0;
             for (int d = 0; d < 2 && !dead; d++) {
                 short re = pf[1 + 2 * i + d].revents;
-                if (!re) continue;
+                if (!re || (d && __atomic_load_n(&p->hold, __ATOMIC_ACQUIRE))) continue;
                 int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
                 ssize_t got = read(from, buf, sizeof buf);
                 if (got <= 0) { dead = 1; break; }
@@ -349,9 +350,16 @@ static void test_checkpoint_round_trip(void) {
 }
 
 /* The server process is killed with SIGKILL mid-training and started again from its last
-   checkpoint on the same port; the workers reconnect by themselves and finish. Every round adds
-   exactly m (each worker pushes ones): the final value shows no push applied twice, and at most
-   the rounds since the checkpoint lost. */
+   checkpoint on the same port; the workers reconnect by themselves and finish. The oracle is
+   exact: at step k worker r pushes a one into element k * M + r alone, so each element of the
+   final value counts how often that one push was applied. Two kills, each at a step the test
+   chooses (the workers pause there, so that the kill lands mid-run by construction):
+   - K1, the last step before a checkpoint, with the server's replies held back in the proxy:
+     the round is applied and checkpointed but no worker hears of it, so after the restart both
+     re-send a push that the restored server has already applied. Exactly once: every element
+     of step K1 is 1 (with the duplicate check off it is 2).
+   - K2, five steps after a checkpoint: the restart loses exactly the steps since it, whose
+     elements are 0; every other element is 1. */
 static pid_t spawn_server(int port, const char *path, int restore, int every) {
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -368,10 +376,53 @@ static pid_t spawn_server(int port, const char *path, int restore, int every) {
     _exit(0);
 }
 
+enum { KM = 2, KSTEPS = 60, KEVERY = 10, KLEN = 2048 };
+/* Where the workers stop before pushing, until released (-1: nowhere). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int at, paused, ended; /* ended: workers that finished or failed */
+} kpause = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, 0, 0};
+
+static void kpause_here(int step) {
+    pthread_mutex_lock(&kpause.mu);
+    if (step == kpause.at) {
+        kpause.paused++;
+        pthread_cond_broadcast(&kpause.cv);
+        while (step == kpause.at) pthread_cond_wait(&kpause.cv, &kpause.mu);
+    }
+    pthread_mutex_unlock(&kpause.mu);
+}
+static void kpause_end(void) {
+    pthread_mutex_lock(&kpause.mu);
+    kpause.ended++;
+    pthread_cond_broadcast(&kpause.cv);
+    pthread_mutex_unlock(&kpause.mu);
+}
+/* Waits (up to 30 s) until every worker has stopped at the pause; 0 when they all did. */
+static int kpause_wait_all(void) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    pthread_mutex_lock(&kpause.mu);
+    int rc = 0;
+    while (kpause.paused + kpause.ended < KM && rc == 0) rc = pthread_cond_timedwait(&kpause.cv, &kpause.mu, &until);
+    int ok = kpause.paused == KM;
+    pthread_mutex_unlock(&kpause.mu);
+    return ok ? 0 : -1;
+}
+static void kpause_move(int at) {
+    pthread_mutex_lock(&kpause.mu);
+    kpause.at = at;
+    kpause.paused = 0;
+    pthread_cond_broadcast(&kpause.cv);
+    pthread_mutex_unlock(&kpause.mu);
+}
+
 typedef struct kjob {
-    int rank, steps, port;
+    int rank, port;
     int failures, lost_seen;
-    float last;
+    float v[KLEN];
     char why[400];
 } kjob;
 
@@ -383,69 +434,110 @@ static void *kill_worker(void *arg) {
     if (kvps_worker_create(&(kvps_worker_desc){.servers = ep, .rank = j->rank, .heartbeat_ms = 100, .peer_timeout_ms = 300},
                            &w) != KVPS_OK) {
         j->failures++;
+        kpause_end();
         return NULL;
     }
-    enum { LEN = 2048 };
-    float g[LEN], v[LEN];
-    for (int i = 0; i < LEN; i++) g[i] = 1.0f;
+    static float g[KM][KLEN];
     kvps_tensor t;
-    kvps_worker_tensor(w, "w", LEN, &t);
-    for (int k = 0; k < j->steps && !j->failures; k++) {
+    kvps_worker_tensor(w, "w", KLEN, &t);
+    for (int k = 0; k < KSTEPS && !j->failures; k++) {
+        kpause_here(k);
+        memset(g[j->rank], 0, sizeof g[j->rank]);
+        g[j->rank][k * KM + j->rank] = 1.0f;
         kvps_req q;
-        kvps_result r = kvps_worker_pushpull_tensor(w, t, g, v, &q);
+        kvps_result r = kvps_worker_pushpull_tensor(w, t, g[j->rank], j->v, &q);
         if (r == KVPS_OK) r = wait_patiently(w, q, 30000, &j->lost_seen);
         if (r != KVPS_OK) {
             snprintf(j->why, sizeof j->why, "rank %d step %d: %s %s", j->rank, k, kvps_result_str(r), kvps_worker_last_error(w));
             j->failures++;
         }
-        for (int i = 1; i < LEN && !j->failures; i++)
-            if (v[i] != v[0]) { snprintf(j->why, sizeof j->why, "rank %d: elements differ", j->rank); j->failures++; }
-        usleep(2000);
+        /* this step's pushes, each once; nothing of later steps */
+        for (int i = k * KM; i < KLEN && !j->failures; i++)
+            if (j->v[i] != (i < (k + 1) * KM ? 1.0f : 0.0f)) {
+                snprintf(j->why, sizeof j->why, "rank %d step %d: element %d is %g", j->rank, k, i, (double)j->v[i]);
+                j->failures++;
+            }
     }
-    j->last = v[0];
     kvps_worker_destroy(&w);
+    kpause_end();
     return NULL;
+}
+
+static ino_t inode_of(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? sb.st_ino : 0;
 }
 
 static void test_kill9_and_restart(void) {
     char path[320];
     path_in_tmp(path, sizeof path, "kill.ckpt");
-    int port = 0, lfd = listen_any(&port); /* a free port for both server lives */
+    unlink(path);
+    int port = 0, lfd = listen_any(&port); /* a free port for every server life */
     close(lfd);
-    enum { M = 2, STEPS = 120, EVERY = 10 };
-    pid_t pid = spawn_server(port, path, 0, EVERY);
-    kjob jobs[M];
-    pthread_t th[M];
-    for (int r = 0; r < M; r++) {
-        jobs[r] = (kjob){.rank = r, .steps = STEPS, .port = port};
+    const int K1 = 3 * KEVERY - 1, K2 = 4 * KEVERY + 5;
+    pid_t pid = spawn_server(port, path, 0, KEVERY);
+    proxy px;
+    KT_CHECK(proxy_start(&px, port) == 0, "proxy");
+    static kjob jobs[KM];
+    pthread_t th[KM];
+    kpause.ended = 0;
+    kpause_move(K1);
+    for (int r = 0; r < KM; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].rank = r;
+        jobs[r].port = px.port;
         pthread_create(&th[r], NULL, kill_worker, &jobs[r]);
     }
-    /* kill once a checkpoint exists and training is well past it */
-    struct stat sb;
-    for (int i = 0; i < 2000 && stat(path, &sb) != 0; i++) usleep(5000);
-    KT_CHECK(stat(path, &sb) == 0, "no checkpoint was written");
-    usleep(150000);
-    kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    usleep(500000); /* the workers find the server gone */
-    pid = spawn_server(port, path, 1, EVERY);
+    int status = 0, at1 = 0, at2 = 0, ckpt1 = 0;
+    /* kill 1: step K1's round applied and checkpointed, its replies never delivered */
+    if (kpause_wait_all() == 0) {
+        at1 = 1;
+        ino_t before = inode_of(path); /* the checkpoint of round K1 + 1 - KEVERY */
+        __atomic_store_n(&px.hold, 1, __ATOMIC_RELEASE);
+        kpause_move(K2);
+        for (int i = 0; i < 3000 && inode_of(path) == before; i++) usleep(10000); /* renamed into place */
+        ckpt1 = inode_of(path) != before;
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        pid = spawn_server(port, path, 1, KEVERY);
+        proxy_cut(&px);
+        __atomic_store_n(&px.hold, 0, __ATOMIC_RELEASE);
+    }
+    KT_CHECK(at1, "the workers never reached step %d", K1);
+    KT_CHECK(ckpt1, "no checkpoint of round %d was written", K1 + 1);
+    /* kill 2: five rounds after the checkpoint of round 4 x KEVERY */
+    if (at1 && kpause_wait_all() == 0) {
+        at2 = 1;
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        pid = spawn_server(port, path, 1, KEVERY);
+        proxy_cut(&px);
+    }
+    KT_CHECK(at2, "the workers never reached step %d", K2);
+    kpause_move(-1);
     int failures = 0;
-    for (int r = 0; r < M; r++) {
+    for (int r = 0; r < KM; r++) {
         pthread_join(th[r], NULL);
         if (jobs[r].failures) { failures++; printf("  %s\n", jobs[r].why); }
     }
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
+    proxy_stop(&px);
     KT_CHECK(failures == 0, "%d workers failed", failures);
-    /* value = M x rounds applied; rounds <= STEPS (nothing twice), >= STEPS - EVERY - 1 */
-    float v = jobs[0].last;
-    KT_CHECK(v == jobs[1].last, "workers saw %g and %g", (double)v, (double)jobs[1].last);
-    KT_CHECK(v <= (float)(M * STEPS), "final %g > %d: a push was applied twice", (double)v, M * STEPS);
-    KT_CHECK(v >= (float)(M * (STEPS - EVERY - 2)), "final %g: more than the rounds since the checkpoint lost", (double)v);
-    KT_CHECK((int)v % M == 0, "final %g is not whole rounds", (double)v);
-    printf("  killed and restarted: %g of %d rounds kept; %d waits reported the server lost\n", (double)v / M, STEPS,
-           jobs[0].lost_seen + jobs[1].lost_seen);
+    /* the exact oracle: applied once, except the steps lost to the second kill */
+    int lost_from = K2 / KEVERY * KEVERY, wrong = 0;
+    for (int i = 0; i < KLEN; i++) {
+        int step = i / KM;
+        float want = step >= KSTEPS || (step >= lost_from && step < K2) ? 0.0f : 1.0f;
+        if (jobs[0].v[i] != want || jobs[1].v[i] != want) {
+            if (wrong++ < 5)
+                printf("  element %d (step %d, rank %d): %g / %g, want %g\n", i, step, i % KM, (double)jobs[0].v[i],
+                       (double)jobs[1].v[i], (double)want);
+        }
+    }
+    KT_CHECK(wrong == 0, "%d elements applied other than once (or lost other than steps %d-%d)", wrong, lost_from, K2 - 1);
+    printf("  killed at steps %d (applied, unanswered) and %d (%d steps since the checkpoint); %d waits reported the "
+           "server lost\n", K1, K2, K2 - lost_from, jobs[0].lost_seen + jobs[1].lost_seen);
     unlink(path);
 }
 
