@@ -146,9 +146,9 @@
    kvps_x_destroy(&x) frees x and sets it to NULL; destroying NULL is harmless. Buffers passed to
    a non-blocking call are borrowed until kvps_worker_wait (or kvps_worker_test reporting done)
    returns for that request: push values may be sent without a copy, pull destinations are
-   written when replies arrive. After KVPS_ERR_TIMEOUT the request is still in flight and the
-   buffers stay borrowed: wait again, or destroy the worker (which drops what is in flight)
-   before reusing them. kvps_worker_pull_tensor_view pulls without the copy into your buffer:
+   written when replies arrive. After KVPS_ERR_TIMEOUT (or PEER_LOST, or AUTH) the request is
+   still in flight and the buffers stay borrowed: wait again, or destroy the worker (which drops
+   what is in flight) before reusing them. kvps_worker_pull_tensor_view pulls without the copy into your buffer:
    the view points into the received messages until kvps_view_release. A worker is used by one thread at a time; use one worker per thread.
    Servers are driven by the thread in kvps_server_run; kvps_server_stop may be called from any
    thread or a signal handler. THREADING MODEL: a server is one thread (plus ZeroMQ's I/O
@@ -177,6 +177,33 @@
    (-1 = the object's default, 10 s unless configured) and returns KVPS_ERR_TIMEOUT rather than
    hang. Logging goes to stderr (or kvps_log_set_fn's callback), level from KVPS_LOG =
    none|error|warn|info|debug (default warn), or kvps_log_set_level.
+   WHAT AN ERROR MEANS FOR THE REQUEST: whether its pushes (push, pushpull, init, push_rows)
+   were applied on the servers, and what to do, by the result of wait (or of test):
+   - KVPS_OK: applied, exactly once. The handle has ended.
+   - An error of the call itself (INVALID_ARG, NOMEM, TENSOR, STATE, KEY_RESERVED, ...): nothing
+     was sent, no handle was made.
+   - KVPS_ERR_TIMEOUT, and KVPS_ERR_PEER_LOST with "server i (endpoint) unreachable ...":
+     unknown, parts may have been applied. The handle stays valid: wait again.
+   - KVPS_ERR_PEER_LOST with "server i: a worker is lost ..." (or "worker r lost"): applied; the
+     pull or barrier is not done, it needs that worker. The handle stays valid: wait again.
+   - KVPS_ERR_AUTH: not applied (that server let no data in). The handle stays valid.
+   - An error a server answered (MALFORMED, TRUNCATED, LEN_MISMATCH, TOO_LARGE, DUP_KEY, CODEC,
+     RANK, HYPERPARAM, TABLE, OP, VERSION, MAGIC, NOT_BARRIER, CONFIG): not applied by that
+     server, which checks a request whole before it changes anything; a request spread over
+     several servers was applied by those that answered OK. The handle has ended.
+   - KVPS_ERR_NOMEM answered by a server, KVPS_ERR_REPLAY (the request is older than the 65536
+     the server remembers), KVPS_ERR_ZMQ: unknown. The handle has ended.
+   - KVPS_ERR_MALFORMED / TRUNCATED found by the worker in a reply ("bad coded pull reply",
+     "pull reply of N bytes"): applied; the pulled values could not be read. Ended.
+   While the handle is valid, waiting again is always safe: every part still owed is re-sent
+   with the same sequence number, and a server applies no push twice (it answers a re-sent push
+   with an acknowledgement and a re-sent pushpull with its pull; a barrier refused because a
+   worker was lost is entered again). A wait that re-sends parts answered "a worker is lost"
+   rides the loss out until its timeout, re-sending every 100 ms, and says KVPS_ERR_PEER_LOST
+   again if the worker is still gone (the first such answer is reported at once). Never push
+   the same gradient again in a new request after an error that leaves the handle valid: that
+   one is a new push and would be applied as well. To give up, destroy the worker (which drops
+   what is in flight: OWNERSHIP AND THREADS).
 
    9. ENVIRONMENT (launchers)
    kvps_env_read fills a kvps_env from KVPS_ROLE (server|worker), KVPS_RANK (else
@@ -203,13 +230,16 @@
    it applied: a re-sent push, init, config or row push is answered without being applied
    again, a re-sent pushpull gets its pull, so nothing is summed twice. While a server is
    unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT (the
-   request stays valid: wait again to ride out a restart). Stable routing ids (incarnation,
+   request stays valid: wait again to ride out a restart; ERRORS AND LOGGING has what each
+   error means for a request's effect). Stable routing ids (incarnation,
    rank, server) and ROUTER handover let answers to requests parked before a drop reach the
    reconnected socket.
    Lost workers: a server notes which connection each worker speaks from; when it closes (the
    process died, or heartbeats stopped) and the worker has not come back within
    .peer_timeout_ms, the worker is lost. Under BSP/SSP, pulls and barriers that wait for it are
-   answered KVPS_ERR_PEER_LOST, and so are new ones that would wait, until it returns. With
+   answered KVPS_ERR_PEER_LOST, and so are new ones that would wait, until it returns (a
+   pushpull's push is applied all the same; waiting again on the same handle re-sends the pull,
+   and completes once the worker is back). With
    .elastic = 1 it leaves the aggregation instead: rounds complete over the workers left (MEAN
    and SGD divide by the contributions the round has), barriers complete without it, and a
    worker with its rank (a restart or a replacement) joins again from the next round and can
@@ -662,10 +692,15 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
 /* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT, or
-   KVPS_ERR_PEER_LOST (it timed out while a server it waits for was disconnected), or
-   KVPS_ERR_AUTH (... while that server refused our handshake), the request stays valid. Any other return ends the request and frees its handle. */
+   KVPS_ERR_PEER_LOST (a server it waits for was disconnected, or answered that a worker it
+   needs is lost), or KVPS_ERR_AUTH (that server refused our handshake), the request stays
+   valid: wait again, which re-sends what is owed and applies no push twice (ERRORS AND
+   LOGGING: what an error means for the request). Any other return ends the request and frees
+   its handle. */
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms);
-/* Never blocks: *done = 1 when the request has ended (its result returned, handle freed). */
+/* Never blocks: *done = 1 when the request has ended (its result returned, handle freed).
+   KVPS_ERR_PEER_LOST with *done = 0: a server answered that a worker is lost; the request
+   stays valid and each later test (at most every 100 ms) or wait re-sends it. */
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done);
 
 /* ---- Element-wise numerics shared with kvps_gpu.h ----------------------------------------
@@ -2855,6 +2890,11 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
     if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
     if (kvps__op_pulls(h.op)) {
+        /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no
+           memory for the reply) must leave it in the re-send window, or the worker's re-send
+           would apply the push again. reply_error leaves the window alone for status 0 (the
+           request header's status is the worker's incarnation; 0 means untracked). */
+        h.status = 0;
         s->win_pulls++;
         if (!kvps__pull_blocker(s, &h, idx)) { /* the usual case: answer now, nothing to keep */
             zmq_msg_t rid;
@@ -2948,6 +2988,9 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
     }
     while (all) {
         kvps__parked *n = all->next;
+        /* a barrier's entry is taken back (and reply_error takes it out of the re-send window),
+           so that the worker's re-send, or its next barrier, enters this same generation */
+        if (all->hdr.op == KVPS__OP_BARRIER) s->barrier_gen[all->hdr.rank]--;
         kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
         kvps__parked_free(all);
         all = n;
@@ -3396,7 +3439,11 @@ typedef struct kvps__req {
     int sent;            /* messages sent */
     kvps_result status;
     uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
-    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered */
+    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered, 3 answered
+                            KVPS_ERR_PEER_LOST (a worker the server waits for is lost): re-sent
+                            by the next wait or test */
+    int lost;            /* servers in state 3 */
+    int64_t lost_at;     /* when they were last re-sent (ms) */
     struct kvps__tensor_info *tensor; /* tensor requests: for stats */
     uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
     size_t ndups;
@@ -4288,6 +4335,18 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
 
 // >>progress
 /* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
+/* An error reply's text, as the worker's last error: "server i: text". */
+static void kvps__reply_text(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
+    char text[256] = "";
+    if (nfr > 1) {
+        size_t n = zmq_msg_size(&fr[1]);
+        if (n > sizeof text - 1) n = sizeof text - 1;
+        memcpy(text, zmq_msg_data(&fr[1]), n);
+        text[n] = 0;
+    }
+    snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
+}
+
 static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     kvps__hdr h;
     if (zmq_msg_size(&fr[0]) < sizeof h) {
@@ -4302,6 +4361,16 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     q->pending--;
+    if (h.status == KVPS_ERR_PEER_LOST && q->nkept[srv]) {
+        /* the server is fine but cannot complete the pull or barrier yet: a worker it waits for
+           is lost. What the request pushed is applied and stays so (the server keeps it in its
+           re-send window): keep the frames, so that waiting again re-sends the same request
+           and gets the rest, with no push applied twice */
+        q->state[srv] = 3;
+        q->lost++;
+        kvps__reply_text(w, srv, fr, nfr);
+        return;
+    }
     q->state[srv] = 2;
     kvps__req_drop_kept(q, srv);
     if (h.status > 0) { /* not a kvps_result: a broken server */
@@ -4310,14 +4379,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     if (h.status != KVPS_OK) {
-        char text[256] = "";
-        if (nfr > 1) {
-            size_t n = zmq_msg_size(&fr[1]);
-            if (n > sizeof text - 1) n = sizeof text - 1;
-            memcpy(text, zmq_msg_data(&fr[1]), n);
-            text[n] = 0;
-        }
-        snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
+        kvps__reply_text(w, srv, fr, nfr);
         if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
         return;
     }
@@ -4382,6 +4444,17 @@ static int kvps__cmp_req(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Sends the kept frames of q's message to server srv again (references, not copies). */
+static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
+    zmq_msg_t f[2];
+    int nf = q->nkept[srv];
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&f[j]);
+        zmq_msg_copy(&f[j], &q->kept[srv][j]);
+    }
+    return kvps__send_frames(w->socks[srv], f, nf);
+}
+
 /* Re-sends, in the order first sent, every request still waiting for server srv (after its
    connection came back: what was in flight is lost; the server drops what it already has). */
 static void kvps__resend(kvps_worker *w, int srv) {
@@ -4395,15 +4468,8 @@ static void kvps__resend(kvps_worker *w, int srv) {
     for (uint32_t i = 0; i < w->nslots; i++)
         if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) v[n++] = w->slots[i];
     qsort(v, n, sizeof *v, kvps__cmp_req);
-    for (size_t i = 0; i < n; i++) {
-        zmq_msg_t f[2];
-        int nf = v[i]->nkept[srv];
-        for (int j = 0; j < nf; j++) {
-            zmq_msg_init(&f[j]);
-            zmq_msg_copy(&f[j], &v[i]->kept[srv][j]);
-        }
-        if (kvps__send_frames(w->socks[srv], f, nf) != 0) break;
-    }
+    for (size_t i = 0; i < n; i++)
+        if (kvps__send_kept(w, v[i], srv) != 0) break;
     kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent", w->desc.rank, srv, n);
     free(v);
 }
@@ -4476,8 +4542,10 @@ static void kvps__req_finish(kvps__req *q) {
                q->dup_dim * sizeof(float));
 }
 
+/* Nothing in flight: every reply is in and ZeroMQ holds none of the pushed bytes (with parts
+   answered KVPS_ERR_PEER_LOST the worker itself keeps references to re-send them). */
 static int kvps__req_done(kvps__req *q) {
-    return q->pending == 0 && __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1;
+    return q->pending == 0 && (q->lost || __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1);
 }
 
 /* The first round of a chained request that is still busy; NULL when all are done. */
@@ -4500,6 +4568,41 @@ static kvps_result kvps__chain_end(kvps_worker *w, kvps__req *q) {
     return r;
 }
 
+/* The first round of a finished chain that has parts answered KVPS_ERR_PEER_LOST by their
+   server (a lost worker); NULL when there is none, or when a round failed for good (the
+   request then ends with that error). */
+static kvps__req *kvps__chain_lost(kvps_worker *w, kvps__req *q) {
+    kvps__req *first = NULL;
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL) {
+        if (q->status != KVPS_OK) return NULL;
+        if (q->lost && !first) first = q;
+    }
+    return first;
+}
+
+/* Re-sends every part of the chain answered KVPS_ERR_PEER_LOST (the servers apply no push
+   twice: the pushpull's re-send gets its pull, a barrier is entered again). Returns how many. */
+static int kvps__chain_retry(kvps_worker *w, kvps__req *q) {
+    int n = 0;
+    int64_t now = kvps__now_ms();
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL) {
+        for (int s = 0; s < w->n && q->lost; s++) {
+            if (q->state[s] != 3) continue;
+            q->state[s] = 1; /* a send that fails is re-sent when the connection is back */
+            q->lost--;
+            q->pending++;
+            n++;
+            if (kvps__send_kept(w, q, s) != 0)
+                kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
+        }
+        q->lost_at = now;
+    }
+    return n;
+}
+
+/* How often parts answered KVPS_ERR_PEER_LOST are re-sent while a wait rides the loss out. */
+enum { KVPS__LOST_RETRY_MS = 100 };
+
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (!w || !done) return KVPS_ERR_INVALID_ARG;
     *done = 0;
@@ -4508,6 +4611,12 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     kvps_result r = kvps__progress(w, 0);
     if (r != KVPS_OK) return r;
     if (kvps__chain_busy(w, q)) return KVPS_OK;
+    kvps__req *l = kvps__chain_lost(w, q);
+    if (l) { /* the request stays valid: re-sent now and then while test is called */
+        if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS && l->lost_at) kvps__chain_retry(w, q);
+        else if (!l->lost_at) l->lost_at = kvps__now_ms();
+        return KVPS_ERR_PEER_LOST;
+    }
     *done = 1;
     return kvps__chain_end(w, q);
 }
@@ -4517,11 +4626,27 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
     kvps__req *q = kvps__req_get(w, req);
     if (!q) return KVPS_ERR_INVALID_REQ;
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them, and rides
+       the loss out until its deadline (a first such answer is reported at once) */
+    int retrying = kvps__chain_retry(w, q) > 0;
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
         if (r != KVPS_OK) return r;
         kvps__req *c = kvps__chain_busy(w, q); /* the round to report on */
-        if (!c) break;
+        if (!c) {
+            kvps__req *l = kvps__chain_lost(w, q);
+            if (!l) break;
+            int64_t now = kvps__now_ms();
+            if (!retrying || now >= deadline) {
+                if (!l->lost_at) l->lost_at = now;
+                return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
+            }
+            int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
+            if (pause <= 0) { kvps__chain_retry(w, q); continue; }
+            r = kvps__progress(w, (long)(pause < deadline - now ? pause : deadline - now)); /* a sleep */
+            if (r != KVPS_OK) return r;
+            continue;
+        }
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) {
             kvps__watch(w); /* the latest connection state decides which error this is */

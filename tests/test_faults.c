@@ -577,6 +577,75 @@ static void test_worker_lost_bsp(void) {
     kvps_server_destroy(&s);
 }
 
+/* Retrying after KVPS_ERR_PEER_LOST is safe. Under BSP worker 1 dies; worker 0's pushpull of
+   round 1 is answered PEER_LOST, though its push is applied (the pull cannot complete). The
+   request stays valid: waiting again re-sends it and the server answers only its pull, so when
+   a new worker 1 arrives the round holds worker 0's push once. A barrier that was waiting for
+   worker 1 when it was lost is entered again by its re-send, in the same generation as the
+   others'. Each push is a distinct
+   power of two, so the sums show exactly which pushes were applied, and how often. */
+static void test_retry_after_peer_lost(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2,
+                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 50, .peer_timeout_ms = 300},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    kvps_worker *w[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++)
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = r}, &w[r]));
+    enum { N = 16 };
+    float g[2][N], v[2][N];
+    kvps_tensor t[2];
+    kvps_req q[2], b[2];
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < N; i++) g[r][i] = (float)(1 << r); /* round 0: 1 and 2 */
+        KT_OK(kvps_worker_tensor(w[r], "x", N, &t[r]));
+        KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], v[r], &q[r]));
+    }
+    for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
+    KT_CHECK(v[0][0] == 3 && v[1][0] == 3, "round 0: %g %g", (double)v[0][0], (double)v[1][0]);
+    KT_OK(kvps_worker_barrier(w[0], &b[0])); /* waits for worker 1, which dies */
+    kvps_worker_destroy(&w[1]);
+    kvps_result r = kvps_worker_wait(w[0], b[0], 20000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "barrier: %s", kvps_result_str(r));
+    for (int i = 0; i < N; i++) g[0][i] = 4;
+    KT_OK(kvps_worker_pushpull_tensor(w[0], t[0], g[0], v[0], &q[0]));
+    r = kvps_worker_wait(w[0], q[0], 20000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "round 1: %s (%s)", kvps_result_str(r), kvps_worker_last_error(w[0]));
+    r = kvps_worker_wait(w[0], q[0], 300); /* still lost: the wait rides it out, then says so again */
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "round 1, waited again: %s (%s)", kvps_result_str(r), kvps_worker_last_error(w[0]));
+    int done = 1;
+    KT_CHECK(kvps_worker_test(w[0], q[0], &done) == KVPS_ERR_PEER_LOST && !done, "test: the request is not done");
+    /* worker 1 comes back (a new process would do the same) and pushes its round 1: 8 */
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = 1}, &w[1]));
+    for (int i = 0; i < N; i++) g[1][i] = 8;
+    KT_OK(kvps_worker_tensor(w[1], "x", N, &t[1]));
+    KT_OK(kvps_worker_pushpull_tensor(w[1], t[1], g[1], v[1], &q[1]));
+    KT_OK(kvps_worker_wait(w[1], q[1], 5000));
+    KT_OK(kvps_worker_wait(w[0], q[0], 5000)); /* the same handle: re-sent, answered with the pull */
+    KT_CHECK(v[0][0] == 15 && v[1][0] == 15 && v[0][N - 1] == 15, "round 1: %g and %g, want 1+2+4+8 = 15",
+             (double)v[0][0], (double)v[1][0]);
+    KT_CHECK(kvps_worker_wait(w[0], q[0], 10) == KVPS_ERR_INVALID_REQ, "a completed request ends");
+    /* the barrier refused meanwhile: re-sent by waiting again, it meets worker 1's */
+    KT_OK(kvps_worker_barrier(w[1], &b[1]));
+    KT_OK(kvps_worker_wait(w[0], b[0], 5000));
+    KT_OK(kvps_worker_wait(w[1], b[1], 5000));
+    for (int k = 0; k < 2; k++) KT_OK(kvps_worker_barrier(w[k], &b[k])); /* and the next one too */
+    for (int k = 0; k < 2; k++) KT_OK(kvps_worker_wait(w[k], b[k], 5000));
+    /* round 2: 16 and 32, each once */
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N; i++) g[k][i] = (float)(16 << k);
+        KT_OK(kvps_worker_pushpull_tensor(w[k], t[k], g[k], v[k], &q[k]));
+    }
+    for (int k = 0; k < 2; k++) KT_OK(kvps_worker_wait(w[k], q[k], 5000));
+    KT_CHECK(v[0][0] == 63 && v[1][0] == 63, "round 2: %g and %g, want 63", (double)v[0][0], (double)v[1][0]);
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    KT_CHECK(st.duplicates >= 1, "the re-sent pushpull was not seen as a re-send (%llu)", (unsigned long long)st.duplicates);
+    for (int k = 0; k < 2; k++) kvps_worker_destroy(&w[k]);
+    kvps_server_destroy(&s);
+}
+
 /* Elastic BSP: worker 2 of 3 dies; once it is lost the round completes as the mean of the two
    left (and a barrier completes without it); a new worker 2 joins, pulls the current weights
    and the next round is the mean of all three again. Means are checked against float sums in
@@ -724,6 +793,7 @@ int main(void) {
     KT_RUN(test_unread_replies_bounded);
     KT_RUN(test_exactly_once_over_cuts);
     KT_RUN(test_kill9_and_restart);
+    KT_RUN(test_retry_after_peer_lost);
     rmdir(tmpdir);
     return kt_finish();
 }

@@ -12,7 +12,8 @@
    Properties: no crash, leak or hang (destinations are exact-size allocations, so a write past
    a key, row or slice is caught); a request completes only when every server it went to has
    answered once; a completed request is OK only if each of those answers was a well-formed
-   success. */
+   success; a request with an answer KVPS_ERR_PEER_LOST (a lost worker) stays valid, and a wait
+   on it re-sends those parts. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -112,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < ndst; i++) dst[i] = -1.0f;
     kvps__req *rq = kvps__req_get(w, q);
     FZ_CHECK(rq != NULL, "no request");
-    int sent = rq->sent, answered[2] = {0, 0}, bad = 0;
+    int sent = rq->sent, answered[2] = {0, 0}, bad = 0, lost = 0;
 
     fz_cut msgs = {data + 2, size - 2, 0};
     const uint8_t *mp;
@@ -143,6 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (cur && hdr && h.magic == KVPS__MAGIC && h.req_id == q && cur->state[srv] == 1) {
             answered[srv]++;
             bad |= h.status != 0 || n < 1;
+            lost |= h.status == KVPS_ERR_PEER_LOST;
         }
         if (getenv("FZ_VERBOSE"))
             fprintf(stderr, "  message %d to server %d: %d frames, header %d, req_id %s, state %d\n", j, srv, n, hdr,
@@ -157,8 +159,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 kvps_result_str(rc));
     int expect_done = 0;
     for (int s = 0; s < 2; s++) expect_done += answered[s];
-    FZ_CHECK(done == (expect_done == sent), "request kind %d: done %d after %d of %d answers", (kind & 0x7f) % 6, done, expect_done, sent);
+    if (!lost || expect_done != sent)
+        FZ_CHECK(done == (expect_done == sent), "request kind %d: done %d after %d of %d answers", (kind & 0x7f) % 6, done,
+                 expect_done, sent);
+    else /* a server said a worker is lost: the request stays valid, unless another part failed for good */
+        FZ_CHECK((!done && rc == KVPS_ERR_PEER_LOST) || (done && rc != KVPS_OK),
+                 "request kind %d: done %d, %s after a PEER_LOST answer", (kind & 0x7f) % 6, done, kvps_result_str(rc));
     if (done && bad) FZ_CHECK(rc != KVPS_OK, "request kind %d: OK after an error reply", (kind & 0x7f) % 6);
+    if (!done && rc == KVPS_ERR_PEER_LOST) { /* waiting again re-sends the parts answered so */
+        rc = kvps_worker_wait(w, q, 0);
+        rq = kvps__req_get(w, q);
+        FZ_CHECK(rc == KVPS_ERR_TIMEOUT && rq && rq->lost == 0 && rq->pending > 0, "request kind %d: a wait after PEER_LOST: %s",
+                 (kind & 0x7f) % 6, kvps_result_str(rc));
+    }
     fz_drain(); /* before the worker goes: nothing left in flight for ZeroMQ to drop behind our back */
 #ifdef FZ_AVOID_KNOWN
     /* reported: kvps_worker_destroy leaks the frames kept for re-sending of requests in flight */

@@ -422,6 +422,16 @@ static void reply_seeds(void) {
     rbegin(&r, 0x80 | 4);
     rmsg(&r, 0, KVPS__OP_BARRIER, 0, NULL, 0);
     rsave(&r, "barrier");
+    /* a lost worker: the barrier, and one part of the coded pushpull, answered PEER_LOST (the
+       request stays valid and is re-sent) */
+    static const char lost[] = "worker 1 lost (no connection for 300 ms): the round cannot complete";
+    rbegin(&r, 0x80 | 4);
+    rmsg(&r, 0, KVPS__OP_BARRIER, KVPS_ERR_PEER_LOST, lost, sizeof lost - 1);
+    rsave(&r, "barrier_peer_lost");
+    rbegin(&r, 0x80 | 5);
+    rmsg(&r, 0, KVPS__OP_PUSHPULL, 0, blob, 4 + nb);
+    rmsg(&r, 1, KVPS__OP_PUSHPULL, KVPS_ERR_PEER_LOST, lost, sizeof lost - 1);
+    rsave(&r, "pushpull_peer_lost");
 }
 
 /* ---- ring messages: what a real rank 1 sends to rank 0, see fuzz_ring.c ------------------- */
