@@ -3444,6 +3444,7 @@ typedef struct kvps__req {
                             by the next wait or test */
     int lost;            /* servers in state 3 */
     int64_t lost_at;     /* when they were last re-sent (ms) */
+    int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
     struct kvps__tensor_info *tensor; /* tensor requests: for stats */
     uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
     size_t ndups;
@@ -3496,7 +3497,10 @@ struct kvps_worker {
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
     void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
     uint8_t *down;     /* per server: connection lost, not back yet */
-    uint8_t *refused;  /* per server: its last handshake failed (CURVE keys) */
+    uint8_t *refused;  /* per server: why its handshakes fail (KVPS__HS_*), 0 when they do not */
+    uint16_t *hs_cuts; /* per server: handshakes cut short in a row */
+    int32_t *hs_val;   /* per server: the last failure's ZAP status, protocol error or errno */
+    int curve;         /* this worker speaks CURVE (its keys are not kept) */
     int64_t last_watch; /* when connection events were last read (each read is a syscall) */
     int64_t *down_since;
     uint32_t nslots;
@@ -3567,8 +3571,11 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
     w->down = (uint8_t *)calloc((size_t)w->n, 1);
     w->refused = (uint8_t *)calloc((size_t)w->n, 1);
+    w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
+    w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
     w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
-    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->down_since) {
+    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
+        !w->down_since) {
         kvps_worker_destroy(&w);
         return KVPS_ERR_NOMEM;
     }
@@ -3641,6 +3648,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         w->items[w->n + i].events = ZMQ_POLLIN;
     }
     kvps__free_strv(skeys, nskeys);
+    w->curve = w->desc.curve_server_keys != NULL;
     w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
     memset(csec, 0, sizeof csec);
     if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
@@ -3670,7 +3678,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->resid);
     }
     kvps__free_strv(w->endpoints, w->n);
-    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->down_since);
+    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
+    free(w->down_since);
     free(w->free_slots); free(w->order); free(w->count); free(w->tables);
     free(w);
 }
@@ -4474,6 +4483,32 @@ static void kvps__resend(kvps_worker *w, int srv) {
     free(v);
 }
 
+/* Why a server's handshakes fail: it refused our CURVE key (ZAP), the two sides speak other
+   security mechanisms or break the protocol, or the connection was cut during the handshake
+   KVPS__HS_CUTS times in a row (once is a network or restart event: ZeroMQ reconnects; again
+   and again, with CURVE, is what a wrong server key looks like: the server drops us). */
+enum { KVPS__HS_NONE, KVPS__HS_AUTH, KVPS__HS_PROTOCOL, KVPS__HS_CUT };
+enum { KVPS__HS_CUTS = 3 };
+
+/* What the failing handshakes with server s mean, in words. */
+static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
+    int32_t v = w->hs_val[s];
+    const char *ep = w->endpoints[s];
+    if (w->refused[s] == KVPS__HS_AUTH)
+        snprintf(buf, n, "server %d (%s) refused our CURVE key (ZAP status %d): our public key must be in its curve_clients", s,
+                 ep, (int)v);
+    else if (w->refused[s] == KVPS__HS_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(buf, n, "server %d (%s) and this worker use different security: one of them has CURVE keys "
+                 "(curve_server_keys here, curve_secret_key there) and the other not", s, ep);
+    else if (w->refused[s] == KVPS__HS_PROTOCOL)
+        snprintf(buf, n, "the handshake with server %d (%s) failed: ZMTP protocol error 0x%x (is it a kvps server, of "
+                 "this version?)", s, ep, (unsigned)v);
+    else
+        snprintf(buf, n, "server %d (%s) closed the connection during the handshake %u times in a row (%s)%s", s, ep,
+                 (unsigned)w->hs_cuts[s], zmq_strerror((int)v),
+                 w->curve ? ": check curve_server_keys (with a wrong server key it drops us)" : "");
+}
+
 /* Connection events: a drop marks the server down; its return re-sends what was in flight. */
 static void kvps__watch(kvps_worker *w) {
     for (int s = 0; s < w->n; s++) {
@@ -4488,17 +4523,29 @@ static void kvps__watch(kvps_worker *w) {
                               w->endpoints[s]);
                 }
             } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-                w->refused[s] = 0;
+                w->refused[s] = KVPS__HS_NONE;
+                w->hs_cuts[s] = 0;
                 if (w->down[s]) {
                     w->down[s] = 0;
                     kvps__resend(w, s);
                 }
             } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
-                if (!w->refused[s])
-                    kvps__log(KVPS_LOG_ERROR, "worker %d: server %d (%s) refused the handshake", w->desc.rank, s,
-                              w->endpoints[s]);
-                w->refused[s] = 1;
+                int why = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? KVPS__HS_AUTH
+                          : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? KVPS__HS_PROTOCOL
+                          : w->hs_cuts[s] + 1 >= KVPS__HS_CUTS        ? KVPS__HS_CUT
+                                                                      : KVPS__HS_NONE;
+                w->hs_val[s] = val;
+                if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && w->hs_cuts[s] < UINT16_MAX) w->hs_cuts[s]++;
+                if (why == KVPS__HS_NONE && w->hs_cuts[s] == 1)
+                    kvps__log(KVPS_LOG_WARN, "worker %d: the connection to server %d (%s) was cut during the handshake "
+                              "(%s); reconnecting", w->desc.rank, s, w->endpoints[s], zmq_strerror((int)val));
+                if (why != KVPS__HS_NONE && w->refused[s] != why) {
+                    w->refused[s] = (uint8_t)why;
+                    char text[300];
+                    kvps__hs_text(w, s, text, sizeof text);
+                    kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, text);
+                }
                 if (!w->down[s]) { w->down[s] = 1; w->down_since[s] = kvps__now_ms(); }
             }
         }
@@ -4615,6 +4662,7 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (l) { /* the request stays valid: re-sent now and then while test is called */
         if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS && l->lost_at) kvps__chain_retry(w, q);
         else if (!l->lost_at) l->lost_at = kvps__now_ms();
+        q->lost_told = 1;
         return KVPS_ERR_PEER_LOST;
     }
     *done = 1;
@@ -4627,8 +4675,9 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
     if (!q) return KVPS_ERR_INVALID_REQ;
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
     /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them, and rides
-       the loss out until its deadline (a first such answer is reported at once) */
-    int retrying = kvps__chain_retry(w, q) > 0;
+       the loss out until its deadline (a first such answer is reported at once; once told, an
+       answer to an earlier re-send is ridden out as well) */
+    int retrying = kvps__chain_retry(w, q) > 0 || q->lost_told;
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
         if (r != KVPS_OK) return r;
@@ -4639,6 +4688,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
             int64_t now = kvps__now_ms();
             if (!retrying || now >= deadline) {
                 if (!l->lost_at) l->lost_at = now;
+                q->lost_told = 1;
                 return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
             }
             int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
@@ -4652,9 +4702,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
             kvps__watch(w); /* the latest connection state decides which error this is */
             for (int s = 0; s < w->n; s++)
                 if (c->state[s] == 1 && w->refused[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) refused the handshake: check the CURVE keys (ours must be listed, "
-                             "curve_server_keys must be its public key)", s, w->endpoints[s]);
+                    kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
                     return KVPS_ERR_AUTH;
                 }
             for (int s = 0; s < w->n; s++)

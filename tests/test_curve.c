@@ -35,16 +35,19 @@ static keys czmq_keys(const char *name) {
     return k;
 }
 
-/* Pushes 1s to "x" through a worker built from desc and waits at most 1.5 s. */
+/* Pushes 1s to "x" through a worker built from desc and waits at most 1.5 s; the worker's last
+   error goes to g_why. */
+static char g_why[400];
 static kvps_result try_push(const kvps_worker_desc *d, const float *g, size_t len) {
     kvps_worker *w = NULL;
     kvps_result r = kvps_worker_create(d, &w);
     if (r != KVPS_OK) return r;
     kvps_tensor t;
     kvps_req q;
-    kvps_worker_tensor(w, "x", len, &t);
-    r = kvps_worker_push_tensor(w, t, g, &q);
+    r = kvps_worker_tensor(w, "x", len, &t);
+    if (r == KVPS_OK) r = kvps_worker_push_tensor(w, t, g, &q);
     if (r == KVPS_OK) r = kvps_worker_wait(w, q, 1500);
+    snprintf(g_why, sizeof g_why, "%s", kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
     return r;
 }
@@ -72,9 +75,14 @@ static void test_curve_access(void) {
         {.servers = ep, .curve_server_keys = srv.pub, .curve_public_key = other.pub, .curve_secret_key = other.sec},
         {.servers = ep, .curve_server_keys = fake.pub, .curve_public_key = good.pub, .curve_secret_key = good.sec}};
     const char *what[3] = {"plaintext", "an unlisted key", "the wrong server key"};
+    /* and the error says which: what each failure looks like on the wire differs */
+    const char *why[3] = {"use different security", "refused our CURVE key (ZAP status 400)",
+                          "closed the connection during the handshake"};
     for (int i = 0; i < 3; i++) {
         kvps_result r = try_push(&bad[i], g, LEN);
         KT_CHECK(r == KVPS_ERR_AUTH, "%s: %s", what[i], kvps_result_str(r));
+        KT_CHECK(strstr(g_why, why[i]) != NULL, "%s: the error says '%s'", what[i], g_why);
+        printf("  %s: %s\n", what[i], g_why);
     }
     /* a raw plaintext DEALER with a well-formed push gets nothing back either */
     void *ctx = zmq_ctx_new(), *d = kt_raw_dealer(ctx, ep, 0, 500);

@@ -23,6 +23,8 @@ typedef struct proxy {
     int lfd, port, upstream_port;
     int stop, cut; /* cut: close every connection now (the listener stays); atomics */
     int hold;      /* atomic: forward nothing from the server side (replies stay unread) */
+    int cut_hs;    /* atomic: this many new connections are closed after the client's first bytes
+                      (a cut during the ZeroMQ handshake) */
     int cuts_done;
     pthread_t th;
 } proxy;
@@ -71,7 +73,16 @@ static void *proxy_main(void *arg) {
         }
         if (poll(pf, (nfds_t)(1 + 2 * n), 20) <= 0) continue;
         int polled = n; /* a connection accepted now has no poll result yet */
-        if ((pf[0].revents & POLLIN) && n < MAXC) {
+        if ((pf[0].revents & POLLIN) && n < MAXC && __atomic_load_n(&p->cut_hs, __ATOMIC_ACQUIRE) > 0) {
+            int c = accept(p->lfd, NULL, NULL);
+            struct pollfd cp = {c, POLLIN, 0};
+            if (c >= 0 && poll(&cp, 1, 2000) == 1) { /* the client's greeting: read, then cut */
+                ssize_t got = read(c, buf, sizeof buf);
+                (void)got;
+                __atomic_sub_fetch(&p->cut_hs, 1, __ATOMIC_ACQ_REL);
+            }
+            if (c >= 0) close(c);
+        } else if ((pf[0].revents & POLLIN) && n < MAXC) {
             int c = accept(p->lfd, NULL, NULL);
             int u = c >= 0 ? connect_port(p->upstream_port) : -1;
             if (c >= 0 && u >= 0) { cfd[n] = c; ufd[n] = u; n++; }
@@ -622,7 +633,8 @@ static void test_retry_after_peer_lost(void) {
     KT_OK(kvps_worker_tensor(w[1], "x", N, &t[1]));
     KT_OK(kvps_worker_pushpull_tensor(w[1], t[1], g[1], v[1], &q[1]));
     KT_OK(kvps_worker_wait(w[1], q[1], 5000));
-    KT_OK(kvps_worker_wait(w[0], q[0], 5000)); /* the same handle: re-sent, answered with the pull */
+    r = kvps_worker_wait(w[0], q[0], 5000); /* the same handle: re-sent, answered with the pull */
+    KT_CHECK(r == KVPS_OK, "round 1, waited once worker 1 is back: %s (%s)", kvps_result_str(r), kvps_worker_last_error(w[0]));
     KT_CHECK(v[0][0] == 15 && v[1][0] == 15 && v[0][N - 1] == 15, "round 1: %g and %g, want 1+2+4+8 = 15",
              (double)v[0][0], (double)v[1][0]);
     KT_CHECK(kvps_worker_wait(w[0], q[0], 10) == KVPS_ERR_INVALID_REQ, "a completed request ends");
@@ -643,6 +655,55 @@ static void test_retry_after_peer_lost(void) {
     kvps_server_stats_get(s, &st);
     KT_CHECK(st.duplicates >= 1, "the re-sent pushpull was not seen as a re-send (%llu)", (unsigned long long)st.duplicates);
     for (int k = 0; k < 2; k++) kvps_worker_destroy(&w[k]);
+    kvps_server_destroy(&s);
+}
+
+/* A connection cut during the ZeroMQ handshake is a network event, not a refusal: the worker
+   logs it as a cut at warning level (no error, no word of refusing), reconnects, and its push
+   goes through. The log is captured and read. */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_log[8192];
+static void capture_log(void *user, kvps_log_level level, const char *msg) {
+    (void)user;
+    pthread_mutex_lock(&g_log_mu);
+    size_t n = strlen(g_log);
+    snprintf(g_log + n, sizeof g_log - n, "%s: %s\n", level == KVPS_LOG_ERROR ? "error" : level == KVPS_LOG_WARN ? "warn" : "info", msg);
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+static void test_handshake_cut(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                  .update = KVPS_UPDATE_SUM},
+                             &s));
+    KT_OK(kvps_server_start(s));
+    proxy px;
+    KT_CHECK(proxy_start(&px, port_of(kvps_server_endpoint(s))) == 0, "proxy");
+    __atomic_store_n(&px.cut_hs, 1, __ATOMIC_RELEASE);
+    g_log[0] = 0;
+    kvps_log_set_fn(capture_log, NULL);
+    kvps_log_set_level(KVPS_LOG_INFO);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", px.port);
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = ep}, &w));
+    float g[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8];
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(w, "x", 8, &t));
+    KT_OK(kvps_worker_pushpull_tensor(w, t, g, v, &q));
+    KT_OK(kvps_worker_wait(w, q, 10000));
+    KT_CHECK(memcmp(g, v, sizeof g) == 0, "pushpull through a cut handshake");
+    kvps_worker_destroy(&w);
+    kvps_log_set_fn(NULL, NULL);
+    kvps_log_set_level(KVPS_LOG_WARN);
+    pthread_mutex_lock(&g_log_mu);
+    KT_CHECK(__atomic_load_n(&px.cut_hs, __ATOMIC_ACQUIRE) == 0, "no handshake was cut");
+    KT_CHECK(strstr(g_log, "warn: worker 0: the connection to server 0") && strstr(g_log, "was cut during the handshake"),
+             "the cut was not reported as one:\n%s", g_log);
+    KT_CHECK(!strstr(g_log, "refuse") && !strstr(g_log, "error:"), "the log reads as a refusal or an error:\n%s", g_log);
+    pthread_mutex_unlock(&g_log_mu);
+    proxy_stop(&px);
     kvps_server_destroy(&s);
 }
 
@@ -794,6 +855,7 @@ int main(void) {
     KT_RUN(test_exactly_once_over_cuts);
     KT_RUN(test_kill9_and_restart);
     KT_RUN(test_retry_after_peer_lost);
+    KT_RUN(test_handshake_cut);
     rmdir(tmpdir);
     return kt_finish();
 }
