@@ -582,7 +582,7 @@ static void missing_rank(member *m, kvps_gpu_comm *c, kvps_ring *r) {
 }
 
 static void test_nccl_timeout_aborts(void) {
-    if (ndev < 2) { printf("  (test_nccl_timeout_aborts needs 2 GPUs; %d here)\n", ndev); return; }
+    if (ndev < 2) { KT_SKIP("needs 2 GPUs, %d here", ndev); return; }
     team t;
     team_run(&t, 2, missing_rank, 3000);
 }
