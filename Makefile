@@ -22,7 +22,7 @@ MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce)
 
 all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
 
-$(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B)
+$(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 deps:
@@ -30,17 +30,22 @@ deps:
 deps-demo:
 	@scripts/deps.sh demo
 
-$(B)/%: tests/%.c $(HEADERS) | $(B)
+# Every compile waits for `deps` (order-only): under make -j on a fresh machine the packages
+# must be installed before the first compiler looks for zmq.h. PKG_CFLAGS is read when a recipe
+# runs, so after the install.
+$(B)/%: tests/%.c $(HEADERS) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) | $(B)
+$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: examples/%.c $(HEADERS) | $(B)
+$(B)/%: examples/%.c $(HEADERS) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 $(B):
 	@mkdir -p $(B)
 
-# Every header as C99 -pedantic, as C++, and linked from two files.
+# Every header as C99 -pedantic (with and without a POSIX feature macro: the headers declare
+# what they use), as C++, and linked from two files.
 compile-test: deps | $(B)
+	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) -c tests/compile/impl.c -o $(B)/ct_impl_plain.o
 	$(CC) -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) \
 	  -c tests/compile/impl.c -o $(B)/ct_impl.o
 	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) -c tests/compile/use.c -o $(B)/ct_use.o

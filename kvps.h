@@ -217,8 +217,9 @@
    10. CONFIG MACROS
    KVPS_API        linkage of public functions (default extern; define as static for a private copy)
    KVPS_ASSERT(x)  programmer-error checks (default assert)
-   The implementation uses POSIX (pthreads, pipe, posix_memalign, clock_gettime): under a strict
-   -std=c99 define _POSIX_C_SOURCE=200809L for the file that holds KVPS_IMPLEMENTATION.
+   The implementation uses POSIX (pthreads, pipe, posix_memalign, clock_gettime) and declares
+   what a strict -std=c99 build does not, so no feature macro is needed. Link with
+   `pkg-config --libs libzmq`, -pthread and -lm (kvps_ring.h the same).
 
    11. FAULTS
    Heartbeats: every connection carries ZMTP heartbeats (.heartbeat_ms, default 1000); one
@@ -271,6 +272,14 @@
    0.2  codecs, SSP/adaptive, optimizers, sparse tables, zero-copy pulls, faults (re-sends,
         exactly-once, lost workers, elastic BSP, checkpoints) and CURVE.
 */
+/* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
+   declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
+   system header seen), ask here. Only in strict mode, where it adds declarations and takes none
+   away. A file that includes a system header first must ask itself (an #error below says so). */
+#if defined(KVPS_IMPLEMENTATION) && defined(__STRICT_ANSI__) && !defined(__cplusplus) && !defined(_FEATURES_H) && \
+    !defined(_POSIX_C_SOURCE) && !defined(_XOPEN_SOURCE) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
 #ifndef KVPS_H
 #define KVPS_H
 
@@ -819,6 +828,14 @@ static inline KVPS_HD uint32_t kvps_el_mag(float x) {
 #include <math.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
+#endif
+#if !defined(CLOCK_MONOTONIC) && !defined(__cplusplus)
+#error "kvps.h: the implementation needs POSIX: include kvps.h before any system header in the file that defines KVPS_IMPLEMENTATION, or compile it with -D_POSIX_C_SOURCE=200809L"
+#endif
+/* posix_memalign is POSIX.1-2001 advisory: <stdlib.h> may leave it out (as under -pthread's
+   _POSIX_C_SOURCE 199506L); declared here as the system does. C++ compilers see it already. */
+#ifndef __cplusplus
+int posix_memalign(void **memptr, size_t alignment, size_t size);
 #endif
 
 #ifndef KVPS_ASSERT
@@ -3151,8 +3168,10 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
     }
     free(tmp);
     /* make the rename itself durable */
-    char *dir = strdup(path);
+    size_t dlen = strlen(path);
+    char *dir = (char *)malloc(dlen + 1); /* (not strdup: C99 has none) */
     if (dir) {
+        memcpy(dir, path, dlen + 1);
         char *slash = strrchr(dir, '/');
         if (slash) *(slash == dir ? slash + 1 : slash) = 0;
         int fd = open(slash ? dir : ".", O_RDONLY);

@@ -2,10 +2,10 @@
 # with kvps-keygen (CZMQ's zcert format). test_curve also links CZMQ to check that format both ways.
 .PHONY: certs
 all: $(B)/kvps-keygen
-$(B)/kvps-keygen: tools/kvps_keygen.c | $(B)
+$(B)/kvps-keygen: tools/kvps_keygen.c | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 CZMQ_LIBS = $(shell pkg-config --libs libczmq 2>/dev/null)
-$(B)/test_curve: tests/test_curve.c $(HEADERS) | $(B)
+$(B)/test_curve: tests/test_curve.c $(HEADERS) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS) $(CZMQ_LIBS)
 certs: $(B)/kvps-keygen
 	@mkdir -p certs

@@ -35,7 +35,7 @@ fuzz-cc:
 	@command -v $(FUZZ_CC) >/dev/null && command -v $(TSAN_CC) >/dev/null || { echo "make fuzz / tsan-test need clang: apt-get install -y clang libclang-rt-dev"; exit 1; }
 fuzz-build: deps fuzz-cc $(addprefix build-fuzz/,$(FUZZ_TARGETS))
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HEADERS)
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_HEADERS) | deps fuzz-cc
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_EXTRA) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 
@@ -80,7 +80,7 @@ fuzz-corpus: deps
 TSAN_CC    ?= clang
 TSAN_TESTS ?= $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 TSAN_FLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
-build-tsan/tsan_zmq.o: tests/fuzz/tsan_zmq.c
+build-tsan/tsan_zmq.o: tests/fuzz/tsan_zmq.c | deps fuzz-cc
 	@mkdir -p build-tsan
 	$(TSAN_CC) $(TSAN_FLAGS) -Wall -Wextra $(PKG_CFLAGS) -c $< -o $@
 $(addprefix build-tsan/,$(TSAN_TESTS)): build-tsan/tsan_zmq.o

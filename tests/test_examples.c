@@ -10,6 +10,7 @@
      kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
                       SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting
      make install     into a DESTDIR, then a program built with `pkg-config --cflags --libs kvps`
+     README           its whole program (hello.c), built with its build line verbatim, and run
    Run from the repository root (make test does), or from anywhere as build/test_examples.
    Ends with "N passed, N failed[, N skipped]". */
 #ifndef _POSIX_C_SOURCE
@@ -384,6 +385,21 @@ static void test_launcher_env_and_prefixes(void) {
     free(out);
 }
 
+/* --port P: the endpoints take P, P+1, ... in order (servers, then the workers' ring peers). */
+static void test_launcher_port(void) {
+    char *out;
+    int base = 20000 + (int)(getpid() % 10000) * 2;
+    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 2 --port %d --server-wait 1 -- sh -c "
+                       "'echo \"$KVPS_SERVERS|$KVPS_RING_PEERS\"; [ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
+    CHECK(rc == 0, "exit %d", rc);
+    char want[300];
+    snprintf(want, sizeof want, "[worker 0] tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", base,
+             base + 1, base + 2, base + 3);
+    CHECK(has_line(out, want), "want '%s'", want);
+    if (cur_failed) show(out);
+    free(out);
+}
+
 static void test_launcher_failure_stops_job(void) {
     char marker[64], *out;
     snprintf(marker, sizeof marker, "sleep 41.%d", (int)getpid() % 100000);
@@ -483,6 +499,72 @@ static void test_launcher_host_file(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   README.md's whole program (the ```c block that opens with "/ * hello.c"), built with the
+   README's own build line, verbatim, in a directory holding only it and kvps.h (as a user who
+   copied the header would), then run: it must print what the README's comment says. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0, got;
+    char *b = (char *)malloc(cap);
+    while ((got = fread(b + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len < 4096) b = (char *)realloc(b, cap *= 2);
+    }
+    fclose(f);
+    b[len] = 0;
+    return b;
+}
+
+static void test_readme_program(void) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/README.md", root);
+    char *md = slurp(path);
+    CHECK(md != NULL, "cannot read %s", path);
+    if (!md) return;
+    char *prog = strstr(md, "```c\n/* hello.c");
+    char *end = prog ? strstr(prog + 5, "\n```\n") : NULL;
+    char *sh = end ? strstr(end, "```sh\n") : NULL;
+    CHECK(prog && end && sh, "README.md has no hello.c block followed by its build lines");
+    if (!(prog && end && sh)) { free(md); return; }
+    prog += 5;
+    end[1] = 0; /* the program, with its last newline */
+    char *build = sh + 6, *nl = strchr(build, '\n');
+    char *runl = nl ? nl + 1 : NULL, *nl2 = runl ? strchr(runl, '\n') : NULL, *hash = runl ? strchr(runl, '#') : NULL;
+    CHECK(nl && nl2 && hash && hash < nl2, "the build block is not 'build line' then './hello  # output'");
+    if (!(nl && nl2 && hash && hash < nl2)) { free(md); return; }
+    *nl = 0;
+    *nl2 = 0;
+    char *want = hash + 1;
+    while (*want == ' ') want++;
+    char *cmd_end = hash;
+    while (cmd_end > runl && cmd_end[-1] == ' ') cmd_end--;
+    *cmd_end = 0;
+    char dir[4120];
+    snprintf(dir, sizeof dir, "%.4000s/readme", tmp);
+    char *out;
+    int rc = run(&out, "mkdir -p '%s' && cp kvps.h '%s/'", dir, dir);
+    free(out);
+    snprintf(path, sizeof path, "%s/hello.c", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(prog, f) >= 0 && fclose(f) == 0, "writing %s", path);
+    rc = run(&out, "cd '%s' && %s", dir, build);
+    CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, build);
+    if (cur_failed) { show(out); free(out); free(md); return; }
+    free(out);
+    /* and without a warning: no feature macro is needed, the header declares what it uses */
+    rc = run(&out, "cd '%s' && %s -Wall -Wextra -Werror -o hello-strict", dir, build);
+    CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d)", rc);
+    if (cur_failed) show(out);
+    free(out);
+    rc = run(&out, "cd '%s' && %s", dir, runl);
+    CHECK(rc == 0 && has_line(out, want), "%s: exit %d, the README says it prints '%s'", runl, rc, want);
+    if (cur_failed) show(out);
+    free(out);
+    free(md);
+}
+
+/* ---------------------------------------------------------------------------------------------
    make install */
 static void test_install_and_pkg_config(void) {
     char *out;
@@ -566,10 +648,12 @@ int main(int argc, char **argv) {
     RUN(test_ring_allreduce_mpirun);
     RUN(test_fmnist_mpirun);
     RUN(test_launcher_env_and_prefixes);
+    RUN(test_launcher_port);
     RUN(test_launcher_failure_stops_job);
     RUN(test_launcher_sigint);
     RUN(test_launcher_host_file);
     RUN(test_install_and_pkg_config);
+    RUN(test_readme_program);
 
     char *out;
     run(&out, "rm -rf '%s'", tmp);
