@@ -5045,28 +5045,46 @@ static int kvps__cmp_u32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The key of entry j of a top-k candidate list: keys[j], or |x[j]| when the list is the whole
-   input (keys NULL). */
-static uint32_t kvps__topk_key(const uint32_t *keys, const float *x, size_t j) {
-    return keys ? keys[j] : kvps_el_mag(x[j]);
-}
-
 /* The k-th largest key (1 <= k <= n) of keys[0..n), or of |x[0..n)| when keys is NULL: radix
    select on 11 + 11 + 10 bits. With tmp (n entries, not aliasing keys) each pass keeps the
-   survivors of the last; without it each pass reads all n again. */
-static uint32_t kvps__kth_largest(const uint32_t *keys, const float *x, size_t n, size_t k, uint32_t *tmp) {
+   survivors of the last; without it each pass reads all n again. *above (if given): how many
+   keys are strictly larger. */
+static uint32_t kvps__kth_largest(const uint32_t *keys, const float *x, size_t n, size_t k, uint32_t *tmp,
+                                  size_t *above_out) {
     static const int sh[3] = {21, 10, 0}, wb[3] = {11, 11, 10};
-    size_t hist[2048];
+    /* four histograms, entry j counted in the (j % 4)-th: when most keys fall in one bin (a
+       sparse gradient's zeros) one counter would make each increment wait for the last */
+    uint32_t h4[4][2048];
+    size_t hist[2048], above_all = 0;
     uint32_t prefix = 0, pmask = 0;
     const uint32_t *cur = keys;
     size_t cn = n;
     for (int pass = 0; pass < 3; pass++) {
-        uint32_t w = 1u << wb[pass];
-        memset(hist, 0, w * sizeof *hist);
-        for (size_t j = 0; j < cn; j++) {
-            uint32_t key = kvps__topk_key(cur, x, j);
-            if ((key & pmask) == prefix) hist[(key >> sh[pass]) & (w - 1)]++;
-        }
+        uint32_t w = 1u << wb[pass], sv = (uint32_t)sh[pass], wm = w - 1;
+        memset(h4, 0, sizeof h4);
+#define KVPS__HIST(KEY)                                                                            \
+    do {                                                                                           \
+        size_t j = 0;                                                                              \
+        for (; j + 4 <= cn; j += 4) {                                                              \
+            uint32_t k0 = KEY(j), k1 = KEY(j + 1), k2 = KEY(j + 2), k3 = KEY(j + 3);               \
+            h4[0][(k0 >> sv) & wm] += (k0 & pmask) == prefix;                                      \
+            h4[1][(k1 >> sv) & wm] += (k1 & pmask) == prefix;                                      \
+            h4[2][(k2 >> sv) & wm] += (k2 & pmask) == prefix;                                      \
+            h4[3][(k3 >> sv) & wm] += (k3 & pmask) == prefix;                                      \
+        }                                                                                          \
+        for (; j < cn; j++) {                                                                      \
+            uint32_t key = KEY(j);                                                                 \
+            h4[0][(key >> sv) & wm] += (key & pmask) == prefix;                                    \
+        }                                                                                          \
+    } while (0)
+#define KVPS__KEY_LIST(j) cur[j]
+#define KVPS__KEY_MAG(j) kvps_el_mag(x[j])
+        if (cur) KVPS__HIST(KVPS__KEY_LIST); /* two loops, so that each is a tight one */
+        else KVPS__HIST(KVPS__KEY_MAG);
+#undef KVPS__HIST
+#undef KVPS__KEY_LIST
+#undef KVPS__KEY_MAG
+        for (uint32_t b = 0; b < w; b++) hist[b] = (size_t)h4[0][b] + h4[1][b] + h4[2][b] + h4[3][b];
         size_t above = 0;
         uint32_t b = w - 1;
         for (;; b--) {
@@ -5074,8 +5092,9 @@ static uint32_t kvps__kth_largest(const uint32_t *keys, const float *x, size_t n
             above += hist[b];
         }
         k -= above;
-        prefix |= b << sh[pass];
-        pmask |= (w - 1) << sh[pass];
+        above_all += above;
+        prefix |= b << sv;
+        pmask |= wm << sv;
         if (!cur || !tmp) continue;
         size_t m = 0;
         for (size_t j = 0; j < cn; j++)
@@ -5083,19 +5102,19 @@ static uint32_t kvps__kth_largest(const uint32_t *keys, const float *x, size_t n
         cur = tmp;
         cn = m;
     }
+    if (above_out) *above_out = above_all;
     return prefix;
 }
 
 /* The exact trim: of the cnt candidates (index cand[j], key keys[j]; both NULL: every index of
-   acc), the k of largest key, ties to the lower index, into idx / val in index order; with r,
-   the residual of each one taken becomes 0. T is the k-th largest key among them. */
+   acc, key |acc[j]|), the k of largest key, ties to the lower index, into idx / val in index
+   order; with r, the residual of each one taken becomes 0. T is the k-th largest key among
+   them and `above` how many keys are larger than T. */
 static void kvps__topk_take(const float *acc, float *r, const uint32_t *cand, const uint32_t *keys, size_t cnt,
-                            size_t k, uint32_t T, uint32_t *idx, float *val) {
-    size_t above = 0, o = 0;
-    for (size_t j = 0; j < cnt; j++) above += kvps__topk_key(keys, acc, j) > T;
-    size_t ties = k - above;
-    for (size_t j = 0; j < cnt; j++) {
-        uint32_t key = kvps__topk_key(keys, acc, j);
+                            size_t k, uint32_t T, size_t above, uint32_t *idx, float *val) {
+    size_t ties = k - above, o = 0;
+    for (size_t j = 0; j < cnt && o < k; j++) {
+        uint32_t key = keys ? keys[j] : kvps_el_mag(acc[j]);
         if (key < T || (key == T && ties == 0)) continue;
         if (key == T) ties--;
         uint32_t i = cand ? cand[j] : (uint32_t)j;
@@ -5160,14 +5179,21 @@ static kvps_result kvps__topk_ef(const float *x, float *r, size_t n, size_t k, u
             pos = lo < 0 ? hi - ((long)m - hi) - 1 : lo + (hi - lo) / 2;
         }
     }
+    uint32_t t_lo = lo >= 0 ? KVPS__THR(lo) : 0; /* at least cap >= k keys are >= t_lo */
 #undef KVPS__THR
     if (rc == KVPS_OK) {
         const float *acc = r ? r : x;
+        size_t above = 0;
         if (found) { /* the exact trim among the candidates */
-            uint32_t *kk = cand + cap;
-            kvps__topk_take(acc, r, cand, kk, cnt, k, kvps__kth_largest(kk, NULL, cnt, k, cand + 2 * cap), idx, val);
-        } else { /* no sampled threshold fits: select over the whole (accumulated) input */
-            kvps__topk_take(acc, r, NULL, NULL, n, k, kvps__kth_largest(NULL, acc, n, k, NULL), idx, val);
+            uint32_t *kk = cand + cap, T = kvps__kth_largest(kk, NULL, cnt, k, cand + 2 * cap, &above);
+            kvps__topk_take(acc, r, cand, kk, cnt, k, T, above, idx, val);
+        } else { /* no sampled threshold fits: select over the whole (accumulated) input. When
+                    fewer than k keys are above t_lo (the usual reason: a sparse gradient's zeros,
+                    or a plateau most of the input shares), t_lo is the k-th largest itself */
+            for (size_t i = 0; i < n; i++) above += kvps_el_mag(acc[i]) > t_lo;
+            uint32_t T = t_lo;
+            if (above >= k) T = kvps__kth_largest(NULL, acc, n, k, NULL, &above);
+            kvps__topk_take(acc, r, NULL, NULL, n, k, T, above, idx, val);
         }
     }
     free(samp);

@@ -115,10 +115,10 @@ static uint32_t *topk_order(const float *v, size_t n) {
 
 /* The shapes top-k must survive, each as its own generator (n entries of x). */
 enum { TK_DISTINCT, TK_RANDOM, TK_HEAVY_TIES, TK_ALL_EQUAL, TK_SIGNED_ZEROS, TK_MOSTLY_ZEROS, TK_FEW_NONZEROS,
-       TK_PLATEAU, TK_SUBNORMAL, TK_INF_NAN, TK_SHAPES };
+       TK_PLATEAU, TK_SUBNORMAL, TK_INF_NAN, TK_UNSAMPLED, TK_SHAPES };
 static const char *const tk_shape_name[TK_SHAPES] = {"no ties", "random", "heavy ties", "all equal", "signed zeros",
                                                      "mostly zeros", "50 non-zeros", "50 x 2.0 on 1.0", "subnormal",
-                                                     "inf/NaN"};
+                                                     "inf/NaN", "unsampled"};
 static void topk_shape(int shape, float *x, size_t n, uint64_t *seed) {
     for (size_t i = 0; i < n; i++) {
         float v = kt_randf(seed);
@@ -140,6 +140,12 @@ static void topk_shape(int shape, float *x, size_t n, uint64_t *seed) {
             break;
         }
         }
+    }
+    if (shape == TK_UNSAMPLED) { /* the sampler's positions (kvps__topk_ef) hold 0 or 10, the rest
+                                    distinct values between: no sampled threshold can split them */
+        size_t m = n / 16 < 256 ? (n < 256 ? n : 256) : n / 16 > 8192 ? 8192 : n / 16;
+        for (size_t i = 0; i < n; i++) x[i] = 1.0f + 8.0f * (float)((double)(kt_rng(seed) >> 11) / 9007199254740992.0);
+        for (size_t j = 0; j < m; j++) x[(size_t)((uint64_t)j * n / m)] = j % 64 == 0 ? 10.0f : 0.0f;
     }
     if (shape == TK_DISTINCT)
         for (size_t i = n; i > 1; i--) { /* Fisher-Yates: distinct magnitudes in random places */

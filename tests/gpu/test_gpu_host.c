@@ -259,10 +259,10 @@ static void test_topk_algorithm(void) {
         for (size_t i = 0; i < n; i++) v[i] = (uint32_t)(kt_rng(&s) >> 33) >> (t % 20);
         memcpy(srt, v, n * 4);
         qsort(srt, n, 4, kvps__cmp_u32);
-        KT_CHECK(kvps__kth_largest(v, NULL, n, k, tmp) == srt[n - k], "kth_largest oracle");
+        KT_CHECK(kvps__kth_largest(v, NULL, n, k, tmp, NULL) == srt[n - k], "kth_largest oracle");
         float *xf = malloc(n * 4); /* the same keys as floats' magnitudes (keys < 2^31), signs mixed */
         for (size_t i = 0; i < n; i++) { uint32_t u = v[i] | (i % 3 ? 0u : 0x80000000u); memcpy(&xf[i], &u, 4); }
-        KT_CHECK(kvps__kth_largest(NULL, xf, n, k, NULL) == srt[n - k], "kth_largest oracle, over floats");
+        KT_CHECK(kvps__kth_largest(NULL, xf, n, k, NULL, NULL) == srt[n - k], "kth_largest oracle, over floats");
         free(xf); free(v); free(tmp); free(srt);
     }
 }
