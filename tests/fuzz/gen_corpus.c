@@ -261,9 +261,10 @@ static void codec_seed(const char *name, kvps_codec c, uint32_t n, uint8_t mode)
     save("fuzz_codec", name, &b);
 }
 
-/* Round trips of top-k over the input shapes its threshold search must survive: [mode][u32 n =
-   count][floats]; mode 0xa0 = round trip of a LONG input (the payload, then its last float
-   repeated past the candidate cap), 0x90 / 0xb0 with error feedback. */
+/* Round trips of top-k over the input shapes its threshold search must survive: [codec][mode]
+   [u32 n = count][floats]; mode 0x80 = round trip, 0x90 with error feedback. The fuzz build keeps
+   2k + 16 candidates (KVPS__TOPK_SLACK), so the plateau and sparse seeds (80 floats, k = 20)
+   have no sampled threshold that fits. */
 static void topk_rt_seed(const char *name, uint8_t mode, uint32_t count, const float *x, size_t m) {
     buf b;
     uint8_t hdr[6] = {KVPS_CODEC_TOPK, mode};
@@ -294,13 +295,13 @@ static void topk_shape_seeds(void) {
     memcpy(&x[5], &nan1, 4);
     memcpy(&x[30], &nan2, 4);
     topk_rt_seed("topk_rt_inf_nan", 0x90, 6, x, 40);
-    /* LONG: 50 x 2.0 on a plateau of 1.0, k = 100 (the report's hang), and sparse: 50
-       non-zeros, then zeros, with the default 1% */
-    for (int i = 0; i < 51; i++) x[i] = i < 50 ? 2.0f : 1.0f;
-    topk_rt_seed("topk_long_plateau", 0xa0, 100, x, 51);
-    topk_rt_seed("topk_long_plateau_ef", 0xb0, 100, x, 51);
-    for (int i = 0; i < 51; i++) x[i] = i < 50 ? (float)(i + 1) * 0.25f : 0.0f;
-    topk_rt_seed("topk_long_sparse", 0xa0, 0, x, 51);
+    /* the report's shapes at the fuzz build's scale: 10 x 2.0 on a plateau of 1.0, and 10
+       non-zeros among zeros; 80 floats, k = 20 > 10, and 80 > 2k + 16 */
+    for (int i = 0; i < 80; i++) x[i] = i < 10 ? 2.0f : 1.0f;
+    topk_rt_seed("topk_plateau", 0x80, 20, x, 80);
+    topk_rt_seed("topk_plateau_ef", 0x90, 20, x, 80);
+    for (int i = 0; i < 80; i++) x[i] = i % 8 == 3 ? (float)(i + 1) * 0.25f : 0.0f;
+    topk_rt_seed("topk_sparse", 0x80, 20, x, 80);
 }
 
 static void codec_seeds(void) {
