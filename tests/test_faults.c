@@ -554,17 +554,21 @@ static void test_kill9_and_restart(void) {
 
 /* Under BSP a worker that disconnects is lost after peer_timeout_ms: the survivor's pull,
    waiting for a round that cannot complete, gets KVPS_ERR_PEER_LOST instead of hanging. */
-static void test_worker_lost_bsp(void) {
-    kvps_server *s = NULL;
+/* A BSP server (KVPS_UPDATE_SUM, heartbeats 50 ms, a worker lost after 300 ms) and its two
+   workers over TCP. */
+static void bsp_pair_up(kvps_server **s, kvps_worker *w[2]) {
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2,
                                                   .update = KVPS_UPDATE_SUM, .heartbeat_ms = 50, .peer_timeout_ms = 300},
-                             &s));
-    KT_OK(kvps_server_start(s));
-    kvps_worker *w[2] = {NULL, NULL};
+                             s));
+    KT_OK(kvps_server_start(*s));
     for (int r = 0; r < 2; r++)
-        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = r,
-                                                     .zmq_ctx = NULL},
-                                 &w[r]));
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(*s), .rank = r}, &w[r]));
+}
+
+static void test_worker_lost_bsp(void) {
+    kvps_server *s = NULL;
+    kvps_worker *w[2] = {NULL, NULL};
+    bsp_pair_up(&s, w);
     float g[16] = {1}, v[16];
     kvps_tensor t[2];
     kvps_req q[2];
@@ -593,17 +597,12 @@ static void test_worker_lost_bsp(void) {
    request stays valid: waiting again re-sends it and the server answers only its pull, so when
    a new worker 1 arrives the round holds worker 0's push once. A barrier that was waiting for
    worker 1 when it was lost is entered again by its re-send, in the same generation as the
-   others'. Each push is a distinct
-   power of two, so the sums show exactly which pushes were applied, and how often. */
+   others'. Each push is a distinct power of two, so the sums show exactly which pushes were
+   applied, and how often. */
 static void test_retry_after_peer_lost(void) {
     kvps_server *s = NULL;
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2,
-                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 50, .peer_timeout_ms = 300},
-                             &s));
-    KT_OK(kvps_server_start(s));
     kvps_worker *w[2] = {NULL, NULL};
-    for (int r = 0; r < 2; r++)
-        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = r}, &w[r]));
+    bsp_pair_up(&s, w);
     enum { N = 16 };
     float g[2][N], v[2][N];
     kvps_tensor t[2];
