@@ -176,7 +176,8 @@
    kvps_result_str(r) names it. A server's error reply reaches the worker as the result of wait,
    and its text as kvps_worker_last_error(w). Every blocking call takes a timeout in ms
    (-1 = the object's default, 10 s unless configured) and returns KVPS_ERR_TIMEOUT rather than
-   hang. Logging goes to stderr (or kvps_log_set_fn's callback), level from KVPS_LOG =
+   hang. Logging goes to stderr (or kvps_log_set_fn's callback, which may be set from any thread
+   at any time; it is called from the thread that logs), level from KVPS_LOG =
    none|error|warn|info|debug (default warn), or kvps_log_set_level.
    WHAT AN ERROR MEANS FOR THE REQUEST: whether its pushes (push, pushpull, init, push_rows)
    were applied on the servers, and what to do, by the result of wait (or of test):
@@ -896,9 +897,15 @@ KVPS_API void kvps_log_set_level(kvps_log_level level) {
     __atomic_store_n(&kvps__log_level, (int)level, __ATOMIC_RELAXED);
 }
 
+/* The callback and its user pointer change together and may change while other threads log
+   (a server's thread, say): a lock keeps the pair whole. Taken only for a line that is logged. */
+static pthread_mutex_t kvps__log_mu = PTHREAD_MUTEX_INITIALIZER;
+
 KVPS_API void kvps_log_set_fn(kvps_log_fn fn, void *user) {
+    pthread_mutex_lock(&kvps__log_mu);
     kvps__log_fn = fn;
     kvps__log_user = user;
+    pthread_mutex_unlock(&kvps__log_mu);
 }
 
 #if defined(__GNUC__)
@@ -911,8 +918,12 @@ static void kvps__log(kvps_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    if (kvps__log_fn) {
-        kvps__log_fn(kvps__log_user, level, buf);
+    pthread_mutex_lock(&kvps__log_mu);
+    kvps_log_fn fn = kvps__log_fn;
+    void *user = kvps__log_user;
+    pthread_mutex_unlock(&kvps__log_mu);
+    if (fn) {
+        fn(user, level, buf);
     } else {
         static const char *tag[] = {"", "error", "warn", "info", "debug"};
         fprintf(stderr, "kvps %s: %s\n", tag[level], buf);
