@@ -27,7 +27,7 @@ $(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B) deps
 
 deps:
 	@scripts/deps.sh build
-deps-demo:
+deps-demo: deps # the build's packages first, then the data
 	@scripts/deps.sh demo
 
 # Every compile waits for `deps` (order-only): under make -j on a fresh machine the packages

@@ -3475,7 +3475,7 @@ typedef struct kvps__req {
                             KVPS_ERR_PEER_LOST (a worker the server waits for is lost): re-sent
                             by the next wait or test */
     int lost;            /* servers in state 3 */
-    int64_t lost_at;     /* when they were last re-sent (ms) */
+    int64_t lost_at;     /* when the last such answer came (ms): re-sent no sooner than 100 ms after */
     int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
     struct kvps__tensor_info *tensor; /* tensor requests: for stats */
     uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
@@ -4409,6 +4409,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
            and gets the rest, with no push applied twice */
         q->state[srv] = 3;
         q->lost++;
+        q->lost_at = kvps__now_ms();
         kvps__reply_text(w, srv, fr, nfr);
         return;
     }
@@ -4563,13 +4564,12 @@ static void kvps__watch(kvps_worker *w) {
                 }
             } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
-                int why = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? KVPS__HS_AUTH
-                          : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? KVPS__HS_PROTOCOL
-                          : w->hs_cuts[s] + 1 >= KVPS__HS_CUTS        ? KVPS__HS_CUT
-                                                                      : KVPS__HS_NONE;
+                int why = KVPS__HS_NONE;
                 w->hs_val[s] = val;
-                if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && w->hs_cuts[s] < UINT16_MAX) w->hs_cuts[s]++;
-                if (why == KVPS__HS_NONE && w->hs_cuts[s] == 1)
+                if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) why = KVPS__HS_AUTH;
+                else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) why = KVPS__HS_PROTOCOL;
+                else if (w->hs_cuts[s] < UINT16_MAX && ++w->hs_cuts[s] >= KVPS__HS_CUTS) why = KVPS__HS_CUT;
+                else if (w->hs_cuts[s] == 1)
                     kvps__log(KVPS_LOG_WARN, "worker %d: the connection to server %d (%s) was cut during the handshake "
                               "(%s); reconnecting", w->desc.rank, s, w->endpoints[s], zmq_strerror((int)val));
                 if (why != KVPS__HS_NONE && w->refused[s] != why) {
@@ -4660,23 +4660,17 @@ static kvps__req *kvps__chain_lost(kvps_worker *w, kvps__req *q) {
 }
 
 /* Re-sends every part of the chain answered KVPS_ERR_PEER_LOST (the servers apply no push
-   twice: the pushpull's re-send gets its pull, a barrier is entered again). Returns how many. */
-static int kvps__chain_retry(kvps_worker *w, kvps__req *q) {
-    int n = 0;
-    int64_t now = kvps__now_ms();
-    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL) {
+   twice: the pushpull's re-send gets its pull, a barrier is entered again). */
+static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
         for (int s = 0; s < w->n && q->lost; s++) {
             if (q->state[s] != 3) continue;
             q->state[s] = 1; /* a send that fails is re-sent when the connection is back */
             q->lost--;
             q->pending++;
-            n++;
             if (kvps__send_kept(w, q, s) != 0)
                 kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
         }
-        q->lost_at = now;
-    }
-    return n;
 }
 
 /* How often parts answered KVPS_ERR_PEER_LOST are re-sent while a wait rides the loss out. */
@@ -4692,8 +4686,7 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     if (kvps__chain_busy(w, q)) return KVPS_OK;
     kvps__req *l = kvps__chain_lost(w, q);
     if (l) { /* the request stays valid: re-sent now and then while test is called */
-        if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS && l->lost_at) kvps__chain_retry(w, q);
-        else if (!l->lost_at) l->lost_at = kvps__now_ms();
+        if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS) kvps__chain_retry(w, q);
         q->lost_told = 1;
         return KVPS_ERR_PEER_LOST;
     }
@@ -4706,10 +4699,10 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
     kvps__req *q = kvps__req_get(w, req);
     if (!q) return KVPS_ERR_INVALID_REQ;
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
-    /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them, and rides
-       the loss out until its deadline (a first such answer is reported at once; once told, an
-       answer to an earlier re-send is ridden out as well) */
-    int retrying = kvps__chain_retry(w, q) > 0 || q->lost_told;
+    /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
+       caller has been told of the loss, rides it out until its deadline (a first such answer
+       is reported at once) */
+    kvps__chain_retry(w, q);
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
         if (r != KVPS_OK) return r;
@@ -4718,8 +4711,7 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
             kvps__req *l = kvps__chain_lost(w, q);
             if (!l) break;
             int64_t now = kvps__now_ms();
-            if (!retrying || now >= deadline) {
-                if (!l->lost_at) l->lost_at = now;
+            if (!q->lost_told || now >= deadline) {
                 q->lost_told = 1;
                 return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
             }

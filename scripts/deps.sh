@@ -31,6 +31,8 @@ fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 line="apt-get install -y ${missing[*]}"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  # make -j may start several of us at once (deps, deps-demo, fuzz-cc): one apt-get at a time
+  if command -v flock >/dev/null 2>&1; then exec 9>"${TMPDIR:-/tmp}/kvps-deps.lock" && flock 9; fi
   echo "kvps: installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null 2>&1 || true
