@@ -339,11 +339,16 @@ typedef enum kvps_result {
     KVPS__RESULTS(KVPS__ENUM)
 #undef KVPS__ENUM
 } kvps_result;
+/* How many results there are (their values are not contiguous: use kvps_result_str for text). */
+#define KVPS__ONE(name, value, text) +1
+enum { KVPS_RESULT_COUNT = 0 KVPS__RESULTS(KVPS__ONE) };
+#undef KVPS__ONE
 
 typedef enum kvps_consistency {
     KVPS_BSP = 0, KVPS_ASYNC = 1,
     KVPS_SSP = 2,      /* bounded staleness: .staleness = k */
-    KVPS_ADAPTIVE = 3  /* k moved by the server between .staleness_min and .staleness */
+    KVPS_ADAPTIVE = 3, /* k moved by the server between .staleness_min and .staleness */
+    KVPS_CONSISTENCY_COUNT
 } kvps_consistency;
 
 /* Per-tensor rules (kvps_worker_tensor_optim); g = the round's sum / count (mean gradient). */
@@ -358,9 +363,10 @@ typedef enum kvps_rule {
     KVPS_RULE_MOMENTUM = 7,   /* v = mu * v + g; w -= lr * v */
     KVPS_RULE_NESTEROV = 8,   /* v = mu * v + g; w -= lr * (g + mu * v) */
     KVPS_RULE_ADAGRAD = 9,    /* h += g * g; w -= lr * g / (sqrt(h) + eps) */
-    KVPS_RULE_ADAM = 10       /* b1t *= b1; b2t *= b2 (from 1); m = b1 * m + (1 - b1) * g;
+    KVPS_RULE_ADAM = 10,      /* b1t *= b1; b2t *= b2 (from 1); m = b1 * m + (1 - b1) * g;
                                  v = b2 * v + (1 - b2) * (g * g);
                                  w -= lr * (m / (1 - b1t)) / (sqrt(v / (1 - b2t)) + eps) */
+    KVPS_RULE_COUNT
 } kvps_rule;
 
 /* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8. Out of range
@@ -375,14 +381,15 @@ typedef enum kvps_update {
     KVPS_UPDATE_MEAN = 0, /* value = sum / count */
     KVPS_UPDATE_SUM = 1,  /* value += sum */
     KVPS_UPDATE_SGD = 2,  /* value -= lr * (sum / count) */
-    KVPS_UPDATE_CUSTOM = 3
+    KVPS_UPDATE_CUSTOM = 3,
+    KVPS_UPDATE_COUNT
 } kvps_update;
 
 typedef enum kvps_log_level {
-    KVPS_LOG_NONE = 0, KVPS_LOG_ERROR = 1, KVPS_LOG_WARN = 2, KVPS_LOG_INFO = 3, KVPS_LOG_DEBUG = 4
+    KVPS_LOG_NONE = 0, KVPS_LOG_ERROR = 1, KVPS_LOG_WARN = 2, KVPS_LOG_INFO = 3, KVPS_LOG_DEBUG = 4, KVPS_LOG_COUNT
 } kvps_log_level;
 
-typedef enum kvps_role { KVPS_ROLE_NONE = 0, KVPS_ROLE_SERVER = 1, KVPS_ROLE_WORKER = 2 } kvps_role;
+typedef enum kvps_role { KVPS_ROLE_NONE = 0, KVPS_ROLE_SERVER = 1, KVPS_ROLE_WORKER = 2, KVPS_ROLE_COUNT } kvps_role;
 
 /* What an update rule sees when a round of a key is applied (one call per round). */
 typedef struct kvps_update_args {
@@ -541,7 +548,9 @@ KVPS_API void kvps_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 KVPS_API void kvps_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 /* Which path the bulk functions use: KVPS_ISA_AUTO (default), or one forced for tests/benches
    (a forced path the CPU lacks falls back to the best it has). Returns the path now in use. */
-typedef enum kvps_isa { KVPS_ISA_AUTO = -1, KVPS_ISA_PORTABLE = 0, KVPS_ISA_AVX2 = 1, KVPS_ISA_AVX512 = 2 } kvps_isa;
+typedef enum kvps_isa {
+    KVPS_ISA_AUTO = -1, KVPS_ISA_PORTABLE = 0, KVPS_ISA_AVX2 = 1, KVPS_ISA_AVX512 = 2, KVPS_ISA_COUNT
+} kvps_isa;
 KVPS_API kvps_isa kvps_isa_set(kvps_isa isa);
 
 /* Top-k by magnitude: the k entries of largest |x| (NaN counts as larger than infinity), ties to
@@ -561,6 +570,7 @@ KVPS_API kvps_result kvps_topk(const float *x, size_t n, size_t k, uint32_t *idx
    sum of everything decoded plus the residual always equals the sum of the inputs. */
 typedef enum kvps_codec_id {
     KVPS_CODEC_NONE = 0, KVPS_CODEC_FP16 = 1, KVPS_CODEC_BF16 = 2, KVPS_CODEC_TOPK = 3, KVPS_CODEC_SIGN = 4,
+    KVPS_CODEC_COUNT, /* the built-in codecs: KVPS_CODEC_TABLE */
     KVPS_CODEC_USER = 128 /* ids from here on are yours */
 } kvps_codec_id;
 enum { KVPS_CODEC_FLAG_FP16_VALUES = 1, KVPS_CODEC_HEADER = 8 };
@@ -789,11 +799,20 @@ static inline KVPS_HD float kvps_el_bf16_to_f32(uint16_t h) {
     return out;
 }
 
+/* Defaults written once (a zero field in a desc, an optim or a codec means these). */
+#define KVPS_DEFAULT_LR 0.01f
+#define KVPS_DEFAULT_MOMENTUM 0.9f
+#define KVPS_DEFAULT_BETA1 0.9f
+#define KVPS_DEFAULT_BETA2 0.999f
+#define KVPS_DEFAULT_EPS 1e-8f
+#define KVPS_DEFAULT_TOPK_FRACTION 0.01
+#define KVPS_DEFAULT_SIGN_CHUNK 256u
+
 /* How many values a top-k codec keeps of n: topk_count, else max(1, fraction x n); at most n. */
 static inline size_t kvps_el_topk_k(const struct kvps_codec *c, size_t n) {
     size_t k = c->topk_count;
     if (!k) {
-        double f = c->topk_fraction > 0 ? c->topk_fraction : 0.01;
+        double f = c->topk_fraction > 0 ? c->topk_fraction : KVPS_DEFAULT_TOPK_FRACTION;
         k = (size_t)(f * (double)n);
         if (k < 1) k = 1;
     }
@@ -805,6 +824,77 @@ static inline KVPS_HD uint32_t kvps_el_mag(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return u & 0x7fffffffu;
+}
+
+static inline KVPS_HD uint32_t kvps_el_get32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* What a built-in codec's payload must measure for n values, from the blob's own fields
+   (p: the whole blob; body: its bytes after the 8-byte header): KVPS_OK (0) and *want, or the
+   result that refuses the blob before its size is known. */
+static inline KVPS_HD int kvps_el_body_f32(const unsigned char *p, size_t body, size_t n, size_t *want) {
+    (void)p; (void)body;
+    *want = n * 4;
+    return 0;
+}
+static inline KVPS_HD int kvps_el_body_half(const unsigned char *p, size_t body, size_t n, size_t *want) {
+    (void)p; (void)body;
+    *want = n * 2;
+    return 0;
+}
+static inline KVPS_HD int kvps_el_body_topk(const unsigned char *p, size_t body, size_t n, size_t *want) {
+    if (body < 4) return KVPS_ERR_TRUNCATED;
+    size_t k = kvps_el_get32(p + KVPS_CODEC_HEADER), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
+    if (k > n) return KVPS_ERR_MALFORMED;
+    *want = 4 + k * (4 + vs);
+    return 0;
+}
+static inline KVPS_HD int kvps_el_body_sign(const unsigned char *p, size_t body, size_t n, size_t *want) {
+    if (body < 4) return KVPS_ERR_TRUNCATED;
+    size_t ch = kvps_el_get32(p + KVPS_CODEC_HEADER);
+    if (ch == 0) return KVPS_ERR_MALFORMED;
+    *want = 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
+    return 0;
+}
+
+/* THE BUILT-IN CODECS, one row each: id; name; dense (decodes to every element, so a pull may be
+   answered with it; top-k is sparse); the header flags it may carry; its payload size rule
+   (above); its largest blob for a codec's parameters (kvps.h implementation). A new built-in
+   codec is a row here (and an id below KVPS_CODEC_COUNT) plus its encode and decode cases. */
+#define KVPS_CODEC_TABLE(X)                                                                     \
+    X(KVPS_CODEC_NONE, "none", 1, 0, kvps_el_body_f32, kvps__max_f32)                          \
+    X(KVPS_CODEC_FP16, "fp16", 1, 0, kvps_el_body_half, kvps__max_half)                        \
+    X(KVPS_CODEC_BF16, "bf16", 1, 0, kvps_el_body_half, kvps__max_half)                        \
+    X(KVPS_CODEC_TOPK, "topk", 0, KVPS_CODEC_FLAG_FP16_VALUES, kvps_el_body_topk, kvps__max_topk) \
+    X(KVPS_CODEC_SIGN, "sign", 1, 0, kvps_el_body_sign, kvps__max_sign)
+
+/* The verdict on a blob of codec id for n values, the same on CPU and GPU: its header, then its
+   size, in this order (top-k's indices are checked by the decoder). KVPS_OK or the result. */
+static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t bytes, int id, size_t n) {
+    int flags = 0, v = KVPS_ERR_CODEC;
+    size_t body, want = 0;
+    if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
+    if (p[0] != (unsigned char)id) return KVPS_ERR_CODEC;
+    body = bytes - KVPS_CODEC_HEADER;
+    switch (id) {
+#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) case cid: flags = fl; break;
+        KVPS_CODEC_TABLE(KVPS__ROW)
+#undef KVPS__ROW
+    default: break;
+    }
+    if (p[2] || p[3] || (p[1] & ~flags)) return KVPS_ERR_MALFORMED;
+    if ((size_t)kvps_el_get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
+    switch (id) {
+#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) case cid: v = size_fn(p, body, n, &want); break;
+        KVPS_CODEC_TABLE(KVPS__ROW)
+#undef KVPS__ROW
+    default: break;
+    }
+    if (v != KVPS_OK) return v;
+    return body < want ? KVPS_ERR_TRUNCATED : body > want ? KVPS_ERR_MALFORMED : KVPS_OK;
 }
 
 #ifdef __cplusplus
@@ -1104,6 +1194,20 @@ static void *kvps__ctx_new(int io_threads, const char *io_cpus) {
     return ctx;
 }
 
+/* The ZeroMQ context of a kvps object: the caller's (borrowed, *own 0), or one of its own with
+   io_threads I/O threads pinned to *io_cpus (read here only: cleared). KVPS_ERR_CONFIG for an
+   io_cpus that cannot be used, KVPS_ERR_ZMQ when no context can be made (both logged). */
+static kvps_result kvps__ctx_take(void *borrowed, int io_threads, const char **io_cpus, void **ctx, int *own) {
+    *ctx = borrowed;
+    *own = 0;
+    if (borrowed) return KVPS_OK;
+    const char *cpus = *io_cpus;
+    *io_cpus = NULL;
+    *own = 1;
+    *ctx = kvps__ctx_new(io_threads, cpus);
+    return *ctx ? KVPS_OK : cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ;
+}
+
 /* io_cpus pins a context of kvps's own; a context passed in is the caller's to pin. */
 static int kvps__io_cpus_ok(const void *zmq_ctx, const char *io_cpus, const char *who) {
     if (!zmq_ctx || !io_cpus) return 1;
@@ -1195,336 +1299,15 @@ static void kvps__tune_malloc(int skip) {
 #endif
 }
 
-// >>wire
-enum {
-    KVPS__MAGIC = 0x5350564Bu,
-    KVPS__VERSION = 1,
-    KVPS__OP_PUSH = 1,
-    KVPS__OP_PULL = 2,
-    KVPS__OP_PUSHPULL = 3,
-    KVPS__OP_INIT = 4,
-    KVPS__OP_BARRIER = 5,
-    KVPS__OP_CONFIG = 6,
-    KVPS__OP_PUSH_ROWS = 7,
-    KVPS__OP_PULL_ROWS = 8,
-    KVPS__OP_TABLE = 9,
-    KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
-    KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
-    KVPS__OP_REPLY = 0x80,
-    KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
-    KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
-    KVPS__HDR = 32,
-    KVPS__ZC_REPLY_MIN = 32768, /* bytes: smaller pull replies are copied */
-    KVPS__KENT = 16
-};
-
-typedef struct kvps__hdr {
-    uint32_t magic;
-    uint8_t version, op;
-    uint16_t flags;
-    uint32_t rank, nkeys;
-    uint64_t req_id;
-    int32_t status;
-    uint32_t aux;
-} kvps__hdr;
-
-typedef struct kvps__kent {
-    uint64_t key, len;
-} kvps__kent;
-
-typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
-typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
-
-static int kvps__op_has_values(int op) {
-    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG ||
-           op == KVPS__OP_PUSH_ROWS || op == KVPS__OP_TABLE;
-}
-static int kvps__op_table(int op) { return op >= KVPS__OP_PUSH_ROWS && op <= KVPS__OP_TABLE; }
-static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
-
-/* Sends a whole multipart message; frames are closed (ownership passes to ZeroMQ). */
-static int kvps__send_frames(void *sock, zmq_msg_t *frames, int n) {
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
-        /* never block: a DEALER whose peer is gone (inproc) has no pipe and would wait forever */
-        if (rc == 0 && zmq_msg_send(&frames[i], sock, ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0) rc = -1;
-        if (rc != 0) zmq_msg_close(&frames[i]);
-    }
-    return rc;
+static int kvps__cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
 }
 
-static int kvps__msg_from_buf(zmq_msg_t *m, const void *data, size_t size) {
-    if (zmq_msg_init_size(m, size) != 0) return -1;
-    if (size) memcpy(zmq_msg_data(m), data, size);
-    return 0;
-}
-
-/* A random 32-bit number, never 0 (incarnations). */
-static uint32_t kvps__random32(void) {
-    uint32_t r = 0;
-    int fd = open("/dev/urandom", O_RDONLY);
-    if (fd >= 0) {
-        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
-        close(fd);
-    }
-    if (!r) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r = (uint32_t)kvps__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec);
-    }
-    return r ? r : 1u;
-}
-
-/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
-   (and, on the connecting side, made again). */
-static void kvps__heartbeats(void *sock, int ivl, int timeout) {
-    if (ivl <= 0) return;
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
-}
-
-/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
-static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
-    static int counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
-    void *m = zmq_socket(ctx, ZMQ_PAIR);
-    if (!m) return -1;
-    int zero = 0;
-    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
-    *out = m;
-    return 0;
-}
-
-/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
-   for a drop), 0 when none is waiting. */
-static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
-    zmq_msg_t a, b;
-    zmq_msg_init(&a);
-    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
-    int ok = zmq_msg_size(&a) >= 6;
-    if (ok) {
-        memcpy(event, zmq_msg_data(&a), 2);
-        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
-    }
-    int more = zmq_msg_more(&a);
-    zmq_msg_close(&a);
-    while (more) { /* the endpoint frame */
-        zmq_msg_init(&b);
-        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
-        more = zmq_msg_more(&b);
-        zmq_msg_close(&b);
-    }
-    return ok;
-}
-
-// >>server
-struct kvps_server;
-static void kvps__server_send(struct kvps_server *s, zmq_msg_t *frames, int n);
-
-typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
-    struct kvps__pend *next;
-    float data[];
-} kvps__pend;
-
-typedef struct kvps__parked { /* a pull waiting for a key's round */
-    struct kvps__parked *next;
-    int stalled;
-    zmq_msg_t id;
-    kvps__hdr hdr;
-    uint32_t *idx; /* key indices in request order */
-} kvps__parked;
-
-/* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
-   own reference plus one per frame in flight; the last release frees it. */
-typedef struct kvps__vbuf {
-    int refs;
-    char pad[60]; /* data starts 64 bytes in, 64-byte aligned */
-    float data[];
-} kvps__vbuf;
-
-typedef struct kvps__key {
-    uint64_t key, len;
-    float *value, *accum;  /* value == cur->data */
-    kvps__vbuf *cur, *spare;
-    uint64_t round;      /* rounds applied */
-    uint32_t summed;     /* BSP: ranks 0..summed-1 are done for this round (in accum, or out) */
-    uint32_t nin;        /* BSP: contributions in accum this round */
-    uint64_t stamp;      /* duplicate detection within one request */
-    uint64_t *recv;      /* per worker: contributions received */
-    kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
-    kvps__parked *waiters;
-    kvps_optim opt;      /* rule DEFAULT: the server's update rule */
-    struct kvps__defer *def; /* async: pushes received, applied together by kvps__flush */
-    uint32_t ndef;
-    float *state;        /* optimizer state: v, h, or m then v (2 x len) */
-    float b1t, b2t;      /* Adam: beta1^t, beta2^t */
-} kvps__key;
-
-struct kvps_server {
-    kvps_server_desc desc;
-    void *ctx, *router;
-    int own_ctx;
-    int stop_pipe[2];
-    char endpoint[256];
-    pthread_t thread;
-    int started;
-    int m;
-    kvps_update_fn update_fn; /* your own rule, or NULL */
-    kvps_optim default_opt;   /* desc.update as a kvps_rule (keys without their own rule) */
-    /* key table: open addressing (key -> index + 1), grows at 1/2 load */
-    kvps__key **keys;
-    uint32_t nkeys, cap_keys;
-    uint32_t *slots;
-    uint64_t nslots;
-    uint64_t stamp;
-    /* barrier: waiting workers and their generation */
-    kvps__parked *barrier_waiters;
-    uint64_t *barrier_gen; /* per worker: barriers entered */
-    uint32_t *scratch_idx;
-    size_t scratch_cap;
-    float *scratch;
-    size_t scratch_len;
-    float *dscratch; /* decoded contributions */
-    size_t dscratch_len;
-    uint64_t *blob_off; /* coded requests: where each key's blob starts */
-    size_t blob_cap;
-    int cur_k;          /* SSP / ADAPTIVE: staleness in force */
-    struct kvps__table *tables;
-    uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
-    struct kvps__seen *seen; /* per worker: which requests were applied (exactly-once) */
-    kvps__key **dirty;       /* keys with deferred pushes */
-    uint32_t ndirty, cap_dirty;
-    /* liveness: the socket each worker last spoke from, since when it has been gone, lost */
-    void *mon;
-    void *zap; /* CURVE: the ZAP handler (REP on inproc://zeromq.zap.01) */
-    uint8_t (*curve_ok)[32];
-    int ncurve_ok;
-    int *rank_fd;
-    int64_t *gone_since;
-    uint8_t *lost;
-    int nlost;
-    uint8_t *out; /* elastic: left the aggregation */
-    /* checkpoints: asked for by other threads (ckpt_req), written by the serving thread */
-    pthread_mutex_t ckpt_mu;
-    pthread_cond_t ckpt_cv;
-    uint64_t ckpt_req, ckpt_done, max_round, ckpt_round;
-    kvps_result ckpt_result;
-    kvps_server_stats stats;
-};
-
-/* Exactly-once: per worker, its incarnation and a window of the request sequence numbers
-   (handle >> 24, rising) already applied. A re-sent request inside the window is answered
-   without being applied again; one older than the window is refused (KVPS_ERR_REPLAY).
-   Incarnation 0 (a raw client) is not tracked. */
-enum { KVPS__SEEN_WIN = 1 << 16 };
-typedef struct kvps__seen {
-    uint32_t inc;
-    uint64_t hi;
-    uint64_t bits[KVPS__SEEN_WIN / 64];
-} kvps__seen;
-
-static int kvps__seen_bit(const kvps__seen *w, uint64_t q) { return (int)(w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)] >> (q % 64) & 1); }
-static void kvps__seen_set(kvps__seen *w, uint64_t q, int on) {
-    uint64_t *b = &w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)], m = 1ull << (q % 64);
-    *b = on ? *b | m : *b & ~m;
-}
-/* 1: new (now recorded); 0: applied before; -1: too old to tell. */
-static int kvps__seen_check(kvps__seen *w, uint32_t inc, uint64_t q) {
-    if (w->inc != inc) { memset(w, 0, sizeof *w); w->inc = inc; }
-    if (q > w->hi) {
-        if (q - w->hi >= KVPS__SEEN_WIN) memset(w->bits, 0, sizeof w->bits);
-        else for (uint64_t x = w->hi + 1; x < q; x++) kvps__seen_set(w, x, 0);
-        kvps__seen_set(w, q, 1);
-        w->hi = q;
-        return 1;
-    }
-    if (w->hi - q >= KVPS__SEEN_WIN) return -1;
-    if (kvps__seen_bit(w, q)) return 0;
-    kvps__seen_set(w, q, 1);
-    return 1;
-}
-
-static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
-                                              int accumulate);
-static void kvps__add(float *KVPS__RESTRICT d, const float *KVPS__RESTRICT g, size_t n);
-
-static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
-
-/* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
-static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
-    uint32_t rule;
-    float f[5];
-    memcpy(&rule, rec, 4);
-    memcpy(f, rec + 4, sizeof f);
-    o->rule = (kvps_rule)(rule <= KVPS_RULE_ADAM ? rule : 0);
-    o->lr = f[0] != 0.0f ? f[0] : 0.01f;
-    o->momentum = f[1] != 0.0f ? f[1] : 0.9f;
-    o->beta1 = f[2] != 0.0f ? f[2] : 0.9f;
-    o->beta2 = f[3] != 0.0f ? f[3] : 0.999f;
-    o->eps = f[4] != 0.0f ? f[4] : 1e-8f;
-    if (rule > KVPS_RULE_ADAM) return KVPS_ERR_MALFORMED;
-    if (!kvps__finite(o->lr) || o->lr < 0 || !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ||
-        !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1 || !kvps__finite(o->beta2) || o->beta2 < 0 ||
-        o->beta2 >= 1 || !kvps__finite(o->eps) || o->eps <= 0)
-        return KVPS_ERR_HYPERPARAM;
-    return KVPS_OK;
-}
-
-/* The codec for id: built-in, or one from desc.codecs; NULL when unknown. */
-static const kvps_codec *kvps__server_codec(const kvps_server *s, int id, kvps_codec *tmp) {
-    if (id >= 0 && id <= KVPS_CODEC_SIGN) { *tmp = kvps_codec_get((kvps_codec_id)id); return tmp; }
-    for (int i = 0; i < s->desc.num_codecs; i++)
-        if (s->desc.codecs[i].id == id) return &s->desc.codecs[i];
-    return NULL;
-}
-
-static float *kvps__dscratch(kvps_server *s, uint64_t len) {
-    if (s->dscratch_len < len) {
-        free(s->dscratch);
-        s->dscratch = (float *)kvps__alloc_floats(len);
-        s->dscratch_len = s->dscratch ? (size_t)len : 0;
-    }
-    return s->dscratch;
-}
-
-/* A contribution: dense floats, or a validated codec blob. */
-typedef struct kvps__contrib {
-    const float *g;
-    const kvps_codec *codec;
-    const void *blob;
-    size_t bytes;
-} kvps__contrib;
-
-/* dst = contribution (acc 0), or dst combined with it (acc 1): added, or element-wise max /
-   min for those rules (NaN wins); a top-k blob adds sparsely. */
-static void kvps__contrib_into(kvps_server *s, const kvps__key *k, const kvps__contrib *c, float *dst, int acc) {
-    size_t len = (size_t)k->len;
-    int mm = acc && (k->opt.rule == KVPS_RULE_MAX || k->opt.rule == KVPS_RULE_MIN);
-    const float *g = c->g;
-    if (!g && mm) { /* decode first, then take the max / min */
-        float *d = kvps__dscratch(s, len);
-        if (!d) return;
-        kvps_codec_decode(c->codec, c->blob, c->bytes, d, len, 0);
-        g = d;
-    }
-    if (mm) {
-        int mx = k->opt.rule == KVPS_RULE_MAX;
-        for (size_t i = 0; i < len; i++)
-            if (g[i] != g[i] || (mx ? g[i] > dst[i] : g[i] < dst[i])) dst[i] = g[i];
-    } else if (g) {
-        if (acc) kvps__add(dst, g, len);
-        else memcpy(dst, g, len * sizeof(float));
-    } else {
-        kvps_codec_decode(c->codec, c->blob, c->bytes, dst, len, acc);
-    }
-}
-
-#define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
-
+// >>numerics
+/* Element-wise kernels on the widest vectors the CPU has (ISA detection, d += g, mean, SGD step)
+   and the bulk fp16 / bf16 conversions. Every path does the same IEEE operation per element, so
+   the bits never depend on the path. */
 /* Element-wise kernels. GNU vector types (4 floats, SSE on any x86-64) so that they vectorise at -O2 too; the
    arithmetic is the same IEEE operation per element as the scalar tail, so results are
    bit-identical whichever path an element takes. */
@@ -1619,3144 +1402,10 @@ static void kvps__sgd_step(float *KVPS__RESTRICT v, const float *KVPS__RESTRICT 
     for (; i < n; i++) v[i] -= lr * (g[i] / c);
 }
 
-static uint32_t kvps__find(const kvps_server *s, uint64_t key) {
-    uint64_t mask = s->nslots - 1, i = kvps__mix64(key) & mask;
-    for (;;) {
-        uint32_t v = s->slots[i];
-        if (v == 0) return UINT32_MAX;
-        if (s->keys[v - 1]->key == key) return v - 1;
-        i = (i + 1) & mask;
-    }
-}
-
-static int kvps__table_grow(kvps_server *s) {
-    uint64_t ns = s->nslots ? s->nslots * 2 : 1024;
-    uint32_t *slots = (uint32_t *)calloc(ns, sizeof *slots);
-    if (!slots) return -1;
-    for (uint32_t k = 0; k < s->nkeys; k++) {
-        uint64_t i = kvps__mix64(s->keys[k]->key) & (ns - 1);
-        while (slots[i]) i = (i + 1) & (ns - 1);
-        slots[i] = k + 1;
-    }
-    free(s->slots);
-    s->slots = slots;
-    s->nslots = ns;
-    return 0;
-}
-
-static kvps__vbuf *kvps__vbuf_new(uint64_t len) {
-    if (len > (SIZE_MAX - 128) / sizeof(float)) return NULL;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, sizeof(kvps__vbuf) + (size_t)len * sizeof(float)) != 0) return NULL;
-    ((kvps__vbuf *)p)->refs = 1;
-    return (kvps__vbuf *)p;
-}
-
-static void kvps__vbuf_unref(kvps__vbuf *b) {
-    if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) free(b);
-}
-
-static void kvps__vbuf_release(void *data, void *hint) {
-    (void)data;
-    kvps__vbuf_unref((kvps__vbuf *)hint);
-}
-
-static int kvps__vbuf_busy(kvps__vbuf *b) { return __atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) > 1; }
-
-/* Before an update writes the value: if a pull reply still references it, move the value to a
-   buffer nobody is sending (the idle spare, or a new one). Returns -1 when out of memory. */
-static int kvps__value_writable(kvps__key *k) {
-    if (!kvps__vbuf_busy(k->cur)) return 0;
-    kvps__vbuf *nb = k->spare && !kvps__vbuf_busy(k->spare) ? k->spare : kvps__vbuf_new(k->len);
-    if (!nb) return -1;
-    if (nb != k->spare) kvps__vbuf_unref(k->spare); /* busy spare: its last frame frees it */
-    memcpy(nb->data, k->cur->data, (size_t)k->len * sizeof(float));
-    k->spare = k->cur;
-    k->cur = nb;
-    k->value = nb->data;
-    return 0;
-}
-
-/* A single-key async push held back so that the pushes queued for a key are applied in one pass
-   over its value (kvps__flush): its values (still in the message) and who to answer. */
-enum { KVPS__DEFER_MAX = 8, KVPS__DEFER_MIN_LEN = 16384, KVPS__CHUNK = 4096 };
-typedef struct kvps__defer {
-    zmq_msg_t data, id;
-    kvps__hdr hdr;
-} kvps__defer;
-static void kvps__defer_close(kvps__defer *d) {
-    zmq_msg_close(&d->data);
-    zmq_msg_close(&d->id);
-}
-
-static void kvps__key_free(kvps__key *k, int m) {
-    if (!k) return;
-    if (k->qhead)
-        for (int r = 0; r < m; r++)
-            while (k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
-    while (k->waiters) {
-        kvps__parked *p = k->waiters;
-        k->waiters = p->next;
-        zmq_msg_close(&p->id);
-        free(p->idx);
-        free(p);
-    }
-    kvps__vbuf_unref(k->cur);
-    kvps__vbuf_unref(k->spare);
-    for (uint32_t i = 0; i < k->ndef; i++) kvps__defer_close(&k->def[i]);
-    free(k->def);
-    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k);
-}
-
-/* Creates a key; returns its index or UINT32_MAX when out of memory. */
-static uint32_t kvps__key_create(kvps_server *s, uint64_t key, uint64_t len) {
-    if ((uint64_t)(s->nkeys + 1) * 2 > s->nslots && kvps__table_grow(s) != 0) return UINT32_MAX;
-    if (s->nkeys == s->cap_keys) {
-        uint32_t nc = s->cap_keys ? s->cap_keys * 2 : 256;
-        kvps__key **nk = (kvps__key **)realloc(s->keys, nc * sizeof *nk);
-        if (!nk) return UINT32_MAX;
-        s->keys = nk;
-        s->cap_keys = nc;
-    }
-    kvps__key *k = (kvps__key *)calloc(1, sizeof *k);
-    if (!k) return UINT32_MAX;
-    k->key = key;
-    k->len = len;
-    k->cur = kvps__vbuf_new(len);
-    k->recv = (uint64_t *)calloc((size_t)s->m, sizeof *k->recv);
-    if (!k->cur || !k->recv) { kvps__key_free(k, s->m); return UINT32_MAX; }
-    k->value = k->cur->data;
-    if (s->desc.init_fn) s->desc.init_fn(s->desc.init_user, key, k->value, (size_t)len);
-    else memset(k->value, 0, (size_t)len * sizeof(float));
-    uint64_t i = kvps__mix64(key) & (s->nslots - 1);
-    while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
-    s->slots[i] = s->nkeys + 1;
-    s->keys[s->nkeys] = k;
-    KVPS__STAT_ADD(s, keys, 1);
-    KVPS__STAT_ADD(s, value_bytes, len * sizeof(float));
-    return s->nkeys++;
-}
-
-/* Forgets the keys from index n on (just created by a request that then failed). */
-static void kvps__keys_truncate(kvps_server *s, uint32_t n) {
-    while (s->nkeys > n) {
-        kvps__key *k = s->keys[--s->nkeys];
-        KVPS__STAT_ADD(s, keys, (uint64_t)-1);
-        KVPS__STAT_ADD(s, value_bytes, (uint64_t)0 - k->len * sizeof(float));
-        kvps__key_free(k, s->m);
-    }
-    memset(s->slots, 0, s->nslots * sizeof *s->slots);
-    for (uint32_t k = 0; k < s->nkeys; k++) {
-        uint64_t i = kvps__mix64(s->keys[k]->key) & (s->nslots - 1);
-        while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
-        s->slots[i] = k + 1;
-    }
-}
-
-// >>curve
-static int kvps__z85_key(const char *z85, uint8_t out[32]) {
-    return z85 && strlen(z85) == 40 && zmq_z85_decode(out, z85) != NULL ? 0 : -1;
-}
-
-/* CURVE on the server socket, and a ZAP handler that lets in only the listed public keys. */
-static int kvps__curve_server(kvps_server *s) {
-    uint8_t sk[32];
-    const kvps_server_desc *d = &s->desc;
-    if (!zmq_has("curve")) { kvps__log(KVPS_LOG_ERROR, "server: this libzmq has no CURVE"); return -1; }
-    if (!s->own_ctx) { kvps__log(KVPS_LOG_ERROR, "server: CURVE needs a ZeroMQ context of the server's own"); return -1; }
-    if (kvps__z85_key(d->curve_secret_key, sk) != 0 || d->num_curve_clients < 0 ||
-        (d->num_curve_clients > 0 && !d->curve_clients)) {
-        kvps__log(KVPS_LOG_ERROR, "server: curve_secret_key must be 40 Z85 characters, curve_clients a list");
-        return -1;
-    }
-    s->curve_ok = (uint8_t(*)[32])calloc((size_t)d->num_curve_clients + 1, 32);
-    if (!s->curve_ok) return -1;
-    for (int i = 0; i < d->num_curve_clients; i++)
-        if (kvps__z85_key(d->curve_clients[i], s->curve_ok[i]) != 0) {
-            kvps__log(KVPS_LOG_ERROR, "server: curve_clients[%d] is not a 40-character Z85 key", i);
-            return -1;
-        }
-    s->ncurve_ok = d->num_curve_clients;
-    s->zap = zmq_socket(s->ctx, ZMQ_REP);
-    if (!s->zap || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0) return -1;
-    int one = 1;
-    zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one);
-    zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, sk, 32);
-    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvps", 4);
-    memset(sk, 0, sizeof sk);
-    s->desc.curve_secret_key = NULL; /* the caller's strings are not kept */
-    s->desc.curve_clients = NULL;
-    return 0;
-}
-
-/* Answers one ZAP request: 200 for a listed CURVE key, 400 for anything else. */
-static void kvps__zap_serve(kvps_server *s) {
-    zmq_msg_t fr[7];
-    int n = 0, more = 1;
-    while (more) {
-        zmq_msg_t tmp, *m = n < 7 ? &fr[n] : &tmp;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, s->zap, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-            zmq_msg_close(m);
-            for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
-            return;
-        }
-        more = zmq_msg_more(m);
-        if (n < 7) n++;
-        else zmq_msg_close(m);
-    }
-    /* version, request id, domain, address, routing id, mechanism, credentials */
-    int ok = 0;
-    if (n == 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
-        zmq_msg_size(&fr[6]) == 32)
-        for (int i = 0; i < s->ncurve_ok && !ok; i++) ok = memcmp(zmq_msg_data(&fr[6]), s->curve_ok[i], 32) == 0;
-    if (!ok) {
-        KVPS__STAT_ADD(s, errors, 1);
-        kvps__log(KVPS_LOG_WARN, "server %d: refused a connection: %s", s->desc.rank,
-                  n == 7 ? "its CURVE key is not listed" : "not a CURVE handshake");
-    }
-    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not allowed";
-    zmq_msg_t out[6];
-    kvps__msg_from_buf(&out[0], "1.0", 3);
-    zmq_msg_init(&out[1]);
-    if (n >= 2) zmq_msg_copy(&out[1], &fr[1]);
-    kvps__msg_from_buf(&out[2], status, 3);
-    kvps__msg_from_buf(&out[3], text, strlen(text));
-    kvps__msg_from_buf(&out[4], "", 0);
-    kvps__msg_from_buf(&out[5], "", 0);
-    for (int i = 0; i < 6; i++) zmq_msg_send(&out[i], s->zap, i < 5 ? ZMQ_SNDMORE : 0);
-    for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
-}
-
-KVPS_API kvps_result kvps_cert_load(const char *path, char public_z85[41], char secret_z85[41]) {
-    if (!path || !public_z85 || !secret_z85) return KVPS_ERR_INVALID_ARG;
-    public_z85[0] = secret_z85[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return KVPS_ERR_CONFIG;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        const char *names[2] = {"public-key", "secret-key"};
-        char *outs[2] = {public_z85, secret_z85};
-        for (int i = 0; i < 2; i++) {
-            char *p = strstr(line, names[i]), *q1, *q2;
-            if (!p || (q1 = strchr(p, '"')) == NULL || (q2 = strchr(q1 + 1, '"')) == NULL || q2 - q1 - 1 != 40) continue;
-            memcpy(outs[i], q1 + 1, 40);
-            outs[i][40] = 0;
-        }
-    }
-    fclose(f);
-    uint8_t k[32];
-    if (kvps__z85_key(public_z85, k) != 0 || (secret_z85[0] && kvps__z85_key(secret_z85, k) != 0)) {
-        public_z85[0] = secret_z85[0] = 0;
-        return KVPS_ERR_CONFIG;
-    }
-    return KVPS_OK;
-}
-
-static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
-    if (rc == KVPS_ERR_CONFIG) kvps__log(KVPS_LOG_ERROR, "server: %s: bad configuration", what);
-    else kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
-    kvps_server_destroy(&s);
-    return (kvps_result)rc;
-}
-
-KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out) {
-    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
-    *out = NULL;
-    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
-    if (!desc->endpoint || desc->num_workers < 1 || desc->rank < 0 || desc->io_threads < 0 ||
-        (unsigned)desc->consistency > KVPS_ADAPTIVE || (unsigned)desc->update > KVPS_UPDATE_CUSTOM ||
-        desc->staleness < 0 || desc->staleness_min < 0 ||
-        (desc->consistency == KVPS_ADAPTIVE && desc->staleness_min > desc->staleness) ||
-        (desc->update == KVPS_UPDATE_CUSTOM && !desc->update_fn)) {
-        kvps__log(KVPS_LOG_ERROR, "server desc: need endpoint, num_workers >= 1, a known consistency "
-                                  "and update rule (CUSTOM needs update_fn)");
-        return KVPS_ERR_CONFIG;
-    }
-    kvps__tune_malloc(desc->no_malloc_tuning);
-    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
-    if (!s) return KVPS_ERR_NOMEM;
-    s->desc = *desc;
-    s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
-    if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
-    s->desc.lr = desc->lr != 0.0f ? desc->lr : 0.01f;
-    s->m = desc->num_workers;
-    s->stop_pipe[0] = s->stop_pipe[1] = -1;
-    s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
-    s->stats.staleness = (uint64_t)s->cur_k;
-    /* the built-in update rules are the matching kvps_rule; update_fn is for your own */
-    s->update_fn = desc->update_fn;
-    static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
-    s->default_opt.rule = builtin[desc->update];
-    s->default_opt.lr = s->desc.lr;
-    s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
-    s->seen = (kvps__seen *)calloc((size_t)s->m, sizeof *s->seen);
-    s->rank_fd = (int *)malloc((size_t)s->m * sizeof *s->rank_fd);
-    s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
-    s->lost = (uint8_t *)calloc((size_t)s->m, 1);
-    s->out = (uint8_t *)calloc((size_t)s->m, 1);
-    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || kvps__table_grow(s) != 0) {
-        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out); free(s);
-        return KVPS_ERR_NOMEM;
-    }
-    for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
-    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
-    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
-    s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
-    pthread_mutex_init(&s->ckpt_mu, NULL);
-    pthread_cond_init(&s->ckpt_cv, NULL);
-    if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
-    fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
-    fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
-    s->ctx = desc->zmq_ctx;
-    if (!s->ctx) {
-        s->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
-        s->desc.io_cpus = NULL; /* read here only */
-        s->own_ctx = 1;
-        if (!s->ctx) return kvps__server_fail(s, desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ, "context");
-    }
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
-    /* A peer that does not read its replies loses those past max_queued_replies (counted in
-       stats.replies_dropped) instead of growing the server without bound; ROUTER_MANDATORY makes
-       such a reply an error we can count rather than a silent drop. A worker reads replies on its
-       I/O thread whatever its application does, so its queue never fills. RCVHWM stays
-       unlimited: libzmq 4.3.4 aborts ("!_io_error", stream_engine_base.cpp) when a heartbeat
-       times out on a connection whose input it stopped at a finite RCVHWM (libzmq#4364, #4767). */
-    int hwm = s->desc.max_queued_replies, one_m = 1, zero = 0;
-    zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one_m, sizeof one_m);
-    /* cap what libzmq will allocate for one frame before kvps sees it */
-    int64_t maxmsg = desc->max_msg_bytes > 0 ? desc->max_msg_bytes
-                                              : (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
-    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-    int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
-    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
-    int one = 1; /* a worker that reconnects takes its routing id (and parked answers) back */
-    zmq_setsockopt(s->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-    kvps__heartbeats(s->router, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
-    if (kvps__monitor(s->ctx, s->router, ZMQ_EVENT_DISCONNECTED, &s->mon) != 0)
-        return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
-    if (desc->curve_secret_key && kvps__curve_server(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "CURVE");
-    if (zmq_bind(s->router, desc->endpoint) != 0) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
-        return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
-    }
-    size_t sz = sizeof s->endpoint;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
-    s->desc.endpoint = s->endpoint;
-    kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
-              (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
-    *out = s;
-    return KVPS_OK;
-}
-
-KVPS_API const char *kvps_server_endpoint(const kvps_server *s) { return s ? s->endpoint : NULL; }
-
-KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out) {
-    if (!s || !out) return;
-    const uint64_t *src = (const uint64_t *)&s->stats;
-    uint64_t *dst = (uint64_t *)out;
-    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
-        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
-}
-
-/* Replies [id][hdr][text] with an error; id is copied, not consumed. */
-static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc,
-                              const char *fmt, ...) {
-    char text[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    KVPS__STAT_ADD(s, errors, 1);
-    /* a rejected request was not applied: a re-send of it must not count as a duplicate */
-    if (req && req->status != 0 && req->rank < (uint32_t)s->m && s->seen[req->rank].inc == (uint32_t)req->status &&
-        rc != KVPS_ERR_REPLAY && s->seen[req->rank].hi - (req->req_id >> 24) < KVPS__SEEN_WIN)
-        kvps__seen_set(&s->seen[req->rank], req->req_id >> 24, 0);
-    kvps__log(KVPS_LOG_WARN, "server %d: rejected request from rank %u: %s (%s)", s->desc.rank,
-              req ? req->rank : 0u, text, kvps_result_str(rc));
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)((req ? req->op : 0) | KVPS__OP_REPLY);
-    h.rank = req ? req->rank : 0;
-    h.req_id = req ? req->req_id : 0;
-    h.status = rc;
-    zmq_msg_t f[3];
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &h, sizeof h);
-    kvps__msg_from_buf(&f[2], text, strlen(text));
-    kvps__server_send(s, f, 3);
-}
-
-/* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
-   m2 for Adam; *b1t, *b2t its bias-correction powers). Shared by keys and table rows. */
-static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
-                            float *b2t, size_t n) {
-    switch (o->rule) {
-    case KVPS_RULE_MEAN: kvps__mean_into(w, sum, c, n); break;
-    case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
-    case KVPS_RULE_ACCUMULATE: kvps__add(w, sum, n); break;
-    case KVPS_RULE_SGD: kvps__sgd_step(w, sum, o->lr, c, n); break;
-    case KVPS_RULE_MOMENTUM:
-        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * v[i]; }
-        break;
-    case KVPS_RULE_NESTEROV:
-        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * (g + o->momentum * v[i]); }
-        break;
-    case KVPS_RULE_ADAGRAD:
-        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] += g * g; w[i] -= o->lr * g / (sqrtf(v[i]) + o->eps); }
-        break;
-    case KVPS_RULE_ADAM: {
-        *b1t *= o->beta1;
-        *b2t *= o->beta2;
-        float c1 = 1.0f - *b1t, c2 = 1.0f - *b2t;
-        for (size_t i = 0; i < n; i++) {
-            float g = sum[i] / c;
-            v[i] = o->beta1 * v[i] + (1.0f - o->beta1) * g;
-            m2[i] = o->beta2 * m2[i] + (1.0f - o->beta2) * (g * g);
-            w[i] -= o->lr * (v[i] / c1) / (sqrtf(m2[i] / c2) + o->eps);
-        }
-        break;
-    }
-    default: break;
-    }
-}
-
-/* Floats of optimizer state per value for a rule (Adam: m and v). */
-static int kvps__rule_state(kvps_rule r) { return r == KVPS_RULE_ADAM ? 2 : r >= KVPS_RULE_MOMENTUM ? 1 : 0; }
-
-static int kvps__apply_rule(kvps__key *k, const kvps_optim *o, const float *sum, int count) {
-    size_t n = (size_t)k->len;
-    int nstate = kvps__rule_state(o->rule);
-    if (nstate && !k->state) {
-        k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
-        if (!k->state) return -1;
-        k->b1t = k->b2t = 1.0f;
-    }
-    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
-    return 0;
-}
-
-static void kvps__adapt(kvps_server *s);
-
-static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
-    if (kvps__value_writable(k) != 0) return -1;
-    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
-        kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
-        s->update_fn(&a);
-    } else if (kvps__apply_rule(k, k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt, sum, count) != 0) {
-        return -1;
-    }
-    k->round++;
-    if (k->round > s->max_round) s->max_round = k->round;
-    KVPS__STAT_ADD(s, rounds, 1);
-    if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 16) kvps__adapt(s);
-    return 0;
-}
-
-static void kvps__try_pull(kvps_server *s, kvps__parked *p);
-
-static void kvps__wake(kvps_server *s, kvps__key *k) {
-    kvps__parked *w = k->waiters;
-    k->waiters = NULL;
-    while (w) {
-        kvps__parked *next = w->next;
-        kvps__try_pull(s, w); /* replies, or parks again on the key it still needs */
-        w = next;
-    }
-}
-
-/* BSP: add rank r's contribution to the round in rank order, buffering out-of-turn ones.
-   Contribution c of a rank belongs to round c (one push per key per round). */
-static int kvps__bsp_advance(kvps_server *s, kvps__key *k);
-static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
-    uint64_t c = k->recv[r]++;
-    size_t bytes = (size_t)k->len * sizeof(float);
-    if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
-    if ((uint32_t)r == k->summed && c == k->round) {
-        kvps__contrib_into(s, k, g, k->accum, k->nin != 0);
-        k->summed++;
-        k->nin++;
-    } else {
-        if (!k->qhead) {
-            k->qhead = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qhead);
-            k->qtail = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qtail);
-            if (!k->qhead || !k->qtail) return -1;
-        }
-        kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
-        if (!p) return -1;
-        p->next = NULL;
-        kvps__contrib_into(s, k, g, p->data, 0);
-        if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
-        k->qtail[r] = p;
-    }
-    return kvps__bsp_advance(s, k);
-}
-
-/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic), and
-   applies each round that completes; 1 if one did, -1 when out of memory. */
-static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
-    int advanced = 0;
-    for (;;) {
-        while (k->summed < (uint32_t)s->m && s->out[k->summed]) k->summed++;
-        if (k->summed == (uint32_t)s->m) {
-            if (k->nin == 0) break; /* everyone left: no round */
-            if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
-            k->summed = 0;
-            k->nin = 0;
-            advanced = 1;
-            continue;
-        }
-        uint32_t nr = k->summed;
-        kvps__pend *p = k->qhead ? k->qhead[nr] : NULL;
-        if (!p) break;
-        k->qhead[nr] = p->next;
-        if (!p->next) k->qtail[nr] = NULL;
-        kvps__contrib c2 = {p->data, NULL, NULL, 0};
-        kvps__contrib_into(s, k, &c2, k->accum, k->nin != 0);
-        free(p);
-        k->summed++;
-        k->nin++;
-    }
-    return advanced;
-}
-
-/* Round a pull from rank r must wait for. */
-static uint64_t kvps__needed_round(const kvps_server *s, const kvps__key *k, uint32_t r) {
-    switch (s->desc.consistency) {
-    case KVPS_BSP: return k->recv[r];
-    case KVPS_ASYNC: return 0;
-    default: return k->recv[r] > (uint64_t)s->cur_k ? k->recv[r] - (uint64_t)s->cur_k : 0;
-    }
-}
-
-/* ADAPTIVE: one more step of staleness when more than 10% of the window's pulls stalled, one
-   less when none did; parked pulls are looked at again under the new bound. */
-static void kvps__adapt(kvps_server *s) {
-    int old = s->cur_k, k = old;
-    if (s->win_pulls && s->win_stalls * 10 > s->win_pulls && k < s->desc.staleness) k++;
-    else if (s->win_stalls == 0 && k > s->desc.staleness_min) k--;
-    s->win_rounds = s->win_pulls = s->win_stalls = 0;
-    if (k == old) return;
-    s->cur_k = k;
-    __atomic_store_n(&s->stats.staleness, (uint64_t)k, __ATOMIC_RELAXED);
-    KVPS__STAT_ADD(s, switches, 1);
-    kvps__log(KVPS_LOG_INFO, "server %d: staleness %d -> %d", s->desc.rank, old, k);
-    if (s->desc.on_switch) s->desc.on_switch(s->desc.switch_user, old, k);
-    if (k > old)
-        for (uint32_t i = 0; i < s->nkeys; i++)
-            if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]);
-}
-
-static void kvps__parked_free(kvps__parked *p) {
-    zmq_msg_close(&p->id);
-    free(p->idx);
-    free(p);
-}
-
-/* The first key of a pull that has not reached the round the puller needs, or NULL. */
-static kvps__key *kvps__pull_blocker(const kvps_server *s, const kvps__hdr *hdr, const uint32_t *idx) {
-    for (uint32_t i = 0; i < hdr->nkeys; i++) {
-        kvps__key *k = s->keys[idx[i]];
-        if (k->round < kvps__needed_round(s, k, hdr->rank)) return k;
-    }
-    return NULL;
-}
-
-/* Answers a pull whose keys are all ready; id (the routing id) is moved into the reply. */
-static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr, const uint32_t *idx) {
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < hdr->nkeys; i++) total += s->keys[idx[i]]->len;
-    kvps__hdr h = *hdr;
-    h.op |= KVPS__OP_REPLY;
-    h.status = KVPS_OK;
-    zmq_msg_t f[3];
-    f[0] = *id; /* moved */
-    zmq_msg_init(id);
-    kvps__msg_from_buf(&f[1], &h, sizeof h);
-    if (hdr->flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
-        kvps_codec tmp;
-        const kvps_codec *cd = kvps__server_codec(s, (int)hdr->aux, &tmp);
-        size_t cap = 0, used = 0;
-        for (uint32_t i = 0; i < hdr->nkeys; i++) cap += 4 + kvps_codec_max_bytes(cd, (size_t)s->keys[idx[i]]->len);
-        unsigned char *buf = (unsigned char *)malloc(cap ? cap : 1);
-        kvps_result er = buf ? KVPS_OK : KVPS_ERR_NOMEM;
-        for (uint32_t i = 0; i < hdr->nkeys && er == KVPS_OK; i++) {
-            kvps__key *k = s->keys[idx[i]];
-            size_t nb = 0;
-            er = kvps_codec_encode(cd, k->value, (size_t)k->len, NULL, buf + used + 4, cap - used - 4, &nb);
-            uint32_t nb32 = (uint32_t)nb;
-            memcpy(buf + used, &nb32, 4);
-            used += 4 + nb;
-        }
-        if (er != KVPS_OK || kvps__msg_from_buf(&f[2], buf, used) != 0) {
-            free(buf);
-            zmq_msg_close(&f[1]);
-            kvps__reply_error(s, &f[0], hdr, er != KVPS_OK ? er : KVPS_ERR_NOMEM, "encoding a pull reply");
-            zmq_msg_close(&f[0]);
-            return;
-        }
-        free(buf);
-        KVPS__STAT_ADD(s, pulls, hdr->nkeys);
-        kvps__server_send(s, f, 3);
-        return;
-    }
-    if (hdr->nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
-        /* one large value: send the stored buffer itself; an update meanwhile copies on write */
-        kvps__key *k = s->keys[idx[0]];
-        __atomic_add_fetch(&k->cur->refs, 1, __ATOMIC_ACQ_REL);
-        if (zmq_msg_init_data(&f[2], k->value, (size_t)total * sizeof(float), kvps__vbuf_release, k->cur) == 0) {
-            KVPS__STAT_ADD(s, pulls, 1);
-            kvps__server_send(s, f, 3);
-            return;
-        }
-        kvps__vbuf_unref(k->cur);
-    }
-    if (zmq_msg_init_size(&f[2], (size_t)total * sizeof(float)) != 0) {
-        zmq_msg_close(&f[1]);
-        kvps__reply_error(s, &f[0], hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
-                          (unsigned long long)total);
-        zmq_msg_close(&f[0]);
-        return;
-    }
-    char *dst = (char *)zmq_msg_data(&f[2]);
-    for (uint32_t i = 0; i < hdr->nkeys; i++) {
-        kvps__key *k = s->keys[idx[i]];
-        memcpy(dst, k->value, (size_t)k->len * sizeof(float));
-        dst += k->len * sizeof(float);
-    }
-    KVPS__STAT_ADD(s, pulls, hdr->nkeys);
-    kvps__server_send(s, f, 3);
-}
-
-
-/* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
-static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
-    kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
-    if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
-        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
-                          s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
-        kvps__parked_free(p);
-        return;
-    }
-    if (k) {
-        if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
-        p->next = k->waiters;
-        k->waiters = p;
-        return;
-    }
-    kvps__pull_reply(s, &p->id, &p->hdr, p->idx);
-    kvps__parked_free(p);
-}
-
-static int kvps__cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static void kvps__barrier_check(kvps_server *s, uint64_t gen);
-static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
-    if (s->nlost) {
-        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
-        return;
-    }
-    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
-    if (!p) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "no memory for a barrier"); return; }
-    zmq_msg_init(&p->id);
-    zmq_msg_copy(&p->id, id);
-    p->hdr = *h;
-    p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
-    p->next = s->barrier_waiters;
-    s->barrier_waiters = p;
-    kvps__barrier_check(s, p->hdr.aux);
-}
-
-/* Releases barrier generation gen once every rank still in has entered it. */
-static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
-    for (int r = 0; r < s->m; r++)
-        if (!s->out[r] && s->barrier_gen[r] <= gen) return;
-    kvps__parked **pp = &s->barrier_waiters;
-    while (*pp) {
-        kvps__parked *w = *pp;
-        if (w->hdr.aux != gen) { pp = &w->next; continue; }
-        *pp = w->next;
-        kvps__hdr rh = w->hdr;
-        rh.op |= KVPS__OP_REPLY;
-        rh.status = KVPS_OK;
-        zmq_msg_t f[2];
-        f[0] = w->id;
-        zmq_msg_init(&w->id);
-        kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-        kvps__server_send(s, f, 2);
-        kvps__parked_free(w);
-    }
-}
-
-// >>table
-enum { KVPS__SLAB = 1 << 16 }; /* rows per slab */
-typedef struct kvps__table {
-    uint64_t id;
-    uint32_t dim, sdim;  /* sdim: state floats per row */
-    kvps_optim opt;
-    float init_scale;
-    uint64_t seed;
-    uint64_t *hk;        /* open addressing: id -> row + 1, load <= 0.7 */
-    uint32_t *hv;
-    uint64_t hcap, nrows;
-    float **slab, **sslab;
-    uint32_t nslab;
-    struct kvps__table *next;
-} kvps__table;
-
-static void kvps__table_free(kvps__table *t) {
-    for (uint32_t i = 0; i < t->nslab; i++) { free(t->slab[i]); if (t->sslab) free(t->sslab[i]); }
-    free(t->slab); free(t->sslab); free(t->hk); free(t->hv); free(t);
-}
-
-static kvps__table *kvps__table_find(kvps__table *list, uint64_t id) {
-    for (; list; list = list->next)
-        if (list->id == id) return list;
-    return NULL;
-}
-
-static float *kvps__row(const kvps__table *t, uint64_t r) { return t->slab[r >> 16] + (size_t)(r & 0xffff) * t->dim; }
-static float *kvps__row_state(const kvps__table *t, uint64_t r) {
-    return t->sslab ? t->sslab[r >> 16] + (size_t)(r & 0xffff) * t->sdim : NULL;
-}
-
-/* The initial value of a row: a function of (seed, id, j) only, so it is the same on any server. */
-static void kvps__row_init(const kvps__table *t, uint64_t id, float *v) {
-    for (uint32_t j = 0; j < t->dim; j++) {
-        if (t->init_scale == 0.0f) { v[j] = 0.0f; continue; }
-        uint64_t h = kvps__mix64(t->seed ^ kvps__mix64(id ^ ((uint64_t)j << 48)));
-        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
-        v[j] = t->init_scale * (2.0f * u - 1.0f);
-    }
-}
-
-static int kvps__tbl_grow(kvps_server *s, kvps__table *t) {
-    uint64_t nc = t->hcap ? t->hcap * 2 : 1024;
-    uint64_t *hk = (uint64_t *)malloc(nc * sizeof *hk);
-    uint32_t *hv = (uint32_t *)calloc(nc, sizeof *hv);
-    if (!hk || !hv) { free(hk); free(hv); return -1; }
-    for (uint64_t i = 0; i < t->hcap; i++) {
-        if (!t->hv[i]) continue;
-        uint64_t j = kvps__mix64(t->hk[i]) & (nc - 1);
-        while (hv[j]) j = (j + 1) & (nc - 1);
-        hk[j] = t->hk[i];
-        hv[j] = t->hv[i];
-    }
-    KVPS__STAT_ADD(s, table_bytes, (nc - t->hcap) * (sizeof *hk + sizeof *hv));
-    free(t->hk);
-    free(t->hv);
-    t->hk = hk;
-    t->hv = hv;
-    t->hcap = nc;
-    return 0;
-}
-
-/* The row index of id, created (initialised) when absent; UINT64_MAX when out of memory. */
-static uint64_t kvps__table_row(kvps_server *s, kvps__table *t, uint64_t id) {
-    if (t->hcap) {
-        uint64_t j = kvps__mix64(id) & (t->hcap - 1);
-        for (; t->hv[j]; j = (j + 1) & (t->hcap - 1))
-            if (t->hk[j] == id) return t->hv[j] - 1;
-    }
-    if (t->nrows >= UINT32_MAX - 1) return UINT64_MAX;
-    if ((t->nrows + 1) * 10 > t->hcap * 7 && kvps__tbl_grow(s, t) != 0) return UINT64_MAX;
-    uint64_t r = t->nrows;
-    if ((r >> 16) >= t->nslab) { /* a new slab: calloc'd, so untouched rows cost no memory */
-        float **ns = (float **)realloc(t->slab, (t->nslab + 1) * sizeof *ns);
-        if (!ns) return UINT64_MAX;
-        t->slab = ns;
-        if (!(ns[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->dim, sizeof(float)))) return UINT64_MAX;
-        if (t->sdim) {
-            float **nss = (float **)realloc(t->sslab, (t->nslab + 1) * sizeof *nss);
-            if (!nss) { free(ns[t->nslab]); return UINT64_MAX; }
-            t->sslab = nss;
-            if (!(nss[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->sdim, sizeof(float)))) { free(ns[t->nslab]); return UINT64_MAX; }
-        }
-        t->nslab++;
-    }
-    kvps__row_init(t, id, kvps__row(t, r));
-    float *st = kvps__row_state(t, r);
-    if (st && t->opt.rule == KVPS_RULE_ADAM) st[t->sdim - 2] = st[t->sdim - 1] = 1.0f; /* beta powers */
-    uint64_t j = kvps__mix64(id) & (t->hcap - 1);
-    while (t->hv[j]) j = (j + 1) & (t->hcap - 1);
-    t->hk[j] = id;
-    t->hv[j] = (uint32_t)(r + 1);
-    t->nrows++;
-    KVPS__STAT_ADD(s, table_rows, 1);
-    KVPS__STAT_ADD(s, table_bytes, t->dim * sizeof(float));
-    KVPS__STAT_ADD(s, table_state_bytes, t->sdim * sizeof(float));
-    return r;
-}
-
-/* Table requests: TABLE (configure), PUSH_ROWS, PULL_ROWS; checked whole, then applied. */
-static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
-    size_t msz = zmq_msg_size(&fr[1]);
-    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
-    int want = kvps__op_has_values(h->op) ? 3 : 2;
-    uint64_t nrows = h->op == KVPS__OP_TABLE ? 0 : h->nkeys;
-    if (nfr != want || msz < KVPS__HDR + 16 || (msz - KVPS__HDR - 16) != nrows * 8) {
-        kvps__reply_error(s, id, h, nfr < want || msz < KVPS__HDR + 16 + nrows * 8 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "table request: %d frames, meta of %zu bytes for %llu rows", nfr - 1, msz, (unsigned long long)nrows);
-        return;
-    }
-    uint64_t tid;
-    uint32_t dim;
-    memcpy(&tid, meta + KVPS__HDR, 8);
-    memcpy(&dim, meta + KVPS__HDR + 8, 4);
-    const unsigned char *ids = meta + KVPS__HDR + 16;
-    kvps__table *t = kvps__table_find(s->tables, tid);
-    if (h->op == KVPS__OP_TABLE) {
-        if (zmq_msg_size(&fr[2]) != KVPS__TREC) { /* nothing is read from a record of another size */
-            kvps__reply_error(s, id, h, KVPS_ERR_MALFORMED, "table %llu: record of %zu bytes, want %d", (unsigned long long)tid,
-                              zmq_msg_size(&fr[2]), KVPS__TREC);
-            return;
-        }
-        kvps_optim o;
-        kvps_result vr = kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
-        float scale;
-        uint64_t seed;
-        memcpy(&scale, (const unsigned char *)zmq_msg_data(&fr[2]) + 24, 4);
-        memcpy(&seed, (const unsigned char *)zmq_msg_data(&fr[2]) + 32, 8);
-        if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
-        if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
-        if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
-            vr = KVPS_ERR_TABLE;
-        if (vr != KVPS_OK) { kvps__reply_error(s, id, h, vr, "table %llu: dim %u", (unsigned long long)tid, dim); return; }
-        if (!t) {
-            t = (kvps__table *)calloc(1, sizeof *t);
-            if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "table"); return; }
-            t->id = tid;
-            t->dim = dim;
-            t->opt = o;
-            t->init_scale = scale;
-            t->seed = seed;
-            t->sdim = (uint32_t)kvps__rule_state(o.rule) * dim + (o.rule == KVPS_RULE_ADAM ? 2u : 0u);
-            t->next = s->tables;
-            s->tables = t;
-        }
-    } else {
-        if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_TABLE, "table %llu is not configured here", (unsigned long long)tid); return; }
-        if (dim != t->dim) {
-            kvps__reply_error(s, id, h, KVPS_ERR_LEN_MISMATCH, "table %llu: rows of %u, the table has %u", (unsigned long long)tid, dim, t->dim);
-            return;
-        }
-        if (h->op == KVPS__OP_PUSH_ROWS && zmq_msg_size(&fr[2]) != nrows * dim * sizeof(float)) {
-            kvps__reply_error(s, id, h, zmq_msg_size(&fr[2]) < nrows * dim * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                              "%zu bytes of rows for %llu x %u", zmq_msg_size(&fr[2]), (unsigned long long)nrows, dim);
-            return;
-        }
-        if (nrows > 1) { /* duplicate ids: the worker merges them; a raw client is told */
-            uint64_t *sorted = (uint64_t *)malloc(nrows * sizeof *sorted);
-            if (!sorted) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "rows"); return; }
-            memcpy(sorted, ids, nrows * 8);
-            qsort(sorted, nrows, sizeof *sorted, kvps__cmp_u64);
-            int dup = 0;
-            for (uint64_t i = 1; i < nrows; i++) dup |= sorted[i] == sorted[i - 1];
-            free(sorted);
-            if (dup) { kvps__reply_error(s, id, h, KVPS_ERR_DUP_KEY, "a row id twice in one request"); return; }
-        }
-    }
-    zmq_msg_t f[3];
-    int nf = 2;
-    kvps__hdr rh = *h;
-    rh.op |= KVPS__OP_REPLY;
-    rh.status = KVPS_OK;
-    if (h->op == KVPS__OP_PULL_ROWS) {
-        if (zmq_msg_init_size(&f[2], nrows * t->dim * sizeof(float)) != 0) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "reply"); return; }
-        float *dst = (float *)zmq_msg_data(&f[2]);
-        for (uint64_t i = 0; i < nrows; i++) {
-            uint64_t rid;
-            memcpy(&rid, ids + i * 8, 8);
-            uint64_t r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { zmq_msg_close(&f[2]); kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
-            memcpy(dst + i * t->dim, kvps__row(t, r), t->dim * sizeof(float));
-        }
-        KVPS__STAT_ADD(s, pulls, nrows);
-        nf = 3;
-    } else if (h->op == KVPS__OP_PUSH_ROWS) {
-        const unsigned char *gv = (const unsigned char *)zmq_msg_data(&fr[2]);
-        float *g = kvps__dscratch(s, t->dim);
-        if (!g) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "scratch"); return; }
-        for (uint64_t i = 0; i < nrows; i++) {
-            uint64_t rid;
-            memcpy(&rid, ids + i * 8, 8);
-            uint64_t r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
-            memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
-            float *st = kvps__row_state(t, r);
-            int adam = t->opt.rule == KVPS_RULE_ADAM;
-            kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, adam ? st + t->sdim - 2 : NULL,
-                            adam ? st + t->sdim - 1 : NULL, t->dim);
-        }
-        KVPS__STAT_ADD(s, pushes, nrows);
-    }
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-    kvps__server_send(s, f, nf);
-}
-
-/* Checks one request whole, then applies it. frames: [id][meta][values?]. */
-/* Sends a reply; one that cannot be queued (the peer does not read its replies, or is gone)
-   is dropped and counted. */
-static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
-    if (kvps__send_frames(s->router, frames, n) == 0) return;
-    KVPS__STAT_ADD(s, replies_dropped, 1);
-    kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
-}
-
-/* Replies [id][hdr] with status OK and no payload; id is copied, not consumed. */
-static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
-    kvps__hdr rh = *h;
-    rh.op |= KVPS__OP_REPLY;
-    rh.status = KVPS_OK;
-    rh.nkeys = 0;
-    zmq_msg_t f[2];
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
-    kvps__server_send(s, f, 2);
-}
-
-static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
-    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
-        if (p->hdr.rank == rank) return 1;
-    return 0;
-}
-
-/* An async, uncoded push of one key of at least KVPS__DEFER_MIN_LEN floats whose rule is a
-   per-element formula (not Adam, whose bias correction is per call, nor an update_fn): those are
-   deferred, so that pushes already queued for the key are applied together. */
-static int kvps__deferrable(const kvps_server *s, const kvps__hdr *h, const uint32_t *idx, int coded) {
-    if (h->op != KVPS__OP_PUSH || h->nkeys != 1 || coded || s->desc.consistency != KVPS_ASYNC || idx[0] == UINT32_MAX)
-        return 0;
-    const kvps__key *k = s->keys[idx[0]];
-    kvps_rule rule = k->opt.rule != KVPS_RULE_DEFAULT ? k->opt.rule : s->default_opt.rule;
-    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) return 0;
-    return k->len >= KVPS__DEFER_MIN_LEN && rule != KVPS_RULE_ADAM && rule != KVPS_RULE_DEFAULT;
-}
-
-/* Applies a key's deferred pushes in arrival order, in one pass over the value, chunk by chunk:
-   each element goes through the same float operations in the same order as one push at a time,
-   so the bits are the same; then answers them. */
-static void kvps__flush(kvps_server *s, kvps__key *k) {
-    uint32_t n = k->ndef;
-    if (!n) return;
-    k->ndef = 0;
-    const kvps_optim *o = k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt;
-    int nstate = kvps__rule_state(o->rule), ok = kvps__value_writable(k) == 0;
-    if (ok && nstate && !k->state) {
-        k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
-        ok = k->state != NULL;
-    }
-    size_t len = (size_t)k->len;
-    for (size_t off = 0; ok && off < len; off += KVPS__CHUNK) {
-        size_t c = len - off < (size_t)KVPS__CHUNK ? len - off : (size_t)KVPS__CHUNK;
-        for (uint32_t j = 0; j < n; j++)
-            kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
-                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
-    }
-    if (ok) {
-        if (n > 1) KVPS__STAT_ADD(s, fused, n);
-        k->round += n;
-        if (k->round > s->max_round) s->max_round = k->round;
-        KVPS__STAT_ADD(s, rounds, n);
-    }
-    for (uint32_t j = 0; j < n; j++) {
-        zmq_msg_close(&k->def[j].data);
-        zmq_msg_init(&k->def[j].data);
-        if (ok) kvps__reply_ack(s, &k->def[j].id, &k->def[j].hdr);
-        else kvps__reply_error(s, &k->def[j].id, &k->def[j].hdr, KVPS_ERR_NOMEM, "update");
-        kvps__defer_close(&k->def[j]);
-    }
-    if (k->waiters) kvps__wake(s, k);
-}
-
-static void kvps__flush_all(kvps_server *s) {
-    for (uint32_t i = 0; i < s->ndirty; i++) kvps__flush(s, s->dirty[i]);
-    s->ndirty = 0;
-}
-
-/* Holds a push back (its message moves here); a full queue is applied at once. */
-static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *data) {
-    if (!k->def && !(k->def = (kvps__defer *)malloc(KVPS__DEFER_MAX * sizeof *k->def))) {
-        kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update");
-        return;
-    }
-    if (k->ndef == 0) {
-        if (s->ndirty == s->cap_dirty) {
-            uint32_t nc = s->cap_dirty ? 2 * s->cap_dirty : 16;
-            kvps__key **nd = (kvps__key **)realloc(s->dirty, nc * sizeof *nd);
-            if (!nd) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update"); return; }
-            s->dirty = nd;
-            s->cap_dirty = nc;
-        }
-        s->dirty[s->ndirty++] = k;
-    }
-    kvps__defer *d = &k->def[k->ndef++];
-    zmq_msg_init(&d->data);
-    zmq_msg_move(&d->data, data);
-    zmq_msg_init(&d->id);
-    zmq_msg_copy(&d->id, id);
-    d->hdr = *h;
-    if (k->ndef == KVPS__DEFER_MAX) kvps__flush(s, k); /* stays on the dirty list: flushing twice is harmless */
-}
-
-static void kvps__rejoin(kvps_server *s, int r);
-static void kvps__liveness_events(kvps_server *s);
-static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
-    zmq_msg_t *id = &fr[0];
-    if (nfr < 2) {
-        KVPS__STAT_ADD(s, errors, 1);
-        kvps__log(KVPS_LOG_WARN, "server %d: dropped a message with no meta frame", s->desc.rank);
-        return;
-    }
-    size_t msz = zmq_msg_size(&fr[1]);
-    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
-    kvps__hdr h;
-    if (msz < KVPS__HDR) {
-        kvps__reply_error(s, id, NULL, KVPS_ERR_TRUNCATED, "meta frame of %zu bytes, header needs %d",
-                          msz, KVPS__HDR);
-        return;
-    }
-    memcpy(&h, meta, sizeof h);
-    if (h.magic != KVPS__MAGIC) {
-        kvps__reply_error(s, id, NULL, KVPS_ERR_MAGIC, "magic 0x%08x", h.magic);
-        return;
-    }
-    if (h.version != KVPS__VERSION) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_VERSION, "version %u, this server speaks %d", h.version,
-                          KVPS__VERSION);
-        return;
-    }
-    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_TABLE) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
-        return;
-    }
-    if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
-        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG || kvps__op_table(h.op))) ||
-        ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
-        return;
-    }
-    kvps_codec reply_codec_tmp;
-    if ((h.flags & KVPS__FLAG_CODED_REPLY) &&
-        (!kvps__server_codec(s, (int)h.aux, &reply_codec_tmp) || h.aux == KVPS_CODEC_TOPK)) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h.aux);
-        return;
-    }
-    if (h.rank >= (uint32_t)s->m) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
-        return;
-    }
-    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
-    if (fd >= 0 && s->rank_fd[h.rank] != fd) {
-        /* a new connection: first take in the drops already reported, one of which may be of an
-           earlier connection that had this same fd number */
-        kvps__liveness_events(s);
-        s->rank_fd[h.rank] = fd;
-    }
-    if (s->gone_since[h.rank] || s->lost[h.rank] || s->out[h.rank]) {
-        if (s->out[h.rank]) kvps__rejoin(s, (int)h.rank);
-        else if (s->lost[h.rank]) {
-            s->nlost--;
-            kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, h.rank);
-        }
-        s->gone_since[h.rank] = 0;
-        s->lost[h.rank] = 0;
-    }
-    if (h.status != 0 && (kvps__op_has_values(h.op) || h.op == KVPS__OP_BARRIER)) { /* changes state */
-        int fresh = kvps__seen_check(&s->seen[h.rank], (uint32_t)h.status, h.req_id >> 24);
-        if (fresh < 0) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_REPLAY, "request %llu of rank %u re-sent after %llu newer ones",
-                              (unsigned long long)(h.req_id >> 24), h.rank, (unsigned long long)KVPS__SEEN_WIN);
-            return;
-        }
-        if (fresh == 0) { /* a re-send of something applied: answer, change nothing */
-            KVPS__STAT_ADD(s, duplicates, 1);
-            if (h.op != KVPS__OP_PUSHPULL) {
-                if (h.op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h.rank)) kvps__reply_ack(s, id, &h);
-                return; /* (a barrier still open answers the same routing id when it completes) */
-            }
-            h.op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
-            h.flags &= (uint16_t)~KVPS__FLAG_CODED;
-            nfr = 2;
-        }
-    }
-    if (kvps__op_table(h.op)) {
-        kvps__handle_table(s, id, &h, fr, nfr);
-        return;
-    }
-    int want_frames = kvps__op_has_values(h.op) ? 3 : 2;
-    if (nfr != want_frames) {
-        kvps__reply_error(s, id, &h, nfr < want_frames ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "%d frames, op %u takes %d", nfr - 1, h.op, want_frames - 1);
-        return;
-    }
-    if ((uint64_t)(msz - KVPS__HDR) != (uint64_t)h.nkeys * KVPS__KENT) {
-        kvps__reply_error(s, id, &h, msz - KVPS__HDR < (uint64_t)h.nkeys * KVPS__KENT ? KVPS_ERR_TRUNCATED
-                                                                                    : KVPS_ERR_MALFORMED,
-                          "meta frame of %zu bytes for %u keys", msz, h.nkeys);
-        return;
-    }
-    if (h.op == KVPS__OP_BARRIER) {
-        if (h.nkeys != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
-        if (s->desc.rank != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
-        kvps__barrier(s, id, &h);
-        return;
-    }
-    if (h.nkeys == 0) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "request with no keys");
-        return;
-    }
-    /* Pass 1: lengths, sizes, duplicates; no state changes. */
-    const unsigned char *ents = meta + KVPS__HDR;
-    uint64_t total = 0;
-    if (s->scratch_cap < h.nkeys) {
-        uint32_t *ni = (uint32_t *)realloc(s->scratch_idx, (size_t)h.nkeys * sizeof *ni);
-        if (!ni) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
-        s->scratch_idx = ni;
-        s->scratch_cap = h.nkeys;
-    }
-    uint32_t *idx = s->scratch_idx;
-    uint64_t stamp = ++s->stamp;
-    uint32_t nnew = 0;
-    for (uint32_t i = 0; i < h.nkeys; i++) {
-        kvps__kent e;
-        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-        if (e.len == 0 || e.len > s->desc.max_value_len) {
-            kvps__reply_error(s, id, &h, e.len ? KVPS_ERR_TOO_LARGE : KVPS_ERR_MALFORMED,
-                              "key %llu: length %llu (limit %llu)", (unsigned long long)e.key,
-                              (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
-            return;
-        }
-        if (total > UINT64_MAX / sizeof(float) - e.len) { /* max_value_len caps e.len; nkeys can still add up */
-            kvps__reply_error(s, id, &h, KVPS_ERR_TOO_LARGE, "lengths add up past 2^62 floats");
-            return;
-        }
-        total += e.len;
-        idx[i] = kvps__find(s, e.key);
-        if (idx[i] == UINT32_MAX) { nnew++; continue; }
-        kvps__key *k = s->keys[idx[i]];
-        if (k->len != e.len) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_LEN_MISMATCH, "key %llu: length %llu, registered %llu",
-                              (unsigned long long)e.key, (unsigned long long)e.len, (unsigned long long)k->len);
-            return;
-        }
-        if (k->stamp == stamp) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "key %llu", (unsigned long long)e.key);
-            return;
-        }
-        k->stamp = stamp;
-    }
-    int coded = (h.flags & KVPS__FLAG_CODED) != 0;
-    if (coded) { /* every blob framed, of a known codec, and valid, before anything changes */
-        if (s->blob_cap < h.nkeys) {
-            uint64_t *nb = (uint64_t *)realloc(s->blob_off, (size_t)h.nkeys * sizeof *nb);
-            if (!nb) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
-            s->blob_off = nb;
-            s->blob_cap = h.nkeys;
-        }
-        const unsigned char *vf = (const unsigned char *)zmq_msg_data(&fr[2]);
-        size_t vsz = zmq_msg_size(&fr[2]), off = 0;
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__kent e;
-            memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-            uint32_t nb;
-            if (vsz - off < 4) { kvps__reply_error(s, id, &h, KVPS_ERR_TRUNCATED, "key %u: no blob length", i); return; }
-            memcpy(&nb, vf + off, 4);
-            if (vsz - off - 4 < nb || nb == 0) {
-                kvps__reply_error(s, id, &h, nb ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "key %u: blob of %u bytes", i, nb);
-                return;
-            }
-            kvps_codec tmp;
-            const kvps_codec *cd = kvps__server_codec(s, vf[off + 4], &tmp);
-            if (!cd) { kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "key %u: codec id %u", i, vf[off + 4]); return; }
-            kvps_result vr;
-            if (cd == &tmp) {
-                vr = kvps__codec_decode_builtin(cd, vf + off + 4, nb, NULL, (size_t)e.len, 2);
-            } else { /* a user codec: decode for real to check it */
-                float *d = kvps__dscratch(s, e.len);
-                vr = d ? kvps_codec_decode(cd, vf + off + 4, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
-            }
-            if (vr != KVPS_OK) {
-                kvps__reply_error(s, id, &h, vr, "key %llu: bad %s blob", (unsigned long long)e.key, cd->name ? cd->name : "codec");
-                return;
-            }
-            s->blob_off[i] = off;
-            off += 4 + (size_t)nb;
-        }
-        if (off != vsz) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", vsz - off); return; }
-    } else if (h.op == KVPS__OP_CONFIG) { /* records checked whole here */
-        if (zmq_msg_size(&fr[2]) != (size_t)h.nkeys * KVPS__OPTREC) {
-            kvps__reply_error(s, id, &h, zmq_msg_size(&fr[2]) < (size_t)h.nkeys * KVPS__OPTREC ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                              "config frame of %zu bytes for %u keys", zmq_msg_size(&fr[2]), h.nkeys);
-            return;
-        }
-        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps_optim o;
-            kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
-            if (vr != KVPS_OK) {
-                kvps__reply_error(s, id, &h, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
-                                  (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
-                return;
-            }
-        }
-    } else if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
-        kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
-                                         ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "values frame of %zu bytes, keys need %llu", zmq_msg_size(&fr[2]),
-                          (unsigned long long)(total * sizeof(float)));
-        return;
-    }
-    if (nnew > 1) { /* duplicates among keys the server has not seen yet */
-        uint64_t *nk = (uint64_t *)malloc(nnew * sizeof *nk);
-        if (!nk) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u new keys", nnew); return; }
-        uint32_t j = 0;
-        for (uint32_t i = 0; i < h.nkeys; i++)
-            if (idx[i] == UINT32_MAX) memcpy(&nk[j++], ents + (size_t)i * KVPS__KENT, sizeof(uint64_t));
-        qsort(nk, nnew, sizeof *nk, kvps__cmp_u64);
-        int dup = 0;
-        for (uint32_t i = 1; i < nnew; i++) dup |= nk[i] == nk[i - 1];
-        free(nk);
-        if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
-    }
-    /* Deferred pushes of these keys are applied first: everything after sees them. */
-    int defer = kvps__deferrable(s, &h, idx, coded); /* (a key created by this push: not deferred) */
-    if (!defer)
-        for (uint32_t i = 0; i < h.nkeys; i++)
-            if (idx[i] != UINT32_MAX && s->keys[idx[i]]->ndef) kvps__flush(s, s->keys[idx[i]]);
-    /* Pass 2: create new keys, then apply. */
-    uint32_t created = 0;
-    for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
-        if (idx[i] != UINT32_MAX) continue;
-        kvps__kent e;
-        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-        idx[i] = kvps__key_create(s, e.key, e.len);
-        if (idx[i] == UINT32_MAX) {
-            kvps__keys_truncate(s, s->nkeys - created); /* a rejected request leaves nothing behind */
-            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats",
-                              (unsigned long long)e.key, (unsigned long long)e.len);
-            return;
-        }
-        created++;
-    }
-    if (h.op == KVPS__OP_CONFIG) {
-        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__key *k = s->keys[idx[i]];
-            kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
-            free(k->state); /* a new rule starts from fresh state */
-            k->state = NULL;
-        }
-    } else if (kvps__op_has_values(h.op)) {
-        const char *src = (const char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__key *k = s->keys[idx[i]];
-            size_t bytes = (size_t)k->len * sizeof(float);
-            kvps__contrib g = {NULL, NULL, NULL, 0};
-            kvps_codec tmp;
-            if (coded) {
-                const unsigned char *b = (const unsigned char *)src + s->blob_off[i];
-                uint32_t nb;
-                memcpy(&nb, b, 4);
-                g.codec = kvps__server_codec(s, b[4], &tmp);
-                g.blob = b + 4;
-                g.bytes = nb;
-            } else {
-                g.g = (const float *)(const void *)src;
-                if (!kvps__aligned(src)) {
-                    if (s->scratch_len < k->len) {
-                        free(s->scratch);
-                        s->scratch = (float *)kvps__alloc_floats(k->len);
-                        s->scratch_len = s->scratch ? (size_t)k->len : 0;
-                        if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
-                    }
-                    memcpy(s->scratch, src, bytes);
-                    g.g = s->scratch;
-                }
-                src += bytes;
-            }
-            if (h.op == KVPS__OP_INIT) {
-                if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
-                kvps__contrib_into(s, k, &g, k->value, 0);
-                continue;
-            }
-            KVPS__STAT_ADD(s, pushes, 1);
-            int advanced;
-            if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
-                advanced = kvps__bsp_push(s, k, (int)h.rank, &g);
-                if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
-            } else {
-                const float *dense = g.g;
-                if (!dense) {
-                    float *d = kvps__dscratch(s, k->len);
-                    if (!d) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "decoding"); return; }
-                    kvps__contrib_into(s, k, &g, d, 0);
-                    dense = d;
-                }
-                k->recv[h.rank]++;
-                if (g.g && defer && kvps__aligned(zmq_msg_data(&fr[2]))) {
-                    kvps__defer_push(s, k, id, &h, &fr[2]); /* answered when applied */
-                    return;
-                }
-                if (kvps__apply(s, k, dense, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
-                advanced = 1;
-            }
-            if (advanced && k->waiters) kvps__wake(s, k);
-        }
-    }
-    /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
-    if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
-    if (kvps__op_pulls(h.op)) {
-        /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no
-           memory for the reply) must leave it in the re-send window, or the worker's re-send
-           would apply the push again. reply_error leaves the window alone for status 0 (the
-           request header's status is the worker's incarnation; 0 means untracked). */
-        h.status = 0;
-        s->win_pulls++;
-        if (!kvps__pull_blocker(s, &h, idx)) { /* the usual case: answer now, nothing to keep */
-            zmq_msg_t rid;
-            zmq_msg_init(&rid);
-            zmq_msg_copy(&rid, id);
-            kvps__pull_reply(s, &rid, &h, idx);
-            zmq_msg_close(&rid);
-            return;
-        }
-        kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
-        uint32_t *pidx = (uint32_t *)malloc((size_t)h.nkeys * sizeof *pidx);
-        if (!p || !pidx) {
-            free(p); free(pidx);
-            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "pull of %u keys", h.nkeys);
-            return;
-        }
-        memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
-        zmq_msg_init(&p->id);
-        zmq_msg_copy(&p->id, id);
-        p->hdr = h;
-        p->idx = pidx;
-        kvps__try_pull(s, p);
-        return;
-    }
-    kvps__reply_ack(s, id, &h);
-}
-
-/* Receives one whole multipart message (at most 3 frames kept; extra frames are counted and
-   dropped) without blocking; returns the frame count, 0 when none is waiting, -1 on error. */
-static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
-    int n = 0, more = 1;
-    *extra = 0;
-    while (more) {
-        zmq_msg_t tmp, *m = n < max ? &fr[n] : &tmp;
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-            zmq_msg_close(m);
-            for (int i = 0; i < n && i < max; i++) zmq_msg_close(&fr[i]);
-            return (n == 0 && zmq_errno() == EAGAIN) ? 0 : -1;
-        }
-        more = zmq_msg_more(m);
-        if (n < max) n++;
-        else { zmq_msg_close(m); (*extra)++; }
-    }
-    return n;
-}
-
-// >>liveness
-/* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
-/* Elastic: rank r leaves; its buffered pushes go, and rounds and barriers that only waited for
-   it complete (means over the contributions they have). */
-static void kvps__leave(kvps_server *s, int r) {
-    s->out[r] = 1;
-    s->nlost--; /* not an error any more: the job goes on without it */
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        kvps__key *k = s->keys[i];
-        while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
-        if (k->qtail) k->qtail[r] = NULL;
-        if (s->desc.consistency != KVPS_ASYNC && kvps__bsp_advance(s, k) > 0 && k->waiters) kvps__wake(s, k);
-    }
-    uint64_t lo = UINT64_MAX;
-    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
-        if (p->hdr.aux < lo) lo = p->hdr.aux;
-    if (lo != UINT64_MAX) kvps__barrier_check(s, lo);
-}
-
-/* Elastic: rank r is back (or replaced): it joins from the next round it has not missed. */
-static void kvps__rejoin(kvps_server *s, int r) {
-    s->out[r] = 0;
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        kvps__key *k = s->keys[i];
-        k->recv[r] = k->round + (k->summed > (uint32_t)r ? 1 : 0);
-    }
-    uint64_t g = UINT64_MAX;
-    for (int q = 0; q < s->m; q++)
-        if (!s->out[q] && q != r && s->barrier_gen[q] < g) g = s->barrier_gen[q];
-    s->barrier_gen[r] = g == UINT64_MAX ? 0 : g;
-    kvps__log(KVPS_LOG_WARN, "server %d: worker %d joins again", s->desc.rank, r);
-}
-
-static void kvps__fail_waiters(kvps_server *s, int rank) {
-    char text[160];
-    snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
-             s->desc.peer_timeout_ms);
-    kvps__parked *all = s->barrier_waiters;
-    s->barrier_waiters = NULL;
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        kvps__parked *w = s->keys[i]->waiters;
-        s->keys[i]->waiters = NULL;
-        while (w) { kvps__parked *n = w->next; w->next = all; all = w; w = n; }
-    }
-    while (all) {
-        kvps__parked *n = all->next;
-        /* a barrier's entry is taken back (and reply_error takes it out of the re-send window),
-           so that the worker's re-send, or its next barrier, enters this same generation */
-        if (all->hdr.op == KVPS__OP_BARRIER) s->barrier_gen[all->hdr.rank]--;
-        kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
-        kvps__parked_free(all);
-        all = n;
-    }
-}
-
-/* Connection drops (from the monitor) start a worker's clock. */
-static void kvps__liveness_events(kvps_server *s) {
-    uint16_t ev = 0;
-    int32_t fd = -1;
-    while (s->mon && kvps__monitor_event(s->mon, &ev, &fd))
-        if (ev == ZMQ_EVENT_DISCONNECTED)
-            for (int r = 0; r < s->m; r++)
-                if (s->rank_fd[r] == fd && !s->gone_since[r] && !s->lost[r]) {
-                    s->gone_since[r] = kvps__now_ms();
-                    s->rank_fd[r] = -1;
-                    kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
-                }
-}
-
-/* A worker gone for peer_timeout_ms is lost. */
-static void kvps__liveness(kvps_server *s) {
-    kvps__liveness_events(s);
-    int64_t now = kvps__now_ms();
-    for (int r = 0; r < s->m; r++)
-        if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
-            s->lost[r] = 1;
-            s->nlost++;
-            KVPS__STAT_ADD(s, peers_lost, 1);
-            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s", s->desc.rank, r,
-                      s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "");
-            if (s->desc.elastic) kvps__leave(s, r);
-            else kvps__fail_waiters(s, r);
-        }
-}
-
-static int kvps__liveness_pending(const kvps_server *s) {
-    for (int r = 0; r < s->m; r++)
-        if (s->gone_since[r] && !s->lost[r]) return 1;
-    return 0;
-}
-
-// >>checkpoint
-/* CRC-32 (IEEE 802.3, zlib's crc32), bytewise from a table. */
-static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
-    static uint32_t table[256];
-    static int ready;
-    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int j = 0; j < 8; j++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-    }
-    const unsigned char *p = (const unsigned char *)data;
-    crc = ~crc;
-    while (n--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
-
-/* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
-   ntables; per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
-   eps init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
-   per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
-   floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
-   per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
-   then u32 CRC-32
-   of everything before it and "KEND". */
-enum { KVPS__CKPT_VERSION = 1 };
-typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
-static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
-    if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
-    w->crc = kvps__crc32(w->crc, p, n);
-}
-#define KVPS__CW(w, v) kvps__cw_put((w), &(v), sizeof(v))
-
-/* True when nothing is half done: no round partly summed, no push buffered, no barrier open. */
-static int kvps__quiescent(const kvps_server *s) {
-    if (s->barrier_waiters || s->ndirty) return 0;
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        const kvps__key *k = s->keys[i];
-        if (k->nin) return 0;
-        for (int r = 0; k->qhead && r < s->m; r++)
-            if (k->qhead[r]) return 0;
-    }
-    return 1;
-}
-
-static kvps_result kvps__checkpoint_write(kvps_server *s) {
-    const char *path = s->desc.checkpoint_path;
-    if (!path || !*path) return KVPS_ERR_CONFIG;
-    size_t plen = strlen(path);
-    char *tmp = (char *)malloc(plen + 32);
-    if (!tmp) return KVPS_ERR_NOMEM;
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    kvps__cw w = {fopen(tmp, "wb"), 0, 0};
-    if (!w.f) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: cannot create %s: %s", s->desc.rank, tmp, strerror(errno));
-        free(tmp);
-        return KVPS_ERR_CHECKPOINT;
-    }
-    uint32_t ntables = 0;
-    for (const kvps__table *t = s->tables; t; t = t->next) ntables++;
-    uint32_t hdr[6] = {KVPS__CKPT_VERSION, (uint32_t)s->desc.rank, (uint32_t)s->m, (uint32_t)s->desc.consistency,
-                       s->nkeys, ntables};
-    kvps__cw_put(&w, "KVPSCKPT", 8);
-    kvps__cw_put(&w, hdr, sizeof hdr);
-    for (const kvps__table *t = s->tables; t; t = t->next) {
-        uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
-        float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
-        KVPS__CW(&w, t->id);
-        kvps__cw_put(&w, u, sizeof u);
-        kvps__cw_put(&w, f, sizeof f);
-        KVPS__CW(&w, t->seed);
-        KVPS__CW(&w, t->nrows);
-        for (uint64_t j = 0; j < t->hcap; j++) {
-            if (!t->hv[j]) continue;
-            uint64_t r = t->hv[j] - 1;
-            KVPS__CW(&w, t->hk[j]);
-            kvps__cw_put(&w, kvps__row(t, r), (size_t)t->dim * sizeof(float));
-            if (t->sdim) kvps__cw_put(&w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
-        }
-    }
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        const kvps__key *k = s->keys[i];
-        uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? (uint32_t)kvps__rule_state(k->opt.rule != KVPS_RULE_DEFAULT ? k->opt.rule : s->default_opt.rule) : 0;
-        float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
-        KVPS__CW(&w, k->key);
-        KVPS__CW(&w, k->len);
-        KVPS__CW(&w, k->round);
-        KVPS__CW(&w, rule);
-        kvps__cw_put(&w, f, 5 * sizeof(float));
-        KVPS__CW(&w, nstate);
-        kvps__cw_put(&w, f + 5, 2 * sizeof(float));
-        kvps__cw_put(&w, k->recv, (size_t)s->m * sizeof *k->recv);
-        kvps__cw_put(&w, k->value, (size_t)k->len * sizeof(float));
-        if (nstate) kvps__cw_put(&w, k->state, (size_t)k->len * nstate * sizeof(float));
-    }
-    for (int r = 0; r < s->m; r++) {
-        KVPS__CW(&w, s->barrier_gen[r]);
-        KVPS__CW(&w, s->out[r]);
-        KVPS__CW(&w, s->seen[r].inc);
-        KVPS__CW(&w, s->seen[r].hi);
-        kvps__cw_put(&w, s->seen[r].bits, sizeof s->seen[r].bits);
-    }
-    uint32_t crc = w.crc;
-    kvps__cw_put(&w, &crc, 4);
-    kvps__cw_put(&w, "KEND", 4);
-    int bad = w.err || fflush(w.f) != 0 || fsync(fileno(w.f)) != 0;
-    bad |= fclose(w.f) != 0;
-    if (!bad && rename(tmp, path) != 0) bad = 1;
-    if (bad) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: writing %s failed: %s", s->desc.rank, path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return KVPS_ERR_CHECKPOINT;
-    }
-    free(tmp);
-    /* make the rename itself durable */
-    size_t dlen = strlen(path);
-    char *dir = (char *)malloc(dlen + 1); /* (not strdup: C99 has none) */
-    if (dir) {
-        memcpy(dir, path, dlen + 1);
-        char *slash = strrchr(dir, '/');
-        if (slash) *(slash == dir ? slash + 1 : slash) = 0;
-        int fd = open(slash ? dir : ".", O_RDONLY);
-        if (fd >= 0) { fsync(fd); close(fd); }
-        free(dir);
-    }
-    s->ckpt_round = s->max_round;
-    KVPS__STAT_ADD(s, checkpoints, 1);
-    kvps__log(KVPS_LOG_INFO, "server %d: checkpoint of %u keys at round %llu in %s", s->desc.rank, s->nkeys,
-              (unsigned long long)s->max_round, path);
-    return KVPS_OK;
-}
-
-/* Serving thread: writes a checkpoint that is due (asked for, or every N rounds) once the
-   shard is quiescent, and tells whoever asked. */
-static void kvps__checkpoint_maybe(kvps_server *s) {
-    if (!s->desc.checkpoint_path) return; /* (kvps_server_checkpoint refuses without a path) */
-    uint64_t asked = __atomic_load_n(&s->ckpt_req, __ATOMIC_ACQUIRE); /* no lock on every batch */
-    int every = s->desc.checkpoint_every > 0 &&
-                s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
-    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
-    kvps_result r = kvps__checkpoint_write(s);
-    pthread_mutex_lock(&s->ckpt_mu);
-    if (asked != s->ckpt_done) {
-        s->ckpt_result = r;
-        s->ckpt_done = asked;
-        pthread_cond_broadcast(&s->ckpt_cv);
-    }
-    pthread_mutex_unlock(&s->ckpt_mu);
-}
-
-KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
-    if (!s) return KVPS_ERR_INVALID_ARG;
-    if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
-    if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms < 0 ? 10000 : timeout_ms) * 1000000;
-    until.tv_sec += (time_t)(ns / 1000000000);
-    until.tv_nsec = (long)(ns % 1000000000);
-    pthread_mutex_lock(&s->ckpt_mu);
-    uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
-    char c = 'c';
-    ssize_t wr = write(s->stop_pipe[1], &c, 1);
-    (void)wr;
-    int rc = 0;
-    while (s->ckpt_done < ticket && rc == 0) rc = pthread_cond_timedwait(&s->ckpt_cv, &s->ckpt_mu, &until);
-    kvps_result r = s->ckpt_done >= ticket ? s->ckpt_result : KVPS_ERR_TIMEOUT;
-    pthread_mutex_unlock(&s->ckpt_mu);
-    return r;
-}
-
-typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
-
-/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps) are what CONFIG
-   would have stored: valid and already resolved; nstate (unless 0: not allocated yet) matches
-   the rule in force (the server's default for a key without a rule of its own). */
-static int kvps__ckpt_optim_ok(uint32_t rule, const float *f5, kvps_rule dflt, uint32_t nstate) {
-    if (nstate && nstate != (uint32_t)kvps__rule_state(rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt)) return 0;
-    if (rule == KVPS_RULE_DEFAULT) return 1; /* the fields are not used */
-    unsigned char rec[KVPS__OPTREC];
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f5, 5 * sizeof(float));
-    kvps_optim o;
-    if (kvps__optim_read(rec, &o) != KVPS_OK) return 0;
-    float back[5] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps};
-    return memcmp(back, f5, sizeof back) == 0;
-}
-static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
-    if (r->left < n) return -1;
-    memcpy(out, r->p, n);
-    r->p += n;
-    r->left -= n;
-    return 0;
-}
-
-KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
-    if (!s || !path) return KVPS_ERR_INVALID_ARG;
-    if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
-        return KVPS_ERR_CHECKPOINT;
-    }
-    unsigned char *buf = NULL;
-    size_t size = 0;
-    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (end >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (unsigned char *)malloc((size_t)end + 1)) != NULL)
-        size = fread(buf, 1, (size_t)end, f);
-    fclose(f);
-    const char *why = NULL;
-    if (!buf || end < 0 || size != (size_t)end) why = "cannot read the file";
-    else if (size < 8 + 24 + 8 || memcmp(buf, "KVPSCKPT", 8) != 0) why = "not a kvps checkpoint";
-    else if (memcmp(buf + size - 4, "KEND", 4) != 0) why = "torn: the end marker is missing";
-    uint32_t crc = 0, hdr[6] = {0};
-    if (!why) {
-        memcpy(&crc, buf + size - 8, 4);
-        memcpy(hdr, buf + 8, sizeof hdr);
-        if (kvps__crc32(0, buf, size - 8) != crc) why = "checksum mismatch: the file is corrupt";
-        else if (hdr[0] != KVPS__CKPT_VERSION) why = "another checkpoint version";
-        else if (hdr[1] != (uint32_t)s->desc.rank || hdr[2] != (uint32_t)s->m) why = "written by another server (rank or number of workers differ)";
-    }
-    /* parse everything into fresh keys; only a whole, consistent file is kept */
-    kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
-    for (uint32_t i = 0; !why && i < hdr[5]; i++) {
-        uint64_t tid, seed, nrows;
-        uint32_t u[3];
-        float fl[6];
-        if (kvps__cr_get(&rd, &tid, 8) || kvps__cr_get(&rd, u, sizeof u) || kvps__cr_get(&rd, fl, sizeof fl) ||
-            kvps__cr_get(&rd, &seed, 8) || kvps__cr_get(&rd, &nrows, 8)) { why = "truncated table record"; break; }
-        if (u[0] == 0 || u[0] > (1u << 20) || u[2] > KVPS_RULE_ADAM || u[2] == KVPS_RULE_DEFAULT ||
-            kvps__table_find(s->tables, tid) || !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) ||
-            u[1] != (uint32_t)kvps__rule_state((kvps_rule)u[2]) * u[0] + (u[2] == KVPS_RULE_ADAM ? 2u : 0u) ||
-            nrows > rd.left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float))) { why = "invalid table record"; break; }
-        kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
-        if (!t) { why = "out of memory"; break; }
-        t->id = tid;
-        t->dim = u[0];
-        t->sdim = u[1];
-        t->opt.rule = (kvps_rule)u[2];
-        t->opt.lr = fl[0]; t->opt.momentum = fl[1]; t->opt.beta1 = fl[2]; t->opt.beta2 = fl[3]; t->opt.eps = fl[4];
-        t->init_scale = fl[5];
-        t->seed = seed;
-        t->next = s->tables;
-        s->tables = t;
-        for (uint64_t j = 0; j < nrows && !why; j++) {
-            uint64_t rid = 0;
-            kvps__cr_get(&rd, &rid, 8);
-            uint64_t nbefore = t->nrows, r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { why = "out of memory"; break; }
-            if (t->nrows == nbefore) { why = "a row id twice"; break; }
-            kvps__cr_get(&rd, kvps__row(t, r), (size_t)t->dim * sizeof(float));
-            if (t->sdim) kvps__cr_get(&rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
-        }
-    }
-    for (uint32_t i = 0; !why && i < hdr[4]; i++) {
-        uint64_t key, len, round;
-        uint32_t rule, nstate;
-        float f5[5], bt[2];
-        if (kvps__cr_get(&rd, &key, 8) || kvps__cr_get(&rd, &len, 8) || kvps__cr_get(&rd, &round, 8) ||
-            kvps__cr_get(&rd, &rule, 4) || kvps__cr_get(&rd, f5, sizeof f5) || kvps__cr_get(&rd, &nstate, 4) ||
-            kvps__cr_get(&rd, bt, sizeof bt)) { why = "truncated key record"; break; }
-        if (len == 0 || len > s->desc.max_value_len || rule > KVPS_RULE_ADAM || kvps__find(s, key) != UINT32_MAX ||
-            !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
-            (nstate == 2 && !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f))) {
-            why = "invalid key record"; /* (Adam's bias-correction powers in (0, 1]) */
-            break;
-        }
-        /* the file must hold what the record announces before anything is allocated for it */
-        if ((rd.left - (size_t)s->m * 8) / sizeof(float) / (1 + nstate) < len || rd.left < (size_t)s->m * 8) {
-            why = "truncated values";
-            break;
-        }
-        uint32_t ki = kvps__key_create(s, key, len);
-        if (ki == UINT32_MAX) { why = "out of memory"; break; }
-        kvps__key *k = s->keys[ki];
-        k->round = round;
-        if (round > s->max_round) s->max_round = round;
-        k->opt.rule = (kvps_rule)rule;
-        k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
-        k->b1t = bt[0];
-        k->b2t = bt[1];
-        if (kvps__cr_get(&rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
-            kvps__cr_get(&rd, k->value, (size_t)len * sizeof(float))) { why = "truncated values"; break; }
-        if (nstate) {
-            if (len > SIZE_MAX / (nstate * sizeof(float)) || rd.left < (size_t)len * nstate * sizeof(float) ||
-                !(k->state = (float *)malloc((size_t)len * nstate * sizeof(float)))) { why = "truncated optimizer state"; break; }
-            kvps__cr_get(&rd, k->state, (size_t)len * nstate * sizeof(float));
-        }
-    }
-    for (int r = 0; !why && r < s->m; r++)
-        if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
-            kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
-            kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
-            why = "truncated worker records";
-    if (!why && rd.left != 0) why = "trailing bytes";
-    free(buf);
-    if (why) {
-        kvps__keys_truncate(s, 0);
-        while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
-        s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
-        s->max_round = 0;
-        memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
-        memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
-        memset(s->out, 0, (size_t)s->m);
-        kvps__log(KVPS_LOG_ERROR, "server %d: restore from %s refused: %s", s->desc.rank, path, why);
-        return KVPS_ERR_CHECKPOINT;
-    }
-    s->ckpt_round = s->max_round;
-    kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
-              (unsigned long long)s->max_round, path);
-    return KVPS_OK;
-}
-
-KVPS_API kvps_result kvps_server_run(kvps_server *s) {
-    if (!s) return KVPS_ERR_INVALID_ARG;
-    zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
-                               {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
-    for (;;) {
-        if (zmq_poll(items, s->zap ? 4 : 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
-            if (zmq_errno() == EINTR) continue;
-            kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
-            return KVPS_ERR_ZMQ;
-        }
-        if (items[1].revents & ZMQ_POLLIN) {
-            char c;
-            int stop = 0;
-            while (read(s->stop_pipe[0], &c, 1) == 1) stop |= c != 'c'; /* 'c': a checkpoint is asked for */
-            if (stop) return KVPS_OK;
-        }
-        /* Drain a batch, then look at the stop pipe again. */
-        for (int i = 0; i < 256; i++) {
-            zmq_msg_t fr[4];
-            int extra;
-            int n = kvps__recv_msg(s->router, fr, 4, &extra);
-            if (n <= 0) break;
-            kvps__handle(s, fr, n + extra);
-            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
-        }
-        kvps__flush_all(s); /* nothing more queued: apply what was held back */
-        if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
-        if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
-        if (kvps__liveness_pending(s)) kvps__liveness(s);
-        kvps__checkpoint_maybe(s);
-    }
-}
-
-static void *kvps__server_thread(void *arg) {
-    kvps_server_run((kvps_server *)arg);
-    return NULL;
-}
-
-KVPS_API kvps_result kvps_server_start(kvps_server *s) {
-    if (!s) return KVPS_ERR_INVALID_ARG;
-    if (s->started) return KVPS_ERR_STATE;
-    if (pthread_create(&s->thread, NULL, kvps__server_thread, s) != 0) return KVPS_ERR_NOMEM;
-    s->started = 1;
-    return KVPS_OK;
-}
-
-KVPS_API void kvps_server_stop(kvps_server *s) {
-    if (!s || s->stop_pipe[1] < 0) return;
-    char c = 1;
-    ssize_t rc = write(s->stop_pipe[1], &c, 1);
-    (void)rc;
-}
-
-KVPS_API void kvps_server_destroy(kvps_server **sp) {
-    if (!sp || !*sp) return;
-    kvps_server *s = *sp;
-    *sp = NULL;
-    if (s->started) {
-        kvps_server_stop(s);
-        pthread_join(s->thread, NULL);
-    }
-    for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_free(s->keys[i], s->m);
-    while (s->barrier_waiters) {
-        kvps__parked *p = s->barrier_waiters;
-        s->barrier_waiters = p->next;
-        kvps__parked_free(p);
-    }
-    if (s->mon) zmq_close(s->mon);
-    if (s->zap) zmq_close(s->zap);
-    free(s->curve_ok);
-    if (s->router) zmq_close(s->router);
-    if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
-    for (int i = 0; i < 2; i++)
-        if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
-    free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
-    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-    pthread_mutex_destroy(&s->ckpt_mu);
-    pthread_cond_destroy(&s->ckpt_cv);
-    while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
-    free(s);
-}
-
-// >>client
-typedef struct kvps__dest { float *ptr; uint64_t len; } kvps__dest;
-
-typedef struct kvps__req {
-    uint64_t id;
-    int refs;            /* 1 for the worker + one per zero-copy frame ZeroMQ still holds */
-    int pending;         /* replies still expected */
-    int sent;            /* messages sent */
-    kvps_result status;
-    uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
-    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered, 3 answered
-                            KVPS_ERR_PEER_LOST (a worker the server waits for is lost): re-sent
-                            by the next wait or test */
-    int lost;            /* servers in state 3 */
-    int64_t lost_at;     /* when the last such answer came (ms): re-sent no sooner than 100 ms after */
-    int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
-    struct kvps__tensor_info *tensor; /* tensor requests: for stats */
-    uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
-    size_t ndups;
-    float *dup_base;
-    uint32_t dup_dim;
-    int coded_pull;
-    kvps_codec pull_c;
-    kvps__dest *dest;    /* pull destinations in send order */
-    struct kvps_view *view; /* zero-copy tensor pull: replies are kept, not copied */
-    zmq_msg_t (*kept)[2];   /* per server: the frames sent, kept until its reply to re-send them */
-    uint8_t *nkept;
-    uint64_t next;       /* a tensor op with more slices than servers goes out in rounds of at most one
-                            slice per server, chained: the next round's request, 0 for the last */
-    uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
-} kvps__req;
-
-typedef struct kvps__vpart {
-    const float *data;
-    uint64_t off, len;
-    zmq_msg_t msg; /* the reply that holds data (moved out of the socket's frame) */
-    float *own;    /* decoded (coded pulls) or realigned values, when data is not in msg */
-} kvps__vpart;
-struct kvps_view {
-    size_t n;
-    kvps__vpart *part;
-};
-
-typedef struct kvps__tensor_info {
-    char *name;
-    uint64_t len;
-    uint32_t nslices;
-    uint64_t *keys, *off, *slen; /* per slice */
-    int *server;
-    kvps_codec push_c, pull_c;
-    int has_push, has_pull;
-    float **resid; /* error feedback per slice, or NULL */
-    kvps_tensor_stats st;
-} kvps__tensor_info;
-
-struct kvps_worker {
-    kvps_worker_desc desc;
-    void *ctx;
-    int own_ctx;
-    int n;
-    void **socks;
-    zmq_pollitem_t *items;
-    char **endpoints;
-    kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
-    uint64_t seq;
-    uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
-    void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
-    uint8_t *down;     /* per server: connection lost, not back yet */
-    uint8_t *refused;  /* per server: why its handshakes fail (KVPS__HS_*), 0 when they do not */
-    uint16_t *hs_cuts; /* per server: handshakes cut short in a row */
-    int32_t *hs_val;   /* per server: the last failure's ZAP status, protocol error or errno */
-    int curve;         /* this worker speaks CURVE (its keys are not kept) */
-    int64_t last_watch; /* when connection events were last read (each read is a syscall) */
-    int64_t *down_since;
-    uint32_t nslots;
-    uint32_t *free_slots;
-    uint32_t nfree;
-    kvps__tensor_info *tensors;
-    int ntensors, cap_tensors;
-    struct { uint64_t id; uint32_t dim; } *tables;
-    int ntables;
-    /* per-call scratch: keys grouped by server */
-    uint32_t *order, *count;
-    size_t order_cap;
-    char errmsg[320];
-};
-
-static void kvps__req_drop_kept(kvps__req *q, int srv) {
-    if (!q->nkept) return;
-    for (int j = 0; j < q->nkept[srv]; j++) zmq_msg_close(&q->kept[srv][j]);
-    q->nkept[srv] = 0;
-}
-
-static void kvps__req_unref(kvps__req *q) {
-    if (__atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL) == 0) {
-        free(q->kept);
-        free(q->nkept);
-        free(q->dbegin);
-        free(q->dest);
-        free(q->state);
-        free(q->dups);
-        free(q);
-    }
-}
-
-static void kvps__zc_free(void *data, void *hint) {
-    (void)data;
-    kvps__req_unref((kvps__req *)hint);
-}
-
-KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
-    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
-    *out = NULL;
-    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "worker")) return KVPS_ERR_CONFIG;
-    if (!desc->servers || desc->rank < 0 || desc->num_workers < 0 || desc->timeout_ms < 0 ||
-        desc->io_threads < 0 || (desc->num_workers && desc->rank >= desc->num_workers)) {
-        kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
-        return KVPS_ERR_CONFIG;
-    }
-    kvps__tune_malloc(desc->no_malloc_tuning);
-    kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
-    if (!w) return KVPS_ERR_NOMEM;
-    w->desc = *desc;
-    w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
-    w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
-    w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
-    w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
-    kvps_result r = KVPS_OK;
-    w->n = kvps__split(desc->servers, &w->endpoints);
-    if (w->n < 1) {
-        kvps__log(KVPS_LOG_ERROR, "worker: malformed server list '%s'", desc->servers);
-        w->n = 0;
-        kvps_worker_destroy(&w);
-        return KVPS_ERR_CONFIG;
-    }
-    w->desc.servers = NULL;
-    w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
-    w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
-    w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
-    w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
-    w->down = (uint8_t *)calloc((size_t)w->n, 1);
-    w->refused = (uint8_t *)calloc((size_t)w->n, 1);
-    w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
-    w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
-    w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
-    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
-        !w->down_since) {
-        kvps_worker_destroy(&w);
-        return KVPS_ERR_NOMEM;
-    }
-    w->incarnation = kvps__random32();
-    char **skeys = NULL;
-    int nskeys = 0;
-    uint8_t cpub[32], csec[32];
-    if (desc->curve_server_keys || desc->curve_public_key || desc->curve_secret_key) {
-        nskeys = desc->curve_server_keys ? kvps__split(desc->curve_server_keys, &skeys) : 0;
-        uint8_t tmp[32];
-        int bad = !zmq_has("curve") || kvps__z85_key(desc->curve_public_key, cpub) != 0 ||
-                  kvps__z85_key(desc->curve_secret_key, csec) != 0 || (nskeys != 1 && nskeys != w->n);
-        for (int i = 0; i < nskeys && !bad; i++) bad = kvps__z85_key(skeys[i], tmp) != 0;
-        if (bad) {
-            kvps__log(KVPS_LOG_ERROR, "worker: CURVE needs curve_server_keys (one, or one per server), "
-                                      "curve_public_key and curve_secret_key, 40 Z85 characters each");
-            kvps__free_strv(skeys, nskeys);
-            kvps_worker_destroy(&w);
-            return KVPS_ERR_CONFIG;
-        }
-    }
-    w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
-    w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
-    w->ctx = desc->zmq_ctx;
-    if (!w->ctx) {
-        w->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
-        w->desc.io_cpus = NULL; /* read here only */
-        w->own_ctx = 1;
-        if (!w->ctx) { kvps_worker_destroy(&w); return desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ; }
-    }
-    for (int i = 0; i < w->n; i++) {
-        void *s = zmq_socket(w->ctx, ZMQ_DEALER);
-        if (!s) { r = KVPS_ERR_ZMQ; break; }
-        w->socks[i] = s;
-        int zero = 0;
-        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-        /* a routing id that survives reconnects, so the server's answers to requests it parked
-           before a drop still reach this socket (the server hands the id over) */
-        unsigned char rid[16] = {'k', 'v', 'p', 's'};
-        uint32_t rk = (uint32_t)desc->rank, si = (uint32_t)i;
-        memcpy(rid + 4, &w->incarnation, 4);
-        memcpy(rid + 8, &rk, 4);
-        memcpy(rid + 12, &si, 4);
-        zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
-        kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
-        if (nskeys) {
-            uint8_t sk[32];
-            kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
-            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, sk, 32);
-            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
-            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 32);
-        }
-        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0) {
-            r = KVPS_ERR_ZMQ;
-            break;
-        }
-        if (zmq_connect(s, w->endpoints[i]) != 0) {
-            kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
-                      w->endpoints[i], zmq_strerror(zmq_errno()));
-            r = KVPS_ERR_CONNECT;
-            break;
-        }
-        w->items[i].socket = s;
-        w->items[i].events = ZMQ_POLLIN;
-        w->items[w->n + i].socket = w->mons[i];
-        w->items[w->n + i].events = ZMQ_POLLIN;
-    }
-    kvps__free_strv(skeys, nskeys);
-    w->curve = w->desc.curve_server_keys != NULL;
-    w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
-    memset(csec, 0, sizeof csec);
-    if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
-    *out = w;
-    return KVPS_OK;
-}
-
-KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
-    if (!wp || !*wp) return;
-    kvps_worker *w = *wp;
-    *wp = NULL;
-    for (int i = 0; i < w->n; i++) {
-        if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
-        if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
-    }
-    /* Requests that ZeroMQ still references are freed by the last free callback. */
-    for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i]) {
-            for (int s = 0; s < w->n; s++) kvps__req_drop_kept(w->slots[i], s);
-            kvps__req_unref(w->slots[i]);
-        }
-    if (w->own_ctx && w->ctx) zmq_ctx_term(w->ctx);
-    for (int i = 0; i < w->ntensors; i++) {
-        kvps__tensor_info *t = &w->tensors[i];
-        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
-        for (uint32_t j = 0; t->resid && j < t->nslices; j++) free(t->resid[j]);
-        free(t->resid);
-    }
-    kvps__free_strv(w->endpoints, w->n);
-    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
-    free(w->down_since);
-    free(w->free_slots); free(w->order); free(w->count); free(w->tables);
-    free(w);
-}
-
-KVPS_API int kvps_worker_num_servers(const kvps_worker *w) { return w ? w->n : 0; }
-KVPS_API const char *kvps_worker_last_error(const kvps_worker *w) { return w ? w->errmsg : ""; }
-
-#define KVPS__SLOT_BITS 24
-static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
-    uint32_t slot = (uint32_t)(h & ((1u << KVPS__SLOT_BITS) - 1));
-    if (slot == 0 || slot > w->nslots) return NULL;
-    kvps__req *q = w->slots[slot - 1];
-    if (!q || q->id != h) return NULL;
-    return q;
-}
-
-static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
-    if (w->nfree == 0) {
-        uint32_t nc = w->nslots ? w->nslots * 2 : 64;
-        if (nc >= (1u << KVPS__SLOT_BITS)) return NULL;
-        kvps__req **ns = (kvps__req **)realloc(w->slots, nc * sizeof *ns);
-        if (!ns) return NULL;
-        w->slots = ns;
-        uint32_t *nf = (uint32_t *)realloc(w->free_slots, nc * sizeof *nf);
-        if (!nf) return NULL;
-        w->free_slots = nf;
-        for (uint32_t i = w->nslots; i < nc; i++) {
-            ns[i] = NULL;
-            nf[w->nfree++] = nc - 1 - (i - w->nslots);
-        }
-        w->nslots = nc;
-    }
-    kvps__req *q = (kvps__req *)calloc(1, sizeof *q);
-    if (!q) return NULL;
-    q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
-    q->state = (uint8_t *)calloc((size_t)w->n, 1);
-    q->kept = (zmq_msg_t(*)[2])malloc((size_t)w->n * sizeof *q->kept);
-    q->nkept = (uint8_t *)calloc((size_t)w->n, 1);
-    if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
-    if (!q->dbegin || !q->state || !q->kept || !q->nkept || (ndest && !q->dest)) {
-        free(q->dbegin); free(q->dest); free(q->state); free(q->kept); free(q->nkept); free(q);
-        return NULL;
-    }
-    uint32_t slot = w->free_slots[--w->nfree];
-    q->id = (++w->seq << KVPS__SLOT_BITS) | (slot + 1);
-    q->refs = 1;
-    w->slots[slot] = q;
-    return q;
-}
-
-static void kvps__req_end(kvps_worker *w, kvps__req *q) {
-    uint32_t slot = (uint32_t)(q->id & ((1u << KVPS__SLOT_BITS) - 1)) - 1;
-    for (int s = 0; s < w->n; s++) kvps__req_drop_kept(q, s);
-    w->slots[slot] = NULL;
-    w->free_slots[w->nfree++] = slot;
-    kvps__req_unref(q);
-}
-
-/* The header of a worker's request: op, nkeys and the request's id, from this worker's rank. */
-static kvps__hdr kvps__req_hdr(const kvps_worker *w, const kvps__req *q, int op, uint32_t nkeys) {
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)op;
-    h.rank = (uint32_t)w->desc.rank;
-    h.nkeys = nkeys;
-    h.req_id = q->id;
-    return h;
-}
-
-/* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
-   or gathered from the runs given by vptr/vlen. */
-/* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
-   codec to ask the answer in (NULL: plain floats). *wire += payload bytes sent. */
-static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
-                                  uint32_t nk, const float *const *vptr, uint32_t nruns, const kvps_codec *pc,
-                                  float *resid, const kvps_codec *pull, uint64_t *wire) {
-    kvps__hdr h = kvps__req_hdr(w, q, op, nk);
-    h.status = (int32_t)w->incarnation; /* requests carry the sender's incarnation here */
-    if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
-    else pc = NULL;
-    if (pull && kvps__op_pulls(op)) { h.flags |= KVPS__FLAG_CODED_REPLY; h.aux = (uint32_t)pull->id; }
-    zmq_msg_t f[2];
-    int nf = 1;
-    if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0) return KVPS_ERR_NOMEM;
-    memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
-    if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
-    if (kvps__op_has_values(op)) {
-        uint64_t total = 0;
-        for (uint32_t i = 0; i < nk; i++) total += ents[i].len;
-        size_t bytes = (size_t)total * sizeof(float);
-        nf = 2;
-        if (pc) { /* [u32 bytes][blob], encoded straight into the frame */
-            size_t cap = kvps_codec_max_bytes(pc, (size_t)total), nb = 0;
-            if (zmq_msg_init_size(&f[1], 4 + cap) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
-            unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
-            kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
-            uint32_t nb32 = (uint32_t)nb;
-            memcpy(d, &nb32, 4);
-            if (er == KVPS_OK && nb < cap) { /* a user codec that used less than its bound */
-                zmq_msg_t exact;
-                if (kvps__msg_from_buf(&exact, d, 4 + nb) != 0) er = KVPS_ERR_NOMEM;
-                else { zmq_msg_close(&f[1]); f[1] = exact; }
-            }
-            if (er != KVPS_OK) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return er; }
-            if (wire) *wire += 4 + nb;
-        } else if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
-            __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
-            if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
-                __atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
-                zmq_msg_close(&f[0]);
-                return KVPS_ERR_NOMEM;
-            }
-        } else {
-            if (zmq_msg_init_size(&f[1], bytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
-            char *dst = (char *)zmq_msg_data(&f[1]);
-            if (nruns == 1) {
-                memcpy(dst, vptr[0], bytes);
-            } else if (nk) {
-                for (uint32_t i = 0; i < nk; i++) {
-                    memcpy(dst, vptr[i], (size_t)ents[i].len * sizeof(float));
-                    dst += ents[i].len * sizeof(float);
-                }
-            }
-        }
-    }
-    /* keep a reference to the frames (no copy of the bytes) to re-send after a reconnect */
-    kvps__req_drop_kept(q, srv);
-    for (int j = 0; j < nf; j++) {
-        zmq_msg_init(&q->kept[srv][j]);
-        zmq_msg_copy(&q->kept[srv][j], &f[j]);
-    }
-    q->nkept[srv] = (uint8_t)nf;
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
-        kvps__req_drop_kept(q, srv);
-        kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
-                  zmq_strerror(zmq_errno()));
-        return KVPS_ERR_ZMQ;
-    }
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
-}
-
-static int kvps__server_of(const kvps_worker *w, uint64_t key) {
-    return (int)(kvps__mix64(key) % (uint64_t)w->n);
-}
-
-/* Raw keys: group by server, one message each. */
-static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, const float *vals,
-                                 float *dst, const size_t *lens, size_t nkeys, kvps_req *out) {
-    if (!w || !keys || !lens || !out || nkeys == 0 || nkeys > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
-    if (kvps__op_has_values(op) && !vals) return KVPS_ERR_INVALID_ARG;
-    if (kvps__op_pulls(op) && !dst) return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    if (w->order_cap < nkeys) {
-        uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
-        if (!no) return KVPS_ERR_NOMEM;
-        w->order = no;
-        w->order_cap = nkeys;
-    }
-    /* Counting sort of key indices by server, keeping the caller's order within a server. */
-    memset(w->count, 0, ((size_t)w->n + 1) * sizeof *w->count);
-    for (size_t i = 0; i < nkeys; i++) {
-        if (keys[i] >> 63) return KVPS_ERR_KEY_RESERVED;
-        if (lens[i] == 0) return KVPS_ERR_INVALID_ARG;
-        w->count[kvps__server_of(w, keys[i]) + 1]++;
-    }
-    for (int s = 0; s < w->n; s++) w->count[s + 1] += w->count[s];
-    kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? nkeys : 0);
-    if (!q) return KVPS_ERR_NOMEM;
-    memcpy(q->dbegin, w->count, ((size_t)w->n + 1) * sizeof *q->dbegin);
-    uint64_t *offs = (uint64_t *)malloc(nkeys * sizeof *offs);
-    kvps__kent *ents = (kvps__kent *)malloc(nkeys * sizeof *ents);
-    const float **vp = (const float **)malloc(nkeys * sizeof *vp);
-    kvps_result r = (offs && ents && vp) ? KVPS_OK : KVPS_ERR_NOMEM;
-    if (r == KVPS_OK) {
-        uint64_t off = 0;
-        for (size_t i = 0; i < nkeys; i++) {
-            offs[i] = off;
-            off += lens[i];
-            w->order[w->count[kvps__server_of(w, keys[i])]++] = (uint32_t)i;
-        }
-        for (int s = 0; s < w->n && r == KVPS_OK; s++) {
-            uint32_t b = q->dbegin[s], e = q->dbegin[s + 1];
-            if (b == e) continue;
-            int contiguous = 1;
-            for (uint32_t j = b; j < e; j++) {
-                uint32_t i = w->order[j];
-                ents[j].key = keys[i];
-                ents[j].len = lens[i];
-                vp[j] = vals ? vals + offs[i] : NULL;
-                if (q->dest) { q->dest[j].ptr = dst + offs[i]; q->dest[j].len = lens[i]; }
-                if (j > b && offs[i] != offs[w->order[j - 1]] + lens[w->order[j - 1]]) contiguous = 0;
-            }
-            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b, NULL, NULL, NULL, NULL);
-        }
-    }
-    free(offs); free(ents); free(vp);
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r; /* some messages went out: the caller still waits */
-    *out = q->id;
-    return KVPS_OK;
-}
-
-KVPS_API kvps_result kvps_worker_push(kvps_worker *w, const uint64_t *keys, const float *vals,
-                                      const size_t *lens, size_t nkeys, kvps_req *out) {
-    return kvps__keys_op(w, KVPS__OP_PUSH, keys, vals, NULL, lens, nkeys, out);
-}
-KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, float *vals,
-                                      const size_t *lens, size_t nkeys, kvps_req *out) {
-    return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
-}
-KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, const float *grads,
-                                          float *vals, const size_t *lens, size_t nkeys, kvps_req *out) {
-    return kvps__keys_op(w, KVPS__OP_PUSHPULL, keys, grads, vals, lens, nkeys, out);
-}
-KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, const float *vals,
-                                      const size_t *lens, size_t nkeys, kvps_req *out) {
-    return kvps__keys_op(w, KVPS__OP_INIT, keys, vals, NULL, lens, nkeys, out);
-}
-
-// >>tensor
-KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
-    if (!w || !name || !*name || !out || len == 0) return KVPS_ERR_INVALID_ARG;
-    uint64_t h = kvps__fnv1a(name);
-    uint64_t base = (1ull << 63) | ((h & 0x7fffffffffffull) << 16);
-    for (int i = 0; i < w->ntensors; i++) {
-        if (strcmp(w->tensors[i].name, name) == 0 || (w->tensors[i].keys[0] & ~0xffffull) == base) {
-            kvps__log(KVPS_LOG_ERROR, "tensor '%s': %s", name,
-                      strcmp(w->tensors[i].name, name) == 0 ? "already registered" : "hash collides");
-            return KVPS_ERR_TENSOR;
-        }
-    }
-    if (w->ntensors == w->cap_tensors) {
-        int nc = w->cap_tensors ? w->cap_tensors * 2 : 16;
-        kvps__tensor_info *nt = (kvps__tensor_info *)realloc(w->tensors, (size_t)nc * sizeof *nt);
-        if (!nt) return KVPS_ERR_NOMEM;
-        w->tensors = nt;
-        w->cap_tensors = nc;
-    }
-    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice, n = (uint64_t)w->n;
-    if (ns > n) ns = n;
-    if (ns < 1) ns = 1;
-    uint64_t pieces = (len + w->desc.max_slice - 1) / w->desc.max_slice;
-    if (pieces > ns) ns = (pieces + n - 1) / n * n; /* a multiple of n: the servers stay even */
-    if (ns > 65536) ns = 65536 - 65536 % n;           /* the slice index has 16 bits in the key */
-    if (ns > len) ns = len;
-    kvps__tensor_info *t = &w->tensors[w->ntensors];
-    memset(t, 0, sizeof *t);
-    t->name = (char *)malloc(strlen(name) + 1);
-    if (t->name) memcpy(t->name, name, strlen(name) + 1);
-    t->len = len;
-    t->nslices = (uint32_t)ns;
-    t->keys = (uint64_t *)malloc(ns * sizeof *t->keys);
-    t->off = (uint64_t *)malloc(ns * sizeof *t->off);
-    t->slen = (uint64_t *)malloc(ns * sizeof *t->slen);
-    t->server = (int *)malloc(ns * sizeof *t->server);
-    if (!t->name || !t->keys || !t->off || !t->slen || !t->server) {
-        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
-        return KVPS_ERR_NOMEM;
-    }
-    int first = (int)(h % (uint64_t)w->n);
-    for (uint64_t i = 0; i < ns; i++) {
-        uint64_t b = (uint64_t)len * i / ns, e = (uint64_t)len * (i + 1) / ns;
-        t->keys[i] = base | i;
-        t->off[i] = b;
-        t->slen[i] = e - b;
-        t->server[i] = (int)((first + i) % (uint64_t)w->n);
-    }
-    *out = w->ntensors++;
-    return KVPS_OK;
-}
-
-KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
-    return (w && t >= 0 && t < w->ntensors) ? w->tensors[t].nslices : 0;
-}
-
-/* A tensor op's round starting at slice i0 ends here: consecutive slices sit on consecutive
-   servers, so n of them are on distinct servers. */
-static uint32_t kvps__round_end(const kvps_worker *w, const kvps__tensor_info *t, uint32_t i0) {
-    return t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
-}
-
-/* Links round q of a chained request after *last (the first becomes *head); a round with nothing
-   in flight is dropped. r: how sending q went. */
-static kvps_result kvps__chain_link(kvps_worker *w, kvps__req **head, kvps__req **last, kvps__req *q, kvps_result r) {
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r;
-    if (*last) (*last)->next = q->id;
-    else *head = q;
-    *last = q;
-    return r;
-}
-
-/* The caller's handle for a chain: its first round, which carries the error of a round that
-   could not go out. Nothing in flight: the error itself. */
-static kvps_result kvps__chain_out(kvps__req *head, kvps_result r, kvps_req *out) {
-    if (!head) return r;
-    if (r != KVPS_OK && head->status == KVPS_OK) head->status = r;
-    *out = head->id;
-    return KVPS_OK;
-}
-
-/* One round of a tensor op: slices [i0, i1), on distinct servers, one message each. */
-static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info *t, uint32_t i0, uint32_t i1,
-                                      const float *vals, float *dst, kvps_view *view, kvps__req **out) {
-    kvps__req *q = *out = kvps__req_new(w, kvps__op_pulls(op) ? i1 - i0 : 0);
-    if (!q) return KVPS_ERR_NOMEM;
-    q->view = view;
-    q->vbase = i0;
-    /* dest index of slice i is i - i0; dbegin[s] points at the slice on server s */
-    memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
-    kvps_result r = KVPS_OK;
-    int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
-    q->tensor = t;
-    q->coded_pull = t->has_pull && kvps__op_pulls(op);
-    if (q->coded_pull) q->pull_c = t->pull_c;
-    for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
-        int s = t->server[i];
-        q->dbegin[s] = i - i0;
-        if (q->dest) { q->dest[i - i0].ptr = view ? view->part[i].own : dst + t->off[i]; q->dest[i - i0].len = t->slen[i]; }
-        if (view) { view->part[i].off = t->off[i]; view->part[i].len = t->slen[i]; view->part[i].data = view->part[i].own; }
-        kvps__kent e = {t->keys[i], t->slen[i]};
-        const float *vp = vals ? vals + t->off[i] : NULL;
-        uint64_t wire = coded ? 0 : (kvps__op_has_values(op) ? t->slen[i] * sizeof(float) : 0);
-        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1, coded ? &t->push_c : NULL, coded && t->resid ? t->resid[i] : NULL,
-                           q->coded_pull ? &t->pull_c : NULL, &wire);
-        if (r == KVPS_OK && kvps__op_has_values(op) && op != KVPS__OP_INIT) {
-            t->st.push_raw_bytes += t->slen[i] * sizeof(float);
-            t->st.push_wire_bytes += wire;
-        }
-    }
-    q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
-    return r;
-}
-
-/* A tensor op goes out in rounds of at most one slice per server (one round unless the tensor
-   has more slices than servers, see max_slice); every round's messages are in flight at once. */
-static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
-                                   kvps_view *view, kvps_req *out) {
-    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    kvps__tensor_info *t = &w->tensors[ti];
-    if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
-        for (uint32_t i = 0; i < t->nslices; i++)
-            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) return KVPS_ERR_NOMEM;
-    }
-    kvps__req *head = NULL, *last = NULL;
-    kvps_result r = KVPS_OK;
-    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
-        i1 = kvps__round_end(w, t, i0);
-        kvps__req *q;
-        r = kvps__tensor_round(w, op, t, i0, i1, vals, dst, view, &q);
-        if (q) r = kvps__chain_link(w, &head, &last, q, r);
-    }
-    if (kvps__op_has_values(op) && op != KVPS__OP_INIT) t->st.pushes++;
-    if (kvps__op_pulls(op)) t->st.pulls++;
-    return kvps__chain_out(head, r, out);
-}
-
-KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, out);
-}
-KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
-}
-KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
-                                                 float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, NULL, out);
-}
-KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals, kvps_req *out) {
-    return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, NULL, out);
-}
-
-KVPS_API void kvps_view_release(kvps_view **pv) {
-    kvps_view *v = pv ? *pv : NULL;
-    if (!v) return;
-    for (size_t i = 0; i < v->n; i++) {
-        zmq_msg_close(&v->part[i].msg);
-        free(v->part[i].own);
-    }
-    free(v->part);
-    free(v);
-    *pv = NULL;
-}
-
-KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out) {
-    if (!view) return KVPS_ERR_INVALID_ARG;
-    *view = NULL;
-    if (!w || !out || t < 0 || t >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    kvps_view *v = (kvps_view *)calloc(1, sizeof *v);
-    size_t n = w->tensors[t].nslices;
-    if (!v || !(v->part = (kvps__vpart *)calloc(n, sizeof *v->part))) { free(v); return KVPS_ERR_NOMEM; }
-    v->n = n;
-    for (size_t i = 0; i < n; i++) zmq_msg_init(&v->part[i].msg);
-    kvps_result r = kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, NULL, v, out);
-    if (r != KVPS_OK) kvps_view_release(&v);
-    *view = v;
-    return r;
-}
-
-KVPS_API size_t kvps_view_parts(const kvps_view *v) { return v ? v->n : 0; }
-
-KVPS_API const float *kvps_view_part(const kvps_view *v, size_t i, size_t *offset, size_t *len) {
-    if (!v || i >= v->n) { if (offset) *offset = 0; if (len) *len = 0; return NULL; }
-    if (offset) *offset = (size_t)v->part[i].off;
-    if (len) *len = (size_t)v->part[i].len;
-    return v->part[i].data;
-}
-
-KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, const kvps_codec *push,
-                                              const kvps_codec *pull, int error_feedback) {
-    if (!w || ti < 0 || ti >= w->ntensors) return w ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((push && (!push->encode || !push->max_bytes)) || (pull && !pull->decode) ||
-        (pull && pull->id == KVPS_CODEC_TOPK) || (push && (push->id < 0 || push->id > 255)) ||
-        (pull && (pull->id < 0 || pull->id > 255)) || (unsigned)error_feedback > 1)
-        return KVPS_ERR_INVALID_ARG;
-    kvps__tensor_info *t = &w->tensors[ti];
-    float **resid = NULL;
-    if (push && error_feedback) {
-        resid = (float **)calloc(t->nslices, sizeof *resid);
-        for (uint32_t i = 0; resid && i < t->nslices; i++) {
-            resid[i] = (float *)calloc((size_t)t->slen[i], sizeof(float));
-            if (!resid[i]) { for (uint32_t j = 0; j < i; j++) free(resid[j]); free(resid); resid = NULL; }
-        }
-        if (!resid) return KVPS_ERR_NOMEM;
-    }
-    for (uint32_t i = 0; t->resid && i < t->nslices; i++) free(t->resid[i]);
-    free(t->resid);
-    t->resid = resid;
-    t->has_push = push != NULL;
-    t->has_pull = pull != NULL;
-    if (push) t->push_c = *push;
-    if (pull) t->pull_c = *pull;
-    return KVPS_OK;
-}
-
-KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, const kvps_optim *o, kvps_req *out) {
-    if (!w || !o || !out) return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    if (ti < 0 || ti >= w->ntensors) return KVPS_ERR_TENSOR;
-    unsigned char rec[KVPS__OPTREC];
-    uint32_t rule = (uint32_t)o->rule;
-    float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
-    kvps_optim chk;
-    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
-    if (r != KVPS_OK) return (unsigned)o->rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
-    kvps__tensor_info *t = &w->tensors[ti];
-    kvps__req *head = NULL, *last = NULL;
-    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
-        i1 = kvps__round_end(w, t, i0);
-        kvps__req *q = kvps__req_new(w, 0);
-        if (!q) { r = KVPS_ERR_NOMEM; break; }
-        for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
-            kvps__hdr h = kvps__req_hdr(w, q, KVPS__OP_CONFIG, 1);
-            kvps__kent e = {t->keys[i], t->slen[i]};
-            zmq_msg_t f2[2];
-            unsigned char meta[KVPS__HDR + KVPS__KENT];
-            memcpy(meta, &h, sizeof h);
-            memcpy(meta + KVPS__HDR, &e, sizeof e);
-            if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
-            if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
-            if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
-            q->pending++;
-            q->sent++;
-            q->state[t->server[i]] = 1;
-        }
-        r = kvps__chain_link(w, &head, &last, q, r);
-    }
-    return kvps__chain_out(head, r, out);
-}
-
-KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms) {
-    if (!w || !local || !(alpha > 0.0f && alpha < 1.0f)) return KVPS_ERR_INVALID_ARG;
-    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
-    size_t n = (size_t)w->tensors[t].len;
-    float *c = (float *)malloc(n * sizeof *c);
-    if (!c) return KVPS_ERR_NOMEM;
-    kvps_req q;
-    kvps_result r = kvps_worker_pull_tensor(w, t, c, &q);
-    if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
-    if (r == KVPS_OK) {
-        for (size_t i = 0; i < n; i++) c[i] = alpha * (local[i] - c[i]); /* the elastic difference */
-        r = kvps_worker_push_tensor(w, t, c, &q);
-        if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
-        if (r == KVPS_OK)
-            for (size_t i = 0; i < n; i++) local[i] -= c[i];
-    }
-    free(c);
-    return r;
-}
-
-KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out) {
-    if (!w || !out) return KVPS_ERR_INVALID_ARG;
-    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
-    *out = w->tensors[t].st;
-    return KVPS_OK;
-}
-
-// >>rows
-static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
-    return (int)(kvps__mix64(id ^ kvps__mix64(table)) % (uint64_t)w->n);
-}
-
-/* One table message to server srv: meta (+ ids) and optional values. */
-static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
-                                    const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
-    kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
-    zmq_msg_t f[2];
-    if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0) return KVPS_ERR_NOMEM;
-    unsigned char *m = (unsigned char *)zmq_msg_data(&f[0]);
-    uint32_t zero = 0;
-    memcpy(m, &h, sizeof h);
-    memcpy(m + KVPS__HDR, &table, 8);
-    memcpy(m + KVPS__HDR + 8, &dim, 4);
-    memcpy(m + KVPS__HDR + 12, &zero, 4);
-    if (nrows) memcpy(m + KVPS__HDR + 16, ids, (size_t)nrows * 8);
-    int nf = 1;
-    if (vals) {
-        if (kvps__msg_from_buf(&f[1], vals, vbytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
-        nf = 2;
-    }
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0) return KVPS_ERR_ZMQ;
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
-}
-
-KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
-    if (!w || !d || !d->name || !*d->name || !out || !req || d->dim == 0 || d->dim > (1u << 20) ||
-        !(d->init_scale >= 0.0f && d->init_scale < 1e30f))
-        return KVPS_ERR_INVALID_ARG;
-    *req = 0;
-    unsigned char rec[KVPS__TREC];
-    memset(rec, 0, sizeof rec);
-    uint32_t rule = (uint32_t)d->opt.rule;
-    float f[5] = {d->opt.lr, d->opt.momentum, d->opt.beta1, d->opt.beta2, d->opt.eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
-    memcpy(rec + 24, &d->init_scale, 4);
-    memcpy(rec + 32, &d->seed, 8);
-    kvps_optim chk;
-    kvps_result r = kvps__optim_read(rec, &chk);
-    if (r != KVPS_OK) return (unsigned)d->opt.rule > KVPS_RULE_ADAM ? KVPS_ERR_INVALID_ARG : r;
-    uint64_t id = kvps__fnv1a(d->name);
-    for (int i = 0; i < w->ntables; i++)
-        if (w->tables[i].id == id) return KVPS_ERR_TABLE;
-    void *nt = realloc(w->tables, (size_t)(w->ntables + 1) * sizeof *w->tables);
-    if (!nt) return KVPS_ERR_NOMEM;
-    memcpy(&w->tables, &nt, sizeof nt);
-    kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return KVPS_ERR_NOMEM;
-    for (int s = 0; s < w->n && r == KVPS_OK; s++)
-        r = kvps__send_table(w, q, s, KVPS__OP_TABLE, id, d->dim, NULL, 0, rec, sizeof rec);
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r;
-    w->tables[w->ntables].id = id;
-    w->tables[w->ntables].dim = d->dim;
-    *out = w->ntables++;
-    *req = q->id;
-    return KVPS_OK;
-}
-
-typedef struct kvps__rowref { uint64_t id; uint32_t pos, srv; } kvps__rowref;
-static int kvps__cmp_rowref(const void *a, const void *b) {
-    const kvps__rowref *x = (const kvps__rowref *)a, *y = (const kvps__rowref *)b;
-    if (x->srv != y->srv) return x->srv < y->srv ? -1 : 1;
-    if (x->id != y->id) return x->id < y->id ? -1 : 1;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
-/* Rows grouped by server, then id, then position: duplicates side by side, first one first. */
-static kvps__rowref *kvps__rows_sorted(const kvps_worker *w, uint64_t table, const uint64_t *ids, size_t n) {
-    kvps__rowref *v = (kvps__rowref *)malloc(n * sizeof *v);
-    if (!v) return NULL;
-    for (size_t i = 0; i < n; i++) { v[i].id = ids[i]; v[i].pos = (uint32_t)i; v[i].srv = (uint32_t)kvps__row_server(w, table, ids[i]); }
-    qsort(v, n, sizeof *v, kvps__cmp_rowref);
-    return v;
-}
-
-static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const uint64_t *ids, const float *grads, float *rows,
-                                 size_t nrows, kvps_req *out) {
-    if (!w || !ids || !out || nrows == 0 || nrows >= UINT32_MAX || (op == KVPS__OP_PUSH_ROWS ? !grads : !rows))
-        return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    if (ti < 0 || ti >= w->ntables) return KVPS_ERR_TABLE;
-    uint64_t table = w->tables[ti].id;
-    uint32_t dim = w->tables[ti].dim;
-    kvps__rowref *v = kvps__rows_sorted(w, table, ids, nrows);
-    uint64_t *uid = (uint64_t *)malloc(nrows * sizeof *uid);
-    float *vals = op == KVPS__OP_PUSH_ROWS ? (float *)malloc(nrows * dim * sizeof(float)) : NULL;
-    kvps__req *q = v && uid && (vals || op != KVPS__OP_PUSH_ROWS) ? kvps__req_new(w, op == KVPS__OP_PULL_ROWS ? nrows : 0) : NULL;
-    kvps_result r = q ? KVPS_OK : KVPS_ERR_NOMEM;
-    if (q && op == KVPS__OP_PULL_ROWS) {
-        q->dups = (uint32_t *)malloc(nrows * 2 * sizeof *q->dups);
-        if (!q->dups) r = KVPS_ERR_NOMEM;
-        q->dup_base = rows;
-        q->dup_dim = dim;
-    }
-    size_t i = 0, nu = 0;
-    while (r == KVPS_OK && i < nrows) {
-        uint32_t srv = v[i].srv;
-        size_t first = nu;
-        q->dbegin[srv] = (uint32_t)nu;
-        while (i < nrows && v[i].srv == srv) {
-            size_t j = i; /* the run of one id */
-            uid[nu] = v[i].id;
-            if (vals) memcpy(vals + nu * dim, grads + (size_t)v[i].pos * dim, dim * sizeof(float));
-            if (q->dest) { q->dest[nu].ptr = rows + (size_t)v[i].pos * dim; q->dest[nu].len = dim; }
-            for (j = i + 1; j < nrows && v[j].id == v[i].id && v[j].srv == srv; j++) {
-                if (vals) kvps__add(vals + nu * dim, grads + (size_t)v[j].pos * dim, dim);
-                if (q->dups) { q->dups[2 * q->ndups] = v[i].pos; q->dups[2 * q->ndups + 1] = v[j].pos; q->ndups++; }
-            }
-            nu++;
-            i = j;
-        }
-        r = kvps__send_table(w, q, (int)srv, op, table, dim, uid + first, (uint32_t)(nu - first), vals ? vals + first * dim : NULL,
-                             (nu - first) * dim * sizeof(float));
-    }
-    /* dbegin[s + 1] must bound server s's rows for the reply scatter: fill the gaps */
-    if (q) {
-        q->dbegin[w->n] = (uint32_t)nu;
-        for (int s2 = w->n - 1; s2 >= 0; s2--)
-            if (!q->state[s2]) q->dbegin[s2] = q->dbegin[s2 + 1];
-    }
-    free(v);
-    free(uid);
-    free(vals);
-    if (!q) return r;
-    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
-    if (r != KVPS_OK) q->status = r;
-    *out = q->id;
-    return KVPS_OK;
-}
-
-KVPS_API kvps_result kvps_worker_push_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, const float *grads, size_t nrows,
-                                           kvps_req *out) {
-    return kvps__rows_op(w, KVPS__OP_PUSH_ROWS, t, ids, grads, NULL, nrows, out);
-}
-KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, float *rows, size_t nrows,
-                                           kvps_req *out) {
-    return kvps__rows_op(w, KVPS__OP_PULL_ROWS, t, ids, NULL, rows, nrows, out);
-}
-
-KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
-    if (!w || !out) return KVPS_ERR_INVALID_ARG;
-    *out = 0;
-    kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return KVPS_ERR_NOMEM;
-    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
-    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
-    *out = q->id;
-    return KVPS_OK;
-}
-
-// >>progress
-/* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
-/* An error reply's text, as the worker's last error: "server i: text". */
-static void kvps__reply_text(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
-    char text[256] = "";
-    if (nfr > 1) {
-        size_t n = zmq_msg_size(&fr[1]);
-        if (n > sizeof text - 1) n = sizeof text - 1;
-        memcpy(text, zmq_msg_data(&fr[1]), n);
-        text[n] = 0;
-    }
-    snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
-}
-
-static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
-    kvps__hdr h;
-    if (zmq_msg_size(&fr[0]) < sizeof h) {
-        kvps__log(KVPS_LOG_WARN, "worker %d: short reply from server %d dropped", w->desc.rank, srv);
-        return;
-    }
-    memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
-    kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
-    if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
-        kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
-                  (unsigned long long)h.req_id);
-        return;
-    }
-    q->pending--;
-    if (h.status == KVPS_ERR_PEER_LOST && q->nkept[srv]) {
-        /* the server is fine but cannot complete the pull or barrier yet: a worker it waits for
-           is lost. What the request pushed is applied and stays so (the server keeps it in its
-           re-send window): keep the frames, so that waiting again re-sends the same request
-           and gets the rest, with no push applied twice */
-        q->state[srv] = 3;
-        q->lost++;
-        q->lost_at = kvps__now_ms();
-        kvps__reply_text(w, srv, fr, nfr);
-        return;
-    }
-    q->state[srv] = 2;
-    kvps__req_drop_kept(q, srv);
-    if (h.status > 0) { /* not a kvps_result: a broken server */
-        snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
-        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
-        return;
-    }
-    if (h.status != KVPS_OK) {
-        kvps__reply_text(w, srv, fr, nfr);
-        if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
-        return;
-    }
-    if (!q->dest) return;
-    uint32_t b, e;
-    if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
-    else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
-    if (q->coded_pull) { /* per key [u32 bytes][blob] */
-        const unsigned char *src = nfr > 1 ? (const unsigned char *)zmq_msg_data(&fr[1]) : NULL;
-        size_t size = nfr > 1 ? zmq_msg_size(&fr[1]) : 0, off = 0;
-        kvps_result dr = KVPS_OK;
-        for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
-            uint32_t nb = 0;
-            if (size - off < 4) { dr = KVPS_ERR_TRUNCATED; break; }
-            memcpy(&nb, src + off, 4);
-            if (size - off - 4 < nb) { dr = KVPS_ERR_TRUNCATED; break; }
-            dr = kvps_codec_decode(&q->pull_c, src + off + 4, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
-            off += 4 + (size_t)nb;
-            if (q->tensor) q->tensor->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
-        }
-        if (dr == KVPS_OK && off != size) dr = KVPS_ERR_MALFORMED;
-        if (q->tensor) q->tensor->st.pull_wire_bytes += size;
-        if (dr != KVPS_OK) {
-            snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
-            if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
-        }
-        return;
-    }
-    uint64_t total = 0;
-    for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
-    if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
-        snprintf(w->errmsg, sizeof w->errmsg, "server %d: pull reply of %zu bytes, expected %llu", srv,
-                 nfr < 2 ? (size_t)0 : zmq_msg_size(&fr[1]), (unsigned long long)(total * sizeof(float)));
-        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
-        return;
-    }
-    const char *src = (const char *)zmq_msg_data(&fr[1]);
-    if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
-        kvps__vpart *p = &q->view->part[q->vbase + b];
-        if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
-            zmq_msg_move(&p->msg, &fr[1]);
-            p->data = (const float *)zmq_msg_data(&p->msg);
-        } else if ((p->own = (float *)kvps__alloc_floats(total)) != NULL) {
-            memcpy(p->own, src, (size_t)total * sizeof(float));
-            p->data = p->own;
-        } else if (q->status == KVPS_OK) {
-            q->status = KVPS_ERR_NOMEM;
-        }
-    }
-    for (uint32_t j = b; j < e && !q->view; j++) {
-        memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
-        src += q->dest[j].len * sizeof(float);
-    }
-    if (q->tensor) {
-        q->tensor->st.pull_raw_bytes += total * sizeof(float);
-        q->tensor->st.pull_wire_bytes += total * sizeof(float);
-    }
-}
-
-static int kvps__cmp_req(const void *a, const void *b) {
-    uint64_t x = (*(kvps__req *const *)a)->id, y = (*(kvps__req *const *)b)->id;
-    return (x > y) - (x < y);
-}
-
-/* Sends the kept frames of q's message to server srv again (references, not copies). */
-static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
-    zmq_msg_t f[2];
-    int nf = q->nkept[srv];
-    for (int j = 0; j < nf; j++) {
-        zmq_msg_init(&f[j]);
-        zmq_msg_copy(&f[j], &q->kept[srv][j]);
-    }
-    return kvps__send_frames(w->socks[srv], f, nf);
-}
-
-/* Re-sends, in the order first sent, every request still waiting for server srv (after its
-   connection came back: what was in flight is lost; the server drops what it already has). */
-static void kvps__resend(kvps_worker *w, int srv) {
-    size_t n = 0;
-    for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) n++;
-    if (!n) return;
-    kvps__req **v = (kvps__req **)malloc(n * sizeof *v);
-    if (!v) return; /* those requests time out instead */
-    n = 0;
-    for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) v[n++] = w->slots[i];
-    qsort(v, n, sizeof *v, kvps__cmp_req);
-    for (size_t i = 0; i < n; i++)
-        if (kvps__send_kept(w, v[i], srv) != 0) break;
-    kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent", w->desc.rank, srv, n);
-    free(v);
-}
-
-/* Why a server's handshakes fail: it refused our CURVE key (ZAP), the two sides speak other
-   security mechanisms or break the protocol, or the connection was cut during the handshake
-   KVPS__HS_CUTS times in a row (once is a network or restart event: ZeroMQ reconnects; again
-   and again, with CURVE, is what a wrong server key looks like: the server drops us). */
-enum { KVPS__HS_NONE, KVPS__HS_AUTH, KVPS__HS_PROTOCOL, KVPS__HS_CUT };
-enum { KVPS__HS_CUTS = 3 };
-
-/* What the failing handshakes with server s mean, in words. */
-static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
-    int32_t v = w->hs_val[s];
-    const char *ep = w->endpoints[s];
-    if (w->refused[s] == KVPS__HS_AUTH)
-        snprintf(buf, n, "server %d (%s) refused our CURVE key (ZAP status %d): our public key must be in its curve_clients", s,
-                 ep, (int)v);
-    else if (w->refused[s] == KVPS__HS_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-        snprintf(buf, n, "server %d (%s) and this worker use different security: one of them has CURVE keys "
-                 "(curve_server_keys here, curve_secret_key there) and the other not", s, ep);
-    else if (w->refused[s] == KVPS__HS_PROTOCOL)
-        snprintf(buf, n, "the handshake with server %d (%s) failed: ZMTP protocol error 0x%x (is it a kvps server, of "
-                 "this version?)", s, ep, (unsigned)v);
-    else
-        snprintf(buf, n, "server %d (%s) closed the connection during the handshake %u times in a row (%s)%s", s, ep,
-                 (unsigned)w->hs_cuts[s], zmq_strerror((int)v),
-                 w->curve ? ": check curve_server_keys (with a wrong server key it drops us)" : "");
-}
-
-/* Connection events: a drop marks the server down; its return re-sends what was in flight. */
-static void kvps__watch(kvps_worker *w) {
-    for (int s = 0; s < w->n; s++) {
-        uint16_t ev = 0;
-        int32_t val = 0;
-        while (w->mons[s] && kvps__monitor_event(w->mons[s], &ev, &val)) {
-            if (ev == ZMQ_EVENT_DISCONNECTED) {
-                if (!w->down[s]) {
-                    w->down[s] = 1;
-                    w->down_since[s] = kvps__now_ms();
-                    kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
-                              w->endpoints[s]);
-                }
-            } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-                w->refused[s] = KVPS__HS_NONE;
-                w->hs_cuts[s] = 0;
-                if (w->down[s]) {
-                    w->down[s] = 0;
-                    kvps__resend(w, s);
-                }
-            } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
-                int why = KVPS__HS_NONE;
-                w->hs_val[s] = val;
-                if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) why = KVPS__HS_AUTH;
-                else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) why = KVPS__HS_PROTOCOL;
-                else if (w->hs_cuts[s] < UINT16_MAX && ++w->hs_cuts[s] >= KVPS__HS_CUTS) why = KVPS__HS_CUT;
-                else if (w->hs_cuts[s] == 1)
-                    kvps__log(KVPS_LOG_WARN, "worker %d: the connection to server %d (%s) was cut during the handshake "
-                              "(%s); reconnecting", w->desc.rank, s, w->endpoints[s], zmq_strerror((int)val));
-                if (why != KVPS__HS_NONE && w->refused[s] != why) {
-                    w->refused[s] = (uint8_t)why;
-                    char text[300];
-                    kvps__hs_text(w, s, text, sizeof text);
-                    kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, text);
-                }
-                if (!w->down[s]) { w->down[s] = 1; w->down_since[s] = kvps__now_ms(); }
-            }
-        }
-    }
-}
-
-/* Handles every reply that has arrived; with wait_ms > 0, first waits up to that long for one. */
-static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
-    if (wait_ms > 0) {
-        int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
-        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
-        if (rc <= 0) return KVPS_OK;
-        for (int s = 0; s < w->n; s++)
-            if (w->items[w->n + s].revents & ZMQ_POLLIN) { w->last_watch = 0; break; }
-    }
-    /* connection events change rarely; reading an empty monitor costs a syscall: every 10 ms */
-    int64_t now = kvps__now_ms();
-    if (now - w->last_watch >= 10) {
-        kvps__watch(w);
-        w->last_watch = now;
-    }
-    for (int s = 0; s < w->n; s++) {
-        for (;;) {
-            zmq_msg_t fr[2];
-            int extra;
-            int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
-            if (n < 0) return KVPS_ERR_ZMQ;
-            if (n == 0) break;
-            kvps__on_reply(w, s, fr, n);
-            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
-        }
-    }
-    return KVPS_OK;
-}
-
-/* Work left for when every reply is in: rows asked for more than once get their copies. */
-static void kvps__req_finish(kvps__req *q) {
-    if (q->status != KVPS_OK) return;
-    for (size_t i = 0; i < q->ndups; i++)
-        memcpy(q->dup_base + (size_t)q->dups[2 * i + 1] * q->dup_dim, q->dup_base + (size_t)q->dups[2 * i] * q->dup_dim,
-               q->dup_dim * sizeof(float));
-}
-
-/* Nothing in flight: every reply is in and ZeroMQ holds none of the pushed bytes (with parts
-   answered KVPS_ERR_PEER_LOST the worker itself keeps references to re-send them). */
-static int kvps__req_done(kvps__req *q) {
-    return q->pending == 0 && (q->lost || __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1);
-}
-
-/* The first round of a chained request that is still busy; NULL when all are done. */
-static kvps__req *kvps__chain_busy(kvps_worker *w, kvps__req *q) {
-    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
-        if (!kvps__req_done(q)) return q;
-    return NULL;
-}
-
-/* Ends every round of a finished request; its result is the first error among them. */
-static kvps_result kvps__chain_end(kvps_worker *w, kvps__req *q) {
-    kvps_result r = KVPS_OK;
-    while (q) {
-        kvps__req *nx = q->next ? kvps__req_get(w, q->next) : NULL;
-        if (r == KVPS_OK) r = q->status;
-        kvps__req_finish(q);
-        kvps__req_end(w, q);
-        q = nx;
-    }
-    return r;
-}
-
-/* The first round of a finished chain that has parts answered KVPS_ERR_PEER_LOST by their
-   server (a lost worker); NULL when there is none, or when a round failed for good (the
-   request then ends with that error). */
-static kvps__req *kvps__chain_lost(kvps_worker *w, kvps__req *q) {
-    kvps__req *first = NULL;
-    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL) {
-        if (q->status != KVPS_OK) return NULL;
-        if (q->lost && !first) first = q;
-    }
-    return first;
-}
-
-/* Re-sends every part of the chain answered KVPS_ERR_PEER_LOST (the servers apply no push
-   twice: the pushpull's re-send gets its pull, a barrier is entered again). */
-static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
-    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
-        for (int s = 0; s < w->n && q->lost; s++) {
-            if (q->state[s] != 3) continue;
-            q->state[s] = 1; /* a send that fails is re-sent when the connection is back */
-            q->lost--;
-            q->pending++;
-            if (kvps__send_kept(w, q, s) != 0)
-                kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
-        }
-}
-
-/* How often parts answered KVPS_ERR_PEER_LOST are re-sent while a wait rides the loss out. */
-enum { KVPS__LOST_RETRY_MS = 100 };
-
-KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
-    if (!w || !done) return KVPS_ERR_INVALID_ARG;
-    *done = 0;
-    kvps__req *q = kvps__req_get(w, req);
-    if (!q) return KVPS_ERR_INVALID_REQ;
-    kvps_result r = kvps__progress(w, 0);
-    if (r != KVPS_OK) return r;
-    if (kvps__chain_busy(w, q)) return KVPS_OK;
-    kvps__req *l = kvps__chain_lost(w, q);
-    if (l) { /* the request stays valid: re-sent now and then while test is called */
-        if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS) kvps__chain_retry(w, q);
-        q->lost_told = 1;
-        return KVPS_ERR_PEER_LOST;
-    }
-    *done = 1;
-    return kvps__chain_end(w, q);
-}
-
-KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
-    if (!w) return KVPS_ERR_INVALID_ARG;
-    kvps__req *q = kvps__req_get(w, req);
-    if (!q) return KVPS_ERR_INVALID_REQ;
-    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
-    /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
-       caller has been told of the loss, rides it out until its deadline (a first such answer
-       is reported at once) */
-    kvps__chain_retry(w, q);
-    for (;;) {
-        kvps_result r = kvps__progress(w, 0);
-        if (r != KVPS_OK) return r;
-        kvps__req *c = kvps__chain_busy(w, q); /* the round to report on */
-        if (!c) {
-            kvps__req *l = kvps__chain_lost(w, q);
-            if (!l) break;
-            int64_t now = kvps__now_ms();
-            if (!q->lost_told || now >= deadline) {
-                q->lost_told = 1;
-                return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
-            }
-            int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
-            if (pause <= 0) { kvps__chain_retry(w, q); continue; }
-            r = kvps__progress(w, (long)(pause < deadline - now ? pause : deadline - now)); /* a sleep */
-            if (r != KVPS_OK) return r;
-            continue;
-        }
-        int64_t left = deadline - kvps__now_ms();
-        if (left <= 0) {
-            kvps__watch(w); /* the latest connection state decides which error this is */
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && w->refused[s]) {
-                    kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
-                    return KVPS_ERR_AUTH;
-                }
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && w->down[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
-                             s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
-                    return KVPS_ERR_PEER_LOST;
-                }
-            snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
-                     c->pending, c->sent);
-            return KVPS_ERR_TIMEOUT;
-        }
-        if (c->pending > 0) {
-            r = kvps__progress(w, left);
-            if (r != KVPS_OK) return r;
-        } else {
-            sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
-        }
-    }
-    return kvps__chain_end(w, q);
-}
-
-// >>codec
-
 KVPS_API kvps_isa kvps_isa_set(kvps_isa isa) {
     __atomic_store_n(&kvps__isa_forced, (int)isa, __ATOMIC_RELAXED);
     return (kvps_isa)kvps__isa();
 }
-
 
 #ifdef KVPS__X86
 /* F16C has no signalling-NaN-preserving mode: NaN lanes (rare) are redone by the scalar code,
@@ -5301,19 +1950,41 @@ KVPS__TARGET_AVX2 static void kvps__sign_decode_avx2(const uint8_t *bits, size_t
 
 // >>codecs
 static void kvps__put32(unsigned char *p, uint32_t v) { memcpy(p, &v, sizeof v); }
-static uint32_t kvps__get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, sizeof v); return v; }
+
+/* The largest blob of each built-in codec for n values (KVPS_CODEC_TABLE's last column). */
+static size_t kvps__max_f32(const kvps_codec *c, size_t n) { (void)c; return KVPS_CODEC_HEADER + n * 4; }
+static size_t kvps__max_half(const kvps_codec *c, size_t n) { (void)c; return KVPS_CODEC_HEADER + n * 2; }
+static size_t kvps__max_topk(const kvps_codec *c, size_t n) {
+    return KVPS_CODEC_HEADER + 4 + kvps_el_topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
+}
+static uint32_t kvps__sign_chunk_len(const kvps_codec *c) { return c->sign_chunk ? c->sign_chunk : KVPS_DEFAULT_SIGN_CHUNK; }
+static size_t kvps__max_sign(const kvps_codec *c, size_t n) {
+    size_t ch = kvps__sign_chunk_len(c);
+    return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
+}
+
+#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) +1
+typedef char kvps__codec_table_check[(0 KVPS_CODEC_TABLE(KVPS__ROW)) == KVPS_CODEC_COUNT ? 1 : -1];
+#undef KVPS__ROW
+/* A built-in codec's row of KVPS_CODEC_TABLE; NULL for any other id. */
+typedef struct kvps__codec_row {
+    int id;
+    const char *name;
+    int dense, flags;
+    size_t (*max_bytes)(const kvps_codec *c, size_t n);
+} kvps__codec_row;
+static const kvps__codec_row *kvps__codec_info(int id) {
+    static const kvps__codec_row rows[] = {
+#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) {cid, name, dense, fl, max_fn},
+        KVPS_CODEC_TABLE(KVPS__ROW)
+#undef KVPS__ROW
+    };
+    return id >= 0 && id < KVPS_CODEC_COUNT ? &rows[id] : NULL;
+}
 
 static size_t kvps__codec_max_builtin(const kvps_codec *c, size_t n) {
-    switch (c->id) {
-    case KVPS_CODEC_NONE: return KVPS_CODEC_HEADER + n * 4;
-    case KVPS_CODEC_FP16: case KVPS_CODEC_BF16: return KVPS_CODEC_HEADER + n * 2;
-    case KVPS_CODEC_TOPK: return KVPS_CODEC_HEADER + 4 + kvps_el_topk_k(c, n) * (c->topk_fp16_values ? 6 : 8);
-    case KVPS_CODEC_SIGN: {
-        size_t ch = c->sign_chunk ? c->sign_chunk : 256;
-        return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
-    }
-    }
-    return 0;
+    const kvps__codec_row *row = kvps__codec_info(c->id);
+    return row ? row->max_bytes(c, n) : 0;
 }
 
 static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *x, size_t n, float *r, void *out,
@@ -5323,7 +1994,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
     if (cap < need) return KVPS_ERR_TOO_LARGE;
     unsigned char *o = (unsigned char *)out;
     o[0] = (uint8_t)c->id;
-    o[1] = (uint8_t)(c->id == KVPS_CODEC_TOPK && c->topk_fp16_values ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0);
+    o[1] = (uint8_t)(c->topk_fp16_values ? kvps__codec_info(c->id)->flags & KVPS_CODEC_FLAG_FP16_VALUES : 0);
     o[2] = o[3] = 0;
     kvps__put32(o + 4, (uint32_t)n);
     unsigned char *p = o + KVPS_CODEC_HEADER;
@@ -5388,7 +2059,7 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
         break;
     }
     case KVPS_CODEC_SIGN: {
-        uint32_t ch = c->sign_chunk ? c->sign_chunk : 256;
+        uint32_t ch = kvps__sign_chunk_len(c);
         size_t nc = (n + ch - 1) / ch;
         kvps__put32(p, ch);
         unsigned char *scales = p + 4, *bits = p + 4 + nc * 4;
@@ -5416,22 +2087,16 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
                                               int accumulate) {
     const unsigned char *p = (const unsigned char *)in;
     if (!in || (!dst && n && accumulate != 2)) return KVPS_ERR_INVALID_ARG; /* 2: check only (kvps internal) */
-    if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
-    if (p[0] != (uint8_t)c->id) return KVPS_ERR_CODEC;
-    if (p[2] || p[3] || (p[1] & ~(c->id == KVPS_CODEC_TOPK ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
-    if (kvps__get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
+    int verdict = kvps_el_blob_verdict(p, bytes, c->id, n);
+    if (verdict != KVPS_OK) return (kvps_result)verdict;
+    if (accumulate == 2 && c->id != KVPS_CODEC_TOPK) return KVPS_OK; /* top-k: its indices next */
     const unsigned char *q = p + KVPS_CODEC_HEADER;
-    size_t body = bytes - KVPS_CODEC_HEADER;
-#define KVPS__BODY(sz) do { if (body < (sz)) return KVPS_ERR_TRUNCATED; if (body > (sz)) return KVPS_ERR_MALFORMED; \
-                              if (accumulate == 2) return KVPS_OK; } while (0)
     switch (c->id) {
     case KVPS_CODEC_NONE:
-        KVPS__BODY(n * 4);
         for (size_t i = 0; i < n; i++) { float v; memcpy(&v, q + i * 4, 4); dst[i] = accumulate ? dst[i] + v : v; }
         return KVPS_OK;
     case KVPS_CODEC_FP16:
     case KVPS_CODEC_BF16: {
-        KVPS__BODY(n * 2);
         int f16 = c->id == KVPS_CODEC_FP16;
         if (!accumulate && ((uintptr_t)q & 1) == 0) {
             if (f16) kvps_f16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
@@ -5451,20 +2116,16 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         return KVPS_OK;
     }
     case KVPS_CODEC_TOPK: {
-        if (body < 4) return KVPS_ERR_TRUNCATED;
-        size_t k = kvps__get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
-        if (k > n) return KVPS_ERR_MALFORMED;
-        if (body < 4 + k * (4 + vs)) return KVPS_ERR_TRUNCATED;
-        if (body > 4 + k * (4 + vs)) return KVPS_ERR_MALFORMED;
+        size_t k = kvps_el_get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
         const unsigned char *ix = q + 4, *vv = q + 4 + k * 4;
         for (size_t j = 0; j < k; j++) { /* check all before writing anything */
-            uint32_t i = kvps__get32(ix + j * 4);
-            if (i >= n || (j && i <= kvps__get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
+            uint32_t i = kvps_el_get32(ix + j * 4);
+            if (i >= n || (j && i <= kvps_el_get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
         }
         if (accumulate == 2) return KVPS_OK;
         if (!accumulate) memset(dst, 0, n * sizeof *dst);
         for (size_t j = 0; j < k; j++) {
-            uint32_t i = kvps__get32(ix + j * 4);
+            uint32_t i = kvps_el_get32(ix + j * 4);
             float v;
             if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_el_f16_to_f32(h); }
             else memcpy(&v, vv + j * 4, 4);
@@ -5473,11 +2134,8 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         return KVPS_OK;
     }
     case KVPS_CODEC_SIGN: {
-        if (body < 4) return KVPS_ERR_TRUNCATED;
-        uint32_t ch = kvps__get32(q);
-        if (ch == 0) return KVPS_ERR_MALFORMED;
+        uint32_t ch = kvps_el_get32(q);
         size_t nc = (n + ch - 1) / ch;
-        KVPS__BODY(4 + nc * 4 + (n + 7) / 8);
         const unsigned char *scales = q + 4, *bits = q + 4 + nc * 4;
         for (size_t b = 0, j = 0; b < n; b += ch, j++) {
             float sc;
@@ -5497,16 +2155,14 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
         return KVPS_OK;
     }
     }
-#undef KVPS__BODY
     return KVPS_ERR_CODEC;
 }
 
 KVPS_API kvps_codec kvps_codec_get(kvps_codec_id id) {
-    static const char *names[] = {"none", "fp16", "bf16", "topk", "sign"};
     kvps_codec c;
     memset(&c, 0, sizeof c);
-    c.id = (unsigned)id <= KVPS_CODEC_SIGN ? (int)id : KVPS_CODEC_NONE;
-    c.name = names[c.id];
+    c.id = kvps__codec_info(id) ? (int)id : KVPS_CODEC_NONE;
+    c.name = kvps__codec_info(c.id)->name;
     c.max_bytes = kvps__codec_max_builtin;
     c.encode = kvps__codec_encode_builtin;
     c.decode = kvps__codec_decode_builtin;
@@ -5525,6 +2181,3490 @@ KVPS_API kvps_result kvps_codec_decode(const kvps_codec *c, const void *in, size
                                        int accumulate) {
     if (!c || !c->decode) return KVPS_ERR_INVALID_ARG;
     return c->decode(c, in, bytes, dst, n, accumulate);
+}
+
+// >>wire
+enum {
+    KVPS__MAGIC = 0x5350564Bu,
+    KVPS__VERSION = 1,
+    KVPS__OP_PUSH = 1,
+    KVPS__OP_PULL = 2,
+    KVPS__OP_PUSHPULL = 3,
+    KVPS__OP_INIT = 4,
+    KVPS__OP_BARRIER = 5,
+    KVPS__OP_CONFIG = 6,
+    KVPS__OP_PUSH_ROWS = 7,
+    KVPS__OP_PULL_ROWS = 8,
+    KVPS__OP_TABLE = 9,
+    KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
+    KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
+    KVPS__OP_REPLY = 0x80,
+    KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
+    KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
+    KVPS__HDR = 32,
+    KVPS__ZC_REPLY_MIN = 32768, /* bytes: smaller pull replies are copied */
+    KVPS__KENT = 16
+};
+
+typedef struct kvps__hdr {
+    uint32_t magic;
+    uint8_t version, op;
+    uint16_t flags;
+    uint32_t rank, nkeys;
+    uint64_t req_id;
+    int32_t status;
+    uint32_t aux;
+} kvps__hdr;
+
+typedef struct kvps__kent {
+    uint64_t key, len;
+} kvps__kent;
+
+typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
+typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
+
+static int kvps__op_has_values(int op) {
+    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG ||
+           op == KVPS__OP_PUSH_ROWS || op == KVPS__OP_TABLE;
+}
+static int kvps__op_table(int op) { return op >= KVPS__OP_PUSH_ROWS && op <= KVPS__OP_TABLE; }
+static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
+
+/* Sends a whole multipart message; frames are closed (ownership passes to ZeroMQ). */
+static int kvps__send_frames(void *sock, zmq_msg_t *frames, int n) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        /* never block: a DEALER whose peer is gone (inproc) has no pipe and would wait forever */
+        if (rc == 0 && zmq_msg_send(&frames[i], sock, ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0) rc = -1;
+        if (rc != 0) zmq_msg_close(&frames[i]);
+    }
+    return rc;
+}
+
+static int kvps__msg_from_buf(zmq_msg_t *m, const void *data, size_t size) {
+    if (zmq_msg_init_size(m, size) != 0) return -1;
+    if (size) memcpy(zmq_msg_data(m), data, size);
+    return 0;
+}
+
+/* A random 32-bit number, never 0 (incarnations). */
+static uint32_t kvps__random32(void) {
+    uint32_t r = 0;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd >= 0) {
+        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r = 0;
+        close(fd);
+    }
+    if (!r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = (uint32_t)kvps__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec);
+    }
+    return r ? r : 1u;
+}
+
+/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
+   (and, on the connecting side, made again). */
+static void kvps__heartbeats(void *sock, int ivl, int timeout) {
+    if (ivl <= 0) return;
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
+}
+
+/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
+static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
+    static int counter;
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
+    void *m = zmq_socket(ctx, ZMQ_PAIR);
+    if (!m) return -1;
+    int zero = 0;
+    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
+    *out = m;
+    return 0;
+}
+
+/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
+   for a drop), 0 when none is waiting. */
+static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
+    zmq_msg_t a, b;
+    zmq_msg_init(&a);
+    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
+    int ok = zmq_msg_size(&a) >= 6;
+    if (ok) {
+        memcpy(event, zmq_msg_data(&a), 2);
+        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
+    }
+    int more = zmq_msg_more(&a);
+    zmq_msg_close(&a);
+    while (more) { /* the endpoint frame */
+        zmq_msg_init(&b);
+        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
+        more = zmq_msg_more(&b);
+        zmq_msg_close(&b);
+    }
+    return ok;
+}
+
+/* Receives one whole multipart message (at most 3 frames kept; extra frames are counted and
+   dropped) without blocking; returns the frame count, 0 when none is waiting, -1 on error. */
+static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
+    int n = 0, more = 1;
+    *extra = 0;
+    while (more) {
+        zmq_msg_t tmp, *m = n < max ? &fr[n] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n && i < max; i++) zmq_msg_close(&fr[i]);
+            return (n == 0 && zmq_errno() == EAGAIN) ? 0 : -1;
+        }
+        more = zmq_msg_more(m);
+        if (n < max) n++;
+        else { zmq_msg_close(m); (*extra)++; }
+    }
+    return n;
+}
+
+// >>rules
+/* The update rules: their table, the CONFIG record's decoding, and their maths in float32. */
+static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
+
+/* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
+static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
+    uint32_t rule;
+    float f[5];
+    memcpy(&rule, rec, 4);
+    memcpy(f, rec + 4, sizeof f);
+    o->rule = (kvps_rule)(rule < KVPS_RULE_COUNT ? rule : 0);
+    o->lr = f[0] != 0.0f ? f[0] : KVPS_DEFAULT_LR;
+    o->momentum = f[1] != 0.0f ? f[1] : KVPS_DEFAULT_MOMENTUM;
+    o->beta1 = f[2] != 0.0f ? f[2] : KVPS_DEFAULT_BETA1;
+    o->beta2 = f[3] != 0.0f ? f[3] : KVPS_DEFAULT_BETA2;
+    o->eps = f[4] != 0.0f ? f[4] : KVPS_DEFAULT_EPS;
+    if (rule >= KVPS_RULE_COUNT) return KVPS_ERR_MALFORMED;
+    if (!kvps__finite(o->lr) || o->lr < 0 || !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ||
+        !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1 || !kvps__finite(o->beta2) || o->beta2 < 0 ||
+        o->beta2 >= 1 || !kvps__finite(o->eps) || o->eps <= 0)
+        return KVPS_ERR_HYPERPARAM;
+    return KVPS_OK;
+}
+
+/* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
+   h; Adam's m and v); scalar state per key or row, starting at 1 (Adam's beta powers; at most
+   2: kvps__key's b1t and b2t); whether async pushes of it may be deferred and applied together
+   (a per-element formula with no per-call state). A new rule is a row here plus its case in
+   kvps__rule_math. */
+typedef struct kvps__rule_row {
+    const char *name;
+    uint8_t state, scalars, deferrable;
+} kvps__rule_row;
+static const kvps__rule_row kvps__rules[] = {
+    {"default", 0, 0, 0},  {"mean", 0, 0, 1},     {"sum", 0, 0, 1},      {"max", 0, 0, 1},
+    {"min", 0, 0, 1},      {"accumulate", 0, 0, 1}, {"sgd", 0, 0, 1},    {"momentum", 1, 0, 1},
+    {"nesterov", 1, 0, 1}, {"adagrad", 1, 0, 1},  {"adam", 2, 2, 0},
+};
+typedef char kvps__rules_check[sizeof kvps__rules / sizeof kvps__rules[0] == KVPS_RULE_COUNT ? 1 : -1];
+
+/* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
+   m2 for Adam; *b1t, *b2t its bias-correction powers). Shared by keys and table rows. */
+static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
+                            float *b2t, size_t n) {
+    switch (o->rule) {
+    case KVPS_RULE_MEAN: kvps__mean_into(w, sum, c, n); break;
+    case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
+    case KVPS_RULE_ACCUMULATE: kvps__add(w, sum, n); break;
+    case KVPS_RULE_SGD: kvps__sgd_step(w, sum, o->lr, c, n); break;
+    case KVPS_RULE_MOMENTUM:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * v[i]; }
+        break;
+    case KVPS_RULE_NESTEROV:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] = o->momentum * v[i] + g; w[i] -= o->lr * (g + o->momentum * v[i]); }
+        break;
+    case KVPS_RULE_ADAGRAD:
+        for (size_t i = 0; i < n; i++) { float g = sum[i] / c; v[i] += g * g; w[i] -= o->lr * g / (sqrtf(v[i]) + o->eps); }
+        break;
+    case KVPS_RULE_ADAM: {
+        *b1t *= o->beta1;
+        *b2t *= o->beta2;
+        float c1 = 1.0f - *b1t, c2 = 1.0f - *b2t;
+        for (size_t i = 0; i < n; i++) {
+            float g = sum[i] / c;
+            v[i] = o->beta1 * v[i] + (1.0f - o->beta1) * g;
+            m2[i] = o->beta2 * m2[i] + (1.0f - o->beta2) * (g * g);
+            w[i] -= o->lr * (v[i] / c1) / (sqrtf(m2[i] / c2) + o->eps);
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+// >>state
+/* The server's types: a buffered contribution, a parked pull, a stored value, a key, a deferred
+   push, and the server itself (its fields grouped by concern). */
+typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
+    struct kvps__pend *next;
+    float data[];
+} kvps__pend;
+
+typedef struct kvps__parked { /* a pull waiting for a key's round */
+    struct kvps__parked *next;
+    int stalled;
+    zmq_msg_t id;
+    kvps__hdr hdr;
+    uint32_t *idx; /* key indices in request order */
+} kvps__parked;
+
+/* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
+   own reference plus one per frame in flight; the last release frees it. */
+typedef struct kvps__vbuf {
+    int refs;
+    char pad[60]; /* data starts 64 bytes in, 64-byte aligned */
+    float data[];
+} kvps__vbuf;
+
+typedef struct kvps__key {
+    uint64_t key, len;
+    float *value, *accum;  /* value == cur->data */
+    kvps__vbuf *cur, *spare;
+    uint64_t round;      /* rounds applied */
+    uint32_t summed;     /* BSP: ranks 0..summed-1 are done for this round (in accum, or out) */
+    uint32_t nin;        /* BSP: contributions in accum this round */
+    uint64_t stamp;      /* duplicate detection within one request */
+    uint64_t *recv;      /* per worker: contributions received */
+    kvps__pend **qhead, **qtail; /* per worker: buffered contributions (lazily allocated) */
+    kvps__parked *waiters;
+    kvps_optim opt;      /* rule DEFAULT: the server's update rule */
+    struct kvps__defer *def; /* async: pushes received, applied together by kvps__flush */
+    uint32_t ndef;
+    float *state;        /* optimizer state: v, h, or m then v (2 x len) */
+    float b1t, b2t;      /* Adam: beta1^t, beta2^t */
+} kvps__key;
+
+struct kvps_server {
+    /* configuration and sockets */
+    kvps_server_desc desc;    /* defaults resolved; the pointers it keeps: OWNERSHIP in the manual */
+    int m;                    /* desc.num_workers */
+    void *ctx, *router;
+    int own_ctx;
+    char endpoint[256];       /* resolved (the port of '*') */
+    /* serving thread */
+    pthread_t thread;
+    int started;
+    int stop_pipe[2];
+    /* update rules */
+    kvps_update_fn update_fn; /* your own rule, or NULL */
+    kvps_optim default_opt;   /* desc.update as a kvps_rule (keys without their own rule) */
+    /* key store: open addressing (key -> index + 1), grows at 1/2 load */
+    kvps__key **keys;
+    uint32_t nkeys, cap_keys;
+    uint32_t *slots;
+    uint64_t nslots;
+    uint64_t stamp;           /* duplicate keys within one request */
+    struct kvps__table *tables; /* sparse tables */
+    /* consistency */
+    int cur_k;                /* SSP / ADAPTIVE: staleness in force */
+    uint64_t win_rounds, win_pulls, win_stalls; /* ADAPTIVE: the current window */
+    kvps__parked *barrier_waiters;
+    uint64_t *barrier_gen;    /* per worker: barriers entered */
+    kvps__key **dirty;        /* async: keys with deferred pushes */
+    uint32_t ndirty, cap_dirty;
+    /* exactly-once */
+    struct kvps__seen *seen;  /* per worker: which requests were applied */
+    /* liveness: the socket each worker last spoke from, since when it has been gone, lost */
+    void *mon;
+    int *rank_fd;
+    int64_t *gone_since;
+    uint8_t *lost;
+    int nlost;
+    uint8_t *out;             /* elastic: left the aggregation */
+    /* CURVE */
+    void *zap;                /* the ZAP handler (REP on inproc://zeromq.zap.01) */
+    uint8_t (*curve_ok)[32];
+    int ncurve_ok;
+    /* request scratch: key indices, unaligned values, decoded contributions, blob offsets */
+    uint32_t *scratch_idx;
+    size_t scratch_cap;
+    float *scratch;
+    size_t scratch_len;
+    float *dscratch;
+    size_t dscratch_len;
+    uint64_t *blob_off;
+    size_t blob_cap;
+    /* checkpoints: asked for by other threads (ckpt_req), written by the serving thread */
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cv;
+    uint64_t ckpt_req, ckpt_done, max_round, ckpt_round;
+    kvps_result ckpt_result;
+    kvps_server_stats stats;  /* read by other threads: atomic adds */
+};
+
+#define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
+
+/* A single-key async push held back so that the pushes queued for a key are applied in one pass
+   over its value (kvps__flush): its values (still in the message) and who to answer. */
+enum { KVPS__DEFER_MAX = 8, KVPS__DEFER_MIN_LEN = 16384, KVPS__CHUNK = 4096 };
+typedef struct kvps__defer {
+    zmq_msg_t data, id;
+    kvps__hdr hdr;
+} kvps__defer;
+static void kvps__defer_close(kvps__defer *d) {
+    zmq_msg_close(&d->data);
+    zmq_msg_close(&d->id);
+}
+
+// >>exactly-once
+/* Exactly-once: per worker, its incarnation and a window of the request sequence numbers
+   (handle >> 24, rising) already applied. A re-sent request inside the window is answered
+   without being applied again; one older than the window is refused (KVPS_ERR_REPLAY).
+   Incarnation 0 (a raw client) is not tracked. */
+enum { KVPS__SEEN_WIN = 1 << 16 };
+typedef struct kvps__seen {
+    uint32_t inc;
+    uint64_t hi;
+    uint64_t bits[KVPS__SEEN_WIN / 64];
+} kvps__seen;
+
+static int kvps__seen_bit(const kvps__seen *w, uint64_t q) { return (int)(w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)] >> (q % 64) & 1); }
+static void kvps__seen_set(kvps__seen *w, uint64_t q, int on) {
+    uint64_t *b = &w->bits[(q / 64) % (KVPS__SEEN_WIN / 64)], m = 1ull << (q % 64);
+    *b = on ? *b | m : *b & ~m;
+}
+/* 1: new (now recorded); 0: applied before; -1: too old to tell. */
+static int kvps__seen_check(kvps__seen *w, uint32_t inc, uint64_t q) {
+    if (w->inc != inc) { memset(w, 0, sizeof *w); w->inc = inc; }
+    if (q > w->hi) {
+        if (q - w->hi >= KVPS__SEEN_WIN) memset(w->bits, 0, sizeof w->bits);
+        else for (uint64_t x = w->hi + 1; x < q; x++) kvps__seen_set(w, x, 0);
+        kvps__seen_set(w, q, 1);
+        w->hi = q;
+        return 1;
+    }
+    if (w->hi - q >= KVPS__SEEN_WIN) return -1;
+    if (kvps__seen_bit(w, q)) return 0;
+    kvps__seen_set(w, q, 1);
+    return 1;
+}
+
+// >>replies
+/* Sending a reply; the error and acknowledgement replies. */
+/* Checks one request whole, then applies it. frames: [id][meta][values?]. */
+/* Sends a reply; one that cannot be queued (the peer does not read its replies, or is gone)
+   is dropped and counted. */
+static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
+    if (kvps__send_frames(s->router, frames, n) == 0) return;
+    KVPS__STAT_ADD(s, replies_dropped, 1);
+    kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
+}
+
+/* Replies [id][hdr][text] with an error; id is copied, not consumed. */
+static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc,
+                              const char *fmt, ...) {
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    KVPS__STAT_ADD(s, errors, 1);
+    /* a rejected request was not applied: a re-send of it must not count as a duplicate */
+    if (req && req->status != 0 && req->rank < (uint32_t)s->m && s->seen[req->rank].inc == (uint32_t)req->status &&
+        rc != KVPS_ERR_REPLAY && s->seen[req->rank].hi - (req->req_id >> 24) < KVPS__SEEN_WIN)
+        kvps__seen_set(&s->seen[req->rank], req->req_id >> 24, 0);
+    kvps__log(KVPS_LOG_WARN, "server %d: rejected request from rank %u: %s (%s)", s->desc.rank,
+              req ? req->rank : 0u, text, kvps_result_str(rc));
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)((req ? req->op : 0) | KVPS__OP_REPLY);
+    h.rank = req ? req->rank : 0;
+    h.req_id = req ? req->req_id : 0;
+    h.status = rc;
+    zmq_msg_t f[3];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    kvps__msg_from_buf(&f[2], text, strlen(text));
+    kvps__server_send(s, f, 3);
+}
+
+/* Replies [id][hdr] with status OK and no payload; id is copied, not consumed. */
+static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+    kvps__hdr rh = *h;
+    rh.op |= KVPS__OP_REPLY;
+    rh.status = KVPS_OK;
+    rh.nkeys = 0;
+    zmq_msg_t f[2];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__server_send(s, f, 2);
+}
+
+// >>keys
+/* The key store: open addressing from key to index, values in reference-counted buffers (a
+   pull reply may still be sending one), creation, and roll-back of a rejected request's keys. */
+static float *kvps__dscratch(kvps_server *s, uint64_t len) {
+    if (s->dscratch_len < len) {
+        free(s->dscratch);
+        s->dscratch = (float *)kvps__alloc_floats(len);
+        s->dscratch_len = s->dscratch ? (size_t)len : 0;
+    }
+    return s->dscratch;
+}
+
+static uint32_t kvps__find(const kvps_server *s, uint64_t key) {
+    uint64_t mask = s->nslots - 1, i = kvps__mix64(key) & mask;
+    for (;;) {
+        uint32_t v = s->slots[i];
+        if (v == 0) return UINT32_MAX;
+        if (s->keys[v - 1]->key == key) return v - 1;
+        i = (i + 1) & mask;
+    }
+}
+
+static int kvps__table_grow(kvps_server *s) {
+    uint64_t ns = s->nslots ? s->nslots * 2 : 1024;
+    uint32_t *slots = (uint32_t *)calloc(ns, sizeof *slots);
+    if (!slots) return -1;
+    for (uint32_t k = 0; k < s->nkeys; k++) {
+        uint64_t i = kvps__mix64(s->keys[k]->key) & (ns - 1);
+        while (slots[i]) i = (i + 1) & (ns - 1);
+        slots[i] = k + 1;
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->nslots = ns;
+    return 0;
+}
+
+static kvps__vbuf *kvps__vbuf_new(uint64_t len) {
+    if (len > (SIZE_MAX - 128) / sizeof(float)) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(kvps__vbuf) + (size_t)len * sizeof(float)) != 0) return NULL;
+    ((kvps__vbuf *)p)->refs = 1;
+    return (kvps__vbuf *)p;
+}
+
+static void kvps__vbuf_unref(kvps__vbuf *b) {
+    if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) free(b);
+}
+
+static void kvps__vbuf_release(void *data, void *hint) {
+    (void)data;
+    kvps__vbuf_unref((kvps__vbuf *)hint);
+}
+
+static int kvps__vbuf_busy(kvps__vbuf *b) { return __atomic_load_n(&b->refs, __ATOMIC_ACQUIRE) > 1; }
+
+/* Before an update writes the value: if a pull reply still references it, move the value to a
+   buffer nobody is sending (the idle spare, or a new one). Returns -1 when out of memory. */
+static int kvps__value_writable(kvps__key *k) {
+    if (!kvps__vbuf_busy(k->cur)) return 0;
+    kvps__vbuf *nb = k->spare && !kvps__vbuf_busy(k->spare) ? k->spare : kvps__vbuf_new(k->len);
+    if (!nb) return -1;
+    if (nb != k->spare) kvps__vbuf_unref(k->spare); /* busy spare: its last frame frees it */
+    memcpy(nb->data, k->cur->data, (size_t)k->len * sizeof(float));
+    k->spare = k->cur;
+    k->cur = nb;
+    k->value = nb->data;
+    return 0;
+}
+
+static void kvps__key_free(kvps__key *k, int m) {
+    if (!k) return;
+    if (k->qhead)
+        for (int r = 0; r < m; r++)
+            while (k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+    while (k->waiters) {
+        kvps__parked *p = k->waiters;
+        k->waiters = p->next;
+        zmq_msg_close(&p->id);
+        free(p->idx);
+        free(p);
+    }
+    kvps__vbuf_unref(k->cur);
+    kvps__vbuf_unref(k->spare);
+    for (uint32_t i = 0; i < k->ndef; i++) kvps__defer_close(&k->def[i]);
+    free(k->def);
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k);
+}
+
+/* Creates a key; returns its index or UINT32_MAX when out of memory. */
+static uint32_t kvps__key_create(kvps_server *s, uint64_t key, uint64_t len) {
+    if ((uint64_t)(s->nkeys + 1) * 2 > s->nslots && kvps__table_grow(s) != 0) return UINT32_MAX;
+    if (s->nkeys == s->cap_keys) {
+        uint32_t nc = s->cap_keys ? s->cap_keys * 2 : 256;
+        kvps__key **nk = (kvps__key **)realloc(s->keys, nc * sizeof *nk);
+        if (!nk) return UINT32_MAX;
+        s->keys = nk;
+        s->cap_keys = nc;
+    }
+    kvps__key *k = (kvps__key *)calloc(1, sizeof *k);
+    if (!k) return UINT32_MAX;
+    k->key = key;
+    k->len = len;
+    k->cur = kvps__vbuf_new(len);
+    k->recv = (uint64_t *)calloc((size_t)s->m, sizeof *k->recv);
+    if (!k->cur || !k->recv) { kvps__key_free(k, s->m); return UINT32_MAX; }
+    k->value = k->cur->data;
+    if (s->desc.init_fn) s->desc.init_fn(s->desc.init_user, key, k->value, (size_t)len);
+    else memset(k->value, 0, (size_t)len * sizeof(float));
+    uint64_t i = kvps__mix64(key) & (s->nslots - 1);
+    while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
+    s->slots[i] = s->nkeys + 1;
+    s->keys[s->nkeys] = k;
+    KVPS__STAT_ADD(s, keys, 1);
+    KVPS__STAT_ADD(s, value_bytes, len * sizeof(float));
+    return s->nkeys++;
+}
+
+/* Forgets the keys from index n on (just created by a request that then failed). */
+static void kvps__keys_truncate(kvps_server *s, uint32_t n) {
+    while (s->nkeys > n) {
+        kvps__key *k = s->keys[--s->nkeys];
+        KVPS__STAT_ADD(s, keys, (uint64_t)-1);
+        KVPS__STAT_ADD(s, value_bytes, (uint64_t)0 - k->len * sizeof(float));
+        kvps__key_free(k, s->m);
+    }
+    memset(s->slots, 0, s->nslots * sizeof *s->slots);
+    for (uint32_t k = 0; k < s->nkeys; k++) {
+        uint64_t i = kvps__mix64(s->keys[k]->key) & (s->nslots - 1);
+        while (s->slots[i]) i = (i + 1) & (s->nslots - 1);
+        s->slots[i] = k + 1;
+    }
+}
+
+// >>consistency
+/* Applying pushes: a contribution decoded and combined, the rule applied to a round, BSP / SSP /
+   adaptive rounds in rank order, parked pulls answered when their round is there, barriers, and
+   async pushes deferred and applied together. */
+/* The codec for id: built-in, or one from desc.codecs; NULL when unknown. */
+static const kvps_codec *kvps__server_codec(const kvps_server *s, int id, kvps_codec *tmp) {
+    if (kvps__codec_info(id)) { *tmp = kvps_codec_get((kvps_codec_id)id); return tmp; }
+    for (int i = 0; i < s->desc.num_codecs; i++)
+        if (s->desc.codecs[i].id == id) return &s->desc.codecs[i];
+    return NULL;
+}
+
+/* A contribution: dense floats, or a validated codec blob. */
+typedef struct kvps__contrib {
+    const float *g;
+    const kvps_codec *codec;
+    const void *blob;
+    size_t bytes;
+} kvps__contrib;
+
+/* dst = contribution (acc 0), or dst combined with it (acc 1): added, or element-wise max /
+   min for those rules (NaN wins); a top-k blob adds sparsely. */
+static void kvps__contrib_into(kvps_server *s, const kvps__key *k, const kvps__contrib *c, float *dst, int acc) {
+    size_t len = (size_t)k->len;
+    int mm = acc && (k->opt.rule == KVPS_RULE_MAX || k->opt.rule == KVPS_RULE_MIN);
+    const float *g = c->g;
+    if (!g && mm) { /* decode first, then take the max / min */
+        float *d = kvps__dscratch(s, len);
+        if (!d) return;
+        kvps_codec_decode(c->codec, c->blob, c->bytes, d, len, 0);
+        g = d;
+    }
+    if (mm) {
+        int mx = k->opt.rule == KVPS_RULE_MAX;
+        for (size_t i = 0; i < len; i++)
+            if (g[i] != g[i] || (mx ? g[i] > dst[i] : g[i] < dst[i])) dst[i] = g[i];
+    } else if (g) {
+        if (acc) kvps__add(dst, g, len);
+        else memcpy(dst, g, len * sizeof(float));
+    } else {
+        kvps_codec_decode(c->codec, c->blob, c->bytes, dst, len, acc);
+    }
+}
+
+/* The rule in force for a key's own rule r (DEFAULT: the server's). */
+static kvps_rule kvps__rule_in_force(const kvps_server *s, kvps_rule r) {
+    return r != KVPS_RULE_DEFAULT ? r : s->default_opt.rule;
+}
+/* A table row's state floats: per value, then the scalars. */
+static uint32_t kvps__table_sdim(kvps_rule r, uint32_t dim) {
+    return (uint32_t)kvps__rules[r].state * dim + kvps__rules[r].scalars;
+}
+
+static int kvps__apply_rule(kvps__key *k, const kvps_optim *o, const float *sum, int count) {
+    size_t n = (size_t)k->len;
+    int nstate = kvps__rules[o->rule].state;
+    if (nstate && !k->state) {
+        k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
+        if (!k->state) return -1;
+        k->b1t = k->b2t = 1.0f;
+    }
+    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
+    return 0;
+}
+
+static void kvps__adapt(kvps_server *s);
+
+static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count) {
+    if (kvps__value_writable(k) != 0) return -1;
+    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
+        kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
+        s->update_fn(&a);
+    } else if (kvps__apply_rule(k, k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt, sum, count) != 0) {
+        return -1;
+    }
+    k->round++;
+    if (k->round > s->max_round) s->max_round = k->round;
+    KVPS__STAT_ADD(s, rounds, 1);
+    if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 16) kvps__adapt(s);
+    return 0;
+}
+
+static void kvps__try_pull(kvps_server *s, kvps__parked *p);
+
+static void kvps__wake(kvps_server *s, kvps__key *k) {
+    kvps__parked *w = k->waiters;
+    k->waiters = NULL;
+    while (w) {
+        kvps__parked *next = w->next;
+        kvps__try_pull(s, w); /* replies, or parks again on the key it still needs */
+        w = next;
+    }
+}
+
+/* BSP: add rank r's contribution to the round in rank order, buffering out-of-turn ones.
+   Contribution c of a rank belongs to round c (one push per key per round). */
+static int kvps__bsp_advance(kvps_server *s, kvps__key *k);
+static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
+    uint64_t c = k->recv[r]++;
+    size_t bytes = (size_t)k->len * sizeof(float);
+    if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
+    if ((uint32_t)r == k->summed && c == k->round) {
+        kvps__contrib_into(s, k, g, k->accum, k->nin != 0);
+        k->summed++;
+        k->nin++;
+    } else {
+        if (!k->qhead) {
+            k->qhead = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qhead);
+            k->qtail = (kvps__pend **)calloc((size_t)s->m, sizeof *k->qtail);
+            if (!k->qhead || !k->qtail) return -1;
+        }
+        kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
+        if (!p) return -1;
+        p->next = NULL;
+        kvps__contrib_into(s, k, g, p->data, 0);
+        if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
+        k->qtail[r] = p;
+    }
+    return kvps__bsp_advance(s, k);
+}
+
+/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic), and
+   applies each round that completes; 1 if one did, -1 when out of memory. */
+static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
+    int advanced = 0;
+    for (;;) {
+        while (k->summed < (uint32_t)s->m && s->out[k->summed]) k->summed++;
+        if (k->summed == (uint32_t)s->m) {
+            if (k->nin == 0) break; /* everyone left: no round */
+            if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
+            k->summed = 0;
+            k->nin = 0;
+            advanced = 1;
+            continue;
+        }
+        uint32_t nr = k->summed;
+        kvps__pend *p = k->qhead ? k->qhead[nr] : NULL;
+        if (!p) break;
+        k->qhead[nr] = p->next;
+        if (!p->next) k->qtail[nr] = NULL;
+        kvps__contrib c2 = {p->data, NULL, NULL, 0};
+        kvps__contrib_into(s, k, &c2, k->accum, k->nin != 0);
+        free(p);
+        k->summed++;
+        k->nin++;
+    }
+    return advanced;
+}
+
+/* Round a pull from rank r must wait for. */
+static uint64_t kvps__needed_round(const kvps_server *s, const kvps__key *k, uint32_t r) {
+    switch (s->desc.consistency) {
+    case KVPS_BSP: return k->recv[r];
+    case KVPS_ASYNC: return 0;
+    default: return k->recv[r] > (uint64_t)s->cur_k ? k->recv[r] - (uint64_t)s->cur_k : 0;
+    }
+}
+
+/* ADAPTIVE: one more step of staleness when more than 10% of the window's pulls stalled, one
+   less when none did; parked pulls are looked at again under the new bound. */
+static void kvps__adapt(kvps_server *s) {
+    int old = s->cur_k, k = old;
+    if (s->win_pulls && s->win_stalls * 10 > s->win_pulls && k < s->desc.staleness) k++;
+    else if (s->win_stalls == 0 && k > s->desc.staleness_min) k--;
+    s->win_rounds = s->win_pulls = s->win_stalls = 0;
+    if (k == old) return;
+    s->cur_k = k;
+    __atomic_store_n(&s->stats.staleness, (uint64_t)k, __ATOMIC_RELAXED);
+    KVPS__STAT_ADD(s, switches, 1);
+    kvps__log(KVPS_LOG_INFO, "server %d: staleness %d -> %d", s->desc.rank, old, k);
+    if (s->desc.on_switch) s->desc.on_switch(s->desc.switch_user, old, k);
+    if (k > old)
+        for (uint32_t i = 0; i < s->nkeys; i++)
+            if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]);
+}
+
+static void kvps__parked_free(kvps__parked *p) {
+    zmq_msg_close(&p->id);
+    free(p->idx);
+    free(p);
+}
+
+/* The first key of a pull that has not reached the round the puller needs, or NULL. */
+static kvps__key *kvps__pull_blocker(const kvps_server *s, const kvps__hdr *hdr, const uint32_t *idx) {
+    for (uint32_t i = 0; i < hdr->nkeys; i++) {
+        kvps__key *k = s->keys[idx[i]];
+        if (k->round < kvps__needed_round(s, k, hdr->rank)) return k;
+    }
+    return NULL;
+}
+
+/* Answers a pull whose keys are all ready; id (the routing id) is moved into the reply. */
+static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr, const uint32_t *idx) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < hdr->nkeys; i++) total += s->keys[idx[i]]->len;
+    kvps__hdr h = *hdr;
+    h.op |= KVPS__OP_REPLY;
+    h.status = KVPS_OK;
+    zmq_msg_t f[3];
+    f[0] = *id; /* moved */
+    zmq_msg_init(id);
+    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    if (hdr->flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
+        kvps_codec tmp;
+        const kvps_codec *cd = kvps__server_codec(s, (int)hdr->aux, &tmp);
+        size_t cap = 0, used = 0;
+        for (uint32_t i = 0; i < hdr->nkeys; i++) cap += 4 + kvps_codec_max_bytes(cd, (size_t)s->keys[idx[i]]->len);
+        unsigned char *buf = (unsigned char *)malloc(cap ? cap : 1);
+        kvps_result er = buf ? KVPS_OK : KVPS_ERR_NOMEM;
+        for (uint32_t i = 0; i < hdr->nkeys && er == KVPS_OK; i++) {
+            kvps__key *k = s->keys[idx[i]];
+            size_t nb = 0;
+            er = kvps_codec_encode(cd, k->value, (size_t)k->len, NULL, buf + used + 4, cap - used - 4, &nb);
+            uint32_t nb32 = (uint32_t)nb;
+            memcpy(buf + used, &nb32, 4);
+            used += 4 + nb;
+        }
+        if (er != KVPS_OK || kvps__msg_from_buf(&f[2], buf, used) != 0) {
+            free(buf);
+            zmq_msg_close(&f[1]);
+            kvps__reply_error(s, &f[0], hdr, er != KVPS_OK ? er : KVPS_ERR_NOMEM, "encoding a pull reply");
+            zmq_msg_close(&f[0]);
+            return;
+        }
+        free(buf);
+        KVPS__STAT_ADD(s, pulls, hdr->nkeys);
+        kvps__server_send(s, f, 3);
+        return;
+    }
+    if (hdr->nkeys == 1 && total * sizeof(float) >= KVPS__ZC_REPLY_MIN) {
+        /* one large value: send the stored buffer itself; an update meanwhile copies on write */
+        kvps__key *k = s->keys[idx[0]];
+        __atomic_add_fetch(&k->cur->refs, 1, __ATOMIC_ACQ_REL);
+        if (zmq_msg_init_data(&f[2], k->value, (size_t)total * sizeof(float), kvps__vbuf_release, k->cur) == 0) {
+            KVPS__STAT_ADD(s, pulls, 1);
+            kvps__server_send(s, f, 3);
+            return;
+        }
+        kvps__vbuf_unref(k->cur);
+    }
+    if (zmq_msg_init_size(&f[2], (size_t)total * sizeof(float)) != 0) {
+        zmq_msg_close(&f[1]);
+        kvps__reply_error(s, &f[0], hdr, KVPS_ERR_NOMEM, "no memory for a %llu-float reply",
+                          (unsigned long long)total);
+        zmq_msg_close(&f[0]);
+        return;
+    }
+    char *dst = (char *)zmq_msg_data(&f[2]);
+    for (uint32_t i = 0; i < hdr->nkeys; i++) {
+        kvps__key *k = s->keys[idx[i]];
+        memcpy(dst, k->value, (size_t)k->len * sizeof(float));
+        dst += k->len * sizeof(float);
+    }
+    KVPS__STAT_ADD(s, pulls, hdr->nkeys);
+    kvps__server_send(s, f, 3);
+}
+
+/* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
+static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
+    kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
+    if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
+        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
+                          s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+        kvps__parked_free(p);
+        return;
+    }
+    if (k) {
+        if (!p->stalled) { p->stalled = 1; s->win_stalls++; KVPS__STAT_ADD(s, stalls, 1); }
+        p->next = k->waiters;
+        k->waiters = p;
+        return;
+    }
+    kvps__pull_reply(s, &p->id, &p->hdr, p->idx);
+    kvps__parked_free(p);
+}
+
+static void kvps__barrier_check(kvps_server *s, uint64_t gen);
+static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+    if (s->nlost) {
+        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
+        return;
+    }
+    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+    if (!p) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "no memory for a barrier"); return; }
+    zmq_msg_init(&p->id);
+    zmq_msg_copy(&p->id, id);
+    p->hdr = *h;
+    p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
+    p->next = s->barrier_waiters;
+    s->barrier_waiters = p;
+    kvps__barrier_check(s, p->hdr.aux);
+}
+
+/* Releases barrier generation gen once every rank still in has entered it. */
+static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
+    for (int r = 0; r < s->m; r++)
+        if (!s->out[r] && s->barrier_gen[r] <= gen) return;
+    kvps__parked **pp = &s->barrier_waiters;
+    while (*pp) {
+        kvps__parked *w = *pp;
+        if (w->hdr.aux != gen) { pp = &w->next; continue; }
+        *pp = w->next;
+        kvps__hdr rh = w->hdr;
+        rh.op |= KVPS__OP_REPLY;
+        rh.status = KVPS_OK;
+        zmq_msg_t f[2];
+        f[0] = w->id;
+        zmq_msg_init(&w->id);
+        kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+        kvps__server_send(s, f, 2);
+        kvps__parked_free(w);
+    }
+}
+
+static int kvps__in_barrier(const kvps_server *s, uint32_t rank) {
+    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
+        if (p->hdr.rank == rank) return 1;
+    return 0;
+}
+
+/* An async, uncoded push of one key of at least KVPS__DEFER_MIN_LEN floats whose rule is a
+   per-element formula (not Adam, whose bias correction is per call, nor an update_fn): those are
+   deferred, so that pushes already queued for the key are applied together. */
+static int kvps__deferrable(const kvps_server *s, const kvps__hdr *h, const uint32_t *idx, int coded) {
+    if (h->op != KVPS__OP_PUSH || h->nkeys != 1 || coded || s->desc.consistency != KVPS_ASYNC || idx[0] == UINT32_MAX)
+        return 0;
+    const kvps__key *k = s->keys[idx[0]];
+    if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) return 0;
+    return k->len >= KVPS__DEFER_MIN_LEN && kvps__rules[kvps__rule_in_force(s, k->opt.rule)].deferrable;
+}
+
+/* Applies a key's deferred pushes in arrival order, in one pass over the value, chunk by chunk:
+   each element goes through the same float operations in the same order as one push at a time,
+   so the bits are the same; then answers them. */
+static void kvps__flush(kvps_server *s, kvps__key *k) {
+    uint32_t n = k->ndef;
+    if (!n) return;
+    k->ndef = 0;
+    const kvps_optim *o = k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt;
+    int nstate = kvps__rules[o->rule].state, ok = kvps__value_writable(k) == 0;
+    if (ok && nstate && !k->state) {
+        k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
+        ok = k->state != NULL;
+    }
+    size_t len = (size_t)k->len;
+    for (size_t off = 0; ok && off < len; off += KVPS__CHUNK) {
+        size_t c = len - off < (size_t)KVPS__CHUNK ? len - off : (size_t)KVPS__CHUNK;
+        for (uint32_t j = 0; j < n; j++)
+            kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
+                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
+    }
+    if (ok) {
+        if (n > 1) KVPS__STAT_ADD(s, fused, n);
+        k->round += n;
+        if (k->round > s->max_round) s->max_round = k->round;
+        KVPS__STAT_ADD(s, rounds, n);
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        zmq_msg_close(&k->def[j].data);
+        zmq_msg_init(&k->def[j].data);
+        if (ok) kvps__reply_ack(s, &k->def[j].id, &k->def[j].hdr);
+        else kvps__reply_error(s, &k->def[j].id, &k->def[j].hdr, KVPS_ERR_NOMEM, "update");
+        kvps__defer_close(&k->def[j]);
+    }
+    if (k->waiters) kvps__wake(s, k);
+}
+
+static void kvps__flush_all(kvps_server *s) {
+    for (uint32_t i = 0; i < s->ndirty; i++) kvps__flush(s, s->dirty[i]);
+    s->ndirty = 0;
+}
+
+/* Holds a push back (its message moves here); a full queue is applied at once. */
+static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *data) {
+    if (!k->def && !(k->def = (kvps__defer *)malloc(KVPS__DEFER_MAX * sizeof *k->def))) {
+        kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update");
+        return;
+    }
+    if (k->ndef == 0) {
+        if (s->ndirty == s->cap_dirty) {
+            uint32_t nc = s->cap_dirty ? 2 * s->cap_dirty : 16;
+            kvps__key **nd = (kvps__key **)realloc(s->dirty, nc * sizeof *nd);
+            if (!nd) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "update"); return; }
+            s->dirty = nd;
+            s->cap_dirty = nc;
+        }
+        s->dirty[s->ndirty++] = k;
+    }
+    kvps__defer *d = &k->def[k->ndef++];
+    zmq_msg_init(&d->data);
+    zmq_msg_move(&d->data, data);
+    zmq_msg_init(&d->id);
+    zmq_msg_copy(&d->id, id);
+    d->hdr = *h;
+    if (k->ndef == KVPS__DEFER_MAX) kvps__flush(s, k); /* stays on the dirty list: flushing twice is harmless */
+}
+
+// >>liveness
+/* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
+/* Elastic: rank r leaves; its buffered pushes go, and rounds and barriers that only waited for
+   it complete (means over the contributions they have). */
+static void kvps__leave(kvps_server *s, int r) {
+    s->out[r] = 1;
+    s->nlost--; /* not an error any more: the job goes on without it */
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__key *k = s->keys[i];
+        while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+        if (k->qtail) k->qtail[r] = NULL;
+        if (s->desc.consistency != KVPS_ASYNC && kvps__bsp_advance(s, k) > 0 && k->waiters) kvps__wake(s, k);
+    }
+    uint64_t lo = UINT64_MAX;
+    for (const kvps__parked *p = s->barrier_waiters; p; p = p->next)
+        if (p->hdr.aux < lo) lo = p->hdr.aux;
+    if (lo != UINT64_MAX) kvps__barrier_check(s, lo);
+}
+
+/* Elastic: rank r is back (or replaced): it joins from the next round it has not missed. */
+static void kvps__rejoin(kvps_server *s, int r) {
+    s->out[r] = 0;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__key *k = s->keys[i];
+        k->recv[r] = k->round + (k->summed > (uint32_t)r ? 1 : 0);
+    }
+    uint64_t g = UINT64_MAX;
+    for (int q = 0; q < s->m; q++)
+        if (!s->out[q] && q != r && s->barrier_gen[q] < g) g = s->barrier_gen[q];
+    s->barrier_gen[r] = g == UINT64_MAX ? 0 : g;
+    kvps__log(KVPS_LOG_WARN, "server %d: worker %d joins again", s->desc.rank, r);
+}
+
+static void kvps__fail_waiters(kvps_server *s, int rank) {
+    char text[160];
+    snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
+             s->desc.peer_timeout_ms);
+    kvps__parked *all = s->barrier_waiters;
+    s->barrier_waiters = NULL;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__parked *w = s->keys[i]->waiters;
+        s->keys[i]->waiters = NULL;
+        while (w) { kvps__parked *n = w->next; w->next = all; all = w; w = n; }
+    }
+    while (all) {
+        kvps__parked *n = all->next;
+        /* a barrier's entry is taken back (and reply_error takes it out of the re-send window),
+           so that the worker's re-send, or its next barrier, enters this same generation */
+        if (all->hdr.op == KVPS__OP_BARRIER) s->barrier_gen[all->hdr.rank]--;
+        kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
+        kvps__parked_free(all);
+        all = n;
+    }
+}
+
+/* Connection drops (from the monitor) start a worker's clock. */
+static void kvps__liveness_events(kvps_server *s) {
+    uint16_t ev = 0;
+    int32_t fd = -1;
+    while (s->mon && kvps__monitor_event(s->mon, &ev, &fd))
+        if (ev == ZMQ_EVENT_DISCONNECTED)
+            for (int r = 0; r < s->m; r++)
+                if (s->rank_fd[r] == fd && !s->gone_since[r] && !s->lost[r]) {
+                    s->gone_since[r] = kvps__now_ms();
+                    s->rank_fd[r] = -1;
+                    kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
+                }
+}
+
+/* A worker gone for peer_timeout_ms is lost. */
+static void kvps__liveness(kvps_server *s) {
+    kvps__liveness_events(s);
+    int64_t now = kvps__now_ms();
+    for (int r = 0; r < s->m; r++)
+        if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
+            s->lost[r] = 1;
+            s->nlost++;
+            KVPS__STAT_ADD(s, peers_lost, 1);
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s", s->desc.rank, r,
+                      s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "");
+            if (s->desc.elastic) kvps__leave(s, r);
+            else kvps__fail_waiters(s, r);
+        }
+}
+
+static int kvps__liveness_pending(const kvps_server *s) {
+    for (int r = 0; r < s->m; r++)
+        if (s->gone_since[r] && !s->lost[r]) return 1;
+    return 0;
+}
+
+// >>tables
+/* Sparse tables: rows under any id, created on first touch, updated row by row. */
+enum { KVPS__SLAB = 1 << 16 }; /* rows per slab */
+typedef struct kvps__table {
+    uint64_t id;
+    uint32_t dim, sdim;  /* sdim: state floats per row */
+    kvps_optim opt;
+    float init_scale;
+    uint64_t seed;
+    uint64_t *hk;        /* open addressing: id -> row + 1, load <= 0.7 */
+    uint32_t *hv;
+    uint64_t hcap, nrows;
+    float **slab, **sslab;
+    uint32_t nslab;
+    struct kvps__table *next;
+} kvps__table;
+
+static void kvps__table_free(kvps__table *t) {
+    for (uint32_t i = 0; i < t->nslab; i++) { free(t->slab[i]); if (t->sslab) free(t->sslab[i]); }
+    free(t->slab); free(t->sslab); free(t->hk); free(t->hv); free(t);
+}
+
+static kvps__table *kvps__table_find(kvps__table *list, uint64_t id) {
+    for (; list; list = list->next)
+        if (list->id == id) return list;
+    return NULL;
+}
+
+static float *kvps__row(const kvps__table *t, uint64_t r) { return t->slab[r >> 16] + (size_t)(r & 0xffff) * t->dim; }
+static float *kvps__row_state(const kvps__table *t, uint64_t r) {
+    return t->sslab ? t->sslab[r >> 16] + (size_t)(r & 0xffff) * t->sdim : NULL;
+}
+
+/* The initial value of a row: a function of (seed, id, j) only, so it is the same on any server. */
+static void kvps__row_init(const kvps__table *t, uint64_t id, float *v) {
+    for (uint32_t j = 0; j < t->dim; j++) {
+        if (t->init_scale == 0.0f) { v[j] = 0.0f; continue; }
+        uint64_t h = kvps__mix64(t->seed ^ kvps__mix64(id ^ ((uint64_t)j << 48)));
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        v[j] = t->init_scale * (2.0f * u - 1.0f);
+    }
+}
+
+static int kvps__tbl_grow(kvps_server *s, kvps__table *t) {
+    uint64_t nc = t->hcap ? t->hcap * 2 : 1024;
+    uint64_t *hk = (uint64_t *)malloc(nc * sizeof *hk);
+    uint32_t *hv = (uint32_t *)calloc(nc, sizeof *hv);
+    if (!hk || !hv) { free(hk); free(hv); return -1; }
+    for (uint64_t i = 0; i < t->hcap; i++) {
+        if (!t->hv[i]) continue;
+        uint64_t j = kvps__mix64(t->hk[i]) & (nc - 1);
+        while (hv[j]) j = (j + 1) & (nc - 1);
+        hk[j] = t->hk[i];
+        hv[j] = t->hv[i];
+    }
+    KVPS__STAT_ADD(s, table_bytes, (nc - t->hcap) * (sizeof *hk + sizeof *hv));
+    free(t->hk);
+    free(t->hv);
+    t->hk = hk;
+    t->hv = hv;
+    t->hcap = nc;
+    return 0;
+}
+
+/* The row index of id, created (initialised) when absent; UINT64_MAX when out of memory. */
+static uint64_t kvps__table_row(kvps_server *s, kvps__table *t, uint64_t id) {
+    if (t->hcap) {
+        uint64_t j = kvps__mix64(id) & (t->hcap - 1);
+        for (; t->hv[j]; j = (j + 1) & (t->hcap - 1))
+            if (t->hk[j] == id) return t->hv[j] - 1;
+    }
+    if (t->nrows >= UINT32_MAX - 1) return UINT64_MAX;
+    if ((t->nrows + 1) * 10 > t->hcap * 7 && kvps__tbl_grow(s, t) != 0) return UINT64_MAX;
+    uint64_t r = t->nrows;
+    if ((r >> 16) >= t->nslab) { /* a new slab: calloc'd, so untouched rows cost no memory */
+        float **ns = (float **)realloc(t->slab, (t->nslab + 1) * sizeof *ns);
+        if (!ns) return UINT64_MAX;
+        t->slab = ns;
+        if (!(ns[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->dim, sizeof(float)))) return UINT64_MAX;
+        if (t->sdim) {
+            float **nss = (float **)realloc(t->sslab, (t->nslab + 1) * sizeof *nss);
+            if (!nss) { free(ns[t->nslab]); return UINT64_MAX; }
+            t->sslab = nss;
+            if (!(nss[t->nslab] = (float *)calloc((size_t)KVPS__SLAB * t->sdim, sizeof(float)))) { free(ns[t->nslab]); return UINT64_MAX; }
+        }
+        t->nslab++;
+    }
+    kvps__row_init(t, id, kvps__row(t, r));
+    float *st = kvps__row_state(t, r);
+    for (uint32_t j = t->sdim - kvps__rules[t->opt.rule].scalars; st && j < t->sdim; j++) st[j] = 1.0f;
+    uint64_t j = kvps__mix64(id) & (t->hcap - 1);
+    while (t->hv[j]) j = (j + 1) & (t->hcap - 1);
+    t->hk[j] = id;
+    t->hv[j] = (uint32_t)(r + 1);
+    t->nrows++;
+    KVPS__STAT_ADD(s, table_rows, 1);
+    KVPS__STAT_ADD(s, table_bytes, t->dim * sizeof(float));
+    KVPS__STAT_ADD(s, table_state_bytes, t->sdim * sizeof(float));
+    return r;
+}
+
+/* Table requests: TABLE (configure), PUSH_ROWS, PULL_ROWS; checked whole, then applied. */
+static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
+    size_t msz = zmq_msg_size(&fr[1]);
+    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
+    int want = kvps__op_has_values(h->op) ? 3 : 2;
+    uint64_t nrows = h->op == KVPS__OP_TABLE ? 0 : h->nkeys;
+    if (nfr != want || msz < KVPS__HDR + 16 || (msz - KVPS__HDR - 16) != nrows * 8) {
+        kvps__reply_error(s, id, h, nfr < want || msz < KVPS__HDR + 16 + nrows * 8 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "table request: %d frames, meta of %zu bytes for %llu rows", nfr - 1, msz, (unsigned long long)nrows);
+        return;
+    }
+    uint64_t tid;
+    uint32_t dim;
+    memcpy(&tid, meta + KVPS__HDR, 8);
+    memcpy(&dim, meta + KVPS__HDR + 8, 4);
+    const unsigned char *ids = meta + KVPS__HDR + 16;
+    kvps__table *t = kvps__table_find(s->tables, tid);
+    if (h->op == KVPS__OP_TABLE) {
+        if (zmq_msg_size(&fr[2]) != KVPS__TREC) { /* nothing is read from a record of another size */
+            kvps__reply_error(s, id, h, KVPS_ERR_MALFORMED, "table %llu: record of %zu bytes, want %d", (unsigned long long)tid,
+                              zmq_msg_size(&fr[2]), KVPS__TREC);
+            return;
+        }
+        kvps_optim o;
+        kvps_result vr = kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
+        float scale;
+        uint64_t seed;
+        memcpy(&scale, (const unsigned char *)zmq_msg_data(&fr[2]) + 24, 4);
+        memcpy(&seed, (const unsigned char *)zmq_msg_data(&fr[2]) + 32, 8);
+        if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
+        if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
+        if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
+            vr = KVPS_ERR_TABLE;
+        if (vr != KVPS_OK) { kvps__reply_error(s, id, h, vr, "table %llu: dim %u", (unsigned long long)tid, dim); return; }
+        if (!t) {
+            t = (kvps__table *)calloc(1, sizeof *t);
+            if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "table"); return; }
+            t->id = tid;
+            t->dim = dim;
+            t->opt = o;
+            t->init_scale = scale;
+            t->seed = seed;
+            t->sdim = kvps__table_sdim(o.rule, dim);
+            t->next = s->tables;
+            s->tables = t;
+        }
+    } else {
+        if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_TABLE, "table %llu is not configured here", (unsigned long long)tid); return; }
+        if (dim != t->dim) {
+            kvps__reply_error(s, id, h, KVPS_ERR_LEN_MISMATCH, "table %llu: rows of %u, the table has %u", (unsigned long long)tid, dim, t->dim);
+            return;
+        }
+        if (h->op == KVPS__OP_PUSH_ROWS && zmq_msg_size(&fr[2]) != nrows * dim * sizeof(float)) {
+            kvps__reply_error(s, id, h, zmq_msg_size(&fr[2]) < nrows * dim * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                              "%zu bytes of rows for %llu x %u", zmq_msg_size(&fr[2]), (unsigned long long)nrows, dim);
+            return;
+        }
+        if (nrows > 1) { /* duplicate ids: the worker merges them; a raw client is told */
+            uint64_t *sorted = (uint64_t *)malloc(nrows * sizeof *sorted);
+            if (!sorted) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "rows"); return; }
+            memcpy(sorted, ids, nrows * 8);
+            qsort(sorted, nrows, sizeof *sorted, kvps__cmp_u64);
+            int dup = 0;
+            for (uint64_t i = 1; i < nrows; i++) dup |= sorted[i] == sorted[i - 1];
+            free(sorted);
+            if (dup) { kvps__reply_error(s, id, h, KVPS_ERR_DUP_KEY, "a row id twice in one request"); return; }
+        }
+    }
+    zmq_msg_t f[3];
+    int nf = 2;
+    kvps__hdr rh = *h;
+    rh.op |= KVPS__OP_REPLY;
+    rh.status = KVPS_OK;
+    if (h->op == KVPS__OP_PULL_ROWS) {
+        if (zmq_msg_init_size(&f[2], nrows * t->dim * sizeof(float)) != 0) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "reply"); return; }
+        float *dst = (float *)zmq_msg_data(&f[2]);
+        for (uint64_t i = 0; i < nrows; i++) {
+            uint64_t rid;
+            memcpy(&rid, ids + i * 8, 8);
+            uint64_t r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { zmq_msg_close(&f[2]); kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
+            memcpy(dst + i * t->dim, kvps__row(t, r), t->dim * sizeof(float));
+        }
+        KVPS__STAT_ADD(s, pulls, nrows);
+        nf = 3;
+    } else if (h->op == KVPS__OP_PUSH_ROWS) {
+        const unsigned char *gv = (const unsigned char *)zmq_msg_data(&fr[2]);
+        float *g = kvps__dscratch(s, t->dim);
+        if (!g) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "scratch"); return; }
+        for (uint64_t i = 0; i < nrows; i++) {
+            uint64_t rid;
+            memcpy(&rid, ids + i * 8, 8);
+            uint64_t r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
+            memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
+            float *st = kvps__row_state(t, r);
+            float *sc = kvps__rules[t->opt.rule].scalars ? st + t->sdim - kvps__rules[t->opt.rule].scalars : NULL;
+            kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, t->dim);
+        }
+        KVPS__STAT_ADD(s, pushes, nrows);
+    }
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__server_send(s, f, nf);
+}
+
+// >>dispatch
+static void kvps__rejoin(kvps_server *s, int r);
+static void kvps__liveness_events(kvps_server *s);
+static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    zmq_msg_t *id = &fr[0];
+    if (nfr < 2) {
+        KVPS__STAT_ADD(s, errors, 1);
+        kvps__log(KVPS_LOG_WARN, "server %d: dropped a message with no meta frame", s->desc.rank);
+        return;
+    }
+    size_t msz = zmq_msg_size(&fr[1]);
+    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
+    kvps__hdr h;
+    if (msz < KVPS__HDR) {
+        kvps__reply_error(s, id, NULL, KVPS_ERR_TRUNCATED, "meta frame of %zu bytes, header needs %d",
+                          msz, KVPS__HDR);
+        return;
+    }
+    memcpy(&h, meta, sizeof h);
+    if (h.magic != KVPS__MAGIC) {
+        kvps__reply_error(s, id, NULL, KVPS_ERR_MAGIC, "magic 0x%08x", h.magic);
+        return;
+    }
+    if (h.version != KVPS__VERSION) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_VERSION, "version %u, this server speaks %d", h.version,
+                          KVPS__VERSION);
+        return;
+    }
+    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_TABLE) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
+        return;
+    }
+    if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
+        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG || kvps__op_table(h.op))) ||
+        ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
+        return;
+    }
+    kvps_codec reply_codec_tmp;
+    if ((h.flags & KVPS__FLAG_CODED_REPLY) &&
+        (!kvps__server_codec(s, (int)h.aux, &reply_codec_tmp) || (kvps__codec_info((int)h.aux) && !kvps__codec_info((int)h.aux)->dense))) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h.aux);
+        return;
+    }
+    if (h.rank >= (uint32_t)s->m) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
+        return;
+    }
+    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
+    if (fd >= 0 && s->rank_fd[h.rank] != fd) {
+        /* a new connection: first take in the drops already reported, one of which may be of an
+           earlier connection that had this same fd number */
+        kvps__liveness_events(s);
+        s->rank_fd[h.rank] = fd;
+    }
+    if (s->gone_since[h.rank] || s->lost[h.rank] || s->out[h.rank]) {
+        if (s->out[h.rank]) kvps__rejoin(s, (int)h.rank);
+        else if (s->lost[h.rank]) {
+            s->nlost--;
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, h.rank);
+        }
+        s->gone_since[h.rank] = 0;
+        s->lost[h.rank] = 0;
+    }
+    if (h.status != 0 && (kvps__op_has_values(h.op) || h.op == KVPS__OP_BARRIER)) { /* changes state */
+        int fresh = kvps__seen_check(&s->seen[h.rank], (uint32_t)h.status, h.req_id >> 24);
+        if (fresh < 0) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_REPLAY, "request %llu of rank %u re-sent after %llu newer ones",
+                              (unsigned long long)(h.req_id >> 24), h.rank, (unsigned long long)KVPS__SEEN_WIN);
+            return;
+        }
+        if (fresh == 0) { /* a re-send of something applied: answer, change nothing */
+            KVPS__STAT_ADD(s, duplicates, 1);
+            if (h.op != KVPS__OP_PUSHPULL) {
+                if (h.op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h.rank)) kvps__reply_ack(s, id, &h);
+                return; /* (a barrier still open answers the same routing id when it completes) */
+            }
+            h.op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
+            h.flags &= (uint16_t)~KVPS__FLAG_CODED;
+            nfr = 2;
+        }
+    }
+    if (kvps__op_table(h.op)) {
+        kvps__handle_table(s, id, &h, fr, nfr);
+        return;
+    }
+    int want_frames = kvps__op_has_values(h.op) ? 3 : 2;
+    if (nfr != want_frames) {
+        kvps__reply_error(s, id, &h, nfr < want_frames ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "%d frames, op %u takes %d", nfr - 1, h.op, want_frames - 1);
+        return;
+    }
+    if ((uint64_t)(msz - KVPS__HDR) != (uint64_t)h.nkeys * KVPS__KENT) {
+        kvps__reply_error(s, id, &h, msz - KVPS__HDR < (uint64_t)h.nkeys * KVPS__KENT ? KVPS_ERR_TRUNCATED
+                                                                                    : KVPS_ERR_MALFORMED,
+                          "meta frame of %zu bytes for %u keys", msz, h.nkeys);
+        return;
+    }
+    if (h.op == KVPS__OP_BARRIER) {
+        if (h.nkeys != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
+        if (s->desc.rank != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
+        kvps__barrier(s, id, &h);
+        return;
+    }
+    if (h.nkeys == 0) {
+        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "request with no keys");
+        return;
+    }
+    /* Pass 1: lengths, sizes, duplicates; no state changes. */
+    const unsigned char *ents = meta + KVPS__HDR;
+    uint64_t total = 0;
+    if (s->scratch_cap < h.nkeys) {
+        uint32_t *ni = (uint32_t *)realloc(s->scratch_idx, (size_t)h.nkeys * sizeof *ni);
+        if (!ni) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
+        s->scratch_idx = ni;
+        s->scratch_cap = h.nkeys;
+    }
+    uint32_t *idx = s->scratch_idx;
+    uint64_t stamp = ++s->stamp;
+    uint32_t nnew = 0;
+    for (uint32_t i = 0; i < h.nkeys; i++) {
+        kvps__kent e;
+        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+        if (e.len == 0 || e.len > s->desc.max_value_len) {
+            kvps__reply_error(s, id, &h, e.len ? KVPS_ERR_TOO_LARGE : KVPS_ERR_MALFORMED,
+                              "key %llu: length %llu (limit %llu)", (unsigned long long)e.key,
+                              (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
+            return;
+        }
+        if (total > UINT64_MAX / sizeof(float) - e.len) { /* max_value_len caps e.len; nkeys can still add up */
+            kvps__reply_error(s, id, &h, KVPS_ERR_TOO_LARGE, "lengths add up past 2^62 floats");
+            return;
+        }
+        total += e.len;
+        idx[i] = kvps__find(s, e.key);
+        if (idx[i] == UINT32_MAX) { nnew++; continue; }
+        kvps__key *k = s->keys[idx[i]];
+        if (k->len != e.len) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_LEN_MISMATCH, "key %llu: length %llu, registered %llu",
+                              (unsigned long long)e.key, (unsigned long long)e.len, (unsigned long long)k->len);
+            return;
+        }
+        if (k->stamp == stamp) {
+            kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "key %llu", (unsigned long long)e.key);
+            return;
+        }
+        k->stamp = stamp;
+    }
+    int coded = (h.flags & KVPS__FLAG_CODED) != 0;
+    if (coded) { /* every blob framed, of a known codec, and valid, before anything changes */
+        if (s->blob_cap < h.nkeys) {
+            uint64_t *nb = (uint64_t *)realloc(s->blob_off, (size_t)h.nkeys * sizeof *nb);
+            if (!nb) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
+            s->blob_off = nb;
+            s->blob_cap = h.nkeys;
+        }
+        const unsigned char *vf = (const unsigned char *)zmq_msg_data(&fr[2]);
+        size_t vsz = zmq_msg_size(&fr[2]), off = 0;
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__kent e;
+            memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+            uint32_t nb;
+            if (vsz - off < 4) { kvps__reply_error(s, id, &h, KVPS_ERR_TRUNCATED, "key %u: no blob length", i); return; }
+            memcpy(&nb, vf + off, 4);
+            if (vsz - off - 4 < nb || nb == 0) {
+                kvps__reply_error(s, id, &h, nb ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "key %u: blob of %u bytes", i, nb);
+                return;
+            }
+            kvps_codec tmp;
+            const kvps_codec *cd = kvps__server_codec(s, vf[off + 4], &tmp);
+            if (!cd) { kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "key %u: codec id %u", i, vf[off + 4]); return; }
+            kvps_result vr;
+            if (cd == &tmp) {
+                vr = kvps__codec_decode_builtin(cd, vf + off + 4, nb, NULL, (size_t)e.len, 2);
+            } else { /* a user codec: decode for real to check it */
+                float *d = kvps__dscratch(s, e.len);
+                vr = d ? kvps_codec_decode(cd, vf + off + 4, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
+            }
+            if (vr != KVPS_OK) {
+                kvps__reply_error(s, id, &h, vr, "key %llu: bad %s blob", (unsigned long long)e.key, cd->name ? cd->name : "codec");
+                return;
+            }
+            s->blob_off[i] = off;
+            off += 4 + (size_t)nb;
+        }
+        if (off != vsz) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", vsz - off); return; }
+    } else if (h.op == KVPS__OP_CONFIG) { /* records checked whole here */
+        if (zmq_msg_size(&fr[2]) != (size_t)h.nkeys * KVPS__OPTREC) {
+            kvps__reply_error(s, id, &h, zmq_msg_size(&fr[2]) < (size_t)h.nkeys * KVPS__OPTREC ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                              "config frame of %zu bytes for %u keys", zmq_msg_size(&fr[2]), h.nkeys);
+            return;
+        }
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps_optim o;
+            kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
+            if (vr != KVPS_OK) {
+                kvps__reply_error(s, id, &h, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
+                                  (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
+                return;
+            }
+        }
+    } else if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
+        kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
+                                         ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                          "values frame of %zu bytes, keys need %llu", zmq_msg_size(&fr[2]),
+                          (unsigned long long)(total * sizeof(float)));
+        return;
+    }
+    if (nnew > 1) { /* duplicates among keys the server has not seen yet */
+        uint64_t *nk = (uint64_t *)malloc(nnew * sizeof *nk);
+        if (!nk) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u new keys", nnew); return; }
+        uint32_t j = 0;
+        for (uint32_t i = 0; i < h.nkeys; i++)
+            if (idx[i] == UINT32_MAX) memcpy(&nk[j++], ents + (size_t)i * KVPS__KENT, sizeof(uint64_t));
+        qsort(nk, nnew, sizeof *nk, kvps__cmp_u64);
+        int dup = 0;
+        for (uint32_t i = 1; i < nnew; i++) dup |= nk[i] == nk[i - 1];
+        free(nk);
+        if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
+    }
+    /* Deferred pushes of these keys are applied first: everything after sees them. */
+    int defer = kvps__deferrable(s, &h, idx, coded); /* (a key created by this push: not deferred) */
+    if (!defer)
+        for (uint32_t i = 0; i < h.nkeys; i++)
+            if (idx[i] != UINT32_MAX && s->keys[idx[i]]->ndef) kvps__flush(s, s->keys[idx[i]]);
+    /* Pass 2: create new keys, then apply. */
+    uint32_t created = 0;
+    for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
+        if (idx[i] != UINT32_MAX) continue;
+        kvps__kent e;
+        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
+        idx[i] = kvps__key_create(s, e.key, e.len);
+        if (idx[i] == UINT32_MAX) {
+            kvps__keys_truncate(s, s->nkeys - created); /* a rejected request leaves nothing behind */
+            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats",
+                              (unsigned long long)e.key, (unsigned long long)e.len);
+            return;
+        }
+        created++;
+    }
+    if (h.op == KVPS__OP_CONFIG) {
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__key *k = s->keys[idx[i]];
+            kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
+            free(k->state); /* a new rule starts from fresh state */
+            k->state = NULL;
+        }
+    } else if (kvps__op_has_values(h.op)) {
+        const char *src = (const char *)zmq_msg_data(&fr[2]);
+        for (uint32_t i = 0; i < h.nkeys; i++) {
+            kvps__key *k = s->keys[idx[i]];
+            size_t bytes = (size_t)k->len * sizeof(float);
+            kvps__contrib g = {NULL, NULL, NULL, 0};
+            kvps_codec tmp;
+            if (coded) {
+                const unsigned char *b = (const unsigned char *)src + s->blob_off[i];
+                uint32_t nb;
+                memcpy(&nb, b, 4);
+                g.codec = kvps__server_codec(s, b[4], &tmp);
+                g.blob = b + 4;
+                g.bytes = nb;
+            } else {
+                g.g = (const float *)(const void *)src;
+                if (!kvps__aligned(src)) {
+                    if (s->scratch_len < k->len) {
+                        free(s->scratch);
+                        s->scratch = (float *)kvps__alloc_floats(k->len);
+                        s->scratch_len = s->scratch ? (size_t)k->len : 0;
+                        if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
+                    }
+                    memcpy(s->scratch, src, bytes);
+                    g.g = s->scratch;
+                }
+                src += bytes;
+            }
+            if (h.op == KVPS__OP_INIT) {
+                if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
+                kvps__contrib_into(s, k, &g, k->value, 0);
+                continue;
+            }
+            KVPS__STAT_ADD(s, pushes, 1);
+            int advanced;
+            if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
+                advanced = kvps__bsp_push(s, k, (int)h.rank, &g);
+                if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
+            } else {
+                const float *dense = g.g;
+                if (!dense) {
+                    float *d = kvps__dscratch(s, k->len);
+                    if (!d) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "decoding"); return; }
+                    kvps__contrib_into(s, k, &g, d, 0);
+                    dense = d;
+                }
+                k->recv[h.rank]++;
+                if (g.g && defer && kvps__aligned(zmq_msg_data(&fr[2]))) {
+                    kvps__defer_push(s, k, id, &h, &fr[2]); /* answered when applied */
+                    return;
+                }
+                if (kvps__apply(s, k, dense, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
+                advanced = 1;
+            }
+            if (advanced && k->waiters) kvps__wake(s, k);
+        }
+    }
+    /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
+    if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
+    if (kvps__op_pulls(h.op)) {
+        /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no
+           memory for the reply) must leave it in the re-send window, or the worker's re-send
+           would apply the push again. reply_error leaves the window alone for status 0 (the
+           request header's status is the worker's incarnation; 0 means untracked). */
+        h.status = 0;
+        s->win_pulls++;
+        if (!kvps__pull_blocker(s, &h, idx)) { /* the usual case: answer now, nothing to keep */
+            zmq_msg_t rid;
+            zmq_msg_init(&rid);
+            zmq_msg_copy(&rid, id);
+            kvps__pull_reply(s, &rid, &h, idx);
+            zmq_msg_close(&rid);
+            return;
+        }
+        kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+        uint32_t *pidx = (uint32_t *)malloc((size_t)h.nkeys * sizeof *pidx);
+        if (!p || !pidx) {
+            free(p); free(pidx);
+            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "pull of %u keys", h.nkeys);
+            return;
+        }
+        memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
+        zmq_msg_init(&p->id);
+        zmq_msg_copy(&p->id, id);
+        p->hdr = h;
+        p->idx = pidx;
+        kvps__try_pull(s, p);
+        return;
+    }
+    kvps__reply_ack(s, id, &h);
+}
+
+// >>checkpoint
+/* CRC-32 (IEEE 802.3, zlib's crc32), bytewise from a table. */
+static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
+    static uint32_t table[256];
+    static int ready;
+    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int j = 0; j < 8; j++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    }
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    while (n--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
+   ntables; per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
+   eps init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
+   per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
+   floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
+   per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
+   then u32 CRC-32
+   of everything before it and "KEND". */
+enum { KVPS__CKPT_VERSION = 1 };
+typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
+static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
+    if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
+    w->crc = kvps__crc32(w->crc, p, n);
+}
+#define KVPS__CW(w, v) kvps__cw_put((w), &(v), sizeof(v))
+
+/* True when nothing is half done: no round partly summed, no push buffered, no barrier open. */
+static int kvps__quiescent(const kvps_server *s) {
+    if (s->barrier_waiters || s->ndirty) return 0;
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        const kvps__key *k = s->keys[i];
+        if (k->nin) return 0;
+        for (int r = 0; k->qhead && r < s->m; r++)
+            if (k->qhead[r]) return 0;
+    }
+    return 1;
+}
+
+static kvps_result kvps__checkpoint_write(kvps_server *s) {
+    const char *path = s->desc.checkpoint_path;
+    if (!path || !*path) return KVPS_ERR_CONFIG;
+    size_t plen = strlen(path);
+    char *tmp = (char *)malloc(plen + 32);
+    if (!tmp) return KVPS_ERR_NOMEM;
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    kvps__cw w = {fopen(tmp, "wb"), 0, 0};
+    if (!w.f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: cannot create %s: %s", s->desc.rank, tmp, strerror(errno));
+        free(tmp);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    uint32_t ntables = 0;
+    for (const kvps__table *t = s->tables; t; t = t->next) ntables++;
+    uint32_t hdr[6] = {KVPS__CKPT_VERSION, (uint32_t)s->desc.rank, (uint32_t)s->m, (uint32_t)s->desc.consistency,
+                       s->nkeys, ntables};
+    kvps__cw_put(&w, "KVPSCKPT", 8);
+    kvps__cw_put(&w, hdr, sizeof hdr);
+    for (const kvps__table *t = s->tables; t; t = t->next) {
+        uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
+        float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
+        KVPS__CW(&w, t->id);
+        kvps__cw_put(&w, u, sizeof u);
+        kvps__cw_put(&w, f, sizeof f);
+        KVPS__CW(&w, t->seed);
+        KVPS__CW(&w, t->nrows);
+        for (uint64_t j = 0; j < t->hcap; j++) {
+            if (!t->hv[j]) continue;
+            uint64_t r = t->hv[j] - 1;
+            KVPS__CW(&w, t->hk[j]);
+            kvps__cw_put(&w, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+            if (t->sdim) kvps__cw_put(&w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+        }
+    }
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        const kvps__key *k = s->keys[i];
+        uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rules[kvps__rule_in_force(s, k->opt.rule)].state : 0;
+        float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
+        KVPS__CW(&w, k->key);
+        KVPS__CW(&w, k->len);
+        KVPS__CW(&w, k->round);
+        KVPS__CW(&w, rule);
+        kvps__cw_put(&w, f, 5 * sizeof(float));
+        KVPS__CW(&w, nstate);
+        kvps__cw_put(&w, f + 5, 2 * sizeof(float));
+        kvps__cw_put(&w, k->recv, (size_t)s->m * sizeof *k->recv);
+        kvps__cw_put(&w, k->value, (size_t)k->len * sizeof(float));
+        if (nstate) kvps__cw_put(&w, k->state, (size_t)k->len * nstate * sizeof(float));
+    }
+    for (int r = 0; r < s->m; r++) {
+        KVPS__CW(&w, s->barrier_gen[r]);
+        KVPS__CW(&w, s->out[r]);
+        KVPS__CW(&w, s->seen[r].inc);
+        KVPS__CW(&w, s->seen[r].hi);
+        kvps__cw_put(&w, s->seen[r].bits, sizeof s->seen[r].bits);
+    }
+    uint32_t crc = w.crc;
+    kvps__cw_put(&w, &crc, 4);
+    kvps__cw_put(&w, "KEND", 4);
+    int bad = w.err || fflush(w.f) != 0 || fsync(fileno(w.f)) != 0;
+    bad |= fclose(w.f) != 0;
+    if (!bad && rename(tmp, path) != 0) bad = 1;
+    if (bad) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: writing %s failed: %s", s->desc.rank, path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    free(tmp);
+    /* make the rename itself durable */
+    size_t dlen = strlen(path);
+    char *dir = (char *)malloc(dlen + 1); /* (not strdup: C99 has none) */
+    if (dir) {
+        memcpy(dir, path, dlen + 1);
+        char *slash = strrchr(dir, '/');
+        if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+        int fd = open(slash ? dir : ".", O_RDONLY);
+        if (fd >= 0) { fsync(fd); close(fd); }
+        free(dir);
+    }
+    s->ckpt_round = s->max_round;
+    KVPS__STAT_ADD(s, checkpoints, 1);
+    kvps__log(KVPS_LOG_INFO, "server %d: checkpoint of %u keys at round %llu in %s", s->desc.rank, s->nkeys,
+              (unsigned long long)s->max_round, path);
+    return KVPS_OK;
+}
+
+/* Serving thread: writes a checkpoint that is due (asked for, or every N rounds) once the
+   shard is quiescent, and tells whoever asked. */
+static void kvps__checkpoint_maybe(kvps_server *s) {
+    if (!s->desc.checkpoint_path) return; /* (kvps_server_checkpoint refuses without a path) */
+    uint64_t asked = __atomic_load_n(&s->ckpt_req, __ATOMIC_ACQUIRE); /* no lock on every batch */
+    int every = s->desc.checkpoint_every > 0 &&
+                s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
+    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
+    kvps_result r = kvps__checkpoint_write(s);
+    pthread_mutex_lock(&s->ckpt_mu);
+    if (asked != s->ckpt_done) {
+        s->ckpt_result = r;
+        s->ckpt_done = asked;
+        pthread_cond_broadcast(&s->ckpt_cv);
+    }
+    pthread_mutex_unlock(&s->ckpt_mu);
+}
+
+KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
+    if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms < 0 ? 10000 : timeout_ms) * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&s->ckpt_mu);
+    uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
+    char c = 'c';
+    ssize_t wr = write(s->stop_pipe[1], &c, 1);
+    (void)wr;
+    int rc = 0;
+    while (s->ckpt_done < ticket && rc == 0) rc = pthread_cond_timedwait(&s->ckpt_cv, &s->ckpt_mu, &until);
+    kvps_result r = s->ckpt_done >= ticket ? s->ckpt_result : KVPS_ERR_TIMEOUT;
+    pthread_mutex_unlock(&s->ckpt_mu);
+    return r;
+}
+
+typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
+
+/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps) are what CONFIG
+   would have stored: valid and already resolved; nstate (unless 0: not allocated yet) matches
+   the rule in force (the server's default for a key without a rule of its own). */
+static int kvps__ckpt_optim_ok(uint32_t rule, const float *f5, kvps_rule dflt, uint32_t nstate) {
+    if (nstate && nstate != kvps__rules[rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt].state) return 0;
+    if (rule == KVPS_RULE_DEFAULT) return 1; /* the fields are not used */
+    unsigned char rec[KVPS__OPTREC];
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f5, 5 * sizeof(float));
+    kvps_optim o;
+    if (kvps__optim_read(rec, &o) != KVPS_OK) return 0;
+    float back[5] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps};
+    return memcmp(back, f5, sizeof back) == 0;
+}
+static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
+    if (r->left < n) return -1;
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 0;
+}
+
+KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
+    if (!s || !path) return KVPS_ERR_INVALID_ARG;
+    if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
+        return KVPS_ERR_CHECKPOINT;
+    }
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (end >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (unsigned char *)malloc((size_t)end + 1)) != NULL)
+        size = fread(buf, 1, (size_t)end, f);
+    fclose(f);
+    const char *why = NULL;
+    if (!buf || end < 0 || size != (size_t)end) why = "cannot read the file";
+    else if (size < 8 + 24 + 8 || memcmp(buf, "KVPSCKPT", 8) != 0) why = "not a kvps checkpoint";
+    else if (memcmp(buf + size - 4, "KEND", 4) != 0) why = "torn: the end marker is missing";
+    uint32_t crc = 0, hdr[6] = {0};
+    if (!why) {
+        memcpy(&crc, buf + size - 8, 4);
+        memcpy(hdr, buf + 8, sizeof hdr);
+        if (kvps__crc32(0, buf, size - 8) != crc) why = "checksum mismatch: the file is corrupt";
+        else if (hdr[0] != KVPS__CKPT_VERSION) why = "another checkpoint version";
+        else if (hdr[1] != (uint32_t)s->desc.rank || hdr[2] != (uint32_t)s->m) why = "written by another server (rank or number of workers differ)";
+    }
+    /* parse everything into fresh keys; only a whole, consistent file is kept */
+    kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
+    for (uint32_t i = 0; !why && i < hdr[5]; i++) {
+        uint64_t tid, seed, nrows;
+        uint32_t u[3];
+        float fl[6];
+        if (kvps__cr_get(&rd, &tid, 8) || kvps__cr_get(&rd, u, sizeof u) || kvps__cr_get(&rd, fl, sizeof fl) ||
+            kvps__cr_get(&rd, &seed, 8) || kvps__cr_get(&rd, &nrows, 8)) { why = "truncated table record"; break; }
+        if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT ||
+            kvps__table_find(s->tables, tid) || !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) ||
+            u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
+            nrows > rd.left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float))) { why = "invalid table record"; break; }
+        kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
+        if (!t) { why = "out of memory"; break; }
+        t->id = tid;
+        t->dim = u[0];
+        t->sdim = u[1];
+        t->opt.rule = (kvps_rule)u[2];
+        t->opt.lr = fl[0]; t->opt.momentum = fl[1]; t->opt.beta1 = fl[2]; t->opt.beta2 = fl[3]; t->opt.eps = fl[4];
+        t->init_scale = fl[5];
+        t->seed = seed;
+        t->next = s->tables;
+        s->tables = t;
+        for (uint64_t j = 0; j < nrows && !why; j++) {
+            uint64_t rid = 0;
+            kvps__cr_get(&rd, &rid, 8);
+            uint64_t nbefore = t->nrows, r = kvps__table_row(s, t, rid);
+            if (r == UINT64_MAX) { why = "out of memory"; break; }
+            if (t->nrows == nbefore) { why = "a row id twice"; break; }
+            kvps__cr_get(&rd, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+            if (t->sdim) kvps__cr_get(&rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+        }
+    }
+    for (uint32_t i = 0; !why && i < hdr[4]; i++) {
+        uint64_t key, len, round;
+        uint32_t rule, nstate;
+        float f5[5], bt[2];
+        if (kvps__cr_get(&rd, &key, 8) || kvps__cr_get(&rd, &len, 8) || kvps__cr_get(&rd, &round, 8) ||
+            kvps__cr_get(&rd, &rule, 4) || kvps__cr_get(&rd, f5, sizeof f5) || kvps__cr_get(&rd, &nstate, 4) ||
+            kvps__cr_get(&rd, bt, sizeof bt)) { why = "truncated key record"; break; }
+        if (len == 0 || len > s->desc.max_value_len || rule >= KVPS_RULE_COUNT || kvps__find(s, key) != UINT32_MAX ||
+            !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
+            (nstate && kvps__rules[kvps__rule_in_force(s, (kvps_rule)rule)].scalars &&
+             !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f))) {
+            why = "invalid key record"; /* (scalar state: Adam's bias-correction powers in (0, 1]) */
+            break;
+        }
+        /* the file must hold what the record announces before anything is allocated for it */
+        if ((rd.left - (size_t)s->m * 8) / sizeof(float) / (1 + nstate) < len || rd.left < (size_t)s->m * 8) {
+            why = "truncated values";
+            break;
+        }
+        uint32_t ki = kvps__key_create(s, key, len);
+        if (ki == UINT32_MAX) { why = "out of memory"; break; }
+        kvps__key *k = s->keys[ki];
+        k->round = round;
+        if (round > s->max_round) s->max_round = round;
+        k->opt.rule = (kvps_rule)rule;
+        k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
+        k->b1t = bt[0];
+        k->b2t = bt[1];
+        if (kvps__cr_get(&rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
+            kvps__cr_get(&rd, k->value, (size_t)len * sizeof(float))) { why = "truncated values"; break; }
+        if (nstate) {
+            if (len > SIZE_MAX / (nstate * sizeof(float)) || rd.left < (size_t)len * nstate * sizeof(float) ||
+                !(k->state = (float *)malloc((size_t)len * nstate * sizeof(float)))) { why = "truncated optimizer state"; break; }
+            kvps__cr_get(&rd, k->state, (size_t)len * nstate * sizeof(float));
+        }
+    }
+    for (int r = 0; !why && r < s->m; r++)
+        if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
+            kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
+            kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
+            why = "truncated worker records";
+    if (!why && rd.left != 0) why = "trailing bytes";
+    free(buf);
+    if (why) {
+        kvps__keys_truncate(s, 0);
+        while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
+        s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
+        s->max_round = 0;
+        memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
+        memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
+        memset(s->out, 0, (size_t)s->m);
+        kvps__log(KVPS_LOG_ERROR, "server %d: restore from %s refused: %s", s->desc.rank, path, why);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    s->ckpt_round = s->max_round;
+    kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
+              (unsigned long long)s->max_round, path);
+    return KVPS_OK;
+}
+
+// >>curve
+/* CURVE on the server socket and its ZAP handler; certificates. */
+static int kvps__z85_key(const char *z85, uint8_t out[32]) {
+    return z85 && strlen(z85) == 40 && zmq_z85_decode(out, z85) != NULL ? 0 : -1;
+}
+
+/* CURVE on the server socket, and a ZAP handler that lets in only the listed public keys. */
+static int kvps__curve_server(kvps_server *s) {
+    uint8_t sk[32];
+    const kvps_server_desc *d = &s->desc;
+    if (!zmq_has("curve")) { kvps__log(KVPS_LOG_ERROR, "server: this libzmq has no CURVE"); return -1; }
+    if (!s->own_ctx) { kvps__log(KVPS_LOG_ERROR, "server: CURVE needs a ZeroMQ context of the server's own"); return -1; }
+    if (kvps__z85_key(d->curve_secret_key, sk) != 0 || d->num_curve_clients < 0 ||
+        (d->num_curve_clients > 0 && !d->curve_clients)) {
+        kvps__log(KVPS_LOG_ERROR, "server: curve_secret_key must be 40 Z85 characters, curve_clients a list");
+        return -1;
+    }
+    s->curve_ok = (uint8_t(*)[32])calloc((size_t)d->num_curve_clients + 1, 32);
+    if (!s->curve_ok) return -1;
+    for (int i = 0; i < d->num_curve_clients; i++)
+        if (kvps__z85_key(d->curve_clients[i], s->curve_ok[i]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "server: curve_clients[%d] is not a 40-character Z85 key", i);
+            return -1;
+        }
+    s->ncurve_ok = d->num_curve_clients;
+    s->zap = zmq_socket(s->ctx, ZMQ_REP);
+    if (!s->zap || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0) return -1;
+    int one = 1;
+    zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one);
+    zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, sk, 32);
+    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "kvps", 4);
+    memset(sk, 0, sizeof sk);
+    s->desc.curve_secret_key = NULL; /* the caller's strings are not kept */
+    s->desc.curve_clients = NULL;
+    return 0;
+}
+
+/* Answers one ZAP request: 200 for a listed CURVE key, 400 for anything else. */
+static void kvps__zap_serve(kvps_server *s) {
+    zmq_msg_t fr[7];
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t tmp, *m = n < 7 ? &fr[n] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, s->zap, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
+            return;
+        }
+        more = zmq_msg_more(m);
+        if (n < 7) n++;
+        else zmq_msg_close(m);
+    }
+    /* version, request id, domain, address, routing id, mechanism, credentials */
+    int ok = 0;
+    if (n == 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
+        zmq_msg_size(&fr[6]) == 32)
+        for (int i = 0; i < s->ncurve_ok && !ok; i++) ok = memcmp(zmq_msg_data(&fr[6]), s->curve_ok[i], 32) == 0;
+    if (!ok) {
+        KVPS__STAT_ADD(s, errors, 1);
+        kvps__log(KVPS_LOG_WARN, "server %d: refused a connection: %s", s->desc.rank,
+                  n == 7 ? "its CURVE key is not listed" : "not a CURVE handshake");
+    }
+    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not allowed";
+    zmq_msg_t out[6];
+    kvps__msg_from_buf(&out[0], "1.0", 3);
+    zmq_msg_init(&out[1]);
+    if (n >= 2) zmq_msg_copy(&out[1], &fr[1]);
+    kvps__msg_from_buf(&out[2], status, 3);
+    kvps__msg_from_buf(&out[3], text, strlen(text));
+    kvps__msg_from_buf(&out[4], "", 0);
+    kvps__msg_from_buf(&out[5], "", 0);
+    for (int i = 0; i < 6; i++) zmq_msg_send(&out[i], s->zap, i < 5 ? ZMQ_SNDMORE : 0);
+    for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
+}
+
+KVPS_API kvps_result kvps_cert_load(const char *path, char public_z85[41], char secret_z85[41]) {
+    if (!path || !public_z85 || !secret_z85) return KVPS_ERR_INVALID_ARG;
+    public_z85[0] = secret_z85[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return KVPS_ERR_CONFIG;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *names[2] = {"public-key", "secret-key"};
+        char *outs[2] = {public_z85, secret_z85};
+        for (int i = 0; i < 2; i++) {
+            char *p = strstr(line, names[i]), *q1, *q2;
+            if (!p || (q1 = strchr(p, '"')) == NULL || (q2 = strchr(q1 + 1, '"')) == NULL || q2 - q1 - 1 != 40) continue;
+            memcpy(outs[i], q1 + 1, 40);
+            outs[i][40] = 0;
+        }
+    }
+    fclose(f);
+    uint8_t k[32];
+    if (kvps__z85_key(public_z85, k) != 0 || (secret_z85[0] && kvps__z85_key(secret_z85, k) != 0)) {
+        public_z85[0] = secret_z85[0] = 0;
+        return KVPS_ERR_CONFIG;
+    }
+    return KVPS_OK;
+}
+
+// >>server-api
+/* Server create, run, start, stop, destroy, stats. */
+static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
+    if (rc == KVPS_ERR_CONFIG) kvps__log(KVPS_LOG_ERROR, "server: %s: bad configuration", what);
+    else kvps__log(KVPS_LOG_ERROR, "server: %s: %s", what, zmq_strerror(zmq_errno()));
+    kvps_server_destroy(&s);
+    return (kvps_result)rc;
+}
+
+KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
+    if (!desc->endpoint || desc->num_workers < 1 || desc->rank < 0 || desc->io_threads < 0 ||
+        (unsigned)desc->consistency >= KVPS_CONSISTENCY_COUNT || (unsigned)desc->update >= KVPS_UPDATE_COUNT ||
+        desc->staleness < 0 || desc->staleness_min < 0 ||
+        (desc->consistency == KVPS_ADAPTIVE && desc->staleness_min > desc->staleness) ||
+        (desc->update == KVPS_UPDATE_CUSTOM && !desc->update_fn)) {
+        kvps__log(KVPS_LOG_ERROR, "server desc: need endpoint, num_workers >= 1, a known consistency "
+                                  "and update rule (CUSTOM needs update_fn)");
+        return KVPS_ERR_CONFIG;
+    }
+    kvps__tune_malloc(desc->no_malloc_tuning);
+    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
+    if (!s) return KVPS_ERR_NOMEM;
+    s->desc = *desc;
+    s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
+    if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
+    s->desc.lr = desc->lr != 0.0f ? desc->lr : KVPS_DEFAULT_LR;
+    s->m = desc->num_workers;
+    s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
+    s->stats.staleness = (uint64_t)s->cur_k;
+    /* the built-in update rules are the matching kvps_rule; update_fn is for your own */
+    s->update_fn = desc->update_fn;
+    static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
+    s->default_opt.rule = builtin[desc->update];
+    s->default_opt.lr = s->desc.lr;
+    s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
+    s->seen = (kvps__seen *)calloc((size_t)s->m, sizeof *s->seen);
+    s->rank_fd = (int *)malloc((size_t)s->m * sizeof *s->rank_fd);
+    s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
+    s->lost = (uint8_t *)calloc((size_t)s->m, 1);
+    s->out = (uint8_t *)calloc((size_t)s->m, 1);
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || kvps__table_grow(s) != 0) {
+        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out); free(s);
+        return KVPS_ERR_NOMEM;
+    }
+    for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
+    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
+    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
+    pthread_mutex_init(&s->ckpt_mu, NULL);
+    pthread_cond_init(&s->ckpt_cv, NULL);
+    if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
+    fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
+    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &s->desc.io_cpus, &s->ctx, &s->own_ctx);
+    if (crc != KVPS_OK) return kvps__server_fail(s, crc, "context");
+    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+    if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
+    /* A peer that does not read its replies loses those past max_queued_replies (counted in
+       stats.replies_dropped) instead of growing the server without bound; ROUTER_MANDATORY makes
+       such a reply an error we can count rather than a silent drop. A worker reads replies on its
+       I/O thread whatever its application does, so its queue never fills. RCVHWM stays
+       unlimited: libzmq 4.3.4 aborts ("!_io_error", stream_engine_base.cpp) when a heartbeat
+       times out on a connection whose input it stopped at a finite RCVHWM (libzmq#4364, #4767). */
+    int hwm = s->desc.max_queued_replies, one_m = 1, zero = 0;
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one_m, sizeof one_m);
+    /* cap what libzmq will allocate for one frame before kvps sees it */
+    int64_t maxmsg = desc->max_msg_bytes > 0 ? desc->max_msg_bytes
+                                              : (int64_t)(s->desc.max_value_len * sizeof(float)) + ((int64_t)64 << 20);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    int linger = 1000; /* a stopping server still flushes its last replies, for at most 1 s */
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    int one = 1; /* a worker that reconnects takes its routing id (and parked answers) back */
+    zmq_setsockopt(s->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    kvps__heartbeats(s->router, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
+    if (kvps__monitor(s->ctx, s->router, ZMQ_EVENT_DISCONNECTED, &s->mon) != 0)
+        return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
+    if (desc->curve_secret_key && kvps__curve_server(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "CURVE");
+    if (zmq_bind(s->router, desc->endpoint) != 0) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
+        return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
+    }
+    size_t sz = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
+    s->desc.endpoint = s->endpoint;
+    kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
+              (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
+    *out = s;
+    return KVPS_OK;
+}
+
+KVPS_API const char *kvps_server_endpoint(const kvps_server *s) { return s ? s->endpoint : NULL; }
+
+KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out) {
+    if (!s || !out) return;
+    const uint64_t *src = (const uint64_t *)&s->stats;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+KVPS_API kvps_result kvps_server_run(kvps_server *s) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
+                               {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
+    for (;;) {
+        if (zmq_poll(items, s->zap ? 4 : 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
+            if (zmq_errno() == EINTR) continue;
+            kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
+            return KVPS_ERR_ZMQ;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            char c;
+            int stop = 0;
+            while (read(s->stop_pipe[0], &c, 1) == 1) stop |= c != 'c'; /* 'c': a checkpoint is asked for */
+            if (stop) return KVPS_OK;
+        }
+        /* Drain a batch, then look at the stop pipe again. */
+        for (int i = 0; i < 256; i++) {
+            zmq_msg_t fr[4];
+            int extra;
+            int n = kvps__recv_msg(s->router, fr, 4, &extra);
+            if (n <= 0) break;
+            kvps__handle(s, fr, n + extra);
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        }
+        kvps__flush_all(s); /* nothing more queued: apply what was held back */
+        if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
+        if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
+        if (kvps__liveness_pending(s)) kvps__liveness(s);
+        kvps__checkpoint_maybe(s);
+    }
+}
+
+static void *kvps__server_thread(void *arg) {
+    kvps_server_run((kvps_server *)arg);
+    return NULL;
+}
+
+KVPS_API kvps_result kvps_server_start(kvps_server *s) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    if (s->started) return KVPS_ERR_STATE;
+    if (pthread_create(&s->thread, NULL, kvps__server_thread, s) != 0) return KVPS_ERR_NOMEM;
+    s->started = 1;
+    return KVPS_OK;
+}
+
+KVPS_API void kvps_server_stop(kvps_server *s) {
+    if (!s || s->stop_pipe[1] < 0) return;
+    char c = 1;
+    ssize_t rc = write(s->stop_pipe[1], &c, 1);
+    (void)rc;
+}
+
+KVPS_API void kvps_server_destroy(kvps_server **sp) {
+    if (!sp || !*sp) return;
+    kvps_server *s = *sp;
+    *sp = NULL;
+    if (s->started) {
+        kvps_server_stop(s);
+        pthread_join(s->thread, NULL);
+    }
+    for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_free(s->keys[i], s->m);
+    while (s->barrier_waiters) {
+        kvps__parked *p = s->barrier_waiters;
+        s->barrier_waiters = p->next;
+        kvps__parked_free(p);
+    }
+    if (s->mon) zmq_close(s->mon);
+    if (s->zap) zmq_close(s->zap);
+    free(s->curve_ok);
+    if (s->router) zmq_close(s->router);
+    if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
+    for (int i = 0; i < 2; i++)
+        if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
+    free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
+    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    pthread_mutex_destroy(&s->ckpt_mu);
+    pthread_cond_destroy(&s->ckpt_cv);
+    while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
+    free(s);
+}
+
+// >>client
+typedef struct kvps__dest { float *ptr; uint64_t len; } kvps__dest;
+
+typedef struct kvps__req {
+    uint64_t id;
+    int refs;            /* 1 for the worker + one per zero-copy frame ZeroMQ still holds */
+    int pending;         /* replies still expected */
+    int sent;            /* messages sent */
+    kvps_result status;
+    uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
+    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered, 3 answered
+                            KVPS_ERR_PEER_LOST (a worker the server waits for is lost): re-sent
+                            by the next wait or test */
+    int lost;            /* servers in state 3 */
+    int64_t lost_at;     /* when the last such answer came (ms): re-sent no sooner than 100 ms after */
+    int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
+    struct kvps__tensor_info *tensor; /* tensor requests: for stats */
+    uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
+    size_t ndups;
+    float *dup_base;
+    uint32_t dup_dim;
+    int coded_pull;
+    kvps_codec pull_c;
+    kvps__dest *dest;    /* pull destinations in send order */
+    struct kvps_view *view; /* zero-copy tensor pull: replies are kept, not copied */
+    zmq_msg_t (*kept)[2];   /* per server: the frames sent, kept until its reply to re-send them */
+    uint8_t *nkept;
+    uint64_t next;       /* a tensor op with more slices than servers goes out in rounds of at most one
+                            slice per server, chained: the next round's request, 0 for the last */
+    uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
+} kvps__req;
+
+typedef struct kvps__vpart {
+    const float *data;
+    uint64_t off, len;
+    zmq_msg_t msg; /* the reply that holds data (moved out of the socket's frame) */
+    float *own;    /* decoded (coded pulls) or realigned values, when data is not in msg */
+} kvps__vpart;
+struct kvps_view {
+    size_t n;
+    kvps__vpart *part;
+};
+
+typedef struct kvps__tensor_info {
+    char *name;
+    uint64_t len;
+    uint32_t nslices;
+    uint64_t *keys, *off, *slen; /* per slice */
+    int *server;
+    kvps_codec push_c, pull_c;
+    int has_push, has_pull;
+    float **resid; /* error feedback per slice, or NULL */
+    kvps_tensor_stats st;
+} kvps__tensor_info;
+
+struct kvps_worker {
+    kvps_worker_desc desc;
+    void *ctx;
+    int own_ctx;
+    int n;
+    void **socks;
+    zmq_pollitem_t *items;
+    char **endpoints;
+    kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
+    uint64_t seq;
+    uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
+    void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
+    uint8_t *down;     /* per server: connection lost, not back yet */
+    uint8_t *refused;  /* per server: why its handshakes fail (KVPS__HS_*), 0 when they do not */
+    uint16_t *hs_cuts; /* per server: handshakes cut short in a row */
+    int32_t *hs_val;   /* per server: the last failure's ZAP status, protocol error or errno */
+    int curve;         /* this worker speaks CURVE (its keys are not kept) */
+    int64_t last_watch; /* when connection events were last read (each read is a syscall) */
+    int64_t *down_since;
+    uint32_t nslots;
+    uint32_t *free_slots;
+    uint32_t nfree;
+    kvps__tensor_info *tensors;
+    int ntensors, cap_tensors;
+    struct { uint64_t id; uint32_t dim; } *tables;
+    int ntables;
+    /* per-call scratch: keys grouped by server */
+    uint32_t *order, *count;
+    size_t order_cap;
+    char errmsg[320];
+};
+
+static void kvps__req_drop_kept(kvps__req *q, int srv) {
+    if (!q->nkept) return;
+    for (int j = 0; j < q->nkept[srv]; j++) zmq_msg_close(&q->kept[srv][j]);
+    q->nkept[srv] = 0;
+}
+
+static void kvps__req_unref(kvps__req *q) {
+    if (__atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        free(q->kept);
+        free(q->nkept);
+        free(q->dbegin);
+        free(q->dest);
+        free(q->state);
+        free(q->dups);
+        free(q);
+    }
+}
+
+static void kvps__zc_free(void *data, void *hint) {
+    (void)data;
+    kvps__req_unref((kvps__req *)hint);
+}
+
+KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "worker")) return KVPS_ERR_CONFIG;
+    if (!desc->servers || desc->rank < 0 || desc->num_workers < 0 || desc->timeout_ms < 0 ||
+        desc->io_threads < 0 || (desc->num_workers && desc->rank >= desc->num_workers)) {
+        kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
+        return KVPS_ERR_CONFIG;
+    }
+    kvps__tune_malloc(desc->no_malloc_tuning);
+    kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
+    if (!w) return KVPS_ERR_NOMEM;
+    w->desc = *desc;
+    w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
+    w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
+    w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
+    w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
+    kvps_result r = KVPS_OK;
+    w->n = kvps__split(desc->servers, &w->endpoints);
+    if (w->n < 1) {
+        kvps__log(KVPS_LOG_ERROR, "worker: malformed server list '%s'", desc->servers);
+        w->n = 0;
+        kvps_worker_destroy(&w);
+        return KVPS_ERR_CONFIG;
+    }
+    w->desc.servers = NULL;
+    w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
+    w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
+    w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
+    w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
+    w->down = (uint8_t *)calloc((size_t)w->n, 1);
+    w->refused = (uint8_t *)calloc((size_t)w->n, 1);
+    w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
+    w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
+    w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
+    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
+        !w->down_since) {
+        kvps_worker_destroy(&w);
+        return KVPS_ERR_NOMEM;
+    }
+    w->incarnation = kvps__random32();
+    char **skeys = NULL;
+    int nskeys = 0;
+    uint8_t cpub[32], csec[32];
+    if (desc->curve_server_keys || desc->curve_public_key || desc->curve_secret_key) {
+        nskeys = desc->curve_server_keys ? kvps__split(desc->curve_server_keys, &skeys) : 0;
+        uint8_t tmp[32];
+        int bad = !zmq_has("curve") || kvps__z85_key(desc->curve_public_key, cpub) != 0 ||
+                  kvps__z85_key(desc->curve_secret_key, csec) != 0 || (nskeys != 1 && nskeys != w->n);
+        for (int i = 0; i < nskeys && !bad; i++) bad = kvps__z85_key(skeys[i], tmp) != 0;
+        if (bad) {
+            kvps__log(KVPS_LOG_ERROR, "worker: CURVE needs curve_server_keys (one, or one per server), "
+                                      "curve_public_key and curve_secret_key, 40 Z85 characters each");
+            kvps__free_strv(skeys, nskeys);
+            kvps_worker_destroy(&w);
+            return KVPS_ERR_CONFIG;
+        }
+    }
+    w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
+    w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &w->desc.io_cpus, &w->ctx, &w->own_ctx);
+    if (crc != KVPS_OK) { kvps_worker_destroy(&w); return crc; }
+    for (int i = 0; i < w->n; i++) {
+        void *s = zmq_socket(w->ctx, ZMQ_DEALER);
+        if (!s) { r = KVPS_ERR_ZMQ; break; }
+        w->socks[i] = s;
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        /* a routing id that survives reconnects, so the server's answers to requests it parked
+           before a drop still reach this socket (the server hands the id over) */
+        unsigned char rid[16] = {'k', 'v', 'p', 's'};
+        uint32_t rk = (uint32_t)desc->rank, si = (uint32_t)i;
+        memcpy(rid + 4, &w->incarnation, 4);
+        memcpy(rid + 8, &rk, 4);
+        memcpy(rid + 12, &si, 4);
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
+        kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
+        if (nskeys) {
+            uint8_t sk[32];
+            kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
+            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, sk, 32);
+            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
+            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 32);
+        }
+        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0) {
+            r = KVPS_ERR_ZMQ;
+            break;
+        }
+        if (zmq_connect(s, w->endpoints[i]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
+                      w->endpoints[i], zmq_strerror(zmq_errno()));
+            r = KVPS_ERR_CONNECT;
+            break;
+        }
+        w->items[i].socket = s;
+        w->items[i].events = ZMQ_POLLIN;
+        w->items[w->n + i].socket = w->mons[i];
+        w->items[w->n + i].events = ZMQ_POLLIN;
+    }
+    kvps__free_strv(skeys, nskeys);
+    w->curve = w->desc.curve_server_keys != NULL;
+    w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
+    memset(csec, 0, sizeof csec);
+    if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
+    *out = w;
+    return KVPS_OK;
+}
+
+KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
+    if (!wp || !*wp) return;
+    kvps_worker *w = *wp;
+    *wp = NULL;
+    for (int i = 0; i < w->n; i++) {
+        if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
+        if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
+    }
+    /* Requests that ZeroMQ still references are freed by the last free callback. */
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i]) {
+            for (int s = 0; s < w->n; s++) kvps__req_drop_kept(w->slots[i], s);
+            kvps__req_unref(w->slots[i]);
+        }
+    if (w->own_ctx && w->ctx) zmq_ctx_term(w->ctx);
+    for (int i = 0; i < w->ntensors; i++) {
+        kvps__tensor_info *t = &w->tensors[i];
+        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
+        for (uint32_t j = 0; t->resid && j < t->nslices; j++) free(t->resid[j]);
+        free(t->resid);
+    }
+    kvps__free_strv(w->endpoints, w->n);
+    free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
+    free(w->down_since);
+    free(w->free_slots); free(w->order); free(w->count); free(w->tables);
+    free(w);
+}
+
+KVPS_API int kvps_worker_num_servers(const kvps_worker *w) { return w ? w->n : 0; }
+KVPS_API const char *kvps_worker_last_error(const kvps_worker *w) { return w ? w->errmsg : ""; }
+
+#define KVPS__SLOT_BITS 24
+static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
+    uint32_t slot = (uint32_t)(h & ((1u << KVPS__SLOT_BITS) - 1));
+    if (slot == 0 || slot > w->nslots) return NULL;
+    kvps__req *q = w->slots[slot - 1];
+    if (!q || q->id != h) return NULL;
+    return q;
+}
+
+static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
+    if (w->nfree == 0) {
+        uint32_t nc = w->nslots ? w->nslots * 2 : 64;
+        if (nc >= (1u << KVPS__SLOT_BITS)) return NULL;
+        kvps__req **ns = (kvps__req **)realloc(w->slots, nc * sizeof *ns);
+        if (!ns) return NULL;
+        w->slots = ns;
+        uint32_t *nf = (uint32_t *)realloc(w->free_slots, nc * sizeof *nf);
+        if (!nf) return NULL;
+        w->free_slots = nf;
+        for (uint32_t i = w->nslots; i < nc; i++) {
+            ns[i] = NULL;
+            nf[w->nfree++] = nc - 1 - (i - w->nslots);
+        }
+        w->nslots = nc;
+    }
+    kvps__req *q = (kvps__req *)calloc(1, sizeof *q);
+    if (!q) return NULL;
+    q->dbegin = (uint32_t *)calloc((size_t)w->n + 1, sizeof *q->dbegin);
+    q->state = (uint8_t *)calloc((size_t)w->n, 1);
+    q->kept = (zmq_msg_t(*)[2])malloc((size_t)w->n * sizeof *q->kept);
+    q->nkept = (uint8_t *)calloc((size_t)w->n, 1);
+    if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
+    if (!q->dbegin || !q->state || !q->kept || !q->nkept || (ndest && !q->dest)) {
+        free(q->dbegin); free(q->dest); free(q->state); free(q->kept); free(q->nkept); free(q);
+        return NULL;
+    }
+    uint32_t slot = w->free_slots[--w->nfree];
+    q->id = (++w->seq << KVPS__SLOT_BITS) | (slot + 1);
+    q->refs = 1;
+    w->slots[slot] = q;
+    return q;
+}
+
+static void kvps__req_end(kvps_worker *w, kvps__req *q) {
+    uint32_t slot = (uint32_t)(q->id & ((1u << KVPS__SLOT_BITS) - 1)) - 1;
+    for (int s = 0; s < w->n; s++) kvps__req_drop_kept(q, s);
+    w->slots[slot] = NULL;
+    w->free_slots[w->nfree++] = slot;
+    kvps__req_unref(q);
+}
+
+/* The header of a worker's request: op, nkeys and the request's id, from this worker's rank. */
+static kvps__hdr kvps__req_hdr(const kvps_worker *w, const kvps__req *q, int op, uint32_t nkeys) {
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = (uint8_t)op;
+    h.rank = (uint32_t)w->desc.rank;
+    h.nkeys = nkeys;
+    h.req_id = q->id;
+    return h;
+}
+
+/* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
+   or gathered from the runs given by vptr/vlen. */
+/* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
+   codec to ask the answer in (NULL: plain floats). *wire += payload bytes sent. */
+static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
+                                  uint32_t nk, const float *const *vptr, uint32_t nruns, const kvps_codec *pc,
+                                  float *resid, const kvps_codec *pull, uint64_t *wire) {
+    kvps__hdr h = kvps__req_hdr(w, q, op, nk);
+    h.status = (int32_t)w->incarnation; /* requests carry the sender's incarnation here */
+    if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
+    else pc = NULL;
+    if (pull && kvps__op_pulls(op)) { h.flags |= KVPS__FLAG_CODED_REPLY; h.aux = (uint32_t)pull->id; }
+    zmq_msg_t f[2];
+    int nf = 1;
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0) return KVPS_ERR_NOMEM;
+    memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
+    if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
+    if (kvps__op_has_values(op)) {
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < nk; i++) total += ents[i].len;
+        size_t bytes = (size_t)total * sizeof(float);
+        nf = 2;
+        if (pc) { /* [u32 bytes][blob], encoded straight into the frame */
+            size_t cap = kvps_codec_max_bytes(pc, (size_t)total), nb = 0;
+            if (zmq_msg_init_size(&f[1], 4 + cap) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
+            kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
+            uint32_t nb32 = (uint32_t)nb;
+            memcpy(d, &nb32, 4);
+            if (er == KVPS_OK && nb < cap) { /* a user codec that used less than its bound */
+                zmq_msg_t exact;
+                if (kvps__msg_from_buf(&exact, d, 4 + nb) != 0) er = KVPS_ERR_NOMEM;
+                else { zmq_msg_close(&f[1]); f[1] = exact; }
+            }
+            if (er != KVPS_OK) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return er; }
+            if (wire) *wire += 4 + nb;
+        } else if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
+            __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
+            if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
+                __atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
+                zmq_msg_close(&f[0]);
+                return KVPS_ERR_NOMEM;
+            }
+        } else {
+            if (zmq_msg_init_size(&f[1], bytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            char *dst = (char *)zmq_msg_data(&f[1]);
+            if (nruns == 1) {
+                memcpy(dst, vptr[0], bytes);
+            } else if (nk) {
+                for (uint32_t i = 0; i < nk; i++) {
+                    memcpy(dst, vptr[i], (size_t)ents[i].len * sizeof(float));
+                    dst += ents[i].len * sizeof(float);
+                }
+            }
+        }
+    }
+    /* keep a reference to the frames (no copy of the bytes) to re-send after a reconnect */
+    kvps__req_drop_kept(q, srv);
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&q->kept[srv][j]);
+        zmq_msg_copy(&q->kept[srv][j], &f[j]);
+    }
+    q->nkept[srv] = (uint8_t)nf;
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
+        kvps__req_drop_kept(q, srv);
+        kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
+                  zmq_strerror(zmq_errno()));
+        return KVPS_ERR_ZMQ;
+    }
+    q->pending++;
+    q->sent++;
+    q->state[srv] = 1;
+    return KVPS_OK;
+}
+
+static int kvps__server_of(const kvps_worker *w, uint64_t key) {
+    return (int)(kvps__mix64(key) % (uint64_t)w->n);
+}
+
+/* Raw keys: group by server, one message each. */
+static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, const float *vals,
+                                 float *dst, const size_t *lens, size_t nkeys, kvps_req *out) {
+    if (!w || !keys || !lens || !out || nkeys == 0 || nkeys > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    if (kvps__op_has_values(op) && !vals) return KVPS_ERR_INVALID_ARG;
+    if (kvps__op_pulls(op) && !dst) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (w->order_cap < nkeys) {
+        uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
+        if (!no) return KVPS_ERR_NOMEM;
+        w->order = no;
+        w->order_cap = nkeys;
+    }
+    /* Counting sort of key indices by server, keeping the caller's order within a server. */
+    memset(w->count, 0, ((size_t)w->n + 1) * sizeof *w->count);
+    for (size_t i = 0; i < nkeys; i++) {
+        if (keys[i] >> 63) return KVPS_ERR_KEY_RESERVED;
+        if (lens[i] == 0) return KVPS_ERR_INVALID_ARG;
+        w->count[kvps__server_of(w, keys[i]) + 1]++;
+    }
+    for (int s = 0; s < w->n; s++) w->count[s + 1] += w->count[s];
+    kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? nkeys : 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    memcpy(q->dbegin, w->count, ((size_t)w->n + 1) * sizeof *q->dbegin);
+    uint64_t *offs = (uint64_t *)malloc(nkeys * sizeof *offs);
+    kvps__kent *ents = (kvps__kent *)malloc(nkeys * sizeof *ents);
+    const float **vp = (const float **)malloc(nkeys * sizeof *vp);
+    kvps_result r = (offs && ents && vp) ? KVPS_OK : KVPS_ERR_NOMEM;
+    if (r == KVPS_OK) {
+        uint64_t off = 0;
+        for (size_t i = 0; i < nkeys; i++) {
+            offs[i] = off;
+            off += lens[i];
+            w->order[w->count[kvps__server_of(w, keys[i])]++] = (uint32_t)i;
+        }
+        for (int s = 0; s < w->n && r == KVPS_OK; s++) {
+            uint32_t b = q->dbegin[s], e = q->dbegin[s + 1];
+            if (b == e) continue;
+            int contiguous = 1;
+            for (uint32_t j = b; j < e; j++) {
+                uint32_t i = w->order[j];
+                ents[j].key = keys[i];
+                ents[j].len = lens[i];
+                vp[j] = vals ? vals + offs[i] : NULL;
+                if (q->dest) { q->dest[j].ptr = dst + offs[i]; q->dest[j].len = lens[i]; }
+                if (j > b && offs[i] != offs[w->order[j - 1]] + lens[w->order[j - 1]]) contiguous = 0;
+            }
+            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b, NULL, NULL, NULL, NULL);
+        }
+    }
+    free(offs); free(ents); free(vp);
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r; /* some messages went out: the caller still waits */
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_push(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PUSH, keys, vals, NULL, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, const float *grads,
+                                          float *vals, const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_PUSHPULL, keys, grads, vals, lens, nkeys, out);
+}
+KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, const float *vals,
+                                      const size_t *lens, size_t nkeys, kvps_req *out) {
+    return kvps__keys_op(w, KVPS__OP_INIT, keys, vals, NULL, lens, nkeys, out);
+}
+
+// >>tensor
+KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
+    if (!w || !name || !*name || !out || len == 0) return KVPS_ERR_INVALID_ARG;
+    uint64_t h = kvps__fnv1a(name);
+    uint64_t base = (1ull << 63) | ((h & 0x7fffffffffffull) << 16);
+    for (int i = 0; i < w->ntensors; i++) {
+        if (strcmp(w->tensors[i].name, name) == 0 || (w->tensors[i].keys[0] & ~0xffffull) == base) {
+            kvps__log(KVPS_LOG_ERROR, "tensor '%s': %s", name,
+                      strcmp(w->tensors[i].name, name) == 0 ? "already registered" : "hash collides");
+            return KVPS_ERR_TENSOR;
+        }
+    }
+    if (w->ntensors == w->cap_tensors) {
+        int nc = w->cap_tensors ? w->cap_tensors * 2 : 16;
+        kvps__tensor_info *nt = (kvps__tensor_info *)realloc(w->tensors, (size_t)nc * sizeof *nt);
+        if (!nt) return KVPS_ERR_NOMEM;
+        w->tensors = nt;
+        w->cap_tensors = nc;
+    }
+    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice, n = (uint64_t)w->n;
+    if (ns > n) ns = n;
+    if (ns < 1) ns = 1;
+    uint64_t pieces = (len + w->desc.max_slice - 1) / w->desc.max_slice;
+    if (pieces > ns) ns = (pieces + n - 1) / n * n; /* a multiple of n: the servers stay even */
+    if (ns > 65536) ns = 65536 - 65536 % n;           /* the slice index has 16 bits in the key */
+    if (ns > len) ns = len;
+    kvps__tensor_info *t = &w->tensors[w->ntensors];
+    memset(t, 0, sizeof *t);
+    t->name = (char *)malloc(strlen(name) + 1);
+    if (t->name) memcpy(t->name, name, strlen(name) + 1);
+    t->len = len;
+    t->nslices = (uint32_t)ns;
+    t->keys = (uint64_t *)malloc(ns * sizeof *t->keys);
+    t->off = (uint64_t *)malloc(ns * sizeof *t->off);
+    t->slen = (uint64_t *)malloc(ns * sizeof *t->slen);
+    t->server = (int *)malloc(ns * sizeof *t->server);
+    if (!t->name || !t->keys || !t->off || !t->slen || !t->server) {
+        free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
+        return KVPS_ERR_NOMEM;
+    }
+    int first = (int)(h % (uint64_t)w->n);
+    for (uint64_t i = 0; i < ns; i++) {
+        uint64_t b = (uint64_t)len * i / ns, e = (uint64_t)len * (i + 1) / ns;
+        t->keys[i] = base | i;
+        t->off[i] = b;
+        t->slen[i] = e - b;
+        t->server[i] = (int)((first + i) % (uint64_t)w->n);
+    }
+    *out = w->ntensors++;
+    return KVPS_OK;
+}
+
+KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
+    return (w && t >= 0 && t < w->ntensors) ? w->tensors[t].nslices : 0;
+}
+
+/* A tensor op's round starting at slice i0 ends here: consecutive slices sit on consecutive
+   servers, so n of them are on distinct servers. */
+static uint32_t kvps__round_end(const kvps_worker *w, const kvps__tensor_info *t, uint32_t i0) {
+    return t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
+}
+
+/* Links round q of a chained request after *last (the first becomes *head); a round with nothing
+   in flight is dropped. r: how sending q went. */
+static kvps_result kvps__chain_link(kvps_worker *w, kvps__req **head, kvps__req **last, kvps__req *q, kvps_result r) {
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    if (*last) (*last)->next = q->id;
+    else *head = q;
+    *last = q;
+    return r;
+}
+
+/* The caller's handle for a chain: its first round, which carries the error of a round that
+   could not go out. Nothing in flight: the error itself. */
+static kvps_result kvps__chain_out(kvps__req *head, kvps_result r, kvps_req *out) {
+    if (!head) return r;
+    if (r != KVPS_OK && head->status == KVPS_OK) head->status = r;
+    *out = head->id;
+    return KVPS_OK;
+}
+
+/* One round of a tensor op: slices [i0, i1), on distinct servers, one message each. */
+static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info *t, uint32_t i0, uint32_t i1,
+                                      const float *vals, float *dst, kvps_view *view, kvps__req **out) {
+    kvps__req *q = *out = kvps__req_new(w, kvps__op_pulls(op) ? i1 - i0 : 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    q->view = view;
+    q->vbase = i0;
+    /* dest index of slice i is i - i0; dbegin[s] points at the slice on server s */
+    memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
+    kvps_result r = KVPS_OK;
+    int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
+    q->tensor = t;
+    q->coded_pull = t->has_pull && kvps__op_pulls(op);
+    if (q->coded_pull) q->pull_c = t->pull_c;
+    for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
+        int s = t->server[i];
+        q->dbegin[s] = i - i0;
+        if (q->dest) { q->dest[i - i0].ptr = view ? view->part[i].own : dst + t->off[i]; q->dest[i - i0].len = t->slen[i]; }
+        if (view) { view->part[i].off = t->off[i]; view->part[i].len = t->slen[i]; view->part[i].data = view->part[i].own; }
+        kvps__kent e = {t->keys[i], t->slen[i]};
+        const float *vp = vals ? vals + t->off[i] : NULL;
+        uint64_t wire = coded ? 0 : (kvps__op_has_values(op) ? t->slen[i] * sizeof(float) : 0);
+        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1, coded ? &t->push_c : NULL, coded && t->resid ? t->resid[i] : NULL,
+                           q->coded_pull ? &t->pull_c : NULL, &wire);
+        if (r == KVPS_OK && kvps__op_has_values(op) && op != KVPS__OP_INIT) {
+            t->st.push_raw_bytes += t->slen[i] * sizeof(float);
+            t->st.push_wire_bytes += wire;
+        }
+    }
+    q->dbegin[w->n] = UINT32_MAX; /* marks a tensor request: one dest per server */
+    return r;
+}
+
+/* A tensor op goes out in rounds of at most one slice per server (one round unless the tensor
+   has more slices than servers, see max_slice); every round's messages are in flight at once. */
+static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
+                                   kvps_view *view, kvps_req *out) {
+    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps__tensor_info *t = &w->tensors[ti];
+    if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
+        for (uint32_t i = 0; i < t->nslices; i++)
+            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) return KVPS_ERR_NOMEM;
+    }
+    kvps__req *head = NULL, *last = NULL;
+    kvps_result r = KVPS_OK;
+    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
+        i1 = kvps__round_end(w, t, i0);
+        kvps__req *q;
+        r = kvps__tensor_round(w, op, t, i0, i1, vals, dst, view, &q);
+        if (q) r = kvps__chain_link(w, &head, &last, q, r);
+    }
+    if (kvps__op_has_values(op) && op != KVPS__OP_INIT) t->st.pushes++;
+    if (kvps__op_pulls(op)) t->st.pulls++;
+    return kvps__chain_out(head, r, out);
+}
+
+KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, out);
+}
+KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
+}
+KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
+                                                 float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, NULL, out);
+}
+KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals, kvps_req *out) {
+    return kvps__tensor_op(w, KVPS__OP_INIT, t, vals, NULL, NULL, out);
+}
+
+KVPS_API void kvps_view_release(kvps_view **pv) {
+    kvps_view *v = pv ? *pv : NULL;
+    if (!v) return;
+    for (size_t i = 0; i < v->n; i++) {
+        zmq_msg_close(&v->part[i].msg);
+        free(v->part[i].own);
+    }
+    free(v->part);
+    free(v);
+    *pv = NULL;
+}
+
+KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out) {
+    if (!view) return KVPS_ERR_INVALID_ARG;
+    *view = NULL;
+    if (!w || !out || t < 0 || t >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    kvps_view *v = (kvps_view *)calloc(1, sizeof *v);
+    size_t n = w->tensors[t].nslices;
+    if (!v || !(v->part = (kvps__vpart *)calloc(n, sizeof *v->part))) { free(v); return KVPS_ERR_NOMEM; }
+    v->n = n;
+    for (size_t i = 0; i < n; i++) zmq_msg_init(&v->part[i].msg);
+    kvps_result r = kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, NULL, v, out);
+    if (r != KVPS_OK) kvps_view_release(&v);
+    *view = v;
+    return r;
+}
+
+KVPS_API size_t kvps_view_parts(const kvps_view *v) { return v ? v->n : 0; }
+
+KVPS_API const float *kvps_view_part(const kvps_view *v, size_t i, size_t *offset, size_t *len) {
+    if (!v || i >= v->n) { if (offset) *offset = 0; if (len) *len = 0; return NULL; }
+    if (offset) *offset = (size_t)v->part[i].off;
+    if (len) *len = (size_t)v->part[i].len;
+    return v->part[i].data;
+}
+
+KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, const kvps_codec *push,
+                                              const kvps_codec *pull, int error_feedback) {
+    if (!w || ti < 0 || ti >= w->ntensors) return w ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    if ((push && (!push->encode || !push->max_bytes)) || (pull && !pull->decode) ||
+        (pull && kvps__codec_info(pull->id) && !kvps__codec_info(pull->id)->dense) || (push && (push->id < 0 || push->id > 255)) ||
+        (pull && (pull->id < 0 || pull->id > 255)) || (unsigned)error_feedback > 1)
+        return KVPS_ERR_INVALID_ARG;
+    kvps__tensor_info *t = &w->tensors[ti];
+    float **resid = NULL;
+    if (push && error_feedback) {
+        resid = (float **)calloc(t->nslices, sizeof *resid);
+        for (uint32_t i = 0; resid && i < t->nslices; i++) {
+            resid[i] = (float *)calloc((size_t)t->slen[i], sizeof(float));
+            if (!resid[i]) { for (uint32_t j = 0; j < i; j++) free(resid[j]); free(resid); resid = NULL; }
+        }
+        if (!resid) return KVPS_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; t->resid && i < t->nslices; i++) free(t->resid[i]);
+    free(t->resid);
+    t->resid = resid;
+    t->has_push = push != NULL;
+    t->has_pull = pull != NULL;
+    if (push) t->push_c = *push;
+    if (pull) t->pull_c = *pull;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, const kvps_optim *o, kvps_req *out) {
+    if (!w || !o || !out) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (ti < 0 || ti >= w->ntensors) return KVPS_ERR_TENSOR;
+    unsigned char rec[KVPS__OPTREC];
+    uint32_t rule = (uint32_t)o->rule;
+    float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+    kvps_optim chk;
+    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
+    if (r != KVPS_OK) return (unsigned)o->rule >= KVPS_RULE_COUNT ? KVPS_ERR_INVALID_ARG : r;
+    kvps__tensor_info *t = &w->tensors[ti];
+    kvps__req *head = NULL, *last = NULL;
+    for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
+        i1 = kvps__round_end(w, t, i0);
+        kvps__req *q = kvps__req_new(w, 0);
+        if (!q) { r = KVPS_ERR_NOMEM; break; }
+        for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
+            kvps__hdr h = kvps__req_hdr(w, q, KVPS__OP_CONFIG, 1);
+            kvps__kent e = {t->keys[i], t->slen[i]};
+            zmq_msg_t f2[2];
+            unsigned char meta[KVPS__HDR + KVPS__KENT];
+            memcpy(meta, &h, sizeof h);
+            memcpy(meta + KVPS__HDR, &e, sizeof e);
+            if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
+            if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
+            if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
+            q->pending++;
+            q->sent++;
+            q->state[t->server[i]] = 1;
+        }
+        r = kvps__chain_link(w, &head, &last, q, r);
+    }
+    return kvps__chain_out(head, r, out);
+}
+
+KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms) {
+    if (!w || !local || !(alpha > 0.0f && alpha < 1.0f)) return KVPS_ERR_INVALID_ARG;
+    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    size_t n = (size_t)w->tensors[t].len;
+    float *c = (float *)malloc(n * sizeof *c);
+    if (!c) return KVPS_ERR_NOMEM;
+    kvps_req q;
+    kvps_result r = kvps_worker_pull_tensor(w, t, c, &q);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
+    if (r == KVPS_OK) {
+        for (size_t i = 0; i < n; i++) c[i] = alpha * (local[i] - c[i]); /* the elastic difference */
+        r = kvps_worker_push_tensor(w, t, c, &q);
+        if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
+        if (r == KVPS_OK)
+            for (size_t i = 0; i < n; i++) local[i] -= c[i];
+    }
+    free(c);
+    return r;
+}
+
+KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out) {
+    if (!w || !out) return KVPS_ERR_INVALID_ARG;
+    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    *out = w->tensors[t].st;
+    return KVPS_OK;
+}
+
+// >>rows
+static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
+    return (int)(kvps__mix64(id ^ kvps__mix64(table)) % (uint64_t)w->n);
+}
+
+/* One table message to server srv: meta (+ ids) and optional values. */
+static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
+                                    const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
+    kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
+    zmq_msg_t f[2];
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0) return KVPS_ERR_NOMEM;
+    unsigned char *m = (unsigned char *)zmq_msg_data(&f[0]);
+    uint32_t zero = 0;
+    memcpy(m, &h, sizeof h);
+    memcpy(m + KVPS__HDR, &table, 8);
+    memcpy(m + KVPS__HDR + 8, &dim, 4);
+    memcpy(m + KVPS__HDR + 12, &zero, 4);
+    if (nrows) memcpy(m + KVPS__HDR + 16, ids, (size_t)nrows * 8);
+    int nf = 1;
+    if (vals) {
+        if (kvps__msg_from_buf(&f[1], vals, vbytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+        nf = 2;
+    }
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) return KVPS_ERR_ZMQ;
+    q->pending++;
+    q->sent++;
+    q->state[srv] = 1;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
+    if (!w || !d || !d->name || !*d->name || !out || !req || d->dim == 0 || d->dim > (1u << 20) ||
+        !(d->init_scale >= 0.0f && d->init_scale < 1e30f))
+        return KVPS_ERR_INVALID_ARG;
+    *req = 0;
+    unsigned char rec[KVPS__TREC];
+    memset(rec, 0, sizeof rec);
+    uint32_t rule = (uint32_t)d->opt.rule;
+    float f[5] = {d->opt.lr, d->opt.momentum, d->opt.beta1, d->opt.beta2, d->opt.eps};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+    memcpy(rec + 24, &d->init_scale, 4);
+    memcpy(rec + 32, &d->seed, 8);
+    kvps_optim chk;
+    kvps_result r = kvps__optim_read(rec, &chk);
+    if (r != KVPS_OK) return (unsigned)d->opt.rule >= KVPS_RULE_COUNT ? KVPS_ERR_INVALID_ARG : r;
+    uint64_t id = kvps__fnv1a(d->name);
+    for (int i = 0; i < w->ntables; i++)
+        if (w->tables[i].id == id) return KVPS_ERR_TABLE;
+    void *nt = realloc(w->tables, (size_t)(w->ntables + 1) * sizeof *w->tables);
+    if (!nt) return KVPS_ERR_NOMEM;
+    memcpy(&w->tables, &nt, sizeof nt);
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    for (int s = 0; s < w->n && r == KVPS_OK; s++)
+        r = kvps__send_table(w, q, s, KVPS__OP_TABLE, id, d->dim, NULL, 0, rec, sizeof rec);
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    w->tables[w->ntables].id = id;
+    w->tables[w->ntables].dim = d->dim;
+    *out = w->ntables++;
+    *req = q->id;
+    return KVPS_OK;
+}
+
+typedef struct kvps__rowref { uint64_t id; uint32_t pos, srv; } kvps__rowref;
+static int kvps__cmp_rowref(const void *a, const void *b) {
+    const kvps__rowref *x = (const kvps__rowref *)a, *y = (const kvps__rowref *)b;
+    if (x->srv != y->srv) return x->srv < y->srv ? -1 : 1;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Rows grouped by server, then id, then position: duplicates side by side, first one first. */
+static kvps__rowref *kvps__rows_sorted(const kvps_worker *w, uint64_t table, const uint64_t *ids, size_t n) {
+    kvps__rowref *v = (kvps__rowref *)malloc(n * sizeof *v);
+    if (!v) return NULL;
+    for (size_t i = 0; i < n; i++) { v[i].id = ids[i]; v[i].pos = (uint32_t)i; v[i].srv = (uint32_t)kvps__row_server(w, table, ids[i]); }
+    qsort(v, n, sizeof *v, kvps__cmp_rowref);
+    return v;
+}
+
+static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const uint64_t *ids, const float *grads, float *rows,
+                                 size_t nrows, kvps_req *out) {
+    if (!w || !ids || !out || nrows == 0 || nrows >= UINT32_MAX || (op == KVPS__OP_PUSH_ROWS ? !grads : !rows))
+        return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    if (ti < 0 || ti >= w->ntables) return KVPS_ERR_TABLE;
+    uint64_t table = w->tables[ti].id;
+    uint32_t dim = w->tables[ti].dim;
+    kvps__rowref *v = kvps__rows_sorted(w, table, ids, nrows);
+    uint64_t *uid = (uint64_t *)malloc(nrows * sizeof *uid);
+    float *vals = op == KVPS__OP_PUSH_ROWS ? (float *)malloc(nrows * dim * sizeof(float)) : NULL;
+    kvps__req *q = v && uid && (vals || op != KVPS__OP_PUSH_ROWS) ? kvps__req_new(w, op == KVPS__OP_PULL_ROWS ? nrows : 0) : NULL;
+    kvps_result r = q ? KVPS_OK : KVPS_ERR_NOMEM;
+    if (q && op == KVPS__OP_PULL_ROWS) {
+        q->dups = (uint32_t *)malloc(nrows * 2 * sizeof *q->dups);
+        if (!q->dups) r = KVPS_ERR_NOMEM;
+        q->dup_base = rows;
+        q->dup_dim = dim;
+    }
+    size_t i = 0, nu = 0;
+    while (r == KVPS_OK && i < nrows) {
+        uint32_t srv = v[i].srv;
+        size_t first = nu;
+        q->dbegin[srv] = (uint32_t)nu;
+        while (i < nrows && v[i].srv == srv) {
+            size_t j = i; /* the run of one id */
+            uid[nu] = v[i].id;
+            if (vals) memcpy(vals + nu * dim, grads + (size_t)v[i].pos * dim, dim * sizeof(float));
+            if (q->dest) { q->dest[nu].ptr = rows + (size_t)v[i].pos * dim; q->dest[nu].len = dim; }
+            for (j = i + 1; j < nrows && v[j].id == v[i].id && v[j].srv == srv; j++) {
+                if (vals) kvps__add(vals + nu * dim, grads + (size_t)v[j].pos * dim, dim);
+                if (q->dups) { q->dups[2 * q->ndups] = v[i].pos; q->dups[2 * q->ndups + 1] = v[j].pos; q->ndups++; }
+            }
+            nu++;
+            i = j;
+        }
+        r = kvps__send_table(w, q, (int)srv, op, table, dim, uid + first, (uint32_t)(nu - first), vals ? vals + first * dim : NULL,
+                             (nu - first) * dim * sizeof(float));
+    }
+    /* dbegin[s + 1] must bound server s's rows for the reply scatter: fill the gaps */
+    if (q) {
+        q->dbegin[w->n] = (uint32_t)nu;
+        for (int s2 = w->n - 1; s2 >= 0; s2--)
+            if (!q->state[s2]) q->dbegin[s2] = q->dbegin[s2 + 1];
+    }
+    free(v);
+    free(uid);
+    free(vals);
+    if (!q) return r;
+    if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
+    if (r != KVPS_OK) q->status = r;
+    *out = q->id;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_push_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, const float *grads, size_t nrows,
+                                           kvps_req *out) {
+    return kvps__rows_op(w, KVPS__OP_PUSH_ROWS, t, ids, grads, NULL, nrows, out);
+}
+KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const uint64_t *ids, float *rows, size_t nrows,
+                                           kvps_req *out) {
+    return kvps__rows_op(w, KVPS__OP_PULL_ROWS, t, ids, NULL, rows, nrows, out);
+}
+
+KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
+    if (!w || !out) return KVPS_ERR_INVALID_ARG;
+    *out = 0;
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return KVPS_ERR_NOMEM;
+    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    *out = q->id;
+    return KVPS_OK;
+}
+
+// >>progress
+/* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
+/* An error reply's text, as the worker's last error: "server i: text". */
+static void kvps__reply_text(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
+    char text[256] = "";
+    if (nfr > 1) {
+        size_t n = zmq_msg_size(&fr[1]);
+        if (n > sizeof text - 1) n = sizeof text - 1;
+        memcpy(text, zmq_msg_data(&fr[1]), n);
+        text[n] = 0;
+    }
+    snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
+}
+
+static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
+    kvps__hdr h;
+    if (zmq_msg_size(&fr[0]) < sizeof h) {
+        kvps__log(KVPS_LOG_WARN, "worker %d: short reply from server %d dropped", w->desc.rank, srv);
+        return;
+    }
+    memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
+    kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
+    if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
+        kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
+                  (unsigned long long)h.req_id);
+        return;
+    }
+    q->pending--;
+    if (h.status == KVPS_ERR_PEER_LOST && q->nkept[srv]) {
+        /* the server is fine but cannot complete the pull or barrier yet: a worker it waits for
+           is lost. What the request pushed is applied and stays so (the server keeps it in its
+           re-send window): keep the frames, so that waiting again re-sends the same request
+           and gets the rest, with no push applied twice */
+        q->state[srv] = 3;
+        q->lost++;
+        q->lost_at = kvps__now_ms();
+        kvps__reply_text(w, srv, fr, nfr);
+        return;
+    }
+    q->state[srv] = 2;
+    kvps__req_drop_kept(q, srv);
+    if (h.status > 0) { /* not a kvps_result: a broken server */
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
+        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
+        return;
+    }
+    if (h.status != KVPS_OK) {
+        kvps__reply_text(w, srv, fr, nfr);
+        if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
+        return;
+    }
+    if (!q->dest) return;
+    uint32_t b, e;
+    if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
+    else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
+    if (q->coded_pull) { /* per key [u32 bytes][blob] */
+        const unsigned char *src = nfr > 1 ? (const unsigned char *)zmq_msg_data(&fr[1]) : NULL;
+        size_t size = nfr > 1 ? zmq_msg_size(&fr[1]) : 0, off = 0;
+        kvps_result dr = KVPS_OK;
+        for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
+            uint32_t nb = 0;
+            if (size - off < 4) { dr = KVPS_ERR_TRUNCATED; break; }
+            memcpy(&nb, src + off, 4);
+            if (size - off - 4 < nb) { dr = KVPS_ERR_TRUNCATED; break; }
+            dr = kvps_codec_decode(&q->pull_c, src + off + 4, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
+            off += 4 + (size_t)nb;
+            if (q->tensor) q->tensor->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
+        }
+        if (dr == KVPS_OK && off != size) dr = KVPS_ERR_MALFORMED;
+        if (q->tensor) q->tensor->st.pull_wire_bytes += size;
+        if (dr != KVPS_OK) {
+            snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
+            if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
+        }
+        return;
+    }
+    uint64_t total = 0;
+    for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
+    if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: pull reply of %zu bytes, expected %llu", srv,
+                 nfr < 2 ? (size_t)0 : zmq_msg_size(&fr[1]), (unsigned long long)(total * sizeof(float)));
+        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
+        return;
+    }
+    const char *src = (const char *)zmq_msg_data(&fr[1]);
+    if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
+        kvps__vpart *p = &q->view->part[q->vbase + b];
+        if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
+            zmq_msg_move(&p->msg, &fr[1]);
+            p->data = (const float *)zmq_msg_data(&p->msg);
+        } else if ((p->own = (float *)kvps__alloc_floats(total)) != NULL) {
+            memcpy(p->own, src, (size_t)total * sizeof(float));
+            p->data = p->own;
+        } else if (q->status == KVPS_OK) {
+            q->status = KVPS_ERR_NOMEM;
+        }
+    }
+    for (uint32_t j = b; j < e && !q->view; j++) {
+        memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
+        src += q->dest[j].len * sizeof(float);
+    }
+    if (q->tensor) {
+        q->tensor->st.pull_raw_bytes += total * sizeof(float);
+        q->tensor->st.pull_wire_bytes += total * sizeof(float);
+    }
+}
+
+static int kvps__cmp_req(const void *a, const void *b) {
+    uint64_t x = (*(kvps__req *const *)a)->id, y = (*(kvps__req *const *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Sends the kept frames of q's message to server srv again (references, not copies). */
+static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
+    zmq_msg_t f[2];
+    int nf = q->nkept[srv];
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&f[j]);
+        zmq_msg_copy(&f[j], &q->kept[srv][j]);
+    }
+    return kvps__send_frames(w->socks[srv], f, nf);
+}
+
+/* Re-sends, in the order first sent, every request still waiting for server srv (after its
+   connection came back: what was in flight is lost; the server drops what it already has). */
+static void kvps__resend(kvps_worker *w, int srv) {
+    size_t n = 0;
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) n++;
+    if (!n) return;
+    kvps__req **v = (kvps__req **)malloc(n * sizeof *v);
+    if (!v) return; /* those requests time out instead */
+    n = 0;
+    for (uint32_t i = 0; i < w->nslots; i++)
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) v[n++] = w->slots[i];
+    qsort(v, n, sizeof *v, kvps__cmp_req);
+    for (size_t i = 0; i < n; i++)
+        if (kvps__send_kept(w, v[i], srv) != 0) break;
+    kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent", w->desc.rank, srv, n);
+    free(v);
+}
+
+/* Why a server's handshakes fail: it refused our CURVE key (ZAP), the two sides speak other
+   security mechanisms or break the protocol, or the connection was cut during the handshake
+   KVPS__HS_CUTS times in a row (once is a network or restart event: ZeroMQ reconnects; again
+   and again, with CURVE, is what a wrong server key looks like: the server drops us). */
+enum { KVPS__HS_NONE, KVPS__HS_AUTH, KVPS__HS_PROTOCOL, KVPS__HS_CUT };
+enum { KVPS__HS_CUTS = 3 };
+
+/* What the failing handshakes with server s mean, in words. */
+static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
+    int32_t v = w->hs_val[s];
+    const char *ep = w->endpoints[s];
+    if (w->refused[s] == KVPS__HS_AUTH)
+        snprintf(buf, n, "server %d (%s) refused our CURVE key (ZAP status %d): our public key must be in its curve_clients", s,
+                 ep, (int)v);
+    else if (w->refused[s] == KVPS__HS_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(buf, n, "server %d (%s) and this worker use different security: one of them has CURVE keys "
+                 "(curve_server_keys here, curve_secret_key there) and the other not", s, ep);
+    else if (w->refused[s] == KVPS__HS_PROTOCOL)
+        snprintf(buf, n, "the handshake with server %d (%s) failed: ZMTP protocol error 0x%x (is it a kvps server, of "
+                 "this version?)", s, ep, (unsigned)v);
+    else
+        snprintf(buf, n, "server %d (%s) closed the connection during the handshake %u times in a row (%s)%s", s, ep,
+                 (unsigned)w->hs_cuts[s], zmq_strerror((int)v),
+                 w->curve ? ": check curve_server_keys (with a wrong server key it drops us)" : "");
+}
+
+/* Connection events: a drop marks the server down; its return re-sends what was in flight. */
+static void kvps__watch(kvps_worker *w) {
+    for (int s = 0; s < w->n; s++) {
+        uint16_t ev = 0;
+        int32_t val = 0;
+        while (w->mons[s] && kvps__monitor_event(w->mons[s], &ev, &val)) {
+            if (ev == ZMQ_EVENT_DISCONNECTED) {
+                if (!w->down[s]) {
+                    w->down[s] = 1;
+                    w->down_since[s] = kvps__now_ms();
+                    kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
+                              w->endpoints[s]);
+                }
+            } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                w->refused[s] = KVPS__HS_NONE;
+                w->hs_cuts[s] = 0;
+                if (w->down[s]) {
+                    w->down[s] = 0;
+                    kvps__resend(w, s);
+                }
+            } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+                int why = KVPS__HS_NONE;
+                w->hs_val[s] = val;
+                if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) why = KVPS__HS_AUTH;
+                else if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) why = KVPS__HS_PROTOCOL;
+                else if (w->hs_cuts[s] < UINT16_MAX && ++w->hs_cuts[s] >= KVPS__HS_CUTS) why = KVPS__HS_CUT;
+                else if (w->hs_cuts[s] == 1)
+                    kvps__log(KVPS_LOG_WARN, "worker %d: the connection to server %d (%s) was cut during the handshake "
+                              "(%s); reconnecting", w->desc.rank, s, w->endpoints[s], zmq_strerror((int)val));
+                if (why != KVPS__HS_NONE && w->refused[s] != why) {
+                    w->refused[s] = (uint8_t)why;
+                    char text[300];
+                    kvps__hs_text(w, s, text, sizeof text);
+                    kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, text);
+                }
+                if (!w->down[s]) { w->down[s] = 1; w->down_since[s] = kvps__now_ms(); }
+            }
+        }
+    }
+}
+
+/* Handles every reply that has arrived; with wait_ms > 0, first waits up to that long for one. */
+static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
+    if (wait_ms > 0) {
+        int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
+        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+        if (rc <= 0) return KVPS_OK;
+        for (int s = 0; s < w->n; s++)
+            if (w->items[w->n + s].revents & ZMQ_POLLIN) { w->last_watch = 0; break; }
+    }
+    /* connection events change rarely; reading an empty monitor costs a syscall: every 10 ms */
+    int64_t now = kvps__now_ms();
+    if (now - w->last_watch >= 10) {
+        kvps__watch(w);
+        w->last_watch = now;
+    }
+    for (int s = 0; s < w->n; s++) {
+        for (;;) {
+            zmq_msg_t fr[2];
+            int extra;
+            int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
+            if (n < 0) return KVPS_ERR_ZMQ;
+            if (n == 0) break;
+            kvps__on_reply(w, s, fr, n);
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        }
+    }
+    return KVPS_OK;
+}
+
+/* Work left for when every reply is in: rows asked for more than once get their copies. */
+static void kvps__req_finish(kvps__req *q) {
+    if (q->status != KVPS_OK) return;
+    for (size_t i = 0; i < q->ndups; i++)
+        memcpy(q->dup_base + (size_t)q->dups[2 * i + 1] * q->dup_dim, q->dup_base + (size_t)q->dups[2 * i] * q->dup_dim,
+               q->dup_dim * sizeof(float));
+}
+
+/* Nothing in flight: every reply is in and ZeroMQ holds none of the pushed bytes (with parts
+   answered KVPS_ERR_PEER_LOST the worker itself keeps references to re-send them). */
+static int kvps__req_done(kvps__req *q) {
+    return q->pending == 0 && (q->lost || __atomic_load_n(&q->refs, __ATOMIC_ACQUIRE) == 1);
+}
+
+/* The first round of a chained request that is still busy; NULL when all are done. */
+static kvps__req *kvps__chain_busy(kvps_worker *w, kvps__req *q) {
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
+        if (!kvps__req_done(q)) return q;
+    return NULL;
+}
+
+/* Ends every round of a finished request; its result is the first error among them. */
+static kvps_result kvps__chain_end(kvps_worker *w, kvps__req *q) {
+    kvps_result r = KVPS_OK;
+    while (q) {
+        kvps__req *nx = q->next ? kvps__req_get(w, q->next) : NULL;
+        if (r == KVPS_OK) r = q->status;
+        kvps__req_finish(q);
+        kvps__req_end(w, q);
+        q = nx;
+    }
+    return r;
+}
+
+/* The first round of a finished chain that has parts answered KVPS_ERR_PEER_LOST by their
+   server (a lost worker); NULL when there is none, or when a round failed for good (the
+   request then ends with that error). */
+static kvps__req *kvps__chain_lost(kvps_worker *w, kvps__req *q) {
+    kvps__req *first = NULL;
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL) {
+        if (q->status != KVPS_OK) return NULL;
+        if (q->lost && !first) first = q;
+    }
+    return first;
+}
+
+/* Re-sends every part of the chain answered KVPS_ERR_PEER_LOST (the servers apply no push
+   twice: the pushpull's re-send gets its pull, a barrier is entered again). */
+static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
+    for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
+        for (int s = 0; s < w->n && q->lost; s++) {
+            if (q->state[s] != 3) continue;
+            q->state[s] = 1; /* a send that fails is re-sent when the connection is back */
+            q->lost--;
+            q->pending++;
+            if (kvps__send_kept(w, q, s) != 0)
+                kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
+        }
+}
+
+/* How often parts answered KVPS_ERR_PEER_LOST are re-sent while a wait rides the loss out. */
+enum { KVPS__LOST_RETRY_MS = 100 };
+
+KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
+    if (!w || !done) return KVPS_ERR_INVALID_ARG;
+    *done = 0;
+    kvps__req *q = kvps__req_get(w, req);
+    if (!q) return KVPS_ERR_INVALID_REQ;
+    kvps_result r = kvps__progress(w, 0);
+    if (r != KVPS_OK) return r;
+    if (kvps__chain_busy(w, q)) return KVPS_OK;
+    kvps__req *l = kvps__chain_lost(w, q);
+    if (l) { /* the request stays valid: re-sent now and then while test is called */
+        if (kvps__now_ms() - l->lost_at >= KVPS__LOST_RETRY_MS) kvps__chain_retry(w, q);
+        q->lost_told = 1;
+        return KVPS_ERR_PEER_LOST;
+    }
+    *done = 1;
+    return kvps__chain_end(w, q);
+}
+
+KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    kvps__req *q = kvps__req_get(w, req);
+    if (!q) return KVPS_ERR_INVALID_REQ;
+    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
+       caller has been told of the loss, rides it out until its deadline (a first such answer
+       is reported at once) */
+    kvps__chain_retry(w, q);
+    for (;;) {
+        kvps_result r = kvps__progress(w, 0);
+        if (r != KVPS_OK) return r;
+        kvps__req *c = kvps__chain_busy(w, q); /* the round to report on */
+        if (!c) {
+            kvps__req *l = kvps__chain_lost(w, q);
+            if (!l) break;
+            int64_t now = kvps__now_ms();
+            if (!q->lost_told || now >= deadline) {
+                q->lost_told = 1;
+                return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
+            }
+            int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
+            if (pause <= 0) { kvps__chain_retry(w, q); continue; }
+            r = kvps__progress(w, (long)(pause < deadline - now ? pause : deadline - now)); /* a sleep */
+            if (r != KVPS_OK) return r;
+            continue;
+        }
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) {
+            kvps__watch(w); /* the latest connection state decides which error this is */
+            for (int s = 0; s < w->n; s++)
+                if (c->state[s] == 1 && w->refused[s]) {
+                    kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
+                    return KVPS_ERR_AUTH;
+                }
+            for (int s = 0; s < w->n; s++)
+                if (c->state[s] == 1 && w->down[s]) {
+                    snprintf(w->errmsg, sizeof w->errmsg,
+                             "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
+                             s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
+                    return KVPS_ERR_PEER_LOST;
+                }
+            snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
+                     c->pending, c->sent);
+            return KVPS_ERR_TIMEOUT;
+        }
+        if (c->pending > 0) {
+            r = kvps__progress(w, left);
+            if (r != KVPS_OK) return r;
+        } else {
+            sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
+        }
+    }
+    return kvps__chain_end(w, q);
 }
 
 #endif /* KVPS__IMPLEMENTED */
