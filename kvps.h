@@ -2196,6 +2196,7 @@ enum {
     KVPS__OP_PUSH_ROWS = 7,
     KVPS__OP_PULL_ROWS = 8,
     KVPS__OP_TABLE = 9,
+    KVPS__OP_COUNT = 10,
     KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
     KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
     KVPS__OP_REPLY = 0x80,
@@ -2223,12 +2224,34 @@ typedef struct kvps__kent {
 typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
 typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
 
-static int kvps__op_has_values(int op) {
-    return op == KVPS__OP_PUSH || op == KVPS__OP_PUSHPULL || op == KVPS__OP_INIT || op == KVPS__OP_CONFIG ||
-           op == KVPS__OP_PUSH_ROWS || op == KVPS__OP_TABLE;
+/* What an op carries and allows: kvps__ops (dispatch). */
+static int kvps__op_has_values(int op);
+static int kvps__op_pulls(int op);
+
+/* A coded values frame: per key [u32 bytes][codec blob], walked in key order. */
+typedef struct kvps__blobs {
+    const unsigned char *p;
+    size_t size, off;
+} kvps__blobs;
+static kvps__blobs kvps__blobs_of(zmq_msg_t *m) {
+    kvps__blobs it;
+    it.p = (const unsigned char *)zmq_msg_data(m);
+    it.size = zmq_msg_size(m);
+    it.off = 0;
+    return it;
 }
-static int kvps__op_table(int op) { return op >= KVPS__OP_PUSH_ROWS && op <= KVPS__OP_TABLE; }
-static int kvps__op_pulls(int op) { return op == KVPS__OP_PULL || op == KVPS__OP_PUSHPULL; }
+/* The next blob: 1 with *blob and *bytes; 0 when it runs past the frame (*bytes: its length);
+   -1 when not even its length is there. */
+static int kvps__blob_next(kvps__blobs *it, const unsigned char **blob, uint32_t *bytes) {
+    *blob = NULL;
+    *bytes = 0;
+    if (it->size - it->off < 4) return -1;
+    *bytes = kvps_el_get32(it->p + it->off);
+    if (it->size - it->off - 4 < *bytes) return 0;
+    *blob = it->p + it->off + 4;
+    it->off += 4 + (size_t)*bytes;
+    return 1;
+}
 
 /* Sends a whole multipart message; frames are closed (ownership passes to ZeroMQ). */
 static int kvps__send_frames(void *sock, zmq_msg_t *frames, int n) {
@@ -2486,15 +2509,13 @@ struct kvps_server {
     void *zap;                /* the ZAP handler (REP on inproc://zeromq.zap.01) */
     uint8_t (*curve_ok)[32];
     int ncurve_ok;
-    /* request scratch: key indices, unaligned values, decoded contributions, blob offsets */
+    /* request scratch: key indices, unaligned values, decoded contributions */
     uint32_t *scratch_idx;
     size_t scratch_cap;
     float *scratch;
     size_t scratch_len;
     float *dscratch;
     size_t dscratch_len;
-    uint64_t *blob_off;
-    size_t blob_cap;
     /* checkpoints: asked for by other threads (ckpt_req), written by the serving thread */
     pthread_mutex_t ckpt_mu;
     pthread_cond_t ckpt_cv;
@@ -2562,13 +2583,40 @@ static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
 }
 
 /* Replies [id][hdr][text] with an error; id is copied, not consumed. */
-static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc,
-                              const char *fmt, ...) {
+/* A reply's header: the request's, with the reply bit and the status. An error reply carries
+   only the op, who asked and which request (req NULL: no header could be read). */
+static kvps__hdr kvps__reply_hdr(const kvps__hdr *req, kvps_result status) {
+    kvps__hdr h;
+    if (req && status == KVPS_OK) {
+        h = *req;
+    } else {
+        memset(&h, 0, sizeof h);
+        h.magic = KVPS__MAGIC;
+        h.version = KVPS__VERSION;
+        if (req) { h.op = req->op; h.rank = req->rank; h.req_id = req->req_id; }
+    }
+    h.op = (uint8_t)(h.op | KVPS__OP_REPLY);
+    h.status = status;
+    return h;
+}
+
+/* The first two frames of a reply: the routing id (copied, or moved out of *id) and the header. */
+static void kvps__reply_start(zmq_msg_t f[2], zmq_msg_t *id, int move, const kvps__hdr *h) {
+    if (move) {
+        f[0] = *id;
+        zmq_msg_init(id);
+    } else {
+        zmq_msg_init(&f[0]);
+        zmq_msg_copy(&f[0], id);
+    }
+    kvps__msg_from_buf(&f[1], h, sizeof *h);
+}
+
+/* Replies [id][hdr][text] with an error; id is copied, not consumed. */
+static void kvps__reply_errorv(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc, const char *fmt,
+                               va_list ap) {
     char text[256];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     KVPS__STAT_ADD(s, errors, 1);
     /* a rejected request was not applied: a re-send of it must not count as a duplicate */
     if (req && req->status != 0 && req->rank < (uint32_t)s->m && s->seen[req->rank].inc == (uint32_t)req->status &&
@@ -2576,32 +2624,25 @@ static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *re
         kvps__seen_set(&s->seen[req->rank], req->req_id >> 24, 0);
     kvps__log(KVPS_LOG_WARN, "server %d: rejected request from rank %u: %s (%s)", s->desc.rank,
               req ? req->rank : 0u, text, kvps_result_str(rc));
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)((req ? req->op : 0) | KVPS__OP_REPLY);
-    h.rank = req ? req->rank : 0;
-    h.req_id = req ? req->req_id : 0;
-    h.status = rc;
+    kvps__hdr h = kvps__reply_hdr(req, rc);
     zmq_msg_t f[3];
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    kvps__reply_start(f, id, 0, &h);
     kvps__msg_from_buf(&f[2], text, strlen(text));
     kvps__server_send(s, f, 3);
 }
+static void kvps__reply_error(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, kvps_result rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kvps__reply_errorv(s, id, req, rc, fmt, ap);
+    va_end(ap);
+}
 
 /* Replies [id][hdr] with status OK and no payload; id is copied, not consumed. */
-static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
-    kvps__hdr rh = *h;
-    rh.op |= KVPS__OP_REPLY;
-    rh.status = KVPS_OK;
-    rh.nkeys = 0;
+static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req) {
+    kvps__hdr h = kvps__reply_hdr(req, KVPS_OK);
+    h.nkeys = 0;
     zmq_msg_t f[2];
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__reply_start(f, id, 0, &h);
     kvps__server_send(s, f, 2);
 }
 
@@ -2934,13 +2975,9 @@ static kvps__key *kvps__pull_blocker(const kvps_server *s, const kvps__hdr *hdr,
 static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr, const uint32_t *idx) {
     uint64_t total = 0;
     for (uint32_t i = 0; i < hdr->nkeys; i++) total += s->keys[idx[i]]->len;
-    kvps__hdr h = *hdr;
-    h.op |= KVPS__OP_REPLY;
-    h.status = KVPS_OK;
+    kvps__hdr h = kvps__reply_hdr(hdr, KVPS_OK);
     zmq_msg_t f[3];
-    f[0] = *id; /* moved */
-    zmq_msg_init(id);
-    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    kvps__reply_start(f, id, 1, &h);
     if (hdr->flags & KVPS__FLAG_CODED_REPLY) { /* per key [u32 bytes][blob] */
         kvps_codec tmp;
         const kvps_codec *cd = kvps__server_codec(s, (int)hdr->aux, &tmp);
@@ -2952,8 +2989,7 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
             kvps__key *k = s->keys[idx[i]];
             size_t nb = 0;
             er = kvps_codec_encode(cd, k->value, (size_t)k->len, NULL, buf + used + 4, cap - used - 4, &nb);
-            uint32_t nb32 = (uint32_t)nb;
-            memcpy(buf + used, &nb32, 4);
+            kvps__put32(buf + used, (uint32_t)nb);
             used += 4 + nb;
         }
         if (er != KVPS_OK || kvps__msg_from_buf(&f[2], buf, used) != 0) {
@@ -3041,13 +3077,9 @@ static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
         kvps__parked *w = *pp;
         if (w->hdr.aux != gen) { pp = &w->next; continue; }
         *pp = w->next;
-        kvps__hdr rh = w->hdr;
-        rh.op |= KVPS__OP_REPLY;
-        rh.status = KVPS_OK;
+        kvps__hdr rh = kvps__reply_hdr(&w->hdr, KVPS_OK);
         zmq_msg_t f[2];
-        f[0] = w->id;
-        zmq_msg_init(&w->id);
-        kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+        kvps__reply_start(f, &w->id, 1, &rh);
         kvps__server_send(s, f, 2);
         kvps__parked_free(w);
     }
@@ -3398,9 +3430,7 @@ static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h
     }
     zmq_msg_t f[3];
     int nf = 2;
-    kvps__hdr rh = *h;
-    rh.op |= KVPS__OP_REPLY;
-    rh.status = KVPS_OK;
+    kvps__hdr rh = kvps__reply_hdr(h, KVPS_OK);
     if (h->op == KVPS__OP_PULL_ROWS) {
         if (zmq_msg_init_size(&f[2], nrows * t->dim * sizeof(float)) != 0) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "reply"); return; }
         float *dst = (float *)zmq_msg_data(&f[2]);
@@ -3429,351 +3459,435 @@ static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h
         }
         KVPS__STAT_ADD(s, pushes, nrows);
     }
-    zmq_msg_init(&f[0]);
-    zmq_msg_copy(&f[0], id);
-    kvps__msg_from_buf(&f[1], &rh, sizeof rh);
+    kvps__reply_start(f, id, 0, &rh);
     kvps__server_send(s, f, nf);
 }
 
 // >>dispatch
-static void kvps__rejoin(kvps_server *s, int r);
-static void kvps__liveness_events(kvps_server *s);
+/* The request path: kvps__handle parses a request (changing nothing), notes that its worker is
+   alive, drops a re-send of something already applied, and hands it to its op's handler. The
+   table of ops says what each op allows; each check refuses through kvps__refuse, which
+   answers the error and leaves no state changed. */
+typedef struct kvps__rq { /* one request being served */
+    zmq_msg_t *id, *fr;       /* routing id (fr[0]); frames: [id][meta][values?] */
+    int nfr;
+    kvps__hdr h;
+    int has_hdr;              /* h was read */
+    const struct kvps__op_spec *op;
+    const unsigned char *ents; /* meta after the header: nkeys x kvps__kent */
+    size_t msz;               /* meta frame bytes */
+    uint32_t *idx;            /* keyed ops: key indices (UINT32_MAX: new) */
+    uint32_t nnew;
+    uint64_t total;           /* floats of all keys */
+    int coded, defer;
+} kvps__rq;
+
+typedef struct kvps__op_spec {
+    const char *name;
+    uint8_t values;   /* a values frame follows the meta frame */
+    uint8_t coded;    /* the values may be codec blobs (KVPS__FLAG_CODED) */
+    uint8_t pulls;    /* answered with the keys' values, which may be coded (KVPS__FLAG_CODED_REPLY) */
+    uint8_t mutates;  /* changes state: the exactly-once window sees it */
+    void (*serve)(kvps_server *s, kvps__rq *q);
+} kvps__op_spec;
+
+static void kvps__serve_keys(kvps_server *s, kvps__rq *q);
+static void kvps__serve_barrier(kvps_server *s, kvps__rq *q);
+static void kvps__serve_table(kvps_server *s, kvps__rq *q) { kvps__handle_table(s, q->id, &q->h, q->fr, q->nfr); }
+
+/* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
+static const kvps__op_spec kvps__ops[KVPS__OP_COUNT] = {
+    {"none", 0, 0, 0, 0, NULL},
+    {"push", 1, 1, 0, 1, kvps__serve_keys},
+    {"pull", 0, 0, 1, 0, kvps__serve_keys},
+    {"pushpull", 1, 1, 1, 1, kvps__serve_keys},
+    {"init", 1, 1, 0, 1, kvps__serve_keys},
+    {"barrier", 0, 0, 0, 1, kvps__serve_barrier},
+    {"config", 1, 0, 0, 1, kvps__serve_keys},
+    {"push_rows", 1, 0, 0, 1, kvps__serve_table},
+    {"pull_rows", 0, 0, 0, 0, kvps__serve_table},
+    {"table", 1, 0, 0, 1, kvps__serve_table},
+};
+static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
+static int kvps__op_pulls(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].pulls; }
+
+/* Answers the request with an error (see kvps__reply_error); returns 0, so a check can end with
+   `return kvps__refuse(...)`. */
+static int kvps__refuse(kvps_server *s, const kvps__rq *q, kvps_result rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kvps__reply_errorv(s, q->id, q->has_hdr ? &q->h : NULL, rc, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+/* The header and what the op allows, read from the message alone; 0 when refused. */
+static int kvps__parse(kvps_server *s, kvps__rq *q) {
+    size_t msz = q->msz = zmq_msg_size(&q->fr[1]);
+    if (msz < KVPS__HDR) return kvps__refuse(s, q, KVPS_ERR_TRUNCATED, "meta frame of %zu bytes, header needs %d", msz, KVPS__HDR);
+    memcpy(&q->h, zmq_msg_data(&q->fr[1]), sizeof q->h);
+    q->ents = (const unsigned char *)zmq_msg_data(&q->fr[1]) + KVPS__HDR;
+    const kvps__hdr *h = &q->h;
+    if (h->magic != KVPS__MAGIC) return kvps__refuse(s, q, KVPS_ERR_MAGIC, "magic 0x%08x", h->magic);
+    q->has_hdr = 1;
+    if (h->version != KVPS__VERSION)
+        return kvps__refuse(s, q, KVPS_ERR_VERSION, "version %u, this server speaks %d", h->version, KVPS__VERSION);
+    if (h->op < KVPS__OP_PUSH || h->op >= KVPS__OP_COUNT) return kvps__refuse(s, q, KVPS_ERR_OP, "op %u", h->op);
+    q->op = &kvps__ops[h->op];
+    if ((h->flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) || ((h->flags & KVPS__FLAG_CODED) && !q->op->coded) ||
+        ((h->flags & KVPS__FLAG_CODED_REPLY) && !q->op->pulls))
+        return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h->flags, h->op);
+    kvps_codec tmp;
+    if ((h->flags & KVPS__FLAG_CODED_REPLY) &&
+        (!kvps__server_codec(s, (int)h->aux, &tmp) || (kvps__codec_info((int)h->aux) && !kvps__codec_info((int)h->aux)->dense)))
+        return kvps__refuse(s, q, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h->aux);
+    if (h->rank >= (uint32_t)s->m) return kvps__refuse(s, q, KVPS_ERR_RANK, "rank %u, server has %d workers", h->rank, s->m);
+    q->coded = (h->flags & KVPS__FLAG_CODED) != 0;
+    return 1;
+}
+
+/* Liveness: the worker spoke, from this connection. */
+static void kvps__heard_from(kvps_server *s, kvps__rq *q) {
+    uint32_t r = q->h.rank;
+    int fd = zmq_msg_get(&q->fr[1], ZMQ_SRCFD); /* -1 on inproc */
+    if (fd >= 0 && s->rank_fd[r] != fd) {
+        /* a new connection: first take in the drops already reported, one of which may be of an
+           earlier connection that had this same fd number */
+        kvps__liveness_events(s);
+        s->rank_fd[r] = fd;
+    }
+    if (s->gone_since[r] || s->lost[r] || s->out[r]) {
+        if (s->out[r]) kvps__rejoin(s, (int)r);
+        else if (s->lost[r]) {
+            s->nlost--;
+            kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, r);
+        }
+        s->gone_since[r] = 0;
+        s->lost[r] = 0;
+    }
+}
+
+/* Exactly-once: 0 when the request was applied before (answered here, or when the barrier it
+   re-sends completes) or is too old to tell; a re-sent pushpull goes on as its pull. */
+static int kvps__fresh(kvps_server *s, kvps__rq *q) {
+    kvps__hdr *h = &q->h;
+    if (h->status == 0 || !q->op->mutates) return 1; /* untracked (a raw client), or changes nothing */
+    int fresh = kvps__seen_check(&s->seen[h->rank], (uint32_t)h->status, h->req_id >> 24);
+    if (fresh < 0)
+        return kvps__refuse(s, q, KVPS_ERR_REPLAY, "request %llu of rank %u re-sent after %llu newer ones",
+                            (unsigned long long)(h->req_id >> 24), h->rank, (unsigned long long)KVPS__SEEN_WIN);
+    if (fresh) return 1;
+    KVPS__STAT_ADD(s, duplicates, 1);
+    if (h->op != KVPS__OP_PUSHPULL) {
+        if (h->op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
+        return 0; /* (a barrier still open answers the same routing id when it completes) */
+    }
+    h->op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
+    h->flags &= (uint16_t)~KVPS__FLAG_CODED;
+    q->op = &kvps__ops[KVPS__OP_PULL];
+    q->coded = 0;
+    q->nfr = 2;
+    return 1;
+}
+
+/* One request, whole: [id][meta][values?]. */
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
-    zmq_msg_t *id = &fr[0];
+    kvps__rq q;
+    memset(&q, 0, sizeof q);
+    q.id = &fr[0];
+    q.fr = fr;
+    q.nfr = nfr;
     if (nfr < 2) {
         KVPS__STAT_ADD(s, errors, 1);
         kvps__log(KVPS_LOG_WARN, "server %d: dropped a message with no meta frame", s->desc.rank);
         return;
     }
-    size_t msz = zmq_msg_size(&fr[1]);
-    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
-    kvps__hdr h;
-    if (msz < KVPS__HDR) {
-        kvps__reply_error(s, id, NULL, KVPS_ERR_TRUNCATED, "meta frame of %zu bytes, header needs %d",
-                          msz, KVPS__HDR);
-        return;
-    }
-    memcpy(&h, meta, sizeof h);
-    if (h.magic != KVPS__MAGIC) {
-        kvps__reply_error(s, id, NULL, KVPS_ERR_MAGIC, "magic 0x%08x", h.magic);
-        return;
-    }
-    if (h.version != KVPS__VERSION) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_VERSION, "version %u, this server speaks %d", h.version,
-                          KVPS__VERSION);
-        return;
-    }
-    if (h.op < KVPS__OP_PUSH || h.op > KVPS__OP_TABLE) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_OP, "op %u", h.op);
-        return;
-    }
-    if ((h.flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) ||
-        ((h.flags & KVPS__FLAG_CODED) && (!kvps__op_has_values(h.op) || h.op == KVPS__OP_CONFIG || kvps__op_table(h.op))) ||
-        ((h.flags & KVPS__FLAG_CODED_REPLY) && !kvps__op_pulls(h.op))) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h.flags, h.op);
-        return;
-    }
-    kvps_codec reply_codec_tmp;
-    if ((h.flags & KVPS__FLAG_CODED_REPLY) &&
-        (!kvps__server_codec(s, (int)h.aux, &reply_codec_tmp) || (kvps__codec_info((int)h.aux) && !kvps__codec_info((int)h.aux)->dense))) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h.aux);
-        return;
-    }
-    if (h.rank >= (uint32_t)s->m) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_RANK, "rank %u, server has %d workers", h.rank, s->m);
-        return;
-    }
-    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD); /* -1 on inproc */
-    if (fd >= 0 && s->rank_fd[h.rank] != fd) {
-        /* a new connection: first take in the drops already reported, one of which may be of an
-           earlier connection that had this same fd number */
-        kvps__liveness_events(s);
-        s->rank_fd[h.rank] = fd;
-    }
-    if (s->gone_since[h.rank] || s->lost[h.rank] || s->out[h.rank]) {
-        if (s->out[h.rank]) kvps__rejoin(s, (int)h.rank);
-        else if (s->lost[h.rank]) {
-            s->nlost--;
-            kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, h.rank);
-        }
-        s->gone_since[h.rank] = 0;
-        s->lost[h.rank] = 0;
-    }
-    if (h.status != 0 && (kvps__op_has_values(h.op) || h.op == KVPS__OP_BARRIER)) { /* changes state */
-        int fresh = kvps__seen_check(&s->seen[h.rank], (uint32_t)h.status, h.req_id >> 24);
-        if (fresh < 0) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_REPLAY, "request %llu of rank %u re-sent after %llu newer ones",
-                              (unsigned long long)(h.req_id >> 24), h.rank, (unsigned long long)KVPS__SEEN_WIN);
-            return;
-        }
-        if (fresh == 0) { /* a re-send of something applied: answer, change nothing */
-            KVPS__STAT_ADD(s, duplicates, 1);
-            if (h.op != KVPS__OP_PUSHPULL) {
-                if (h.op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h.rank)) kvps__reply_ack(s, id, &h);
-                return; /* (a barrier still open answers the same routing id when it completes) */
-            }
-            h.op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
-            h.flags &= (uint16_t)~KVPS__FLAG_CODED;
-            nfr = 2;
-        }
-    }
-    if (kvps__op_table(h.op)) {
-        kvps__handle_table(s, id, &h, fr, nfr);
-        return;
-    }
-    int want_frames = kvps__op_has_values(h.op) ? 3 : 2;
-    if (nfr != want_frames) {
-        kvps__reply_error(s, id, &h, nfr < want_frames ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "%d frames, op %u takes %d", nfr - 1, h.op, want_frames - 1);
-        return;
-    }
-    if ((uint64_t)(msz - KVPS__HDR) != (uint64_t)h.nkeys * KVPS__KENT) {
-        kvps__reply_error(s, id, &h, msz - KVPS__HDR < (uint64_t)h.nkeys * KVPS__KENT ? KVPS_ERR_TRUNCATED
-                                                                                    : KVPS_ERR_MALFORMED,
-                          "meta frame of %zu bytes for %u keys", msz, h.nkeys);
-        return;
-    }
-    if (h.op == KVPS__OP_BARRIER) {
-        if (h.nkeys != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
-        if (s->desc.rank != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
-        kvps__barrier(s, id, &h);
-        return;
-    }
-    if (h.nkeys == 0) {
-        kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "request with no keys");
-        return;
-    }
-    /* Pass 1: lengths, sizes, duplicates; no state changes. */
-    const unsigned char *ents = meta + KVPS__HDR;
-    uint64_t total = 0;
-    if (s->scratch_cap < h.nkeys) {
-        uint32_t *ni = (uint32_t *)realloc(s->scratch_idx, (size_t)h.nkeys * sizeof *ni);
-        if (!ni) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
+    if (!kvps__parse(s, &q)) return;
+    kvps__heard_from(s, &q);
+    if (!kvps__fresh(s, &q)) return;
+    q.op->serve(s, &q);
+}
+
+/* Keyed ops and the barrier: the frame count and a meta frame of nkeys entries. */
+static int kvps__check_frames(kvps_server *s, const kvps__rq *q) {
+    int want = q->op->values ? 3 : 2;
+    if (q->nfr != want)
+        return kvps__refuse(s, q, q->nfr < want ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "%d frames, op %u takes %d",
+                            q->nfr - 1, q->h.op, want - 1);
+    uint64_t need = (uint64_t)q->h.nkeys * KVPS__KENT;
+    if ((uint64_t)(q->msz - KVPS__HDR) != need)
+        return kvps__refuse(s, q, q->msz - KVPS__HDR < need ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                            "meta frame of %zu bytes for %u keys", q->msz, q->h.nkeys);
+    return 1;
+}
+
+static void kvps__serve_barrier(kvps_server *s, kvps__rq *q) {
+    if (!kvps__check_frames(s, q)) return;
+    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
+    if (s->desc.rank != 0) { kvps__refuse(s, q, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
+    kvps__barrier(s, q->id, &q->h);
+}
+
+static kvps__kent kvps__ent(const kvps__rq *q, uint32_t i) {
+    kvps__kent e;
+    memcpy(&e, q->ents + (size_t)i * KVPS__KENT, sizeof e);
+    return e;
+}
+
+/* Each key's length, the total, which keys exist, and no key twice among those that do. */
+static int kvps__check_keys(kvps_server *s, kvps__rq *q) {
+    uint32_t n = q->h.nkeys;
+    if (n == 0) return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "request with no keys");
+    if (s->scratch_cap < n) {
+        uint32_t *ni = (uint32_t *)realloc(s->scratch_idx, (size_t)n * sizeof *ni);
+        if (!ni) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "%u keys", n);
         s->scratch_idx = ni;
-        s->scratch_cap = h.nkeys;
+        s->scratch_cap = n;
     }
-    uint32_t *idx = s->scratch_idx;
+    q->idx = s->scratch_idx;
     uint64_t stamp = ++s->stamp;
-    uint32_t nnew = 0;
-    for (uint32_t i = 0; i < h.nkeys; i++) {
-        kvps__kent e;
-        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-        if (e.len == 0 || e.len > s->desc.max_value_len) {
-            kvps__reply_error(s, id, &h, e.len ? KVPS_ERR_TOO_LARGE : KVPS_ERR_MALFORMED,
-                              "key %llu: length %llu (limit %llu)", (unsigned long long)e.key,
-                              (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
-            return;
-        }
-        if (total > UINT64_MAX / sizeof(float) - e.len) { /* max_value_len caps e.len; nkeys can still add up */
-            kvps__reply_error(s, id, &h, KVPS_ERR_TOO_LARGE, "lengths add up past 2^62 floats");
-            return;
-        }
-        total += e.len;
-        idx[i] = kvps__find(s, e.key);
-        if (idx[i] == UINT32_MAX) { nnew++; continue; }
-        kvps__key *k = s->keys[idx[i]];
-        if (k->len != e.len) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_LEN_MISMATCH, "key %llu: length %llu, registered %llu",
-                              (unsigned long long)e.key, (unsigned long long)e.len, (unsigned long long)k->len);
-            return;
-        }
-        if (k->stamp == stamp) {
-            kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "key %llu", (unsigned long long)e.key);
-            return;
-        }
+    for (uint32_t i = 0; i < n; i++) {
+        kvps__kent e = kvps__ent(q, i);
+        if (e.len == 0 || e.len > s->desc.max_value_len)
+            return kvps__refuse(s, q, e.len ? KVPS_ERR_TOO_LARGE : KVPS_ERR_MALFORMED, "key %llu: length %llu (limit %llu)",
+                                (unsigned long long)e.key, (unsigned long long)e.len, (unsigned long long)s->desc.max_value_len);
+        if (q->total > UINT64_MAX / sizeof(float) - e.len) /* max_value_len caps e.len; nkeys can still add up */
+            return kvps__refuse(s, q, KVPS_ERR_TOO_LARGE, "lengths add up past 2^62 floats");
+        q->total += e.len;
+        q->idx[i] = kvps__find(s, e.key);
+        if (q->idx[i] == UINT32_MAX) { q->nnew++; continue; }
+        kvps__key *k = s->keys[q->idx[i]];
+        if (k->len != e.len)
+            return kvps__refuse(s, q, KVPS_ERR_LEN_MISMATCH, "key %llu: length %llu, registered %llu", (unsigned long long)e.key,
+                                (unsigned long long)e.len, (unsigned long long)k->len);
+        if (k->stamp == stamp) return kvps__refuse(s, q, KVPS_ERR_DUP_KEY, "key %llu", (unsigned long long)e.key);
         k->stamp = stamp;
     }
-    int coded = (h.flags & KVPS__FLAG_CODED) != 0;
-    if (coded) { /* every blob framed, of a known codec, and valid, before anything changes */
-        if (s->blob_cap < h.nkeys) {
-            uint64_t *nb = (uint64_t *)realloc(s->blob_off, (size_t)h.nkeys * sizeof *nb);
-            if (!nb) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u keys", h.nkeys); return; }
-            s->blob_off = nb;
-            s->blob_cap = h.nkeys;
+    return 1;
+}
+
+/* Coded values: every blob framed, of a known codec, and valid, before anything changes. */
+static int kvps__check_blobs(kvps_server *s, kvps__rq *q) {
+    kvps__blobs it = kvps__blobs_of(&q->fr[2]);
+    for (uint32_t i = 0; i < q->h.nkeys; i++) {
+        kvps__kent e = kvps__ent(q, i);
+        const unsigned char *blob;
+        uint32_t nb;
+        int fit = kvps__blob_next(&it, &blob, &nb);
+        if (fit < 0) return kvps__refuse(s, q, KVPS_ERR_TRUNCATED, "key %u: no blob length", i);
+        if (fit == 0 || nb == 0)
+            return kvps__refuse(s, q, nb ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "key %u: blob of %u bytes", i, nb);
+        kvps_codec tmp;
+        const kvps_codec *cd = kvps__server_codec(s, blob[0], &tmp);
+        if (!cd) return kvps__refuse(s, q, KVPS_ERR_CODEC, "key %u: codec id %u", i, blob[0]);
+        kvps_result vr;
+        if (cd == &tmp) {
+            vr = kvps__codec_decode_builtin(cd, blob, nb, NULL, (size_t)e.len, 2);
+        } else { /* a user codec: decode for real to check it */
+            float *d = kvps__dscratch(s, e.len);
+            vr = d ? kvps_codec_decode(cd, blob, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
         }
-        const unsigned char *vf = (const unsigned char *)zmq_msg_data(&fr[2]);
-        size_t vsz = zmq_msg_size(&fr[2]), off = 0;
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__kent e;
-            memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-            uint32_t nb;
-            if (vsz - off < 4) { kvps__reply_error(s, id, &h, KVPS_ERR_TRUNCATED, "key %u: no blob length", i); return; }
-            memcpy(&nb, vf + off, 4);
-            if (vsz - off - 4 < nb || nb == 0) {
-                kvps__reply_error(s, id, &h, nb ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "key %u: blob of %u bytes", i, nb);
-                return;
-            }
-            kvps_codec tmp;
-            const kvps_codec *cd = kvps__server_codec(s, vf[off + 4], &tmp);
-            if (!cd) { kvps__reply_error(s, id, &h, KVPS_ERR_CODEC, "key %u: codec id %u", i, vf[off + 4]); return; }
-            kvps_result vr;
-            if (cd == &tmp) {
-                vr = kvps__codec_decode_builtin(cd, vf + off + 4, nb, NULL, (size_t)e.len, 2);
-            } else { /* a user codec: decode for real to check it */
-                float *d = kvps__dscratch(s, e.len);
-                vr = d ? kvps_codec_decode(cd, vf + off + 4, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
-            }
-            if (vr != KVPS_OK) {
-                kvps__reply_error(s, id, &h, vr, "key %llu: bad %s blob", (unsigned long long)e.key, cd->name ? cd->name : "codec");
-                return;
-            }
-            s->blob_off[i] = off;
-            off += 4 + (size_t)nb;
-        }
-        if (off != vsz) { kvps__reply_error(s, id, &h, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", vsz - off); return; }
-    } else if (h.op == KVPS__OP_CONFIG) { /* records checked whole here */
-        if (zmq_msg_size(&fr[2]) != (size_t)h.nkeys * KVPS__OPTREC) {
-            kvps__reply_error(s, id, &h, zmq_msg_size(&fr[2]) < (size_t)h.nkeys * KVPS__OPTREC ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                              "config frame of %zu bytes for %u keys", zmq_msg_size(&fr[2]), h.nkeys);
-            return;
-        }
-        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
+        if (vr != KVPS_OK)
+            return kvps__refuse(s, q, vr, "key %llu: bad %s blob", (unsigned long long)e.key, cd->name ? cd->name : "codec");
+    }
+    if (it.off != it.size) return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%zu bytes after the last blob", it.size - it.off);
+    return 1;
+}
+
+/* The values frame: blobs, CONFIG records (checked whole here), or floats for every key. */
+static int kvps__check_values(kvps_server *s, kvps__rq *q) {
+    if (q->coded) return kvps__check_blobs(s, q);
+    if (!q->op->values) return 1;
+    size_t got = zmq_msg_size(&q->fr[2]);
+    if (q->h.op == KVPS__OP_CONFIG) {
+        size_t want = (size_t)q->h.nkeys * KVPS__OPTREC;
+        if (got != want)
+            return kvps__refuse(s, q, got < want ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "config frame of %zu bytes for %u keys",
+                                got, q->h.nkeys);
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+        for (uint32_t i = 0; i < q->h.nkeys; i++) {
             kvps_optim o;
             kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
-            if (vr != KVPS_OK) {
-                kvps__reply_error(s, id, &h, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
-                                  (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
-                return;
-            }
+            if (vr != KVPS_OK)
+                return kvps__refuse(s, q, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
+                                    (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
         }
-    } else if (kvps__op_has_values(h.op) && (uint64_t)zmq_msg_size(&fr[2]) != total * sizeof(float)) {
-        kvps__reply_error(s, id, &h, (uint64_t)zmq_msg_size(&fr[2]) < total * sizeof(float)
-                                         ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "values frame of %zu bytes, keys need %llu", zmq_msg_size(&fr[2]),
-                          (unsigned long long)(total * sizeof(float)));
-        return;
+        return 1;
     }
-    if (nnew > 1) { /* duplicates among keys the server has not seen yet */
-        uint64_t *nk = (uint64_t *)malloc(nnew * sizeof *nk);
-        if (!nk) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "%u new keys", nnew); return; }
-        uint32_t j = 0;
-        for (uint32_t i = 0; i < h.nkeys; i++)
-            if (idx[i] == UINT32_MAX) memcpy(&nk[j++], ents + (size_t)i * KVPS__KENT, sizeof(uint64_t));
-        qsort(nk, nnew, sizeof *nk, kvps__cmp_u64);
-        int dup = 0;
-        for (uint32_t i = 1; i < nnew; i++) dup |= nk[i] == nk[i - 1];
-        free(nk);
-        if (dup) { kvps__reply_error(s, id, &h, KVPS_ERR_DUP_KEY, "among new keys"); return; }
-    }
-    /* Deferred pushes of these keys are applied first: everything after sees them. */
-    int defer = kvps__deferrable(s, &h, idx, coded); /* (a key created by this push: not deferred) */
-    if (!defer)
-        for (uint32_t i = 0; i < h.nkeys; i++)
-            if (idx[i] != UINT32_MAX && s->keys[idx[i]]->ndef) kvps__flush(s, s->keys[idx[i]]);
-    /* Pass 2: create new keys, then apply. */
+    if ((uint64_t)got != q->total * sizeof(float))
+        return kvps__refuse(s, q, (uint64_t)got < q->total * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                            "values frame of %zu bytes, keys need %llu", got, (unsigned long long)(q->total * sizeof(float)));
+    return 1;
+}
+
+/* No key twice among the keys the server has not seen yet. */
+static int kvps__check_new_keys(kvps_server *s, kvps__rq *q) {
+    if (q->nnew < 2) return 1;
+    uint64_t *nk = (uint64_t *)malloc(q->nnew * sizeof *nk);
+    if (!nk) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "%u new keys", q->nnew);
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < q->h.nkeys; i++)
+        if (q->idx[i] == UINT32_MAX) nk[j++] = kvps__ent(q, i).key;
+    qsort(nk, q->nnew, sizeof *nk, kvps__cmp_u64);
+    int dup = 0;
+    for (uint32_t i = 1; i < q->nnew; i++) dup |= nk[i] == nk[i - 1];
+    free(nk);
+    return dup ? kvps__refuse(s, q, KVPS_ERR_DUP_KEY, "among new keys") : 1;
+}
+
+/* Creates the new keys; out of memory forgets them again (a rejected request leaves nothing). */
+static int kvps__create_keys(kvps_server *s, kvps__rq *q) {
     uint32_t created = 0;
-    for (uint32_t i = 0; i < h.nkeys && nnew; i++) {
-        if (idx[i] != UINT32_MAX) continue;
-        kvps__kent e;
-        memcpy(&e, ents + (size_t)i * KVPS__KENT, sizeof e);
-        idx[i] = kvps__key_create(s, e.key, e.len);
-        if (idx[i] == UINT32_MAX) {
-            kvps__keys_truncate(s, s->nkeys - created); /* a rejected request leaves nothing behind */
-            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats",
-                              (unsigned long long)e.key, (unsigned long long)e.len);
-            return;
+    for (uint32_t i = 0; i < q->h.nkeys && q->nnew; i++) {
+        if (q->idx[i] != UINT32_MAX) continue;
+        kvps__kent e = kvps__ent(q, i);
+        q->idx[i] = kvps__key_create(s, e.key, e.len);
+        if (q->idx[i] == UINT32_MAX) {
+            kvps__keys_truncate(s, s->nkeys - created);
+            return kvps__refuse(s, q, KVPS_ERR_NOMEM, "cannot create key %llu of %llu floats", (unsigned long long)e.key,
+                                (unsigned long long)e.len);
         }
         created++;
     }
-    if (h.op == KVPS__OP_CONFIG) {
-        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__key *k = s->keys[idx[i]];
+    return 1;
+}
+
+/* Key i's contribution: its blob (it walks the checked blobs in key order) or its floats. */
+static int kvps__contrib_of(kvps_server *s, kvps__rq *q, kvps__blobs *it, const char **src, const kvps__key *k,
+                            kvps__contrib *g, kvps_codec *tmp) {
+    memset(g, 0, sizeof *g);
+    if (q->coded) { /* checked whole by kvps__check_blobs */
+        const unsigned char *blob = NULL;
+        uint32_t nb = 0;
+        kvps__blob_next(it, &blob, &nb);
+        g->codec = kvps__server_codec(s, blob[0], tmp);
+        g->blob = blob;
+        g->bytes = nb;
+        return 1;
+    }
+    size_t bytes = (size_t)k->len * sizeof(float);
+    g->g = (const float *)(const void *)*src;
+    if (!kvps__aligned(*src)) {
+        if (s->scratch_len < k->len) {
+            free(s->scratch);
+            s->scratch = (float *)kvps__alloc_floats(k->len);
+            s->scratch_len = s->scratch ? (size_t)k->len : 0;
+            if (!s->scratch) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "scratch");
+        }
+        memcpy(s->scratch, *src, bytes);
+        g->g = s->scratch;
+    }
+    *src += bytes;
+    return 1;
+}
+
+/* A push of one key under the server's consistency: 1 applied or buffered, 2 deferred (answered
+   when applied), 0 refused. */
+static int kvps__push_key(kvps_server *s, kvps__rq *q, kvps__key *k, const kvps__contrib *g) {
+    KVPS__STAT_ADD(s, pushes, 1);
+    int advanced;
+    if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
+        advanced = kvps__bsp_push(s, k, (int)q->h.rank, g);
+        if (advanced < 0) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "buffering a push");
+    } else {
+        const float *dense = g->g;
+        if (!dense) {
+            float *d = kvps__dscratch(s, k->len);
+            if (!d) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "decoding");
+            kvps__contrib_into(s, k, g, d, 0);
+            dense = d;
+        }
+        k->recv[q->h.rank]++;
+        if (g->g && q->defer && kvps__aligned(zmq_msg_data(&q->fr[2]))) {
+            kvps__defer_push(s, k, q->id, &q->h, &q->fr[2]);
+            return 2;
+        }
+        if (kvps__apply(s, k, dense, 1) != 0) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "update");
+        advanced = 1;
+    }
+    if (advanced && k->waiters) kvps__wake(s, k);
+    return 1;
+}
+
+/* CONFIG sets each key's rule (fresh state); INIT writes values; a push is applied. 1 done, 2
+   deferred, 0 refused. */
+static int kvps__apply_values(kvps_server *s, kvps__rq *q) {
+    if (q->h.op == KVPS__OP_CONFIG) {
+        const unsigned char *rec = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+        for (uint32_t i = 0; i < q->h.nkeys; i++) {
+            kvps__key *k = s->keys[q->idx[i]];
             kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
             free(k->state); /* a new rule starts from fresh state */
             k->state = NULL;
         }
-    } else if (kvps__op_has_values(h.op)) {
-        const char *src = (const char *)zmq_msg_data(&fr[2]);
-        for (uint32_t i = 0; i < h.nkeys; i++) {
-            kvps__key *k = s->keys[idx[i]];
-            size_t bytes = (size_t)k->len * sizeof(float);
-            kvps__contrib g = {NULL, NULL, NULL, 0};
-            kvps_codec tmp;
-            if (coded) {
-                const unsigned char *b = (const unsigned char *)src + s->blob_off[i];
-                uint32_t nb;
-                memcpy(&nb, b, 4);
-                g.codec = kvps__server_codec(s, b[4], &tmp);
-                g.blob = b + 4;
-                g.bytes = nb;
-            } else {
-                g.g = (const float *)(const void *)src;
-                if (!kvps__aligned(src)) {
-                    if (s->scratch_len < k->len) {
-                        free(s->scratch);
-                        s->scratch = (float *)kvps__alloc_floats(k->len);
-                        s->scratch_len = s->scratch ? (size_t)k->len : 0;
-                        if (!s->scratch) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "scratch"); return; }
-                    }
-                    memcpy(s->scratch, src, bytes);
-                    g.g = s->scratch;
-                }
-                src += bytes;
-            }
-            if (h.op == KVPS__OP_INIT) {
-                if (kvps__value_writable(k) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "init"); return; }
-                kvps__contrib_into(s, k, &g, k->value, 0);
-                continue;
-            }
-            KVPS__STAT_ADD(s, pushes, 1);
-            int advanced;
-            if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
-                advanced = kvps__bsp_push(s, k, (int)h.rank, &g);
-                if (advanced < 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "buffering a push"); return; }
-            } else {
-                const float *dense = g.g;
-                if (!dense) {
-                    float *d = kvps__dscratch(s, k->len);
-                    if (!d) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "decoding"); return; }
-                    kvps__contrib_into(s, k, &g, d, 0);
-                    dense = d;
-                }
-                k->recv[h.rank]++;
-                if (g.g && defer && kvps__aligned(zmq_msg_data(&fr[2]))) {
-                    kvps__defer_push(s, k, id, &h, &fr[2]); /* answered when applied */
-                    return;
-                }
-                if (kvps__apply(s, k, dense, 1) != 0) { kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "update"); return; }
-                advanced = 1;
-            }
-            if (advanced && k->waiters) kvps__wake(s, k);
-        }
+        return 1;
     }
-    /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
-    if (nfr == 3) { zmq_msg_close(&fr[2]); zmq_msg_init(&fr[2]); }
-    if (kvps__op_pulls(h.op)) {
-        /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no
-           memory for the reply) must leave it in the re-send window, or the worker's re-send
-           would apply the push again. reply_error leaves the window alone for status 0 (the
-           request header's status is the worker's incarnation; 0 means untracked). */
-        h.status = 0;
-        s->win_pulls++;
-        if (!kvps__pull_blocker(s, &h, idx)) { /* the usual case: answer now, nothing to keep */
-            zmq_msg_t rid;
-            zmq_msg_init(&rid);
-            zmq_msg_copy(&rid, id);
-            kvps__pull_reply(s, &rid, &h, idx);
-            zmq_msg_close(&rid);
-            return;
+    if (!q->op->values) return 1;
+    kvps__blobs it = kvps__blobs_of(&q->fr[2]);
+    const char *src = (const char *)zmq_msg_data(&q->fr[2]);
+    for (uint32_t i = 0; i < q->h.nkeys; i++) {
+        kvps__key *k = s->keys[q->idx[i]];
+        kvps__contrib g;
+        kvps_codec tmp;
+        if (!kvps__contrib_of(s, q, &it, &src, k, &g, &tmp)) return 0;
+        if (q->h.op == KVPS__OP_INIT) {
+            if (kvps__value_writable(k) != 0) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "init");
+            kvps__contrib_into(s, k, &g, k->value, 0);
+            continue;
         }
-        kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
-        uint32_t *pidx = (uint32_t *)malloc((size_t)h.nkeys * sizeof *pidx);
-        if (!p || !pidx) {
-            free(p); free(pidx);
-            kvps__reply_error(s, id, &h, KVPS_ERR_NOMEM, "pull of %u keys", h.nkeys);
-            return;
-        }
-        memcpy(pidx, idx, (size_t)h.nkeys * sizeof *pidx);
-        zmq_msg_init(&p->id);
-        zmq_msg_copy(&p->id, id);
-        p->hdr = h;
-        p->idx = pidx;
-        kvps__try_pull(s, p);
+        int r = kvps__push_key(s, q, k, &g);
+        if (r != 1) return r;
+    }
+    return 1;
+}
+
+/* A pull (or a pushpull's pull): answered now when its keys are ready, else parked. */
+static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
+    /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no memory
+       for the reply) must leave it in the re-send window, or the worker's re-send would apply
+       the push again. reply_error leaves the window alone for status 0 (the request header's
+       status is the worker's incarnation; 0 means untracked). */
+    q->h.status = 0;
+    s->win_pulls++;
+    if (!kvps__pull_blocker(s, &q->h, q->idx)) { /* the usual case: answer now, nothing to keep */
+        zmq_msg_t rid;
+        zmq_msg_init(&rid);
+        zmq_msg_copy(&rid, q->id);
+        kvps__pull_reply(s, &rid, &q->h, q->idx);
+        zmq_msg_close(&rid);
         return;
     }
-    kvps__reply_ack(s, id, &h);
+    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+    uint32_t *pidx = (uint32_t *)malloc((size_t)q->h.nkeys * sizeof *pidx);
+    if (!p || !pidx) {
+        free(p); free(pidx);
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "pull of %u keys", q->h.nkeys);
+        return;
+    }
+    memcpy(pidx, q->idx, (size_t)q->h.nkeys * sizeof *pidx);
+    zmq_msg_init(&p->id);
+    zmq_msg_copy(&p->id, q->id);
+    p->hdr = q->h;
+    p->idx = pidx;
+    kvps__try_pull(s, p);
+}
+
+/* PUSH, PULL, PUSHPULL, INIT, CONFIG: checked whole, then applied, then answered. */
+static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
+    if (!kvps__check_frames(s, q) || !kvps__check_keys(s, q) || !kvps__check_values(s, q) || !kvps__check_new_keys(s, q))
+        return;
+    /* Deferred pushes of these keys are applied first: everything after sees them. */
+    q->defer = kvps__deferrable(s, &q->h, q->idx, q->coded); /* (a key created by this push: not deferred) */
+    if (!q->defer)
+        for (uint32_t i = 0; i < q->h.nkeys; i++)
+            if (q->idx[i] != UINT32_MAX && s->keys[q->idx[i]]->ndef) kvps__flush(s, s->keys[q->idx[i]]);
+    if (!kvps__create_keys(s, q)) return;
+    int applied = kvps__apply_values(s, q);
+    if (applied != 1) return; /* refused, or deferred: answered when applied */
+    /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
+    if (q->nfr == 3) { zmq_msg_close(&q->fr[2]); zmq_msg_init(&q->fr[2]); }
+    if (q->op->pulls) kvps__answer_pull(s, q);
+    else kvps__reply_ack(s, q->id, &q->h);
 }
 
 // >>checkpoint
@@ -4376,7 +4490,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
-    free(s->dscratch); free(s->blob_off); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
     pthread_mutex_destroy(&s->ckpt_mu);
     pthread_cond_destroy(&s->ckpt_cv);
     while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
@@ -4727,8 +4841,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
             if (zmq_msg_init_size(&f[1], 4 + cap) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
             unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
             kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
-            uint32_t nb32 = (uint32_t)nb;
-            memcpy(d, &nb32, 4);
+            kvps__put32(d, (uint32_t)nb);
             if (er == KVPS_OK && nb < cap) { /* a user codec that used less than its bound */
                 zmq_msg_t exact;
                 if (kvps__msg_from_buf(&exact, d, 4 + nb) != 0) er = KVPS_ERR_NOMEM;
@@ -5347,20 +5460,18 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
     else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
     if (q->coded_pull) { /* per key [u32 bytes][blob] */
-        const unsigned char *src = nfr > 1 ? (const unsigned char *)zmq_msg_data(&fr[1]) : NULL;
-        size_t size = nfr > 1 ? zmq_msg_size(&fr[1]) : 0, off = 0;
+        kvps__blobs it = {NULL, 0, 0};
+        if (nfr > 1) it = kvps__blobs_of(&fr[1]);
         kvps_result dr = KVPS_OK;
         for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
-            uint32_t nb = 0;
-            if (size - off < 4) { dr = KVPS_ERR_TRUNCATED; break; }
-            memcpy(&nb, src + off, 4);
-            if (size - off - 4 < nb) { dr = KVPS_ERR_TRUNCATED; break; }
-            dr = kvps_codec_decode(&q->pull_c, src + off + 4, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
-            off += 4 + (size_t)nb;
+            const unsigned char *blob;
+            uint32_t nb;
+            if (kvps__blob_next(&it, &blob, &nb) != 1) { dr = KVPS_ERR_TRUNCATED; break; }
+            dr = kvps_codec_decode(&q->pull_c, blob, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
             if (q->tensor) q->tensor->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
         }
-        if (dr == KVPS_OK && off != size) dr = KVPS_ERR_MALFORMED;
-        if (q->tensor) q->tensor->st.pull_wire_bytes += size;
+        if (dr == KVPS_OK && it.off != it.size) dr = KVPS_ERR_MALFORMED;
+        if (q->tensor) q->tensor->st.pull_wire_bytes += it.size;
         if (dr != KVPS_OK) {
             snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
             if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
