@@ -3360,109 +3360,6 @@ static uint64_t kvps__table_row(kvps_server *s, kvps__table *t, uint64_t id) {
     return r;
 }
 
-/* Table requests: TABLE (configure), PUSH_ROWS, PULL_ROWS; checked whole, then applied. */
-static void kvps__handle_table(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
-    size_t msz = zmq_msg_size(&fr[1]);
-    const unsigned char *meta = (const unsigned char *)zmq_msg_data(&fr[1]);
-    int want = kvps__op_has_values(h->op) ? 3 : 2;
-    uint64_t nrows = h->op == KVPS__OP_TABLE ? 0 : h->nkeys;
-    if (nfr != want || msz < KVPS__HDR + 16 || (msz - KVPS__HDR - 16) != nrows * 8) {
-        kvps__reply_error(s, id, h, nfr < want || msz < KVPS__HDR + 16 + nrows * 8 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                          "table request: %d frames, meta of %zu bytes for %llu rows", nfr - 1, msz, (unsigned long long)nrows);
-        return;
-    }
-    uint64_t tid;
-    uint32_t dim;
-    memcpy(&tid, meta + KVPS__HDR, 8);
-    memcpy(&dim, meta + KVPS__HDR + 8, 4);
-    const unsigned char *ids = meta + KVPS__HDR + 16;
-    kvps__table *t = kvps__table_find(s->tables, tid);
-    if (h->op == KVPS__OP_TABLE) {
-        if (zmq_msg_size(&fr[2]) != KVPS__TREC) { /* nothing is read from a record of another size */
-            kvps__reply_error(s, id, h, KVPS_ERR_MALFORMED, "table %llu: record of %zu bytes, want %d", (unsigned long long)tid,
-                              zmq_msg_size(&fr[2]), KVPS__TREC);
-            return;
-        }
-        kvps_optim o;
-        kvps_result vr = kvps__optim_read((const unsigned char *)zmq_msg_data(&fr[2]), &o);
-        float scale;
-        uint64_t seed;
-        memcpy(&scale, (const unsigned char *)zmq_msg_data(&fr[2]) + 24, 4);
-        memcpy(&seed, (const unsigned char *)zmq_msg_data(&fr[2]) + 32, 8);
-        if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
-        if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
-        if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
-            vr = KVPS_ERR_TABLE;
-        if (vr != KVPS_OK) { kvps__reply_error(s, id, h, vr, "table %llu: dim %u", (unsigned long long)tid, dim); return; }
-        if (!t) {
-            t = (kvps__table *)calloc(1, sizeof *t);
-            if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "table"); return; }
-            t->id = tid;
-            t->dim = dim;
-            t->opt = o;
-            t->init_scale = scale;
-            t->seed = seed;
-            t->sdim = kvps__table_sdim(o.rule, dim);
-            t->next = s->tables;
-            s->tables = t;
-        }
-    } else {
-        if (!t) { kvps__reply_error(s, id, h, KVPS_ERR_TABLE, "table %llu is not configured here", (unsigned long long)tid); return; }
-        if (dim != t->dim) {
-            kvps__reply_error(s, id, h, KVPS_ERR_LEN_MISMATCH, "table %llu: rows of %u, the table has %u", (unsigned long long)tid, dim, t->dim);
-            return;
-        }
-        if (h->op == KVPS__OP_PUSH_ROWS && zmq_msg_size(&fr[2]) != nrows * dim * sizeof(float)) {
-            kvps__reply_error(s, id, h, zmq_msg_size(&fr[2]) < nrows * dim * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
-                              "%zu bytes of rows for %llu x %u", zmq_msg_size(&fr[2]), (unsigned long long)nrows, dim);
-            return;
-        }
-        if (nrows > 1) { /* duplicate ids: the worker merges them; a raw client is told */
-            uint64_t *sorted = (uint64_t *)malloc(nrows * sizeof *sorted);
-            if (!sorted) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "rows"); return; }
-            memcpy(sorted, ids, nrows * 8);
-            qsort(sorted, nrows, sizeof *sorted, kvps__cmp_u64);
-            int dup = 0;
-            for (uint64_t i = 1; i < nrows; i++) dup |= sorted[i] == sorted[i - 1];
-            free(sorted);
-            if (dup) { kvps__reply_error(s, id, h, KVPS_ERR_DUP_KEY, "a row id twice in one request"); return; }
-        }
-    }
-    zmq_msg_t f[3];
-    int nf = 2;
-    kvps__hdr rh = kvps__reply_hdr(h, KVPS_OK);
-    if (h->op == KVPS__OP_PULL_ROWS) {
-        if (zmq_msg_init_size(&f[2], nrows * t->dim * sizeof(float)) != 0) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "reply"); return; }
-        float *dst = (float *)zmq_msg_data(&f[2]);
-        for (uint64_t i = 0; i < nrows; i++) {
-            uint64_t rid;
-            memcpy(&rid, ids + i * 8, 8);
-            uint64_t r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { zmq_msg_close(&f[2]); kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
-            memcpy(dst + i * t->dim, kvps__row(t, r), t->dim * sizeof(float));
-        }
-        KVPS__STAT_ADD(s, pulls, nrows);
-        nf = 3;
-    } else if (h->op == KVPS__OP_PUSH_ROWS) {
-        const unsigned char *gv = (const unsigned char *)zmq_msg_data(&fr[2]);
-        float *g = kvps__dscratch(s, t->dim);
-        if (!g) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "scratch"); return; }
-        for (uint64_t i = 0; i < nrows; i++) {
-            uint64_t rid;
-            memcpy(&rid, ids + i * 8, 8);
-            uint64_t r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "row"); return; }
-            memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
-            float *st = kvps__row_state(t, r);
-            float *sc = kvps__rules[t->opt.rule].scalars ? st + t->sdim - kvps__rules[t->opt.rule].scalars : NULL;
-            kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, t->dim);
-        }
-        KVPS__STAT_ADD(s, pushes, nrows);
-    }
-    kvps__reply_start(f, id, 0, &rh);
-    kvps__server_send(s, f, nf);
-}
-
 // >>dispatch
 /* The request path: kvps__handle parses a request (changing nothing), notes that its worker is
    alive, drops a re-send of something already applied, and hands it to its op's handler. The
@@ -3493,7 +3390,7 @@ typedef struct kvps__op_spec {
 
 static void kvps__serve_keys(kvps_server *s, kvps__rq *q);
 static void kvps__serve_barrier(kvps_server *s, kvps__rq *q);
-static void kvps__serve_table(kvps_server *s, kvps__rq *q) { kvps__handle_table(s, q->id, &q->h, q->fr, q->nfr); }
+static void kvps__serve_table(kvps_server *s, kvps__rq *q);
 
 /* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
 static const kvps__op_spec kvps__ops[KVPS__OP_COUNT] = {
@@ -3889,6 +3786,141 @@ static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
     if (q->op->pulls) kvps__answer_pull(s, q);
     else kvps__reply_ack(s, q->id, &q->h);
 }
+
+/* ---- table ops: TABLE (configure), PUSH_ROWS, PULL_ROWS ----
+   The meta frame: the header, u64 table id, u32 dim, u32 pad, then a u64 id per row. */
+typedef struct kvps__tq {
+    uint64_t tid, nrows;
+    uint32_t dim;
+    const unsigned char *ids;
+    kvps__table *t;
+} kvps__tq;
+
+static int kvps__check_table_req(kvps_server *s, kvps__rq *q, kvps__tq *tq) {
+    int want = q->op->values ? 3 : 2;
+    uint64_t nrows = q->h.op == KVPS__OP_TABLE ? 0 : q->h.nkeys;
+    size_t msz = q->msz;
+    if (q->nfr != want || msz < KVPS__HDR + 16 || (msz - KVPS__HDR - 16) != nrows * 8)
+        return kvps__refuse(s, q, q->nfr < want || msz < KVPS__HDR + 16 + nrows * 8 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                            "table request: %d frames, meta of %zu bytes for %llu rows", q->nfr - 1, msz, (unsigned long long)nrows);
+    memcpy(&tq->tid, q->ents, 8);
+    memcpy(&tq->dim, q->ents + 8, 4);
+    tq->ids = q->ents + 16;
+    tq->nrows = nrows;
+    tq->t = kvps__table_find(s->tables, tq->tid);
+    return 1;
+}
+
+/* TABLE: the record checked, and the table created, or found configured the same. */
+static int kvps__table_config(kvps_server *s, kvps__rq *q, kvps__tq *tq) {
+    size_t rsz = zmq_msg_size(&q->fr[2]);
+    const unsigned char *rec = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+    if (rsz != KVPS__TREC) /* nothing is read from a record of another size */
+        return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "table %llu: record of %zu bytes, want %d", (unsigned long long)tq->tid,
+                            rsz, KVPS__TREC);
+    kvps_optim o;
+    kvps_result vr = kvps__optim_read(rec, &o);
+    float scale;
+    uint64_t seed;
+    memcpy(&scale, rec + 24, 4);
+    memcpy(&seed, rec + 32, 8);
+    if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
+    uint32_t dim = tq->dim;
+    kvps__table *t = tq->t;
+    if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
+    if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
+        vr = KVPS_ERR_TABLE;
+    if (vr != KVPS_OK) return kvps__refuse(s, q, vr, "table %llu: dim %u", (unsigned long long)tq->tid, dim);
+    if (t) return 1;
+    if (!(t = (kvps__table *)calloc(1, sizeof *t))) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "table");
+    t->id = tq->tid;
+    t->dim = dim;
+    t->opt = o;
+    t->init_scale = scale;
+    t->seed = seed;
+    t->sdim = kvps__table_sdim(o.rule, dim);
+    t->next = s->tables;
+    s->tables = t;
+    return 1;
+}
+
+/* PUSH_ROWS, PULL_ROWS: a table configured here, rows of its dim, no row id twice. */
+static int kvps__check_rows(kvps_server *s, kvps__rq *q, const kvps__tq *tq) {
+    const kvps__table *t = tq->t;
+    uint64_t nrows = tq->nrows;
+    if (!t) return kvps__refuse(s, q, KVPS_ERR_TABLE, "table %llu is not configured here", (unsigned long long)tq->tid);
+    if (tq->dim != t->dim)
+        return kvps__refuse(s, q, KVPS_ERR_LEN_MISMATCH, "table %llu: rows of %u, the table has %u", (unsigned long long)tq->tid,
+                            tq->dim, t->dim);
+    if (q->h.op == KVPS__OP_PUSH_ROWS && zmq_msg_size(&q->fr[2]) != nrows * tq->dim * sizeof(float))
+        return kvps__refuse(s, q, zmq_msg_size(&q->fr[2]) < nrows * tq->dim * sizeof(float) ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED,
+                            "%zu bytes of rows for %llu x %u", zmq_msg_size(&q->fr[2]), (unsigned long long)nrows, tq->dim);
+    if (nrows < 2) return 1;
+    /* duplicate ids: the worker merges them; a raw client is told */
+    uint64_t *sorted = (uint64_t *)malloc(nrows * sizeof *sorted);
+    if (!sorted) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "rows");
+    memcpy(sorted, tq->ids, nrows * 8);
+    qsort(sorted, nrows, sizeof *sorted, kvps__cmp_u64);
+    int dup = 0;
+    for (uint64_t i = 1; i < nrows; i++) dup |= sorted[i] == sorted[i - 1];
+    free(sorted);
+    return dup ? kvps__refuse(s, q, KVPS_ERR_DUP_KEY, "a row id twice in one request") : 1;
+}
+
+/* Row i's index in the table, created on first touch; UINT64_MAX when out of memory. */
+static uint64_t kvps__row_of(kvps_server *s, const kvps__tq *tq, uint64_t i) {
+    uint64_t rid;
+    memcpy(&rid, tq->ids + i * 8, 8);
+    return kvps__table_row(s, tq->t, rid);
+}
+
+/* PULL_ROWS: the rows' values into *values. */
+static int kvps__pull_rows(kvps_server *s, kvps__rq *q, const kvps__tq *tq, zmq_msg_t *values) {
+    const kvps__table *t = tq->t;
+    if (zmq_msg_init_size(values, tq->nrows * t->dim * sizeof(float)) != 0) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "reply");
+    float *dst = (float *)zmq_msg_data(values);
+    for (uint64_t i = 0; i < tq->nrows; i++) {
+        uint64_t r = kvps__row_of(s, tq, i);
+        if (r == UINT64_MAX) { zmq_msg_close(values); return kvps__refuse(s, q, KVPS_ERR_NOMEM, "row"); }
+        memcpy(dst + i * t->dim, kvps__row(t, r), t->dim * sizeof(float));
+    }
+    KVPS__STAT_ADD(s, pulls, tq->nrows);
+    return 1;
+}
+
+/* PUSH_ROWS: each row's gradient applied with the table's rule. */
+static int kvps__push_rows(kvps_server *s, kvps__rq *q, const kvps__tq *tq) {
+    const kvps__table *t = tq->t;
+    const unsigned char *gv = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+    float *g = kvps__dscratch(s, t->dim);
+    if (!g) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "scratch");
+    uint32_t nsc = kvps__rules[t->opt.rule].scalars;
+    for (uint64_t i = 0; i < tq->nrows; i++) {
+        uint64_t r = kvps__row_of(s, tq, i);
+        if (r == UINT64_MAX) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "row");
+        memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
+        float *st = kvps__row_state(t, r), *sc = nsc ? st + t->sdim - nsc : NULL;
+        kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, t->dim);
+    }
+    KVPS__STAT_ADD(s, pushes, tq->nrows);
+    return 1;
+}
+
+/* Table ops: checked whole, then applied, then answered with the request's header. */
+static void kvps__serve_table(kvps_server *s, kvps__rq *q) {
+    kvps__tq tq;
+    memset(&tq, 0, sizeof tq);
+    if (!kvps__check_table_req(s, q, &tq)) return;
+    if (!(q->h.op == KVPS__OP_TABLE ? kvps__table_config(s, q, &tq) : kvps__check_rows(s, q, &tq))) return;
+    zmq_msg_t f[3];
+    int nf = q->h.op == KVPS__OP_PULL_ROWS ? 3 : 2;
+    if (q->h.op == KVPS__OP_PULL_ROWS && !kvps__pull_rows(s, q, &tq, &f[2])) return;
+    if (q->h.op == KVPS__OP_PUSH_ROWS && !kvps__push_rows(s, q, &tq)) return;
+    kvps__hdr rh = kvps__reply_hdr(&q->h, KVPS_OK);
+    kvps__reply_start(f, q->id, 0, &rh);
+    kvps__server_send(s, f, nf);
+}
+
 
 // >>checkpoint
 /* CRC-32 (IEEE 802.3, zlib's crc32), bytewise from a table. */
