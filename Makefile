@@ -22,7 +22,7 @@ MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce)
 
 all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
 
-$(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B) deps
+$(B)/mpi_allreduce: bench/mpi_allreduce.c bench/bench_cpu.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 deps:

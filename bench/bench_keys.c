@@ -4,16 +4,11 @@
    "key: value [unit]" lines, per the house style. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "bench/bench_cpu.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static long rss_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");

@@ -34,6 +34,7 @@
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
    pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it. */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
+#define BENCH_NAME "bench_pushpull" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "bench/bench_cpu.h"
@@ -59,17 +60,6 @@ static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
    that does nothing (what is left is transport and protocol: it tells the update's cost apart). */
 static const int conf_servers[NCONF] = {1, 1, 2, 4};
 static const int conf_noupdate[NCONF] = {0, 1, 0, 0};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, const char *why) {
-    fprintf(stderr, "bench_pushpull: %s: %s\n", what, why);
-    exit(1);
-}
 
 static void kcheck(kvps_result r, const char *what, kvps_worker *w) {
     if (r != KVPS_OK) {
