@@ -35,9 +35,9 @@ deps-demo: deps # the build's packages first, then the data
 # runs, so after the install.
 $(B)/%: tests/%.c $(HEADERS) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) | $(B) deps
+$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) examples/launch.h | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: examples/%.c $(HEADERS) | $(B) deps
+$(B)/%: examples/%.c $(HEADERS) $(wildcard examples/*.h) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 $(B):
 	@mkdir -p $(B)
