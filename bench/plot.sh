@@ -30,6 +30,7 @@ files_for() {
     done | sort | awk '{ print $3 }'
 }
 rate_of() { local r=${1##*/ethernet_}; echo "${r%_claim*.csv}"; }
+heads_of() { local f h=""; for f in "$@"; do h+="$(rate_of "$f") "; done; echo "$h"; } # FILES -> "rate rate "
 t_of() { awk -F, -v c="$2" 'NR == 2 { print $c; exit }' "$1"; }
 
 # gnuplot word lists: files and their key titles
@@ -47,6 +48,9 @@ set datafile separator ","
 set grid lc rgb "#dddddd"
 set key top left box opaque
 set termoption noenhanced'
+# clustered bars (claims 4 and 5)
+bars='set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1
+set boxwidth 0.9'
 made=()
 
 # ---- claim 1 -----------------------------------------------------------------------------
@@ -123,7 +127,7 @@ if [ $# -gt 0 ]; then
                       for (i = 1; i <= nf; i++) printf ",%s", ((name, m, i) in v) ? v[name, m, i] : "NaN" }
                   printf "\n" }
               print kt > "/dev/stderr" }' "$@" >"$tmp/c4.csv" 2>"$tmp/c4.k"
-    heads="" ; for f in "$@"; do heads+="$(rate_of "$f") "; done
+    heads=$(heads_of "$@")
     kt=$(cat "$tmp/c4.k")
     gnuplot <<EOF
 $common
@@ -131,8 +135,7 @@ set terminal pngcairo size 900,640 font "DejaVu Sans,11"
 set output "$dir/ethernet_claim4.png"
 set title "Claim 4: the notes' aggregation thought experiment, hosts for GPUs\n(notes: 60 / 80 / 15 ms at T = 10 ms; here T = S / measured link)"
 set ylabel "sync time / T"; set yrange [0:10.5]
-set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1
-set boxwidth 0.9; set key below maxrows 3 width -2
+$bars; set key below maxrows 3 width -2
 heads = "$heads"; nf = words(heads)
 plot "$tmp/c4.csv" using 2:xtic(1) title "notes: all pushes then all pulls (6T / 8T / 1.5T)" lc rgb "#777777", \
      for [i=1:nf] "" using (column(2+i)) title "measured, one tensor, ".word(heads, i) lc i, \
@@ -150,14 +153,13 @@ if [ $# -gt 0 ]; then
         { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; bytes[$1] = $4 } t[$1, k] = $8 }
         END { for (j = 1; j <= n; j++) { c = order[j]; printf "%s,%s", c, bytes[c]
                   for (i = 1; i <= nf; i++) printf ",%s", ((c, i) in t) ? t[c, i] : "NaN"; printf "\n" } }' "$@" >"$tmp/c5.csv"
-    heads="" ; for f in "$@"; do heads+="$(rate_of "$f") "; done
+    heads=$(heads_of "$@")
     gnuplot <<EOF
 $common
 set output "$dir/ethernet_claim5.png"
 set title "Claim 5: compression cuts sync time in proportion to bytes\n(1 server, 4 workers; ratios to uncompressed float32)"
 set ylabel "ratio to uncompressed"; set yrange [0:1.15]
-set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1
-set boxwidth 0.9; set key top right
+$bars; set key top right
 heads = "$heads"
 plot "$tmp/c5.csv" using 2:xtic(1) title "bytes on the wire" lc rgb "#999999", \
      for [i=1:words(heads)] "" using (column(2+i)) title "sync time, ".word(heads, i)
