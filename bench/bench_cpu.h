@@ -1,22 +1,17 @@
-/* bench_cpu.h - what every benchmark shares: the clocks (wall time, this process's CPU time),
-   die() for what it cannot go on without, and the CPUs a benchmark pins ZeroMQ I/O threads to.
-   POSIX. bench_cpu() is there where the file that includes it defines _GNU_SOURCE before its
-   first include (sched_getaffinity, CPU_COUNT); die() where it defines BENCH_NAME, the name its
-   messages start with. Static inline: a benchmark takes what it uses and no more. */
+/* bench_cpu.h - what every benchmark shares: the clocks (wall time from examples/clock.h, this
+   process's CPU time), die() for what it cannot go on without, and the CPUs a benchmark pins
+   ZeroMQ I/O threads to. POSIX. bench_cpu() is there where the file that includes it defines
+   _GNU_SOURCE before its first include (sched_getaffinity, CPU_COUNT); die() where it defines
+   BENCH_NAME, the name its messages start with. Static inline: a benchmark takes what it uses
+   and no more. */
 #ifndef KVPS_BENCH_CPU_H
 #define KVPS_BENCH_CPU_H
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
-#include <time.h>
 
-/* Seconds on the monotonic clock. */
-static inline double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "../examples/clock.h" /* now_s, sleep_ms: the examples' clock (relative: mpicc runs without -I.) */
 
 /* CPU seconds of this process, every thread (ZeroMQ's I/O threads, MPI's progress), user + system. */
 static inline double cpu_s(void) {

@@ -44,7 +44,6 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -88,15 +87,6 @@ static void usage(FILE *f) {
                "defaults: --model lr --servers 2 --workers 4 --epochs 3 --mode bsp --train 400000 --test 50000\n"
                "          --fields 16 --bits 22 --batch 256 (per worker) --lr 0.1 (lr) / 0.05 (fm) (Adagrad)\n"
                "          --dim 8 (fm factors) --l2 0.001 (fm factors) --truth = --model --seed 1 --timeout 600\n");
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {

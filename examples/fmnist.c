@@ -123,24 +123,6 @@ static void usage(FILE *f) {
             "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n");
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
-    *out = v;
-    return 0;
-}
-
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.mlp = 1, .servers = 2, .workers = 4, .epochs = 15, .batch = 128, .hidden = 128,

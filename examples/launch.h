@@ -7,7 +7,8 @@
    Every function is static inline, so a program takes what it uses and no more. Used by
    examples/fmnist.c, examples/ctr.c, examples/ring_allreduce.c and bench/ps_peer.c.
 
-     now_s, sleep_ms          the monotonic clock; a sleep that outlasts signals
+     now_s, sleep_ms          the monotonic clock; a sleep that outlasts signals (clock.h)
+     parse_long, parse_double one option's value, within bounds
      launch_catch_signals     one handler for SIGINT and SIGTERM
      launch_server            a server process: create, serve until SIGINT/SIGTERM or until the
                               workers are through (or the standalone parent is gone), destroy
@@ -26,19 +27,30 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
-#include <time.h>
 #include <unistd.h>
 
-/* Seconds on the monotonic clock. */
-static inline double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+#include "clock.h" /* now_s, sleep_ms */
+
+/* ---- options: every process of a job is given the same ------------------------------------ */
+
+/* A whole decimal number in [lo, hi] into *out; 0, or -1 (and *out untouched). */
+static inline int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
 }
 
-static inline void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+/* A number (strtod's syntax) in [lo, hi] into *out; 0, or -1 (and *out untouched). */
+static inline int parse_double(const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
 }
 
 /* fn for SIGINT and SIGTERM. */
