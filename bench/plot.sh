@@ -30,6 +30,9 @@ files_for() {
     done | sort | awk '{ print $3 }'
 }
 rate_of() { local r=${1##*/ethernet_}; echo "${r%_claim*.csv}"; }
+# per_file PROGRAM FILES: awk -F, over FILES past their header lines, with nf = how many files and
+# k = which one (1..nf) the line is from
+per_file() { local prog=$1; shift; awk -F, -v nf=$# 'FNR == 1 { k++; next }'"$prog" "$@"; }
 heads_of() { local f h=""; for f in "$@"; do h+="$(rate_of "$f") "; done; echo "$h"; } # FILES -> "rate rate "
 t_of() { awk -F, -v c="$2" 'NR == 2 { print $c; exit }' "$1"; }
 
@@ -115,8 +118,8 @@ set -- $(files_for 4)
 if [ $# -gt 0 ]; then
     # columns: label, notes' prediction (one tensor), measured one tensor per rate, prediction with
     # tensors in flight, measured with tensors in flight per rate
-    awk -F, -v nf=$# '
-        FNR == 1 { k++; next }
+    # shellcheck disable=SC2016 # an awk program: its $ are awk's
+    per_file '
         { m = $2 == 1 ? 1 : 2; key[$1] = 1; pred[$1, m] = $5; v[$1, m, k] = $7 / $11; if (m == 2) kt = $2 }
         END { for (s = 1; s <= 3; s++) { name = s == 1 ? "gpu" : s == 2 ? "cpu" : "split"
                   label = s == 1 ? "one GPU" : s == 2 ? "CPU" : "split"
@@ -148,8 +151,8 @@ fi
 # ---- claim 5: bytes ratio and time ratio per codec ----------------------------------------
 set -- $(files_for 5)
 if [ $# -gt 0 ]; then
-    awk -F, -v nf=$# '
-        FNR == 1 { k++; next }
+    # shellcheck disable=SC2016 # an awk program: its $ are awk's
+    per_file '
         { if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1; bytes[$1] = $4 } t[$1, k] = $8 }
         END { for (j = 1; j <= n; j++) { c = order[j]; printf "%s,%s", c, bytes[c]
                   for (i = 1; i <= nf; i++) printf ",%s", ((c, i) in t) ? t[c, i] : "NaN"; printf "\n" } }' "$@" >"$tmp/c5.csv"
