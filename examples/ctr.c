@@ -680,10 +680,14 @@ int main(int argc, char **argv) {
     worker_job jobs[64];
     pthread_t th[64];
     double t0 = now_s();
-    for (int r = 0; r < o.workers; r++) jobs[r] = (worker_job){&o, &d, servers, ctx, r, 1};
-    launch_threads(o.workers, worker_main, jobs, sizeof jobs[0], th);
-    for (int r = 0; r < o.workers; r++)
+    for (int r = 0; r < o.workers; r++) {
+        jobs[r] = (worker_job){&o, &d, servers, ctx, r, 1};
+        pthread_create(&th[r], NULL, worker_main, &jobs[r]);
+    }
+    for (int r = 0; r < o.workers; r++) {
+        pthread_join(th[r], NULL);
         if (jobs[r].rc != 0 && (rc == 0 || rc == 3)) rc = jobs[r].rc;
+    }
     uint64_t rows = 0, bytes = 0;
     for (int i = 0; i < o.servers; i++) {
         kvps_server_stats st;

@@ -1202,13 +1202,18 @@ int main(int argc, char **argv) {
     static dataset train, test;
 
     if (kvps_env_launched() && o.mode == MODE_ALLREDUCE) { /* one ring rank per process, no server */
+        const char *role = getenv("KVPS_ROLE");
+        if (role && strcmp(role, "server") == 0) {
+            printf("fmnist: --mode allreduce needs no server; this one leaves (use kvps-run -s 0)\n");
+            return 0;
+        }
         int rank = 0, size = 0;
         const char *peers = NULL;
-        rc = launch_ring_env("fmnist", "--mode allreduce",
-                             "fmnist: --mode allreduce under a launcher needs KVPS_RANK, KVPS_SIZE (or the MPI/Slurm\n"
-                             "  rank and size) and KVPS_RING_PEERS (one endpoint per rank)\n",
-                             &rank, &size, &peers);
-        if (rc >= 0) return rc;
+        if (kvps_ring_env_read(&rank, &size, &peers) != KVPS_OK) {
+            fprintf(stderr, "fmnist: --mode allreduce under a launcher needs KVPS_RANK, KVPS_SIZE (or the MPI/Slurm\n"
+                            "  rank and size) and KVPS_RING_PEERS (one endpoint per rank)\n");
+            return 2;
+        }
         if (o.set_workers && o.workers != size)
             fprintf(stderr, "fmnist: using the environment's %d ranks, not --workers %d\n", size, o.workers);
         o.workers = size;

@@ -1,11 +1,12 @@
 /* launch.h - what the examples share about how they are launched: standalone (threads or forked
    processes on this machine), or one process per role under a launcher (scripts/kvps-run,
-   mpirun, srun) that names the role in the KVPS_* environment (kvps_env_read,
-   kvps_ring_env_read).
+   mpirun, srun) that names the role in the KVPS_* environment (kvps_env_read).
 
-   Include it after kvps.h or kvps_ring.h (the ring part is there only after kvps_ring.h); POSIX.
-   Every function is static inline, so a program takes what it uses and no more. Used by
-   examples/fmnist.c, examples/ctr.c, examples/ring_allreduce.c and bench/ps_peer.c.
+   Include it after kvps.h (or kvps_ring.h); POSIX. Every function is static inline, so a
+   program takes what it uses and no more. Used by examples/fmnist.c, examples/ctr.c and
+   bench/ps_peer.c. Not by examples/ring_allreduce.c: that one is the program a newcomer copies
+   away from this repository and builds against the installed headers alone (make test checks
+   that it does).
 
      now_s, sleep_ms          the monotonic clock; a sleep that outlasts signals (clock.h)
      parse_long, parse_double one option's value, within bounds
@@ -13,8 +14,6 @@
      launch_server            a server process: create, serve until SIGINT/SIGTERM or until the
                               workers are through (or the standalone parent is gone), destroy
      launch_env_read          a server or worker process: role, rank and cluster from KVPS_*
-     launch_ring_env          a ring rank per process: rank, size and peers from KVPS_* / MPI
-     launch_threads           start a thread per job, wait for them all
      launch_list_add          "a,b,c": endpoint lists */
 #ifndef KVPS_EXAMPLES_LAUNCH_H
 #define KVPS_EXAMPLES_LAUNCH_H
@@ -171,34 +170,7 @@ static inline int launch_env_read(const char *prog, kvps_env *env, int *servers,
     return 0;
 }
 
-#ifdef KVPS_RING_H
-/* One ring rank per process: reads rank, size and peers (kvps_ring_env_read). -1 to go on, or
-   the exit code to leave with: 0 when the launcher started this process as a server, which a
-   ring does not have (`what` says what needs none), 2 after `help` on stderr when the
-   environment names no ring. */
-static inline int launch_ring_env(const char *prog, const char *what, const char *help, int *rank, int *size,
-                                  const char **peers) {
-    const char *role = getenv("KVPS_ROLE");
-    if (role && strcmp(role, "server") == 0) { /* kvps-run -s N with N > 0 */
-        printf("%s: %s needs no server; this one leaves (use kvps-run -s 0)\n", prog, what);
-        return 0;
-    }
-    if (kvps_ring_env_read(rank, size, peers) != KVPS_OK) {
-        fputs(help, stderr);
-        return 2;
-    }
-    return -1;
-}
-#endif
-
 /* ---- standalone --------------------------------------------------------------------------- */
-
-/* Runs fn on each of the n jobs (job i at jobs + i * job_size), one thread each, and waits for
-   them all. */
-static inline void launch_threads(int n, void *(*fn)(void *), void *jobs, size_t job_size, pthread_t *th) {
-    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, fn, (char *)jobs + (size_t)i * job_size);
-    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-}
 
 /* Appends item to the comma-separated list in buf (cap bytes in all). */
 static inline void launch_list_add(char *buf, size_t cap, const char *item) {

@@ -26,8 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "examples/launch.h"
-
 typedef struct rank_job {
     int rank, size;
     size_t count;
@@ -93,12 +91,17 @@ int main(int argc, char **argv) {
     }
 
     if (rank_from_env()) { /* one process per rank */
+        const char *role = getenv("KVPS_ROLE");
+        if (role && strcmp(role, "server") == 0) { /* kvps-run -s N with N > 0: nothing to serve */
+            printf("ring_allreduce: a ring needs no server; this one leaves (use kvps-run -s 0)\n");
+            return 0;
+        }
         rank_job j = {.count = (size_t)count};
-        int rc = launch_ring_env("ring_allreduce", "a ring",
-                                 "ring_allreduce: set KVPS_RANK, KVPS_SIZE and KVPS_RING_PEERS (one endpoint per rank), or\n"
-                                 "  run under kvps-run -s 0 -w N, or mpirun/srun with KVPS_RING_PEERS exported\n",
-                                 &j.rank, &j.size, &j.peers);
-        if (rc >= 0) return rc;
+        if (kvps_ring_env_read(&j.rank, &j.size, &j.peers) != KVPS_OK) {
+            fprintf(stderr, "ring_allreduce: set KVPS_RANK, KVPS_SIZE and KVPS_RING_PEERS (one endpoint per rank), or\n"
+                            "  run under kvps-run -s 0 -w N, or mpirun/srun with KVPS_RING_PEERS exported\n");
+            return 2;
+        }
         run_rank(&j);
         return j.ok ? 0 : 1;
     }
@@ -109,16 +112,17 @@ int main(int argc, char **argv) {
     rank_job *jobs = (rank_job *)calloc((size_t)size, sizeof *jobs);
     pthread_t *th = (pthread_t *)calloc((size_t)size, sizeof *th);
     if (!ctx || !peers || !jobs || !th) { fprintf(stderr, "ring_allreduce: out of memory\n"); return 1; }
-    for (int r = 0; r < size; r++) {
-        char ep[32];
-        snprintf(ep, sizeof ep, "inproc://ring-%d", r);
-        launch_list_add(peers, (size_t)size * 32, ep);
-    }
     for (int r = 0; r < size; r++)
+        sprintf(peers + strlen(peers), "%sinproc://ring-%d", r ? "," : "", r);
+    for (int r = 0; r < size; r++) {
         jobs[r] = (rank_job){.rank = r, .size = size, .count = (size_t)count, .peers = peers, .zmq_ctx = ctx};
-    launch_threads(size, run_rank, jobs, sizeof jobs[0], th);
+        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
+    }
     int ok = 1;
-    for (int r = 0; r < size; r++) ok &= jobs[r].ok;
+    for (int r = 0; r < size; r++) {
+        pthread_join(th[r], NULL);
+        ok &= jobs[r].ok;
+    }
     printf("ring_allreduce: %d ranks, %ld floats: %s\n", size, count, ok ? "every rank holds the exact sum" : "FAILED");
     zmq_ctx_term(ctx);
     free(th);
