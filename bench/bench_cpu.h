@@ -1,4 +1,4 @@
-/* bench_cpu.h - what every benchmark shares: the clocks (wall time from examples/clock.h, this
+/* bench_cpu.h - what every benchmark shares: the clocks (examples/clock.h: wall time, this
    process's CPU time), die() for what it cannot go on without, and the CPUs a benchmark pins
    ZeroMQ I/O threads to. POSIX. bench_cpu() is there where the file that includes it defines
    _GNU_SOURCE before its first include (sched_getaffinity, CPU_COUNT); die() where it defines
@@ -9,16 +9,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 
-#include "../examples/clock.h" /* now_s, sleep_ms: the examples' clock (relative: mpicc runs without -I.) */
-
-/* CPU seconds of this process, every thread (ZeroMQ's I/O threads, MPI's progress), user + system. */
-static inline double cpu_s(void) {
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
+#include "../examples/clock.h" /* now_s, cpu_s, sleep_ms (relative: mpicc runs without -I.) */
 
 #ifdef BENCH_NAME
 /* "BENCH_NAME: what: why" on stderr, exit 1. */

@@ -8,7 +8,7 @@
    away from this repository and builds against the installed headers alone (make test checks
    that it does).
 
-     now_s, sleep_ms          the monotonic clock; a sleep that outlasts signals (clock.h)
+     now_s, cpu_s, sleep_ms   the clocks (wall, CPU); a sleep that outlasts signals (clock.h)
      parse_long, parse_double one option's value, within bounds
      launch_catch_signals     one handler for SIGINT and SIGTERM
      launch_server            a server process: create, serve until SIGINT/SIGTERM or until the
@@ -28,7 +28,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "clock.h" /* now_s, sleep_ms */
+#include "clock.h" /* now_s, cpu_s, sleep_ms */
 
 /* ---- options: every process of a job is given the same ------------------------------------ */
 
