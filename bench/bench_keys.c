@@ -38,12 +38,18 @@ static void cluster(int n, kvps_consistency mode, int k, int kmin, int m, kvps_s
     }
 }
 
-static void many_keys(int quick) {
-    kvps_server *srv[1];
+/* One async server in this process, in srv[0], and a worker of it. */
+static kvps_worker *one_pair(kvps_server **srv) {
     char servers[256];
     cluster(1, KVPS_ASYNC, 0, 0, 1, srv, servers, sizeof servers);
     kvps_worker *w = NULL;
     CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = servers, .timeout_ms = 120000}, &w));
+    return w;
+}
+
+static void many_keys(int quick) {
+    kvps_server *srv[1];
+    kvps_worker *w = one_pair(srv);
     size_t nk = quick ? 100000 : 1000000, *lens = (size_t *)malloc(nk * sizeof *lens);
     uint64_t *keys = (uint64_t *)malloc(nk * sizeof *keys);
     float *vals = (float *)malloc(nk * 16 * sizeof(float));
@@ -95,10 +101,7 @@ static double sparse_rate(kvps_worker *w, kvps_table t, int push, int iters, uin
 
 static void sparse_rows(int quick) {
     kvps_server *srv[1];
-    char servers[256];
-    cluster(1, KVPS_ASYNC, 0, 0, 1, srv, servers, sizeof servers);
-    kvps_worker *w = NULL;
-    CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = servers, .timeout_ms = 120000}, &w));
+    kvps_worker *w = one_pair(srv);
     kvps_table t;
     kvps_req q;
     CHECK(kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = 64, .init_scale = 0.01f}, &t, &q));
