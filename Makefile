@@ -22,7 +22,7 @@ MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce)
 
 all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
 
-$(B)/mpi_allreduce: bench/mpi_allreduce.c | $(B) deps
+$(B)/mpi_allreduce: bench/mpi_allreduce.c bench/bench_cpu.h examples/clock.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 deps:
@@ -35,9 +35,9 @@ deps-demo: deps # the build's packages first, then the data
 # runs, so after the install.
 $(B)/%: tests/%.c $(HEADERS) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) | $(B) deps
+$(B)/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard examples/*.h) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/%: examples/%.c $(HEADERS) | $(B) deps
+$(B)/%: examples/%.c $(HEADERS) $(wildcard examples/*.h) | $(B) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(LDLIBS)
 $(B):
 	@mkdir -p $(B)

@@ -6,15 +6,11 @@
    (fewer than top-k's k: no sampled threshold fits, so top-k selects exactly over all of it). */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "bench/bench_cpu.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
 
 int main(int argc, char **argv) {

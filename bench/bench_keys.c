@@ -4,16 +4,11 @@
    "key: value [unit]" lines, per the house style. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "bench/bench_cpu.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static long rss_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -43,12 +38,18 @@ static void cluster(int n, kvps_consistency mode, int k, int kmin, int m, kvps_s
     }
 }
 
-static void many_keys(int quick) {
-    kvps_server *srv[1];
+/* One async server in this process, in srv[0], and a worker of it. */
+static kvps_worker *one_pair(kvps_server **srv) {
     char servers[256];
     cluster(1, KVPS_ASYNC, 0, 0, 1, srv, servers, sizeof servers);
     kvps_worker *w = NULL;
     CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = servers, .timeout_ms = 120000}, &w));
+    return w;
+}
+
+static void many_keys(int quick) {
+    kvps_server *srv[1];
+    kvps_worker *w = one_pair(srv);
     size_t nk = quick ? 100000 : 1000000, *lens = (size_t *)malloc(nk * sizeof *lens);
     uint64_t *keys = (uint64_t *)malloc(nk * sizeof *keys);
     float *vals = (float *)malloc(nk * 16 * sizeof(float));
@@ -78,17 +79,34 @@ static void many_keys(int quick) {
     free(lens); free(keys); free(vals);
 }
 
+enum { SPARSE_R = 1000, SPARSE_W = 16 }; /* rows per request, requests in flight */
+
+/* Rows per second over iters requests of SPARSE_R random rows of t (ids drawn from *seed), pulls
+   (push = 0) or pushes of rows, SPARSE_W in flight. ids and rows hold SPARSE_W requests. */
+static double sparse_rate(kvps_worker *w, kvps_table t, int push, int iters, uint64_t table_rows, uint64_t *seed,
+                          uint64_t *ids, float *rows) {
+    enum { R = SPARSE_R, W = SPARSE_W };
+    kvps_req win[W];
+    double t0 = now_s();
+    for (int it = 0; it < iters; it++) {
+        int slot = it % W;
+        if (it >= W) CHECK(kvps_worker_wait(w, win[slot], -1));
+        for (int i = 0; i < R; i++) { *seed = *seed * 6364136223846793005ull + 1; ids[slot * R + i] = (*seed >> 20) % table_rows; }
+        if (push) CHECK(kvps_worker_push_rows(w, t, ids + slot * R, rows + (size_t)slot * R * 64, R, &win[slot]));
+        else CHECK(kvps_worker_pull_rows(w, t, ids + slot * R, rows + (size_t)slot * R * 64, R, &win[slot]));
+    }
+    for (int it = iters - W; it < iters; it++) CHECK(kvps_worker_wait(w, win[it % W], -1));
+    return (double)iters * R / (now_s() - t0);
+}
+
 static void sparse_rows(int quick) {
     kvps_server *srv[1];
-    char servers[256];
-    cluster(1, KVPS_ASYNC, 0, 0, 1, srv, servers, sizeof servers);
-    kvps_worker *w = NULL;
-    CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = servers, .timeout_ms = 120000}, &w));
+    kvps_worker *w = one_pair(srv);
     kvps_table t;
     kvps_req q;
     CHECK(kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = 64, .init_scale = 0.01f}, &t, &q));
     CHECK(kvps_worker_wait(w, q, -1));
-    enum { R = 1000, W = 16 };
+    enum { R = SPARSE_R, W = SPARSE_W };
     uint64_t table_rows = quick ? 100000 : 1000000;
     uint64_t *ids = (uint64_t *)malloc((size_t)W * R * sizeof *ids);
     float *rows = (float *)malloc((size_t)W * R * 64 * sizeof(float));
@@ -99,25 +117,8 @@ static void sparse_rows(int quick) {
         CHECK(kvps_worker_wait(w, q, -1));
     }
     int iters = quick ? 200 : 2000;
-    kvps_req win[W];
-    double t0 = now_s();
-    for (int it = 0; it < iters; it++) {
-        int slot = it % W;
-        if (it >= W) CHECK(kvps_worker_wait(w, win[slot], -1));
-        for (int i = 0; i < R; i++) { seed = seed * 6364136223846793005ull + 1; ids[slot * R + i] = (seed >> 20) % table_rows; }
-        CHECK(kvps_worker_pull_rows(w, t, ids + slot * R, rows + (size_t)slot * R * 64, R, &win[slot]));
-    }
-    for (int it = iters - W; it < iters; it++) CHECK(kvps_worker_wait(w, win[it % W], -1));
-    double pull = (double)iters * R / (now_s() - t0);
-    t0 = now_s();
-    for (int it = 0; it < iters; it++) {
-        int slot = it % W;
-        if (it >= W) CHECK(kvps_worker_wait(w, win[slot], -1));
-        for (int i = 0; i < R; i++) { seed = seed * 6364136223846793005ull + 1; ids[slot * R + i] = (seed >> 20) % table_rows; }
-        CHECK(kvps_worker_push_rows(w, t, ids + slot * R, rows + (size_t)slot * R * 64, R, &win[slot]));
-    }
-    for (int it = iters - W; it < iters; it++) CHECK(kvps_worker_wait(w, win[it % W], -1));
-    double push = (double)iters * R / (now_s() - t0);
+    double pull = sparse_rate(w, t, 0, iters, table_rows, &seed, ids, rows);
+    double push = sparse_rate(w, t, 1, iters, table_rows, &seed, ids, rows);
     printf("sparse: table of %llu rows x 64 floats, requests of %d random rows, %d in flight, 1 server\n",
            (unsigned long long)table_rows, R, W);
     printf("sparse_pull: %.2f M rows/s\n", pull / 1e6);

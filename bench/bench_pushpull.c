@@ -34,6 +34,7 @@
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
    pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it. */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
+#define BENCH_NAME "bench_pushpull" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "bench/bench_cpu.h"
@@ -59,17 +60,6 @@ static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
    that does nothing (what is left is transport and protocol: it tells the update's cost apart). */
 static const int conf_servers[NCONF] = {1, 1, 2, 4};
 static const int conf_noupdate[NCONF] = {0, 1, 0, 0};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, const char *why) {
-    fprintf(stderr, "bench_pushpull: %s: %s\n", what, why);
-    exit(1);
-}
 
 static void kcheck(kvps_result r, const char *what, kvps_worker *w) {
     if (r != KVPS_OK) {
@@ -246,13 +236,20 @@ static void read_endpoints(int fd, char *buf, size_t cap) {
     free(str);
 }
 
+/* A ZeroMQ context of its own (its I/O thread pinned to cpus, unless NULL) and a socket of the
+   given type in it, with kvps's socket options. */
+static void *raw_socket(void **ctx, const char *cpus, int type) {
+    *ctx = zmq_ctx_new();
+    if (!*ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
+    if (cpus) kcheck(kvps_zmq_ctx_pin(*ctx, cpus), "kvps_zmq_ctx_pin", NULL);
+    void *sock = zmq_socket(*ctx, type);
+    if (!sock) die("zmq_socket", zmq_strerror(zmq_errno()));
+    no_hwm(sock);
+    return sock;
+}
+
 static void raw_server_bind(raw_server *s) {
-    s->ctx = zmq_ctx_new();
-    if (!s->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
-    if (g_srv_cpus) kcheck(kvps_zmq_ctx_pin(s->ctx, g_srv_cpus), "kvps_zmq_ctx_pin", NULL);
-    s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
-    if (!s->router) die("zmq_socket", zmq_strerror(zmq_errno()));
-    no_hwm(s->router);
+    s->router = raw_socket(&s->ctx, g_srv_cpus, ZMQ_ROUTER);
     zcheck(zmq_bind(s->router, "tcp://127.0.0.1:*"), "raw bind");
     size_t sz = sizeof s->endpoint;
     zcheck(zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz), "raw endpoint");
@@ -284,12 +281,7 @@ static void raw_server_up(raw_server *s, const char *buf) {
 
 static void raw_client_up(raw_client *c, const raw_server *s) {
     memset(c, 0, sizeof *c);
-    c->ctx = zmq_ctx_new();
-    if (!c->ctx) die("zmq_ctx_new", zmq_strerror(zmq_errno()));
-    if (g_cli_cpus) kcheck(kvps_zmq_ctx_pin(c->ctx, g_cli_cpus), "kvps_zmq_ctx_pin", NULL);
-    c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (!c->dealer) die("zmq_socket", zmq_strerror(zmq_errno()));
-    no_hwm(c->dealer);
+    c->dealer = raw_socket(&c->ctx, g_cli_cpus, ZMQ_DEALER);
     zcheck(zmq_connect(c->dealer, s->endpoint), "raw connect");
 }
 

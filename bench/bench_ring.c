@@ -44,6 +44,7 @@
    skips it. Where there are fewer CPUs than ranks (4 and 8 on a 2-CPU machine) both kvps and
    MPI are oversubscribed; OpenMPI's ranks poll while they wait, kvps's sleep in zmq_poll. */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
+#define BENCH_NAME "bench_ring" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
 #include "bench/bench_cpu.h"
@@ -101,23 +102,6 @@ typedef struct config {
     double target;
     int inplace, csv, io_threads, io_cpus_none;
 } config;
-
-static double cpu_s(void) { /* this process, every thread (ZeroMQ's I/O thread too) */
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void die(const char *what, const char *why) {
-    fprintf(stderr, "bench_ring: %s: %s\n", what, why);
-    exit(1);
-}
 
 /* ---- one rank ------------------------------------------------------------------------------ */
 

@@ -23,7 +23,7 @@
    MPI_IN_PLACE. busbw = algbw x 2(n-1)/n. The result of the warm-up is checked: every element
    must equal n(n+1)/2. */
 #include <mpi.h>
-#include <sys/resource.h>
+#include "bench_cpu.h" /* cpu_s; beside this file, so a bare mpicc line finds it */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +34,6 @@ static double median(double *v, int n) { /* sorts v */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static double cpu_s(void) { /* this process, every thread */
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 static size_t parse_size(const char *s, int *ok) {

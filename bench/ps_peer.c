@@ -25,28 +25,16 @@
    clock, first byte to last). Exit codes: 0 done, 1 a kvps or socket call failed, 2 bad usage. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "examples/launch.h" /* the server process, now_s, sleep_ms: as the examples run one */
 
 #include <errno.h>
 #include <netdb.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
 
 typedef struct opts {
     size_t bytes, max_slice;
@@ -64,62 +52,14 @@ static void usage(const char *prog) {
 }
 
 /* ---- server ------------------------------------------------------------------------------ */
-static volatile sig_atomic_t g_stop;
-static kvps_server *volatile g_server;
-
-static void on_stop_signal(int sig) {
-    (void)sig;
-    g_stop = 1;
-    kvps_server *s = g_server;
-    if (s) kvps_server_stop(s); /* async-signal-safe: one write() to a pipe */
-}
-
-typedef struct watch { kvps_server *s; uint64_t pulls_per_key; } watch;
-
-/* Stops the server once every worker has made its last pull of every key it holds. */
-static void *watch_main(void *arg) {
-    watch *wt = (watch *)arg;
-    while (!g_stop) {
-        kvps_server_stats st;
-        kvps_server_stats_get(wt->s, &st);
-        if (st.keys > 0 && st.pulls >= st.keys * wt->pulls_per_key) {
-            sleep_ms(1000);
-            kvps_server_stop(wt->s);
-            return NULL;
-        }
-        sleep_ms(20);
-    }
-    return NULL;
-}
-
 static int server_main(const opts *o, const kvps_env *env) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    kvps_server *s = NULL;
-    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = env->endpoint, .num_workers = env->num_workers,
-                                                           .rank = env->rank, .consistency = KVPS_BSP,
-                                                           .update = KVPS_UPDATE_MEAN},
-                                       &s);
-    if (r != KVPS_OK) {
-        fprintf(stderr, "ps_peer: server %d: create on %s: %s\n", env->rank, env->endpoint, kvps_result_str(r));
-        return 1;
-    }
-    g_server = s;
-    if (g_stop) kvps_server_stop(s); /* a signal came before g_server was set */
-    watch wt = {s, (uint64_t)env->num_workers * (uint64_t)(o->warmup + o->steps)};
-    pthread_t th;
-    int watching = pthread_create(&th, NULL, watch_main, &wt) == 0;
-    r = kvps_server_run(s);
-    g_stop = 1;
-    if (watching) pthread_join(th, NULL);
-    g_server = NULL;
-    if (r != KVPS_OK) fprintf(stderr, "ps_peer: server %d: %s\n", env->rank, kvps_result_str(r));
-    kvps_server_destroy(&s);
-    return r == KVPS_OK ? 0 : 1;
+    return launch_server(&(launch_server_desc){
+        .prog = "ps_peer",
+        .server = {.endpoint = env->endpoint, .num_workers = env->num_workers, .rank = env->rank,
+                   .consistency = KVPS_BSP, .update = KVPS_UPDATE_MEAN},
+        .pulls_per_key = (uint64_t)env->num_workers * (uint64_t)(o->warmup + o->steps),
+        .poll_ms = 20,
+        .report_fd = -1});
 }
 
 /* ---- worker ------------------------------------------------------------------------------ */

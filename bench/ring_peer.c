@@ -8,15 +8,10 @@
                     [--chunk BYTES] [--timeout MS] [--csv TAG] */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
+#include "bench/bench_cpu.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
     const char *sizes = "65536,1048576,16777216,67108864", *algo_s = "auto", *csv = NULL;

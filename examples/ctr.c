@@ -44,7 +44,6 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -54,6 +53,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "examples/launch.h"
 
 #define MAX_FIELDS 64
 #define MAX_DIM 64
@@ -86,15 +87,6 @@ static void usage(FILE *f) {
                "defaults: --model lr --servers 2 --workers 4 --epochs 3 --mode bsp --train 400000 --test 50000\n"
                "          --fields 16 --bits 22 --batch 256 (per worker) --lr 0.1 (lr) / 0.05 (fm) (Adagrad)\n"
                "          --dim 8 (fm factors) --l2 0.001 (fm factors) --truth = --model --seed 1 --timeout 600\n");
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {
@@ -176,17 +168,6 @@ static int parse_opts(int argc, char **argv, opts *o) {
     if (!o->set_truth) o->truth_fm = o->fm;
     if (!o->set_lr) o->lr = o->fm ? 0.05f : 0.1f;
     return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -628,61 +609,21 @@ static uint64_t rounds_expected(const opts *o) {
     return (uint64_t)o->epochs * (uint64_t)((o->train / o->workers) / o->batch) + 1;
 }
 
-static kvps_server *volatile g_server;
-static volatile sig_atomic_t g_stop;
-static void on_stop_signal(int sig) {
-    (void)sig;
-    g_stop = 1;
-    kvps_server *s = g_server;
-    if (s) kvps_server_stop(s);
-}
-
-typedef struct server_watch { kvps_server *s; uint64_t rounds; } server_watch;
-static void *server_watch_main(void *arg) {
-    server_watch *sw = (server_watch *)arg;
-    while (!g_stop) {
-        kvps_server_stats st;
-        kvps_server_stats_get(sw->s, &st);
-        if (st.rounds >= sw->rounds) {
-            sleep_ms(1000); /* let the last replies leave */
-            kvps_server_stop(sw->s);
-            return NULL;
-        }
-        sleep_ms(50);
-    }
-    return NULL;
-}
-
-static int server_process(const opts *o, const kvps_env *env) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    kvps_server_desc sd = server_desc(o);
-    sd.endpoint = env->endpoint;
-    sd.rank = env->rank;
-    kvps_server *s = NULL;
-    kvps_result r = kvps_server_create(&sd, &s);
-    if (r != KVPS_OK) {
-        fprintf(stderr, "ctr: server %d: create on %s: %s\n", env->rank, env->endpoint, kvps_result_str(r));
-        return 1;
-    }
-    g_server = s;
-    if (g_stop) kvps_server_stop(s);
-    server_watch sw = {s, rounds_expected(o)};
-    pthread_t th;
-    int watching = pthread_create(&th, NULL, server_watch_main, &sw) == 0;
-    r = kvps_server_run(s);
-    g_stop = 1;
-    if (watching) pthread_join(th, NULL);
-    g_server = NULL;
+static void server_end(kvps_server *s, int rank, kvps_result r) {
+    (void)r;
     kvps_server_stats st;
     kvps_server_stats_get(s, &st);
-    printf("ctr: server %d: %llu table rows, %.1f MB\n", env->rank, (unsigned long long)st.table_rows,
+    printf("ctr: server %d: %llu table rows, %.1f MB\n", rank, (unsigned long long)st.table_rows,
            (double)(st.table_bytes + st.table_state_bytes) / 1e6);
-    kvps_server_destroy(&s);
-    return r == KVPS_OK ? 0 : 1;
+}
+
+/* A server under a launcher: leaves by itself once every worker has pushed its last clock. */
+static int server_process(const opts *o, const kvps_env *env) {
+    launch_server_desc d = {.prog = "ctr", .server = server_desc(o), .rounds = rounds_expected(o), .poll_ms = 50,
+                            .report_fd = -1, .on_end = server_end};
+    d.server.endpoint = env->endpoint;
+    d.server.rank = env->rank;
+    return launch_server(&d);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -701,25 +642,19 @@ int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     alarm((unsigned)o.timeout_s);
 
-    if (kvps_env_launched()) {
-        kvps_env env;
-        kvps_result r = kvps_env_read(&env);
-        if (r != KVPS_OK) {
-            fprintf(stderr, "ctr: launcher environment: %s\n", kvps_result_str(r));
-            return 2;
-        }
-        if ((o.set_servers && o.servers != env.num_servers) || (o.set_workers && o.workers != env.num_workers))
-            fprintf(stderr, "ctr: using the environment's %d servers and %d workers, not the options'\n",
-                    env.num_servers, env.num_workers);
-        o.servers = env.num_servers;
-        o.workers = env.num_workers;
-        if ((o.train / o.workers) / o.batch < 1) {
-            fprintf(stderr, "ctr: --train %ld is less than one batch of %d per worker\n", o.train, o.batch);
-            return 2;
-        }
-        if (env.role == KVPS_ROLE_SERVER) return server_process(&o, &env);
-        dataspec d;
-        if (dataspec_init(&d, &o) != 0) { fprintf(stderr, "ctr: out of memory\n"); return 1; }
+    /* Under a launcher one process per role, from KVPS_*; the cluster's size is the environment's. */
+    int launched = kvps_env_launched();
+    kvps_env env = {0};
+    if (launched && (rc = launch_env_read("ctr", &env, &o.servers, o.set_servers, &o.workers, o.set_workers)) != 0)
+        return rc;
+    if ((o.train / o.workers) / o.batch < 1) {
+        fprintf(stderr, "ctr: --train %ld is less than one batch of %d per worker\n", o.train, o.batch);
+        return 2;
+    }
+    if (launched && env.role == KVPS_ROLE_SERVER) return server_process(&o, &env);
+    dataspec d;
+    if (dataspec_init(&d, &o) != 0) { fprintf(stderr, "ctr: out of memory\n"); return 1; }
+    if (launched) {
         worker_job j = {&o, &d, env.servers, NULL, env.rank, 1};
         worker_main(&j);
         dataspec_free(&d);
@@ -727,12 +662,6 @@ int main(int argc, char **argv) {
     }
 
     /* Standalone: servers and workers as threads, on inproc:// in one ZeroMQ context. */
-    if ((o.train / o.workers) / o.batch < 1) {
-        fprintf(stderr, "ctr: --train %ld is less than one batch of %d per worker\n", o.train, o.batch);
-        return 2;
-    }
-    dataspec d;
-    if (dataspec_init(&d, &o) != 0) { fprintf(stderr, "ctr: out of memory\n"); return 1; }
     void *ctx = zmq_ctx_new();
     kvps_server *srv[64] = {0};
     char servers[64 * 32] = "";
@@ -746,7 +675,7 @@ int main(int argc, char **argv) {
         kvps_result r = kvps_server_create(&sd, &srv[i]);
         if (r == KVPS_OK) r = kvps_server_start(srv[i]);
         if (r != KVPS_OK) { fprintf(stderr, "ctr: server %d: %s\n", i, kvps_result_str(r)); return 1; }
-        snprintf(servers + strlen(servers), sizeof servers - strlen(servers), "%s%s", i ? "," : "", ep);
+        launch_list_add(servers, sizeof servers, ep);
     }
     worker_job jobs[64];
     pthread_t th[64];

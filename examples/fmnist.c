@@ -76,6 +76,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "examples/launch.h"
+
 #define NPIX 784
 #define NCLASS 10
 #define NTRAIN 60000        /* Fashion-MNIST's sizes; servers plan their exit with NTRAIN */
@@ -119,24 +121,6 @@ static void usage(FILE *f) {
             "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
             "          --mode bsp --seed 1 --data " DATA_DIR " --codec none --ef 1 --decay cosine\n"
             "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n");
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
-    *out = v;
-    return 0;
 }
 
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
@@ -279,17 +263,6 @@ static const char *mode_name(const opts *o, char *buf, size_t cap) {
 /* EASGD's alpha: 0.9 / workers by default (the paper's beta = alpha * workers = 0.9). */
 static float easgd_alpha(const opts *o) { return o->alpha > 0 ? o->alpha : 0.9f / (float)o->workers; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
 /* ---------------------------------------------------------------------------------------------
    Data: idx files (big-endian header: magic, then one u32 per dimension), gzip'd */
 typedef struct dataset {
@@ -398,6 +371,11 @@ static int dataset_load(const char *dir, const char *prefix, uint32_t want_n, da
     }
     d->n = (int)nx;
     return 0;
+}
+
+/* The training and the test set; 0 or -1. */
+static int datasets_load(const char *dir, dataset *train, dataset *test) {
+    return dataset_load(dir, "train", NTRAIN, train) != 0 || dataset_load(dir, "t10k", NTEST, test) != 0 ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -959,87 +937,19 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
 }
 
 /* ---------------------------------------------------------------------------------------------
-   Server */
-static kvps_server *volatile g_server;
-static volatile sig_atomic_t g_stop;
-
-static void on_stop_signal(int sig) {
-    (void)sig;
-    g_stop = 1;
-    kvps_server *s = g_server;
-    if (s) kvps_server_stop(s); /* async-signal-safe: one write() to a pipe */
-}
-
-static void catch_stop_signals(void (*fn)(int)) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = fn;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
-
-typedef struct server_watch {
-    kvps_server *s;
-    uint64_t pulls_per_key;
-    pid_t parent; /* standalone: leave when the parent is gone; 0 = no parent to watch */
-} server_watch;
-
-/* Stops the server once every worker has made its last pull (plus a grace period, so the last
-   replies leave before the socket closes), or when the standalone parent has died. */
-static void *server_watch_main(void *arg) {
-    server_watch *sw = (server_watch *)arg;
-    while (!g_stop) {
-        kvps_server_stats st;
-        kvps_server_stats_get(sw->s, &st);
-        int done = st.keys > 0 && st.pulls >= st.keys * sw->pulls_per_key;
-        if (done || (sw->parent && getppid() != sw->parent)) {
-            if (done) sleep_ms(1000);
-            kvps_server_stop(sw->s);
-            return NULL;
-        }
-        sleep_ms(50);
-    }
-    return NULL;
-}
-
-/* Serves until stopped; with report_fd >= 0 writes the bound endpoint there first. */
+   Server: serves until stopped; with report_fd >= 0 writes the bound endpoint there first. It
+   leaves by itself once every worker has made its last pull, or when the standalone parent
+   (parent > 0) has died. */
 static int server_main(const opts *o, const char *endpoint, int rank, int report_fd, pid_t parent) {
-    catch_stop_signals(on_stop_signal);
-    kvps_server *s = NULL;
-    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = endpoint, .num_workers = o->workers,
-                                                           .rank = rank,
-                                                           .consistency = server_consistency(o),
-                                                           .staleness = o->staleness,
-                                                           .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
-                                       &s);
-    if (r != KVPS_OK) {
-        fprintf(stderr, "fmnist: server %d: create on %s: %s\n", rank, endpoint, kvps_result_str(r));
-        return 1;
-    }
-    g_server = s;
-    if (g_stop) kvps_server_stop(s); /* a signal came before g_server was set */
-    if (report_fd >= 0) {
-        char line[300];
-        int len = snprintf(line, sizeof line, "%s\n", kvps_server_endpoint(s));
-        if (write(report_fd, line, (size_t)len) != len) {
-            fprintf(stderr, "fmnist: server %d: cannot report its endpoint: %s\n", rank, strerror(errno));
-            g_server = NULL;
-            kvps_server_destroy(&s);
-            return 1;
-        }
-        close(report_fd);
-    }
-    server_watch sw = {s, pulls_per_key(o), parent};
-    pthread_t th;
-    int watching = pthread_create(&th, NULL, server_watch_main, &sw) == 0;
-    r = kvps_server_run(s);
-    g_stop = 1;
-    if (watching) pthread_join(th, NULL);
-    g_server = NULL;
-    if (r != KVPS_OK) fprintf(stderr, "fmnist: server %d: %s\n", rank, kvps_result_str(r));
-    kvps_server_destroy(&s);
-    return r == KVPS_OK ? 0 : 1;
+    return launch_server(&(launch_server_desc){
+        .prog = "fmnist",
+        .server = {.endpoint = endpoint, .num_workers = o->workers, .rank = rank,
+                   .consistency = server_consistency(o), .staleness = o->staleness,
+                   .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
+        .pulls_per_key = pulls_per_key(o),
+        .parent = parent,
+        .poll_ms = 50,
+        .report_fd = report_fd});
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1112,7 +1022,7 @@ static void stop_children(child *c, int n) {
 /* Waits for the workers; stops everything at the first failure, signal or the deadline. A
    server may leave before the workers do (it has served its last pull) but only with 0. */
 static int wait_cluster(const opts *o, child *c, int ns, int nc, double t0, int rc) {
-    catch_stop_signals(on_parent_signal);
+    launch_catch_signals(on_parent_signal);
 
     double deadline = t0 + o->timeout_s;
     int workers_left = nc - ns;
@@ -1181,8 +1091,7 @@ static int run_local(const opts *o, const dataset *train, const dataset *test) {
             fprintf(stderr, "fmnist: server %d did not report its endpoint\n", i);
             rc = 1;
         } else {
-            size_t len = strlen(servers);
-            snprintf(servers + len, (size_t)ns * 300 - len, "%s%s", i ? "," : "", ep);
+            launch_list_add(servers, (size_t)ns * 300, ep);
         }
         close(fd[0]);
     }
@@ -1265,8 +1174,7 @@ static int run_local_ring(const opts *o, const dataset *train, const dataset *te
             fprintf(stderr, "fmnist: rank %d did not report its endpoint\n", r);
             rc = 1;
         } else {
-            size_t len = strlen(peers);
-            snprintf(peers + len, (size_t)nw * 300 - len, "%s%s", r ? "," : "", ep);
+            launch_list_add(peers, (size_t)nw * 300, ep);
         }
     }
     size_t len = strlen(peers);
@@ -1310,7 +1218,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "fmnist: using the environment's %d ranks, not --workers %d\n", size, o.workers);
         o.workers = size;
         if ((rc = check_opts(&o)) != 0) return rc;
-        if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+        if (datasets_load(o.data, &train, &test) != 0)
             return 2;
         g_rank = rank;
         kvps_ring *ring = NULL;
@@ -1323,26 +1231,17 @@ int main(int argc, char **argv) {
     }
     if (kvps_env_launched()) {
         kvps_env env;
-        kvps_result r = kvps_env_read(&env);
-        if (r != KVPS_OK) {
-            fprintf(stderr, "fmnist: launcher environment: %s\n", kvps_result_str(r));
-            return 2;
-        }
-        if ((o.set_servers && o.servers != env.num_servers) || (o.set_workers && o.workers != env.num_workers))
-            fprintf(stderr, "fmnist: using the environment's %d servers and %d workers, not the options'\n",
-                    env.num_servers, env.num_workers);
-        o.servers = env.num_servers;
-        o.workers = env.num_workers;
+        if ((rc = launch_env_read("fmnist", &env, &o.servers, o.set_servers, &o.workers, o.set_workers)) != 0) return rc;
         if ((rc = check_opts(&o)) != 0) return rc;
         if (env.role == KVPS_ROLE_SERVER) return server_main(&o, env.endpoint, env.rank, -1, 0);
-        if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+        if (datasets_load(o.data, &train, &test) != 0)
             return 2;
         return worker_main(&o, env.servers, NULL, env.rank, &train, &test);
     }
 
     if ((rc = check_opts(&o)) != 0) return rc;
     /* Loaded once before the forks: the children share the pages. */
-    if (dataset_load(o.data, "train", NTRAIN, &train) != 0 || dataset_load(o.data, "t10k", NTEST, &test) != 0)
+    if (datasets_load(o.data, &train, &test) != 0)
         return 2;
     return o.mode == MODE_ALLREDUCE ? run_local_ring(&o, &train, &test) : run_local(&o, &train, &test);
 }
