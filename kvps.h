@@ -158,6 +158,15 @@
    (keys and rows spread over them).
    A worker is not thread-safe and has no thread of its own: replies are read when its caller
    waits or tests.
+   WHAT A DESC LENDS. kvps_server_create copies its desc, but these pointers in it are kept and
+   must stay valid (and unchanged) until kvps_server_destroy: codecs (the array and each
+   codec's functions and user pointer: read for every coded request), checkpoint_path (read at
+   each checkpoint), zmq_ctx (a context you passed is used, not owned: terminate it after
+   destroying the server), and update_user, init_user and switch_user (passed back to your
+   functions). Not kept (read during the call only): endpoint (the server holds the resolved
+   one), curve_secret_key, curve_clients, io_cpus. kvps_worker_create keeps none of its
+   desc's strings (servers, CURVE keys, io_cpus are read during the call) and only borrows
+   zmq_ctx; kvps_ring_create likewise keeps neither peers nor io_cpus, and copies groups.
    CPU PINNING. .io_cpus = "3" (or "0-3", "0,2-3": taskset -c's list) pins the ZeroMQ I/O
    thread(s) of a server's, worker's or ring's own context to those CPUs; NULL leaves them where
    the OS puts them. Each CPU must be one the calling thread may run on (KVPS_ERR_CONFIG
@@ -906,6 +915,30 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #ifdef KVPS_IMPLEMENTATION
 #ifndef KVPS__IMPLEMENTED
 #define KVPS__IMPLEMENTED
+/* THE IMPLEMENTATION, in layer order (each section uses only those above it; find one with
+   `// >>name`):
+     base       result, half, log, util, env, cpus: strings, logging, clocks, environment,
+                ZeroMQ contexts and CPU pinning
+     numerics   ISA detection, element-wise kernels (d += g, mean, SGD step), fp16/bf16 bulk
+     topk, sign top-k selection with error feedback; 1-bit sign coding
+     codecs     the built-in codecs (KVPS_CODEC_TABLE in the element part): encode, decode
+     wire       the request header and key entries, frames, the coded-frame iterator, sockets
+     rules      the update-rule table, CONFIG records, the rules' maths
+     state      the server's types and struct kvps_server
+     exactly-once  the per-worker window of applied requests
+     replies    sending; the reply-header builder; error and ack replies
+     keys       the key store and stored values
+     consistency  contributions, applying a round, BSP/SSP/adaptive, parked pulls, barriers,
+                async deferral
+     liveness   lost, back, leaving and rejoining workers
+     tables     sparse tables' storage
+     dispatch   the ops table, kvps__handle (parse, liveness, exactly-once, handler) and the
+                handlers of keyed and table ops, each a sequence of named checks and steps
+     checkpoint writing and restoring a shard
+     curve      CURVE and its ZAP handler
+     server-api create, run, start, stop, destroy
+     client, tensor, rows, progress   the worker: requests, named tensors, sparse rows, and
+                reading replies (re-sends, handshake failures, waiting) */
 
 #include <zmq.h>
 #include <pthread.h>
