@@ -1,18 +1,38 @@
-/* kvps_test.h - the tests' tiny harness and cluster helpers (include after kvps.h with
-   KVPS_IMPLEMENTATION). Each test binary ends with "N passed, N failed". */
+/* kvps_test.h - the tests' tiny harness and cluster helpers (include after kvps.h, and
+   kvps_ring.h where a test uses it, with KVPS_IMPLEMENTATION). Each test binary ends with
+   "N passed, N failed[, N skipped]".
+
+   What is here, in order:
+     the runner       KT_CHECK, KT_OK, KT_SKIP, KT_RUN(test_fn[, limit_s]), kt_finish()
+     the watchdog     kt_alarm: a hang fails the test instead of stalling the suite
+     inputs           kt_rng, kt_randf (deterministic), kt_quick (KVPS_TEST_QUICK), kt_sleep_ms
+     the wire         KT_HDR (a request header by designated initialisers), a raw DEALER,
+                      kt_raw_meta, kt_raw_status
+     optimizers       kt_optim_tick, kt_optim_apply: the server's update rules, one element
+     servers          kt_cluster: n servers in background threads (inproc / ipc / tcp) */
 #ifndef KVPS_TEST_H
 #define KVPS_TEST_H
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
 #include <stdarg.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+/* ---- the runner ---------------------------------------------------------------------------- */
+
 static int kt_pass, kt_fail, kt_skip, kt_cur_failed, kt_cur_skipped;
 static const char *kt_cur;
+/* A suite that runs more than once names each run: with kt_label "tcp", KT_RUN(test_x) is
+   "test_x [tcp]". */
+static char kt_label[64];
+/* Called as each test begins, where a file keeps counters of its own per test. */
+static void (*kt_before_each)(void);
 
 #define KT_CHECK(cond, ...)                                                                    \
     do {                                                                                       \
@@ -40,20 +60,55 @@ static const char *kt_cur;
         kt_cur_skipped = 1;                                                                    \
     } while (0)
 
-static void kt_begin(const char *name) { kt_cur = name; kt_cur_failed = 0; kt_cur_skipped = 0; }
-static void kt_end(void) {
+/* KT_RUN(test_fn) runs one test and counts it: "ok test_fn", or "FAIL test_fn" and the checks
+   that failed, or "skip test_fn: why". KT_RUN(test_fn, limit_s) runs it under the watchdog
+   (kt_alarm) for limit_s seconds, 8 times that under KVPS_TEST_QUICK (sanitizers, valgrind).
+   KVPS_TEST_TIMES=1 prints each test's wall time. */
+#define KT_RUN(...) KT_RUN_(__VA_ARGS__, 0, 0)
+#define KT_RUN_(fn, limit_s, ...) do { kt_begin(#fn, limit_s); fn(); kt_end(); } while (0)
+
+static inline int kt_quick(void);
+static inline void kt_alarm(unsigned seconds, const char *fmt, ...);
+static inline int64_t kt_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t kt_t0;
+static int kt_limited;
+static inline void kt_begin(const char *name, int limit_s) {
+    static char full[256];
+    if (kt_label[0]) { snprintf(full, sizeof full, "%s [%s]", name, kt_label); kt_cur = full; }
+    else kt_cur = name;
+    kt_cur_failed = 0;
+    kt_cur_skipped = 0;
+    kt_t0 = kt_now_ms();
+    kt_limited = limit_s > 0;
+    if (kt_limited) {
+        unsigned s = (unsigned)(kt_quick() ? limit_s * 8 : limit_s);
+        kt_alarm(s, "%s", kt_cur);
+    }
+    if (kt_before_each) kt_before_each();
+}
+static inline void kt_end(void) {
+    if (kt_limited) kt_alarm(0, NULL);
+    if (getenv("KVPS_TEST_TIMES")) printf("  time %s: %lld ms\n", kt_cur, (long long)(kt_now_ms() - kt_t0));
     if (kt_cur_failed) kt_fail++;
     else if (kt_cur_skipped) kt_skip++;
     else { kt_pass++; printf("ok %s\n", kt_cur); }
     fflush(stdout);
 }
-#define KT_RUN(fn) do { kt_begin(#fn); fn(); kt_end(); } while (0)
-static int kt_finish(void) {
+/* The closing line, and main's exit status. */
+static inline int kt_finish(void) {
     if (kt_skip) printf("%d passed, %d failed, %d skipped\n", kt_pass, kt_fail, kt_skip);
     else printf("%d passed, %d failed\n", kt_pass, kt_fail);
     fflush(stdout); /* before exit-time checkers (LeakSanitizer) can end the process */
     return kt_fail ? 1 : 0;
 }
+
+/* ---- the watchdog -------------------------------------------------------------------------- */
+
 /* A watchdog for calls that must return: kt_alarm(s, fmt, ...) arms SIGALRM for s seconds; if the
    call has not returned by then (kt_alarm(0, NULL) disarms), the test fails with what was named,
    the closing "N passed, N failed" line is printed and the process exits, so that a hang fails
@@ -82,6 +137,8 @@ static inline void kt_alarm(unsigned seconds, const char *fmt, ...) {
     alarm(seconds);
 }
 
+/* ---- inputs ------------------------------------------------------------------------------ */
+
 /* KVPS_TEST_QUICK=1 (sanitizers, valgrind) skips the largest sizes. */
 static inline int kt_quick(void) { const char *e = getenv("KVPS_TEST_QUICK"); return e && *e && *e != '0'; }
 
@@ -95,6 +152,25 @@ static inline uint64_t kt_rng(uint64_t *s) {
 }
 static inline float kt_randf(uint64_t *s) { return (float)((double)(kt_rng(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
+static inline void kt_sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* malloc that ends the binary when memory runs out (a test's buffers, never what is tested). */
+static inline void *kt_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) { printf("out of memory (%zu bytes)\n", n); exit(2); }
+    return p;
+}
+
+/* ---- the wire ------------------------------------------------------------------------------ */
+
+/* A request or reply header (kvps.h's kvps__hdr: 32 bytes, no padding) with the magic and
+   version of this build and the fields named, every other one zero:
+       kvps__hdr h = KT_HDR(.op = KVPS__OP_PUSH, .nkeys = 1, .req_id = 7); */
+#define KT_HDR(...) ((kvps__hdr){.magic = KVPS__MAGIC, .version = KVPS__VERSION, __VA_ARGS__})
+
 /* A raw DEALER on endpoint, and the meta frame of a one-key request of op for (key, len). */
 static inline void *kt_raw_dealer(void *ctx, const char *endpoint, int rcvhwm, int rcvtimeo_ms) {
     void *d = zmq_socket(ctx, ZMQ_DEALER);
@@ -105,12 +181,65 @@ static inline void *kt_raw_dealer(void *ctx, const char *endpoint, int rcvhwm, i
     zmq_connect(d, endpoint);
     return d;
 }
+#ifdef KVPS_IMPLEMENTATION
 static inline void kt_raw_meta(unsigned char meta[KVPS__HDR + KVPS__KENT], int op, uint64_t key, uint64_t len) {
-    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, (uint8_t)op, 0, 0, 1, 1, 0, 0};
+    kvps__hdr h = KT_HDR(.op = (uint8_t)op, .nkeys = 1, .req_id = 1);
     kvps__kent e = {key, len};
     memcpy(meta, &h, sizeof h);
     memcpy(meta + KVPS__HDR, &e, sizeof e);
 }
+
+/* Sends [meta][vals] from raw DEALER d and returns the status in the reply's header (its text
+   frame, if any, read and dropped), or 0 when no reply came within timeout_ms. */
+static inline int32_t kt_raw_status(void *d, const void *meta, size_t msz, const void *vals, size_t vsz, int timeout_ms) {
+    zmq_send(d, meta, msz, ZMQ_SNDMORE);
+    zmq_send(d, vals, vsz, 0);
+    kvps__hdr rh;
+    memset(&rh, 0, sizeof rh);
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) == 1) {
+        zmq_recv(d, &rh, sizeof rh, 0);
+        int more;
+        size_t ml = sizeof more;
+        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+        char text[300];
+        if (more) zmq_recv(d, text, sizeof text, 0);
+    }
+    return rh.status;
+}
+#endif
+
+/* ---- optimizers ---------------------------------------------------------------------------- */
+
+/* The server's update rules for one element, as the manual gives them, in float32 and in the
+   order the server computes them, so that a one-process replay is bit-equal to what the servers
+   hold. w is the element, v and m2 its rule state (zero at first); sum is the round's aggregate
+   of n pushes (their sum; for MAX / MIN the largest / smallest); b1t, b2t are beta1^t and
+   beta2^t, which kt_optim_tick moves once a round (per row for a table), before the elements. */
+static inline void kt_optim_tick(const kvps_optim *o, float *b1t, float *b2t) {
+    if (o->rule == KVPS_RULE_ADAM) { *b1t *= o->beta1; *b2t *= o->beta2; }
+}
+static inline void kt_optim_apply(const kvps_optim *o, float *w, float *v, float *m2, float sum, float n, float b1t,
+                                  float b2t) {
+    float g = sum / n;
+    switch (o->rule) {
+    case KVPS_RULE_MEAN: *w = g; break;
+    case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: *w = sum; break;
+    case KVPS_RULE_ACCUMULATE: *w += sum; break;
+    case KVPS_RULE_SGD: *w -= o->lr * g; break;
+    case KVPS_RULE_MOMENTUM: *v = o->momentum * *v + g; *w -= o->lr * *v; break;
+    case KVPS_RULE_NESTEROV: *v = o->momentum * *v + g; *w -= o->lr * (g + o->momentum * *v); break;
+    case KVPS_RULE_ADAGRAD: *v += g * g; *w -= o->lr * g / (sqrtf(*v) + o->eps); break;
+    case KVPS_RULE_ADAM:
+        *v = o->beta1 * *v + (1.0f - o->beta1) * g;
+        *m2 = o->beta2 * *m2 + (1.0f - o->beta2) * (g * g);
+        *w -= o->lr * (*v / (1.0f - b1t)) / (sqrtf(*m2 / (1.0f - b2t)) + o->eps);
+        break;
+    default: break;
+    }
+}
+
+/* ---- servers ------------------------------------------------------------------------------- */
 
 /* n servers in background threads. transport: "inproc", "ipc" or "tcp". */
 typedef struct kt_cluster {
@@ -155,4 +284,5 @@ static inline void kt_cluster_down(kt_cluster *c) {
     if (c->ctx) zmq_ctx_term(c->ctx);
     c->ctx = NULL;
 }
-#endif
+
+#endif /* KVPS_TEST_H */

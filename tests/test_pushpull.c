@@ -228,10 +228,7 @@ static void test_pieces_optim(void) {
     KT_OK(kvps_worker_pull_tensor(w, t, got, &q[0]));
     KT_OK(kvps_worker_wait(w, q[0], -1));
     for (int p = 0; p < NP; p++)
-        for (int i = 0; i < LEN; i++) {
-            v[i] = o.momentum * v[i] + g[(size_t)p * LEN + i];
-            ref[i] -= o.lr * v[i];
-        }
+        for (int i = 0; i < LEN; i++) kt_optim_apply(&o, &ref[i], &v[i], NULL, g[(size_t)p * LEN + i], 1.0f, 1, 1);
     int bad = 0;
     for (int i = 0; i < LEN; i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
     KT_CHECK(bad == 0, "%d of %d values differ from one update at a time", bad, LEN);
