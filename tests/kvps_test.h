@@ -9,7 +9,9 @@
      the wire         KT_HDR (a request header by designated initialisers), a raw DEALER,
                       kt_raw_meta, kt_raw_status
      optimizers       kt_optim_tick, kt_optim_apply: the server's update rules, one element
-     servers          kt_cluster: n servers in background threads (inproc / ipc / tcp) */
+     servers          kt_cluster: n servers in background threads (inproc / ipc / tcp)
+     rings            (with kvps_ring.h) kt_team: one thread per rank, each with its own ring;
+                      kt_procs: ranks as processes that meet through a kvps server; kt_isolated */
 #ifndef KVPS_TEST_H
 #define KVPS_TEST_H
 #include <errno.h>
@@ -285,4 +287,352 @@ static inline void kt_cluster_down(kt_cluster *c) {
     c->ctx = NULL;
 }
 
+/* ---- rings (kvps_ring.h) ------------------------------------------------------------------- */
+#ifdef KVPS_RING_H
+#include <poll.h>
+#include <pthread.h>
+#include <sys/wait.h>
+
+enum { KT_MAXR = 8 };
+
+/* A team: one thread per rank, each with its own ring, all running the same program t->fn:
+       kt_run_team("label", body, k, tcp, timeout_ms, groups);
+   A rank (kt_rk) records its failures (kt_rk_fail; kt_rk_call for a collective's result, after
+   which a broken ring stops the rank) and hashes results that must be equal on every rank
+   (kt_rk_hash); kt_team_run checks both once every rank is done. */
+
+static inline uint64_t kt_fnv(const void *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) { h ^= ((const unsigned char *)p)[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+
+typedef struct kt_team kt_team;
+
+typedef struct kt_rk {
+    kt_team *t;
+    kvps_ring *r;
+    int rank, k;
+    uint64_t opn;         /* operations so far: the same on every rank, so seeds agree */
+    int dead;             /* the ring returned an error: it is broken, stop */
+    int fails;
+    char why[1400];
+    uint64_t *hash;       /* results that must be equal on every rank */
+    size_t nhash, caphash;
+    /* scenario results */
+    kvps_result rc1, rc2;
+    int64_t ms1;
+    char err1[330];
+} kt_rk;
+
+struct kt_team {
+    const char *label;
+    int k;
+    int tcp;              /* 0: inproc, one shared context; 1: tcp://127.0.0.1:*, endpoints swapped here */
+    kvps_ring_desc base;  /* timeout, chunk, algo, small_bytes, groups */
+    void (*fn)(kt_rk *);
+    const void *arg;
+    void *ctx;
+    char peers[KT_MAXR * 64];
+    kt_rk ranks[KT_MAXR];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int nready, nfinished, counter, flag;
+    char eps[KT_MAXR][256];
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static inline void kt_rk_fail(kt_rk *x, const char *fmt, ...) {
+    /* the first three failures, one per line */
+    if (x->fails++ < 3) {
+        size_t len = strlen(x->why);
+        if (len && len + 8 < sizeof x->why) { memcpy(x->why + len, "\n    ", 6); len += 5; x->why[len] = 0; }
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x->why + len, sizeof x->why - len, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* A collective's result: on error the ring is broken, so the rank stops. */
+static inline int kt_rk_call(kt_rk *x, kvps_result rc, const char *what) {
+    if (rc == KVPS_OK) return 1;
+    kt_rk_fail(x, "%s: %s [%s]", what, kvps_result_str(rc), x->r ? kvps_ring_last_error(x->r) : "");
+    x->dead = 1;
+    return 0;
+}
+
+static inline void kt_rk_hash(kt_rk *x, const void *p, size_t n) {
+    if (x->nhash == x->caphash) {
+        x->caphash = x->caphash ? 2 * x->caphash : 256;
+        x->hash = (uint64_t *)realloc(x->hash, x->caphash * sizeof *x->hash);
+        if (!x->hash) { printf("out of memory\n"); exit(2); }
+    }
+    x->hash[x->nhash++] = kt_fnv(p, n) ^ x->opn;
+}
+
+static inline uint64_t kt_rk_seed(kt_rk *x) {
+    uint64_t s = 0x5eed5eedull + x->opn++ * 0x2545f4914f6cdd1dull;
+    return kt_rng(&s);
+}
+
+static inline void *kt_team_thread(void *arg) {
+    kt_rk *x = (kt_rk *)arg;
+    kt_team *t = x->t;
+    kvps_ring_desc d = t->base;
+    d.rank = x->rank;
+    d.size = t->k;
+    if (t->tcp) { d.bind = "tcp://127.0.0.1:*"; d.peers = NULL; d.zmq_ctx = NULL; }
+    else { d.peers = t->peers; d.zmq_ctx = t->ctx; }
+    kvps_result rc = kvps_ring_create(&d, &x->r);
+    if (rc != KVPS_OK) { kt_rk_fail(x, "create: %s", kvps_result_str(rc)); x->dead = 1; }
+    if (t->tcp) {
+        char peers[KT_MAXR * 64] = "";
+        pthread_mutex_lock(&t->mu);
+        snprintf(t->eps[x->rank], sizeof t->eps[x->rank], "%s", x->r ? kvps_ring_endpoint(x->r) : "tcp://127.0.0.1:1");
+        t->nready++;
+        pthread_cond_broadcast(&t->cv);
+        while (t->nready < t->k) pthread_cond_wait(&t->cv, &t->mu);
+        for (int i = 0; i < t->k; i++)
+            snprintf(peers + strlen(peers), sizeof peers - strlen(peers), "%s%s", i ? "," : "", t->eps[i]);
+        pthread_mutex_unlock(&t->mu);
+        if (!x->dead) {
+            rc = kvps_ring_connect(x->r, peers);
+            if (rc != KVPS_OK) { kt_rk_fail(x, "connect: %s", kvps_result_str(rc)); x->dead = 1; }
+        }
+    }
+    if (!x->dead) t->fn(x);
+    /* a ring stays up until every rank is done: peers may still be sending to it */
+    pthread_mutex_lock(&t->mu);
+    t->nfinished++;
+    pthread_cond_broadcast(&t->cv);
+    while (t->nfinished < t->k) pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    kvps_ring_destroy(&x->r);
+    return NULL;
+}
+
+/* A team with zeroed settings: label, function, k ranks, inproc (tcp 0) or TCP, timeout. */
+static inline void kt_team_init(kt_team *t, const char *label, void (*fn)(kt_rk *), int k, int tcp, int timeout_ms) {
+    memset(t, 0, sizeof *t);
+    t->label = label;
+    t->fn = fn;
+    t->k = k;
+    t->tcp = tcp;
+    t->base.timeout_ms = timeout_ms;
+}
+
+/* Runs t->fn on every rank; reports each rank's first failure and results that differ across
+   ranks. Returns the number of ranks that failed. */
+static inline int kt_team_run(kt_team *t) {
+    static int seq;
+    seq++;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    t->nready = t->nfinished = t->counter = t->flag = 0;
+    if (!t->tcp) {
+        t->ctx = zmq_ctx_new();
+        t->peers[0] = 0;
+        for (int i = 0; i < t->k; i++)
+            snprintf(t->peers + strlen(t->peers), sizeof t->peers - strlen(t->peers), "%sinproc://kt-ring-%d-%d",
+                     i ? "," : "", seq, i);
+    }
+    pthread_t th[KT_MAXR];
+    for (int i = 0; i < t->k; i++) {
+        memset(&t->ranks[i], 0, sizeof t->ranks[i]);
+        t->ranks[i].t = t;
+        t->ranks[i].rank = i;
+        t->ranks[i].k = t->k;
+        pthread_create(&th[i], NULL, kt_team_thread, &t->ranks[i]);
+    }
+    for (int i = 0; i < t->k; i++) pthread_join(th[i], NULL);
+    int failed = 0;
+    for (int i = 0; i < t->k; i++) {
+        kt_rk *x = &t->ranks[i];
+        if (x->fails) failed++;
+        KT_CHECK(x->fails == 0, "%s k=%d rank %d: %d failures; first: %s", t->label, t->k, i, x->fails, x->why);
+    }
+    if (!failed)
+        for (int i = 1; i < t->k; i++) {
+            kt_rk *a = &t->ranks[0], *b = &t->ranks[i];
+            size_t n = a->nhash < b->nhash ? a->nhash : b->nhash, bad = 0, first = 0;
+            for (size_t j = 0; j < n; j++)
+                if (a->hash[j] != b->hash[j] && bad++ == 0) first = j;
+            KT_CHECK(a->nhash == b->nhash && bad == 0, "%s k=%d: rank %d's results differ from rank 0's in %zu of %zu "
+                     "collectives (first: #%zu)", t->label, t->k, i, bad, n, first);
+        }
+    for (int i = 0; i < t->k; i++) free(t->ranks[i].hash);
+    if (t->ctx) zmq_ctx_term(t->ctx);
+    t->ctx = NULL;
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    return failed;
+}
+
+/* A team with timeout_ms (3 times that under KVPS_TEST_QUICK) and groups (NULL: none), run. */
+static inline void kt_run_team(const char *label, void (*fn)(kt_rk *), int k, int tcp, int timeout_ms, const int *groups) {
+    kt_team t;
+    kt_team_init(&t, label, fn, k, tcp, kt_quick() ? 3 * timeout_ms : timeout_ms);
+    t.base.groups = groups;
+    kt_team_run(&t);
+}
+
+/* Ranks as processes on loopback TCP: a kvps server process for the rendezvous, then `size` rank
+   processes; no process forks with a live ZeroMQ context. */
+
+static kvps_server *kt_proc_srv;
+static inline void kt_proc_on_term(int sig) { (void)sig; if (kt_proc_srv) kvps_server_stop(kt_proc_srv); }
+
+/* Forks a kvps server for `workers` workers; returns its pid and writes its endpoint. */
+static inline pid_t kt_server_proc(int workers, char *ep, size_t cap) {
+    int p[2];
+    if (pipe(p) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        signal(SIGTERM, kt_proc_on_term);
+        kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = workers}, &kt_proc_srv);
+        const char *e = r == KVPS_OK ? kvps_server_endpoint(kt_proc_srv) : "";
+        if (write(p[1], e, strlen(e) + 1) < 0) _exit(3);
+        close(p[1]);
+        if (r != KVPS_OK) _exit(2);
+        kvps_server_run(kt_proc_srv);
+        kvps_server_destroy(&kt_proc_srv);
+        exit(0);
+    }
+    close(p[1]);
+    ssize_t got = read(p[0], ep, cap - 1);
+    close(p[0]);
+    if (got <= 1) { ep[0] = 0; return pid; }
+    ep[got] = 0;
+    return pid;
+}
+
+/* Waits for pid until deadline (ms); kills it if it is still running. Returns its status, or -1. */
+static inline int kt_wait_pid(pid_t pid, int64_t deadline) {
+    int st = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid) return st;
+        if (w < 0) return -2;
+        if (kvps__now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        kt_sleep_ms(5);
+    }
+}
+
+static inline void kt_server_proc_stop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int st = kt_wait_pid(pid, kvps__now_ms() + 10000);
+    KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
+}
+
+/* A rank that is to die writes to kt_die_pipe and waits for the parent's SIGKILL (a death from
+   outside: no exit path runs, no leak report from valgrind). */
+static int kt_die_pipe[2] = {-1, -1};
+
+static inline void kt_die_now(void) {
+    if (write(kt_die_pipe[1], "x", 1) < 0) _exit(4);
+    for (;;) pause();
+}
+
+/* A rank process: worker for the rendezvous, ring on an ephemeral port, then `fn`. */
+typedef struct kt_proc_cfg {
+    const char *server;
+    int size, timeout_ms;
+    void (*fn)(kt_rk *);
+} kt_proc_cfg;
+
+static inline int kt_proc_rank(const kt_proc_cfg *c, int rank) {
+    kt_team t;
+    memset(&t, 0, sizeof t);
+    t.label = "process";
+    t.k = c->size;
+    kt_rk *x = &t.ranks[0];
+    x->t = &t;
+    x->rank = rank;
+    x->k = c->size;
+    kvps_worker *w = NULL;
+    char peers[KT_MAXR * 64];
+    kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = c->size, .bind = "tcp://127.0.0.1:*",
+                                                        .timeout_ms = c->timeout_ms}, &x->r);
+    if (rc == KVPS_OK)
+        rc = kvps_worker_create(&(kvps_worker_desc){.servers = c->server, .rank = rank, .num_workers = c->size,
+                                                    .timeout_ms = 20000}, &w);
+    if (rc == KVPS_OK) rc = kvps_ring_rendezvous(w, rank, c->size, kvps_ring_endpoint(x->r), peers, sizeof peers, 20000);
+    if (rc == KVPS_OK) {
+        /* every rank sees the same list, with its own endpoint at its index */
+        char **eps = NULL;
+        int n = kvps__split(peers, &eps);
+        if (n != c->size || strcmp(eps[rank], kvps_ring_endpoint(x->r)) != 0)
+            kt_rk_fail(x, "rendezvous gave '%s' (rank %d is %s)", peers, rank, kvps_ring_endpoint(x->r));
+        kvps__free_strv(eps, n > 0 ? n : 0);
+        rc = kvps_ring_connect(x->r, peers);
+    }
+    kvps_worker_destroy(&w);
+    if (rc != KVPS_OK) kt_rk_fail(x, "setup: %s", kvps_result_str(rc));
+    else c->fn(x);
+    kvps_ring_destroy(&x->r);
+    free(x->hash);
+    if (x->fails) printf("  process rank %d of %d: %d failures; first: %s\n", rank, c->size, x->fails, x->why);
+    fflush(stdout);
+    return x->fails ? 1 : 0;
+}
+
+/* Runs fn on `size` rank processes (kt_proc_rank) that meet through a server process; each must
+   exit 0 within limit_s seconds (4 times that under KVPS_TEST_QUICK). expect_dead: the rank that
+   asks to be killed (through kt_die_pipe), or -1. */
+static inline void kt_run_procs(int size, void (*fn)(kt_rk *), int timeout_ms, int limit_s, int expect_dead) {
+    char ep[256];
+    pid_t srv = kt_server_proc(size, ep, sizeof ep);
+    KT_CHECK(srv > 0 && ep[0], "server did not start");
+    if (srv <= 0 || !ep[0]) { kt_server_proc_stop(srv); return; }
+    kt_proc_cfg c = {ep, size, timeout_ms, fn};
+    pid_t pid[KT_MAXR];
+    fflush(stdout);
+    for (int r = 0; r < size; r++) {
+        pid[r] = fork();
+        if (pid[r] == 0) exit(kt_proc_rank(&c, r));
+    }
+    int64_t deadline = kvps__now_ms() + (int64_t)limit_s * 1000 * (kt_quick() ? 4 : 1);
+    if (expect_dead >= 0) {
+        struct pollfd pf = {kt_die_pipe[0], POLLIN, 0};
+        char byte;
+        int asked = poll(&pf, 1, limit_s * 1000) == 1 && read(kt_die_pipe[0], &byte, 1) == 1;
+        KT_CHECK(asked, "size %d: rank %d never got to the point where it dies", size, expect_dead);
+        kill(pid[expect_dead], SIGKILL);
+    }
+    for (int r = 0; r < size; r++) {
+        int st = kt_wait_pid(pid[r], deadline);
+        KT_CHECK(st != -1, "size %d: rank process %d still running after %d s: killed", size, r, limit_s);
+        if (r != expect_dead)
+            KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "size %d: rank process %d status %d", size, r, st);
+    }
+    kt_server_proc_stop(srv);
+}
+
+/* Runs fn in a child process within limit_s seconds (twice that under KVPS_TEST_QUICK): a hang
+   or a crash is reported as a failure of the current test, and the parent goes on. */
+static inline void kt_isolated(void (*fn)(void), int limit_s) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        kt_cur_failed = 0;
+        fn();
+        fflush(stdout);
+        exit(kt_cur_failed ? 1 : 0);
+    }
+    int st = kt_wait_pid(pid, kvps__now_ms() + (int64_t)limit_s * 1000 * (kt_quick() ? 2 : 1));
+    KT_CHECK(st != -1, "still running after %d s: killed (a hang)", limit_s * (kt_quick() ? 2 : 1));
+    if (st != -1) KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d (failures above)", st);
+}
+
+#endif /* KVPS_RING_H */
 #endif /* KVPS_TEST_H */
