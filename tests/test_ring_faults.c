@@ -30,6 +30,16 @@ static void check_failed_rank(kt_rk *x, const char *what, kvps_result rc, int64_
     if (again != KVPS_ERR_STATE) kt_rk_fail(x, "%s: rank %d: the next call after an error gave %s, want KVPS_ERR_STATE", what, x->rank, kvps_result_str(again));
 }
 
+/* An all-reduce of b on a ring whose peer is gone: KVPS_ERR_TIMEOUT or KVPS_ERR_PEER, in time. */
+static void allreduce_with_a_dead_peer(kt_rk *x, const char *what, float *b, size_t n) {
+    int64_t t0 = kvps__now_ms();
+    kvps_result rc = kvps_ring_allreduce(x->r, NULL, b, n, KVPS_FLOAT32, KVPS_SUM);
+    int64_t ms = kvps__now_ms() - t0;
+    if (rc != KVPS_ERR_TIMEOUT && rc != KVPS_ERR_PEER)
+        kt_rk_fail(x, "rank %d: %s, want KVPS_ERR_TIMEOUT or KVPS_ERR_PEER", x->rank, kvps_result_str(rc));
+    check_failed_rank(x, what, rc, ms);
+}
+
 /* Thread ranks: the last rank destroys its ring after a barrier; the others all-reduce. */
 static void dead_main(kt_rk *x) {
     kt_team *t = x->t;
@@ -42,12 +52,7 @@ static void dead_main(kt_rk *x) {
     while (!__atomic_load_n(&t->flag, __ATOMIC_SEQ_CST)) kt_sleep_ms(1);
     float *b = (float *)kt_xmalloc(4096 * sizeof *b);
     for (int i = 0; i < 4096; i++) b[i] = (float)i;
-    int64_t t0 = kvps__now_ms();
-    kvps_result rc = kvps_ring_allreduce(x->r, NULL, b, 4096, KVPS_FLOAT32, KVPS_SUM);
-    int64_t ms = kvps__now_ms() - t0;
-    if (rc != KVPS_ERR_TIMEOUT && rc != KVPS_ERR_PEER)
-        kt_rk_fail(x, "rank %d: %s, want KVPS_ERR_TIMEOUT or KVPS_ERR_PEER", x->rank, kvps_result_str(rc));
-    check_failed_rank(x, "dead rank", rc, ms);
+    allreduce_with_a_dead_peer(x, "dead rank", b, 4096);
     free(b);
 }
 
@@ -90,12 +95,7 @@ static void dead_proc_main(kt_rk *x) {
         kt_sleep_ms(2);
         kt_die_now();
     }
-    int64_t t0 = kvps__now_ms();
-    kvps_result rc = kvps_ring_allreduce(x->r, NULL, b, n, KVPS_FLOAT32, KVPS_SUM);
-    int64_t ms = kvps__now_ms() - t0;
-    if (rc != KVPS_ERR_TIMEOUT && rc != KVPS_ERR_PEER)
-        kt_rk_fail(x, "rank %d: %s, want KVPS_ERR_TIMEOUT or KVPS_ERR_PEER", x->rank, kvps_result_str(rc));
-    check_failed_rank(x, "rank process died", rc, ms);
+    allreduce_with_a_dead_peer(x, "rank process died", b, n);
     free(b);
 }
 
