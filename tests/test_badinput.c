@@ -1453,6 +1453,14 @@ static kvps__hdr bi_fake_hdr(const bi_fake *f, int32_t status) {
     return h;
 }
 
+/* The fake server takes the request the worker just posted (posted: the post's result) and
+   makes the header of its reply, with status. */
+static kvps__hdr bi_fake_request(bi_fake *f, kvps_result posted, int32_t status) {
+    KT_OK(posted);
+    KT_CHECK(bi_fake_recv(f) == 0, "request");
+    return bi_fake_hdr(f, status);
+}
+
 static void test_worker_broken_server(void) {
     bi_fake f;
     kvps_worker *w = bi_fake_up(&f, "inproc://bi-fake");
@@ -1468,9 +1476,7 @@ static void test_worker_broken_server(void) {
 
     /* a pull answered by junk, then by values of the wrong size */
     memset(o, 0x7f, sizeof o);
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    kvps__hdr h = bi_fake_hdr(&f, KVPS_OK);
+    kvps__hdr h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, "abc", 3, NULL, -1);                          /* short */
     kvps__hdr hm = h;
     hm.magic = 0x12345678;
@@ -1483,31 +1489,23 @@ static void test_worker_broken_server(void) {
     KT_CHECK(r == KVPS_ERR_MALFORMED, "pull answered with 15 bytes: %s", kvps_result_str(r));
     KT_CHECK(memcmp(o, sentinel, sizeof o) == 0, "the destination was written");
     /* a pull answered without values */
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_OK);
+    h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, &h, sizeof h, NULL, -1);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_MALFORMED, "pull answered without values: %s", kvps_result_str(r));
     /* an error with a 1000-byte text, then one with no text frame */
-    KT_OK(kvps_worker_push(w, k, v, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_ERR_LEN_MISMATCH);
+    h = bi_fake_request(&f, kvps_worker_push(w, k, v, l, 1, &q), KVPS_ERR_LEN_MISMATCH);
     bi_fake_send(&f, &h, sizeof h, text, sizeof text);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_LEN_MISMATCH, "error reply: %s", kvps_result_str(r));
     KT_CHECK(strncmp(kvps_worker_last_error(w), "server 0: xxx", 13) == 0 && strlen(kvps_worker_last_error(w)) < 320,
              "last_error '%.40s...'", kvps_worker_last_error(w));
-    KT_OK(kvps_worker_push(w, k, v, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_ERR_MALFORMED);
+    h = bi_fake_request(&f, kvps_worker_push(w, k, v, l, 1, &q), KVPS_ERR_MALFORMED);
     bi_fake_send(&f, &h, sizeof h, NULL, -1);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_MALFORMED, "error reply without text: %s", kvps_result_str(r));
     /* junk does not end a request: it times out, stays valid, and completes on the real reply */
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_OK);
+    h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, "", 0, NULL, -1);
     r = kvps_worker_wait(w, q, 200);
     KT_CHECK(r == KVPS_ERR_TIMEOUT, "after an empty reply: %s", kvps_result_str(r));
@@ -1526,9 +1524,7 @@ static void test_worker_positive_status_reply(void) {
     float o[4];
     memset(o, 0x7f, sizeof o);
     kvps_req q;
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    kvps__hdr h = bi_fake_hdr(&f, 7);
+    kvps__hdr h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), 7);
     bi_fake_send(&f, &h, sizeof h, "seven", 5);
     kvps_result r = kvps_worker_wait(w, q, -1);
     KT_CHECK((int)r < 0, "a pull answered with status 7 (nothing written) returns %d (%s)", (int)r, kvps_result_str(r));
