@@ -9,7 +9,8 @@
      the wire         KT_HDR (a request header by designated initialisers), a raw DEALER,
                       kt_raw_meta, kt_raw_status
      optimizers       kt_optim_tick, kt_optim_apply: the server's update rules, one element
-     servers          kt_cluster: n servers in background threads (inproc / ipc / tcp)
+     servers          kt_cluster: n servers in background threads (inproc / ipc / tcp);
+                      kt_server_proc: a server in a process of its own
      rings            (with kvps_ring.h) kt_team: one thread per rank, each with its own ring;
                       kt_procs: ranks as processes that meet through a kvps server; kt_isolated */
 #ifndef KVPS_TEST_H
@@ -287,6 +288,64 @@ static inline void kt_cluster_down(kt_cluster *c) {
     c->ctx = NULL;
 }
 
+/* ---- server processes ---------------------------------------------------------------------- */
+#include <sys/wait.h>
+
+static kvps_server *kt_proc_srv;
+static inline void kt_proc_on_term(int sig) { (void)sig; if (kt_proc_srv) kvps_server_stop(kt_proc_srv); }
+
+/* Forks a process running a kvps server made from d (ended by kt_server_proc_stop); returns its
+   pid (-1: no pipe) and writes its endpoint to ep ("" when it did not start). */
+static inline pid_t kt_server_proc(const kvps_server_desc *d, char *ep, size_t cap) {
+    int p[2];
+    if (pipe(p) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        signal(SIGTERM, kt_proc_on_term);
+        kvps_result r = kvps_server_create(d, &kt_proc_srv);
+        const char *e = r == KVPS_OK ? kvps_server_endpoint(kt_proc_srv) : "";
+        if (write(p[1], e, strlen(e) + 1) < 0) _exit(3);
+        close(p[1]);
+        if (r != KVPS_OK) _exit(2);
+        kvps_server_run(kt_proc_srv);
+        kvps_server_destroy(&kt_proc_srv);
+        exit(0);
+    }
+    close(p[1]);
+    ssize_t got = read(p[0], ep, cap - 1);
+    close(p[0]);
+    if (got <= 1) { ep[0] = 0; return pid; }
+    ep[got] = 0;
+    return pid;
+}
+
+/* Waits for pid until deadline (ms); kills it if it is still running. Returns its status, or -1. */
+static inline int kt_wait_pid(pid_t pid, int64_t deadline) {
+    int st = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid) return st;
+        if (w < 0) return -2;
+        if (kt_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        kt_sleep_ms(5);
+    }
+}
+
+/* SIGTERM to a server process; it must exit 0 within 10 s. */
+static inline void kt_server_proc_stop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int st = kt_wait_pid(pid, kt_now_ms() + 10000);
+    KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
+}
+
+
 /* ---- rings (kvps_ring.h) ------------------------------------------------------------------- */
 #ifdef KVPS_RING_H
 #include <poll.h>
@@ -481,59 +540,6 @@ static inline void kt_run_team(const char *label, void (*fn)(kt_rk *), int k, in
 
 /* Ranks as processes on loopback TCP: a kvps server process for the rendezvous, then `size` rank
    processes; no process forks with a live ZeroMQ context. */
-
-static kvps_server *kt_proc_srv;
-static inline void kt_proc_on_term(int sig) { (void)sig; if (kt_proc_srv) kvps_server_stop(kt_proc_srv); }
-
-/* Forks a kvps server for `workers` workers; returns its pid and writes its endpoint. */
-static inline pid_t kt_server_proc(int workers, char *ep, size_t cap) {
-    int p[2];
-    if (pipe(p) != 0) return -1;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        signal(SIGTERM, kt_proc_on_term);
-        kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = workers}, &kt_proc_srv);
-        const char *e = r == KVPS_OK ? kvps_server_endpoint(kt_proc_srv) : "";
-        if (write(p[1], e, strlen(e) + 1) < 0) _exit(3);
-        close(p[1]);
-        if (r != KVPS_OK) _exit(2);
-        kvps_server_run(kt_proc_srv);
-        kvps_server_destroy(&kt_proc_srv);
-        exit(0);
-    }
-    close(p[1]);
-    ssize_t got = read(p[0], ep, cap - 1);
-    close(p[0]);
-    if (got <= 1) { ep[0] = 0; return pid; }
-    ep[got] = 0;
-    return pid;
-}
-
-/* Waits for pid until deadline (ms); kills it if it is still running. Returns its status, or -1. */
-static inline int kt_wait_pid(pid_t pid, int64_t deadline) {
-    int st = 0;
-    for (;;) {
-        pid_t w = waitpid(pid, &st, WNOHANG);
-        if (w == pid) return st;
-        if (w < 0) return -2;
-        if (kvps__now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        kt_sleep_ms(5);
-    }
-}
-
-static inline void kt_server_proc_stop(pid_t pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    int st = kt_wait_pid(pid, kvps__now_ms() + 10000);
-    KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
-}
-
 /* A rank that is to die writes to kt_die_pipe and waits for the parent's SIGKILL (a death from
    outside: no exit path runs, no leak report from valgrind). */
 static int kt_die_pipe[2] = {-1, -1};
@@ -591,7 +597,7 @@ static inline int kt_proc_rank(const kt_proc_cfg *c, int rank) {
    asks to be killed (through kt_die_pipe), or -1. */
 static inline void kt_run_procs(int size, void (*fn)(kt_rk *), int timeout_ms, int limit_s, int expect_dead) {
     char ep[256];
-    pid_t srv = kt_server_proc(size, ep, sizeof ep);
+    pid_t srv = kt_server_proc(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = size}, ep, sizeof ep);
     KT_CHECK(srv > 0 && ep[0], "server did not start");
     if (srv <= 0 || !ep[0]) { kt_server_proc_stop(srv); return; }
     kt_proc_cfg c = {ep, size, timeout_ms, fn};
