@@ -163,24 +163,19 @@ static void test_processes_tcp(void) {
 /* ---------------------------------------------------------------------------------------- */
 /* kvps_reduce_into against a scalar reference */
 
-static float ref_op(float a, float b, kvps_redop op) {
-    if (a != a || b != b) return a != a ? a : b;
-    switch (op) {
-    case KVPS_PROD: return a * b;
-    case KVPS_MIN: return b < a ? b : a;
-    case KVPS_MAX: return b > a ? b : a;
-    default: return a + b;
+/* One step of each op, NaN on either side propagating: the same code for float and double. */
+#define REF_OP(T)                                                                                 \
+    static T ref_op_##T(T a, T b, kvps_redop op) {                                                \
+        if (a != a || b != b) return a != a ? a : b;                                              \
+        switch (op) {                                                                             \
+        case KVPS_PROD: return a * b;                                                             \
+        case KVPS_MIN: return b < a ? b : a;                                                      \
+        case KVPS_MAX: return b > a ? b : a;                                                      \
+        default: return a + b;                                                                    \
+        }                                                                                         \
     }
-}
-static double ref_opd(double a, double b, kvps_redop op) {
-    if (a != a || b != b) return a != a ? a : b;
-    switch (op) {
-    case KVPS_PROD: return a * b;
-    case KVPS_MIN: return b < a ? b : a;
-    case KVPS_MAX: return b > a ? b : a;
-    default: return a + b;
-    }
-}
+REF_OP(float)
+REF_OP(double)
 
 static void test_reduce_into(void) {
     enum { N = 37 };
@@ -227,19 +222,19 @@ static void test_reduce_into(void) {
                 } else if (dt == KVPS_FLOAT32) {
                     float x, y, w;
                     memcpy(&x, pa, 4); memcpy(&y, pb, 4);
-                    w = ref_op(x, y, (kvps_redop)op);
+                    w = ref_op_float(x, y, (kvps_redop)op);
                     memcpy(pw, &w, 4);
                 } else if (dt == KVPS_FLOAT64) {
                     double x, y, w;
                     memcpy(&x, pa, 8); memcpy(&y, pb, 8);
-                    w = ref_opd(x, y, (kvps_redop)op);
+                    w = ref_op_double(x, y, (kvps_redop)op);
                     memcpy(pw, &w, 8);
                 } else {
                     uint16_t x, y, w;
                     memcpy(&x, pa, 2); memcpy(&y, pb, 2);
                     int h = dt == KVPS_FLOAT16;
                     float fx = h ? kvps_f16_to_f32(x) : kvps_bf16_to_f32(x), fy = h ? kvps_f16_to_f32(y) : kvps_bf16_to_f32(y);
-                    float fw = ref_op(fx, fy, (kvps_redop)op);
+                    float fw = ref_op_float(fx, fy, (kvps_redop)op);
                     w = h ? kvps_f32_to_f16(fw) : kvps_f32_to_bf16(fw);
                     memcpy(pw, &w, 2);
                 }
