@@ -12,7 +12,8 @@
      servers          kt_cluster: n servers in background threads (inproc / ipc / tcp);
                       kt_server_proc: a server in a process of its own
      rings            (with kvps_ring.h) kt_team: one thread per rank, each with its own ring;
-                      kt_procs: ranks as processes that meet through a kvps server; kt_isolated */
+                      kt_run_procs: ranks as processes that meet through a kvps server;
+                      kt_isolated: a scenario in a child process with a time limit */
 #ifndef KVPS_TEST_H
 #define KVPS_TEST_H
 #include <errno.h>
