@@ -13,7 +13,7 @@ B       ?= build
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
-HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h
+HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h tests/kt_coll.h
 
 .PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
 # The OpenMPI peer of bench_ring, built where mpicc is (bench_ring runs without it and says so).

@@ -38,7 +38,7 @@ $(GPU_B)/kvps_gpu.o: kvps_gpu.cu $(GPU_HEADERS) | $(GPU_B)
 $(GPU_B)/kvps_impl.o: tests/gpu/kvps_impl.c $(GPU_HEADERS) | $(GPU_B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -c $< -o $@
 
-$(GPU_B)/test_%: tests/gpu/test_%.c $(GPU_B)/kvps_gpu.o $(GPU_HEADERS) tests/kvps_test.h | $(GPU_B)
+$(GPU_B)/test_%: tests/gpu/test_%.c $(GPU_B)/kvps_gpu.o $(GPU_HEADERS) tests/kvps_test.h $(wildcard tests/gpu/*.h) | $(GPU_B)
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -I$(CUDA_HOME)/include $< $(GPU_B)/kvps_gpu.o -o $@ $(GPU_LIBS)
 
 # The host API from plain C99, -pedantic -Werror, linked with the kernels' object.

@@ -1,8 +1,8 @@
 /* Bad input: a raw ZeroMQ DEALER sends garbage, truncated frames, wrong sizes, wrong ranks and
    oversized lengths (a table of named cases, fed whole and byte by byte, then random garbage and
    a fuzz with known faults); each gets its error reply, and the servers' stored values and the
-   other clients are unaffected. Also the worker API's argument checks, handles and timeouts, a
-   worker facing a broken server, bad server/worker descs and bad KVPS_* environments. */
+   other clients are unaffected. Also the worker API's argument checks, handles and timeouts, and
+   a worker facing a broken server. Bad descs, environments and result strings: test_api.c. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -55,7 +55,6 @@ typedef struct bi_poolkey {
 } bi_poolkey;
 
 typedef struct bi_fx {
-    char label[64];
     kt_cluster c;
     int up, async;
     kvps_worker *w[BI_M];
@@ -90,16 +89,8 @@ static int bi_missing;  /* replies that never came in this test: after 3 wait 10
         }                                                                                      \
     } while (0)
 
-#define BI_RUN(fn)                                                                             \
-    do {                                                                                       \
-        char bi_name_[128];                                                                    \
-        snprintf(bi_name_, sizeof bi_name_, "%s [%s]", #fn, F.label);                          \
-        bi_reported = bi_missing = 0;                                                          \
-        kt_begin(bi_name_);                                                                    \
-        fn();                                                                                  \
-        kt_end();                                                                              \
-    } while (0)
-#define BI_RUN1(fn) do { bi_reported = bi_missing = 0; KT_RUN(fn); } while (0)
+/* Before each test (kt_before_each): its own count of printed failures and missing replies. */
+static void bi_reset(void) { bi_reported = bi_missing = 0; }
 
 /* Frees p once the workers are destroyed (a request that timed out still borrows it). */
 static void bi_defer_free(void *p) {
@@ -145,14 +136,9 @@ static void bi_resize(bi_msg *m, int i, size_t size) {
     m->size[i] = size;
 }
 
-static void bi_hdr(kvps__hdr *h, int op, uint32_t rank, uint32_t nkeys) {
-    memset(h, 0, sizeof *h);
-    h->magic = KVPS__MAGIC;
-    h->version = KVPS__VERSION;
-    h->op = (uint8_t)op;
-    h->rank = rank;
-    h->nkeys = nkeys;
-    h->req_id = ++F.req_id * 0x10001ull; /* distinct per message, echoed in the reply */
+/* A request header; req_id distinct per message (echoed in the reply). */
+static kvps__hdr bi_hdr(int op, uint32_t rank, uint32_t nkeys) {
+    return KT_HDR(.op = (uint8_t)op, .rank = rank, .nkeys = nkeys, .req_id = ++F.req_id * 0x10001ull);
 }
 
 /* Appends a meta frame for h and n entries. */
@@ -422,8 +408,7 @@ static void bi_case_build(const bi_case *c, int srv, bi_msg *m) {
         e[i].key = bi_resolve(c->key[i], srv);
         e[i].len = bi_resolve(c->len[i], srv);
     }
-    kvps__hdr h;
-    bi_hdr(&h, op, 0, (uint32_t)c->nk);
+    kvps__hdr h = bi_hdr(op, 0, (uint32_t)c->nk);
     bi_add_meta(m, &h, e, c->nk);
     for (int i = 0; i < 2; i++)
         if (c->patch[i].set) memcpy(m->data[0] + c->patch[i].off, &c->patch[i].val, c->patch[i].size);
@@ -569,8 +554,7 @@ static void test_table(void) {
 /* A valid PUSH of two existing keys from rank 1: meta frame and values frame. */
 static void bi_template(int srv, unsigned char *meta, size_t *msz, unsigned char *vals, size_t *vsz) {
     kvps__kent e[2] = {{F.ek[srv], F.el[srv]}, {F.ek2[srv], F.el2[srv]}};
-    kvps__hdr h;
-    bi_hdr(&h, PUSH, 1, 2);
+    kvps__hdr h = bi_hdr(PUSH, 1, 2);
     memcpy(meta, &h, sizeof h);
     memcpy(meta + KVPS__HDR, e, sizeof e);
     *msz = KVPS__HDR + sizeof e;
@@ -777,8 +761,7 @@ static int bi_fuzz_one(uint64_t *seed, int srv, bi_msg *m) {
         nk++;
         if (nd == 1) want = KVPS_ERR_DUP_KEY;
     }
-    kvps__hdr h;
-    bi_hdr(&h, op, rank, (uint32_t)nk);
+    kvps__hdr h = bi_hdr(op, rank, (uint32_t)nk);
     h.req_id ^= kt_rng(seed) << 20;
     if (has[D_MAGIC]) {
         h.magic ^= (uint32_t)(1 + kt_rng(seed) % 0xfffffffeu);
@@ -1064,26 +1047,33 @@ static void test_legit_workers_under_fire(void) {
     bi_check_unchanged(0);
 }
 
+/* The fixture as a test of its own ("setup [tcp BSP]"), so that a failure to set up is counted. */
+static const char *bi_transport;
+static kvps_consistency bi_cons;
+static int bi_setup_rc;
+static void setup(void) {
+    bi_setup_rc = bi_up(bi_transport, bi_cons);
+    KT_CHECK(bi_setup_rc == 0, "fixture setup failed");
+}
+
 static void bi_suite(const char *transport, kvps_consistency cons) {
-    char name[96];
     memset(&F, 0, sizeof F);
-    snprintf(F.label, sizeof F.label, "%s %s", transport, cons == KVPS_ASYNC ? "async" : "BSP");
-    snprintf(name, sizeof name, "setup [%s]", F.label);
-    kt_begin(name);
-    int rc = bi_up(transport, cons);
-    KT_CHECK(rc == 0, "fixture setup failed");
-    kt_end();
-    if (rc == 0) {
-        BI_RUN(test_table);
-        BI_RUN(test_byte_by_byte);
-        BI_RUN(test_random_garbage);
-        BI_RUN(test_fuzz_known_faults);
-        BI_RUN(test_req_socket);
-        if (strcmp(transport, "tcp") == 0) BI_RUN(test_raw_tcp);
-        BI_RUN(test_nothing_changed);
-        BI_RUN(test_legit_workers_under_fire);
+    snprintf(kt_label, sizeof kt_label, "%s %s", transport, cons == KVPS_ASYNC ? "async" : "BSP");
+    bi_transport = transport;
+    bi_cons = cons;
+    KT_RUN(setup);
+    if (bi_setup_rc == 0) {
+        KT_RUN(test_table);
+        KT_RUN(test_byte_by_byte);
+        KT_RUN(test_random_garbage);
+        KT_RUN(test_fuzz_known_faults);
+        KT_RUN(test_req_socket);
+        if (strcmp(transport, "tcp") == 0) KT_RUN(test_raw_tcp);
+        KT_RUN(test_nothing_changed);
+        KT_RUN(test_legit_workers_under_fire);
     }
     bi_down();
+    kt_label[0] = 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1119,8 +1109,7 @@ static void test_unlimited_max_value_len(void) {
         bi_msg m = {0};
         kvps_server_stats st0, sst;
         kvps_server_stats_get(c.srv[0], &st0);
-        kvps__hdr h;
-        bi_hdr(&h, cases[i].op, 0, (uint32_t)cases[i].nk);
+        kvps__hdr h = bi_hdr(cases[i].op, 0, (uint32_t)cases[i].nk);
         bi_add_meta(&m, &h, cases[i].e, cases[i].nk);
         if (cases[i].op == PUSH) bi_add(&m, NULL, cases[i].vbytes);
         int st = bi_roundtrip(d, &m, BI_ANY, cases[i].name, 0);
@@ -1464,6 +1453,14 @@ static kvps__hdr bi_fake_hdr(const bi_fake *f, int32_t status) {
     return h;
 }
 
+/* The fake server takes the request the worker just posted (posted: the post's result) and
+   makes the header of its reply, with status. */
+static kvps__hdr bi_fake_request(bi_fake *f, kvps_result posted, int32_t status) {
+    KT_OK(posted);
+    KT_CHECK(bi_fake_recv(f) == 0, "request");
+    return bi_fake_hdr(f, status);
+}
+
 static void test_worker_broken_server(void) {
     bi_fake f;
     kvps_worker *w = bi_fake_up(&f, "inproc://bi-fake");
@@ -1479,9 +1476,7 @@ static void test_worker_broken_server(void) {
 
     /* a pull answered by junk, then by values of the wrong size */
     memset(o, 0x7f, sizeof o);
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    kvps__hdr h = bi_fake_hdr(&f, KVPS_OK);
+    kvps__hdr h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, "abc", 3, NULL, -1);                          /* short */
     kvps__hdr hm = h;
     hm.magic = 0x12345678;
@@ -1494,31 +1489,23 @@ static void test_worker_broken_server(void) {
     KT_CHECK(r == KVPS_ERR_MALFORMED, "pull answered with 15 bytes: %s", kvps_result_str(r));
     KT_CHECK(memcmp(o, sentinel, sizeof o) == 0, "the destination was written");
     /* a pull answered without values */
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_OK);
+    h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, &h, sizeof h, NULL, -1);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_MALFORMED, "pull answered without values: %s", kvps_result_str(r));
     /* an error with a 1000-byte text, then one with no text frame */
-    KT_OK(kvps_worker_push(w, k, v, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_ERR_LEN_MISMATCH);
+    h = bi_fake_request(&f, kvps_worker_push(w, k, v, l, 1, &q), KVPS_ERR_LEN_MISMATCH);
     bi_fake_send(&f, &h, sizeof h, text, sizeof text);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_LEN_MISMATCH, "error reply: %s", kvps_result_str(r));
     KT_CHECK(strncmp(kvps_worker_last_error(w), "server 0: xxx", 13) == 0 && strlen(kvps_worker_last_error(w)) < 320,
              "last_error '%.40s...'", kvps_worker_last_error(w));
-    KT_OK(kvps_worker_push(w, k, v, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_ERR_MALFORMED);
+    h = bi_fake_request(&f, kvps_worker_push(w, k, v, l, 1, &q), KVPS_ERR_MALFORMED);
     bi_fake_send(&f, &h, sizeof h, NULL, -1);
     r = kvps_worker_wait(w, q, -1);
     KT_CHECK(r == KVPS_ERR_MALFORMED, "error reply without text: %s", kvps_result_str(r));
     /* junk does not end a request: it times out, stays valid, and completes on the real reply */
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    h = bi_fake_hdr(&f, KVPS_OK);
+    h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), KVPS_OK);
     bi_fake_send(&f, "", 0, NULL, -1);
     r = kvps_worker_wait(w, q, 200);
     KT_CHECK(r == KVPS_ERR_TIMEOUT, "after an empty reply: %s", kvps_result_str(r));
@@ -1537,216 +1524,24 @@ static void test_worker_positive_status_reply(void) {
     float o[4];
     memset(o, 0x7f, sizeof o);
     kvps_req q;
-    KT_OK(kvps_worker_pull(w, k, o, l, 1, &q));
-    KT_CHECK(bi_fake_recv(&f) == 0, "request");
-    kvps__hdr h = bi_fake_hdr(&f, 7);
+    kvps__hdr h = bi_fake_request(&f, kvps_worker_pull(w, k, o, l, 1, &q), 7);
     bi_fake_send(&f, &h, sizeof h, "seven", 5);
     kvps_result r = kvps_worker_wait(w, q, -1);
     KT_CHECK((int)r < 0, "a pull answered with status 7 (nothing written) returns %d (%s)", (int)r, kvps_result_str(r));
     bi_fake_down(&f, w);
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Bad descs and environments. */
-
-static void test_server_bad_desc(void) {
-    static const struct { const char *name; kvps_server_desc d; kvps_result want; } cs[] = {
-        {"num_workers 0", {.endpoint = "inproc://bi-d", .num_workers = 0}, KVPS_ERR_CONFIG},
-        {"num_workers -1", {.endpoint = "inproc://bi-d", .num_workers = -1}, KVPS_ERR_CONFIG},
-        {"no endpoint", {.endpoint = NULL, .num_workers = 1}, KVPS_ERR_CONFIG},
-        {"rank -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .rank = -1}, KVPS_ERR_CONFIG},
-        {"io_threads -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .io_threads = -1}, KVPS_ERR_CONFIG},
-        {"consistency 4", {.endpoint = "inproc://bi-d", .num_workers = 1, .consistency = (kvps_consistency)4}, KVPS_ERR_CONFIG},
-        {"consistency -1", {.endpoint = "inproc://bi-d", .num_workers = 1, .consistency = (kvps_consistency)-1}, KVPS_ERR_CONFIG},
-        {"update 4", {.endpoint = "inproc://bi-d", .num_workers = 1, .update = (kvps_update)4}, KVPS_ERR_CONFIG},
-        {"CUSTOM without update_fn", {.endpoint = "inproc://bi-d", .num_workers = 1, .update = KVPS_UPDATE_CUSTOM}, KVPS_ERR_CONFIG},
-        {"unbindable address", {.endpoint = "tcp://999.1.1.1:1", .num_workers = 1}, KVPS_ERR_BIND},
-        {"unknown transport", {.endpoint = "bogus://x", .num_workers = 1}, KVPS_ERR_BIND},
-        {"empty endpoint", {.endpoint = "", .num_workers = 1}, KVPS_ERR_BIND},
-        {"no scheme", {.endpoint = "127.0.0.1:5555", .num_workers = 1}, KVPS_ERR_BIND},
-    };
-    char marker;
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        kvps_server *s = (kvps_server *)(void *)&marker;
-        kvps_result r = kvps_server_create(&cs[i].d, &s);
-        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
-        KT_CHECK(s == NULL, "%s: *out not cleared", cs[i].name);
-        if (r == KVPS_OK && s) kvps_server_destroy(&s);
-    }
-    kvps_server *s = NULL;
-    KT_CHECK(kvps_server_create(NULL, &s) == KVPS_ERR_INVALID_ARG, "NULL desc");
-    KT_CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://x", .num_workers = 1}, NULL) ==
-                 KVPS_ERR_INVALID_ARG, "NULL out");
-    /* an endpoint already taken, on tcp and on inproc */
-    kt_cluster c;
-    if (kt_cluster_up(&c, "tcp", 1, &(kvps_server_desc){.num_workers = 1}) == 0) {
-        kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = kvps_server_endpoint(c.srv[0]), .num_workers = 1}, &s);
-        KT_CHECK(r == KVPS_ERR_BIND && !s, "tcp port in use: %s", kvps_result_str(r));
-        kvps_server_destroy(&s);
-    }
-    kt_cluster_down(&c);
-    if (kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1}) == 0) {
-        kvps_result r = kvps_server_create(
-            &(kvps_server_desc){.endpoint = kvps_server_endpoint(c.srv[0]), .num_workers = 1, .zmq_ctx = c.ctx}, &s);
-        KT_CHECK(r == KVPS_ERR_BIND && !s, "inproc name in use: %s", kvps_result_str(r));
-        kvps_server_destroy(&s);
-    }
-    kt_cluster_down(&c);
-}
-
-static void test_worker_bad_desc(void) {
-    static const struct { const char *name; kvps_worker_desc d; kvps_result want; } cs[] = {
-        {"no servers", {.servers = NULL}, KVPS_ERR_CONFIG},
-        {"empty server list", {.servers = ""}, KVPS_ERR_CONFIG},
-        {"blank server list", {.servers = " , "}, KVPS_ERR_CONFIG},
-        {"empty entry", {.servers = "inproc://a,,inproc://b"}, KVPS_ERR_CONFIG},
-        {"trailing comma", {.servers = "inproc://a,"}, KVPS_ERR_CONFIG},
-        {"rank -1", {.servers = "inproc://a", .rank = -1}, KVPS_ERR_CONFIG},
-        {"rank = num_workers", {.servers = "inproc://a", .rank = 2, .num_workers = 2}, KVPS_ERR_CONFIG},
-        {"num_workers -1", {.servers = "inproc://a", .num_workers = -1}, KVPS_ERR_CONFIG},
-        {"timeout -1", {.servers = "inproc://a", .timeout_ms = -1}, KVPS_ERR_CONFIG},
-        {"io_threads -1", {.servers = "inproc://a", .io_threads = -1}, KVPS_ERR_CONFIG},
-        {"unknown transport", {.servers = "bogus://x"}, KVPS_ERR_CONNECT},
-        {"second endpoint bad", {.servers = "inproc://a,nonsense"}, KVPS_ERR_CONNECT},
-    };
-    char marker;
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        kvps_worker *w = (kvps_worker *)(void *)&marker;
-        kvps_result r = kvps_worker_create(&cs[i].d, &w);
-        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
-        KT_CHECK(w == NULL, "%s: *out not cleared", cs[i].name);
-        if (r == KVPS_OK && w) kvps_worker_destroy(&w);
-    }
-    kvps_worker *w = NULL;
-    KT_CHECK(kvps_worker_create(NULL, &w) == KVPS_ERR_INVALID_ARG, "NULL desc");
-    KT_CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://a"}, NULL) == KVPS_ERR_INVALID_ARG, "NULL out");
-}
-
-static const char *bi_env_vars[] = {"KVPS_SERVERS", "KVPS_NUM_WORKERS", "KVPS_RANK", "OMPI_COMM_WORLD_RANK",
-                                    "PMI_RANK", "SLURM_PROCID", "KVPS_ROLE"};
-
-static void test_env(void) {
-    static const struct {
-        const char *name;
-        const char *var[7]; /* as bi_env_vars; NULL: unset */
-        kvps_result want;
-        kvps_role role;
-        int rank, nservers, nworkers;
-        const char *endpoint;
-    } cs[] = {
-#define SV "tcp://a:1, tcp://b:2"
-#define ENVFAIL KVPS_ERR_ENV, KVPS_ROLE_NONE, 0, 0, 0, ""
-        {"nothing set", {NULL}, ENVFAIL},
-        {"KVPS_SERVERS empty", {"", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_SERVERS ','", {",", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_SERVERS with an empty entry", {"tcp://a:1,,tcp://b:2", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_SERVERS blank", {"   ", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS unset", {SV, NULL, "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS 0", {SV, "0", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS -1", {SV, "-1", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS 4x", {SV, "4x", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS abc", {SV, "abc", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_NUM_WORKERS 2^64", {SV, "18446744073709551616", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_RANK x", {SV, "4", "x", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_RANK -1", {SV, "4", "-1", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_RANK 1.5", {SV, "4", "1.5", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"KVPS_RANK garbage, OMPI rank fine", {SV, "4", "zz", "3", NULL, NULL, NULL}, ENVFAIL},
-        {"no rank anywhere", {SV, "4", NULL, NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"OMPI rank garbage", {SV, "4", NULL, "three", NULL, NULL, NULL}, ENVFAIL},
-        {"KVPS_ROLE boss", {SV, "4", "0", NULL, NULL, NULL, "boss"}, ENVFAIL},
-        {"KVPS_ROLE Server (case)", {SV, "4", "0", NULL, NULL, NULL, "Server"}, ENVFAIL},
-        {"server rank 2 of 2", {SV, "4", "2", NULL, NULL, NULL, "server"}, ENVFAIL},
-        {"worker rank 4 of 4", {SV, "4", "4", NULL, NULL, NULL, "worker"}, ENVFAIL},
-        {"OMPI rank 6: worker 4 of 4", {SV, "4", NULL, "6", NULL, NULL, NULL}, ENVFAIL},
-        {"server 1", {SV, "4", "1", NULL, NULL, NULL, "server"}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
-        {"server 0", {SV, "4", "0", NULL, NULL, NULL, "server"}, KVPS_OK, KVPS_ROLE_SERVER, 0, 2, 4, "tcp://a:1"},
-        {"worker 3", {SV, "4", "3", NULL, NULL, NULL, "worker"}, KVPS_OK, KVPS_ROLE_WORKER, 3, 2, 4, ""},
-        {"OMPI rank 0: server 0", {SV, "4", NULL, "0", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 0, 2, 4, "tcp://a:1"},
-        {"OMPI rank 1: server 1", {SV, "4", NULL, "1", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
-        {"OMPI rank 3: worker 1", {SV, "4", NULL, "3", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 1, 2, 4, ""},
-        {"OMPI rank 5: worker 3", {SV, "4", NULL, "5", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 3, 2, 4, ""},
-        {"empty KVPS_ROLE: from the rank", {SV, "4", NULL, "2", NULL, NULL, ""}, KVPS_OK, KVPS_ROLE_WORKER, 0, 2, 4, ""},
-        {"KVPS_RANK before OMPI", {SV, "4", "1", "5", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
-        {"empty KVPS_RANK: OMPI", {SV, "4", "", "4", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 2, 2, 4, ""},
-        {"PMI_RANK", {SV, "4", NULL, NULL, "2", NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 0, 2, 4, ""},
-        {"SLURM_PROCID", {SV, "4", NULL, NULL, NULL, "1", NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
-        {"one server, explicit worker", {"ipc:///tmp/x", "1", "0", NULL, NULL, NULL, "worker"}, KVPS_OK, KVPS_ROLE_WORKER, 0, 1, 1, ""},
-#undef SV
-#undef ENVFAIL
-    };
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        for (int v = 0; v < 7; v++) {
-            if (cs[i].var[v]) setenv(bi_env_vars[v], cs[i].var[v], 1);
-            else unsetenv(bi_env_vars[v]);
-        }
-        kvps_env env;
-        memset(&env, 0xab, sizeof env);
-        kvps_result r = kvps_env_read(&env);
-        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
-        if (r != KVPS_OK || cs[i].want != KVPS_OK) continue;
-        KT_CHECK(env.role == cs[i].role && env.rank == cs[i].rank && env.num_servers == cs[i].nservers &&
-                     env.num_workers == cs[i].nworkers,
-                 "%s: role %d rank %d servers %d workers %d, want %d %d %d %d", cs[i].name, (int)env.role, env.rank,
-                 env.num_servers, env.num_workers, (int)cs[i].role, cs[i].rank, cs[i].nservers, cs[i].nworkers);
-        KT_CHECK(strcmp(env.endpoint, cs[i].endpoint) == 0, "%s: endpoint '%s', want '%s'", cs[i].name, env.endpoint,
-                 cs[i].endpoint);
-        KT_CHECK(env.servers && strcmp(env.servers, cs[i].var[0]) == 0, "%s: servers '%s'", cs[i].name,
-                 env.servers ? env.servers : "(null)");
-    }
-    for (int v = 0; v < 7; v++) unsetenv(bi_env_vars[v]);
-}
-
-/* kvps_env_launched: a launcher's variables, each alone, and srun's only with several tasks. */
-static void test_env_launched(void) {
-    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
-                                 "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS"};
-    enum { NV = sizeof vars / sizeof vars[0] };
-    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
-    KT_CHECK(kvps_env_launched() == 0, "nothing set: launched");
-    for (int v = 0; v < 6; v++) {
-        setenv(vars[v], "", 1);
-        KT_CHECK(kvps_env_launched() == 0, "%s empty: launched", vars[v]);
-        setenv(vars[v], "0", 1);
-        KT_CHECK(kvps_env_launched() == 1, "%s=0: not launched", vars[v]);
-        unsetenv(vars[v]);
-    }
-    setenv("SLURM_PROCID", "0", 1);
-    KT_CHECK(kvps_env_launched() == 0, "SLURM_PROCID without SLURM_NTASKS: launched");
-    setenv("SLURM_NTASKS", "1", 1);
-    KT_CHECK(kvps_env_launched() == 0, "one srun task: launched");
-    setenv("SLURM_NTASKS", "4", 1);
-    KT_CHECK(kvps_env_launched() == 1, "srun -n 4: not launched");
-    unsetenv("SLURM_PROCID");
-    KT_CHECK(kvps_env_launched() == 0, "SLURM_NTASKS alone: launched");
-    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
-}
-
-static void test_result_strings(void) {
-#define BI_STR(name, value, text)                                                                  \
-    KT_CHECK(strncmp(kvps_result_str(name), #name ": ", strlen(#name) + 2) == 0 &&                 \
-                 strcmp(kvps_result_str(name) + strlen(#name) + 2, text) == 0 && (value) <= 0,   \
-             "%s", kvps_result_str(name));
-    KVPS__RESULTS(BI_STR)
-#undef BI_STR
-    KT_CHECK(strcmp(kvps_result_str((kvps_result)12345), "unknown kvps_result") == 0, "unknown code");
-    KT_CHECK(strcmp(kvps_result_str((kvps_result)7), "unknown kvps_result") == 0, "unknown code 7");
-}
-
 int main(void) {
     kvps_log_set_level(KVPS_LOG_NONE); /* the expected warnings would flood the output */
+    kt_before_each = bi_reset;
     bi_suite("tcp", KVPS_BSP);
     bi_suite("inproc", KVPS_ASYNC);
-    BI_RUN1(test_unlimited_max_value_len);
-    BI_RUN1(test_worker_reserved_keys);
-    BI_RUN1(test_worker_len_mismatch);
-    BI_RUN1(test_worker_invalid_args);
-    BI_RUN1(test_worker_timeout);
-    BI_RUN1(test_worker_broken_server);
-    BI_RUN1(test_worker_positive_status_reply);
-    BI_RUN1(test_server_bad_desc);
-    BI_RUN1(test_worker_bad_desc);
-    BI_RUN1(test_env);
-    BI_RUN1(test_env_launched);
-    BI_RUN1(test_result_strings);
+    KT_RUN(test_unlimited_max_value_len);
+    KT_RUN(test_worker_reserved_keys);
+    KT_RUN(test_worker_len_mismatch);
+    KT_RUN(test_worker_invalid_args);
+    KT_RUN(test_worker_timeout);
+    KT_RUN(test_worker_broken_server);
+    KT_RUN(test_worker_positive_status_reply);
     return kt_finish();
 }

@@ -601,25 +601,13 @@ static void test_ps_bad_coded_push(void) {
         memcpy(frame, &bl, 4);
         memcpy(frame + 4, b2, nb);
         memset(frame + 4 + nb, 0, 8);
-        kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PUSH, KVPS__FLAG_CODED, 0, 1, 1000 + i, 0, 0};
+        kvps__hdr h = KT_HDR(.op = KVPS__OP_PUSH, .flags = KVPS__FLAG_CODED, .nkeys = 1, .req_id = 1000 + i);
         kvps__kent e = {key, 10};
         unsigned char meta[48];
         memcpy(meta, &h, 32);
         memcpy(meta + 32, &e, 16);
-        zmq_send(d, meta, 48, ZMQ_SNDMORE);
-        zmq_send(d, frame, fsz, 0);
-        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-        kvps__hdr rh;
-        memset(&rh, 0, sizeof rh);
-        if (zmq_poll(&it, 1, 2000) == 1) {
-            zmq_recv(d, &rh, sizeof rh, 0);
-            int more;
-            size_t ml = sizeof more;
-            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-            char text[300];
-            if (more) zmq_recv(d, text, sizeof text, 0);
-        }
-        KT_CHECK(rh.status == cases[i].want, "%s: got %s", cases[i].name, kvps_result_str((kvps_result)rh.status));
+        int32_t st = kt_raw_status(d, meta, 48, frame, fsz, 2000);
+        KT_CHECK(st == cases[i].want, "%s: got %s", cases[i].name, kvps_result_str((kvps_result)st));
     }
     KT_OK(kvps_worker_pull(w, &key, out, &len, 1, &q));
     KT_OK(kvps_worker_wait(w, q, -1));

@@ -6,11 +6,6 @@
 #include <pthread.h>
 #include <time.h>
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* ---- SSP: clocks recorded at every pull ---- */
 enum { SSP_STEPS = 40, MAXW = 4 };
 typedef struct ssp_job {
@@ -35,7 +30,7 @@ static void *ssp_worker(void *arg) {
     kvps_worker_tensor(w, "ssp", 8, &t);
     float g[8], v[8];
     for (int s = 0; s < SSP_STEPS && !j->fail; s++) {
-        if (j->slow_ms) sleep_ms(j->slow_ms);
+        if (j->slow_ms) kt_sleep_ms(j->slow_ms);
         for (int i = 0; i < 8; i++) g[i] = (float)(j->rank + 1) * 0.25f + (float)s; /* exact sums */
         /* the clock moves before the push leaves, so a pull that sees a round also sees its clock */
         __atomic_add_fetch(&j->clock[j->rank], 1, __ATOMIC_SEQ_CST);
@@ -142,7 +137,7 @@ static float ograd(int r, int s, int i) {
 static void reference(kvps_optim o, float *w) {
     float v[ON] = {0}, m2[ON] = {0}, b1t = 1, b2t = 1;
     for (int s = 0; s < OSTEPS; s++) {
-        if (o.rule == KVPS_RULE_ADAM) { b1t *= o.beta1; b2t *= o.beta2; }
+        kt_optim_tick(&o, &b1t, &b2t);
         for (int i = 0; i < ON; i++) {
             float sum = ograd(0, s, i);
             for (int r = 1; r < OM; r++) {
@@ -151,22 +146,7 @@ static void reference(kvps_optim o, float *w) {
                 else if (o.rule == KVPS_RULE_MIN) sum = gr < sum ? gr : sum;
                 else sum += gr;
             }
-            float g = sum / (float)OM;
-            switch (o.rule) {
-            case KVPS_RULE_MEAN: w[i] = g; break;
-            case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: w[i] = sum; break;
-            case KVPS_RULE_ACCUMULATE: w[i] += sum; break;
-            case KVPS_RULE_SGD: w[i] -= o.lr * g; break;
-            case KVPS_RULE_MOMENTUM: v[i] = o.momentum * v[i] + g; w[i] -= o.lr * v[i]; break;
-            case KVPS_RULE_NESTEROV: v[i] = o.momentum * v[i] + g; w[i] -= o.lr * (g + o.momentum * v[i]); break;
-            case KVPS_RULE_ADAGRAD: v[i] += g * g; w[i] -= o.lr * g / (sqrtf(v[i]) + o.eps); break;
-            case KVPS_RULE_ADAM:
-                v[i] = o.beta1 * v[i] + (1.0f - o.beta1) * g;
-                m2[i] = o.beta2 * m2[i] + (1.0f - o.beta2) * (g * g);
-                w[i] -= o.lr * (v[i] / (1.0f - b1t)) / (sqrtf(m2[i] / (1.0f - b2t)) + o.eps);
-                break;
-            default: break;
-            }
+            kt_optim_apply(&o, &w[i], &v[i], &m2[i], sum, (float)OM, b1t, b2t);
         }
     }
 }
@@ -293,24 +273,8 @@ static void test_async_pipelined_equal_sequential(void) {
             memset(m2, 0, LEN * sizeof(float));
             float b1t = 1, b2t = 1;
             for (int p = 0; p < NP; p++) {
-                if (o.rule == KVPS_RULE_ADAM) { b1t *= o.beta1; b2t *= o.beta2; }
-                for (int i = 0; i < LEN; i++) {
-                    float gi = g[(size_t)p * LEN + i] / 1.0f;
-                    switch (o.rule) {
-                    case KVPS_RULE_MEAN: ref[i] = gi; break;
-                    case KVPS_RULE_ACCUMULATE: ref[i] += g[(size_t)p * LEN + i]; break;
-                    case KVPS_RULE_SGD: ref[i] -= o.lr * gi; break;
-                    case KVPS_RULE_MOMENTUM: v[i] = o.momentum * v[i] + gi; ref[i] -= o.lr * v[i]; break;
-                    case KVPS_RULE_NESTEROV: v[i] = o.momentum * v[i] + gi; ref[i] -= o.lr * (gi + o.momentum * v[i]); break;
-                    case KVPS_RULE_ADAGRAD: v[i] += gi * gi; ref[i] -= o.lr * gi / (sqrtf(v[i]) + o.eps); break;
-                    case KVPS_RULE_ADAM:
-                        v[i] = o.beta1 * v[i] + (1.0f - o.beta1) * gi;
-                        m2[i] = o.beta2 * m2[i] + (1.0f - o.beta2) * (gi * gi);
-                        ref[i] -= o.lr * (v[i] / (1.0f - b1t)) / (sqrtf(m2[i] / (1.0f - b2t)) + o.eps);
-                        break;
-                    default: break;
-                    }
-                }
+                kt_optim_tick(&o, &b1t, &b2t);
+                for (int i = 0; i < LEN; i++) kt_optim_apply(&o, &ref[i], &v[i], &m2[i], g[(size_t)p * LEN + i], 1.0f, b1t, b2t);
             }
             int bad = 0;
             for (int i = 0; i < LEN; i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
@@ -338,7 +302,7 @@ static void test_hyperparameters_checked(void) {
     /* the server checks too: a raw CONFIG with beta1 = 1 */
     void *d = zmq_socket(c.ctx, ZMQ_DEALER);
     zmq_connect(d, c.servers);
-    kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_CONFIG, 0, 0, 1, 9, 0, 0};
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_CONFIG, .nkeys = 1, .req_id = 9);
     kvps__kent e = {123, 4};
     unsigned char meta[48], rec[24];
     uint32_t rule = KVPS_RULE_ADAM;
@@ -347,13 +311,8 @@ static void test_hyperparameters_checked(void) {
     memcpy(meta + 32, &e, 16);
     memcpy(rec, &rule, 4);
     memcpy(rec + 4, f, 20);
-    zmq_send(d, meta, 48, ZMQ_SNDMORE);
-    zmq_send(d, rec, 24, 0);
-    kvps__hdr rh;
-    memset(&rh, 0, sizeof rh);
-    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 2000) == 1) zmq_recv(d, &rh, sizeof rh, 0);
-    KT_CHECK(rh.status == KVPS_ERR_HYPERPARAM, "server answered %s", kvps_result_str((kvps_result)rh.status));
+    int32_t st = kt_raw_status(d, meta, 48, rec, 24, 2000);
+    KT_CHECK(st == KVPS_ERR_HYPERPARAM, "server answered %s", kvps_result_str((kvps_result)st));
     zmq_close(d);
     /* a good config then training still works */
     kvps_optim good = {KVPS_RULE_SGD, 0.5f, 0, 0, 0, 0};

@@ -34,42 +34,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include "kvps.h" /* the API only: kvps_test.h names its types */
+#include "tests/kvps_test.h"
 
-static int n_pass, n_fail, n_skip, cur_failed, cur_skipped;
-static const char *cur;
 static char root[4096]; /* the repository */
 static char bdir[4096]; /* the build directory holding the examples */
 static char tmp[4096];  /* this run's scratch directory */
-
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            if (!cur_failed) printf("FAIL %s\n", cur);                       \
-            cur_failed = 1;                                                   \
-            printf("  %s:%d: %s: ", __FILE__, __LINE__, #cond);               \
-            printf(__VA_ARGS__);                                              \
-            printf("\n");                                                     \
-        }                                                                     \
-    } while (0)
-#define RUN(fn)                                                               \
-    do {                                                                      \
-        cur = #fn;                                                            \
-        cur_failed = cur_skipped = 0;                                         \
-        fn();                                                                 \
-        if (cur_skipped) n_skip++;                                            \
-        else if (cur_failed) n_fail++;                                        \
-        else { n_pass++; printf("ok %s\n", cur); }                            \
-        fflush(stdout);                                                       \
-    } while (0)
-static void skip(const char *why) {
-    printf("skip %s: %s\n", cur, why);
-    cur_skipped = 1;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -154,7 +124,7 @@ static int count_procs(const char *marker) {
 
 static int wait_no_procs(const char *marker, double seconds) {
     double end = now_s() + seconds;
-    while (count_procs(marker) > 0 && now_s() < end) sleep_ms(50);
+    while (count_procs(marker) > 0 && now_s() < end) kt_sleep_ms(50);
     return count_procs(marker);
 }
 
@@ -165,29 +135,29 @@ static int file_exists(const char *path) { struct stat st; return stat(path, &st
 static void test_ring_allreduce_threads(void) {
     char *out;
     int rc = run(&out, "timeout 60 %s/ring_allreduce --ranks 3 --count 1000", bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     /* rank r adds (r + 1) * (i % 8 + 1): 1 + 2 + 3 = 6, times 1 at i = 0 and 8 at i = 999 */
     for (int r = 0; r < 3; r++) {
         char want[200];
         snprintf(want, sizeof want, "rank %d of 3: all-reduce of 1000 floats: ok (x[0] = 6, x[999] = 48; expected 6 and 48)", r);
-        CHECK(has_line(out, want), "missing '%s'", want);
+        KT_CHECK(has_line(out, want), "missing '%s'", want);
     }
-    CHECK(has_line(out, "ring_allreduce: 3 ranks, 1000 floats: every rank holds the exact sum"), "no summary");
-    if (cur_failed) show(out);
+    KT_CHECK(has_line(out, "ring_allreduce: 3 ranks, 1000 floats: every rank holds the exact sum"), "no summary");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
 static void test_ring_allreduce_processes(void) {
     char *out;
     int rc = run(&out, "timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 -- %s/ring_allreduce", bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[200];
         snprintf(want, sizeof want,
                  "[worker %d] rank %d of 3: all-reduce of 1000000 floats: ok (x[0] = 6, x[999999] = 48; expected 6 and 48)", r, r);
-        CHECK(has_line(out, want), "missing '%s'", want);
+        KT_CHECK(has_line(out, want), "missing '%s'", want);
     }
-    if (cur_failed) show(out);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -197,23 +167,23 @@ static void check_ctr(const char *out, const char *prefix, double max_gap) {
     const char *p = strstr(out, "ctr: test AUC ");
     double a = 0, t = 0;
     int got = p && sscanf(p, "ctr: test AUC %lf, true model AUC %lf", &a, &t) == 2;
-    CHECK(got, "no result line");
+    KT_CHECK(got, "no result line");
     if (!got) return;
-    if (prefix) CHECK(p - out >= (long)strlen(prefix) && strncmp(p - strlen(prefix), prefix, strlen(prefix)) == 0,
+    if (prefix) KT_CHECK(p - out >= (long)strlen(prefix) && strncmp(p - strlen(prefix), prefix, strlen(prefix)) == 0,
                       "the result line lacks the prefix '%s'", prefix);
-    CHECK(t > 0.75 && t < 0.95, "true model AUC %.4f out of the expected range", t);
-    CHECK(a > 0.70, "test AUC %.4f: nothing learnt", a);
-    CHECK(t - a < max_gap, "test AUC %.4f is %.4f below the true model's %.4f (allowed %.2f)", a, t - a, t, max_gap);
-    CHECK(count_lines_starting(out, prefix ? "[worker 0]     " : "    ") >= 2, "fewer than 2 epoch lines");
+    KT_CHECK(t > 0.75 && t < 0.95, "true model AUC %.4f out of the expected range", t);
+    KT_CHECK(a > 0.70, "test AUC %.4f: nothing learnt", a);
+    KT_CHECK(t - a < max_gap, "test AUC %.4f is %.4f below the true model's %.4f (allowed %.2f)", a, t - a, t, max_gap);
+    KT_CHECK(count_lines_starting(out, prefix ? "[worker 0]     " : "    ") >= 2, "fewer than 2 epoch lines");
 }
 
 static void test_ctr_lr_bsp(void) {
     char *out;
     int rc = run(&out, "timeout 120 %s/ctr --model lr --servers 2 --workers 2 --train 100000 --test 10000 --epochs 2 "
                        "--target-gap 0.04", bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, NULL, 0.04);
-    if (cur_failed) show(out);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -221,10 +191,10 @@ static void test_ctr_fm_ssp(void) {
     char *out;
     int rc = run(&out, "timeout 120 %s/ctr --model fm --mode ssp:2 --servers 2 --workers 2 --train 100000 --test 10000 "
                        "--epochs 2", bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, NULL, 0.08);
-    CHECK(strstr(out, "SSP (k = 2)") != NULL, "mode not reported");
-    if (cur_failed) show(out);
+    KT_CHECK(strstr(out, "SSP (k = 2)") != NULL, "mode not reported");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -232,12 +202,12 @@ static void test_ctr_async_under_kvps_run(void) {
     char *out;
     int rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 90 -- %s/ctr --mode async --train 60000 "
                        "--test 10000 --epochs 2", bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, "[worker 0] ", 0.06);
     /* the servers left by themselves after the last clock, and said so */
-    CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
-    CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
-    if (cur_failed) show(out);
+    KT_CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
+    KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -251,43 +221,43 @@ static void check_fmnist(const char *out, const char *prefix, const char *mode) 
     const char *p = strstr(out, want);
     double v[7];
     int cols = p ? sscanf(p + strlen(prefix), "%*d %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) : 0;
-    CHECK(cols == 7, "no epoch line with 8 columns");
+    KT_CHECK(cols == 7, "no epoch line with 8 columns");
     if (cols == 7) {
-        CHECK(v[2] > 0.75, "test accuracy %.4f after one epoch", v[2]);
-        CHECK(v[3] > 0 && v[4] > 0, "samples/s %g, net_MB %g", v[3], v[4]);
+        KT_CHECK(v[2] > 0.75, "test accuracy %.4f after one epoch", v[2]);
+        KT_CHECK(v[3] > 0 && v[4] > 0, "samples/s %g, net_MB %g", v[3], v[4]);
     }
-    CHECK(strstr(out, mode) != NULL, "result does not name mode %s", mode);
+    KT_CHECK(strstr(out, mode) != NULL, "result does not name mode %s", mode);
 }
 
 static void test_fmnist_modes(void) {
-    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
     static const char *modes[] = {"ssp:1", "easgd", "allreduce"};
     for (int i = 0; i < 3; i++) {
         char *out;
         int rc = run(&out, "timeout 120 %s/fmnist --model softmax --servers 2 --workers 2 --epochs 1 --mode %s --timeout 100",
                      bdir, modes[i]);
-        CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
+        KT_CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
         check_fmnist(out, "", modes[i]);
-        if (cur_failed) { show(out); free(out); return; }
+        if (kt_cur_failed) { show(out); free(out); return; }
         free(out);
     }
 }
 
 static void test_fmnist_under_kvps_run(void) {
-    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
     char *out;
     int rc = run(&out, "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 "
                        "--mode allreduce --codec fp16", bdir);
-    CHECK(rc == 0, "allreduce: exit %d", rc);
+    KT_CHECK(rc == 0, "allreduce: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "allreduce");
-    if (cur_failed) { show(out); free(out); return; }
+    if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
     rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 --mode bsp",
              bdir);
-    CHECK(rc == 0, "bsp: exit %d", rc);
+    KT_CHECK(rc == 0, "bsp: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "bsp");
-    CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
-    if (cur_failed) show(out);
+    KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -327,8 +297,8 @@ static int mpirun_cmd(char *buf, size_t cap) {
     int rc = run(&out, "command -v mpirun >/dev/null && mpirun --version");
     int openmpi = rc == 0 && (strstr(out, "Open MPI") || strstr(out, "OpenRTE"));
     free(out);
-    if (rc != 0) { skip("no mpirun"); return 0; }
-    if (!openmpi) { skip("mpirun is not Open MPI's (these tests use its -x and --oversubscribe)"); return 0; }
+    if (rc != 0) { KT_SKIP("no mpirun"); return 0; }
+    if (!openmpi) { KT_SKIP("mpirun is not Open MPI's (these tests use its -x and --oversubscribe)"); return 0; }
     snprintf(buf, cap, "mpirun%s --oversubscribe --mca btl self,tcp", geteuid() == 0 ? " --allow-run-as-root" : "");
     return 1;
 }
@@ -338,29 +308,29 @@ static void test_ring_allreduce_mpirun(void) {
     if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
     free_endpoints(peers, sizeof peers, 3);
     int rc = run(&out, "timeout 90 %s -n 3 -x KVPS_RING_PEERS=%s %s/ring_allreduce </dev/null", mpirun, peers, bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[200];
         snprintf(want, sizeof want,
                  "rank %d of 3: all-reduce of 1000000 floats: ok (x[0] = 6, x[999999] = 48; expected 6 and 48)", r);
-        CHECK(has_line(out, want), "missing '%s'", want);
+        KT_CHECK(has_line(out, want), "missing '%s'", want);
     }
-    if (cur_failed) show(out);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
 static void test_fmnist_mpirun(void) {
-    if (!have_fmnist_data()) { skip("no dataset-fashion-mnist"); return; }
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
     char mpirun[200], servers[200], *out;
     if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
     free_endpoints(servers, sizeof servers, 2);
     /* ranks 0 and 1 serve, 2 and 3 work; -x NAME passes the variable set here, as in the README */
     int rc = run(&out, "export KVPS_SERVERS=%s KVPS_NUM_WORKERS=2 && timeout 120 %s -n 4 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "
                        "%s/fmnist --model softmax --epochs 1 --mode bsp --timeout 100 </dev/null", servers, mpirun, bdir);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     check_fmnist(out, "", "bsp");
-    CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
-    if (cur_failed) show(out);
+    KT_CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -371,17 +341,17 @@ static void test_launcher_env_and_prefixes(void) {
     int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 3 --server-wait 1 -- sh -c "
                        "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
                        "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
-    CHECK(rc == 0, "exit %d", rc);
-    CHECK(has_line(out, "[server 0] role=server rank=0 n=3 size="), "server 0 line");
-    CHECK(has_line(out, "[server 1] role=server rank=1 n=3 size="), "server 1 line");
+    KT_CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(has_line(out, "[server 0] role=server rank=0 n=3 size="), "server 0 line");
+    KT_CHECK(has_line(out, "[server 1] role=server rank=1 n=3 size="), "server 1 line");
     for (int r = 0; r < 3; r++) {
         char want[100];
         snprintf(want, sizeof want, "[worker %d] role=worker rank=%d n=3 size=3", r, r);
-        CHECK(has_line(out, want), "missing '%s'", want);
+        KT_CHECK(has_line(out, want), "missing '%s'", want);
         snprintf(want, sizeof want, "[worker %d] err", r);
-        CHECK(has_line(out, want), "missing '%s' (stderr)", want);
+        KT_CHECK(has_line(out, want), "missing '%s' (stderr)", want);
     }
-    if (cur_failed) show(out);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -391,12 +361,12 @@ static void test_launcher_port(void) {
     int base = 20000 + (int)(getpid() % 10000) * 2;
     int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 2 --port %d --server-wait 1 -- sh -c "
                        "'echo \"$KVPS_SERVERS|$KVPS_RING_PEERS\"; [ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
-    CHECK(rc == 0, "exit %d", rc);
+    KT_CHECK(rc == 0, "exit %d", rc);
     char want[300];
     snprintf(want, sizeof want, "[worker 0] tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", base,
              base + 1, base + 2, base + 3);
-    CHECK(has_line(out, want), "want '%s'", want);
-    if (cur_failed) show(out);
+    KT_CHECK(has_line(out, want), "want '%s'", want);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -408,13 +378,13 @@ static void test_launcher_failure_stops_job(void) {
                        "'if [ \"$KVPS_ROLE $KVPS_RANK\" = \"worker 1\" ]; then sleep 0.5; echo failing; exit 3; fi; "
                        "%s & wait'", marker);
     double dt = now_s() - t0;
-    CHECK(rc == 3, "exit %d, want 3", rc);
-    CHECK(dt < 30, "took %.1f s: the others were not stopped", dt); /* they sleep 41 s */
-    CHECK(has_line(out, "[worker 1] failing"), "no output of the failing worker");
-    CHECK(strstr(out, "kvps-run: worker 1 exited with code 3") != NULL, "no message naming the failure");
+    KT_CHECK(rc == 3, "exit %d, want 3", rc);
+    KT_CHECK(dt < 30, "took %.1f s: the others were not stopped", dt); /* they sleep 41 s */
+    KT_CHECK(has_line(out, "[worker 1] failing"), "no output of the failing worker");
+    KT_CHECK(strstr(out, "kvps-run: worker 1 exited with code 3") != NULL, "no message naming the failure");
     int left = wait_no_procs(marker, 5);
-    CHECK(left == 0, "%d processes of the job still running", left);
-    if (cur_failed) show(out);
+    KT_CHECK(left == 0, "%d processes of the job still running", left);
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -423,7 +393,7 @@ static void test_launcher_sigint(void) {
     snprintf(marker, sizeof marker, "sleep 43.%d", (int)getpid() % 100000);
     snprintf(script, sizeof script, "echo ready; %s & wait", marker);
     int fd[2];
-    if (pipe(fd) != 0) { CHECK(0, "pipe"); return; }
+    if (pipe(fd) != 0) { KT_CHECK(0, "pipe"); return; }
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
@@ -451,20 +421,20 @@ static void test_launcher_sigint(void) {
         buf[len] = 0;
     }
     buf[len] = 0;
-    CHECK(count_lines_starting(buf, "[") == 4, "the job did not start: '%s'", buf);
+    KT_CHECK(count_lines_starting(buf, "[") == 4, "the job did not start: '%s'", buf);
     end = now_s() + 10; /* "ready" comes just before the sleeps start */
-    while (count_procs(marker) < 4 && now_s() < end) sleep_ms(20);
-    CHECK(count_procs(marker) == 4, "%d of 4 processes running", count_procs(marker));
+    while (count_procs(marker) < 4 && now_s() < end) kt_sleep_ms(20);
+    KT_CHECK(count_procs(marker) == 4, "%d of 4 processes running", count_procs(marker));
     kill(pid, SIGINT);
     int st = 0;
     end = now_s() + 20;
-    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() < end) sleep_ms(20);
+    while (waitpid(pid, &st, WNOHANG) == 0 && now_s() < end) kt_sleep_ms(20);
     int exited = waitpid(pid, &st, WNOHANG) != 0 || WIFEXITED(st) || WIFSIGNALED(st);
     if (!exited) { kill(pid, SIGKILL); waitpid(pid, &st, 0); }
-    CHECK(exited, "kvps-run still running 20 s after SIGINT");
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d, want exit 130", st);
+    KT_CHECK(exited, "kvps-run still running 20 s after SIGINT");
+    KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d, want exit 130", st);
     int left = wait_no_procs(marker, 5);
-    CHECK(left == 0, "%d processes of the job still running", left);
+    KT_CHECK(left == 0, "%d processes of the job still running", left);
     close(fd[0]);
 }
 
@@ -475,7 +445,7 @@ static void test_launcher_host_file(void) {
     snprintf(ssh, sizeof ssh, "%s/fake-ssh", tmp);
     snprintf(hosts, sizeof hosts, "%s/hosts", tmp);
     FILE *f = fopen(ssh, "w");
-    if (!f) { CHECK(0, "cannot write %s", ssh); return; }
+    if (!f) { KT_CHECK(0, "cannot write %s", ssh); return; }
     fprintf(f, "#!/bin/sh\n# stand-in for ssh HOST COMMAND: runs COMMAND here\nshift\nexec sh -c \"$*\"\n");
     fclose(f);
     chmod(ssh, 0755);
@@ -484,17 +454,17 @@ static void test_launcher_host_file(void) {
     fclose(f);
     int rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 "
                        "--host-file '%s' -- %s/ring_allreduce", ssh, hosts, bdir);
-    CHECK(rc == 0, "ring over hosts: exit %d", rc);
-    CHECK(strstr(out, "[worker 1] rank 1 of 3: all-reduce of 1000000 floats: ok") != NULL, "no result of worker 1");
-    if (cur_failed) { show(out); free(out); return; }
+    KT_CHECK(rc == 0, "ring over hosts: exit %d", rc);
+    KT_CHECK(strstr(out, "[worker 1] rank 1 of 3: all-reduce of 1000000 floats: ok") != NULL, "no result of worker 1");
+    if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
     /* arguments and KVPS_* variables reach the remote side intact */
     rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 60 scripts/kvps-run -s 1 -w 2 --server-wait 1 "
                    "--host-file '%s' -- sh -c 'echo \"[$1] [$KVPS_EXAMPLE_VAR] $KVPS_SERVERS\"' argv0 \"a b'c \\$HOME\"",
              ssh, hosts);
-    CHECK(rc == 0, "quoting: exit %d", rc);
-    CHECK(strstr(out, "[worker 1] [a b'c $HOME] [x y] tcp://127.0.0.1:") != NULL, "arguments or environment mangled");
-    if (cur_failed) show(out);
+    KT_CHECK(rc == 0, "quoting: exit %d", rc);
+    KT_CHECK(strstr(out, "[worker 1] [a b'c $HOME] [x y] tcp://127.0.0.1:") != NULL, "arguments or environment mangled");
+    if (kt_cur_failed) show(out);
     free(out);
 }
 
@@ -520,18 +490,18 @@ static void test_readme_program(void) {
     char path[4200];
     snprintf(path, sizeof path, "%s/README.md", root);
     char *md = slurp(path);
-    CHECK(md != NULL, "cannot read %s", path);
+    KT_CHECK(md != NULL, "cannot read %s", path);
     if (!md) return;
     char *prog = strstr(md, "```c\n/* hello.c");
     char *end = prog ? strstr(prog + 5, "\n```\n") : NULL;
     char *sh = end ? strstr(end, "```sh\n") : NULL;
-    CHECK(prog && end && sh, "README.md has no hello.c block followed by its build lines");
+    KT_CHECK(prog && end && sh, "README.md has no hello.c block followed by its build lines");
     if (!(prog && end && sh)) { free(md); return; }
     prog += 5;
     end[1] = 0; /* the program, with its last newline */
     char *build = sh + 6, *nl = strchr(build, '\n');
     char *runl = nl ? nl + 1 : NULL, *nl2 = runl ? strchr(runl, '\n') : NULL, *hash = runl ? strchr(runl, '#') : NULL;
-    CHECK(nl && nl2 && hash && hash < nl2, "the build block is not 'build line' then './hello  # output'");
+    KT_CHECK(nl && nl2 && hash && hash < nl2, "the build block is not 'build line' then './hello  # output'");
     if (!(nl && nl2 && hash && hash < nl2)) { free(md); return; }
     *nl = 0;
     *nl2 = 0;
@@ -547,19 +517,19 @@ static void test_readme_program(void) {
     free(out);
     snprintf(path, sizeof path, "%s/hello.c", dir);
     FILE *f = fopen(path, "w");
-    CHECK(f && fputs(prog, f) >= 0 && fclose(f) == 0, "writing %s", path);
+    KT_CHECK(f && fputs(prog, f) >= 0 && fclose(f) == 0, "writing %s", path);
     rc = run(&out, "cd '%s' && %s", dir, build);
-    CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, build);
-    if (cur_failed) { show(out); free(out); free(md); return; }
+    KT_CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, build);
+    if (kt_cur_failed) { show(out); free(out); free(md); return; }
     free(out);
     /* and without a warning: no feature macro is needed, the header declares what it uses */
     rc = run(&out, "cd '%s' && %s -Wall -Wextra -Werror -o hello-strict", dir, build);
-    CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d)", rc);
-    if (cur_failed) show(out);
+    KT_CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d)", rc);
+    if (kt_cur_failed) show(out);
     free(out);
     rc = run(&out, "cd '%s' && %s", dir, runl);
-    CHECK(rc == 0 && has_line(out, want), "%s: exit %d, the README says it prints '%s'", runl, rc, want);
-    if (cur_failed) show(out);
+    KT_CHECK(rc == 0 && has_line(out, want), "%s: exit %d, the README says it prints '%s'", runl, rc, want);
+    if (kt_cur_failed) show(out);
     free(out);
     free(md);
 }
@@ -570,25 +540,25 @@ static void test_install_and_pkg_config(void) {
     char *out;
     int rc = run(&out, "command -v pkg-config >/dev/null");
     free(out);
-    if (rc != 0) { skip("no pkg-config"); return; }
+    if (rc != 0) { KT_SKIP("no pkg-config"); return; }
     /* not the jobserver of a `make test` that runs us */
     rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s install DESTDIR='%s/dest' PREFIX=/usr/local B='%s/b'",
              tmp, tmp);
-    CHECK(rc == 0, "make install: exit %d", rc);
-    if (cur_failed) { show(out); free(out); return; }
+    KT_CHECK(rc == 0, "make install: exit %d", rc);
+    if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
     static const char *files[] = {"include/kvps.h", "include/kvps_ring.h", "include/kvps_gpu.h", "bin/kvps-run",
                                   "lib/pkgconfig/kvps.pc"};
     for (int i = 0; i < 5; i++) {
         char p[4300];
         snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
-        CHECK(file_exists(p), "%s not installed", p);
+        KT_CHECK(file_exists(p), "%s not installed", p);
     }
     char p[4300];
     snprintf(p, sizeof p, "%s/dest/usr/local/bin/kvps-run", tmp);
-    CHECK(access(p, X_OK) == 0, "kvps-run is not executable");
+    KT_CHECK(access(p, X_OK) == 0, "kvps-run is not executable");
     rc = run(&out, "grep -qx 'prefix=/usr/local' '%s/dest/usr/local/lib/pkgconfig/kvps.pc'", tmp);
-    CHECK(rc == 0, "kvps.pc does not say prefix=/usr/local (DESTDIR leaked?)");
+    KT_CHECK(rc == 0, "kvps.pc does not say prefix=/usr/local (DESTDIR leaked?)");
     free(out);
     /* a user's program, away from the repository, built against the installed copy only */
     rc = run(&out, "mkdir -p '%s/user' && cp examples/ring_allreduce.c '%s/user/' && cd '%s/user' && "
@@ -596,17 +566,17 @@ static void test_install_and_pkg_config(void) {
                    "${CC:-cc} -std=c99 -D_POSIX_C_SOURCE=200809L ring_allreduce.c -o ring_allreduce "
                    "$(pkg-config --cflags --libs kvps) && ./ring_allreduce --ranks 2 --count 100",
              tmp, tmp, tmp, tmp, tmp);
-    CHECK(rc == 0, "build with pkg-config: exit %d", rc);
-    CHECK(strstr(out, "ring_allreduce: 2 ranks, 100 floats: every rank holds the exact sum") != NULL, "wrong output");
-    if (cur_failed) show(out);
+    KT_CHECK(rc == 0, "build with pkg-config: exit %d", rc);
+    KT_CHECK(strstr(out, "ring_allreduce: 2 ranks, 100 floats: every rank holds the exact sum") != NULL, "wrong output");
+    if (kt_cur_failed) show(out);
     free(out);
     rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s uninstall DESTDIR='%s/dest' PREFIX=/usr/local "
                    "B='%s/b'", tmp, tmp);
-    CHECK(rc == 0, "make uninstall: exit %d", rc);
+    KT_CHECK(rc == 0, "make uninstall: exit %d", rc);
     free(out);
     for (int i = 0; i < 5; i++) {
         snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
-        CHECK(!file_exists(p), "%s left after uninstall", p);
+        KT_CHECK(!file_exists(p), "%s left after uninstall", p);
     }
 }
 
@@ -638,27 +608,25 @@ int main(int argc, char **argv) {
         snprintf(p, sizeof p, "%s/%s", bdir, bins[i]);
         if (access(p, X_OK) != 0) printf("note: %s is not built (make %s)\n", p, p);
     }
-    RUN(test_ring_allreduce_threads);
-    RUN(test_ring_allreduce_processes);
-    RUN(test_ctr_lr_bsp);
-    RUN(test_ctr_fm_ssp);
-    RUN(test_ctr_async_under_kvps_run);
-    RUN(test_fmnist_modes);
-    RUN(test_fmnist_under_kvps_run);
-    RUN(test_ring_allreduce_mpirun);
-    RUN(test_fmnist_mpirun);
-    RUN(test_launcher_env_and_prefixes);
-    RUN(test_launcher_port);
-    RUN(test_launcher_failure_stops_job);
-    RUN(test_launcher_sigint);
-    RUN(test_launcher_host_file);
-    RUN(test_install_and_pkg_config);
-    RUN(test_readme_program);
+    KT_RUN(test_ring_allreduce_threads);
+    KT_RUN(test_ring_allreduce_processes);
+    KT_RUN(test_ctr_lr_bsp);
+    KT_RUN(test_ctr_fm_ssp);
+    KT_RUN(test_ctr_async_under_kvps_run);
+    KT_RUN(test_fmnist_modes);
+    KT_RUN(test_fmnist_under_kvps_run);
+    KT_RUN(test_ring_allreduce_mpirun);
+    KT_RUN(test_fmnist_mpirun);
+    KT_RUN(test_launcher_env_and_prefixes);
+    KT_RUN(test_launcher_port);
+    KT_RUN(test_launcher_failure_stops_job);
+    KT_RUN(test_launcher_sigint);
+    KT_RUN(test_launcher_host_file);
+    KT_RUN(test_install_and_pkg_config);
+    KT_RUN(test_readme_program);
 
     char *out;
     run(&out, "rm -rf '%s'", tmp);
     free(out);
-    if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    else printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return kt_finish();
 }

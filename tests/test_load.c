@@ -163,13 +163,21 @@ typedef struct wjob {
     double secs;
 } wjob;
 
-static void *push_worker(void *arg) {
-    wjob *j = (wjob *)arg;
+/* j's worker in g_wctx, or NULL with the failure recorded in j. */
+static kvps_worker *wjob_worker(wjob *j) {
     kvps_worker *w = NULL;
     kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = NW,
                                                            .timeout_ms = 60000, .zmq_ctx = g_wctx},
                                        &w);
     if (r != KVPS_OK) { j->failures++; snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); return NULL; }
+    return w;
+}
+
+static void *push_worker(void *arg) {
+    wjob *j = (wjob *)arg;
+    kvps_worker *w = wjob_worker(j);
+    if (!w) return NULL;
+    kvps_result r;
     static __thread float vals[WINDOW][L];
     kvps_req q[WINDOW];
     int64_t t0 = kvps__now_ms();
@@ -288,11 +296,9 @@ static void test_async_pushes(void) {
 /* ---- BSP pushpull -------------------------------------------------------------------------- */
 static void *bsp_worker(void *arg) {
     wjob *j = (wjob *)arg;
-    kvps_worker *w = NULL;
-    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = NW,
-                                                           .timeout_ms = 60000, .zmq_ctx = g_wctx},
-                                       &w);
-    if (r != KVPS_OK) { j->failures++; snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); return NULL; }
+    kvps_worker *w = wjob_worker(j);
+    if (!w) return NULL;
+    kvps_result r;
     kvps_tensor t;
     float *g = (float *)malloc(TLEN * sizeof(float)), *v = (float *)malloc(TLEN * sizeof(float));
     r = kvps_worker_tensor(w, "load.bsp", TLEN, &t);

@@ -228,10 +228,7 @@ static void test_pieces_optim(void) {
     KT_OK(kvps_worker_pull_tensor(w, t, got, &q[0]));
     KT_OK(kvps_worker_wait(w, q[0], -1));
     for (int p = 0; p < NP; p++)
-        for (int i = 0; i < LEN; i++) {
-            v[i] = o.momentum * v[i] + g[(size_t)p * LEN + i];
-            ref[i] -= o.lr * v[i];
-        }
+        for (int i = 0; i < LEN; i++) kt_optim_apply(&o, &ref[i], &v[i], NULL, g[(size_t)p * LEN + i], 1.0f, 1, 1);
     int bad = 0;
     for (int i = 0; i < LEN; i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
     KT_CHECK(bad == 0, "%d of %d values differ from one update at a time", bad, LEN);
@@ -441,38 +438,17 @@ static void test_barrier_and_pull_waits(void) {
 }
 
 /* Processes on loopback TCP: servers and workers are separate processes. */
-static volatile sig_atomic_t g_stop;
-static kvps_server *g_srv;
-static void on_term(int sig) { (void)sig; if (g_srv) kvps_server_stop(g_srv); }
-
 static void test_processes(void) {
     enum { N = 3, M = 4 };
     pid_t spid[N], wpid[M];
     char servers[1024] = "";
     for (int i = 0; i < N; i++) {
-        int p[2];
-        if (pipe(p) != 0) { KT_CHECK(0, "pipe"); return; }
-        spid[i] = fork();
-        if (spid[i] == 0) {
-            close(p[0]);
-            signal(SIGTERM, on_term);
-            kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i,
-                                                                    .num_workers = M, .update = KVPS_UPDATE_SUM},
-                                               &g_srv);
-            const char *ep = r == KVPS_OK ? kvps_server_endpoint(g_srv) : "";
-            if (write(p[1], ep, strlen(ep) + 1) < 0) _exit(3);
-            close(p[1]);
-            if (r != KVPS_OK) _exit(2);
-            kvps_server_run(g_srv);
-            kvps_server_destroy(&g_srv);
-            _exit(0);
-        }
-        close(p[1]);
-        char ep[256] = "";
-        ssize_t got = read(p[0], ep, sizeof ep - 1);
-        close(p[0]);
-        KT_CHECK(got > 1, "server %d did not report an endpoint", i);
-        if (got > 0) ep[got] = 0;
+        char ep[256];
+        spid[i] = kt_server_proc(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = M,
+                                                     .update = KVPS_UPDATE_SUM},
+                                 ep, sizeof ep);
+        if (spid[i] < 0) { KT_CHECK(0, "pipe"); return; }
+        KT_CHECK(ep[0], "server %d did not report an endpoint", i);
         snprintf(servers + strlen(servers), sizeof servers - strlen(servers), "%s%s", i ? "," : "", ep);
     }
     size_t lens[3] = {3, 4099, 300007};
@@ -491,12 +467,7 @@ static void test_processes(void) {
         waitpid(wpid[r], &st, 0);
         KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker process %d status %d", r, st);
     }
-    for (int i = 0; i < N; i++) {
-        int st = 0;
-        kill(spid[i], SIGTERM);
-        waitpid(spid[i], &st, 0);
-        KT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process %d status %d", i, st);
-    }
+    for (int i = 0; i < N; i++) kt_server_proc_stop(spid[i]);
 }
 
 int main(void) {

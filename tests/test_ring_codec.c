@@ -1,58 +1,18 @@
 /* Compressed collectives: float32 all-reduce with fp16/bf16 on the wire, and the top-k sparse
-   all-reduce, for 1..6 ranks (threads on inproc, and 3 processes on loopback TCP). */
+   all-reduce, for 1..6 ranks as threads on inproc (kvps_test.h's team). */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include <math.h>
-#include <pthread.h>
-#include <sys/wait.h>
 
 enum { MAXK = 6 };
-static void *g_ctx;
-static char g_peers[2048];
-static int g_k;
 
-typedef struct rank_job {
-    int rank;
-    int fails;
-    char why[400];
-    kvps_result (*body)(struct rank_job *j, kvps_ring *r);
-} rank_job;
-
-static void *rank_main(void *arg) {
-    rank_job *j = (rank_job *)arg;
-    kvps_ring *r = NULL;
-    kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = j->rank, .size = g_k, .peers = g_peers, .zmq_ctx = g_ctx,
-                                                        .timeout_ms = 20000, .chunk_bytes = 4096},
-                                      &r);
-    if (rc == KVPS_OK) rc = j->body(j, r);
-    if (rc != KVPS_OK && !j->fails) {
-        j->fails++;
-        snprintf(j->why, sizeof j->why, "rank %d: %s %s", j->rank, kvps_result_str(rc), r ? kvps_ring_last_error(r) : "");
-    }
-    kvps_ring_destroy(&r);
-    return NULL;
-}
-
-static int run_ranks(int k, kvps_result (*body)(rank_job *, kvps_ring *)) {
-    static int seq;
-    g_k = k;
-    g_peers[0] = 0;
-    for (int i = 0; i < k; i++)
-        snprintf(g_peers + strlen(g_peers), sizeof g_peers - strlen(g_peers), "%sinproc://rc-%d-%d", i ? "," : "", seq, i);
-    seq++;
-    pthread_t th[MAXK];
-    rank_job jobs[MAXK];
-    for (int i = 0; i < k; i++) {
-        jobs[i] = (rank_job){.rank = i, .body = body};
-        pthread_create(&th[i], NULL, rank_main, &jobs[i]);
-    }
-    int fails = 0;
-    for (int i = 0; i < k; i++) {
-        pthread_join(th[i], NULL);
-        if (jobs[i].fails) { fails++; printf("  k=%d %s\n", k, jobs[i].why); }
-    }
-    return fails;
+/* k ranks as threads (kvps_test.h's team), 4 KiB pipeline pieces; the number of ranks that failed. */
+static int run_ranks(int k, void (*body)(kt_rk *)) {
+    kt_team t;
+    kt_team_init(&t, "compressed all-reduce", body, k, 0, 20000);
+    t.base.chunk_bytes = 4096;
+    return kt_team_run(&t);
 }
 
 static float input_at(int rank, size_t i) {
@@ -65,12 +25,12 @@ static float *g_out[MAXK];
 static size_t g_n;
 static int g_wire, g_algo;
 
-static kvps_result wire_body(rank_job *j, kvps_ring *r) {
-    float *x = g_out[j->rank];
-    for (size_t i = 0; i < g_n; i++) x[i] = input_at(j->rank, i);
-    kvps_ring_op op = {.coll = KVPS_COLL_ALLREDUCE, .send = x, .recv = x, .count = g_n, .dtype = KVPS_FLOAT32,
+static void wire_body(kt_rk *x) {
+    float *v = g_out[x->rank];
+    for (size_t i = 0; i < g_n; i++) v[i] = input_at(x->rank, i);
+    kvps_ring_op op = {.coll = KVPS_COLL_ALLREDUCE, .send = v, .recv = v, .count = g_n, .dtype = KVPS_FLOAT32,
                        .op = KVPS_SUM, .algo = (kvps_ring_algo)g_algo, .wire = (kvps_dtype)g_wire};
-    return kvps_ring_run(r, &op);
+    kt_rk_call(x, kvps_ring_run(x->r, &op), "all-reduce with a 16-bit wire");
 }
 
 static void test_wire_allreduce(void) {
@@ -107,14 +67,12 @@ static void test_wire_allreduce(void) {
 static size_t g_topk;
 static float *g_resid[MAXK];
 
-static kvps_result topk_body(rank_job *j, kvps_ring *r) {
-    float *x = g_out[j->rank];
+static void topk_body(kt_rk *x) {
+    float *v = g_out[x->rank];
     for (int step = 0; step < 3; step++) {
-        for (size_t i = 0; i < g_n; i++) x[i] = input_at(j->rank * 7 + step, i);
-        kvps_result rc = kvps_ring_allreduce_topk(r, x, g_n, g_topk, g_resid[j->rank]);
-        if (rc != KVPS_OK) return rc;
+        for (size_t i = 0; i < g_n; i++) v[i] = input_at(x->rank * 7 + step, i);
+        if (!kt_rk_call(x, kvps_ring_allreduce_topk(x->r, v, g_n, g_topk, g_resid[x->rank]), "top-k all-reduce")) return;
     }
-    return KVPS_OK;
 }
 
 static void test_topk_allreduce(void) {
@@ -162,14 +120,12 @@ static float sparse_at(int rank, int step, size_t i) {
     size_t period = g_n / 50;
     return i % period == (size_t)(rank * 7 + step) % period ? (float)(rank + 2 * step + 1) : 0.0f;
 }
-static kvps_result topk_sparse_body(rank_job *j, kvps_ring *r) {
-    float *x = g_out[j->rank];
+static void topk_sparse_body(kt_rk *x) {
+    float *v = g_out[x->rank];
     for (int step = 0; step < 2; step++) {
-        for (size_t i = 0; i < g_n; i++) x[i] = sparse_at(j->rank, step, i);
-        kvps_result rc = kvps_ring_allreduce_topk(r, x, g_n, g_topk, g_resid[j->rank]);
-        if (rc != KVPS_OK) return rc;
+        for (size_t i = 0; i < g_n; i++) v[i] = sparse_at(x->rank, step, i);
+        if (!kt_rk_call(x, kvps_ring_allreduce_topk(x->r, v, g_n, g_topk, g_resid[x->rank]), "sparse top-k all-reduce")) return;
     }
-    return KVPS_OK;
 }
 
 static void test_topk_allreduce_sparse(void) {
@@ -196,8 +152,9 @@ static void test_topk_allreduce_sparse(void) {
 }
 
 static void test_wire_bad_args(void) {
+    void *ctx = zmq_ctx_new();
     kvps_ring *r = NULL;
-    KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://rc-single", .zmq_ctx = g_ctx}, &r));
+    KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 1, .peers = "inproc://rc-single", .zmq_ctx = ctx}, &r));
     double d = 1;
     float f = 1;
     KT_CHECK(kvps_ring_allreduce_wire(r, &f, &f, 1, KVPS_SUM, KVPS_INT32) == KVPS_ERR_INVALID_ARG, "wire must be fp16/bf16");
@@ -210,15 +167,14 @@ static void test_wire_bad_args(void) {
     KT_CHECK(kvps_ring_allreduce_topk(r, &f, 1, 2, NULL) == KVPS_ERR_INVALID_ARG, "k > count");
     KT_OK(kvps_ring_allreduce_wire(r, &f, &f, 1, KVPS_SUM, KVPS_FLOAT16));
     kvps_ring_destroy(&r);
+    zmq_ctx_term(ctx);
 }
 
 int main(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
-    g_ctx = zmq_ctx_new();
     KT_RUN(test_wire_bad_args);
     KT_RUN(test_wire_allreduce);
     KT_RUN(test_topk_allreduce);
     KT_RUN(test_topk_allreduce_sparse);
-    zmq_ctx_term(g_ctx);
     return kt_finish();
 }

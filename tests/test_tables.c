@@ -99,19 +99,9 @@ static void test_row_optimizers_equal_reference(void) {
             KT_OK(sync_req(w, kvps_worker_push_rows(w, t, ids, g, (size_t)n, &q), &q));
             for (int k = 0; k < n; k++) {
                 int r = (int)(ids[k] / 1000003u);
-                const kvps_optim *o = &os[c2];
-                if (o->rule == KVPS_RULE_ADAM) { b1t[r] *= o->beta1; b2t[r] *= o->beta2; }
-                for (int j = 0; j < DIM; j++) {
-                    float gg = g[k * DIM + j] / 1.0f;
-                    if (o->rule == KVPS_RULE_ADAGRAD) {
-                        v[r][j] += gg * gg;
-                        ref[r][j] -= o->lr * gg / (sqrtf(v[r][j]) + o->eps);
-                    } else {
-                        v[r][j] = o->beta1 * v[r][j] + (1.0f - o->beta1) * gg;
-                        m2[r][j] = o->beta2 * m2[r][j] + (1.0f - o->beta2) * (gg * gg);
-                        ref[r][j] -= o->lr * (v[r][j] / (1.0f - b1t[r])) / (sqrtf(m2[r][j] / (1.0f - b2t[r])) + o->eps);
-                    }
-                }
+                kt_optim_tick(&os[c2], &b1t[r], &b2t[r]);
+                for (int j = 0; j < DIM; j++)
+                    kt_optim_apply(&os[c2], &ref[r][j], &v[r][j], &m2[r][j], g[k * DIM + j], 1.0f, b1t[r], b2t[r]);
             }
         }
         uint64_t all[R];
@@ -150,7 +140,7 @@ static void test_table_bad_input(void) {
     struct { uint64_t table; uint32_t dim; kvps_result want; } cases[] = {
         {kvps__fnv1a("nope"), DIM, KVPS_ERR_TABLE}, {kvps__fnv1a("bad"), DIM - 1, KVPS_ERR_LEN_MISMATCH}};
     for (int i = 0; i < 2; i++) {
-        kvps__hdr h = {KVPS__MAGIC, KVPS__VERSION, KVPS__OP_PUSH_ROWS, 0, 0, 1, 5, 0, 0};
+        kvps__hdr h = KT_HDR(.op = KVPS__OP_PUSH_ROWS, .nkeys = 1, .req_id = 5);
         unsigned char meta[32 + 16 + 8];
         uint32_t zero = 0;
         memcpy(meta, &h, 32);
@@ -159,20 +149,8 @@ static void test_table_bad_input(void) {
         memcpy(meta + 44, &zero, 4);
         memcpy(meta + 48, &id1, 8);
         for (int j = 0; j < DIM; j++) row[j] = 100.0f;
-        zmq_send(d, meta, sizeof meta, ZMQ_SNDMORE);
-        zmq_send(d, row, cases[i].dim * sizeof(float), 0);
-        kvps__hdr rh;
-        memset(&rh, 0, sizeof rh);
-        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 2000) == 1) {
-            zmq_recv(d, &rh, sizeof rh, 0);
-            char text[300];
-            int more;
-            size_t ml = sizeof more;
-            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-            if (more) zmq_recv(d, text, sizeof text, 0);
-        }
-        KT_CHECK(rh.status == cases[i].want, "case %d: %s", i, kvps_result_str((kvps_result)rh.status));
+        int32_t st = kt_raw_status(d, meta, sizeof meta, row, cases[i].dim * sizeof(float), 2000);
+        KT_CHECK(st == cases[i].want, "case %d: %s", i, kvps_result_str((kvps_result)st));
     }
     zmq_close(d);
     KT_OK(sync_req(w0, kvps_worker_pull_rows(w0, t, &id1, after, 1, &q), &q));

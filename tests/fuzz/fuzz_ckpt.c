@@ -14,6 +14,7 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/fuzz/fuzz_common.h"
+#include "tests/kvps_test.h" /* KT_HDR */
 #include <unistd.h>
 
 static void *fz_ctx;
@@ -56,16 +57,6 @@ static void fz_send(kvps_server *s, const void *meta, size_t msz, const void *va
     for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
 }
 
-static void fz_hdr(kvps__hdr *h, int op, uint32_t rank, uint32_t nkeys, uint64_t id) {
-    memset(h, 0, sizeof *h);
-    h->magic = KVPS__MAGIC;
-    h->version = KVPS__VERSION;
-    h->op = (uint8_t)op;
-    h->rank = rank;
-    h->nkeys = nkeys;
-    h->req_id = id;
-}
-
 static void fz_exercise(kvps_server *s) {
     uint64_t id = 1000;
     uint32_t nk = s->nkeys < 64 ? s->nkeys : 64;
@@ -77,8 +68,7 @@ static void fz_exercise(kvps_server *s) {
         float *g = (float *)calloc((size_t)k->len, sizeof(float));
         for (uint64_t j = 0; j < k->len; j++) g[j] = (float)(j % 3) - 1.0f;
         for (uint32_t r = 0; r < (uint32_t)s->m; r++) {
-            kvps__hdr h;
-            fz_hdr(&h, KVPS__OP_PUSHPULL, r, 1, id++);
+            kvps__hdr h = KT_HDR(.op = KVPS__OP_PUSHPULL, .rank = r, .nkeys = 1, .req_id = id++);
             memcpy(meta, &h, sizeof h);
             memcpy(meta + KVPS__HDR, &e, sizeof e);
             fz_send(s, meta, sizeof meta, g, (size_t)k->len * sizeof(float));
@@ -97,10 +87,10 @@ static void fz_exercise(kvps_server *s) {
         memcpy(meta + KVPS__HDR + 16, ids, sizeof ids);
         float *g = (float *)calloc((size_t)3 * t->dim, sizeof(float));
         for (size_t j = 0; j < (size_t)3 * t->dim; j++) g[j] = 0.5f;
-        fz_hdr(&h, KVPS__OP_PUSH_ROWS, 0, 3, id++);
+        h = KT_HDR(.op = KVPS__OP_PUSH_ROWS, .rank = 0, .nkeys = 3, .req_id = id++);
         memcpy(meta, &h, sizeof h);
         fz_send(s, meta, sizeof meta, g, (size_t)3 * t->dim * sizeof(float));
-        fz_hdr(&h, KVPS__OP_PULL_ROWS, 1, 3, id++);
+        h = KT_HDR(.op = KVPS__OP_PULL_ROWS, .rank = 1, .nkeys = 3, .req_id = id++);
         memcpy(meta, &h, sizeof h);
         fz_send(s, meta, sizeof meta, NULL, 0);
         free(g);

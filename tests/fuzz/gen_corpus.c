@@ -6,6 +6,7 @@
 #include "kvps_ring.h"
 #include "tests/fuzz/fuzz_common.h"
 #include "tests/fuzz/fuzz_ring_ops.h"
+#include "tests/kvps_test.h" /* KT_HDR */
 #include <pthread.h>
 #include <sys/stat.h>
 #include <errno.h>
@@ -47,16 +48,7 @@ static uint64_t req_id;
 static void meta(buf *b, int op, uint32_t rank, uint16_t flags, uint32_t aux, const uint64_t *keys,
                  const uint64_t *lens, uint32_t nk) {
     uint8_t m[KVPS__HDR + 8 * KVPS__KENT];
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)op;
-    h.flags = flags;
-    h.rank = rank;
-    h.nkeys = nk;
-    h.req_id = ++req_id;
-    h.aux = aux;
+    kvps__hdr h = KT_HDR(.op = (uint8_t)op, .flags = flags, .rank = rank, .nkeys = nk, .req_id = ++req_id, .aux = aux);
     memcpy(m, &h, sizeof h);
     for (uint32_t i = 0; i < nk; i++) {
         kvps__kent e = {keys[i], lens[i]};
@@ -92,14 +84,7 @@ static void optrec(uint8_t *r, uint32_t rule, float lr) {
 
 static void table_meta(buf *b, int op, uint32_t rank, uint64_t tid, uint32_t dim, const uint64_t *ids, uint32_t nrows) {
     uint8_t m[KVPS__HDR + 16 + 8 * 16];
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)op;
-    h.rank = rank;
-    h.nkeys = nrows;
-    h.req_id = ++req_id;
+    kvps__hdr h = KT_HDR(.op = (uint8_t)op, .rank = rank, .nkeys = nrows, .req_id = ++req_id);
     memcpy(m, &h, sizeof h);
     memset(m + KVPS__HDR, 0, 16);
     memcpy(m + KVPS__HDR, &tid, 8);
@@ -365,12 +350,7 @@ typedef struct rbuf { buf b; uint8_t srvbits; int nmsg; } rbuf;
 
 static void rbegin(rbuf *r, uint8_t kind) { uint8_t cfg[2] = {kind, 0}; begin(&r->b, cfg, 2); r->srvbits = 0; r->nmsg = 0; }
 static void rmsg(rbuf *r, int srv, int op, int status, const void *p, size_t n) {
-    kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = (uint8_t)(op | KVPS__OP_REPLY);
-    h.status = status;
+    kvps__hdr h = KT_HDR(.op = (uint8_t)(op | KVPS__OP_REPLY), .status = status);
     if (srv) r->srvbits |= (uint8_t)(1u << r->nmsg);
     r->nmsg++;
     msg(&r->b);

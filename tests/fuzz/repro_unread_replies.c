@@ -7,6 +7,7 @@
    Measured here: 5 MiB before, 460 MiB after 40,000 unread pulls (655 MB of replies). */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
+#include "tests/kvps_test.h" /* KT_HDR */
 #include <stdio.h>
 #include <signal.h>
 #include <time.h>
@@ -36,7 +37,7 @@ int main(void) {
     int small = 4096; zmq_setsockopt(d, ZMQ_RCVBUF, &small, sizeof small);
     zmq_connect(d, e);
     enum { LEN = 4096 }; /* 16 KiB: below the zero-copy threshold, so each reply is a copy */
-    kvps__hdr h; memset(&h, 0, sizeof h); h.magic = KVPS__MAGIC; h.version = 1; h.op = KVPS__OP_INIT; h.nkeys = 1;
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_INIT, .nkeys = 1);
     unsigned char meta[48]; kvps__kent k = {7, LEN};
     memcpy(meta, &h, 32); memcpy(meta + 32, &k, 16);
     static float v[LEN];

@@ -11,6 +11,7 @@
 #include "kvps_ring.h"
 #include "kvps_gpu.h"
 #include "tests/kvps_test.h"
+#include "tests/gpu/decode_cases.h"
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
@@ -211,11 +212,10 @@ out:
     free(x); free(r0); free(rc_); free(rg); free(dec_c); free(dec_g); free(bc); free(bg);
 }
 
-/* ---- decode of malformed blobs: the CPU decoder's verdict, and nothing written ---- */
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+/* ---- decode of malformed blobs (decode_cases.h): the CPU decoder's verdict, and nothing written ---- */
 
 static void test_decode_malformed(void) {
-    enum { N = 1000 };
+    enum { N = DECODE_N };
     float x[N], dst[N], sentinel[N];
     unsigned char good[3][8 + 4 + N * 8], blob[8 + 4 + N * 8 + 16];
     size_t gbytes[3];
@@ -229,51 +229,24 @@ static void test_decode_malformed(void) {
     float *d_dst = dalloc(sizeof dst);
     int *d_status = dalloc(4);
     if (!d_blob || !d_dst || !d_status) goto out;
-    /* mutation: which codec, what to change, how many bytes to pass */
-    struct { const char *name; int c; int off; int val; int dbytes; size_t n; } t[] = {
-        {"fp16 ok", 0, -1, 0, 0, N},
-        {"fp16 3 bytes", 0, -1, 0, -(int)(8 + N * 2 - 3), N},
-        {"fp16 short by one", 0, -1, 0, -1, N},
-        {"fp16 one extra", 0, -1, 0, 1, N},
-        {"fp16 wrong id", 0, 0, KVPS_CODEC_BF16, 0, N},
-        {"fp16 flags 1", 0, 1, 1, 0, N},
-        {"fp16 reserved byte", 0, 3, 7, 0, N},
-        {"fp16 n differs", 0, -1, 0, 0, N - 1},
-        {"topk ok", 1, -1, 0, 0, N},
-        {"topk flags 2", 1, 1, 2, 0, N},
-        {"topk k > n", 1, 8 + 1, 0x10, 0, N},           /* k = 4106 */
-        {"topk k one more", 1, 8, 11, 0, N},            /* body now short */
-        {"topk index >= n", 1, 12 + 4 * 9 + 1, 0x7f, 0, N},
-        {"topk indices equal", 1, -2, 0, 0, N},          /* special: idx[1] = idx[0] */
-        {"topk body short", 1, -1, 0, -4, N},
-        {"topk body long", 1, -1, 0, 4, N},
-        {"topk header only", 1, -1, 0, -(int)(4 + 10 * 8), N},
-        {"sign ok", 2, -1, 0, 0, N},
-        {"sign chunk 0", 2, -3, 0, 0, N},                /* special: chunk = 0 */
-        {"sign chunk 99", 2, 8, 99, 0, N},
-        {"sign short", 2, -1, 0, -1, N},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-        int c = t[i].c;
-        size_t bytes = (size_t)((long)gbytes[c] + t[i].dbytes);
-        memset(blob, 0, sizeof blob);
-        memcpy(blob, good[c], gbytes[c]);
-        if (t[i].off >= 0) blob[t[i].off] = (unsigned char)t[i].val;
-        if (t[i].off == -2) { uint32_t i0; memcpy(&i0, blob + 12, 4); put32(blob + 16, i0); }
-        if (t[i].off == -3) put32(blob + 8, 0);
+    for (size_t i = 0; i < sizeof decode_cases / sizeof *decode_cases; i++) {
+        const decode_case *t = &decode_cases[i];
+        if (t->host_only) continue;
+        int c = t->c;
+        size_t bytes = decode_case_blob(t, blob, sizeof blob, good[c], gbytes[c]);
         memcpy(dst, sentinel, sizeof dst);
-        kvps_result want = kvps_codec_decode(&cs[c], blob, bytes, dst, t[i].n, 0);
+        kvps_result want = kvps_codec_decode(&cs[c], blob, bytes, dst, t->n, 0);
         if (!h2d(d_blob, blob, sizeof blob) || !h2d(d_dst, sentinel, sizeof sentinel)) goto out;
-        kvps_result rc = kvps_gpu_decode(&cs[c], d_blob, bytes, d_dst, t[i].n, 0, d_status, NULL);
+        kvps_result rc = kvps_gpu_decode(&cs[c], d_blob, bytes, d_dst, t->n, 0, d_status, NULL);
         int st = 1;
         float back[N];
         if (!d2h(&st, d_status, 4) || !d2h(back, d_dst, sizeof back)) goto out;
-        KT_CHECK(rc == KVPS_OK && st == (int)want, "%s: status %d (%s), CPU %s", t[i].name, st,
+        KT_CHECK(rc == KVPS_OK && st == (int)want, "%s: status %d (%s), CPU %s", t->name, st,
                  kvps_result_str((kvps_result)st), kvps_result_str(want));
         if (want != KVPS_OK)
-            KT_CHECK(memcmp(back, sentinel, sizeof back) == 0, "%s: destination written on a bad blob", t[i].name);
+            KT_CHECK(memcmp(back, sentinel, sizeof back) == 0, "%s: destination written on a bad blob", t->name);
         else
-            KT_CHECK(first_diff(back, dst, t[i].n, 0) == (size_t)-1, "%s: decoded values differ", t[i].name);
+            KT_CHECK(first_diff(back, dst, t->n, 0) == (size_t)-1, "%s: decoded values differ", t->name);
     }
     /* the same through an internal status (d_status NULL) */
     KT_CHECK(kvps_gpu_decode(&cs[0], d_blob, 3, d_dst, N, 0, NULL, NULL) == KVPS_OK, "NULL status");

@@ -10,6 +10,7 @@
 #include "kvps_ring.h"
 #include "kvps_gpu.h"
 #include "tests/kvps_test.h"
+#include "tests/gpu/decode_cases.h"
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -268,11 +269,10 @@ static void test_topk_algorithm(void) {
 }
 
 /* The device decoder's verdicts (kvps_gpu__verdict, kvps_gpu__index_ok: the code the kernels
-   run) against kvps_codec_decode: a table of named cases, then random corruptions. */
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+   run) against kvps_codec_decode: the named cases of decode_cases.h, then random corruptions. */
 
 static void test_decode_verdicts(void) {
-    enum { N = 1000 };
+    enum { N = DECODE_N };
     float x[N], dst[N];
     static unsigned char good[4][8 + 4 + N * 8], blob[8 + 4 + N * 8 + 64];
     size_t gbytes[4];
@@ -284,43 +284,13 @@ static void test_decode_verdicts(void) {
     cs[3].topk_fp16_values = 1;
     fill_hard(x, N, 1, 0);
     for (int c = 0; c < 4; c++) KT_OK(kvps_codec_encode(&cs[c], x, N, NULL, good[c], sizeof good[c], &gbytes[c]));
-    struct { const char *name; int c; int off; int val; int dbytes; size_t n; } t[] = {
-        {"fp16 ok", 0, -1, 0, 0, N},
-        {"fp16 3 bytes", 0, -1, 0, -(int)(8 + N * 2 - 3), N},
-        {"fp16 short by one", 0, -1, 0, -1, N},
-        {"fp16 one extra", 0, -1, 0, 1, N},
-        {"fp16 wrong id", 0, 0, KVPS_CODEC_BF16, 0, N},
-        {"fp16 flags 1", 0, 1, 1, 0, N},
-        {"fp16 reserved byte", 0, 3, 7, 0, N},
-        {"fp16 n differs", 0, -1, 0, 0, N - 1},
-        {"topk ok", 1, -1, 0, 0, N},
-        {"topk flags 2", 1, 1, 2, 0, N},
-        {"topk k > n", 1, 8 + 1, 0x10, 0, N},
-        {"topk k one more", 1, 8, 11, 0, N},
-        {"topk index >= n", 1, 12 + 4 * 9 + 1, 0x7f, 0, N},
-        {"topk indices equal", 1, -2, 0, 0, N},
-        {"topk body short", 1, -1, 0, -4, N},
-        {"topk body long", 1, -1, 0, 4, N},
-        {"topk header only", 1, -1, 0, -(int)(4 + 10 * 8), N},
-        {"topk fp16 values ok", 3, -1, 0, 0, N},
-        {"topk fp16 values, flag cleared", 3, 1, 0, 0, N},
-        {"sign ok", 2, -1, 0, 0, N},
-        {"sign chunk 0", 2, -3, 0, 0, N},
-        {"sign chunk 99", 2, 8, 99, 0, N},
-        {"sign short", 2, -1, 0, -1, N},
-        {"sign n 0", 2, -1, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
-        int c = t[i].c;
-        size_t bytes = (size_t)((long)gbytes[c] + t[i].dbytes);
-        memset(blob, 0, sizeof blob);
-        memcpy(blob, good[c], gbytes[c]);
-        if (t[i].off >= 0) blob[t[i].off] = (unsigned char)t[i].val;
-        if (t[i].off == -2) { uint32_t i0; memcpy(&i0, blob + 12, 4); put32(blob + 16, i0); }
-        if (t[i].off == -3) put32(blob + 8, 0);
-        kvps_result want = kvps_codec_decode(&cs[c], blob, bytes, dst, t[i].n, 0);
-        kvps_result got = kvps_gpu__verdict_host(blob, bytes, cs[c].id, t[i].n);
-        KT_CHECK(got == want, "%s: %s, CPU %s", t[i].name, kvps_result_str(got), kvps_result_str(want));
+    for (size_t i = 0; i < sizeof decode_cases / sizeof *decode_cases; i++) {
+        const decode_case *t = &decode_cases[i];
+        int c = t->c;
+        size_t bytes = decode_case_blob(t, blob, sizeof blob, good[c], gbytes[c]);
+        kvps_result want = kvps_codec_decode(&cs[c], blob, bytes, dst, t->n, 0);
+        kvps_result got = kvps_gpu__verdict_host(blob, bytes, cs[c].id, t->n);
+        KT_CHECK(got == want, "%s: %s, CPU %s", t->name, kvps_result_str(got), kvps_result_str(want));
     }
     /* random corruptions: one to three bytes changed, the length moved, n moved */
     uint64_t s = 4242;

@@ -1,0 +1,200 @@
+/* The API's front door: bad server and worker descs (each refused with its result, *out
+   cleared, endpoints already taken), the KVPS_* environment as kvps_env_read and
+   kvps_env_launched read it (a table of named cases), and every result's string. The ring's
+   descs and environment: test_ring_api.c; malformed requests on the wire: test_badinput.c. */
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+#include "tests/kvps_test.h"
+
+static void test_server_bad_desc(void) {
+    static const struct { const char *name; kvps_server_desc d; kvps_result want; } cs[] = {
+        {"num_workers 0", {.endpoint = "inproc://api-d", .num_workers = 0}, KVPS_ERR_CONFIG},
+        {"num_workers -1", {.endpoint = "inproc://api-d", .num_workers = -1}, KVPS_ERR_CONFIG},
+        {"no endpoint", {.endpoint = NULL, .num_workers = 1}, KVPS_ERR_CONFIG},
+        {"rank -1", {.endpoint = "inproc://api-d", .num_workers = 1, .rank = -1}, KVPS_ERR_CONFIG},
+        {"io_threads -1", {.endpoint = "inproc://api-d", .num_workers = 1, .io_threads = -1}, KVPS_ERR_CONFIG},
+        {"consistency 4", {.endpoint = "inproc://api-d", .num_workers = 1, .consistency = (kvps_consistency)4}, KVPS_ERR_CONFIG},
+        {"consistency -1", {.endpoint = "inproc://api-d", .num_workers = 1, .consistency = (kvps_consistency)-1}, KVPS_ERR_CONFIG},
+        {"update 4", {.endpoint = "inproc://api-d", .num_workers = 1, .update = (kvps_update)4}, KVPS_ERR_CONFIG},
+        {"CUSTOM without update_fn", {.endpoint = "inproc://api-d", .num_workers = 1, .update = KVPS_UPDATE_CUSTOM}, KVPS_ERR_CONFIG},
+        {"unbindable address", {.endpoint = "tcp://999.1.1.1:1", .num_workers = 1}, KVPS_ERR_BIND},
+        {"unknown transport", {.endpoint = "bogus://x", .num_workers = 1}, KVPS_ERR_BIND},
+        {"empty endpoint", {.endpoint = "", .num_workers = 1}, KVPS_ERR_BIND},
+        {"no scheme", {.endpoint = "127.0.0.1:5555", .num_workers = 1}, KVPS_ERR_BIND},
+    };
+    char marker;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        kvps_server *s = (kvps_server *)(void *)&marker;
+        kvps_result r = kvps_server_create(&cs[i].d, &s);
+        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
+        KT_CHECK(s == NULL, "%s: *out not cleared", cs[i].name);
+        if (r == KVPS_OK && s) kvps_server_destroy(&s);
+    }
+    kvps_server *s = NULL;
+    KT_CHECK(kvps_server_create(NULL, &s) == KVPS_ERR_INVALID_ARG, "NULL desc");
+    KT_CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://x", .num_workers = 1}, NULL) ==
+                 KVPS_ERR_INVALID_ARG, "NULL out");
+    /* an endpoint already taken, on tcp and on inproc */
+    kt_cluster c;
+    if (kt_cluster_up(&c, "tcp", 1, &(kvps_server_desc){.num_workers = 1}) == 0) {
+        kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = kvps_server_endpoint(c.srv[0]), .num_workers = 1}, &s);
+        KT_CHECK(r == KVPS_ERR_BIND && !s, "tcp port in use: %s", kvps_result_str(r));
+        kvps_server_destroy(&s);
+    }
+    kt_cluster_down(&c);
+    if (kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1}) == 0) {
+        kvps_result r = kvps_server_create(
+            &(kvps_server_desc){.endpoint = kvps_server_endpoint(c.srv[0]), .num_workers = 1, .zmq_ctx = c.ctx}, &s);
+        KT_CHECK(r == KVPS_ERR_BIND && !s, "inproc name in use: %s", kvps_result_str(r));
+        kvps_server_destroy(&s);
+    }
+    kt_cluster_down(&c);
+}
+
+static void test_worker_bad_desc(void) {
+    static const struct { const char *name; kvps_worker_desc d; kvps_result want; } cs[] = {
+        {"no servers", {.servers = NULL}, KVPS_ERR_CONFIG},
+        {"empty server list", {.servers = ""}, KVPS_ERR_CONFIG},
+        {"blank server list", {.servers = " , "}, KVPS_ERR_CONFIG},
+        {"empty entry", {.servers = "inproc://a,,inproc://b"}, KVPS_ERR_CONFIG},
+        {"trailing comma", {.servers = "inproc://a,"}, KVPS_ERR_CONFIG},
+        {"rank -1", {.servers = "inproc://a", .rank = -1}, KVPS_ERR_CONFIG},
+        {"rank = num_workers", {.servers = "inproc://a", .rank = 2, .num_workers = 2}, KVPS_ERR_CONFIG},
+        {"num_workers -1", {.servers = "inproc://a", .num_workers = -1}, KVPS_ERR_CONFIG},
+        {"timeout -1", {.servers = "inproc://a", .timeout_ms = -1}, KVPS_ERR_CONFIG},
+        {"io_threads -1", {.servers = "inproc://a", .io_threads = -1}, KVPS_ERR_CONFIG},
+        {"unknown transport", {.servers = "bogus://x"}, KVPS_ERR_CONNECT},
+        {"second endpoint bad", {.servers = "inproc://a,nonsense"}, KVPS_ERR_CONNECT},
+    };
+    char marker;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        kvps_worker *w = (kvps_worker *)(void *)&marker;
+        kvps_result r = kvps_worker_create(&cs[i].d, &w);
+        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
+        KT_CHECK(w == NULL, "%s: *out not cleared", cs[i].name);
+        if (r == KVPS_OK && w) kvps_worker_destroy(&w);
+    }
+    kvps_worker *w = NULL;
+    KT_CHECK(kvps_worker_create(NULL, &w) == KVPS_ERR_INVALID_ARG, "NULL desc");
+    KT_CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://a"}, NULL) == KVPS_ERR_INVALID_ARG, "NULL out");
+}
+
+static const char *api_env_vars[] = {"KVPS_SERVERS", "KVPS_NUM_WORKERS", "KVPS_RANK", "OMPI_COMM_WORLD_RANK",
+                                    "PMI_RANK", "SLURM_PROCID", "KVPS_ROLE"};
+
+static void test_env(void) {
+    static const struct {
+        const char *name;
+        const char *var[7]; /* as api_env_vars; NULL: unset */
+        kvps_result want;
+        kvps_role role;
+        int rank, nservers, nworkers;
+        const char *endpoint;
+    } cs[] = {
+#define SV "tcp://a:1, tcp://b:2"
+#define ENVFAIL KVPS_ERR_ENV, KVPS_ROLE_NONE, 0, 0, 0, ""
+        {"nothing set", {NULL}, ENVFAIL},
+        {"KVPS_SERVERS empty", {"", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_SERVERS ','", {",", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_SERVERS with an empty entry", {"tcp://a:1,,tcp://b:2", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_SERVERS blank", {"   ", "4", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS unset", {SV, NULL, "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS 0", {SV, "0", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS -1", {SV, "-1", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS 4x", {SV, "4x", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS abc", {SV, "abc", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_NUM_WORKERS 2^64", {SV, "18446744073709551616", "0", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_RANK x", {SV, "4", "x", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_RANK -1", {SV, "4", "-1", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_RANK 1.5", {SV, "4", "1.5", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"KVPS_RANK garbage, OMPI rank fine", {SV, "4", "zz", "3", NULL, NULL, NULL}, ENVFAIL},
+        {"no rank anywhere", {SV, "4", NULL, NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"OMPI rank garbage", {SV, "4", NULL, "three", NULL, NULL, NULL}, ENVFAIL},
+        {"KVPS_ROLE boss", {SV, "4", "0", NULL, NULL, NULL, "boss"}, ENVFAIL},
+        {"KVPS_ROLE Server (case)", {SV, "4", "0", NULL, NULL, NULL, "Server"}, ENVFAIL},
+        {"server rank 2 of 2", {SV, "4", "2", NULL, NULL, NULL, "server"}, ENVFAIL},
+        {"worker rank 4 of 4", {SV, "4", "4", NULL, NULL, NULL, "worker"}, ENVFAIL},
+        {"OMPI rank 6: worker 4 of 4", {SV, "4", NULL, "6", NULL, NULL, NULL}, ENVFAIL},
+        {"server 1", {SV, "4", "1", NULL, NULL, NULL, "server"}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
+        {"server 0", {SV, "4", "0", NULL, NULL, NULL, "server"}, KVPS_OK, KVPS_ROLE_SERVER, 0, 2, 4, "tcp://a:1"},
+        {"worker 3", {SV, "4", "3", NULL, NULL, NULL, "worker"}, KVPS_OK, KVPS_ROLE_WORKER, 3, 2, 4, ""},
+        {"OMPI rank 0: server 0", {SV, "4", NULL, "0", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 0, 2, 4, "tcp://a:1"},
+        {"OMPI rank 1: server 1", {SV, "4", NULL, "1", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
+        {"OMPI rank 3: worker 1", {SV, "4", NULL, "3", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 1, 2, 4, ""},
+        {"OMPI rank 5: worker 3", {SV, "4", NULL, "5", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 3, 2, 4, ""},
+        {"empty KVPS_ROLE: from the rank", {SV, "4", NULL, "2", NULL, NULL, ""}, KVPS_OK, KVPS_ROLE_WORKER, 0, 2, 4, ""},
+        {"KVPS_RANK before OMPI", {SV, "4", "1", "5", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
+        {"empty KVPS_RANK: OMPI", {SV, "4", "", "4", NULL, NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 2, 2, 4, ""},
+        {"PMI_RANK", {SV, "4", NULL, NULL, "2", NULL, NULL}, KVPS_OK, KVPS_ROLE_WORKER, 0, 2, 4, ""},
+        {"SLURM_PROCID", {SV, "4", NULL, NULL, NULL, "1", NULL}, KVPS_OK, KVPS_ROLE_SERVER, 1, 2, 4, "tcp://b:2"},
+        {"one server, explicit worker", {"ipc:///tmp/x", "1", "0", NULL, NULL, NULL, "worker"}, KVPS_OK, KVPS_ROLE_WORKER, 0, 1, 1, ""},
+#undef SV
+#undef ENVFAIL
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        for (int v = 0; v < 7; v++) {
+            if (cs[i].var[v]) setenv(api_env_vars[v], cs[i].var[v], 1);
+            else unsetenv(api_env_vars[v]);
+        }
+        kvps_env env;
+        memset(&env, 0xab, sizeof env);
+        kvps_result r = kvps_env_read(&env);
+        KT_CHECK(r == cs[i].want, "%s: %s, want %s", cs[i].name, kvps_result_str(r), kvps_result_str(cs[i].want));
+        if (r != KVPS_OK || cs[i].want != KVPS_OK) continue;
+        KT_CHECK(env.role == cs[i].role && env.rank == cs[i].rank && env.num_servers == cs[i].nservers &&
+                     env.num_workers == cs[i].nworkers,
+                 "%s: role %d rank %d servers %d workers %d, want %d %d %d %d", cs[i].name, (int)env.role, env.rank,
+                 env.num_servers, env.num_workers, (int)cs[i].role, cs[i].rank, cs[i].nservers, cs[i].nworkers);
+        KT_CHECK(strcmp(env.endpoint, cs[i].endpoint) == 0, "%s: endpoint '%s', want '%s'", cs[i].name, env.endpoint,
+                 cs[i].endpoint);
+        KT_CHECK(env.servers && strcmp(env.servers, cs[i].var[0]) == 0, "%s: servers '%s'", cs[i].name,
+                 env.servers ? env.servers : "(null)");
+    }
+    for (int v = 0; v < 7; v++) unsetenv(api_env_vars[v]);
+}
+
+/* kvps_env_launched: a launcher's variables, each alone, and srun's only with several tasks. */
+static void test_env_launched(void) {
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
+                                 "PMI_RANK", "SLURM_PROCID", "SLURM_NTASKS"};
+    enum { NV = sizeof vars / sizeof vars[0] };
+    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
+    KT_CHECK(kvps_env_launched() == 0, "nothing set: launched");
+    for (int v = 0; v < 6; v++) {
+        setenv(vars[v], "", 1);
+        KT_CHECK(kvps_env_launched() == 0, "%s empty: launched", vars[v]);
+        setenv(vars[v], "0", 1);
+        KT_CHECK(kvps_env_launched() == 1, "%s=0: not launched", vars[v]);
+        unsetenv(vars[v]);
+    }
+    setenv("SLURM_PROCID", "0", 1);
+    KT_CHECK(kvps_env_launched() == 0, "SLURM_PROCID without SLURM_NTASKS: launched");
+    setenv("SLURM_NTASKS", "1", 1);
+    KT_CHECK(kvps_env_launched() == 0, "one srun task: launched");
+    setenv("SLURM_NTASKS", "4", 1);
+    KT_CHECK(kvps_env_launched() == 1, "srun -n 4: not launched");
+    unsetenv("SLURM_PROCID");
+    KT_CHECK(kvps_env_launched() == 0, "SLURM_NTASKS alone: launched");
+    for (int v = 0; v < NV; v++) unsetenv(vars[v]);
+}
+
+static void test_result_strings(void) {
+#define API_STR(name, value, text)                                                                  \
+    KT_CHECK(strncmp(kvps_result_str(name), #name ": ", strlen(#name) + 2) == 0 &&                 \
+                 strcmp(kvps_result_str(name) + strlen(#name) + 2, text) == 0 && (value) <= 0,   \
+             "%s", kvps_result_str(name));
+    KVPS__RESULTS(API_STR)
+#undef API_STR
+    KT_CHECK(strcmp(kvps_result_str((kvps_result)12345), "unknown kvps_result") == 0, "unknown code");
+    KT_CHECK(strcmp(kvps_result_str((kvps_result)7), "unknown kvps_result") == 0, "unknown code 7");
+}
+
+int main(void) {
+    kvps_log_set_level(KVPS_LOG_NONE); /* the expected errors would flood the output */
+    KT_RUN(test_server_bad_desc);
+    KT_RUN(test_worker_bad_desc);
+    KT_RUN(test_env);
+    KT_RUN(test_env_launched);
+    KT_RUN(test_result_strings);
+    return kt_finish();
+}
