@@ -386,6 +386,17 @@ typedef struct kvps_optim {
     float lr, momentum, beta1, beta2, eps;
 } kvps_optim;
 
+/* Defaults written once (a zero field in a desc, an optim or a codec means these). */
+#define KVPS_DEFAULT_LR 0.01f
+#define KVPS_DEFAULT_MOMENTUM 0.9f
+#define KVPS_DEFAULT_BETA1 0.9f
+#define KVPS_DEFAULT_BETA2 0.999f
+#define KVPS_DEFAULT_EPS 1e-8f
+#define KVPS_DEFAULT_TOPK_FRACTION 0.01
+#define KVPS_DEFAULT_SIGN_CHUNK 256u
+#define KVPS_DEFAULT_HEARTBEAT_MS 1000
+#define KVPS_DEFAULT_PEER_TIMEOUT_MS 5000
+
 typedef enum kvps_update {
     KVPS_UPDATE_MEAN = 0, /* value = sum / count */
     KVPS_UPDATE_SUM = 1,  /* value += sum */
@@ -807,15 +818,6 @@ static inline KVPS_HD float kvps_el_bf16_to_f32(uint16_t h) {
     memcpy(&out, &f, sizeof out);
     return out;
 }
-
-/* Defaults written once (a zero field in a desc, an optim or a codec means these). */
-#define KVPS_DEFAULT_LR 0.01f
-#define KVPS_DEFAULT_MOMENTUM 0.9f
-#define KVPS_DEFAULT_BETA1 0.9f
-#define KVPS_DEFAULT_BETA2 0.999f
-#define KVPS_DEFAULT_EPS 1e-8f
-#define KVPS_DEFAULT_TOPK_FRACTION 0.01
-#define KVPS_DEFAULT_SIGN_CHUNK 256u
 
 /* How many values a top-k codec keeps of n: topk_count, else max(1, fraction x n); at most n. */
 static inline size_t kvps_el_topk_k(const struct kvps_codec *c, size_t n) {
@@ -2122,7 +2124,7 @@ static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *i
     if (!in || (!dst && n && accumulate != 2)) return KVPS_ERR_INVALID_ARG; /* 2: check only (kvps internal) */
     int verdict = kvps_el_blob_verdict(p, bytes, c->id, n);
     if (verdict != KVPS_OK) return (kvps_result)verdict;
-    if (accumulate == 2 && c->id != KVPS_CODEC_TOPK) return KVPS_OK; /* top-k: its indices next */
+    if (accumulate == 2 && kvps__codec_info(c->id)->dense) return KVPS_OK; /* a sparse codec's indices: below */
     const unsigned char *q = p + KVPS_CODEC_HEADER;
     switch (c->id) {
     case KVPS_CODEC_NONE:
@@ -4422,8 +4424,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
         return KVPS_ERR_NOMEM;
     }
     for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
-    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
-    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
+    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
     s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
     pthread_mutex_init(&s->ckpt_mu, NULL);
     pthread_cond_init(&s->ckpt_cv, NULL);
@@ -4730,8 +4732,8 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
             return KVPS_ERR_CONFIG;
         }
     }
-    w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, 1000);
-    w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
+    w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
+    w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
     kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &w->desc.io_cpus, &w->ctx, &w->own_ctx);
     if (crc != KVPS_OK) { kvps_worker_destroy(&w); return crc; }
     for (int i = 0; i < w->n; i++) {
