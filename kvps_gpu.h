@@ -1677,6 +1677,67 @@ static const char *kvps_gpu__net_error(const kvps_gpu_hier *h) {
     return h->d.worker ? kvps_worker_last_error(h->d.worker) : kvps_ring_last_error(h->d.ring);
 }
 
+/* Where a step has got to: pieces sent and answered, the piece whose request failed
+   ((size_t)-1: none), and the stage an error is reported in. */
+typedef struct kvps_gpu__progress {
+    size_t issued, landed, failed;
+    const char *stage;
+} kvps_gpu__progress;
+
+/* Step 3: send each piece as it lands; copy each answer back into res as it arrives (in order,
+   so that the copies back queue behind each other on the stream). */
+static kvps_result kvps_gpu__hier_pipeline(kvps_gpu_hier *h, float *res, kvps_gpu_stream s, kvps_gpu__progress *g) {
+    const kvps_gpu__ops *o = h->ops;
+    kvps_gpu_comm *lc = h->d.local;
+    kvps_result rc = KVPS_OK;
+    int64_t deadline = kvps_gpu__now_ms() + h->d.timeout_ms;
+    int spins = 0;
+    while (rc == KVPS_OK && g->landed < h->np) {
+        int progress = 0, done = 0;
+        if (g->issued < h->np) {
+            rc = o->event_query(h->ev[g->issued], &done);
+            if (rc != KVPS_OK) { g->stage = "copy to host"; break; }
+            if (done) {
+                rc = kvps_gpu__net_start(h, g->issued);
+                if (rc != KVPS_OK) break;
+                g->issued++;
+                progress = 1;
+            }
+        }
+        if (g->landed < g->issued) {
+            if (g->issued == h->np) { /* all sent: block on the oldest answer */
+                rc = kvps_gpu__net_wait(h, g->landed, (int)(deadline - kvps_gpu__now_ms() > 0 ? deadline - kvps_gpu__now_ms() : 0));
+                done = rc != KVPS_ERR_TIMEOUT;
+            } else {
+                rc = kvps_gpu__net_test(h, g->landed, &done);
+            }
+            if (done) {
+                if (rc != KVPS_OK) { g->failed = g->landed++; break; } /* that request has ended */
+                size_t off = g->landed * h->d.piece;
+                rc = o->copy(res + off, h->h_recv + off, kvps_gpu__piece_len(h, g->landed) * 4, s);
+                g->landed++;
+                progress = 1;
+                if (rc != KVPS_OK) { g->stage = "copy to device"; break; }
+            } else if (rc != KVPS_OK && rc != KVPS_ERR_TIMEOUT) {
+                break;
+            }
+            if (rc == KVPS_ERR_TIMEOUT) break;
+        }
+        if (progress) { deadline = kvps_gpu__now_ms() + h->d.timeout_ms; spins = 0; continue; }
+        if (lc && (rc = kvps_gpu_comm_check(lc)) != KVPS_OK) { g->stage = "reduce-scatter"; break; }
+        if (kvps_gpu__now_ms() > deadline) {
+            rc = KVPS_ERR_TIMEOUT;
+            if (g->issued < h->np) { /* the device never got there: the reduce-scatter hangs */
+                g->stage = "reduce-scatter / copy to host";
+                if (lc) kvps_gpu_comm_abort(lc);
+            }
+            break;
+        }
+        kvps_gpu__pause(&spins);
+    }
+    return rc;
+}
+
 KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, float *d_out, kvps_gpu_stream s) {
     if (!h || !d_grad || !d_out) return KVPS_ERR_INVALID_ARG;
     if (h->broken) {
@@ -1688,11 +1749,10 @@ KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, f
     kvps_gpu__dev g = {-1, -1};
     kvps_result rc = lc ? kvps_gpu__dev_enter(&g, lc->device) : KVPS_OK;
     if (rc != KVPS_OK) return rc;
-    size_t issued = 0, landed = 0, failed = (size_t)-1;
-    const char *stage = "reduce-scatter";
+    kvps_gpu__progress pg = {0, 0, (size_t)-1, "reduce-scatter"};
     /* the last step's copies back read the pinned buffers this step refills: order after them
        even when this step runs on another stream */
-    if (h->stepped && (rc = o->event_wait(h->done, s)) != KVPS_OK) stage = "wait for the last step";
+    if (h->stepped && (rc = o->event_wait(h->done, s)) != KVPS_OK) pg.stage = "wait for the last step";
     /* 1. this GPU's shard of the machine's sum, scaled */
     const float *src = d_grad;
     float *res = d_out;
@@ -1713,81 +1773,36 @@ KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, f
         src = h->d_shard;
     }
     /* 2. every piece to pinned memory, each with an event to say it has landed */
-    if (rc == KVPS_OK) stage = "copy to host";
+    if (rc == KVPS_OK) pg.stage = "copy to host";
     for (size_t p = 0; p < h->np && rc == KVPS_OK; p++) {
         size_t off = p * h->d.piece;
         rc = o->copy(h->h_send + off, src + off, kvps_gpu__piece_len(h, p) * 4, s);
         if (rc == KVPS_OK) rc = o->event_record(h->ev[p], s);
     }
-    /* 3. send each piece as it lands; copy each answer back as it arrives (in order, so that
-          the copies back queue behind each other on the stream) */
-    if (rc == KVPS_OK) stage = "network";
-    {
-        int64_t deadline = kvps_gpu__now_ms() + h->d.timeout_ms;
-        int spins = 0;
-        while (rc == KVPS_OK && landed < h->np) {
-            int progress = 0, done = 0;
-            if (issued < h->np) {
-                rc = o->event_query(h->ev[issued], &done);
-                if (rc != KVPS_OK) { stage = "copy to host"; break; }
-                if (done) {
-                    rc = kvps_gpu__net_start(h, issued);
-                    if (rc != KVPS_OK) break;
-                    issued++;
-                    progress = 1;
-                }
-            }
-            if (landed < issued) {
-                if (issued == h->np) { /* all sent: block on the oldest answer */
-                    rc = kvps_gpu__net_wait(h, landed, (int)(deadline - kvps_gpu__now_ms() > 0 ? deadline - kvps_gpu__now_ms() : 0));
-                    done = rc != KVPS_ERR_TIMEOUT;
-                } else {
-                    rc = kvps_gpu__net_test(h, landed, &done);
-                }
-                if (done) {
-                    if (rc != KVPS_OK) { failed = landed++; break; } /* that request has ended */
-                    size_t off = landed * h->d.piece;
-                    rc = o->copy(res + off, h->h_recv + off, kvps_gpu__piece_len(h, landed) * 4, s);
-                    landed++;
-                    progress = 1;
-                    if (rc != KVPS_OK) { stage = "copy to device"; break; }
-                } else if (rc != KVPS_OK && rc != KVPS_ERR_TIMEOUT) {
-                    break;
-                }
-                if (rc == KVPS_ERR_TIMEOUT) break;
-            }
-            if (progress) { deadline = kvps_gpu__now_ms() + h->d.timeout_ms; spins = 0; continue; }
-            if (lc && (rc = kvps_gpu_comm_check(lc)) != KVPS_OK) { stage = "reduce-scatter"; break; }
-            if (kvps_gpu__now_ms() > deadline) {
-                rc = KVPS_ERR_TIMEOUT;
-                if (issued < h->np) { /* the device never got there: the reduce-scatter hangs */
-                    stage = "reduce-scatter / copy to host";
-                    if (lc) kvps_gpu_comm_abort(lc);
-                }
-                break;
-            }
-            kvps_gpu__pause(&spins);
-        }
+    /* 3. through the servers or the ring, piece by piece, and back */
+    if (rc == KVPS_OK) {
+        pg.stage = "network";
+        rc = kvps_gpu__hier_pipeline(h, res, s, &pg);
     }
     /* 4. the machine's result from every shard */
     if (rc == KVPS_OK && lc) {
-        stage = "all-gather";
+        pg.stage = "all-gather";
         rc = kvps_gpu_allgather(lc, h->d_shard, h->d_pad ? h->d_pad : d_out, h->shard, KVPS_FLOAT32, s);
         if (rc == KVPS_OK && h->d_pad) rc = o->copy(d_out, h->d_pad, h->d.count * 4, s);
     }
     if (rc == KVPS_OK) {
-        stage = "copy to device";
+        pg.stage = "copy to device";
         rc = o->event_record(h->done, s);
         h->stepped = 1;
     }
     if (rc != KVPS_OK) {
-        int net = strcmp(stage, "network") == 0;
-        size_t piece = failed != (size_t)-1 ? failed : net && landed < issued ? landed : issued;
-        kvps_gpu__hier_err(h, "kvps_gpu_hier_step: %s, piece %zu of %zu: %s (%.380s)", stage, piece, h->np,
+        int net = strcmp(pg.stage, "network") == 0;
+        size_t piece = pg.failed != (size_t)-1 ? pg.failed : net && pg.landed < pg.issued ? pg.landed : pg.issued;
+        kvps_gpu__hier_err(h, "kvps_gpu_hier_step: %s, piece %zu of %zu: %s (%.380s)", pg.stage, piece, h->np,
                            kvps_result_str(rc), net ? kvps_gpu__net_error(h) : kvps_gpu__err);
         h->broken = 1;
         /* requests that ended already are harmless; any still running keep the buffers */
-        for (size_t p = landed; p < issued; p++)
+        for (size_t p = pg.landed; p < pg.issued; p++)
             if (kvps_gpu__net_wait(h, p, 0) == KVPS_ERR_TIMEOUT) h->inflight = 1;
     }
     if (lc) kvps_gpu__dev_leave(&g);
