@@ -131,7 +131,8 @@
    accumulation, NONE/FP16/BF16 decode) keep NaN payloads exactly like the CPU.
    What runs on the device is mostly __host__ __device__ code that the CPU tests also run: the
    conversions (kvps.h's tests, all 2^32 floats), top-k's digit pick and output slots, the sign
-   scale's order, the decoder's checks (tests/gpu/test_gpu_host.c, against kvps.h).
+   scale's order, the decoder's checks (kvps_el_blob_verdict, the CPU decoder's own, and top-k's
+   index checks; tests/gpu/test_gpu_host.c).
 
    7. STREAMS, OWNERSHIP AND THREADS
    kvps_gpu_stream is a cudaStream_t (NULL: the legacy default stream); every call enqueues on
