@@ -824,6 +824,19 @@ static inline KVPS_HD float kvps_gpu__sign_scale(const float s[8], size_t m) {
     return sc;
 }
 
+/* Lane j's part of the chunk [b, b + m): |x + r| of elements j, j + 8, ... summed in order (the
+   CPU's partial sum j); with error feedback (r not NULL) x + r is stored into r. */
+static inline KVPS_HD float kvps_gpu__lane_sum(const float *x, float *r, size_t b, size_t m, unsigned j) {
+    float s = 0.0f;
+    for (size_t i = j; i < m; i += 8) {
+        float a;
+        if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
+        else a = x[b + i];
+        s += fabsf(a);
+    }
+    return s;
+}
+
 /* chunk % 8 == 0: 8 threads per chunk, thread j summing elements j, j + 8, ... (the CPU's
    partial sum j); the sign bits of 8 consecutive elements come from the 8 threads (a ballot). */
 static __global__ void kvps_gpu__sign_k(const float *x, float *r, size_t n, unsigned ch, float *scales, unsigned char *bits) {
@@ -833,13 +846,7 @@ static __global__ void kvps_gpu__sign_k(const float *x, float *r, size_t n, unsi
         size_t c = cb + g, b = c * ch, m = 0;
         int valid = c < nc;
         if (valid) m = n - b < ch ? n - b : ch;
-        float s = 0.0f;
-        for (size_t i = j; i < m; i += 8) {
-            float a;
-            if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
-            else a = x[b + i];
-            s += fabsf(a);
-        }
+        float s = kvps_gpu__lane_sum(x, r, b, m, j);
         float p[8];
         for (int q = 0; q < 8; q++) p[q] = __shfl_sync(0xffffffffu, s, q, 8);
         float sc = kvps_gpu__sign_scale(p, m);
@@ -1890,16 +1897,7 @@ KVPS_API void kvps_gpu__sign_host(const float *x, float *r, size_t n, uint32_t c
     for (size_t c = 0; c < nc; c++) {
         size_t b = c * ch, m = n - b < ch ? n - b : ch;
         float part[8];
-        for (unsigned j = 0; j < 8; j++) {
-            float s = 0.0f;
-            for (size_t i = j; i < m; i += 8) {
-                float a;
-                if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
-                else a = x[b + i];
-                s += fabsf(a);
-            }
-            part[j] = s;
-        }
+        for (unsigned j = 0; j < 8; j++) part[j] = kvps_gpu__lane_sum(x, r, b, m, j);
         float sc = kvps_gpu__sign_scale(part, m);
         scales[c] = sc;
         for (size_t i = 0; i < m; i++) {
