@@ -131,7 +131,8 @@
    accumulation, NONE/FP16/BF16 decode) keep NaN payloads exactly like the CPU.
    What runs on the device is mostly __host__ __device__ code that the CPU tests also run: the
    conversions (kvps.h's tests, all 2^32 floats), top-k's digit pick and output slots, the sign
-   scale's order, the decoder's checks (tests/gpu/test_gpu_host.c, against kvps.h).
+   scale's order, the decoder's checks (kvps_el_blob_verdict, the CPU decoder's own, and top-k's
+   index checks; tests/gpu/test_gpu_host.c).
 
    7. STREAMS, OWNERSHIP AND THREADS
    kvps_gpu_stream is a cudaStream_t (NULL: the legacy default stream); every call enqueues on
@@ -330,6 +331,18 @@ KVPS_API void kvps_gpu__sign_host(const float *x, float *r, size_t n, uint32_t c
 
 /* ============================================================================================ */
 #ifdef KVPS_GPU_IMPLEMENTATION
+/* Sections (grep "// >>name"), lowest layer first:
+     errors       the thread's message, CUDA and NCCL results, whether there is a device
+     util         clock, polling back-off, device switch, stream-ordered scratch
+     elementwise  launch shape; pack / unpack, sum and scale kernels
+     blob         the codec blob: layout, header kernel, NONE's copies, the verdict and index checks
+     topk         exact top-k (radix select, slots in index order); top-k decode kernels
+     sign         1-bit sign: scale in the CPU's order, encode and decode kernels
+     kernel-api   kvps_gpu_pack ... kvps_gpu_decode
+     comm         the NCCL communicator: errors, settle, unique id, create, wait, abort
+     collectives  kvps_dtype / kvps_redop to NCCL; all-reduce ... broadcast; groups
+     hier         the hierarchical step: device operations, create, the pipelined step
+     host-twin    test hooks: the kernels' algorithms run on the host */
 #ifndef KVPS_GPU__IMPLEMENTED
 #define KVPS_GPU__IMPLEMENTED
 #ifndef __CUDACC__
@@ -480,7 +493,7 @@ static void kvps_gpu__scratch_put(kvps_gpu__scratch *s, cudaStream_t st) {
     s->p = NULL;
 }
 
-// >>kernels
+// >>elementwise
 enum { KVPS_GPU__T = 256, KVPS_GPU__ITEMS = 16, KVPS_GPU__TILE = KVPS_GPU__T * KVPS_GPU__ITEMS };
 
 static unsigned kvps_gpu__grid(size_t n, size_t per_thread, size_t cap) {
@@ -490,10 +503,6 @@ static unsigned kvps_gpu__grid(size_t n, size_t per_thread, size_t cap) {
 #define KVPS_GPU__GRID(n) kvps_gpu__grid((n), 4, 16384)
 #define KVPS_GPU__LOOP(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-static inline KVPS_HD uint32_t kvps_gpu__get32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 static __global__ void kvps_gpu__pack_k(uint16_t *out, const float *x, float *r, size_t n, int f16) {
     KVPS_GPU__LOOP(i, n) {
@@ -511,19 +520,6 @@ static __global__ void kvps_gpu__unpack_k(float *out, const uint16_t *in, size_t
         float v = f16 ? kvps_el_f16_to_f32(in[i]) : kvps_el_bf16_to_f32(in[i]);
         out[i] = acc ? out[i] + v : v;
     }
-}
-
-static __global__ void kvps_gpu__none_enc_k(float *out, const float *x, float *r, size_t n) {
-    KVPS_GPU__LOOP(i, n) {
-        float v = r ? x[i] + r[i] : x[i];
-        out[i] = v;
-        if (r) r[i] = 0.0f;
-    }
-}
-
-static __global__ void kvps_gpu__none_dec_k(float *dst, const float *in, size_t n, int acc, const int *status) {
-    if (*status) return;
-    KVPS_GPU__LOOP(i, n) dst[i] = acc ? dst[i] + in[i] : in[i];
 }
 
 static __device__ __forceinline__ float kvps_gpu__load(const void *p, size_t i, int dt) {
@@ -544,6 +540,17 @@ static __global__ void kvps_gpu__scale_k(void *d, const void *s, float f, size_t
     KVPS_GPU__LOOP(i, n) kvps_gpu__store(d, i, dt, kvps_gpu__load(s, i, dt) * f);
 }
 
+// >>blob
+/* A built-in codec's blob (kvps.h, CODECS): the payload starts at KVPS_CODEC_HEADER; top-k's k
+   and sign's chunk are its first u32 (the word), top-k's indices and sign's scales follow. */
+enum { KVPS_GPU__ARRAYS = KVPS_CODEC_HEADER + 4 };
+static inline KVPS_HD uint32_t kvps_gpu__word(const unsigned char *blob) { return kvps_el_get32(blob + KVPS_CODEC_HEADER); }
+
+/* The GPU has kernels for the built-in codecs, the rows of KVPS_CODEC_TABLE: a new row needs its
+   cases in kvps_gpu_encode and kvps_gpu_decode (their checks and sizes come from kvps.h). */
+static_assert(KVPS_CODEC_COUNT == 5, "kvps_gpu.h: a new built-in codec needs its GPU encode and decode cases");
+static int kvps_gpu__builtin(int id) { return id >= 0 && id < KVPS_CODEC_COUNT; }
+
 /* The 8-byte codec header, plus the u32 after it (top-k: k; sign: chunk) when word_too. */
 static __global__ void kvps_gpu__header_k(unsigned char *o, int id, int flags, uint32_t n, int word_too, uint32_t word) {
     o[0] = (unsigned char)id;
@@ -551,7 +558,30 @@ static __global__ void kvps_gpu__header_k(unsigned char *o, int id, int flags, u
     o[2] = o[3] = 0;
     for (int b = 0; b < 4; b++) o[4 + b] = (unsigned char)(n >> (8 * b));
     if (word_too)
-        for (int b = 0; b < 4; b++) o[8 + b] = (unsigned char)(word >> (8 * b));
+        for (int b = 0; b < 4; b++) o[KVPS_CODEC_HEADER + b] = (unsigned char)(word >> (8 * b));
+}
+
+static __global__ void kvps_gpu__none_enc_k(float *out, const float *x, float *r, size_t n) {
+    KVPS_GPU__LOOP(i, n) {
+        float v = r ? x[i] + r[i] : x[i];
+        out[i] = v;
+        if (r) r[i] = 0.0f;
+    }
+}
+
+static __global__ void kvps_gpu__none_dec_k(float *dst, const float *in, size_t n, int acc, const int *status) {
+    if (*status) return;
+    KVPS_GPU__LOOP(i, n) dst[i] = acc ? dst[i] + in[i] : in[i];
+}
+
+/* top-k index j of a blob whose sizes are checked: < n and above the one before */
+static inline KVPS_HD int kvps_gpu__index_ok(const unsigned char *p, size_t j, size_t n) {
+    uint32_t i = kvps_el_get32(p + KVPS_GPU__ARRAYS + 4 * j);
+    return i < n && (j == 0 || i > kvps_el_get32(p + KVPS_GPU__ARRAYS + 4 * (j - 1)));
+}
+
+static __global__ void kvps_gpu__dec_check_k(const unsigned char *p, size_t bytes, int id, size_t n, int *status) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) *status = kvps_el_blob_verdict(p, bytes, id, n);
 }
 
 // >>topk
@@ -759,6 +789,29 @@ static kvps_result kvps_gpu__topk_run(const float *x, float *r, size_t n, size_t
     return e == cudaSuccess ? KVPS_OK : kvps_gpu__cuda_fail(e, what);
 }
 
+/* indices strictly ascending and < n, all checked before anything is written */
+static __global__ void kvps_gpu__topk_check_k(const unsigned char *in, size_t n, int *status) {
+    if (*(volatile int *)status) return;
+    const size_t k = kvps_gpu__word(in);
+    KVPS_GPU__LOOP(j, k)
+        if (!kvps_gpu__index_ok(in, j, n)) atomicCAS(status, 0, (int)KVPS_ERR_MALFORMED);
+}
+static __global__ void kvps_gpu__zero_k(float *dst, size_t n, const int *status) {
+    if (*status) return;
+    KVPS_GPU__LOOP(i, n) dst[i] = 0.0f;
+}
+static __global__ void kvps_gpu__topk_scatter_k(const unsigned char *in, float *dst, const int *status) {
+    if (*status) return;
+    const size_t k = kvps_gpu__word(in);
+    const int f16 = in[1] & KVPS_CODEC_FLAG_FP16_VALUES;
+    const uint32_t *ix = (const uint32_t *)(const void *)(in + KVPS_GPU__ARRAYS);
+    const unsigned char *vv = in + KVPS_GPU__ARRAYS + k * 4;
+    KVPS_GPU__LOOP(j, k) {
+        float v = f16 ? kvps_el_f16_to_f32(((const uint16_t *)(const void *)vv)[j]) : ((const float *)(const void *)vv)[j];
+        dst[ix[j]] += v; /* indices are distinct: no two threads share a slot */
+    }
+}
+
 // >>sign
 /* The CPU's order: 8 interleaved partial sums, combined pairwise; NaN made canonical. */
 static inline KVPS_HD float kvps_gpu__sign_scale(const float s[8], size_t m) {
@@ -771,6 +824,19 @@ static inline KVPS_HD float kvps_gpu__sign_scale(const float s[8], size_t m) {
     return sc;
 }
 
+/* Lane j's part of the chunk [b, b + m): |x + r| of elements j, j + 8, ... summed in order (the
+   CPU's partial sum j); with error feedback (r not NULL) x + r is stored into r. */
+static inline KVPS_HD float kvps_gpu__lane_sum(const float *x, float *r, size_t b, size_t m, unsigned j) {
+    float s = 0.0f;
+    for (size_t i = j; i < m; i += 8) {
+        float a;
+        if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
+        else a = x[b + i];
+        s += fabsf(a);
+    }
+    return s;
+}
+
 /* chunk % 8 == 0: 8 threads per chunk, thread j summing elements j, j + 8, ... (the CPU's
    partial sum j); the sign bits of 8 consecutive elements come from the 8 threads (a ballot). */
 static __global__ void kvps_gpu__sign_k(const float *x, float *r, size_t n, unsigned ch, float *scales, unsigned char *bits) {
@@ -780,13 +846,7 @@ static __global__ void kvps_gpu__sign_k(const float *x, float *r, size_t n, unsi
         size_t c = cb + g, b = c * ch, m = 0;
         int valid = c < nc;
         if (valid) m = n - b < ch ? n - b : ch;
-        float s = 0.0f;
-        for (size_t i = j; i < m; i += 8) {
-            float a;
-            if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
-            else a = x[b + i];
-            s += fabsf(a);
-        }
+        float s = kvps_gpu__lane_sum(x, r, b, m, j);
         float p[8];
         for (int q = 0; q < 8; q++) p[q] = __shfl_sync(0xffffffffu, s, q, 8);
         float sc = kvps_gpu__sign_scale(p, m);
@@ -836,81 +896,17 @@ static __global__ void kvps_gpu__sign_resid_k(float *r, size_t n, unsigned ch, c
 
 static __global__ void kvps_gpu__sign_dec_k(const unsigned char *in, size_t n, float *dst, int acc, const int *status) {
     if (*status) return;
-    const unsigned ch = kvps_gpu__get32(in + 8);
+    const unsigned ch = kvps_gpu__word(in);
     const size_t nc = (n + ch - 1) / ch;
-    const float *scales = (const float *)(const void *)(in + 12);
-    const unsigned char *bits = in + 12 + nc * 4;
+    const float *scales = (const float *)(const void *)(in + KVPS_GPU__ARRAYS);
+    const unsigned char *bits = in + KVPS_GPU__ARRAYS + nc * 4;
     KVPS_GPU__LOOP(i, n) {
         float sc = scales[i / ch], v = (bits[i >> 3] >> (i & 7) & 1) ? -sc : sc;
         dst[i] = acc ? dst[i] + v : v;
     }
 }
 
-// >>decode
-/* The checks of kvps_codec_decode on a blob's header and sizes, in its order (a __host__
-   __device__ function, so the CPU tests run it too); the index checks of top-k follow. */
-static inline KVPS_HD int kvps_gpu__verdict(const unsigned char *p, size_t bytes, int id, size_t n) {
-    if (bytes < KVPS_CODEC_HEADER) return KVPS_ERR_TRUNCATED;
-    if (p[0] != (unsigned char)id) return KVPS_ERR_CODEC;
-    if (p[2] || p[3] || (p[1] & ~(id == KVPS_CODEC_TOPK ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0))) return KVPS_ERR_MALFORMED;
-    if ((size_t)kvps_gpu__get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
-    const unsigned char *q = p + KVPS_CODEC_HEADER;
-    size_t body = bytes - KVPS_CODEC_HEADER, want;
-    switch (id) {
-    case KVPS_CODEC_NONE: want = n * 4; break;
-    case KVPS_CODEC_FP16: case KVPS_CODEC_BF16: want = n * 2; break;
-    case KVPS_CODEC_TOPK: {
-        if (body < 4) return KVPS_ERR_TRUNCATED;
-        size_t k = kvps_gpu__get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
-        if (k > n) return KVPS_ERR_MALFORMED;
-        want = 4 + k * (4 + vs);
-        break;
-    }
-    case KVPS_CODEC_SIGN: {
-        if (body < 4) return KVPS_ERR_TRUNCATED;
-        size_t ch = kvps_gpu__get32(q);
-        if (ch == 0) return KVPS_ERR_MALFORMED;
-        want = 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
-        break;
-    }
-    default: return KVPS_ERR_CODEC;
-    }
-    return body < want ? KVPS_ERR_TRUNCATED : body > want ? KVPS_ERR_MALFORMED : KVPS_OK;
-}
-/* top-k index j of a blob whose sizes are checked: < n and above the one before */
-static inline KVPS_HD int kvps_gpu__index_ok(const unsigned char *p, size_t j, size_t n) {
-    uint32_t i = kvps_gpu__get32(p + 12 + 4 * j);
-    return i < n && (j == 0 || i > kvps_gpu__get32(p + 12 + 4 * (j - 1)));
-}
-
-static __global__ void kvps_gpu__dec_check_k(const unsigned char *p, size_t bytes, int id, size_t n, int *status) {
-    if (threadIdx.x == 0 && blockIdx.x == 0) *status = kvps_gpu__verdict(p, bytes, id, n);
-}
-
-/* indices strictly ascending and < n, all checked before anything is written */
-static __global__ void kvps_gpu__topk_check_k(const unsigned char *in, size_t n, int *status) {
-    if (*(volatile int *)status) return;
-    const size_t k = kvps_gpu__get32(in + 8);
-    KVPS_GPU__LOOP(j, k)
-        if (!kvps_gpu__index_ok(in, j, n)) atomicCAS(status, 0, (int)KVPS_ERR_MALFORMED);
-}
-static __global__ void kvps_gpu__zero_k(float *dst, size_t n, const int *status) {
-    if (*status) return;
-    KVPS_GPU__LOOP(i, n) dst[i] = 0.0f;
-}
-static __global__ void kvps_gpu__topk_scatter_k(const unsigned char *in, float *dst, const int *status) {
-    if (*status) return;
-    const size_t k = kvps_gpu__get32(in + 8);
-    const int f16 = in[1] & KVPS_CODEC_FLAG_FP16_VALUES;
-    const uint32_t *ix = (const uint32_t *)(const void *)(in + 12);
-    const unsigned char *vv = in + 12 + k * 4;
-    KVPS_GPU__LOOP(j, k) {
-        float v = f16 ? kvps_el_f16_to_f32(((const uint16_t *)(const void *)vv)[j]) : ((const float *)(const void *)vv)[j];
-        dst[ix[j]] += v; /* indices are distinct: no two threads share a slot */
-    }
-}
-
-// >>kernel api
+// >>kernel-api
 static int kvps_gpu__half(kvps_dtype wire) { return wire == KVPS_FLOAT16 ? 1 : wire == KVPS_BFLOAT16 ? 0 : -1; }
 
 KVPS_API kvps_result kvps_gpu_pack(uint16_t *d_out, const float *d_x, float *d_residual, size_t n, kvps_dtype wire,
@@ -967,7 +963,7 @@ KVPS_API kvps_result kvps_gpu_scale(void *d_dst, const void *d_src, float factor
 
 /* The CPU codec's bound (the blob format is the same); the built-in codecs only. */
 KVPS_API size_t kvps_gpu_codec_bytes(const kvps_codec *c, size_t n) {
-    if (!c || c->id < KVPS_CODEC_NONE || c->id > KVPS_CODEC_SIGN) return 0;
+    if (!c || !kvps_gpu__builtin(c->id)) return 0;
     kvps_codec b = kvps_codec_get((kvps_codec_id)c->id);
     b.topk_fraction = c->topk_fraction;
     b.topk_count = c->topk_count;
@@ -979,7 +975,7 @@ KVPS_API size_t kvps_gpu_codec_bytes(const kvps_codec *c, size_t n) {
 KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size_t n, float *d_residual, void *d_out,
                                      size_t cap, size_t *out_bytes, kvps_gpu_stream stream) {
     if (!c || (!d_x && n) || !d_out || !out_bytes || n > UINT32_MAX || ((uintptr_t)d_out & 3)) return KVPS_ERR_INVALID_ARG;
-    if (c->id < KVPS_CODEC_NONE || c->id > KVPS_CODEC_SIGN) {
+    if (!kvps_gpu__builtin(c->id)) {
         kvps_gpu__seterr("kvps_gpu_encode: codec id %d has no GPU encoder", c->id);
         return KVPS_ERR_CODEC;
     }
@@ -991,7 +987,7 @@ KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size
     unsigned char *o = (unsigned char *)d_out, *p = o + KVPS_CODEC_HEADER;
     int topk = c->id == KVPS_CODEC_TOPK, fp16v = topk && c->topk_fp16_values;
     size_t k = topk ? kvps_el_topk_k(c, n) : 0;
-    uint32_t ch = c->sign_chunk ? c->sign_chunk : 256;
+    uint32_t ch = c->sign_chunk ? c->sign_chunk : KVPS_DEFAULT_SIGN_CHUNK;
     kvps_gpu__header_k<<<1, 1, 0, st>>>(o, c->id, fp16v ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0, (uint32_t)n,
                                         topk || c->id == KVPS_CODEC_SIGN, topk ? (uint32_t)k : ch);
     KVPS_GPU__LAUNCHED("kvps_gpu__header_k");
@@ -1007,8 +1003,8 @@ KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size
         KVPS_GPU__LAUNCHED("kvps_gpu__pack_k");
         break;
     case KVPS_CODEC_TOPK: {
-        uint32_t *idx = (uint32_t *)(void *)(p + 4);
-        unsigned char *vals = p + 4 + k * 4;
+        uint32_t *idx = (uint32_t *)(void *)(o + KVPS_GPU__ARRAYS);
+        unsigned char *vals = o + KVPS_GPU__ARRAYS + k * 4;
         rc = kvps_gpu__topk_run(d_x, d_residual, n, k, idx, fp16v ? NULL : (float *)(void *)vals,
                                 fp16v ? (uint16_t *)(void *)vals : NULL, st);
         if (rc != KVPS_OK) return rc;
@@ -1016,8 +1012,8 @@ KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size
     }
     case KVPS_CODEC_SIGN: {
         size_t nc = (n + ch - 1) / ch;
-        float *scales = (float *)(void *)(p + 4);
-        unsigned char *bits = p + 4 + nc * 4;
+        float *scales = (float *)(void *)(o + KVPS_GPU__ARRAYS);
+        unsigned char *bits = o + KVPS_GPU__ARRAYS + nc * 4;
         if (ch % 8 == 0) {
             kvps_gpu__sign_k<<<kvps_gpu__grid(nc * 8, 1, 16384) /* 8 threads a chunk */, KVPS_GPU__T, 0, st>>>(
                 d_x, d_residual, n, ch, scales, bits);
@@ -1044,7 +1040,7 @@ KVPS_API kvps_result kvps_gpu_decode(const kvps_codec *c, const void *d_in, size
     if (!c || !d_in || (!d_dst && n) || (accumulate != 0 && accumulate != 1) || ((uintptr_t)d_in & 3) ||
         ((uintptr_t)d_status & 3))
         return KVPS_ERR_INVALID_ARG;
-    if (c->id < KVPS_CODEC_NONE || c->id > KVPS_CODEC_SIGN) {
+    if (!kvps_gpu__builtin(c->id)) {
         kvps_gpu__seterr("kvps_gpu_decode: codec id %d has no GPU decoder", c->id);
         return KVPS_ERR_CODEC;
     }
@@ -1064,14 +1060,14 @@ KVPS_API kvps_result kvps_gpu_decode(const kvps_codec *c, const void *d_in, size
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && n) switch (c->id) {
     case KVPS_CODEC_NONE:
-        kvps_gpu__none_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const float *)(const void *)(in + 8), n,
+        kvps_gpu__none_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const float *)(const void *)(in + KVPS_CODEC_HEADER), n,
                                                                        accumulate, status);
         what = "kvps_gpu__none_dec_k";
         e = cudaGetLastError();
         break;
     case KVPS_CODEC_FP16:
     case KVPS_CODEC_BF16:
-        kvps_gpu__unpack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const uint16_t *)(const void *)(in + 8), n,
+        kvps_gpu__unpack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const uint16_t *)(const void *)(in + KVPS_CODEC_HEADER), n,
                                                                      c->id == KVPS_CODEC_FP16, accumulate, status);
         what = "kvps_gpu__unpack_k";
         e = cudaGetLastError();
@@ -1399,33 +1395,32 @@ KVPS_API kvps_result kvps_gpu_comm_wait(kvps_gpu_comm *c, kvps_gpu_stream stream
     return rc;
 }
 
+// >>collectives
+/* NCCL's names of the kvps_dtype and kvps_redop values, one entry each, in their order. */
+static const ncclDataType_t kvps_gpu__nccl_types[] = {ncclFloat32, ncclFloat64, ncclInt32,
+                                                      ncclInt64,   ncclFloat16, ncclBfloat16};
+static const ncclRedOp_t kvps_gpu__nccl_ops[] = {ncclSum, ncclProd, ncclMin, ncclMax, ncclAvg};
+static_assert(sizeof kvps_gpu__nccl_types / sizeof kvps_gpu__nccl_types[0] == KVPS_DTYPE_COUNT,
+              "kvps_gpu.h: an NCCL type for every kvps_dtype");
+static_assert(sizeof kvps_gpu__nccl_ops / sizeof kvps_gpu__nccl_ops[0] == KVPS_REDOP_COUNT,
+              "kvps_gpu.h: an NCCL op for every kvps_redop");
+
 static int kvps_gpu__nccl_type(kvps_dtype dt, ncclDataType_t *t) {
-    switch (dt) {
-    case KVPS_FLOAT32: *t = ncclFloat32; return 1;
-    case KVPS_FLOAT64: *t = ncclFloat64; return 1;
-    case KVPS_INT32: *t = ncclInt32; return 1;
-    case KVPS_INT64: *t = ncclInt64; return 1;
-    case KVPS_FLOAT16: *t = ncclFloat16; return 1;
-    case KVPS_BFLOAT16: *t = ncclBfloat16; return 1;
-    }
-    return 0;
+    if ((unsigned)dt >= KVPS_DTYPE_COUNT) return 0;
+    *t = kvps_gpu__nccl_types[dt];
+    return 1;
 }
 static int kvps_gpu__nccl_op(kvps_redop op, ncclRedOp_t *o) {
-    switch (op) {
-    case KVPS_SUM: *o = ncclSum; return 1;
-    case KVPS_PROD: *o = ncclProd; return 1;
-    case KVPS_MIN: *o = ncclMin; return 1;
-    case KVPS_MAX: *o = ncclMax; return 1;
-    case KVPS_AVG: *o = ncclAvg; return 1;
-    }
-    return 0;
+    if ((unsigned)op >= KVPS_REDOP_COUNT) return 0;
+    *o = kvps_gpu__nccl_ops[op];
+    return 1;
 }
 
-enum { KVPS_GPU__ALLREDUCE, KVPS_GPU__REDUCE_SCATTER, KVPS_GPU__ALLGATHER, KVPS_GPU__BROADCAST };
+enum { KVPS_GPU__ALLREDUCE, KVPS_GPU__REDUCE_SCATTER, KVPS_GPU__ALLGATHER, KVPS_GPU__BROADCAST, KVPS_GPU__COLL_COUNT };
 
 static kvps_result kvps_gpu__coll(kvps_gpu_comm *c, int coll, const void *send, void *recv, size_t count, kvps_dtype dt,
                                   kvps_redop op, int root, kvps_gpu_stream stream) {
-    static const char *names[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
+    static const char *names[KVPS_GPU__COLL_COUNT] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
     ncclDataType_t t;
     ncclRedOp_t o = ncclSum;
     if (!c || !kvps_gpu__nccl_type(dt, &t) || (coll <= KVPS_GPU__REDUCE_SCATTER && !kvps_gpu__nccl_op(op, &o)))
@@ -1611,7 +1606,7 @@ KVPS_API kvps_result kvps_gpu__hier_create_ops(const kvps_gpu_hier_desc *d, cons
     if (!d || !out || !ops) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
     if (d->count == 0 || !d->worker == !d->ring || (d->worker && (!d->name || !*d->name)) || d->timeout_ms < 0 ||
-        (unsigned)d->op > KVPS_AVG || (d->local && ops != &kvps_gpu__cuda_ops) || (d->local && d->local->broken)) {
+        (unsigned)d->op >= KVPS_REDOP_COUNT || (d->local && ops != &kvps_gpu__cuda_ops) || (d->local && d->local->broken)) {
         kvps_gpu__seterr("kvps_gpu_hier_create: need count > 0, exactly one of worker and ring, a name with a "
                          "worker, timeout_ms >= 0, a valid op and a live local communicator");
         return KVPS_ERR_CONFIG;
@@ -1690,6 +1685,67 @@ static const char *kvps_gpu__net_error(const kvps_gpu_hier *h) {
     return h->d.worker ? kvps_worker_last_error(h->d.worker) : kvps_ring_last_error(h->d.ring);
 }
 
+/* Where a step has got to: pieces sent and answered, the piece whose request failed
+   ((size_t)-1: none), and the stage an error is reported in. */
+typedef struct kvps_gpu__progress {
+    size_t issued, landed, failed;
+    const char *stage;
+} kvps_gpu__progress;
+
+/* Step 3: send each piece as it lands; copy each answer back into res as it arrives (in order,
+   so that the copies back queue behind each other on the stream). */
+static kvps_result kvps_gpu__hier_pipeline(kvps_gpu_hier *h, float *res, kvps_gpu_stream s, kvps_gpu__progress *g) {
+    const kvps_gpu__ops *o = h->ops;
+    kvps_gpu_comm *lc = h->d.local;
+    kvps_result rc = KVPS_OK;
+    int64_t deadline = kvps_gpu__now_ms() + h->d.timeout_ms;
+    int spins = 0;
+    while (rc == KVPS_OK && g->landed < h->np) {
+        int progress = 0, done = 0;
+        if (g->issued < h->np) {
+            rc = o->event_query(h->ev[g->issued], &done);
+            if (rc != KVPS_OK) { g->stage = "copy to host"; break; }
+            if (done) {
+                rc = kvps_gpu__net_start(h, g->issued);
+                if (rc != KVPS_OK) break;
+                g->issued++;
+                progress = 1;
+            }
+        }
+        if (g->landed < g->issued) {
+            if (g->issued == h->np) { /* all sent: block on the oldest answer */
+                rc = kvps_gpu__net_wait(h, g->landed, (int)(deadline - kvps_gpu__now_ms() > 0 ? deadline - kvps_gpu__now_ms() : 0));
+                done = rc != KVPS_ERR_TIMEOUT;
+            } else {
+                rc = kvps_gpu__net_test(h, g->landed, &done);
+            }
+            if (done) {
+                if (rc != KVPS_OK) { g->failed = g->landed++; break; } /* that request has ended */
+                size_t off = g->landed * h->d.piece;
+                rc = o->copy(res + off, h->h_recv + off, kvps_gpu__piece_len(h, g->landed) * 4, s);
+                g->landed++;
+                progress = 1;
+                if (rc != KVPS_OK) { g->stage = "copy to device"; break; }
+            } else if (rc != KVPS_OK && rc != KVPS_ERR_TIMEOUT) {
+                break;
+            }
+            if (rc == KVPS_ERR_TIMEOUT) break;
+        }
+        if (progress) { deadline = kvps_gpu__now_ms() + h->d.timeout_ms; spins = 0; continue; }
+        if (lc && (rc = kvps_gpu_comm_check(lc)) != KVPS_OK) { g->stage = "reduce-scatter"; break; }
+        if (kvps_gpu__now_ms() > deadline) {
+            rc = KVPS_ERR_TIMEOUT;
+            if (g->issued < h->np) { /* the device never got there: the reduce-scatter hangs */
+                g->stage = "reduce-scatter / copy to host";
+                if (lc) kvps_gpu_comm_abort(lc);
+            }
+            break;
+        }
+        kvps_gpu__pause(&spins);
+    }
+    return rc;
+}
+
 KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, float *d_out, kvps_gpu_stream s) {
     if (!h || !d_grad || !d_out) return KVPS_ERR_INVALID_ARG;
     if (h->broken) {
@@ -1701,11 +1757,10 @@ KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, f
     kvps_gpu__dev g = {-1, -1};
     kvps_result rc = lc ? kvps_gpu__dev_enter(&g, lc->device) : KVPS_OK;
     if (rc != KVPS_OK) return rc;
-    size_t issued = 0, landed = 0, failed = (size_t)-1;
-    const char *stage = "reduce-scatter";
+    kvps_gpu__progress pg = {0, 0, (size_t)-1, "reduce-scatter"};
     /* the last step's copies back read the pinned buffers this step refills: order after them
        even when this step runs on another stream */
-    if (h->stepped && (rc = o->event_wait(h->done, s)) != KVPS_OK) stage = "wait for the last step";
+    if (h->stepped && (rc = o->event_wait(h->done, s)) != KVPS_OK) pg.stage = "wait for the last step";
     /* 1. this GPU's shard of the machine's sum, scaled */
     const float *src = d_grad;
     float *res = d_out;
@@ -1726,81 +1781,36 @@ KVPS_API kvps_result kvps_gpu_hier_step(kvps_gpu_hier *h, const float *d_grad, f
         src = h->d_shard;
     }
     /* 2. every piece to pinned memory, each with an event to say it has landed */
-    if (rc == KVPS_OK) stage = "copy to host";
+    if (rc == KVPS_OK) pg.stage = "copy to host";
     for (size_t p = 0; p < h->np && rc == KVPS_OK; p++) {
         size_t off = p * h->d.piece;
         rc = o->copy(h->h_send + off, src + off, kvps_gpu__piece_len(h, p) * 4, s);
         if (rc == KVPS_OK) rc = o->event_record(h->ev[p], s);
     }
-    /* 3. send each piece as it lands; copy each answer back as it arrives (in order, so that
-          the copies back queue behind each other on the stream) */
-    if (rc == KVPS_OK) stage = "network";
-    {
-        int64_t deadline = kvps_gpu__now_ms() + h->d.timeout_ms;
-        int spins = 0;
-        while (rc == KVPS_OK && landed < h->np) {
-            int progress = 0, done = 0;
-            if (issued < h->np) {
-                rc = o->event_query(h->ev[issued], &done);
-                if (rc != KVPS_OK) { stage = "copy to host"; break; }
-                if (done) {
-                    rc = kvps_gpu__net_start(h, issued);
-                    if (rc != KVPS_OK) break;
-                    issued++;
-                    progress = 1;
-                }
-            }
-            if (landed < issued) {
-                if (issued == h->np) { /* all sent: block on the oldest answer */
-                    rc = kvps_gpu__net_wait(h, landed, (int)(deadline - kvps_gpu__now_ms() > 0 ? deadline - kvps_gpu__now_ms() : 0));
-                    done = rc != KVPS_ERR_TIMEOUT;
-                } else {
-                    rc = kvps_gpu__net_test(h, landed, &done);
-                }
-                if (done) {
-                    if (rc != KVPS_OK) { failed = landed++; break; } /* that request has ended */
-                    size_t off = landed * h->d.piece;
-                    rc = o->copy(res + off, h->h_recv + off, kvps_gpu__piece_len(h, landed) * 4, s);
-                    landed++;
-                    progress = 1;
-                    if (rc != KVPS_OK) { stage = "copy to device"; break; }
-                } else if (rc != KVPS_OK && rc != KVPS_ERR_TIMEOUT) {
-                    break;
-                }
-                if (rc == KVPS_ERR_TIMEOUT) break;
-            }
-            if (progress) { deadline = kvps_gpu__now_ms() + h->d.timeout_ms; spins = 0; continue; }
-            if (lc && (rc = kvps_gpu_comm_check(lc)) != KVPS_OK) { stage = "reduce-scatter"; break; }
-            if (kvps_gpu__now_ms() > deadline) {
-                rc = KVPS_ERR_TIMEOUT;
-                if (issued < h->np) { /* the device never got there: the reduce-scatter hangs */
-                    stage = "reduce-scatter / copy to host";
-                    if (lc) kvps_gpu_comm_abort(lc);
-                }
-                break;
-            }
-            kvps_gpu__pause(&spins);
-        }
+    /* 3. through the servers or the ring, piece by piece, and back */
+    if (rc == KVPS_OK) {
+        pg.stage = "network";
+        rc = kvps_gpu__hier_pipeline(h, res, s, &pg);
     }
     /* 4. the machine's result from every shard */
     if (rc == KVPS_OK && lc) {
-        stage = "all-gather";
+        pg.stage = "all-gather";
         rc = kvps_gpu_allgather(lc, h->d_shard, h->d_pad ? h->d_pad : d_out, h->shard, KVPS_FLOAT32, s);
         if (rc == KVPS_OK && h->d_pad) rc = o->copy(d_out, h->d_pad, h->d.count * 4, s);
     }
     if (rc == KVPS_OK) {
-        stage = "copy to device";
+        pg.stage = "copy to device";
         rc = o->event_record(h->done, s);
         h->stepped = 1;
     }
     if (rc != KVPS_OK) {
-        int net = strcmp(stage, "network") == 0;
-        size_t piece = failed != (size_t)-1 ? failed : net && landed < issued ? landed : issued;
-        kvps_gpu__hier_err(h, "kvps_gpu_hier_step: %s, piece %zu of %zu: %s (%.380s)", stage, piece, h->np,
+        int net = strcmp(pg.stage, "network") == 0;
+        size_t piece = pg.failed != (size_t)-1 ? pg.failed : net && pg.landed < pg.issued ? pg.landed : pg.issued;
+        kvps_gpu__hier_err(h, "kvps_gpu_hier_step: %s, piece %zu of %zu: %s (%.380s)", pg.stage, piece, h->np,
                            kvps_result_str(rc), net ? kvps_gpu__net_error(h) : kvps_gpu__err);
         h->broken = 1;
         /* requests that ended already are harmless; any still running keep the buffers */
-        for (size_t p = landed; p < issued; p++)
+        for (size_t p = pg.landed; p < pg.issued; p++)
             if (kvps_gpu__net_wait(h, p, 0) == KVPS_ERR_TIMEOUT) h->inflight = 1;
     }
     if (lc) kvps_gpu__dev_leave(&g);
@@ -1823,7 +1833,7 @@ KVPS_API void kvps_gpu_hier_destroy(kvps_gpu_hier **hp) {
     if (entered) kvps_gpu__dev_leave(&g);
 }
 
-// >>host twin
+// >>host-twin
 /* kvps_gpu_topk's algorithm run sequentially on the host, with the same pick and slot functions. */
 KVPS_API kvps_result kvps_gpu__topk_host(const float *x, float *r, size_t n, size_t k, uint32_t *idx, float *val) {
     if ((n && !x) || (k && (!idx || !val)) || k > n || n > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
@@ -1872,9 +1882,9 @@ KVPS_API kvps_result kvps_gpu__topk_host(const float *x, float *r, size_t n, siz
 /* The device decoder's verdict on a blob (header checks, then every top-k index), on the host. */
 KVPS_API kvps_result kvps_gpu__verdict_host(const void *blob, size_t bytes, int id, size_t n) {
     const unsigned char *p = (const unsigned char *)blob;
-    int v = kvps_gpu__verdict(p, bytes, id, n);
+    int v = kvps_el_blob_verdict(p, bytes, id, n);
     if (v == KVPS_OK && id == KVPS_CODEC_TOPK)
-        for (size_t j = 0, k = kvps_gpu__get32(p + 8); j < k; j++)
+        for (size_t j = 0, k = kvps_gpu__word(p); j < k; j++)
             if (!kvps_gpu__index_ok(p, j, n)) return KVPS_ERR_MALFORMED;
     return (kvps_result)v;
 }
@@ -1887,16 +1897,7 @@ KVPS_API void kvps_gpu__sign_host(const float *x, float *r, size_t n, uint32_t c
     for (size_t c = 0; c < nc; c++) {
         size_t b = c * ch, m = n - b < ch ? n - b : ch;
         float part[8];
-        for (unsigned j = 0; j < 8; j++) {
-            float s = 0.0f;
-            for (size_t i = j; i < m; i += 8) {
-                float a;
-                if (r) { a = r[b + i] + x[b + i]; r[b + i] = a; }
-                else a = x[b + i];
-                s += fabsf(a);
-            }
-            part[j] = s;
-        }
+        for (unsigned j = 0; j < 8; j++) part[j] = kvps_gpu__lane_sum(x, r, b, m, j);
         float sc = kvps_gpu__sign_scale(part, m);
         scales[c] = sc;
         for (size_t i = 0; i < m; i++) {

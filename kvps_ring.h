@@ -100,20 +100,25 @@
 extern "C" {
 #endif
 
+/* Each enum ends in a _COUNT: one past its last value, the limit of every range check. */
 typedef enum kvps_dtype {
-    KVPS_FLOAT32 = 0, KVPS_FLOAT64 = 1, KVPS_INT32 = 2, KVPS_INT64 = 3, KVPS_FLOAT16 = 4, KVPS_BFLOAT16 = 5
+    KVPS_FLOAT32 = 0, KVPS_FLOAT64 = 1, KVPS_INT32 = 2, KVPS_INT64 = 3, KVPS_FLOAT16 = 4, KVPS_BFLOAT16 = 5,
+    KVPS_DTYPE_COUNT
 } kvps_dtype;
 
-typedef enum kvps_redop { KVPS_SUM = 0, KVPS_PROD = 1, KVPS_MIN = 2, KVPS_MAX = 3, KVPS_AVG = 4 } kvps_redop;
+typedef enum kvps_redop {
+    KVPS_SUM = 0, KVPS_PROD = 1, KVPS_MIN = 2, KVPS_MAX = 3, KVPS_AVG = 4, KVPS_REDOP_COUNT
+} kvps_redop;
 
 typedef enum kvps_ring_algo {
     KVPS_ALGO_AUTO = 0, KVPS_ALGO_RING = 1, KVPS_ALGO_BIRING = 2, KVPS_ALGO_RD = 3, KVPS_ALGO_HIER = 4,
-    KVPS_ALGO_RHD = 5
+    KVPS_ALGO_RHD = 5, KVPS_ALGO_COUNT
 } kvps_ring_algo;
 
-typedef enum kvps_coll {
+typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is the last + 1 */
     KVPS_COLL_ALLREDUCE = 1, KVPS_COLL_REDUCE, KVPS_COLL_REDUCE_SCATTER, KVPS_COLL_ALLGATHER,
-    KVPS_COLL_BROADCAST, KVPS_COLL_GATHER, KVPS_COLL_SCATTER, KVPS_COLL_ALLTOALL, KVPS_COLL_BARRIER
+    KVPS_COLL_BROADCAST, KVPS_COLL_GATHER, KVPS_COLL_SCATTER, KVPS_COLL_ALLTOALL, KVPS_COLL_BARRIER,
+    KVPS_COLL_COUNT
 } kvps_coll;
 
 /* Zero means default.
@@ -213,9 +218,24 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 
 /* ============================================================================================ */
 #ifdef KVPS_IMPLEMENTATION
+/* Sections (grep "// >>name"), lowest layer first:
+     types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
+     reduce       element sizes; dst op= src and AVG's division, per dtype and op
+     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy
+     elements     pieces of elements: the 16-bit wire, receive-and-reduce
+     ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
+     rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
+     small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
+     views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
+     collectives  one function per kvps_coll, their table and dispatcher; the checks of an op
+     queue        running an op: in the caller's thread, or posted to the ring's own thread
+     api          the collective calls; the sparse all-reduce
+     setup        create, connect, destroy
+     rendezvous   endpoint exchange through kvps servers; the environment */
 #ifndef KVPS_RING__IMPLEMENTED
 #define KVPS_RING__IMPLEMENTED
 
+// >>types
 enum {
     KVPS_RING__MAGIC = 0x5250564Bu,
     KVPS_RING__ZC_MIN = 32768,
@@ -290,12 +310,16 @@ struct kvps_ring {
     uint64_t next_id, running_id;
 };
 
+// >>reduce
+/* Bytes per element, one entry per kvps_dtype (0: not a dtype, which every call refuses). */
+static const size_t kvps_ring__dtype_bytes[] = {4, 8, 4, 8, 2, 2};
+typedef char kvps_ring__dtype_check[sizeof kvps_ring__dtype_bytes / sizeof kvps_ring__dtype_bytes[0] ==
+                                    KVPS_DTYPE_COUNT ? 1 : -1];
+
 KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
-    static const size_t sz[] = {4, 8, 4, 8, 2, 2};
-    return (unsigned)dt < 6 ? sz[dt] : 0;
+    return (unsigned)dt < KVPS_DTYPE_COUNT ? kvps_ring__dtype_bytes[dt] : 0;
 }
 
-// >>reduce
 #define KVPS_RING__RED(T, d, s, n, op)                                                    \
     do {                                                                                  \
         T *KVPS__RESTRICT d_ = (T *)(d);                                                  \
@@ -309,6 +333,7 @@ KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
         case KVPS_MAX:                                                                    \
             for (size_t i = 0; i < (n); i++) d_[i] = (s_[i] > d_[i] || s_[i] != s_[i]) ? s_[i] : d_[i]; \
             break;                                                                        \
+        default: break; /* not an op: refused before any reduction */                     \
         }                                                                                 \
     } while (0)
 
@@ -320,6 +345,22 @@ static float kvps_ring__op1(float a, float b, kvps_redop op) {
     default: return a + b;
     }
 }
+
+/* 16-bit floats are widened, reduced or divided in float32, and rounded back, element by element
+   (in a switch on the dtype: d, s / b and n, op / k as the functions below name them). */
+#define KVPS_RING__HALF_RED(widen, narrow)                                                 \
+    {                                                                                      \
+        uint16_t *d = (uint16_t *)dst;                                                     \
+        const uint16_t *s = (const uint16_t *)src;                                         \
+        for (size_t i = 0; i < n; i++) d[i] = narrow(kvps_ring__op1(widen(d[i]), widen(s[i]), op)); \
+        break;                                                                             \
+    }
+#define KVPS_RING__HALF_DIV(widen, narrow)                                                 \
+    {                                                                                      \
+        uint16_t *b = (uint16_t *)buf;                                                     \
+        for (size_t i = 0; i < n; i++) b[i] = narrow(widen(b[i]) / (float)k);              \
+        break;                                                                             \
+    }
 
 KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op) {
     switch (dt) {
@@ -339,42 +380,28 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
     case KVPS_INT32: KVPS_RING__WRAP(uint32_t, int32_t) break;
     case KVPS_INT64: KVPS_RING__WRAP(uint64_t, int64_t) break;
 #undef KVPS_RING__WRAP
-    case KVPS_FLOAT16: {
-        uint16_t *d = (uint16_t *)dst;
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0; i < n; i++)
-            d[i] = kvps_f32_to_f16(kvps_ring__op1(kvps_f16_to_f32(d[i]), kvps_f16_to_f32(s[i]), op));
-        break;
-    }
-    case KVPS_BFLOAT16: {
-        uint16_t *d = (uint16_t *)dst;
-        const uint16_t *s = (const uint16_t *)src;
-        for (size_t i = 0; i < n; i++)
-            d[i] = kvps_f32_to_bf16(kvps_ring__op1(kvps_bf16_to_f32(d[i]), kvps_bf16_to_f32(s[i]), op));
-        break;
-    }
+    case KVPS_FLOAT16: KVPS_RING__HALF_RED(kvps_f16_to_f32, kvps_f32_to_f16)
+    case KVPS_BFLOAT16: KVPS_RING__HALF_RED(kvps_bf16_to_f32, kvps_f32_to_bf16)
+    default: break; /* not a dtype: refused before any reduction (kvps_dtype_size 0) */
     }
 }
 
 /* AVG: divide the sum by the number of ranks. */
 static void kvps_ring__scale(void *buf, size_t n, kvps_dtype dt, int k) {
+#define KVPS_RING__DIV(T, by) { T *b = (T *)buf; for (size_t i = 0; i < n; i++) b[i] /= (by); break; }
     switch (dt) {
-    case KVPS_FLOAT32: { float *b = (float *)buf; for (size_t i = 0; i < n; i++) b[i] /= (float)k; break; }
-    case KVPS_FLOAT64: { double *b = (double *)buf; for (size_t i = 0; i < n; i++) b[i] /= (double)k; break; }
-    case KVPS_INT32: { int32_t *b = (int32_t *)buf; for (size_t i = 0; i < n; i++) b[i] /= k; break; }
-    case KVPS_INT64: { int64_t *b = (int64_t *)buf; for (size_t i = 0; i < n; i++) b[i] /= k; break; }
-    case KVPS_FLOAT16: {
-        uint16_t *b = (uint16_t *)buf;
-        for (size_t i = 0; i < n; i++) b[i] = kvps_f32_to_f16(kvps_f16_to_f32(b[i]) / (float)k);
-        break;
+    case KVPS_FLOAT32: KVPS_RING__DIV(float, (float)k)
+    case KVPS_FLOAT64: KVPS_RING__DIV(double, (double)k)
+    case KVPS_INT32: KVPS_RING__DIV(int32_t, k)
+    case KVPS_INT64: KVPS_RING__DIV(int64_t, k)
+    case KVPS_FLOAT16: KVPS_RING__HALF_DIV(kvps_f16_to_f32, kvps_f32_to_f16)
+    case KVPS_BFLOAT16: KVPS_RING__HALF_DIV(kvps_bf16_to_f32, kvps_f32_to_bf16)
+    default: break;
     }
-    case KVPS_BFLOAT16: {
-        uint16_t *b = (uint16_t *)buf;
-        for (size_t i = 0; i < n; i++) b[i] = kvps_f32_to_bf16(kvps_bf16_to_f32(b[i]) / (float)k);
-        break;
-    }
-    }
+#undef KVPS_RING__DIV
 }
+#undef KVPS_RING__HALF_RED
+#undef KVPS_RING__HALF_DIV
 
 // >>transport
 static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt, ...) {
@@ -544,6 +571,15 @@ static kvps_result kvps_ring__recv_n(kvps_ring *r, int src, uint64_t tag, size_t
     return KVPS_OK;
 }
 
+static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes) {
+    zmq_msg_t m;
+    kvps_result rc = kvps_ring__recv_n(r, src, tag, bytes, &m);
+    if (rc != KVPS_OK) return rc;
+    if (bytes) memcpy(dst, zmq_msg_data(&m), bytes);
+    zmq_msg_close(&m);
+    return KVPS_OK;
+}
+
 static void *kvps_ring__grow(void **buf, size_t *cap, size_t bytes) {
     if (*cap >= bytes && *buf) return *buf;
     void *p = NULL;
@@ -564,7 +600,36 @@ static const void *kvps_ring__data(kvps_ring *r, zmq_msg_t *m) {
     return s;
 }
 
+static int kvps_ring__zc_busy(const kvps_ring *r, int i) {
+    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_ACQUIRE)
+                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_ACQUIRE);
+}
+
+/* Waits until ZeroMQ has let go of every zero-copy frame of phase i (-1: both). An inproc frame
+   is let go when the peer reads it, so a peer that stops reading shows up here. */
+static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
+    for (;;) {
+        int busy = kvps_ring__zc_busy(r, i);
+        if (busy == 0) return KVPS_OK;
+        if (kvps__now_ms() > deadline)
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: %d frames sent without a copy were never taken by the peers",
+                                   r->rank, busy);
+        sched_yield();
+    }
+}
+
+static uint64_t kvps_ring__tag(int phase, int dir, uint64_t step, uint64_t piece) {
+    return ((uint64_t)phase << 56) | ((uint64_t)dir << 55) | ((step & 0x7fffffull) << 32) | (piece & 0xffffffffull);
+}
+
+// >>elements
 static kvps_dtype kvps_ring__dt(const kvps_ring *r) { return (kvps_dtype)(r->cur.dtype & 15); }
+
+/* Elements per pipeline piece (chunk_bytes, at least one element). */
+static size_t kvps_ring__piece(const kvps_ring *r, size_t es) {
+    size_t p = r->desc.chunk_bytes / es;
+    return p ? p : 1;
+}
 
 /* Sends nel elements of the running collective: float32 as 16-bit when the wire says so. */
 static kvps_result kvps_ring__send_el(kvps_ring *r, int dst, uint64_t tag, const void *ptr, size_t nel, int zc) {
@@ -619,8 +684,6 @@ static kvps_result kvps_ring__recv_reduce(kvps_ring *r, int src, uint64_t tag, v
     return p ? KVPS_OK : KVPS_ERR_NOMEM;
 }
 
-static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes);
-
 /* dst = in op (received piece): the first reduction of a block when the all-reduce is out of
    place, so that the input never has to be copied to the output first. */
 static kvps_result kvps_ring__recv_reduce3(kvps_ring *r, int src, uint64_t tag, void *dst, const void *in, size_t n) {
@@ -654,43 +717,6 @@ static kvps_result kvps_ring__recv_el(kvps_ring *r, int src, uint64_t tag, void 
     kvps_ring__widen(r, (float *)dst, zmq_msg_data(&m), nel);
     zmq_msg_close(&m);
     return KVPS_OK;
-}
-
-static kvps_result kvps_ring__recv_copy(kvps_ring *r, int src, uint64_t tag, void *dst, size_t bytes) {
-    zmq_msg_t m;
-    kvps_result rc = kvps_ring__recv_n(r, src, tag, bytes, &m);
-    if (rc != KVPS_OK) return rc;
-    if (bytes) memcpy(dst, zmq_msg_data(&m), bytes);
-    zmq_msg_close(&m);
-    return KVPS_OK;
-}
-
-static int kvps_ring__zc_busy(const kvps_ring *r, int i) {
-    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_ACQUIRE)
-                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_ACQUIRE);
-}
-
-/* Waits until ZeroMQ has let go of every zero-copy frame of phase i (-1: both). An inproc frame
-   is let go when the peer reads it, so a peer that stops reading shows up here. */
-static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
-    for (;;) {
-        int busy = kvps_ring__zc_busy(r, i);
-        if (busy == 0) return KVPS_OK;
-        if (kvps__now_ms() > deadline)
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: %d frames sent without a copy were never taken by the peers",
-                                   r->rank, busy);
-        sched_yield();
-    }
-}
-
-/* Elements per pipeline piece (chunk_bytes, at least one element). */
-static size_t kvps_ring__piece(const kvps_ring *r, size_t es) {
-    size_t p = r->desc.chunk_bytes / es;
-    return p ? p : 1;
-}
-
-static uint64_t kvps_ring__tag(int phase, int dir, uint64_t step, uint64_t piece) {
-    return ((uint64_t)phase << 56) | ((uint64_t)dir << 55) | ((step & 0x7fffffull) << 32) | (piece & 0xffffffffull);
 }
 
 // >>ring
@@ -808,6 +834,24 @@ static kvps_result kvps_ring__allreduce_ring(kvps_ring *r, const int *view, int 
     return kvps_ring__rings(r, t, 1, 1, 1);
 }
 
+/* Pipelined chain broadcast along the view from root. */
+static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
+    kvps_ring__task t;
+    kvps_ring__task_init(&t, r, view, k, me, buf, count, 0, 0);
+    int rel = (me - root + k) % k, next = view[(me + 1) % k], prev = view[(me - 1 + k) % k];
+    size_t np = (count + t.piece - 1) / t.piece;
+    kvps_result rc = KVPS_OK;
+    for (size_t p = 0; p < np && rc == KVPS_OK; p++) {
+        size_t b = p * t.piece, n = count - b < t.piece ? count - b : t.piece;
+        char *ptr = t.buf + b * t.es;
+        uint64_t tag = kvps_ring__tag(KVPS_RING__PH_BCAST, 0, 0, p);
+        if (rel != 0) rc = kvps_ring__recv_copy(r, prev, tag, ptr, n * t.es);
+        if (rc == KVPS_OK && rel != k - 1) rc = kvps_ring__send(r, next, tag, ptr, n * t.es, 0);
+    }
+    return rc;
+}
+
+// >>rhd
 /* Sends [lo, hi) of base to peer in pieces (tags phase/step/piece from 0), without a copy. */
 static kvps_result kvps_ring__send_range(kvps_ring *r, int peer, int phase, int step, const char *base, size_t lo,
                                          size_t hi, size_t es, size_t piece, int zc) {
@@ -916,23 +960,6 @@ static kvps_result kvps_ring__bcast_tree(kvps_ring *r, const int *view, int k, i
     return rc;
 }
 
-/* Pipelined chain broadcast along the view from root. */
-static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
-    kvps_ring__task t;
-    kvps_ring__task_init(&t, r, view, k, me, buf, count, 0, 0);
-    int rel = (me - root + k) % k, next = view[(me + 1) % k], prev = view[(me - 1 + k) % k];
-    size_t np = (count + t.piece - 1) / t.piece;
-    kvps_result rc = KVPS_OK;
-    for (size_t p = 0; p < np && rc == KVPS_OK; p++) {
-        size_t b = p * t.piece, n = count - b < t.piece ? count - b : t.piece;
-        char *ptr = t.buf + b * t.es;
-        uint64_t tag = kvps_ring__tag(KVPS_RING__PH_BCAST, 0, 0, p);
-        if (rel != 0) rc = kvps_ring__recv_copy(r, prev, tag, ptr, n * t.es);
-        if (rc == KVPS_OK && rel != k - 1) rc = kvps_ring__send(r, next, tag, ptr, n * t.es, 0);
-    }
-    return rc;
-}
-
 /* Binomial-tree reduce to view index root, into buf (buf is clobbered on non-roots). */
 static kvps_result kvps_ring__reduce_tree(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t count) {
     size_t bytes = count * kvps_dtype_size(kvps_ring__dt(r));
@@ -950,7 +977,7 @@ static kvps_result kvps_ring__reduce_tree(kvps_ring *r, const int *view, int k, 
     return rc;
 }
 
-// >>collectives
+// >>views
 static int kvps_ring__index(const int *view, int k, int rank) {
     for (int i = 0; i < k; i++)
         if (view[i] == rank) return i;
@@ -994,6 +1021,18 @@ static kvps_result kvps_ring__bcast_view(kvps_ring *r, const int *view, int k, i
     return large ? kvps_ring__bcast_chain(r, view, k, me, root, buf, count) : kvps_ring__bcast_tree(r, view, k, me, root, buf, bytes);
 }
 
+static int kvps_ring__multi_group(const kvps_ring *r) {
+    const int *g = r->desc.groups;
+    if (!g) return 0;
+    int groups = 0, big = 0;
+    for (int i = 0; i < r->size; i++) {
+        int first = 1, members = 0;
+        for (int j = 0; j < r->size; j++) { first &= !(j < i && g[j] == g[i]); members += g[j] == g[i]; }
+        if (first) { groups++; big |= members > 1; }
+    }
+    return groups > 1 && big;
+}
+
 static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_ring_algo inner) {
     const int *g = r->desc.groups;
     int *grp = r->view_buf, *lead = r->view_buf + r->size, ng = 0, nl = 0;
@@ -1029,141 +1068,192 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
     return rc;
 }
 
-static int kvps_ring__multi_group(const kvps_ring *r) {
-    const int *g = r->desc.groups;
-    if (!g) return 0;
-    int groups = 0, big = 0;
-    for (int i = 0; i < r->size; i++) {
-        int first = 1, members = 0;
-        for (int j = 0; j < r->size; j++) { first &= !(j < i && g[j] == g[i]); members += g[j] == g[i]; }
-        if (first) { groups++; big |= members > 1; }
-    }
-    return groups > 1 && big;
-}
+// >>collectives
+/* One running collective as its function sees it: the op, this ring's shape, and the identity
+   view (every rank, in order) that the algorithms run over. */
+typedef struct kvps_ring__exec {
+    const kvps_ring_op *op;
+    int k, me, large; /* large: bytes > small_bytes (pipelined algorithms rather than trees) */
+    size_t n, bytes;  /* elements and bytes of one rank's block */
+    const char *send;
+    char *recv;
+    int *all;
+} kvps_ring__exec;
 
-static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
-    int k = r->size, me = r->rank;
-    size_t es = kvps_dtype_size(op->dtype), n = op->count, bytes = n * es;
-    const char *send = (const char *)op->send;
-    char *recv = (char *)op->recv;
-    int *all = r->view_buf + 2 * r->size;
-    for (int i = 0; i < k; i++) all[i] = i;
-    kvps_ring_algo algo = op->algo ? op->algo : r->desc.algo;
-    int large = bytes > r->desc.small_bytes;
-    kvps_result rc = KVPS_OK;
-    switch (op->coll) {
-    case KVPS_COLL_ALLREDUCE:
-        if (algo == KVPS_ALGO_AUTO)
-            algo = !large                        ? KVPS_ALGO_RD
-                   : kvps_ring__multi_group(r)   ? KVPS_ALGO_HIER
-                   : k >= 4 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
-                                                 : KVPS_ALGO_RING;
-        /* RHD cannot run on a size that is not a power of two, nor with a 16-bit wire */
-        if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING;
-        if (send && send != recv && k > 1 && n && !r->wire &&
-            (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
-            /* out of place: the algorithm reads send and writes every block of recv itself */
-            rc = algo == KVPS_ALGO_RHD ? kvps_ring__allreduce_rhd(r, all, k, me, recv, n, send)
-                                       : kvps_ring__allreduce_ring(r, all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
-        } else {
-            if (send && send != recv && bytes) memcpy(recv, send, bytes);
-            if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
-            else rc = kvps_ring__allreduce_view(r, all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
-        }
-        if (rc == KVPS_OK && op->op == KVPS_AVG) {
-            rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
-            if (rc == KVPS_OK) kvps_ring__scale(recv, n, op->dtype, k);
-        }
-        break;
-    case KVPS_COLL_REDUCE: {
-        /* in place (send NULL or == recv): the data is in recv on every rank, and clobbered */
-        char *buf = me == op->root || !send || send == recv ? recv : (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes);
-        if (!buf) return KVPS_ERR_NOMEM;
-        if (send && send != buf && bytes) memcpy(buf, send, bytes);
-        rc = kvps_ring__reduce_view(r, all, k, op->root, buf, n, large);
-        if (rc == KVPS_OK && op->op == KVPS_AVG && me == op->root) kvps_ring__scale(recv, n, op->dtype, k);
-        break;
+static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me, large = x->large;
+    size_t n = x->n, bytes = x->bytes;
+    const char *send = x->send;
+    char *recv = x->recv;
+    kvps_ring_algo algo = x->op->algo ? x->op->algo : r->desc.algo;
+    kvps_result rc;
+    if (algo == KVPS_ALGO_AUTO)
+        algo = !large                        ? KVPS_ALGO_RD
+               : kvps_ring__multi_group(r)   ? KVPS_ALGO_HIER
+               : k >= 4 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
+                                             : KVPS_ALGO_RING;
+    /* RHD cannot run on a size that is not a power of two, nor with a 16-bit wire */
+    if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING;
+    if (send && send != recv && k > 1 && n && !r->wire &&
+        (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
+        /* out of place: the algorithm reads send and writes every block of recv itself */
+        rc = algo == KVPS_ALGO_RHD ? kvps_ring__allreduce_rhd(r, x->all, k, me, recv, n, send)
+                                   : kvps_ring__allreduce_ring(r, x->all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
+    } else {
+        if (send && send != recv && bytes) memcpy(recv, send, bytes);
+        if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
+        else rc = kvps_ring__allreduce_view(r, x->all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
     }
-    case KVPS_COLL_BROADCAST:
-        if (me == op->root && send && send != recv && bytes) memcpy(recv, send, bytes);
-        rc = kvps_ring__bcast_view(r, all, k, op->root, recv, n, large);
-        break;
-    case KVPS_COLL_REDUCE_SCATTER: {
-        size_t total = bytes * (size_t)k;
-        char *buf = send ? (char *)kvps_ring__grow(&r->work, &r->work_cap, total) : recv;
-        if (!buf) return KVPS_ERR_NOMEM;
-        if (send && total) memcpy(buf, send, total);
-        kvps_ring__task t;
-        kvps_ring__task_init(&t, r, all, k, me, buf, n * (size_t)k, n, 0);
-        if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 1, 0);
-        if (rc == KVPS_OK && op->op == KVPS_AVG) kvps_ring__scale(buf + (size_t)me * bytes, n, op->dtype, k);
-        if (rc == KVPS_OK && bytes && buf + (size_t)me * bytes != recv) {
-            rc = kvps_ring__zc_drain(r, -1, r->deadline); /* block 0 may still be going out */
-            if (rc == KVPS_OK) memmove(recv, buf + (size_t)me * bytes, bytes);
-        }
-        break;
-    }
-    case KVPS_COLL_ALLGATHER: {
-        if (send && send != recv && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
-        kvps_ring__task t;
-        kvps_ring__task_init(&t, r, all, k, me, recv, n * (size_t)k, n, 0);
-        if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 0, 1);
-        break;
-    }
-    case KVPS_COLL_GATHER:
-        if (me != op->root) {
-            rc = kvps_ring__send(r, op->root, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), send ? send : recv, bytes, 0);
-        } else {
-            if (send && send != recv && send != recv + (size_t)me * bytes && bytes) memcpy(recv + (size_t)me * bytes, send, bytes);
-            for (int i = 0; i < k && rc == KVPS_OK; i++)
-                if (i != me) rc = kvps_ring__recv_copy(r, i, kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), recv + (size_t)i * bytes, bytes);
-        }
-        break;
-    case KVPS_COLL_SCATTER:
-        if (me != op->root) {
-            rc = kvps_ring__recv_copy(r, op->root, kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0), recv, bytes);
-        } else {
-            const char *src = send ? send : recv;
-            for (int i = 0; i < k && rc == KVPS_OK; i++)
-                if (i != me) rc = kvps_ring__send(r, i, kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0), src + (size_t)i * bytes, bytes, 0);
-            if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) {
-                rc = kvps_ring__zc_drain(r, -1, r->deadline); /* in place: block 0 may still be going out */
-                if (rc == KVPS_OK) memmove(recv, src + (size_t)me * bytes, bytes);
-            }
-        }
-        break;
-    case KVPS_COLL_ALLTOALL: {
-        const char *src = send;
-        if (!src || src == recv) { /* in place: keep a copy of what goes out */
-            char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes * (size_t)k);
-            if (!w) return KVPS_ERR_NOMEM;
-            if (bytes) memcpy(w, recv, bytes * (size_t)k);
-            src = w;
-        }
-        for (int s = 1; s < k && rc == KVPS_OK; s++)
-            rc = kvps_ring__send(r, (me + s) % k, kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0), src + (size_t)((me + s) % k) * bytes, bytes, 0);
-        if (rc == KVPS_OK && bytes && src + (size_t)me * bytes != recv + (size_t)me * bytes)
-            memcpy(recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
-        for (int s = 1; s < k && rc == KVPS_OK; s++) {
-            int from = (me - s + k) % k;
-            rc = kvps_ring__recv_copy(r, from, kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0), recv + (size_t)from * bytes, bytes);
-        }
-        break;
-    }
-    case KVPS_COLL_BARRIER:
-        for (int d = 1, s = 0; d < k && rc == KVPS_OK; d <<= 1, s++) {
-            rc = kvps_ring__send(r, (me + d) % k, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0), "", 0, -1);
-            if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, (me - d + k) % k, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0), NULL, 0);
-        }
-        break;
+    if (rc == KVPS_OK && x->op->op == KVPS_AVG) {
+        rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
+        if (rc == KVPS_OK) kvps_ring__scale(recv, n, x->op->dtype, k);
     }
     return rc;
 }
 
+static kvps_result kvps_ring__coll_reduce(kvps_ring *r, const kvps_ring__exec *x) {
+    const kvps_ring_op *op = x->op;
+    const char *send = x->send;
+    char *recv = x->recv;
+    /* in place (send NULL or == recv): the data is in recv on every rank, and clobbered */
+    char *buf = x->me == op->root || !send || send == recv ? recv : (char *)kvps_ring__grow(&r->work, &r->work_cap, x->bytes);
+    if (!buf) return KVPS_ERR_NOMEM;
+    if (send && send != buf && x->bytes) memcpy(buf, send, x->bytes);
+    kvps_result rc = kvps_ring__reduce_view(r, x->all, x->k, op->root, buf, x->n, x->large);
+    if (rc == KVPS_OK && op->op == KVPS_AVG && x->me == op->root) kvps_ring__scale(recv, x->n, op->dtype, x->k);
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_broadcast(kvps_ring *r, const kvps_ring__exec *x) {
+    if (x->me == x->op->root && x->send && x->send != x->recv && x->bytes) memcpy(x->recv, x->send, x->bytes);
+    return kvps_ring__bcast_view(r, x->all, x->k, x->op->root, x->recv, x->n, x->large);
+}
+
+static kvps_result kvps_ring__coll_reduce_scatter(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me;
+    size_t n = x->n, bytes = x->bytes, total = bytes * (size_t)k;
+    char *recv = x->recv;
+    char *buf = x->send ? (char *)kvps_ring__grow(&r->work, &r->work_cap, total) : recv;
+    if (!buf) return KVPS_ERR_NOMEM;
+    if (x->send && total) memcpy(buf, x->send, total);
+    kvps_ring__task t;
+    kvps_ring__task_init(&t, r, x->all, k, me, buf, n * (size_t)k, n, 0);
+    kvps_result rc = KVPS_OK;
+    if (k > 1 && n) rc = kvps_ring__rings(r, &t, 1, 1, 0);
+    if (rc == KVPS_OK && x->op->op == KVPS_AVG) kvps_ring__scale(buf + (size_t)me * bytes, n, x->op->dtype, k);
+    if (rc == KVPS_OK && bytes && buf + (size_t)me * bytes != recv) {
+        rc = kvps_ring__zc_drain(r, -1, r->deadline); /* block 0 may still be going out */
+        if (rc == KVPS_OK) memmove(recv, buf + (size_t)me * bytes, bytes);
+    }
+    return rc;
+}
+
+/* The rank's own block into place, when it is not there already (all-gather, gather's root). */
+static void kvps_ring__own_block(const kvps_ring__exec *x) {
+    size_t bytes = x->bytes;
+    char *mine = x->recv + (size_t)x->me * bytes;
+    if (x->send && x->send != x->recv && x->send != mine && bytes) memcpy(mine, x->send, bytes);
+}
+
+static kvps_result kvps_ring__coll_allgather(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_ring__own_block(x);
+    kvps_ring__task t;
+    kvps_ring__task_init(&t, r, x->all, x->k, x->me, x->recv, x->n * (size_t)x->k, x->n, 0);
+    return x->k > 1 && x->n ? kvps_ring__rings(r, &t, 1, 0, 1) : KVPS_OK;
+}
+
+static kvps_result kvps_ring__coll_gather(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me;
+    size_t bytes = x->bytes;
+    uint64_t tag = kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0);
+    if (me != x->op->root) return kvps_ring__send(r, x->op->root, tag, x->send ? x->send : x->recv, bytes, 0);
+    kvps_ring__own_block(x);
+    kvps_result rc = KVPS_OK;
+    for (int i = 0; i < k && rc == KVPS_OK; i++)
+        if (i != me) rc = kvps_ring__recv_copy(r, i, tag, x->recv + (size_t)i * bytes, bytes);
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_scatter(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me;
+    size_t bytes = x->bytes;
+    char *recv = x->recv;
+    uint64_t tag = kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0);
+    if (me != x->op->root) return kvps_ring__recv_copy(r, x->op->root, tag, recv, bytes);
+    const char *src = x->send ? x->send : recv;
+    kvps_result rc = KVPS_OK;
+    for (int i = 0; i < k && rc == KVPS_OK; i++)
+        if (i != me) rc = kvps_ring__send(r, i, tag, src + (size_t)i * bytes, bytes, 0);
+    if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) {
+        rc = kvps_ring__zc_drain(r, -1, r->deadline); /* in place: block 0 may still be going out */
+        if (rc == KVPS_OK) memmove(recv, src + (size_t)me * bytes, bytes);
+    }
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_alltoall(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me;
+    size_t bytes = x->bytes;
+    char *recv = x->recv;
+    const char *src = x->send;
+    uint64_t tag = kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0);
+    if (!src || src == recv) { /* in place: keep a copy of what goes out */
+        char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes * (size_t)k);
+        if (!w) return KVPS_ERR_NOMEM;
+        if (bytes) memcpy(w, recv, bytes * (size_t)k);
+        src = w;
+    }
+    kvps_result rc = KVPS_OK;
+    for (int s = 1; s < k && rc == KVPS_OK; s++)
+        rc = kvps_ring__send(r, (me + s) % k, tag, src + (size_t)((me + s) % k) * bytes, bytes, 0);
+    if (rc == KVPS_OK && bytes && src + (size_t)me * bytes != recv + (size_t)me * bytes)
+        memcpy(recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+    for (int s = 1; s < k && rc == KVPS_OK; s++) {
+        int from = (me - s + k) % k;
+        rc = kvps_ring__recv_copy(r, from, tag, recv + (size_t)from * bytes, bytes);
+    }
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_barrier(kvps_ring *r, const kvps_ring__exec *x) {
+    int k = x->k, me = x->me;
+    kvps_result rc = KVPS_OK;
+    for (int d = 1, s = 0; d < k && rc == KVPS_OK; d <<= 1, s++) {
+        uint64_t tag = kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0);
+        rc = kvps_ring__send(r, (me + d) % k, tag, "", 0, -1);
+        if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, (me - d + k) % k, tag, NULL, 0);
+    }
+    return rc;
+}
+
+/* The collectives, one row per kvps_coll (from 1). */
+typedef kvps_result (*kvps_ring__coll_fn)(kvps_ring *r, const kvps_ring__exec *x);
+static const kvps_ring__coll_fn kvps_ring__colls[] = {
+    NULL, kvps_ring__coll_allreduce, kvps_ring__coll_reduce, kvps_ring__coll_reduce_scatter, kvps_ring__coll_allgather,
+    kvps_ring__coll_broadcast, kvps_ring__coll_gather, kvps_ring__coll_scatter, kvps_ring__coll_alltoall,
+    kvps_ring__coll_barrier};
+typedef char kvps_ring__colls_check[sizeof kvps_ring__colls / sizeof kvps_ring__colls[0] == KVPS_COLL_COUNT ? 1 : -1];
+
+/* Runs a validated operation (kvps_ring__validate). */
+static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
+    kvps_ring__exec x;
+    x.op = op;
+    x.k = r->size;
+    x.me = r->rank;
+    x.n = op->count;
+    x.bytes = x.n * kvps_dtype_size(op->dtype);
+    x.large = x.bytes > r->desc.small_bytes;
+    x.send = (const char *)op->send;
+    x.recv = (char *)op->recv;
+    x.all = r->view_buf + 2 * r->size;
+    for (int i = 0; i < x.k; i++) x.all[i] = i;
+    return kvps_ring__colls[op->coll](r, &x);
+}
+
 static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *op) {
-    if (!op || op->coll < KVPS_COLL_ALLREDUCE || op->coll > KVPS_COLL_BARRIER) return KVPS_ERR_INVALID_ARG;
+    if (!op || op->coll < KVPS_COLL_ALLREDUCE || op->coll >= KVPS_COLL_COUNT) return KVPS_ERR_INVALID_ARG;
     if (op->coll == KVPS_COLL_BARRIER) return KVPS_OK;
-    if (kvps_dtype_size(op->dtype) == 0 || (unsigned)op->op > KVPS_AVG || (unsigned)op->algo > KVPS_ALGO_RHD)
+    if (kvps_dtype_size(op->dtype) == 0 || (unsigned)op->op >= KVPS_REDOP_COUNT || (unsigned)op->algo >= KVPS_ALGO_COUNT)
         return KVPS_ERR_INVALID_ARG;
     if (op->wire && (op->coll != KVPS_COLL_ALLREDUCE || op->dtype != KVPS_FLOAT32 ||
                      (op->wire != KVPS_FLOAT16 && op->wire != KVPS_BFLOAT16)))
@@ -1181,6 +1271,7 @@ static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *o
     return KVPS_OK;
 }
 
+// >>queue
 /* Runs one operation in the calling thread (which holds the ring). */
 static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     if (r->broken) return KVPS_ERR_STATE;
@@ -1349,6 +1440,7 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
     return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
 }
 
+// >>api
 static kvps_result kvps_ring__call(kvps_ring *r, kvps_coll coll, const void *send, void *recv, size_t count,
                                    kvps_dtype dt, kvps_redop op, int root, kvps_dtype wire) {
     kvps_ring_op o;
@@ -1438,7 +1530,7 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     *out = NULL;
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "ring")) return KVPS_ERR_CONFIG;
     if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size || desc->timeout_ms < 0 ||
-        (unsigned)desc->algo > KVPS_ALGO_RHD || (!desc->peers && !desc->bind)) {
+        (unsigned)desc->algo >= KVPS_ALGO_COUNT || (!desc->peers && !desc->bind)) {
         kvps__log(KVPS_LOG_ERROR, "ring desc: need 0 <= rank < size <= 65535, and peers or bind");
         return KVPS_ERR_CONFIG;
     }
@@ -1464,13 +1556,8 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     }
     if (!r->dealers || !r->zc || !r->view_buf || (desc->groups && !r->desc.groups)) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
     r->desc.peers = NULL;
-    r->ctx = desc->zmq_ctx;
-    if (!r->ctx) {
-        r->ctx = kvps__ctx_new(desc->io_threads, desc->io_cpus);
-        r->desc.io_cpus = NULL; /* read here only */
-        r->own_ctx = 1;
-        if (!r->ctx) { kvps_ring_destroy(&r); return desc->io_cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ; }
-    }
+    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &r->desc.io_cpus, &r->ctx, &r->own_ctx);
+    if (crc != KVPS_OK) { kvps_ring_destroy(&r); return crc; }
     char **eps = NULL;
     int neps = 0;
     const char *bind = desc->bind;
