@@ -59,6 +59,7 @@ static inline void store_val(kvps_dtype dt, void *buf, size_t pos, val v) {
     case KVPS_INT64: ((int64_t *)buf)[pos] = v.i; break;
     case KVPS_FLOAT16: ((uint16_t *)buf)[pos] = kvps_f32_to_f16((float)v.f); break;
     case KVPS_BFLOAT16: ((uint16_t *)buf)[pos] = kvps_f32_to_bf16((float)v.f); break;
+    default: break;
     }
 }
 
@@ -71,6 +72,7 @@ static inline val load_val(kvps_dtype dt, const void *buf, size_t pos) {
     case KVPS_INT64: v.i = ((const int64_t *)buf)[pos]; break;
     case KVPS_FLOAT16: v.f = kvps_f16_to_f32(((const uint16_t *)buf)[pos]); break;
     case KVPS_BFLOAT16: v.f = kvps_bf16_to_f32(((const uint16_t *)buf)[pos]); break;
+    default: break;
     }
     return v;
 }
