@@ -2029,7 +2029,8 @@ static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *
     if (cap < need) return KVPS_ERR_TOO_LARGE;
     unsigned char *o = (unsigned char *)out;
     o[0] = (uint8_t)c->id;
-    o[1] = (uint8_t)(c->topk_fp16_values ? kvps__codec_info(c->id)->flags & KVPS_CODEC_FLAG_FP16_VALUES : 0);
+    const kvps__codec_row *row = kvps__codec_info(c->id); /* NULL: refused below */
+    o[1] = (uint8_t)(row && c->topk_fp16_values ? row->flags & KVPS_CODEC_FLAG_FP16_VALUES : 0);
     o[2] = o[3] = 0;
     kvps__put32(o + 4, (uint32_t)n);
     unsigned char *p = o + KVPS_CODEC_HEADER;
