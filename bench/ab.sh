@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# bench/ab.sh REV [RUNS] - the same benchmarks before (git revision REV) and after (this working
-# tree), alternating in one run so that both see the same machine: bench_pushpull --quick and
-# bench_ring over 2 and 4 ranks, every collective, 4 KB to 16 MB. RUNS pairs (default 3); the
-# CSVs stay in a temporary folder, whose name is printed, and bench/ab_summary.py summarises them.
+# bench/ab.sh REV [RUNS] - the library before (git revision REV) and after (this working tree),
+# alternating in one run so that both see the same machine: this tree's bench_pushpull --quick
+# and bench_ring (2 and 4 ranks, every collective, 4 KB to 16 MB), built once against REV's
+# headers (kvps.h, kvps_ring.h, kvps_gpu.h) and once against this tree's, so that only the
+# library differs (the raw ZeroMQ peer is the same code in both). Where this tree's benches do
+# not compile against REV's headers, REV's own benches are used (and said). RUNS pairs (default
+# 3); the CSVs stay in a temporary folder, whose name is printed; bench/ab_summary.py summarises.
 # Used for issue 16 (a restructuring that must not slow anything down): see BENCHMARKS.md.
 set -eu
 rev=${1:?usage: bench/ab.sh REV [RUNS]}
 runs=${2:-3}
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/kvps-ab.XXXXXX)
-mkdir -p "$dir/old/src"
-git archive "$rev" | tar -x -C "$dir/old/src"
-make -s -C "$dir/old/src" B="$dir/old" "$dir/old/bench_pushpull" "$dir/old/bench_ring" >/dev/null
+mkdir -p "$dir/old/src" "$dir/old/rev"
+git ls-files -co --exclude-standard | tar -cf - -T - | tar -x -C "$dir/old/src"
+for h in kvps.h kvps_ring.h kvps_gpu.h; do git show "$rev:$h" > "$dir/old/src/$h"; done
+what="this tree's benches against $rev's headers"
+if ! make -s -C "$dir/old/src" B="$dir/old" "$dir/old/bench_pushpull" "$dir/old/bench_ring" >/dev/null 2>&1; then
+  git archive "$rev" | tar -x -C "$dir/old/rev"
+  make -s -C "$dir/old/rev" B="$dir/old" "$dir/old/bench_pushpull" "$dir/old/bench_ring" >/dev/null
+  what="$rev's own benches (this tree's do not compile against its headers)"
+fi
 make -s B="$dir/new" "$dir/new/bench_pushpull" "$dir/new/bench_ring" >/dev/null
-echo "bench/ab.sh: $rev against the working tree, $runs alternating pairs, CSVs in $dir"
+echo "bench/ab.sh: before = $what; after = this tree; $runs alternating pairs; CSVs in $dir"
 for i in $(seq "$runs"); do
   for v in old new; do
     "$dir/$v/bench_pushpull" --quick --reps 3 --csv > "$dir/pp_${v}_$i.csv" 2>/dev/null
