@@ -283,6 +283,9 @@
    0.1  sharded push/pull/pushpull/barrier, BSP and async, MEAN/SUM/SGD/custom updates, tensors.
    0.2  codecs, SSP/adaptive, optimizers, sparse tables, zero-copy pulls, faults (re-sends,
         exactly-once, lost workers, elastic BSP, checkpoints) and CURVE.
+        Every public enum ends with a _COUNT member (KVPS_RULE_COUNT, KVPS_DTYPE_COUNT, ...): a
+        switch over one without a default now draws -Wswitch for it. Defaults are named
+        (KVPS_DEFAULT_LR, ...); the built-in codecs are KVPS_CODEC_TABLE.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
