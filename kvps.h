@@ -3432,7 +3432,7 @@ static void kvps__serve_barrier(kvps_server *s, kvps__rq *q);
 static void kvps__serve_table(kvps_server *s, kvps__rq *q);
 
 /* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
-static const kvps__op_spec kvps__ops[KVPS__OP_COUNT] = {
+static const kvps__op_spec kvps__ops[] = {
     {"none", 0, 0, 0, 0, NULL},
     {"push", 1, 1, 0, 1, kvps__serve_keys},
     {"pull", 0, 0, 1, 0, kvps__serve_keys},
@@ -3444,6 +3444,7 @@ static const kvps__op_spec kvps__ops[KVPS__OP_COUNT] = {
     {"pull_rows", 0, 0, 0, 0, kvps__serve_table},
     {"table", 1, 0, 0, 1, kvps__serve_table},
 };
+typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
 static int kvps__op_pulls(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].pulls; }
 
