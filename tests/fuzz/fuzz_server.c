@@ -136,6 +136,15 @@ static int fz_replies(void *dealer, const kvps_server *s) {
             nf++;
         }
         n++;
+#ifdef FZ_WIRE_DUMP /* tests/fuzz/wire_diff.sh: every reply byte, to compare two versions */
+        printf("R%d", nf);
+        for (int i = 0; i < nf && i < 4; i++) {
+            const unsigned char *b = (const unsigned char *)zmq_msg_data(&f[i]);
+            printf(" ");
+            for (size_t j = 0; j < zmq_msg_size(&f[i]); j++) printf("%02x", b[j]);
+        }
+        printf("\n");
+#endif
         /* the DEALER sees [meta] or [meta][values / text]: the routing id is gone */
         FZ_CHECK(nf == 1 || nf == 2, "reply of %d frames", nf);
         FZ_CHECK(zmq_msg_size(&f[0]) == KVPS__HDR, "reply meta of %zu bytes", zmq_msg_size(&f[0]));
@@ -276,3 +285,58 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     return 0;
 }
+
+#ifdef FZ_WIRE_DUMP
+/* A driver without libFuzzer for tests/fuzz/wire_diff.sh: each input file, then FZ_MUTATIONS
+   (environment) variants of it from a fixed-seed generator (bytes changed, runs deleted, words
+   zeroed, another server config), so that two builds see the same inputs. */
+static uint64_t fz_rng = 88172645463325252ull;
+static uint64_t fz_rand(void) {
+    fz_rng ^= fz_rng << 13;
+    fz_rng ^= fz_rng >> 7;
+    fz_rng ^= fz_rng << 17;
+    return fz_rng;
+}
+static size_t fz_mutate(uint8_t *b, size_t n) {
+    int nm = 1 + (int)(fz_rand() % 4);
+    for (int k = 0; k < nm && n > 1; k++) {
+        size_t at = 1 + fz_rand() % (n - 1), len;
+        switch (fz_rand() % 6) {
+        case 0: b[at] = (uint8_t)fz_rand(); break;
+        case 1: b[at] ^= (uint8_t)(1u << (fz_rand() % 8)); break;
+        case 2: b[at] = (uint8_t)(fz_rand() % 3 == 0 ? 0 : 0xff); break;
+        case 3: b[at] = (uint8_t)(fz_rand() % 12); break; /* ops, flags, small counts */
+        case 4:
+            len = 1 + fz_rand() % 32;
+            if (at + len > n) len = n - at;
+            memmove(b + at, b + at + len, n - at - len);
+            n -= len;
+            break;
+        default: if (at + 4 <= n) memset(b + at, 0, 4); break;
+        }
+    }
+    if (fz_rand() % 4 == 0) b[0] = (uint8_t)fz_rand(); /* another server config */
+    return n;
+}
+int main(int argc, char **argv) {
+    static uint8_t in[1 << 22], buf[1 << 22];
+    int mutations = getenv("FZ_MUTATIONS") ? atoi(getenv("FZ_MUTATIONS")) : 0;
+    LLVMFuzzerInitialize(&argc, &argv);
+    for (int i = 1; i < argc; i++) {
+        FILE *f = fopen(argv[i], "rb");
+        if (!f) { perror(argv[i]); return 1; }
+        size_t n = fread(in, 1, sizeof in, f);
+        fclose(f);
+        printf("== %s\n", argv[i]);
+        LLVMFuzzerTestOneInput(in, n);
+        for (int m = 0; m < mutations; m++) {
+            memcpy(buf, in, n);
+            size_t n2 = fz_mutate(buf, n);
+            printf("-- %d\n", m);
+            LLVMFuzzerTestOneInput(buf, n2);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+#endif
