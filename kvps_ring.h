@@ -168,6 +168,11 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers);
 KVPS_API void kvps_ring_destroy(kvps_ring **r);
 KVPS_API const char *kvps_ring_last_error(const kvps_ring *r);
 KVPS_API size_t kvps_dtype_size(kvps_dtype dt);
+/* Names for messages: "float32", "sum", "allreduce", "ring" ("?" for a value out of range). */
+KVPS_API const char *kvps_dtype_name(kvps_dtype dt);
+KVPS_API const char *kvps_redop_name(kvps_redop op);
+KVPS_API const char *kvps_coll_name(kvps_coll c);
+KVPS_API const char *kvps_algo_name(kvps_ring_algo a);
 
 /* Endpoint exchange through kvps server(s) whose num_workers == size: every rank calls it with
    a worker of that rank; peers_out receives the comma-separated list. */
@@ -319,6 +324,22 @@ typedef char kvps_ring__dtype_check[sizeof kvps_ring__dtype_bytes / sizeof kvps_
 KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
     return (unsigned)dt < KVPS_DTYPE_COUNT ? kvps_ring__dtype_bytes[dt] : 0;
 }
+
+/* The names, one per value of each enum, checked against its _COUNT. */
+static const char *const kvps_ring__dtype_names[] = {"float32", "float64", "int32", "int64", "float16", "bfloat16"};
+static const char *const kvps_ring__redop_names[] = {"sum", "prod", "min", "max", "avg"};
+static const char *const kvps_ring__coll_names[] = {"none",      "allreduce", "reduce",  "reduce_scatter", "allgather",
+                                                    "broadcast", "gather",    "scatter", "alltoall",       "barrier"};
+static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
+typedef char kvps_ring__names_check[sizeof kvps_ring__dtype_names / sizeof *kvps_ring__dtype_names == KVPS_DTYPE_COUNT &&
+                                            sizeof kvps_ring__redop_names / sizeof *kvps_ring__redop_names == KVPS_REDOP_COUNT &&
+                                            sizeof kvps_ring__coll_names / sizeof *kvps_ring__coll_names == KVPS_COLL_COUNT &&
+                                            sizeof kvps_ring__algo_names / sizeof *kvps_ring__algo_names == KVPS_ALGO_COUNT
+                                        ? 1 : -1];
+KVPS_API const char *kvps_dtype_name(kvps_dtype dt) { return (unsigned)dt < KVPS_DTYPE_COUNT ? kvps_ring__dtype_names[dt] : "?"; }
+KVPS_API const char *kvps_redop_name(kvps_redop op) { return (unsigned)op < KVPS_REDOP_COUNT ? kvps_ring__redop_names[op] : "?"; }
+KVPS_API const char *kvps_coll_name(kvps_coll c) { return (unsigned)c < KVPS_COLL_COUNT ? kvps_ring__coll_names[c] : "?"; }
+KVPS_API const char *kvps_algo_name(kvps_ring_algo a) { return (unsigned)a < KVPS_ALGO_COUNT ? kvps_ring__algo_names[a] : "?"; }
 
 #define KVPS_RING__RED(T, d, s, n, op)                                                    \
     do {                                                                                  \
@@ -472,17 +493,25 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
         if (i != r->rank && r->dealers[i]) kvps_ring__send_hdr(r, i, &h, r->errmsg, strlen(r->errmsg), -1);
 }
 
+/* A call as a header describes it: "allreduce of 100 float32 (sum, root 0)", and its wire format
+   when it has one (the dtype byte's high half: KVPS_FLOAT16 or KVPS_BFLOAT16). */
+static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
+             kvps_dtype_name((kvps_dtype)(h->dtype & 15)), kvps_redop_name((kvps_redop)h->op), h->root,
+             h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "");
+    return buf;
+}
+
 static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h) {
     if (h->abort)
         return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the collective: %s", h->src,
                                kvps_result_str((kvps_result)(int64_t)h->count));
     const kvps_ring__hdr *c = &r->cur;
-    if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root)
-        return kvps_ring__fail(r, KVPS_ERR_MISMATCH,
-                               "rank %u called coll %u dtype %u op %u count %llu root %u; this rank (%d) "
-                               "coll %u dtype %u op %u count %llu root %u",
-                               h->src, h->coll, h->dtype, h->op, (unsigned long long)h->count, h->root, r->rank,
-                               c->coll, c->dtype, c->op, (unsigned long long)c->count, c->root);
+    if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root) {
+        char theirs[128], ours[128];
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %u called %s; this rank (%d) called %s", h->src,
+                               kvps_ring__call_text(h, theirs, sizeof theirs), r->rank, kvps_ring__call_text(c, ours, sizeof ours));
+    }
     return KVPS_OK;
 }
 

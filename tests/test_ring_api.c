@@ -169,6 +169,33 @@ static void badarg_main(kt_rk *x) {
             if (f[i] != (float)(1 + 2 * i)) { kt_rk_fail(x, "after bad calls [%d] = %g", i, f[i]); break; }
 }
 
+/* Every value of each enum has its own name (for messages); a value past _COUNT is "?". */
+static const char *name_dtype(int v) { return kvps_dtype_name((kvps_dtype)v); }
+static const char *name_redop(int v) { return kvps_redop_name((kvps_redop)v); }
+static const char *name_coll(int v) { return kvps_coll_name((kvps_coll)v); }
+static const char *name_algo(int v) { return kvps_algo_name((kvps_ring_algo)v); }
+static void test_names(void) {
+    struct { const char *(*name)(int); int count; const char *what; const char *first; } enums[] = {
+        {name_dtype, KVPS_DTYPE_COUNT, "dtype", "float32"},
+        {name_redop, KVPS_REDOP_COUNT, "redop", "sum"},
+        {name_coll, KVPS_COLL_COUNT, "coll", "none"},
+        {name_algo, KVPS_ALGO_COUNT, "algo", "auto"},
+    };
+    for (size_t e = 0; e < sizeof enums / sizeof enums[0]; e++) {
+        KT_CHECK(strcmp(enums[e].name(0), enums[e].first) == 0, "%s 0 is '%s'", enums[e].what, enums[e].name(0));
+        for (int i = 0; i < enums[e].count; i++) {
+            KT_CHECK(strcmp(enums[e].name(i), "?") != 0, "%s %d has no name", enums[e].what, i);
+            for (int j = 0; j < i; j++)
+                KT_CHECK(strcmp(enums[e].name(i), enums[e].name(j)) != 0, "%s %d and %d are both '%s'", enums[e].what, j, i,
+                         enums[e].name(i));
+        }
+        KT_CHECK(strcmp(enums[e].name(enums[e].count), "?") == 0 && strcmp(enums[e].name(-1), "?") == 0,
+                 "%s out of range is not '?'", enums[e].what);
+    }
+    KT_CHECK(strcmp(kvps_dtype_name(KVPS_BFLOAT16), "bfloat16") == 0 && strcmp(kvps_coll_name(KVPS_COLL_REDUCE_SCATTER),
+             "reduce_scatter") == 0 && strcmp(kvps_redop_name(KVPS_AVG), "avg") == 0, "names out of order");
+}
+
 static void test_bad_arguments(void) {
     kt_team t;
     kt_team_init(&t, "bad-arguments", badarg_main, 2, 0, 10000);
@@ -443,6 +470,7 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     kvps_log_set_level(KVPS_LOG_ERROR);
     int64_t t0 = kvps__now_ms();
+    KT_RUN(test_names, 60);
     KT_RUN(test_bad_desc, 60);
     KT_RUN(test_env, 60);
     KT_RUN(test_io_cpus, 60);
