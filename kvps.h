@@ -4822,6 +4822,41 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w) { return w ? w->n : 0; }
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w) { return w ? w->errmsg : ""; }
 
+/* Every non-OK return of a worker call says why in last_error, naming the argument or thing at
+   fault: this sets it (w may be NULL: then only the result) and returns rc. */
+static kvps_result kvps__wfail(const kvps_worker *cw, kvps_result rc, const char *fmt, ...) {
+    kvps_worker *w = (kvps_worker *)(uintptr_t)cw; /* last_error is not part of what const promises */
+    if (!w) return rc;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->errmsg, sizeof w->errmsg, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+/* The first NULL of a call's pointer arguments, named ("keys is NULL"). */
+#define KVPS__NEED(w, call, p) do { if (!(p)) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: %s is NULL", call, #p); } while (0)
+/* An optim the servers would refuse: an unknown rule is KVPS_ERR_INVALID_ARG, a value out of
+   range KVPS_ERR_HYPERPARAM; the message names the field. */
+static kvps_result kvps__optim_fail(kvps_worker *w, const char *what, const char *name, const kvps_optim *o, kvps_result r) {
+    char where[200];
+    snprintf(where, sizeof where, what, name);
+    if ((unsigned)o->rule >= KVPS_RULE_COUNT)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule", where, (int)o->rule);
+    const char *field = !(o->lr >= 0 && kvps__finite(o->lr))                                 ? "lr (>= 0)"
+                        : !(o->momentum >= 0 && o->momentum < 1)                            ? "momentum (in [0, 1))"
+                        : !(o->beta1 >= 0 && o->beta1 < 1)                                  ? "beta1 (in [0, 1))"
+                        : !(o->beta2 >= 0 && o->beta2 < 1)                                  ? "beta2 (in [0, 1))"
+                                                                                            : "eps (> 0, or 0: default)";
+    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g)", where, field, (double)o->lr,
+                       (double)o->momentum, (double)o->beta1, (double)o->beta2, (double)o->eps);
+}
+#define KVPS__TENSOR_OK(w, call, t)                                                                            \
+    do {                                                                                                       \
+        if ((t) < 0 || (t) >= (w)->ntensors)                                                                   \
+            return kvps__wfail(w, KVPS_ERR_TENSOR, "%s: tensor %d is not registered (this worker has %d)", call, \
+                               (int)(t), (w)->ntensors);                                                       \
+    } while (0)
+
 #define KVPS__SLOT_BITS 24
 static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h) {
     uint32_t slot = (uint32_t)(h & ((1u << KVPS__SLOT_BITS) - 1));
@@ -4900,7 +4935,8 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
     if (pull && kvps__op_pulls(op)) { h.flags |= KVPS__FLAG_CODED_REPLY; h.aux = (uint32_t)pull->id; }
     zmq_msg_t f[2];
     int nf = 1;
-    if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0) return KVPS_ERR_NOMEM;
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + (size_t)nk * KVPS__KENT) != 0)
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u keys", kvps__ops[op].name, srv, nk);
     memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
     if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
     if (kvps__op_has_values(op)) {
@@ -4910,7 +4946,10 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         nf = 2;
         if (pc) { /* [u32 bytes][blob], encoded straight into the frame */
             size_t cap = kvps_codec_max_bytes(pc, (size_t)total), nb = 0;
-            if (zmq_msg_init_size(&f[1], 4 + cap) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            if (zmq_msg_init_size(&f[1], 4 + cap) != 0) {
+                zmq_msg_close(&f[0]);
+                return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %zu coded bytes", kvps__ops[op].name, srv, cap);
+            }
             unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
             kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
             kvps__put32(d, (uint32_t)nb);
@@ -4919,17 +4958,25 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
                 if (kvps__msg_from_buf(&exact, d, 4 + nb) != 0) er = KVPS_ERR_NOMEM;
                 else { zmq_msg_close(&f[1]); f[1] = exact; }
             }
-            if (er != KVPS_OK) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return er; }
+            if (er != KVPS_OK) {
+                zmq_msg_close(&f[0]);
+                zmq_msg_close(&f[1]);
+                return kvps__wfail(w, er, "%s to server %d: codec '%s' could not encode: %s", kvps__ops[op].name, srv,
+                                   pc->name ? pc->name : "?", kvps_result_str(er));
+            }
             if (wire) *wire += 4 + nb;
         } else if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
             __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
             if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
                 __atomic_sub_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
                 zmq_msg_close(&f[0]);
-                return KVPS_ERR_NOMEM;
+                return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory", kvps__ops[op].name, srv);
             }
         } else {
-            if (zmq_msg_init_size(&f[1], bytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+            if (zmq_msg_init_size(&f[1], bytes) != 0) {
+                zmq_msg_close(&f[0]);
+                return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %zu bytes", kvps__ops[op].name, srv, bytes);
+            }
             char *dst = (char *)zmq_msg_data(&f[1]);
             if (nruns == 1) {
                 memcpy(dst, vptr[0], bytes);
@@ -4952,7 +4999,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         kvps__req_drop_kept(q, srv);
         kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
                   zmq_strerror(zmq_errno()));
-        return KVPS_ERR_ZMQ;
+        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d: send failed: %s", kvps__ops[op].name, srv, zmq_strerror(zmq_errno()));
     }
     q->pending++;
     q->sent++;
@@ -4967,26 +5014,34 @@ static int kvps__server_of(const kvps_worker *w, uint64_t key) {
 /* Raw keys: group by server, one message each. */
 static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, const float *vals,
                                  float *dst, const size_t *lens, size_t nkeys, kvps_req *out) {
-    if (!w || !keys || !lens || !out || nkeys == 0 || nkeys > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
-    if (kvps__op_has_values(op) && !vals) return KVPS_ERR_INVALID_ARG;
-    if (kvps__op_pulls(op) && !dst) return KVPS_ERR_INVALID_ARG;
+    const char *call = kvps__ops[op].name;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, call, keys);
+    KVPS__NEED(w, call, lens);
+    KVPS__NEED(w, call, out);
+    if (nkeys == 0 || nkeys > UINT32_MAX)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: nkeys is %zu (1 to 2^32 - 1)", call, nkeys);
+    if (kvps__op_has_values(op) && !vals) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: vals is NULL", call);
+    if (kvps__op_pulls(op) && !dst) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: vals (the destination) is NULL", call);
     *out = 0;
     if (w->order_cap < nkeys) {
         uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
-        if (!no) return KVPS_ERR_NOMEM;
+        if (!no) return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %zu keys", call, nkeys);
         w->order = no;
         w->order_cap = nkeys;
     }
     /* Counting sort of key indices by server, keeping the caller's order within a server. */
     memset(w->count, 0, ((size_t)w->n + 1) * sizeof *w->count);
     for (size_t i = 0; i < nkeys; i++) {
-        if (keys[i] >> 63) return KVPS_ERR_KEY_RESERVED;
-        if (lens[i] == 0) return KVPS_ERR_INVALID_ARG;
+        if (keys[i] >> 63)
+            return kvps__wfail(w, KVPS_ERR_KEY_RESERVED, "%s: keys[%zu] = %llu is 2^63 or more (those are tensor slices)", call, i,
+                               (unsigned long long)keys[i]);
+        if (lens[i] == 0) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: lens[%zu] is 0 (key %llu)", call, i, (unsigned long long)keys[i]);
         w->count[kvps__server_of(w, keys[i]) + 1]++;
     }
     for (int s = 0; s < w->n; s++) w->count[s + 1] += w->count[s];
     kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? nkeys : 0);
-    if (!q) return KVPS_ERR_NOMEM;
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     memcpy(q->dbegin, w->count, ((size_t)w->n + 1) * sizeof *q->dbegin);
     uint64_t *offs = (uint64_t *)malloc(nkeys * sizeof *offs);
     kvps__kent *ents = (kvps__kent *)malloc(nkeys * sizeof *ents);
@@ -5040,20 +5095,26 @@ KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, cons
 
 // >>tensor
 KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
-    if (!w || !name || !*name || !out || len == 0) return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "tensor", name);
+    KVPS__NEED(w, "tensor", out);
+    if (!*name) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "tensor: the name is empty");
+    if (len == 0) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "tensor '%s': len is 0", name);
     uint64_t h = kvps__fnv1a(name);
     uint64_t base = (1ull << 63) | ((h & 0x7fffffffffffull) << 16);
     for (int i = 0; i < w->ntensors; i++) {
         if (strcmp(w->tensors[i].name, name) == 0 || (w->tensors[i].keys[0] & ~0xffffull) == base) {
             kvps__log(KVPS_LOG_ERROR, "tensor '%s': %s", name,
                       strcmp(w->tensors[i].name, name) == 0 ? "already registered" : "hash collides");
-            return KVPS_ERR_TENSOR;
+            return kvps__wfail(w, KVPS_ERR_TENSOR, "tensor '%s': %s", name,
+                               strcmp(w->tensors[i].name, name) == 0 ? "already registered"
+                                                                      : "its name's hash collides with another tensor's");
         }
     }
     if (w->ntensors == w->cap_tensors) {
         int nc = w->cap_tensors ? w->cap_tensors * 2 : 16;
         kvps__tensor_info *nt = (kvps__tensor_info *)realloc(w->tensors, (size_t)nc * sizeof *nt);
-        if (!nt) return KVPS_ERR_NOMEM;
+        if (!nt) return kvps__wfail(w, KVPS_ERR_NOMEM, "tensor '%s': out of memory", name);
         w->tensors = nt;
         w->cap_tensors = nc;
     }
@@ -5076,7 +5137,7 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
     t->server = (int *)malloc(ns * sizeof *t->server);
     if (!t->name || !t->keys || !t->off || !t->slen || !t->server) {
         free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
-        return KVPS_ERR_NOMEM;
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "tensor '%s': out of memory for %llu slices", name, (unsigned long long)ns);
     }
     int first = (int)(h % (uint64_t)w->n);
     for (uint64_t i = 0; i < ns; i++) {
@@ -5124,7 +5185,7 @@ static kvps_result kvps__chain_out(kvps__req *head, kvps_result r, kvps_req *out
 static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info *t, uint32_t i0, uint32_t i1,
                                       const float *vals, float *dst, kvps_view *view, kvps__req **out) {
     kvps__req *q = *out = kvps__req_new(w, kvps__op_pulls(op) ? i1 - i0 : 0);
-    if (!q) return KVPS_ERR_NOMEM;
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     q->view = view;
     q->vbase = i0;
     /* dest index of slice i is i - i0; dbegin[s] points at the slice on server s */
@@ -5157,13 +5218,20 @@ static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info 
    has more slices than servers, see max_slice); every round's messages are in flight at once. */
 static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const float *vals, float *dst,
                                    kvps_view *view, kvps_req *out) {
-    if (!w || !out || ti < 0 || ti >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((kvps__op_has_values(op) && !vals) || (kvps__op_pulls(op) && !dst && !view)) return KVPS_ERR_INVALID_ARG;
+    const char *call = kvps__ops[op].name;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, call, out);
+    KVPS__TENSOR_OK(w, call, ti);
+    if (kvps__op_has_values(op) && !vals)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s of tensor '%s': the values are NULL", call, w->tensors[ti].name);
+    if (kvps__op_pulls(op) && !dst && !view)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s of tensor '%s': the destination is NULL", call, w->tensors[ti].name);
     *out = 0;
     kvps__tensor_info *t = &w->tensors[ti];
     if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
         for (uint32_t i = 0; i < t->nslices; i++)
-            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i]))) return KVPS_ERR_NOMEM;
+            if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i])))
+                return kvps__wfail(w, KVPS_ERR_NOMEM, "pull of tensor '%s': out of memory for its view", t->name);
     }
     kvps__req *head = NULL, *last = NULL;
     kvps_result r = KVPS_OK;
@@ -5205,12 +5273,17 @@ KVPS_API void kvps_view_release(kvps_view **pv) {
 }
 
 KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out) {
-    if (!view) return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "pull_tensor_view", view);
     *view = NULL;
-    if (!w || !out || t < 0 || t >= w->ntensors) return w && out ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "pull_tensor_view", out);
+    KVPS__TENSOR_OK(w, "pull_tensor_view", t);
     kvps_view *v = (kvps_view *)calloc(1, sizeof *v);
     size_t n = w->tensors[t].nslices;
-    if (!v || !(v->part = (kvps__vpart *)calloc(n, sizeof *v->part))) { free(v); return KVPS_ERR_NOMEM; }
+    if (!v || !(v->part = (kvps__vpart *)calloc(n, sizeof *v->part))) {
+        free(v);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "pull of tensor '%s': out of memory for its view", w->tensors[t].name);
+    }
     v->n = n;
     for (size_t i = 0; i < n; i++) zmq_msg_init(&v->part[i].msg);
     kvps_result r = kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, NULL, v, out);
@@ -5230,12 +5303,18 @@ KVPS_API const float *kvps_view_part(const kvps_view *v, size_t i, size_t *offse
 
 KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, const kvps_codec *push,
                                               const kvps_codec *pull, int error_feedback) {
-    if (!w || ti < 0 || ti >= w->ntensors) return w ? KVPS_ERR_TENSOR : KVPS_ERR_INVALID_ARG;
-    if ((push && (!push->encode || !push->max_bytes)) || (pull && !pull->decode) ||
-        (pull && kvps__codec_info(pull->id) && !kvps__codec_info(pull->id)->dense) || (push && (push->id < 0 || push->id > 255)) ||
-        (pull && (pull->id < 0 || pull->id > 255)) || (unsigned)error_feedback > 1)
-        return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__TENSOR_OK(w, "tensor_codec", ti);
     kvps__tensor_info *t = &w->tensors[ti];
+    const char *bad = push && (!push->encode || !push->max_bytes)     ? "push codec has no encode or max_bytes function"
+                      : pull && !pull->decode                          ? "pull codec has no decode function"
+                      : pull && kvps__codec_info(pull->id) && !kvps__codec_info(pull->id)->dense
+                          ? "pull codec is sparse (top-k): a pull needs every value"
+                      : push && (push->id < 0 || push->id > 255)       ? "push codec id is not 0-255"
+                      : pull && (pull->id < 0 || pull->id > 255)       ? "pull codec id is not 0-255"
+                      : (unsigned)error_feedback > 1                   ? "error_feedback is not 0 or 1"
+                                                                       : NULL;
+    if (bad) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "tensor_codec of tensor '%s': %s", t->name, bad);
     float **resid = NULL;
     if (push && error_feedback) {
         resid = (float **)calloc(t->nslices, sizeof *resid);
@@ -5243,7 +5322,7 @@ KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, co
             resid[i] = (float *)calloc((size_t)t->slen[i], sizeof(float));
             if (!resid[i]) { for (uint32_t j = 0; j < i; j++) free(resid[j]); free(resid); resid = NULL; }
         }
-        if (!resid) return KVPS_ERR_NOMEM;
+        if (!resid) return kvps__wfail(w, KVPS_ERR_NOMEM, "tensor_codec of tensor '%s': out of memory for residuals", t->name);
     }
     for (uint32_t i = 0; t->resid && i < t->nslices; i++) free(t->resid[i]);
     free(t->resid);
@@ -5256,9 +5335,11 @@ KVPS_API kvps_result kvps_worker_tensor_codec(kvps_worker *w, kvps_tensor ti, co
 }
 
 KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, const kvps_optim *o, kvps_req *out) {
-    if (!w || !o || !out) return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "tensor_optim", o);
+    KVPS__NEED(w, "tensor_optim", out);
     *out = 0;
-    if (ti < 0 || ti >= w->ntensors) return KVPS_ERR_TENSOR;
+    KVPS__TENSOR_OK(w, "tensor_optim", ti);
     unsigned char rec[KVPS__OPTREC];
     uint32_t rule = (uint32_t)o->rule;
     float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
@@ -5266,7 +5347,8 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     memcpy(rec + 4, f, sizeof f);
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
-    if (r != KVPS_OK) return (unsigned)o->rule >= KVPS_RULE_COUNT ? KVPS_ERR_INVALID_ARG : r;
+    if (r != KVPS_OK)
+        return kvps__optim_fail(w, "tensor_optim of tensor '%s'", w->tensors[ti].name, o, r);
     kvps__tensor_info *t = &w->tensors[ti];
     kvps__req *head = NULL, *last = NULL;
     for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
@@ -5293,11 +5375,13 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
 }
 
 KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *local, float alpha, int timeout_ms) {
-    if (!w || !local || !(alpha > 0.0f && alpha < 1.0f)) return KVPS_ERR_INVALID_ARG;
-    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "easgd", local);
+    if (!(alpha > 0.0f && alpha < 1.0f)) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "easgd: alpha %g is not in (0, 1)", (double)alpha);
+    KVPS__TENSOR_OK(w, "easgd", t);
     size_t n = (size_t)w->tensors[t].len;
     float *c = (float *)malloc(n * sizeof *c);
-    if (!c) return KVPS_ERR_NOMEM;
+    if (!c) return kvps__wfail(w, KVPS_ERR_NOMEM, "easgd of tensor '%s': out of memory", w->tensors[t].name);
     kvps_req q;
     kvps_result r = kvps_worker_pull_tensor(w, t, c, &q);
     if (r == KVPS_OK) r = kvps_worker_wait(w, q, timeout_ms);
@@ -5313,8 +5397,9 @@ KVPS_API kvps_result kvps_worker_easgd(kvps_worker *w, kvps_tensor t, float *loc
 }
 
 KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor t, kvps_tensor_stats *out) {
-    if (!w || !out) return KVPS_ERR_INVALID_ARG;
-    if (t < 0 || t >= w->ntensors) return KVPS_ERR_TENSOR;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "tensor_stats", out);
+    KVPS__TENSOR_OK(w, "tensor_stats", t);
     *out = w->tensors[t].st;
     return KVPS_OK;
 }
@@ -5329,7 +5414,8 @@ static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int o
                                     const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
     kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
     zmq_msg_t f[2];
-    if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0) return KVPS_ERR_NOMEM;
+    if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0)
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u rows", kvps__ops[op].name, srv, nrows);
     unsigned char *m = (unsigned char *)zmq_msg_data(&f[0]);
     uint32_t zero = 0;
     memcpy(m, &h, sizeof h);
@@ -5339,10 +5425,14 @@ static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int o
     if (nrows) memcpy(m + KVPS__HDR + 16, ids, (size_t)nrows * 8);
     int nf = 1;
     if (vals) {
-        if (kvps__msg_from_buf(&f[1], vals, vbytes) != 0) { zmq_msg_close(&f[0]); return KVPS_ERR_NOMEM; }
+        if (kvps__msg_from_buf(&f[1], vals, vbytes) != 0) {
+            zmq_msg_close(&f[0]);
+            return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %zu bytes", kvps__ops[op].name, srv, vbytes);
+        }
         nf = 2;
     }
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0) return KVPS_ERR_ZMQ;
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0)
+        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d: send failed: %s", kvps__ops[op].name, srv, zmq_strerror(zmq_errno()));
     q->pending++;
     q->sent++;
     q->state[srv] = 1;
@@ -5350,9 +5440,15 @@ static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int o
 }
 
 KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
-    if (!w || !d || !d->name || !*d->name || !out || !req || d->dim == 0 || d->dim > (1u << 20) ||
-        !(d->init_scale >= 0.0f && d->init_scale < 1e30f))
-        return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "table", d);
+    KVPS__NEED(w, "table", out);
+    KVPS__NEED(w, "table", req);
+    if (!d->name || !*d->name) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table: the desc has no name");
+    if (d->dim == 0 || d->dim > (1u << 20))
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table '%s': dim %u is not 1 to 2^20", d->name, d->dim);
+    if (!(d->init_scale >= 0.0f && d->init_scale < 1e30f))
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table '%s': init_scale %g is not >= 0 and finite", d->name, (double)d->init_scale);
     *req = 0;
     unsigned char rec[KVPS__TREC];
     memset(rec, 0, sizeof rec);
@@ -5364,15 +5460,15 @@ KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d,
     memcpy(rec + 32, &d->seed, 8);
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk);
-    if (r != KVPS_OK) return (unsigned)d->opt.rule >= KVPS_RULE_COUNT ? KVPS_ERR_INVALID_ARG : r;
+    if (r != KVPS_OK) return kvps__optim_fail(w, "table '%s'", d->name, &d->opt, r);
     uint64_t id = kvps__fnv1a(d->name);
     for (int i = 0; i < w->ntables; i++)
-        if (w->tables[i].id == id) return KVPS_ERR_TABLE;
+        if (w->tables[i].id == id) return kvps__wfail(w, KVPS_ERR_TABLE, "table '%s': registered twice on this worker", d->name);
     void *nt = realloc(w->tables, (size_t)(w->ntables + 1) * sizeof *w->tables);
-    if (!nt) return KVPS_ERR_NOMEM;
+    if (!nt) return kvps__wfail(w, KVPS_ERR_NOMEM, "table '%s': out of memory", d->name);
     memcpy(&w->tables, &nt, sizeof nt);
     kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return KVPS_ERR_NOMEM;
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     for (int s = 0; s < w->n && r == KVPS_OK; s++)
         r = kvps__send_table(w, q, s, KVPS__OP_TABLE, id, d->dim, NULL, 0, rec, sizeof rec);
     if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
@@ -5403,10 +5499,16 @@ static kvps__rowref *kvps__rows_sorted(const kvps_worker *w, uint64_t table, con
 
 static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const uint64_t *ids, const float *grads, float *rows,
                                  size_t nrows, kvps_req *out) {
-    if (!w || !ids || !out || nrows == 0 || nrows >= UINT32_MAX || (op == KVPS__OP_PUSH_ROWS ? !grads : !rows))
-        return KVPS_ERR_INVALID_ARG;
+    const char *call = kvps__ops[op].name;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, call, ids);
+    KVPS__NEED(w, call, out);
+    if (op == KVPS__OP_PUSH_ROWS) KVPS__NEED(w, call, grads);
+    else KVPS__NEED(w, call, rows);
+    if (nrows == 0 || nrows >= UINT32_MAX) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: nrows is %zu (1 to 2^32 - 2)", call, nrows);
     *out = 0;
-    if (ti < 0 || ti >= w->ntables) return KVPS_ERR_TABLE;
+    if (ti < 0 || ti >= w->ntables)
+        return kvps__wfail(w, KVPS_ERR_TABLE, "%s: table %d is not registered (this worker has %d)", call, (int)ti, w->ntables);
     uint64_t table = w->tables[ti].id;
     uint32_t dim = w->tables[ti].dim;
     kvps__rowref *v = kvps__rows_sorted(w, table, ids, nrows);
@@ -5466,10 +5568,11 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 }
 
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
-    if (!w || !out) return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "barrier", out);
     *out = 0;
     kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return KVPS_ERR_NOMEM;
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
     if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
     *out = q->id;
@@ -5688,7 +5791,7 @@ static void kvps__watch(kvps_worker *w) {
 static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
     if (wait_ms > 0) {
         int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
-        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+        if (rc < 0 && zmq_errno() != EINTR) return kvps__wfail(w, KVPS_ERR_ZMQ, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         if (rc <= 0) return KVPS_OK;
         for (int s = 0; s < w->n; s++)
             if (w->items[w->n + s].revents & ZMQ_POLLIN) { w->last_watch = 0; break; }
@@ -5704,7 +5807,7 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
             zmq_msg_t fr[2];
             int extra;
             int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
-            if (n < 0) return KVPS_ERR_ZMQ;
+            if (n < 0) return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d: %s", s, zmq_strerror(zmq_errno()));
             if (n == 0) break;
             kvps__on_reply(w, s, fr, n);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
@@ -5777,10 +5880,11 @@ static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
 enum { KVPS__LOST_RETRY_MS = 100 };
 
 KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
-    if (!w || !done) return KVPS_ERR_INVALID_ARG;
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "test", done);
     *done = 0;
     kvps__req *q = kvps__req_get(w, req);
-    if (!q) return KVPS_ERR_INVALID_REQ;
+    if (!q) return kvps__wfail(w, KVPS_ERR_INVALID_REQ, "test: request %llu is unknown or already completed", (unsigned long long)req);
     kvps_result r = kvps__progress(w, 0);
     if (r != KVPS_OK) return r;
     if (kvps__chain_busy(w, q)) return KVPS_OK;
@@ -5797,7 +5901,7 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     kvps__req *q = kvps__req_get(w, req);
-    if (!q) return KVPS_ERR_INVALID_REQ;
+    if (!q) return kvps__wfail(w, KVPS_ERR_INVALID_REQ, "wait: request %llu is unknown or already completed", (unsigned long long)req);
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
     /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
        caller has been told of the loss, rides it out until its deadline (a first such answer

@@ -189,6 +189,94 @@ static void test_result_strings(void) {
     KT_CHECK(strcmp(kvps_result_str((kvps_result)7), "unknown kvps_result") == 0, "unknown code 7");
 }
 
+/* Every non-OK return of a worker call leaves last_error saying why, naming the argument or
+   the thing at fault (issue 17: "last_error set on every non-OK return, naming the argument").
+   Each case: the call's result and a piece of text only that call's message has. */
+#define API_CASE(want, text, call)                                                                       \
+    do {                                                                                                 \
+        kvps_result r_ = (call);                                                                         \
+        const char *e_ = kvps_worker_last_error(w);                                                      \
+        KT_CHECK(r_ == (want) && strstr(e_, text) != NULL, "%s: got %s, last_error '%s', want %s and '%s'", \
+                 #call, kvps_result_str(r_), e_, kvps_result_str(want), text);                            \
+        n++;                                                                                             \
+    } while (0)
+
+static void test_worker_last_error(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
+    KT_OK(kvps_server_start(s));
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w));
+    uint64_t keys[2] = {1, 2}, bad_keys[2] = {1, 1ull << 63};
+    size_t lens[2] = {4, 4}, bad_lens[2] = {4, 0};
+    float v[8] = {0};
+    kvps_req q;
+    int done, n = 0;
+    kvps_tensor t;
+    KT_OK(kvps_worker_tensor(w, "weights", 8, &t));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push: keys is NULL", kvps_worker_push(w, NULL, v, lens, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push: lens is NULL", kvps_worker_push(w, keys, v, NULL, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push: out is NULL", kvps_worker_push(w, keys, v, lens, 2, NULL));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push: nkeys is 0", kvps_worker_push(w, keys, v, lens, 0, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push: vals is NULL", kvps_worker_push(w, keys, NULL, lens, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull: vals (the destination) is NULL", kvps_worker_pull(w, keys, NULL, lens, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pushpull: vals is NULL", kvps_worker_pushpull(w, keys, NULL, v, lens, 2, &q));
+    API_CASE(KVPS_ERR_KEY_RESERVED, "push: keys[1] = 9223372036854775808", kvps_worker_push(w, bad_keys, v, lens, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "init: lens[1] is 0 (key 2)", kvps_worker_init(w, keys, v, bad_lens, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor: name is NULL", kvps_worker_tensor(w, NULL, 8, &t));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor: out is NULL", kvps_worker_tensor(w, "x", 8, NULL));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor: the name is empty", kvps_worker_tensor(w, "", 8, &t));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor 'x': len is 0", kvps_worker_tensor(w, "x", 0, &t));
+    API_CASE(KVPS_ERR_TENSOR, "tensor 'weights': already registered", kvps_worker_tensor(w, "weights", 8, &t));
+    API_CASE(KVPS_ERR_TENSOR, "push: tensor 99 is not registered (this worker has 1)", kvps_worker_push_tensor(w, 99, v, &q));
+    API_CASE(KVPS_ERR_TENSOR, "pull: tensor -1 is not registered", kvps_worker_pull_tensor(w, -1, v, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push of tensor 'weights': the values are NULL", kvps_worker_push_tensor(w, t, NULL, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull of tensor 'weights': the destination is NULL", kvps_worker_pull_tensor(w, t, NULL, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pushpull: out is NULL", kvps_worker_pushpull_tensor(w, t, v, v, NULL));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull_tensor_view: view is NULL", kvps_worker_pull_tensor_view(w, t, NULL, &q));
+    kvps_codec topk = kvps_codec_get(KVPS_CODEC_TOPK), fp16 = kvps_codec_get(KVPS_CODEC_FP16);
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor 'weights': pull codec is sparse", kvps_worker_tensor_codec(w, t, NULL, &topk, 0));
+    API_CASE(KVPS_ERR_INVALID_ARG, "error_feedback is not 0 or 1", kvps_worker_tensor_codec(w, t, &fp16, NULL, 2));
+    API_CASE(KVPS_ERR_TENSOR, "tensor_codec: tensor 7 is not registered", kvps_worker_tensor_codec(w, 7, &fp16, NULL, 0));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor_optim of tensor 'weights': rule 99 is not a kvps_rule",
+             kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = (kvps_rule)99}, &q));
+    API_CASE(KVPS_ERR_HYPERPARAM, "tensor_optim of tensor 'weights': beta1 (in [0, 1)) out of range",
+             kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = KVPS_RULE_ADAM, .beta1 = 1.0f}, &q));
+    API_CASE(KVPS_ERR_HYPERPARAM, "lr (>= 0) out of range", kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = KVPS_RULE_SGD, .lr = -1}, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor_optim: o is NULL", kvps_worker_tensor_optim(w, t, NULL, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "easgd: alpha 1.5 is not in (0, 1)", kvps_worker_easgd(w, t, v, 1.5f, 100));
+    API_CASE(KVPS_ERR_INVALID_ARG, "easgd: local is NULL", kvps_worker_easgd(w, t, NULL, 0.5f, 100));
+    kvps_tensor_stats ts;
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor_stats: out is NULL", kvps_worker_tensor_stats(w, t, NULL));
+    API_CASE(KVPS_ERR_TENSOR, "tensor_stats: tensor 3 is not registered", kvps_worker_tensor_stats(w, 3, &ts));
+    kvps_table tb;
+    kvps_table_desc td = {.name = "emb", .dim = 4};
+    API_CASE(KVPS_ERR_INVALID_ARG, "table 'emb': dim 0 is not 1 to 2^20",
+             kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = 0}, &tb, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "table: the desc has no name", kvps_worker_table(w, &(kvps_table_desc){.dim = 4}, &tb, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "table 'emb': init_scale -1 is not", kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = 4, .init_scale = -1}, &tb, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "table 'emb': rule 42 is not a kvps_rule",
+             kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = 4, .opt = {.rule = (kvps_rule)42}}, &tb, &q));
+    KT_OK(kvps_worker_table(w, &td, &tb, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    API_CASE(KVPS_ERR_TABLE, "table 'emb': registered twice on this worker", kvps_worker_table(w, &td, &tb, &q));
+    uint64_t ids[2] = {5, 6};
+    API_CASE(KVPS_ERR_TABLE, "push_rows: table 5 is not registered (this worker has 1)", kvps_worker_push_rows(w, 5, ids, v, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "push_rows: grads is NULL", kvps_worker_push_rows(w, tb, ids, NULL, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull_rows: rows is NULL", kvps_worker_pull_rows(w, tb, ids, NULL, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull_rows: nrows is 0", kvps_worker_pull_rows(w, tb, ids, v, 0, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "pull_rows: ids is NULL", kvps_worker_pull_rows(w, tb, NULL, v, 2, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "barrier: out is NULL", kvps_worker_barrier(w, NULL));
+    API_CASE(KVPS_ERR_INVALID_REQ, "wait: request 123456 is unknown or already completed", kvps_worker_wait(w, 123456, 10));
+    API_CASE(KVPS_ERR_INVALID_REQ, "test: request 123456 is unknown", kvps_worker_test(w, 123456, &done));
+    KT_OK(kvps_worker_barrier(w, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "test: done is NULL", kvps_worker_test(w, q, NULL));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_CHECK(n == 45, "%d cases", n);
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&s);
+}
+
 int main(void) {
     kvps_log_set_level(KVPS_LOG_NONE); /* the expected errors would flood the output */
     KT_RUN(test_server_bad_desc);
@@ -196,5 +284,6 @@ int main(void) {
     KT_RUN(test_env);
     KT_RUN(test_env_launched);
     KT_RUN(test_result_strings);
+    KT_RUN(test_worker_last_error);
     return kt_finish();
 }
