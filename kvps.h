@@ -183,7 +183,11 @@
    Every fallible call returns kvps_result (KVPS_OK = 0, errors < 0, banded: -1.. arguments and
    state, -100.. configuration, -200.. network, -300.. wire/protocol, -400.. GPU).
    kvps_result_str(r) names it. A server's error reply reaches the worker as the result of wait,
-   and its text as kvps_worker_last_error(w). Every blocking call takes a timeout in ms
+   and its text as kvps_worker_last_error(w); every other error a worker call returns leaves
+   there what was wrong, naming the argument or thing ("push: keys[1] = ... is 2^63 or more",
+   "tensor_optim of tensor 'w': beta1 (in [0, 1)) out of range"). A ring's mismatch names both
+   calls ("rank 1 called allreduce of 100 float64 (sum, root 0); this rank (0) called ..."),
+   with kvps_dtype_name, kvps_redop_name, kvps_coll_name, kvps_algo_name. Every blocking call takes a timeout in ms
    (-1 = the object's default, 10 s unless configured) and returns KVPS_ERR_TIMEOUT rather than
    hang. Logging goes to stderr (or kvps_log_set_fn's callback, which may be set from any thread
    at any time; it is called from the thread that logs), level from KVPS_LOG =
