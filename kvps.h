@@ -440,7 +440,7 @@ typedef void (*kvps_log_fn)(void *user, kvps_log_level level, const char *msg);
    | rank           | 0 (server index, for logs; server 0 also serves barriers) |
    | consistency    | KVPS_BSP              |
    | update         | KVPS_UPDATE_MEAN (KVPS_UPDATE_CUSTOM when update_fn is set) |
-   | lr             | 0.01 for SGD          |
+   | lr             | 0.01 for SGD; refused with another update (it would be ignored) |
    | max_value_len  | 1 << 28 floats (1 GiB) per key |
    | zmq_ctx        | a context of its own  |
    | io_threads     | 1 (own context only)  |
@@ -452,7 +452,7 @@ typedef struct kvps_server_desc {
     int rank;
     kvps_consistency consistency;
     kvps_update update;
-    float lr;
+    float lr;                /* KVPS_UPDATE_SGD's rate (0: 0.01); set with any other update: refused */
     kvps_update_fn update_fn;
     void *update_user;
     kvps_init_fn init_fn;
@@ -468,7 +468,8 @@ typedef struct kvps_server_desc {
     void (*on_switch)(void *user, int old_k, int new_k); /* KVPS_ADAPTIVE: told of each change */
     void *switch_user;
     int heartbeat_ms;        /* ZMTP heartbeats: 1000 (-1: none) */
-    int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 */
+    int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 (at least
+                                2 x heartbeat_ms, else refused) */
     const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
     int checkpoint_every;    /* also write one every this many rounds (0: only on request) */
     /* CURVE (see SECURITY): this server's secret key (Z85, 40 characters) turns encryption on;
@@ -518,7 +519,7 @@ typedef struct kvps_server_stats {
    | io_threads    | 1 (own context only)                      |
    | no_malloc_tuning | 0: tune glibc malloc (see MEMORY); 1: leave it alone |
    | heartbeat_ms  | 1000: ZMTP heartbeat interval on every connection (-1: none) |
-   | peer_timeout_ms | 5000: a connection silent this long is dropped and re-made |
+   | peer_timeout_ms | 5000: a connection silent this long is dropped and re-made (at least 2 x heartbeat_ms) |
    | io_cpus       | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
@@ -1248,6 +1249,25 @@ static kvps_result kvps__ctx_take(void *borrowed, int io_threads, const char **i
     *own = 1;
     *ctx = kvps__ctx_new(io_threads, cpus);
     return *ctx ? KVPS_OK : cpus ? KVPS_ERR_CONFIG : KVPS_ERR_ZMQ;
+}
+
+/* Heartbeats that can work: a peer timeout (0: the default) of at least two heartbeat intervals
+   (0: the default; -1: no heartbeats), else an idle connection is dropped between two PINGs and
+   made again, over and over. Logs what is wrong. */
+static int kvps__heartbeat_ok(int heartbeat_ms, int peer_timeout_ms, const char *who) {
+    int hb = kvps__def(heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS), to = kvps__def(peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
+    if (heartbeat_ms < -1 || to < 0) {
+        kvps__log(KVPS_LOG_ERROR, "%s desc: heartbeat_ms %d / peer_timeout_ms %d: heartbeat_ms is > 0, 0 (default %d) or -1 "
+                                  "(none); peer_timeout_ms is > 0 or 0 (default %d)", who, heartbeat_ms, peer_timeout_ms,
+                  KVPS_DEFAULT_HEARTBEAT_MS, KVPS_DEFAULT_PEER_TIMEOUT_MS);
+        return 0;
+    }
+    if (hb > 0 && to < 2 * hb) {
+        kvps__log(KVPS_LOG_ERROR, "%s desc: peer_timeout_ms %d is less than twice heartbeat_ms %d: an idle connection "
+                                  "would be dropped between two heartbeats; make the timeout at least %d ms", who, to, hb, 2 * hb);
+        return 0;
+    }
+    return 1;
 }
 
 /* io_cpus pins a context of kvps's own; a context passed in is the caller's to pin. */
@@ -4397,6 +4417,14 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
+    if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "server")) return KVPS_ERR_CONFIG;
+    if (desc->lr != 0.0f && desc->update != KVPS_UPDATE_SGD) {
+        static const char *const updates[] = {"KVPS_UPDATE_MEAN", "KVPS_UPDATE_SUM", "KVPS_UPDATE_SGD", "KVPS_UPDATE_CUSTOM"};
+        kvps__log(KVPS_LOG_ERROR, "server desc: lr %g is set but update is %s, which has no learning rate: set .update = "
+                                  "KVPS_UPDATE_SGD (or give tensors a rule of their own with kvps_worker_tensor_optim)",
+                  (double)desc->lr, (unsigned)desc->update < KVPS_UPDATE_COUNT ? updates[desc->update] : "unknown");
+        return KVPS_ERR_CONFIG;
+    }
     if (!desc->endpoint || desc->num_workers < 1 || desc->rank < 0 || desc->io_threads < 0 ||
         (unsigned)desc->consistency >= KVPS_CONSISTENCY_COUNT || (unsigned)desc->update >= KVPS_UPDATE_COUNT ||
         desc->staleness < 0 || desc->staleness_min < 0 ||
@@ -4687,6 +4715,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "worker")) return KVPS_ERR_CONFIG;
+    if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "worker")) return KVPS_ERR_CONFIG;
     if (!desc->servers || desc->rank < 0 || desc->num_workers < 0 || desc->timeout_ms < 0 ||
         desc->io_threads < 0 || (desc->num_workers && desc->rank >= desc->num_workers)) {
         kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");

@@ -21,6 +21,18 @@ static void test_server_bad_desc(void) {
         {"unknown transport", {.endpoint = "bogus://x", .num_workers = 1}, KVPS_ERR_BIND},
         {"empty endpoint", {.endpoint = "", .num_workers = 1}, KVPS_ERR_BIND},
         {"no scheme", {.endpoint = "127.0.0.1:5555", .num_workers = 1}, KVPS_ERR_BIND},
+        /* what cannot work is refused at once (issue 17): a rate no rule reads, heartbeats that
+           would drop idle connections */
+        {"lr with MEAN", {.endpoint = "inproc://api-d", .num_workers = 1, .lr = 0.1f}, KVPS_ERR_CONFIG},
+        {"lr with SUM", {.endpoint = "inproc://api-d", .num_workers = 1, .update = KVPS_UPDATE_SUM, .lr = 0.1f}, KVPS_ERR_CONFIG},
+        {"peer_timeout = heartbeat", {.endpoint = "inproc://api-d", .num_workers = 1, .heartbeat_ms = 2000, .peer_timeout_ms = 2000},
+         KVPS_ERR_CONFIG},
+        {"peer_timeout under 2 default heartbeats", {.endpoint = "inproc://api-d", .num_workers = 1, .peer_timeout_ms = 1999},
+         KVPS_ERR_CONFIG},
+        {"heartbeat over half the default timeout", {.endpoint = "inproc://api-d", .num_workers = 1, .heartbeat_ms = 2501},
+         KVPS_ERR_CONFIG},
+        {"peer_timeout -5", {.endpoint = "inproc://api-d", .num_workers = 1, .peer_timeout_ms = -5}, KVPS_ERR_CONFIG},
+        {"heartbeat -2", {.endpoint = "inproc://api-d", .num_workers = 1, .heartbeat_ms = -2}, KVPS_ERR_CONFIG},
     };
     char marker;
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -65,6 +77,9 @@ static void test_worker_bad_desc(void) {
         {"io_threads -1", {.servers = "inproc://a", .io_threads = -1}, KVPS_ERR_CONFIG},
         {"unknown transport", {.servers = "bogus://x"}, KVPS_ERR_CONNECT},
         {"second endpoint bad", {.servers = "inproc://a,nonsense"}, KVPS_ERR_CONNECT},
+        {"peer_timeout = heartbeat", {.servers = "inproc://a", .heartbeat_ms = 1000, .peer_timeout_ms = 1000}, KVPS_ERR_CONFIG},
+        {"peer_timeout under 2 heartbeats", {.servers = "inproc://a", .heartbeat_ms = 100, .peer_timeout_ms = 150}, KVPS_ERR_CONFIG},
+        {"peer_timeout -1", {.servers = "inproc://a", .peer_timeout_ms = -1}, KVPS_ERR_CONFIG},
     };
     char marker;
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -201,6 +216,21 @@ static void test_result_strings(void) {
         n++;                                                                                             \
     } while (0)
 
+/* The edges that are accepted: a timeout of exactly two heartbeats, no heartbeats at all (any
+   timeout), lr with SGD. */
+static void test_desc_edges_accepted(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://api-e1", .num_workers = 1, .heartbeat_ms = 500,
+                                                  .peer_timeout_ms = 1000, .update = KVPS_UPDATE_SGD, .lr = 0.5f}, &s));
+    kvps_server_destroy(&s);
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://api-e2", .num_workers = 1, .heartbeat_ms = -1,
+                                                  .peer_timeout_ms = 10}, &s));
+    kvps_server_destroy(&s);
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://a", .heartbeat_ms = 100, .peer_timeout_ms = 200}, &w));
+    kvps_worker_destroy(&w);
+}
+
 static void test_worker_last_error(void) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
@@ -285,5 +315,6 @@ int main(void) {
     KT_RUN(test_env_launched);
     KT_RUN(test_result_strings);
     KT_RUN(test_worker_last_error);
+    KT_RUN(test_desc_edges_accepted);
     return kt_finish();
 }
