@@ -4617,7 +4617,8 @@ typedef struct kvps__req {
     int lost;            /* servers in state 3 */
     int64_t lost_at;     /* when the last such answer came (ms): re-sent no sooner than 100 ms after */
     int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
-    struct kvps__tensor_info *tensor; /* tensor requests: for stats */
+    int tensor;          /* tensor requests: its index + 1 (0: none), for stats and messages (an index:
+                            registering more tensors may move w->tensors while the request is out) */
     uint32_t *dups;      /* row pulls: (from, to) row positions to copy once all replies are in */
     size_t ndups;
     float *dup_base;
@@ -5225,7 +5226,7 @@ static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info 
     memset(q->dbegin, 0, ((size_t)w->n + 1) * sizeof *q->dbegin);
     kvps_result r = KVPS_OK;
     int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
-    q->tensor = t;
+    q->tensor = (int)(t - w->tensors) + 1;
     q->coded_pull = t->has_pull && kvps__op_pulls(op);
     if (q->coded_pull) q->pull_c = t->pull_c;
     for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
@@ -5615,7 +5616,9 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
 // >>progress
 /* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
 /* An error reply's text, as the worker's last error: "server i: text". */
-static void kvps__reply_text(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
+/* A server's error text into last_error; for a tensor request it names the tensor too (the
+   server knows only slice keys). */
+static void kvps__reply_text(kvps_worker *w, const kvps__req *q, int srv, zmq_msg_t *fr, int nfr) {
     char text[256] = "";
     if (nfr > 1) {
         size_t n = zmq_msg_size(&fr[1]);
@@ -5623,7 +5626,10 @@ static void kvps__reply_text(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         memcpy(text, zmq_msg_data(&fr[1]), n);
         text[n] = 0;
     }
-    snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
+    if (q->tensor)
+        snprintf(w->errmsg, sizeof w->errmsg, "tensor '%s': server %d: %s", w->tensors[q->tensor - 1].name, srv, text);
+    else
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
 }
 
 static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
@@ -5640,6 +5646,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     q->pending--;
+    kvps__tensor_info *tn = q->tensor ? &w->tensors[q->tensor - 1] : NULL;
     if (h.status == KVPS_ERR_PEER_LOST && q->nkept[srv]) {
         /* the server is fine but cannot complete the pull or barrier yet: a worker it waits for
            is lost. What the request pushed is applied and stays so (the server keeps it in its
@@ -5648,7 +5655,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         q->state[srv] = 3;
         q->lost++;
         q->lost_at = kvps__now_ms();
-        kvps__reply_text(w, srv, fr, nfr);
+        kvps__reply_text(w, q, srv, fr, nfr);
         return;
     }
     q->state[srv] = 2;
@@ -5659,7 +5666,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     if (h.status != KVPS_OK) {
-        kvps__reply_text(w, srv, fr, nfr);
+        kvps__reply_text(w, q, srv, fr, nfr);
         if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
         return;
     }
@@ -5676,10 +5683,10 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
             uint32_t nb;
             if (kvps__blob_next(&it, &blob, &nb) != 1) { dr = KVPS_ERR_TRUNCATED; break; }
             dr = kvps_codec_decode(&q->pull_c, blob, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
-            if (q->tensor) q->tensor->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
+            if (tn) tn->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
         }
         if (dr == KVPS_OK && it.off != it.size) dr = KVPS_ERR_MALFORMED;
-        if (q->tensor) q->tensor->st.pull_wire_bytes += it.size;
+        if (tn) tn->st.pull_wire_bytes += it.size;
         if (dr != KVPS_OK) {
             snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
             if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
@@ -5711,9 +5718,9 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
         src += q->dest[j].len * sizeof(float);
     }
-    if (q->tensor) {
-        q->tensor->st.pull_raw_bytes += total * sizeof(float);
-        q->tensor->st.pull_wire_bytes += total * sizeof(float);
+    if (tn) {
+        tn->st.pull_raw_bytes += total * sizeof(float);
+        tn->st.pull_wire_bytes += total * sizeof(float);
     }
 }
 

@@ -231,6 +231,44 @@ static void test_desc_edges_accepted(void) {
     kvps_worker_destroy(&w);
 }
 
+/* A tensor request in flight while more tensors are registered (w->tensors grows and moves):
+   its reply still lands in the right tensor's stats (it used to write through a stale pointer:
+   a use after free that asan-test reports). And a server's error about a tensor's slice names
+   the tensor: two workers registering "shared" with different lengths. */
+static void test_tensor_requests_and_names(void) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
+    KT_OK(kvps_server_start(s));
+    kvps_worker *w = NULL, *w2 = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w));
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w2));
+    enum { N = 40 };
+    kvps_tensor t[N];
+    char name[16];
+    for (int i = 0; i < 16; i++) { snprintf(name, sizeof name, "t%d", i); KT_OK(kvps_worker_tensor(w, name, 4, &t[i])); }
+    float v[10] = {0};
+    kvps_req q;
+    KT_OK(kvps_worker_pull_tensor(w, t[3], v, &q));
+    for (int i = 16; i < N; i++) { snprintf(name, sizeof name, "t%d", i); KT_OK(kvps_worker_tensor(w, name, 4, &t[i])); }
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    kvps_tensor_stats st;
+    KT_OK(kvps_worker_tensor_stats(w, t[3], &st));
+    KT_CHECK(st.pulls == 1 && st.pull_raw_bytes == 16, "t3: %llu pulls, %llu bytes", (unsigned long long)st.pulls,
+             (unsigned long long)st.pull_raw_bytes);
+    kvps_tensor a, b;
+    KT_OK(kvps_worker_tensor(w, "shared", 8, &a));
+    KT_OK(kvps_worker_tensor(w2, "shared", 10, &b));
+    KT_OK(kvps_worker_push_tensor(w, a, v, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_OK(kvps_worker_push_tensor(w2, b, v, &q));
+    kvps_result r = kvps_worker_wait(w2, q, 5000);
+    KT_CHECK(r == KVPS_ERR_LEN_MISMATCH && strstr(kvps_worker_last_error(w2), "tensor 'shared'"),
+             "%s, '%s': want KVPS_ERR_LEN_MISMATCH naming tensor 'shared'", kvps_result_str(r), kvps_worker_last_error(w2));
+    kvps_worker_destroy(&w);
+    kvps_worker_destroy(&w2);
+    kvps_server_destroy(&s);
+}
+
 static void test_worker_last_error(void) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
@@ -315,6 +353,7 @@ int main(void) {
     KT_RUN(test_env_launched);
     KT_RUN(test_result_strings);
     KT_RUN(test_worker_last_error);
+    KT_RUN(test_tensor_requests_and_names);
     KT_RUN(test_desc_edges_accepted);
     return kt_finish();
 }
