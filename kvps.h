@@ -5307,9 +5307,9 @@ KVPS_API void kvps_view_release(kvps_view **pv) {
 }
 
 KVPS_API kvps_result kvps_worker_pull_tensor_view(kvps_worker *w, kvps_tensor t, kvps_view **view, kvps_req *out) {
+    if (view) *view = NULL; /* NULL on any immediate error */
     if (!w) return KVPS_ERR_INVALID_ARG;
     KVPS__NEED(w, "pull_tensor_view", view);
-    *view = NULL;
     KVPS__NEED(w, "pull_tensor_view", out);
     KVPS__TENSOR_OK(w, "pull_tensor_view", t);
     kvps_view *v = (kvps_view *)calloc(1, sizeof *v);
