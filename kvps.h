@@ -2287,10 +2287,6 @@ typedef struct kvps__kent {
 typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
 typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
 
-/* What an op carries and allows: kvps__ops (dispatch). */
-static int kvps__op_has_values(int op);
-static int kvps__op_pulls(int op);
-
 /* A coded values frame: per key [u32 bytes][codec blob], walked in key order. */
 typedef struct kvps__blobs {
     const unsigned char *p;
@@ -2419,6 +2415,17 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
 /* The update rules: their table, the CONFIG record's decoding, and their maths in float32. */
 static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
 
+/* The first hyper-parameter of a resolved optim that is out of range, named with its range;
+   NULL when all are in range. */
+static const char *kvps__optim_bad_field(const kvps_optim *o) {
+    return !kvps__finite(o->lr) || o->lr < 0                                  ? "lr (>= 0)"
+           : !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ? "momentum (in [0, 1))"
+           : !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1          ? "beta1 (in [0, 1))"
+           : !kvps__finite(o->beta2) || o->beta2 < 0 || o->beta2 >= 1          ? "beta2 (in [0, 1))"
+           : !kvps__finite(o->eps) || o->eps <= 0                              ? "eps (> 0, or 0: default)"
+                                                                               : NULL;
+}
+
 /* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
 static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
     uint32_t rule;
@@ -2432,11 +2439,7 @@ static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
     o->beta2 = f[3] != 0.0f ? f[3] : KVPS_DEFAULT_BETA2;
     o->eps = f[4] != 0.0f ? f[4] : KVPS_DEFAULT_EPS;
     if (rule >= KVPS_RULE_COUNT) return KVPS_ERR_MALFORMED;
-    if (!kvps__finite(o->lr) || o->lr < 0 || !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ||
-        !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1 || !kvps__finite(o->beta2) || o->beta2 < 0 ||
-        o->beta2 >= 1 || !kvps__finite(o->eps) || o->eps <= 0)
-        return KVPS_ERR_HYPERPARAM;
-    return KVPS_OK;
+    return kvps__optim_bad_field(o) ? KVPS_ERR_HYPERPARAM : KVPS_OK;
 }
 
 /* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
@@ -2887,9 +2890,12 @@ static void kvps__contrib_into(kvps_server *s, const kvps__key *k, const kvps__c
     }
 }
 
-/* The rule in force for a key's own rule r (DEFAULT: the server's). */
+/* The rule in force for a key's own rule r (DEFAULT: the server's), and a key's whole optim. */
 static kvps_rule kvps__rule_in_force(const kvps_server *s, kvps_rule r) {
     return r != KVPS_RULE_DEFAULT ? r : s->default_opt.rule;
+}
+static const kvps_optim *kvps__optim_in_force(const kvps_server *s, const kvps__key *k) {
+    return k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt;
 }
 /* A table row's state floats: per value, then the scalars. */
 static uint32_t kvps__table_sdim(kvps_rule r, uint32_t dim) {
@@ -2915,7 +2921,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
     if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
         kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
         s->update_fn(&a);
-    } else if (kvps__apply_rule(k, k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt, sum, count) != 0) {
+    } else if (kvps__apply_rule(k, kvps__optim_in_force(s, k), sum, count) != 0) {
         return -1;
     }
     k->round++;
@@ -3172,7 +3178,7 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
     uint32_t n = k->ndef;
     if (!n) return;
     k->ndef = 0;
-    const kvps_optim *o = k->opt.rule != KVPS_RULE_DEFAULT ? &k->opt : &s->default_opt;
+    const kvps_optim *o = kvps__optim_in_force(s, k);
     int nstate = kvps__rules[o->rule].state, ok = kvps__value_writable(k) == 0;
     if (ok && nstate && !k->state) {
         k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
@@ -4869,20 +4875,17 @@ static kvps_result kvps__wfail(const kvps_worker *cw, kvps_result rc, const char
 }
 /* The first NULL of a call's pointer arguments, named ("keys is NULL"). */
 #define KVPS__NEED(w, call, p) do { if (!(p)) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: %s is NULL", call, #p); } while (0)
-/* An optim the servers would refuse: an unknown rule is KVPS_ERR_INVALID_ARG, a value out of
-   range KVPS_ERR_HYPERPARAM; the message names the field. */
-static kvps_result kvps__optim_fail(kvps_worker *w, const char *what, const char *name, const kvps_optim *o, kvps_result r) {
+/* An optim the servers would refuse (o as given, resolved as kvps__optim_read left it): an
+   unknown rule is KVPS_ERR_INVALID_ARG, a value out of range r; the message names the field. */
+static kvps_result kvps__optim_fail(kvps_worker *w, const char *what, const char *name, const kvps_optim *o,
+                                    const kvps_optim *resolved, kvps_result r) {
     char where[200];
     snprintf(where, sizeof where, what, name);
     if ((unsigned)o->rule >= KVPS_RULE_COUNT)
         return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule", where, (int)o->rule);
-    const char *field = !(o->lr >= 0 && kvps__finite(o->lr))                                 ? "lr (>= 0)"
-                        : !(o->momentum >= 0 && o->momentum < 1)                            ? "momentum (in [0, 1))"
-                        : !(o->beta1 >= 0 && o->beta1 < 1)                                  ? "beta1 (in [0, 1))"
-                        : !(o->beta2 >= 0 && o->beta2 < 1)                                  ? "beta2 (in [0, 1))"
-                                                                                            : "eps (> 0, or 0: default)";
-    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g)", where, field, (double)o->lr,
-                       (double)o->momentum, (double)o->beta1, (double)o->beta2, (double)o->eps);
+    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g)", where,
+                       kvps__optim_bad_field(resolved), (double)o->lr, (double)o->momentum, (double)o->beta1,
+                       (double)o->beta2, (double)o->eps);
 }
 #define KVPS__TENSOR_OK(w, call, t)                                                                            \
     do {                                                                                                       \
@@ -5382,7 +5385,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
     if (r != KVPS_OK)
-        return kvps__optim_fail(w, "tensor_optim of tensor '%s'", w->tensors[ti].name, o, r);
+        return kvps__optim_fail(w, "tensor_optim of tensor '%s'", w->tensors[ti].name, o, &chk, r);
     kvps__tensor_info *t = &w->tensors[ti];
     kvps__req *head = NULL, *last = NULL;
     for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
@@ -5494,7 +5497,7 @@ KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d,
     memcpy(rec + 32, &d->seed, 8);
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk);
-    if (r != KVPS_OK) return kvps__optim_fail(w, "table '%s'", d->name, &d->opt, r);
+    if (r != KVPS_OK) return kvps__optim_fail(w, "table '%s'", d->name, &d->opt, &chk, r);
     uint64_t id = kvps__fnv1a(d->name);
     for (int i = 0; i < w->ntables; i++)
         if (w->tables[i].id == id) return kvps__wfail(w, KVPS_ERR_TABLE, "table '%s': registered twice on this worker", d->name);
