@@ -292,10 +292,12 @@ static inline void kt_cluster_down(kt_cluster *c) {
 
 /* A worker that dies: its connection closes with no goodbye (kvps_worker_finish), as when its
    process is killed; the servers see it lost, not finished. */
+#ifdef KVPS__IMPLEMENTED /* (it reaches into the worker) */
 static inline void kt_worker_vanish(kvps_worker **w) {
     if (*w) (*w)->finished = 1;
     kvps_worker_destroy(w);
 }
+#endif
 
 /* ---- server processes ---------------------------------------------------------------------- */
 #include <sys/wait.h>
