@@ -93,6 +93,10 @@
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
    the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
+   Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
+   only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
+   what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
+   connected yet; tests/test_ring_close.c checks the last call's result on every rank.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
