@@ -331,7 +331,7 @@ static void test_ctr_async_under_kvps_run(void) {
                        "--test 10000 --epochs 2", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, "[worker 0] ", 0.06);
-    /* the servers left by themselves after the last clock, and said so */
+    /* the servers left by themselves once every worker had finished, and said so */
     KT_CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
     if (kt_cur_failed) show(out);
@@ -365,6 +365,7 @@ static void test_fmnist_modes(void) {
                      bdir, modes[i]);
         KT_CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
         check_fmnist(out, "", modes[i]);
+        KT_CHECK(!strstr(out, "did not leave by itself"), "--mode %s: a server had to be stopped", modes[i]);
         if (kt_cur_failed) { show(out); free(out); return; }
         free(out);
     }
@@ -469,6 +470,9 @@ static void test_launcher_env_and_prefixes(void) {
                        "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
                        "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
     KT_CHECK(rc == 0, "exit %d", rc);
+    /* these servers never leave by themselves: stopped after --server-wait, and named */
+    KT_CHECK(strstr(out, "kvps-run: server 0, server 1 still running 1 s after the last worker (--server-wait): "
+                         "stopping the servers") != NULL, "no message naming the servers stopped");
     KT_CHECK(has_line(out, "[server 0] role=server rank=0 n=3 size="), "server 0 line");
     KT_CHECK(has_line(out, "[server 1] role=server rank=1 n=3 size="), "server 1 line");
     for (int r = 0; r < 3; r++) {
