@@ -35,10 +35,20 @@
            .update = KVPS_UPDATE_SGD, .lr = 0.1f // 0 -> KVPS_UPDATE_MEAN (aggregate only)
        }, &s);
        if (r != KVPS_OK) { fprintf(stderr, "kvps: %s\n", kvps_result_str(r)); exit(1); }
-       kvps_server_run(s);          // serves until kvps_server_stop(s) (thread- and signal-safe)
-       kvps_server_destroy(&s);
-   Or kvps_server_start(s) to serve from a background thread. Several servers may live in one
-   process (on inproc:// they must share a ZeroMQ context: set .zmq_ctx).
+       kvps_server_run(s);          // returns once all 4 workers have finished (CLEAN FINISH),
+       kvps_server_destroy(&s);     // or at kvps_server_stop(s) (thread- and signal-safe)
+   Or kvps_server_start(s) to serve from a background thread (kvps_server_wait(s, -1) waits
+   for it to stop). Several servers may live in one process (on inproc:// they must share a
+   ZeroMQ context: set .zmq_ctx). examples/hello_ps.c is a whole program, server and worker.
+   CLEAN FINISH. A worker says goodbye when it is done (kvps_worker_finish, or by itself in
+   kvps_worker_destroy); once every one of num_workers workers has, the server stops by
+   itself: a job under kvps-run, mpirun or srun ends with its last worker, exit 0, with no
+   "lost" warning. A finished worker's closed connection is no loss; one that comes back (or
+   a new process with its rank) is simply not finished any more. A pull or barrier that needs
+   a push from a worker that has finished is answered KVPS_ERR_PEER_LOST at once ("worker 1
+   has finished ... but round 7 of tensor 'w' needs its push"); under .elastic the finished
+   worker leaves the aggregation instead. .keep_serving = 1: a long-lived server that serves
+   job after job until kvps_server_stop.
 
    3. STEP BY STEP: WORKER
        kvps_worker *w = NULL;
@@ -56,7 +66,19 @@
            ... compute something else while the bytes move ...
            if (kvps_worker_wait(w, q, -1) != KVPS_OK) { ...kvps_worker_last_error(w)... }
        }
-       kvps_worker_destroy(&w);
+       kvps_worker_destroy(&w);                   // says goodbye: the servers stop once all have
+   FIRST CONTACT. kvps_worker_create sends each server a hello with what must agree: the
+   protocol release, num_workers, the server list (its count and a hash of it, and this
+   server's place in it, which must be its rank), min_slice and max_slice, and the worker's
+   rank and incarnation. The first worker a server accepts sets the reference (until all
+   those that said hello have finished); a worker that disagrees, or takes the rank of a
+   live worker, is refused with KVPS_ERR_CONFIG (KVPS_ERR_VERSION for the protocol) and
+   both values named ("worker 3 was told num_workers = 4, server 0 (tcp://...) was told
+   3"), in the server's log and in the worker's next wait, which returns it within a round
+   trip; everything else that worker sends is refused the same way: destroy it. Tensor names
+   go to every server when registered: one registered elsewhere with another length or cut
+   into other slices is refused by name ("tensor 'w': worker 1 registered it with 10 floats,
+   worker 0 with 8"), and that tensor's calls then return that error.
 
    4. KEYS, TENSORS AND SHARDING
    Raw keys are uint64_t values below 2^63 with float32 values of any length >= 1 (a key's length
@@ -110,7 +132,12 @@
        4      1    version 1
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
                            key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
-                           8 PULL_ROWS, 9 TABLE (see below); replies set 0x80
+                           8 PULL_ROWS, 9 TABLE (see below), 10 HELLO (values: u32 protocol
+                           3, u32 num_workers, u32 servers in the list, u32 this server's
+                           place, u64 list hash, u64 min_slice, u64 max_slice, u64 0), 11 BYE,
+                           12 STATUS (req_id: the request asked about; answered with text),
+                           13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
+                           bytes, the name); replies set 0x80
      table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
      PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
      u64 seed } with no ids
@@ -187,9 +214,25 @@
    there what was wrong, naming the argument or thing ("push: keys[1] = ... is 2^63 or more",
    "tensor_optim of tensor 'w': beta1 (in [0, 1)) out of range"). A ring's mismatch names both
    calls ("rank 1 called allreduce of 100 float64 (sum, root 0); this rank (0) called ..."),
-   with kvps_dtype_name, kvps_redop_name, kvps_coll_name, kvps_algo_name. Every blocking call takes a timeout in ms
-   (-1 = the object's default, 10 s unless configured) and returns KVPS_ERR_TIMEOUT rather than
-   hang. Logging goes to stderr (or kvps_log_set_fn's callback, which may be set from any thread
+   with kvps_dtype_name, kvps_redop_name, kvps_coll_name, kvps_algo_name.
+   TIMEOUTS. Every blocking call takes a timeout in ms and returns rather than hang: 0 looks
+   and returns at once (like zmq_poll's 0), > 0 waits that long, -1 means the object's
+   timeout (desc.timeout_ms: 10 s unless set). Unlike ZeroMQ's and MPI's -1, it is never
+   "forever": a job that wants hours sets desc.timeout_ms to hours (or waits again: a timed-out
+   request stays valid). The one exception is kvps_server_wait(s, -1), which waits for a
+   server to stop (its workers, not a peer, decide when). A dead peer ends a wait sooner:
+   heartbeats (FAULTS) mark it lost.
+   STALLS. A timed-out wait asks each server still owing a reply what the request waits for
+   (STATUS; at most 0.3 s more) and says it in last_error: "request timed out after 10000 ms
+   ...; server 0 (tcp://...): pull of tensor 'w' slice 1 of 2 waits for round 6, which workers
+   2 (never connected), 3 (lost 12 s ago) have not pushed" (or "barrier 4 waits for workers
+   ..."). A worker's state is one of: connected, never connected, disconnected, lost, finished,
+   refused. A server that was never reached is said so, with its endpoint ("server 1
+   (tcp://10.0.0.2:5555) never connected: nothing accepted a connection there ...",
+   KVPS_ERR_PEER_LOST), apart from one that was reached and went away ("unreachable for N ms").
+   The server's own stall inspector logs the same (warn) for every pull or barrier that has
+   waited .stall_ms (default 60 s, as Horovod's; -1: off), one line per key or barrier, again
+   every stall_ms while it waits. Logging goes to stderr (or kvps_log_set_fn's callback, which may be set from any thread
    at any time; it is called from the thread that logs), level from KVPS_LOG =
    none|error|warn|info|debug (default warn), or kvps_log_set_level.
    WHAT AN ERROR MEANS FOR THE REQUEST: whether its pushes (push, pushpull, init, push_rows)
@@ -271,6 +314,8 @@
    kvps_server_start; restart the server on the same endpoint and its workers carry on:
    requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
    Not done yet: replication to a backup server.
+   Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
+   connection is not reported lost.
 
    12. SECURITY: CURVE
    Make certificates with `make certs` (or kvps-keygen NAME: NAME.cert is public, NAME.cert_secret
@@ -483,6 +528,11 @@ typedef struct kvps_server_desc {
                               max_value_len floats + 64 MiB */
     int max_queued_replies; /* per worker: replies waiting to be read (10000); more are dropped */
     const char *io_cpus;    /* CPUs for the I/O thread(s) of the server's own context (CPU PINNING) */
+    int keep_serving; /* 0: kvps_server_run returns KVPS_OK by itself once every one of num_workers
+                         workers has finished (kvps_worker_finish or destroy: CLEAN FINISH);
+                         1: serves until kvps_server_stop (a long-lived server) */
+    int stall_ms;     /* the stall inspector: a pull or barrier waiting this long is logged (warn)
+                         with the workers it waits for, again every stall_ms: 60000 (-1: off) */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -641,6 +691,10 @@ KVPS_API const char *kvps_server_endpoint(const kvps_server *s); /* resolved, e.
 KVPS_API kvps_result kvps_server_run(kvps_server *s);   /* serves until kvps_server_stop */
 KVPS_API kvps_result kvps_server_start(kvps_server *s); /* serves from a background thread */
 KVPS_API void kvps_server_stop(kvps_server *s);
+/* For a server serving from kvps_server_start: waits until it has stopped, by itself (every
+   worker finished) or by kvps_server_stop. KVPS_OK, or KVPS_ERR_TIMEOUT after timeout_ms
+   (-1: no limit; the server's own stall inspector says meanwhile what it waits for). */
+KVPS_API kvps_result kvps_server_wait(kvps_server *s, int timeout_ms);
 KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out);
 KVPS_API void kvps_server_destroy(kvps_server **s);
 /* Checkpoints (see FAULTS). kvps_server_checkpoint writes the shard (values, optimizer state,
@@ -657,6 +711,12 @@ KVPS_API kvps_result kvps_cert_load(const char *path, char public_z85[41], char 
 KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path);
 
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out);
+/* Tells every server this worker is done: it sends nothing more. A server whose workers have
+   all finished stops by itself (unless .keep_serving), so a job ends cleanly. Servers answer
+   in order, after everything this worker sent before; waits up to timeout_ms (-1: the worker's
+   timeout) for them. Servers that are unreachable are not waited for. kvps_worker_destroy
+   does it by itself (waiting at most 1 s) when it was not called. */
+KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms);
 KVPS_API void kvps_worker_destroy(kvps_worker **w);
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w);
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w);
@@ -944,6 +1004,8 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
      tables     sparse tables' storage
      dispatch   the ops table, kvps__handle (parse, liveness, exactly-once, handler) and the
                 handlers of keyed and table ops, each a sequence of named checks and steps
+     session    HELLO (configuration checked at first contact), BYE (clean finish), tensor
+                names, STATUS and the stall inspector
      checkpoint writing and restoring a shard
      curve      CURVE and its ZAP handler
      server-api create, run, start, stop, destroy
@@ -2259,7 +2321,15 @@ enum {
     KVPS__OP_PUSH_ROWS = 7,
     KVPS__OP_PULL_ROWS = 8,
     KVPS__OP_TABLE = 9,
-    KVPS__OP_COUNT = 10,
+    KVPS__OP_HELLO = 10,  /* a worker's first message: what must agree (kvps__hello) */
+    KVPS__OP_BYE = 11,    /* the worker has finished */
+    KVPS__OP_STATUS = 12, /* what is request req_id waiting for? answered with text */
+    KVPS__OP_NAME = 13,   /* a tensor's name and layout (kvps__name_rec + the name) */
+    KVPS__OP_COUNT = 14,
+    KVPS__PROTO = 3,      /* the protocol release a HELLO names: both sides must speak the same */
+    KVPS__HELLO_BYTES = 48,
+    KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
+    KVPS__NAME_MAX = 255,
     KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
     KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
     KVPS__OP_REPLY = 0x80,
@@ -2503,6 +2573,7 @@ typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BS
 typedef struct kvps__parked { /* a pull waiting for a key's round */
     struct kvps__parked *next;
     int stalled;
+    int64_t since, warned; /* parked at, last named by the stall inspector (ms) */
     zmq_msg_t id;
     kvps__hdr hdr;
     uint32_t *idx; /* key indices in request order */
@@ -2571,6 +2642,19 @@ struct kvps_server {
     uint8_t *lost;
     int nlost;
     uint8_t *out;             /* elastic: left the aggregation */
+    /* sessions: who said hello (and with what), who finished, tensor names; the stall inspector */
+    uint32_t *live_inc;       /* per worker: the incarnation whose hello was accepted (0: none) */
+    uint32_t *bad_inc;        /* per worker: an incarnation whose hello was refused, and why */
+    char (*bad_text)[200];
+    uint8_t *heard;           /* per worker: has spoken at all */
+    uint8_t *done;            /* per worker: finished (BYE) */
+    int ndone, finish;        /* finish: every worker finished, the serving loop ends */
+    int ref_rank;             /* the worker whose hello set ref (-1: none yet): later ones must agree */
+    unsigned char ref[KVPS__HELLO_BYTES];
+    struct kvps__tname *tnames; /* tensor names by base key: open addressing, grows at 1/2 load */
+    uint32_t ntnames, cap_tnames;
+    int64_t stall_next;       /* the stall inspector's next look (ms) */
+    int stopped;              /* kvps_server_run has returned (kvps_server_wait; under ckpt_mu) */
     /* CURVE */
     void *zap;                /* the ZAP handler (REP on inproc://zeromq.zap.01) */
     uint8_t (*curve_ok)[32];
@@ -3101,12 +3185,32 @@ static void kvps__pull_reply(kvps_server *s, zmq_msg_t *id, const kvps__hdr *hdr
     kvps__server_send(s, f, 3);
 }
 
+static const char *kvps__key_text(const kvps_server *s, uint64_t key, char *buf, size_t n);
+
+/* A worker that has finished (and not left: elastic) whose push round `round` of k (k NULL:
+   barrier generation `round`) still needs; -1 when none. */
+static int kvps__needs_finished(const kvps_server *s, const kvps__key *k, uint64_t round) {
+    if (!s->ndone) return -1;
+    for (int r = 0; r < s->m; r++)
+        if (s->done[r] && !s->out[r] && (k ? k->recv[r] <= round : s->barrier_gen[r] <= round)) return r;
+    return -1;
+}
+
 /* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
 static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
         kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
                           s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+        kvps__parked_free(p);
+        return;
+    }
+    int fin = k ? kvps__needs_finished(s, k, k->round) : -1;
+    if (fin >= 0) { /* ... or one that said it has finished */
+        char what[300];
+        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished (kvps_worker_finish or destroy), "
+                          "but round %llu of %s needs its push", fin, (unsigned long long)k->round + 1,
+                          kvps__key_text(s, k->key, what, sizeof what));
         kvps__parked_free(p);
         return;
     }
@@ -3126,12 +3230,19 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
         return;
     }
+    int fin = kvps__needs_finished(s, NULL, s->barrier_gen[h->rank]);
+    if (fin >= 0) {
+        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
+                          (unsigned long long)s->barrier_gen[h->rank]);
+        return;
+    }
     kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
     if (!p) { kvps__reply_error(s, id, h, KVPS_ERR_NOMEM, "no memory for a barrier"); return; }
     zmq_msg_init(&p->id);
     zmq_msg_copy(&p->id, id);
     p->hdr = *h;
     p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
+    p->since = kvps__now_ms();
     p->next = s->barrier_waiters;
     s->barrier_waiters = p;
     kvps__barrier_check(s, p->hdr.aux);
@@ -3243,7 +3354,6 @@ static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const 
    it complete (means over the contributions they have). */
 static void kvps__leave(kvps_server *s, int r) {
     s->out[r] = 1;
-    s->nlost--; /* not an error any more: the job goes on without it */
     for (uint32_t i = 0; i < s->nkeys; i++) {
         kvps__key *k = s->keys[i];
         while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
@@ -3296,14 +3406,16 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
 static void kvps__liveness_events(kvps_server *s) {
     uint16_t ev = 0;
     int32_t fd = -1;
-    while (s->mon && kvps__monitor_event(s->mon, &ev, &fd))
-        if (ev == ZMQ_EVENT_DISCONNECTED)
-            for (int r = 0; r < s->m; r++)
-                if (s->rank_fd[r] == fd && !s->gone_since[r] && !s->lost[r]) {
-                    s->gone_since[r] = kvps__now_ms();
-                    s->rank_fd[r] = -1;
-                    kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
-                }
+    while (s->mon && kvps__monitor_event(s->mon, &ev, &fd)) {
+        if (ev != ZMQ_EVENT_DISCONNECTED) continue;
+        for (int r = 0; r < s->m; r++) {
+            if (s->rank_fd[r] != fd) continue;
+            s->rank_fd[r] = -1;
+            if (s->done[r] || s->gone_since[r] || s->lost[r]) continue; /* a finished worker's drop is no loss */
+            s->gone_since[r] = kvps__now_ms();
+            kvps__log(KVPS_LOG_INFO, "server %d: worker %d disconnected", s->desc.rank, r);
+        }
+    }
 }
 
 /* A worker gone for peer_timeout_ms is lost. */
@@ -3313,7 +3425,7 @@ static void kvps__liveness(kvps_server *s) {
     for (int r = 0; r < s->m; r++)
         if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
             s->lost[r] = 1;
-            s->nlost++;
+            if (!s->desc.elastic) s->nlost++; /* elastic: not an error, the job goes on without it */
             KVPS__STAT_ADD(s, peers_lost, 1);
             kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s", s->desc.rank, r,
                       s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "");
@@ -3460,6 +3572,10 @@ typedef struct kvps__op_spec {
 static void kvps__serve_keys(kvps_server *s, kvps__rq *q);
 static void kvps__serve_barrier(kvps_server *s, kvps__rq *q);
 static void kvps__serve_table(kvps_server *s, kvps__rq *q);
+static void kvps__serve_hello(kvps_server *s, kvps__rq *q);
+static void kvps__serve_bye(kvps_server *s, kvps__rq *q);
+static void kvps__serve_status(kvps_server *s, kvps__rq *q);
+static void kvps__serve_name(kvps_server *s, kvps__rq *q);
 
 /* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
 static const kvps__op_spec kvps__ops[] = {
@@ -3473,6 +3589,10 @@ static const kvps__op_spec kvps__ops[] = {
     {"push_rows", 1, 0, 0, 1, kvps__serve_table},
     {"pull_rows", 0, 0, 0, 0, kvps__serve_table},
     {"table", 1, 0, 0, 1, kvps__serve_table},
+    {"hello", 1, 0, 0, 0, kvps__serve_hello},
+    {"bye", 0, 0, 0, 0, kvps__serve_bye},
+    {"status", 0, 0, 0, 0, kvps__serve_status},
+    {"name", 1, 0, 0, 0, kvps__serve_name},
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -3508,7 +3628,9 @@ static int kvps__parse(kvps_server *s, kvps__rq *q) {
     if ((h->flags & KVPS__FLAG_CODED_REPLY) &&
         (!kvps__server_codec(s, (int)h->aux, &tmp) || (kvps__codec_info((int)h->aux) && !kvps__codec_info((int)h->aux)->dense)))
         return kvps__refuse(s, q, KVPS_ERR_CODEC, "pull codec %u is unknown or not a dense codec", h->aux);
-    if (h->rank >= (uint32_t)s->m) return kvps__refuse(s, q, KVPS_ERR_RANK, "rank %u, server has %d workers", h->rank, s->m);
+    if (h->rank >= (uint32_t)s->m)
+        return kvps__refuse(s, q, KVPS_ERR_RANK, "worker rank %u, but server %d (%s) was told num_workers = %d", h->rank,
+                            s->desc.rank, s->endpoint, s->m);
     q->coded = (h->flags & KVPS__FLAG_CODED) != 0;
     return 1;
 }
@@ -3516,6 +3638,11 @@ static int kvps__parse(kvps_server *s, kvps__rq *q) {
 /* Liveness: the worker spoke, from this connection. */
 static void kvps__heard_from(kvps_server *s, kvps__rq *q) {
     uint32_t r = q->h.rank;
+    s->heard[r] = 1;
+    if (s->done[r] && q->h.op != KVPS__OP_BYE) { /* it speaks again (or its restart does): not finished */
+        s->done[r] = 0;
+        s->ndone--;
+    }
     int fd = zmq_msg_get(&q->fr[1], ZMQ_SRCFD); /* -1 on inproc */
     if (fd >= 0 && s->rank_fd[r] != fd) {
         /* a new connection: first take in the drops already reported, one of which may be of an
@@ -3570,6 +3697,14 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         return;
     }
     if (!kvps__parse(s, &q)) return;
+    if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
+        kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
+        return;
+    }
+    if (q.h.op == KVPS__OP_HELLO) { /* checked before it counts as the rank's live connection */
+        q.op->serve(s, &q);
+        return;
+    }
     kvps__heard_from(s, &q);
     if (!kvps__fresh(s, &q)) return;
     q.op->serve(s, &q);
@@ -3836,6 +3971,7 @@ static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
     zmq_msg_copy(&p->id, q->id);
     p->hdr = q->h;
     p->idx = pidx;
+    p->since = kvps__now_ms();
     kvps__try_pull(s, p);
 }
 
@@ -3991,6 +4127,309 @@ static void kvps__serve_table(kvps_server *s, kvps__rq *q) {
     kvps__server_send(s, f, nf);
 }
 
+
+// >>session
+/* Sessions: a worker's HELLO (what must agree, checked at first contact), its BYE (finished:
+   a server whose workers have all finished stops by itself), tensor names (NAME, so that
+   messages say 'tensor' rather than a slice key), STATUS (what a request waits for) and the
+   stall inspector, which names the workers a waiting pull or barrier needs. */
+typedef struct kvps__tname {
+    uint64_t base;  /* the tensor's slice keys without the slice index; 0: empty slot */
+    uint64_t len;
+    uint32_t nslices;
+    int rank;       /* the worker that named it first */
+    char *name;
+} kvps__tname;
+
+static uint32_t kvps__get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t kvps__get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static kvps__tname *kvps__tname_find(const kvps_server *s, uint64_t base) {
+    if (!s->cap_tnames) return NULL;
+    for (uint32_t i = (uint32_t)kvps__mix64(base) & (s->cap_tnames - 1);; i = (i + 1) & (s->cap_tnames - 1)) {
+        if (s->tnames[i].base == base) return &s->tnames[i];
+        if (!s->tnames[i].base) return NULL;
+    }
+}
+
+/* A free slot for base (not there yet), growing the table first; NULL when out of memory. */
+static kvps__tname *kvps__tname_slot(kvps_server *s, uint64_t base) {
+    if (2 * (s->ntnames + 1) > s->cap_tnames) {
+        uint32_t nc = s->cap_tnames ? 2 * s->cap_tnames : 64;
+        kvps__tname *nt = (kvps__tname *)calloc(nc, sizeof *nt), *old = s->tnames;
+        if (!nt) return NULL;
+        uint32_t oc = s->cap_tnames;
+        s->tnames = nt;
+        s->cap_tnames = nc;
+        for (uint32_t i = 0; i < oc; i++)
+            if (old[i].base) {
+                uint32_t j = (uint32_t)kvps__mix64(old[i].base) & (nc - 1);
+                while (nt[j].base) j = (j + 1) & (nc - 1);
+                nt[j] = old[i];
+            }
+        free(old);
+    }
+    uint32_t j = (uint32_t)kvps__mix64(base) & (s->cap_tnames - 1);
+    while (s->tnames[j].base) j = (j + 1) & (s->cap_tnames - 1);
+    return &s->tnames[j];
+}
+
+/* A key in words: "tensor 'w' slice 1 of 2" once a worker has named it, else "key N". */
+static const char *kvps__key_text(const kvps_server *s, uint64_t key, char *buf, size_t n) {
+    const kvps__tname *t = (key >> 63) ? kvps__tname_find(s, key & ~(uint64_t)0xffff) : NULL;
+    if (t && t->nslices > 1)
+        snprintf(buf, n, "tensor '%s' slice %u of %u", t->name, (unsigned)(key & 0xffff), t->nslices);
+    else if (t) snprintf(buf, n, "tensor '%s'", t->name);
+    else snprintf(buf, n, "key %llu", (unsigned long long)key);
+    return buf;
+}
+
+/* Why worker r is not doing its part, in a few words. */
+static const char *kvps__rank_state(const kvps_server *s, int r, int64_t now, char *buf, size_t n) {
+    if (s->done[r]) snprintf(buf, n, "finished");
+    else if (s->bad_inc[r] && !s->live_inc[r]) snprintf(buf, n, "refused: %s", s->bad_text[r]);
+    else if (s->lost[r]) snprintf(buf, n, "lost %lld s ago", (long long)(now - s->gone_since[r]) / 1000);
+    else if (!s->heard[r]) snprintf(buf, n, "never connected");
+    else if (s->gone_since[r]) snprintf(buf, n, "disconnected %lld s ago", (long long)(now - s->gone_since[r]) / 1000);
+    else snprintf(buf, n, "connected");
+    return buf;
+}
+
+/* "workers 2 (never connected), 3 (lost 12 s ago)": the ranks with miss(r) set, eight at most. */
+static void kvps__missing_text(const kvps_server *s, const kvps__key *k, uint64_t gen, char *buf, size_t n) {
+    int64_t now = kvps__now_ms();
+    size_t used = 0;
+    int listed = 0, more = 0;
+    buf[0] = 0;
+    for (int r = 0; r < s->m; r++) {
+        int miss = k ? (!s->out[r] && k->recv[r] <= k->round) : (!s->out[r] && s->barrier_gen[r] <= gen);
+        if (!miss) continue;
+        if (listed == 8) { more++; continue; }
+        char st[240];
+        kvps__rank_state(s, r, now, st, sizeof st);
+        int w = snprintf(buf + used, n - used, "%s%d (%s)", listed ? ", " : "", r, st);
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+        listed++;
+    }
+    if (more && used < n) snprintf(buf + used, n - used, " and %d more", more);
+}
+
+/* What parked request p waits for. */
+static void kvps__stall_text(const kvps_server *s, const kvps__parked *p, char *buf, size_t n) {
+    char who[600], what[300];
+    if (p->hdr.op == KVPS__OP_BARRIER) {
+        kvps__missing_text(s, NULL, p->hdr.aux, who, sizeof who);
+        snprintf(buf, n, "barrier %u waits for workers %s", p->hdr.aux, who);
+        return;
+    }
+    const kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
+    if (!k) { snprintf(buf, n, "the pull is ready"); return; }
+    kvps__missing_text(s, k, 0, who, sizeof who);
+    snprintf(buf, n, "pull of %s waits for round %llu, which workers %s have not pushed",
+             kvps__key_text(s, k->key, what, sizeof what), (unsigned long long)k->round + 1, who);
+}
+
+/* Refuses the hello of worker q->h.rank: remembered, so that the rest of what that process
+   sends is refused with the same words. */
+static int kvps__hello_refuse(kvps_server *s, kvps__rq *q, kvps_result rc, const char *fmt, ...) {
+    uint32_t r = q->h.rank;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->bad_text[r], sizeof s->bad_text[r], fmt, ap);
+    va_end(ap);
+    s->bad_inc[r] = (uint32_t)q->h.status;
+    kvps__log(KVPS_LOG_ERROR, "server %d: refused worker %u: %s", s->desc.rank, r, s->bad_text[r]);
+    return kvps__refuse(s, q, rc, "%s", s->bad_text[r]);
+}
+
+/* HELLO: values = u32 protocol, u32 num_workers (0: unchecked), u32 servers in the worker's
+   list, u32 this server's place in it, u64 the list's hash, u64 min_slice, u64 max_slice, u64 0.
+   The first hello accepted sets what later ones must match; 0 when refused. */
+static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
+    uint32_t r = q->h.rank;
+    if (q->nfr != 3 || zmq_msg_size(&q->fr[2]) != KVPS__HELLO_BYTES)
+        return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "hello of %zu bytes, expected %d",
+                            q->nfr == 3 ? zmq_msg_size(&q->fr[2]) : (size_t)0, KVPS__HELLO_BYTES);
+    const unsigned char *v = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+    uint32_t proto = kvps__get32(v), nw = kvps__get32(v + 4), ns = kvps__get32(v + 8), at = kvps__get32(v + 12);
+    uint64_t hash = kvps__get64(v + 16), mins = kvps__get64(v + 24), maxs = kvps__get64(v + 32);
+    const unsigned char *f = s->ref;
+    int fr = s->ref_rank;
+    if (proto != KVPS__PROTO)
+        return kvps__hello_refuse(s, q, KVPS_ERR_VERSION, "worker %u speaks kvps protocol %u, server %d (%s) speaks %d", r, proto,
+                                  s->desc.rank, s->endpoint, KVPS__PROTO);
+    if (nw && nw != (uint32_t)s->m)
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u was told num_workers = %u, server %d (%s) was told %d", r, nw,
+                                  s->desc.rank, s->endpoint, s->m);
+    if (at != (uint32_t)s->desc.rank)
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u lists this server (%s) as server %u of %u, but it was started "
+                                  "as server %d: the server list must be in rank order", r, s->endpoint, at, ns, s->desc.rank);
+    if (fr >= 0 && (ns != kvps__get32(f + 8) || hash != kvps__get64(f + 16)))
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u lists %u servers (list hash %016llx), worker %d listed %u "
+                                  "(hash %016llx): every worker needs the same server list, in the same order", r, ns,
+                                  (unsigned long long)hash, fr, kvps__get32(f + 8), (unsigned long long)kvps__get64(f + 16));
+    if (fr >= 0 && (mins != kvps__get64(f + 24) || maxs != kvps__get64(f + 32)))
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u cuts tensors with min_slice %llu, max_slice %llu; worker %d "
+                                  "with %llu, %llu", r, (unsigned long long)mins, (unsigned long long)maxs, fr,
+                                  (unsigned long long)kvps__get64(f + 24), (unsigned long long)kvps__get64(f + 32));
+    kvps__liveness_events(s); /* a predecessor's drop may be waiting to be read */
+    if (q->h.status && s->live_inc[r] && s->live_inc[r] != (uint32_t)q->h.status && !s->done[r] && !s->lost[r] &&
+        !s->gone_since[r])
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker rank %u is taken by a live worker (another process or "
+                                  "object, still connected): two workers were given rank %u", r, r);
+    if (fr < 0) {
+        memcpy(s->ref, v, KVPS__HELLO_BYTES);
+        s->ref_rank = (int)r;
+    }
+    return 1;
+}
+static void kvps__serve_hello(kvps_server *s, kvps__rq *q) {
+    if (!kvps__hello_ok(s, q)) return;
+    if (q->h.status) s->live_inc[q->h.rank] = (uint32_t)q->h.status;
+    kvps__heard_from(s, q);
+    kvps__reply_ack(s, q->id, &q->h);
+}
+
+static void kvps__fail_finished(kvps_server *s);
+
+/* BYE: worker r has finished. Under .elastic it leaves the aggregation, like a lost worker. */
+static void kvps__serve_bye(kvps_server *s, kvps__rq *q) {
+    uint32_t r = q->h.rank;
+    if (!s->done[r]) {
+        s->done[r] = 1;
+        s->ndone++;
+        kvps__log(KVPS_LOG_INFO, "server %d: worker %u finished (%d of %d)", s->desc.rank, r, s->ndone, s->m);
+        if (s->desc.elastic && !s->out[r]) kvps__leave(s, (int)r);
+        else kvps__fail_finished(s);
+        int live = 0; /* every worker that said hello has finished: the next ones may set another layout */
+        for (int i = 0; i < s->m && !live; i++) live = s->live_inc[i] && !s->done[i];
+        if (!live) s->ref_rank = -1;
+    }
+    kvps__reply_ack(s, q->id, &q->h);
+    if (s->ndone == s->m && !s->desc.keep_serving) s->finish = 1;
+}
+
+/* A worker has finished: pulls and barriers waiting for a round it will not push are told. */
+static void kvps__fail_finished(kvps_server *s) {
+    for (uint32_t i = 0; i < s->nkeys; i++)
+        if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]); /* (kvps__try_pull answers those) */
+    kvps__parked **pp = &s->barrier_waiters;
+    while (*pp) {
+        kvps__parked *w = *pp;
+        int fin = kvps__needs_finished(s, NULL, w->hdr.aux);
+        if (fin < 0) { pp = &w->next; continue; }
+        *pp = w->next;
+        s->barrier_gen[w->hdr.rank]--; /* taken back, as for a lost worker (kvps__fail_waiters) */
+        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %u cannot complete", fin,
+                          w->hdr.aux);
+        kvps__parked_free(w);
+    }
+}
+
+/* STATUS: what the request with this req_id, from this rank, waits for here. */
+static void kvps__serve_status(kvps_server *s, kvps__rq *q) {
+    char text[1000] = "";
+    const kvps__parked *hit = NULL;
+    for (const kvps__parked *p = s->barrier_waiters; p && !hit; p = p->next)
+        if (p->hdr.rank == q->h.rank && p->hdr.req_id == q->h.req_id) hit = p;
+    for (uint32_t i = 0; i < s->nkeys && !hit; i++)
+        for (const kvps__parked *p = s->keys[i]->waiters; p && !hit; p = p->next)
+            if (p->hdr.rank == q->h.rank && p->hdr.req_id == q->h.req_id) hit = p;
+    if (hit) kvps__stall_text(s, hit, text, sizeof text);
+    else snprintf(text, sizeof text, "nothing of that request waits here (not received yet, or answered)");
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t f[3];
+    kvps__reply_start(f, q->id, 0, &h);
+    kvps__msg_from_buf(&f[2], text, strlen(text));
+    kvps__server_send(s, f, 3);
+}
+
+/* NAME: values = kvps__name_rec { u64 base; u64 len; u32 slices; u32 name bytes } + the name.
+   Two workers that disagree about a tensor are told so by its name. */
+static void kvps__serve_name(kvps_server *s, kvps__rq *q) {
+    size_t sz = q->nfr == 3 ? zmq_msg_size(&q->fr[2]) : 0;
+    const unsigned char *v = (const unsigned char *)(q->nfr == 3 ? zmq_msg_data(&q->fr[2]) : NULL);
+    if (sz < KVPS__NAME_REC || sz != KVPS__NAME_REC + (size_t)kvps__get32(v + 20)) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "tensor name record of %zu bytes", sz);
+        return;
+    }
+    uint64_t base = kvps__get64(v), len = kvps__get64(v + 8);
+    uint32_t ns = kvps__get32(v + 16), nb = kvps__get32(v + 20);
+    char name[KVPS__NAME_MAX + 1];
+    if (!(base >> 63) || (base & 0xffff) || !ns || ns > 65536 || len < ns || !nb || nb > KVPS__NAME_MAX ||
+        memchr(v + KVPS__NAME_REC, 0, nb)) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "tensor name record: base key, length, slices or name out of range");
+        return;
+    }
+    memcpy(name, v + KVPS__NAME_REC, nb);
+    name[nb] = 0;
+    kvps__tname *t = kvps__tname_find(s, base);
+    if (t && strcmp(t->name, name) != 0) {
+        kvps__refuse(s, q, KVPS_ERR_TENSOR, "tensor '%s' of worker %u and tensor '%s' of worker %d have the same slice keys "
+                     "(their names' hashes collide): rename one", name, q->h.rank, t->name, t->rank);
+        return;
+    }
+    if (t && t->len != len) {
+        kvps__refuse(s, q, KVPS_ERR_LEN_MISMATCH, "tensor '%s': worker %u registered it with %llu floats, worker %d with %llu",
+                     name, q->h.rank, (unsigned long long)len, t->rank, (unsigned long long)t->len);
+        return;
+    }
+    if (t && t->nslices != ns) {
+        kvps__refuse(s, q, KVPS_ERR_CONFIG, "tensor '%s': worker %u cuts it into %u slices, worker %d into %u (their server "
+                     "lists or min_slice / max_slice differ)", name, q->h.rank, ns, t->rank, t->nslices);
+        return;
+    }
+    if (!t) {
+        char *copy = (char *)malloc(nb + 1);
+        kvps__tname *slot = copy ? kvps__tname_slot(s, base) : NULL;
+        if (!slot) {
+            free(copy);
+            kvps__refuse(s, q, KVPS_ERR_NOMEM, "tensor '%s': no memory for its name", name);
+            return;
+        }
+        memcpy(copy, name, nb + 1);
+        slot->base = base;
+        slot->len = len;
+        slot->nslices = ns;
+        slot->rank = (int)q->h.rank;
+        slot->name = copy;
+        s->ntnames++;
+    }
+    kvps__reply_ack(s, q->id, &q->h);
+}
+
+/* The stall inspector: every pull or barrier parked for stall_ms is named, with the workers it
+   waits for, and again every stall_ms while it waits. One line per key (however many pulls
+   wait on it) and per barrier generation. */
+static void kvps__stall_check(kvps_server *s, int64_t now) {
+    int64_t lim = s->desc.stall_ms;
+    char text[1200];
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        int n = 0;
+        kvps__parked *first = NULL;
+        for (kvps__parked *p = s->keys[i]->waiters; p; p = p->next)
+            if (now - p->since >= lim && now - p->warned >= lim) {
+                if (!first || p->since < first->since) first = p;
+                p->warned = now;
+                n++;
+            }
+        if (!first) continue;
+        kvps__stall_text(s, first, text, sizeof text);
+        kvps__log(KVPS_LOG_WARN, "server %d: stalled for %lld s: %s (%d pull%s waiting)", s->desc.rank,
+                  (long long)(now - first->since) / 1000, text, n, n == 1 ? "" : "s");
+    }
+    uint64_t said = UINT64_MAX;
+    for (kvps__parked *p = s->barrier_waiters; p; p = p->next)
+        if (now - p->since >= lim && now - p->warned >= lim) {
+            p->warned = now;
+            if (p->hdr.aux == said) continue;
+            said = p->hdr.aux;
+            kvps__stall_text(s, p, text, sizeof text);
+            kvps__log(KVPS_LOG_WARN, "server %d: stalled for %lld s: %s", s->desc.rank, (long long)(now - p->since) / 1000, text);
+        }
+}
 
 // >>checkpoint
 /* CRC-32 (IEEE 802.3, zlib's crc32), bytewise from a table. */
@@ -4462,10 +4901,19 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
     s->lost = (uint8_t *)calloc((size_t)s->m, 1);
     s->out = (uint8_t *)calloc((size_t)s->m, 1);
-    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || kvps__table_grow(s) != 0) {
-        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out); free(s);
+    s->live_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->live_inc);
+    s->bad_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->bad_inc);
+    s->bad_text = (char(*)[200])calloc((size_t)s->m, sizeof *s->bad_text);
+    s->heard = (uint8_t *)calloc((size_t)s->m, 1);
+    s->done = (uint8_t *)calloc((size_t)s->m, 1);
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->live_inc || !s->bad_inc ||
+        !s->bad_text || !s->heard || !s->done || kvps__table_grow(s) != 0) {
+        free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s);
         return KVPS_ERR_NOMEM;
     }
+    s->ref_rank = -1;
+    s->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
     for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
     s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
     s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
@@ -4530,7 +4978,9 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
     zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
                                {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
     for (;;) {
-        if (zmq_poll(items, s->zap ? 4 : 3, kvps__liveness_pending(s) ? 100 : -1) < 0) {
+        /* the stall inspector looks once a second (an idle server wakes that often) */
+        long tmo = kvps__liveness_pending(s) ? 100 : s->desc.stall_ms > 0 ? 1000 : -1;
+        if (zmq_poll(items, s->zap ? 4 : 3, tmo) < 0) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
@@ -4555,12 +5005,45 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
         if (kvps__liveness_pending(s)) kvps__liveness(s);
         kvps__checkpoint_maybe(s);
+        if (s->finish) {
+            kvps__log(KVPS_LOG_INFO, "server %d: all %d workers finished; stopping", s->desc.rank, s->m);
+            return KVPS_OK; /* (closing the socket flushes the last acknowledgements: ZMQ_LINGER) */
+        }
+        if (s->desc.stall_ms > 0) {
+            int64_t now = kvps__now_ms();
+            if (now >= s->stall_next) {
+                s->stall_next = now + 1000;
+                kvps__stall_check(s, now);
+            }
+        }
     }
 }
 
 static void *kvps__server_thread(void *arg) {
-    kvps_server_run((kvps_server *)arg);
+    kvps_server *s = (kvps_server *)arg;
+    kvps_server_run(s);
+    pthread_mutex_lock(&s->ckpt_mu);
+    s->stopped = 1;
+    pthread_cond_broadcast(&s->ckpt_cv);
+    pthread_mutex_unlock(&s->ckpt_mu);
     return NULL;
+}
+
+KVPS_API kvps_result kvps_server_wait(kvps_server *s, int timeout_ms) {
+    if (!s) return KVPS_ERR_INVALID_ARG;
+    if (!s->started) return KVPS_ERR_STATE;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    int rc = 0;
+    pthread_mutex_lock(&s->ckpt_mu);
+    while (!s->stopped && rc == 0)
+        rc = timeout_ms < 0 ? pthread_cond_wait(&s->ckpt_cv, &s->ckpt_mu) : pthread_cond_timedwait(&s->ckpt_cv, &s->ckpt_mu, &until);
+    int stopped = s->stopped;
+    pthread_mutex_unlock(&s->ckpt_mu);
+    return stopped ? KVPS_OK : KVPS_ERR_TIMEOUT;
 }
 
 KVPS_API kvps_result kvps_server_start(kvps_server *s) {
@@ -4601,6 +5084,9 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done);
+    for (uint32_t i = 0; i < s->cap_tnames; i++) free(s->tnames[i].name);
+    free(s->tnames);
     pthread_mutex_destroy(&s->ckpt_mu);
     pthread_cond_destroy(&s->ckpt_cv);
     while (s->tables) { struct kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
@@ -4638,6 +5124,7 @@ typedef struct kvps__req {
     uint64_t next;       /* a tensor op with more slices than servers goes out in rounds of at most one
                             slice per server, chained: the next round's request, 0 for the last */
     uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
+    uint8_t ctl;         /* a request of the worker's own (KVPS__OP_HELLO, NAME, BYE), 0 for the caller's */
 } kvps__req;
 
 typedef struct kvps__vpart {
@@ -4661,6 +5148,8 @@ typedef struct kvps__tensor_info {
     int has_push, has_pull;
     float **resid; /* error feedback per slice, or NULL */
     kvps_tensor_stats st;
+    kvps_result bad;  /* a server refused its name (another worker registered it otherwise) */
+    char *bad_text;
 } kvps__tensor_info;
 
 struct kvps_worker {
@@ -4682,6 +5171,12 @@ struct kvps_worker {
     int curve;         /* this worker speaks CURVE (its keys are not kept) */
     int64_t last_watch; /* when connection events were last read (each read is a syscall) */
     int64_t *down_since;
+    uint8_t *up_once;  /* per server: a connection was ever made (inproc: from the start) */
+    int ready;         /* create succeeded: destroy says goodbye */
+    int finished;      /* kvps_worker_finish was called */
+    kvps_result fatal; /* a server refused this worker's hello: every wait says so */
+    char (*status_text)[400]; /* per server: its answer to the last STATUS asked */
+    uint8_t *status_got;
     uint32_t nslots;
     uint32_t *free_slots;
     uint32_t nfree;
@@ -4692,7 +5187,8 @@ struct kvps_worker {
     /* per-call scratch: keys grouped by server */
     uint32_t *order, *count;
     size_t order_cap;
-    char errmsg[320];
+    char errmsg[1024];
+    char fatal_text[300];
 };
 
 static void kvps__req_drop_kept(kvps__req *q, int srv) {
@@ -4717,6 +5213,8 @@ static void kvps__zc_free(void *data, void *hint) {
     (void)data;
     kvps__req_unref((kvps__req *)hint);
 }
+
+static kvps_result kvps__hello_all(kvps_worker *w);
 
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
@@ -4754,8 +5252,11 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
     w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
     w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
+    w->up_once = (uint8_t *)calloc((size_t)w->n, 1);
+    w->status_text = (char(*)[400])calloc((size_t)w->n, sizeof *w->status_text);
+    w->status_got = (uint8_t *)calloc((size_t)w->n, 1);
     if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
-        !w->down_since) {
+        !w->down_since || !w->up_once || !w->status_text || !w->status_got) {
         kvps_worker_destroy(&w);
         return KVPS_ERR_NOMEM;
     }
@@ -4817,6 +5318,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
             r = KVPS_ERR_CONNECT;
             break;
         }
+        w->up_once[i] = strncmp(w->endpoints[i], "inproc://", 9) == 0; /* no handshake events there */
         w->items[i].socket = s;
         w->items[i].events = ZMQ_POLLIN;
         w->items[w->n + i].socket = w->mons[i];
@@ -4826,7 +5328,9 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->curve = w->desc.curve_server_keys != NULL;
     w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
     memset(csec, 0, sizeof csec);
+    if (r == KVPS_OK) r = kvps__hello_all(w);
     if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
+    w->ready = 1;
     *out = w;
     return KVPS_OK;
 }
@@ -4835,6 +5339,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     if (!wp || !*wp) return;
     kvps_worker *w = *wp;
     *wp = NULL;
+    if (w->ready && !w->finished) kvps_worker_finish(w, 1000); /* a clean finish, unless the caller did it */
     for (int i = 0; i < w->n; i++) {
         if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
         if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
@@ -4851,10 +5356,11 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
         for (uint32_t j = 0; t->resid && j < t->nslices; j++) free(t->resid[j]);
         free(t->resid);
+        free(t->bad_text);
     }
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
-    free(w->down_since);
+    free(w->down_since); free(w->up_once); free(w->status_text); free(w->status_got);
     free(w->free_slots); free(w->order); free(w->count); free(w->tables);
     free(w);
 }
@@ -5044,6 +5550,89 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
     return KVPS_OK;
 }
 
+static void kvps__watch(kvps_worker *w);
+static kvps_result kvps__progress(kvps_worker *w, long wait_ms);
+
+/* A request of the worker's own to server srv: a header (nkeys 0) and, when bytes > 0, one
+   values frame; kept, like every request, to be re-sent after a reconnect. */
+static kvps_result kvps__send_ctl(kvps_worker *w, kvps__req *q, int srv, int op, const void *payload, size_t bytes) {
+    kvps__hdr h = kvps__req_hdr(w, q, op, 0);
+    h.status = (int32_t)w->incarnation;
+    zmq_msg_t f[2];
+    int nf = bytes ? 2 : 1;
+    if (kvps__msg_from_buf(&f[0], &h, sizeof h) != 0) return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory", kvps__ops[op].name);
+    if (nf == 2 && kvps__msg_from_buf(&f[1], payload, bytes) != 0) {
+        zmq_msg_close(&f[0]);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory", kvps__ops[op].name);
+    }
+    kvps__req_drop_kept(q, srv);
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&q->kept[srv][j]);
+        zmq_msg_copy(&q->kept[srv][j], &f[j]);
+    }
+    q->nkept[srv] = (uint8_t)nf;
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
+        kvps__req_drop_kept(q, srv);
+        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, w->endpoints[srv],
+                           zmq_strerror(zmq_errno()));
+    }
+    q->pending++;
+    q->sent++;
+    q->state[srv] = 1;
+    return KVPS_OK;
+}
+
+/* The hello to every server (queued until each connection is made): what must agree. */
+static kvps_result kvps__hello_all(kvps_worker *w) {
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "create: out of memory");
+    q->ctl = KVPS__OP_HELLO;
+    uint64_t hash = 0xcbf29ce484222325ull; /* FNV-1a over the list, a comma between entries */
+    for (int i = 0; i < w->n; i++)
+        for (const char *c = w->endpoints[i]; ; c++) {
+            hash = (hash ^ (unsigned char)(*c ? *c : ',')) * 0x100000001b3ull;
+            if (!*c) break;
+        }
+    unsigned char v[KVPS__HELLO_BYTES] = {0};
+    uint64_t mins = w->desc.min_slice, maxs = w->desc.max_slice;
+    kvps__put32(v, KVPS__PROTO);
+    kvps__put32(v + 4, (uint32_t)w->desc.num_workers);
+    kvps__put32(v + 8, (uint32_t)w->n);
+    memcpy(v + 16, &hash, 8);
+    memcpy(v + 24, &mins, 8);
+    memcpy(v + 32, &maxs, 8);
+    for (int i = 0; i < w->n; i++) {
+        kvps__put32(v + 12, (uint32_t)i);
+        kvps_result r = kvps__send_ctl(w, q, i, KVPS__OP_HELLO, v, sizeof v);
+        if (r != KVPS_OK) return r;
+    }
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    if (w->finished) return KVPS_OK;
+    w->finished = 1;
+    kvps__watch(w);
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
+    q->ctl = KVPS__OP_BYE;
+    kvps_result r = KVPS_OK;
+    for (int i = 0; i < w->n && r == KVPS_OK; i++) /* servers never reached, or down, are not waited for */
+        if (w->up_once[i] && !w->down[i] && !w->refused[i]) r = kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
+    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    for (int64_t now = kvps__now_ms(); r == KVPS_OK && q->pending > 0 && now < deadline; now = kvps__now_ms())
+        kvps__progress(w, (long)(deadline - now)); /* (a refused hello is no reason to stop here) */
+    if (r == KVPS_OK && q->pending > 0) {
+        int s = 0;
+        while (q->state[s] != 1) s++;
+        r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)", s,
+                        w->endpoints[s], timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent);
+    }
+    kvps__req_end(w, q);
+    return r;
+}
+
 static int kvps__server_of(const kvps_worker *w, uint64_t key) {
     return (int)(kvps__mix64(key) % (uint64_t)w->n);
 }
@@ -5131,6 +5720,29 @@ KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, cons
 }
 
 // >>tensor
+/* Tells every server tensor t's name and layout (NAME): their messages then name it, and a
+   worker that registers it with another length or layout is told at once. Nothing waits for
+   the answers (a refusal marks the tensor: its calls then fail with the server's words). */
+static void kvps__name_all(kvps_worker *w, kvps_tensor ti) {
+    const kvps__tensor_info *t = &w->tensors[ti];
+    size_t nb = strlen(t->name);
+    if (nb > KVPS__NAME_MAX) nb = KVPS__NAME_MAX; /* (the first 255 bytes name it in messages) */
+    unsigned char v[KVPS__NAME_REC + KVPS__NAME_MAX];
+    uint64_t base = t->keys[0] & ~(uint64_t)0xffff, len = t->len;
+    memcpy(v, &base, 8);
+    memcpy(v + 8, &len, 8);
+    kvps__put32(v + 16, t->nslices);
+    kvps__put32(v + 20, (uint32_t)nb);
+    memcpy(v + KVPS__NAME_REC, t->name, nb);
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return;
+    q->ctl = KVPS__OP_NAME;
+    q->tensor = ti + 1;
+    for (int i = 0; i < w->n; i++)
+        if (kvps__send_ctl(w, q, i, KVPS__OP_NAME, v, KVPS__NAME_REC + nb) != KVPS_OK) break;
+    if (!q->pending) kvps__req_end(w, q);
+}
+
 KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     KVPS__NEED(w, "tensor", name);
@@ -5185,6 +5797,7 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
         t->server[i] = (int)((first + i) % (uint64_t)w->n);
     }
     *out = w->ntensors++;
+    kvps__name_all(w, *out);
     return KVPS_OK;
 }
 
@@ -5265,6 +5878,8 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
         return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s of tensor '%s': the destination is NULL", call, w->tensors[ti].name);
     *out = 0;
     kvps__tensor_info *t = &w->tensors[ti];
+    if (t->bad) /* a server refused its name: another worker registered it otherwise */
+        return kvps__wfail(w, t->bad, "%s of tensor '%s': %s", call, t->name, t->bad_text ? t->bad_text : "refused");
     if (view && t->has_pull) { /* coded replies are decoded into buffers the view owns */
         for (uint32_t i = 0; i < t->nslices; i++)
             if (!(view->part[i].own = (float *)kvps__alloc_floats(t->slen[i])))
@@ -5635,6 +6250,33 @@ static void kvps__reply_text(kvps_worker *w, const kvps__req *q, int srv, zmq_ms
         snprintf(w->errmsg, sizeof w->errmsg, "server %d: %s", srv, text);
 }
 
+/* The answer to one of the worker's own requests. A refused hello makes every later wait fail
+   with the server's words (both values named); a refused tensor name, that tensor's calls. */
+static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
+    q->state[srv] = 2;
+    kvps__req_drop_kept(q, srv);
+    if (h->status < 0) {
+        char text[256] = "";
+        size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
+        if (n > sizeof text - 1) n = sizeof text - 1;
+        if (n) memcpy(text, zmq_msg_data(&fr[1]), n);
+        text[n] = 0;
+        if (q->ctl == KVPS__OP_HELLO && !w->fatal) {
+            w->fatal = (kvps_result)h->status;
+            snprintf(w->fatal_text, sizeof w->fatal_text, "server %d (%s) refused this worker: %s", srv, w->endpoints[srv], text);
+            kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, w->fatal_text);
+        } else if (q->ctl == KVPS__OP_NAME && q->tensor && !w->tensors[q->tensor - 1].bad) {
+            kvps__tensor_info *t = &w->tensors[q->tensor - 1];
+            t->bad = (kvps_result)h->status;
+            size_t tn = strlen(text) + 64;
+            if ((t->bad_text = (char *)malloc(tn)) != NULL) snprintf(t->bad_text, tn, "server %d: %s", srv, text);
+            kvps__log(KVPS_LOG_ERROR, "worker %d: server %d: %s", w->desc.rank, srv, text);
+        }
+        if (q->status == KVPS_OK) q->status = (kvps_result)h->status;
+    }
+    if (q->pending == 0 && q->ctl != KVPS__OP_BYE) kvps__req_end(w, q); /* (finish waits for its BYE itself) */
+}
+
 static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     kvps__hdr h;
     if (zmq_msg_size(&fr[0]) < sizeof h) {
@@ -5642,6 +6284,14 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
+    if (h.magic == KVPS__MAGIC && h.op == (KVPS__OP_STATUS | KVPS__OP_REPLY)) { /* what a request waits for */
+        size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
+        if (n > sizeof w->status_text[srv] - 1) n = sizeof w->status_text[srv] - 1;
+        if (n) memcpy(w->status_text[srv], zmq_msg_data(&fr[1]), n);
+        w->status_text[srv][n] = 0;
+        w->status_got[srv] = 1;
+        return;
+    }
     kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
     if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
         kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
@@ -5649,6 +6299,10 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     q->pending--;
+    if (q->ctl) {
+        kvps__on_ctl_reply(w, q, srv, &h, fr, nfr);
+        return;
+    }
     kvps__tensor_info *tn = q->tensor ? &w->tensors[q->tensor - 1] : NULL;
     if (h.status == KVPS_ERR_PEER_LOST && q->nkept[srv]) {
         /* the server is fine but cannot complete the pull or barrier yet: a worker it waits for
@@ -5802,6 +6456,7 @@ static void kvps__watch(kvps_worker *w) {
                               w->endpoints[s]);
                 }
             } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                w->up_once[s] = 1;
                 w->refused[s] = KVPS__HS_NONE;
                 w->hs_cuts[s] = 0;
                 if (w->down[s]) {
@@ -5856,6 +6511,7 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
     }
+    if (w->fatal) return kvps__wfail(w, w->fatal, "%s", w->fatal_text);
     return KVPS_OK;
 }
 
@@ -5919,6 +6575,39 @@ static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
         }
 }
 
+/* A timed-out request: asks each server still owing a reply what the request waits for
+   (STATUS; at most KVPS__STATUS_MS more) and says it in last_error: "request timed out after
+   10000 ms: server 0 (tcp://...): pull of tensor 'w' waits for round 6, which workers 2
+   (never connected) have not pushed". */
+enum { KVPS__STATUS_MS = 300 };
+static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
+    int asked = 0;
+    for (int s = 0; s < w->n; s++) {
+        w->status_got[s] = 0;
+        if (c->state[s] != 1) continue;
+        kvps__hdr h = kvps__req_hdr(w, c, KVPS__OP_STATUS, 0);
+        h.status = (int32_t)w->incarnation;
+        zmq_msg_t f;
+        if (kvps__msg_from_buf(&f, &h, sizeof h) == 0 && kvps__send_frames(w->socks[s], &f, 1) == 0) asked++;
+    }
+    int64_t until = kvps__now_ms() + KVPS__STATUS_MS;
+    for (int got = 0; got < asked;) {
+        int64_t now = kvps__now_ms();
+        if (now >= until || kvps__progress(w, (long)(until - now)) != KVPS_OK) break;
+        got = 0;
+        for (int s = 0; s < w->n; s++) got += w->status_got[s];
+    }
+    size_t used = (size_t)snprintf(w->errmsg, sizeof w->errmsg, "request timed out after %d ms with %d of %d replies missing",
+                                   waited_ms, c->pending, c->sent);
+    for (int s = 0; s < w->n && used < sizeof w->errmsg; s++) {
+        if (c->state[s] != 1) continue;
+        int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, w->endpoints[s],
+                         w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
+        if (k < 0) break;
+        used += (size_t)k;
+    }
+}
+
 /* How often parts answered KVPS_ERR_PEER_LOST are re-sent while a wait rides the loss out. */
 enum { KVPS__LOST_RETRY_MS = 100 };
 
@@ -5977,14 +6666,21 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
                     return KVPS_ERR_AUTH;
                 }
             for (int s = 0; s < w->n; s++)
+                if (c->state[s] == 1 && !w->up_once[s]) {
+                    snprintf(w->errmsg, sizeof w->errmsg,
+                             "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
+                             "on that address?); the request stays valid and goes out when it does",
+                             s, w->endpoints[s], (long long)(timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms));
+                    return KVPS_ERR_PEER_LOST;
+                }
+            for (int s = 0; s < w->n; s++)
                 if (c->state[s] == 1 && w->down[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
                              s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
                     return KVPS_ERR_PEER_LOST;
                 }
-            snprintf(w->errmsg, sizeof w->errmsg, "request timed out with %d of %d replies missing",
-                     c->pending, c->sent);
+            kvps__why_waiting(w, c, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
             return KVPS_ERR_TIMEOUT;
         }
         if (c->pending > 0) {

@@ -267,6 +267,7 @@ static inline int kt_cluster_up(kt_cluster *c, const char *transport, int n, con
         d.endpoint = ep;
         d.rank = i;
         d.zmq_ctx = c->ctx;
+        d.keep_serving = 1; /* a test's cluster outlives its workers: tests make worker after worker */
         kvps_result r = kvps_server_create(&d, &c->srv[i]);
         if (r != KVPS_OK) { printf("  server %d: %s\n", i, kvps_result_str(r)); return -1; }
         kvps_server_start(c->srv[i]);
@@ -287,6 +288,13 @@ static inline void kt_cluster_down(kt_cluster *c) {
     }
     if (c->ctx) zmq_ctx_term(c->ctx);
     c->ctx = NULL;
+}
+
+/* A worker that dies: its connection closes with no goodbye (kvps_worker_finish), as when its
+   process is killed; the servers see it lost, not finished. */
+static inline void kt_worker_vanish(kvps_worker **w) {
+    if (*w) (*w)->finished = 1;
+    kvps_worker_destroy(w);
 }
 
 /* ---- server processes ---------------------------------------------------------------------- */

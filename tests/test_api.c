@@ -237,11 +237,11 @@ static void test_desc_edges_accepted(void) {
    the tensor: two workers registering "shared" with different lengths. */
 static void test_tensor_requests_and_names(void) {
     kvps_server *s = NULL;
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2}, &s));
     KT_OK(kvps_server_start(s));
     kvps_worker *w = NULL, *w2 = NULL;
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w));
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s)}, &w2));
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = 0, .num_workers = 2}, &w));
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .rank = 1, .num_workers = 2}, &w2));
     enum { N = 40 };
     kvps_tensor t[N];
     char name[16];
@@ -257,13 +257,21 @@ static void test_tensor_requests_and_names(void) {
              (unsigned long long)st.pull_raw_bytes);
     kvps_tensor a, b;
     KT_OK(kvps_worker_tensor(w, "shared", 8, &a));
-    KT_OK(kvps_worker_tensor(w2, "shared", 10, &b));
     KT_OK(kvps_worker_push_tensor(w, a, v, &q));
-    KT_OK(kvps_worker_wait(w, q, 5000));
-    KT_OK(kvps_worker_push_tensor(w2, b, v, &q));
-    kvps_result r = kvps_worker_wait(w2, q, 5000);
+    KT_OK(kvps_worker_wait(w, q, 5000)); /* (its name is in first: answered in order) */
+    KT_OK(kvps_worker_tensor(w2, "shared", 10, &b));
+    /* the server refuses w2's name of the tensor (NAME, sent at registration), or its push:
+       whichever w2 hears of first, the error names the tensor */
+    kvps_result r = kvps_worker_push_tensor(w2, b, v, &q);
+    if (r == KVPS_OK) r = kvps_worker_wait(w2, q, 5000);
     KT_CHECK(r == KVPS_ERR_LEN_MISMATCH && strstr(kvps_worker_last_error(w2), "tensor 'shared'"),
              "%s, '%s': want KVPS_ERR_LEN_MISMATCH naming tensor 'shared'", kvps_result_str(r), kvps_worker_last_error(w2));
+    /* once the name's refusal is in, the tensor's calls say both lengths */
+    kvps_worker_barrier(w2, &q); /* (answered after the name: the server answers in order) */
+    kvps_worker_wait(w2, q, 200);
+    r = kvps_worker_push_tensor(w2, b, v, &q);
+    KT_CHECK(r == KVPS_ERR_LEN_MISMATCH && strstr(kvps_worker_last_error(w2), "worker 1 registered it with 10 floats, worker 0 with 8"),
+             "%s, '%s': want both lengths named", kvps_result_str(r), kvps_worker_last_error(w2));
     kvps_worker_destroy(&w);
     kvps_worker_destroy(&w2);
     kvps_server_destroy(&s);

@@ -57,7 +57,7 @@ static void test_curve_access(void) {
     const char *allowed[1] = {good.pub};
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                  .update = KVPS_UPDATE_SUM, .curve_secret_key = srv.sec,
+                                                  .update = KVPS_UPDATE_SUM, .keep_serving = 1, .curve_secret_key = srv.sec,
                                                   .curve_clients = allowed, .num_curve_clients = 1},
                              &s));
     if (!s) return;

@@ -643,7 +643,7 @@ static void test_worker_lost_bsp(void) {
         KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g, v, &q[r]));
     }
     for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
-    kvps_worker_destroy(&w[1]); /* worker 1 dies: its connection closes */
+    kt_worker_vanish(&w[1]); /* worker 1 dies: its connection closes */
     KT_OK(kvps_worker_pushpull_tensor(w[0], t[0], g, v, &q[0]));
     kvps_result r = kvps_worker_wait(w[0], q[0], 20000);
     KT_CHECK(r == KVPS_ERR_PEER_LOST, "survivor got %s (%s)", kvps_result_str(r), kvps_worker_last_error(w[0]));
@@ -681,7 +681,7 @@ static void test_retry_after_peer_lost(void) {
     for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
     KT_CHECK(v[0][0] == 3 && v[1][0] == 3, "round 0: %g %g", (double)v[0][0], (double)v[1][0]);
     KT_OK(kvps_worker_barrier(w[0], &b[0])); /* waits for worker 1, which dies */
-    kvps_worker_destroy(&w[1]);
+    kt_worker_vanish(&w[1]);
     kvps_result r = kvps_worker_wait(w[0], b[0], 20000);
     KT_CHECK(r == KVPS_ERR_PEER_LOST, "barrier: %s", kvps_result_str(r));
     for (int i = 0; i < N; i++) g[0][i] = 4;
@@ -796,7 +796,7 @@ static void test_elastic(void) {
     kvps_req q[3];
     for (int r = 0; r < 3; r++) KT_OK(kvps_worker_push_tensor(w[r], t[r], g[r], &q[r]));
     for (int r = 0; r < 3; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
-    kvps_worker_destroy(&w[2]);
+    kt_worker_vanish(&w[2]);
     /* round 2 with two workers: completes when worker 2 is declared lost */
     for (int r = 0; r < 2; r++) KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], v, &q[r]));
     for (int r = 0; r < 2; r++) KT_OK(kvps_worker_wait(w[r], q[r], 20000));

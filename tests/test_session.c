@@ -1,0 +1,316 @@
+/* A job's whole life (issue 17): it finishes by itself (workers say goodbye, servers stop once
+   all have), a misconfiguration is refused at first contact with both values named, a stall
+   names the workers it waits for (in the server's log and in the worker's error), and a
+   server that was never reached is told apart from one that was lost. Launchers with real
+   processes: tests/launch_check.sh. */
+#define KVPS_IMPLEMENTATION
+#include "kvps.h"
+#include "tests/kvps_test.h"
+
+/* ---- the log, captured ---------------------------------------------------------------------- */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_log[32768];
+static void capture(void *user, kvps_log_level level, const char *msg) {
+    (void)user;
+    if (level > KVPS_LOG_WARN) return;
+    pthread_mutex_lock(&g_log_mu);
+    size_t n = strlen(g_log);
+    snprintf(g_log + n, sizeof g_log - n, "%s\n", msg);
+    pthread_mutex_unlock(&g_log_mu);
+}
+static void log_start(void) {
+    pthread_mutex_lock(&g_log_mu);
+    g_log[0] = 0;
+    pthread_mutex_unlock(&g_log_mu);
+    kvps_log_set_level(KVPS_LOG_WARN);
+    kvps_log_set_fn(capture, NULL);
+}
+/* Stops capturing; 1 when the log has needle. */
+static int log_has(const char *needle) {
+    pthread_mutex_lock(&g_log_mu);
+    int r = strstr(g_log, needle) != NULL;
+    pthread_mutex_unlock(&g_log_mu);
+    return r;
+}
+static void log_stop(void) {
+    kvps_log_set_fn(NULL, NULL);
+    kvps_log_set_level(KVPS_LOG_NONE);
+}
+
+static kvps_server *server_up(int num_workers, int rank, int stall_ms, int keep) {
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = num_workers, .rank = rank,
+                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 100, .peer_timeout_ms = 400,
+                                                  .stall_ms = stall_ms, .keep_serving = keep},
+                             &s));
+    if (s) KT_OK(kvps_server_start(s));
+    return s;
+}
+
+static kvps_worker *worker_up(const char *servers, int rank, int num_workers) {
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = servers, .rank = rank, .num_workers = num_workers,
+                                                 .timeout_ms = 5000, .heartbeat_ms = 100, .peer_timeout_ms = 400},
+                             &w));
+    return w;
+}
+
+/* One BSP round of tensor "w" (16 floats) from each worker, checked against the naive sum. */
+static void one_round(kvps_worker **w, int m, int round) {
+    float g[4][16], v[4][16];
+    kvps_tensor t[4];
+    kvps_req q[4];
+    for (int r = 0; r < m; r++) {
+        for (int i = 0; i < 16; i++) g[r][i] = (float)(r + 1);
+        KT_OK(kvps_worker_tensor(w[r], "w", 16, &t[r]));
+        KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], v[r], &q[r]));
+    }
+    for (int r = 0; r < m; r++) {
+        KT_OK(kvps_worker_wait(w[r], q[r], 5000));
+        float want = (float)((round + 1) * m * (m + 1) / 2); /* SUM: the rounds accumulate */
+        KT_CHECK(v[r][0] == want && v[r][15] == want, "worker %d round %d: %g, want %g", r, round, (double)v[r][0], (double)want);
+    }
+}
+
+/* ---- clean finish ---------------------------------------------------------------------------- */
+
+/* Three workers train, say goodbye (one by kvps_worker_finish, two by destroy) and the server
+   stops by itself: kvps_server_wait returns KVPS_OK, no worker is reported lost, nothing
+   warned. A keep_serving server does not stop. */
+static void test_clean_finish(void) {
+    log_start();
+    kvps_server *s = server_up(3, 0, 0, 0);
+    if (!s) return;
+    kvps_worker *w[3];
+    for (int r = 0; r < 3; r++) w[r] = worker_up(kvps_server_endpoint(s), r, 3);
+    one_round(w, 3, 0);
+    KT_CHECK(kvps_server_wait(s, 100) == KVPS_ERR_TIMEOUT, "the server stopped with its workers still there");
+    KT_OK(kvps_worker_finish(w[0], -1));
+    KT_OK(kvps_worker_finish(w[0], -1)); /* twice is harmless */
+    kvps_worker_destroy(&w[0]);
+    kvps_worker_destroy(&w[1]);
+    KT_CHECK(kvps_server_wait(s, 200) == KVPS_ERR_TIMEOUT, "the server stopped with worker 2 still there");
+    kvps_worker_destroy(&w[2]);
+    kvps_result r = kvps_server_wait(s, 5000);
+    KT_CHECK(r == KVPS_OK, "the server did not stop by itself: %s", kvps_result_str(r));
+    kt_sleep_ms(600); /* past peer_timeout_ms: a finished worker's closed connection is no loss */
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    KT_CHECK(st.peers_lost == 0, "%llu workers reported lost", (unsigned long long)st.peers_lost);
+    kvps_server_destroy(&s);
+    KT_CHECK(!log_has("lost") && !log_has("warn"), "warnings in a clean finish:\n%s", g_log);
+    log_stop();
+
+    /* keep_serving: finished workers leave it serving; a second job is served too */
+    s = server_up(1, 0, 0, 1);
+    for (int job = 0; job < 2 && s; job++) {
+        kvps_worker *x = worker_up(kvps_server_endpoint(s), 0, 1);
+        one_round(&x, 1, job);
+        kvps_worker_destroy(&x);
+    }
+    if (s) KT_CHECK(kvps_server_wait(s, 300) == KVPS_ERR_TIMEOUT, "a keep_serving server stopped by itself");
+    kvps_server_destroy(&s);
+}
+
+/* Under BSP a worker that finished early is not waited for in vain: the pull that needs its
+   push is answered KVPS_ERR_PEER_LOST at once, naming the worker and the tensor. */
+static void test_finished_worker_named(void) {
+    log_start();
+    kvps_server *s = server_up(2, 0, 0, 0);
+    if (!s) { log_stop(); return; }
+    kvps_worker *w[2] = {worker_up(kvps_server_endpoint(s), 0, 2), worker_up(kvps_server_endpoint(s), 1, 2)};
+    one_round(w, 2, 0);
+    kvps_worker_destroy(&w[1]);
+    float g[16] = {0}, v[16];
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(w[0], "late", 16, &t));
+    KT_OK(kvps_worker_pushpull_tensor(w[0], t, g, v, &q));
+    kvps_result r = kvps_worker_wait(w[0], q, 3000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST && strstr(kvps_worker_last_error(w[0]), "worker 1 has finished") &&
+                 strstr(kvps_worker_last_error(w[0]), "tensor 'late'"),
+             "%s: '%s'", kvps_result_str(r), kvps_worker_last_error(w[0]));
+    kvps_worker_destroy(&w[0]);
+    KT_CHECK(kvps_server_wait(s, 5000) == KVPS_OK, "the server did not stop by itself");
+    kvps_server_destroy(&s);
+    log_stop();
+}
+
+/* ---- configuration checked at first contact -------------------------------------------------- */
+
+/* A worker refused at first contact: its first wait (1 s at most) says so, with both values. */
+static void expect_refused(kvps_worker *w, const char *what, kvps_result want, const char *a, const char *b) {
+    if (!w) return;
+    kvps_req q;
+    kvps_result r = kvps_worker_barrier(w, &q);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, q, 1000);
+    const char *e = kvps_worker_last_error(w);
+    KT_CHECK(r == want && strstr(e, a) && strstr(e, b), "%s: %s, '%s': want %s naming '%s' and '%s'", what, kvps_result_str(r), e,
+             kvps_result_str(want), a, b);
+}
+
+static void test_config_refused(void) {
+    log_start();
+    kvps_server *s0 = server_up(3, 0, 0, 1), *s1 = server_up(3, 1, 0, 1);
+    if (!s0 || !s1) { kvps_server_destroy(&s0); kvps_server_destroy(&s1); log_stop(); return; }
+    char list[600], reversed[600], one[300];
+    snprintf(list, sizeof list, "%s,%s", kvps_server_endpoint(s0), kvps_server_endpoint(s1));
+    snprintf(reversed, sizeof reversed, "%s,%s", kvps_server_endpoint(s1), kvps_server_endpoint(s0));
+    snprintf(one, sizeof one, "%s", kvps_server_endpoint(s0));
+    kvps_worker *ok = worker_up(list, 0, 3); /* the first, which sets what the rest must match */
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(ok, "layer1", 100, &(kvps_tensor){0}));
+    KT_OK(kvps_worker_barrier(ok, &q)); /* (its hello is in: answered in order) */
+    KT_CHECK(kvps_worker_wait(ok, q, 300) == KVPS_ERR_TIMEOUT, "a barrier of 1 of 3 workers completed");
+
+    kvps_worker *w = worker_up(list, 1, 4);
+    expect_refused(w, "num_workers 4 vs 3", KVPS_ERR_CONFIG, "was told num_workers = 4", "was told 3");
+    kvps_worker_destroy(&w);
+    w = worker_up(reversed, 1, 3);
+    expect_refused(w, "servers in another order", KVPS_ERR_CONFIG, "lists this server", "but it was started as server");
+    kvps_worker_destroy(&w);
+    w = worker_up(one, 1, 3);
+    expect_refused(w, "a shorter server list", KVPS_ERR_CONFIG, "lists 1 servers", "worker 0 listed 2");
+    kvps_worker_destroy(&w);
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = list, .rank = 1, .num_workers = 3, .min_slice = 7}, &w));
+    expect_refused(w, "another min_slice", KVPS_ERR_CONFIG, "min_slice 7", "worker 0 with 1024");
+    kvps_worker_destroy(&w);
+    w = worker_up(list, 0, 3);
+    expect_refused(w, "rank 0 twice", KVPS_ERR_CONFIG, "rank 0 is taken by a live worker", "two workers were given rank 0");
+    kvps_worker_destroy(&w);
+    /* a tensor registered with another length: refused by name, both lengths said */
+    w = worker_up(list, 1, 3);
+    kvps_tensor t;
+    KT_OK(kvps_worker_tensor(w, "layer1", 120, &t));
+    KT_OK(kvps_worker_barrier(w, &q));
+    kvps_worker_wait(w, q, 300); /* (the name's answer is in by then) */
+    float g[120] = {0};
+    kvps_result r = kvps_worker_push_tensor(w, t, g, &q);
+    KT_CHECK(r == KVPS_ERR_LEN_MISMATCH && strstr(kvps_worker_last_error(w), "tensor 'layer1': worker 1 registered it with 120 "
+                                                                              "floats, worker 0 with 100"),
+             "tensor of another length: %s, '%s'", kvps_result_str(r), kvps_worker_last_error(w));
+    kvps_worker_destroy(&w);
+    /* and the one that was right was not disturbed: its rank, its barrier */
+    KT_CHECK(kvps_worker_wait(ok, q, 10) != KVPS_OK, "(handle)");
+    kvps_worker_destroy(&ok);
+    /* a hello of another protocol, by hand */
+    void *ctx = zmq_ctx_new(), *d = kt_raw_dealer(ctx, kvps_server_endpoint(s0), 0, 2000);
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_HELLO, .rank = 2, .req_id = 1, .status = 77);
+    unsigned char v[KVPS__HELLO_BYTES] = {0};
+    kvps__put32(v, 99);
+    zmq_send(d, &h, sizeof h, ZMQ_SNDMORE);
+    zmq_send(d, v, sizeof v, 0);
+    kvps__hdr rh;
+    char text[300] = "";
+    int n = zmq_recv(d, &rh, sizeof rh, 0);
+    int tn = n == (int)sizeof rh ? zmq_recv(d, text, sizeof text - 1, 0) : -1;
+    if (tn >= 0) text[tn < (int)sizeof text - 1 ? tn : (int)sizeof text - 1] = 0;
+    KT_CHECK(n == (int)sizeof rh && rh.status == KVPS_ERR_VERSION && strstr(text, "protocol 99") && strstr(text, "speaks 3"),
+             "hello of protocol 99: status %d, '%s'", n == (int)sizeof rh ? rh.status : 0, text);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    KT_CHECK(log_has("refused worker 1: worker 1 was told num_workers = 4"), "the server's log does not name the refusal:\n%s",
+             g_log);
+    kvps_server_destroy(&s0);
+    kvps_server_destroy(&s1);
+    log_stop();
+}
+
+/* ---- stalls ---------------------------------------------------------------------------------- */
+
+/* Workers 0 and 1 of 3 train; worker 2 never comes. The server's stall inspector (stall_ms
+   300) names it in its log, and the workers' timed-out waits name it, the tensor and the round.
+   Then worker 2 comes, does one round, and vanishes (no goodbye): it is named lost. */
+static void test_stall_named(void) {
+    log_start();
+    kvps_server *s = server_up(3, 0, 300, 1);
+    if (!s) { log_stop(); return; }
+    const char *ep = kvps_server_endpoint(s);
+    kvps_worker *w[3] = {worker_up(ep, 0, 3), worker_up(ep, 1, 3), NULL};
+    float g[16] = {0}, v[16];
+    kvps_tensor t[3];
+    kvps_req q[3];
+    for (int r = 0; r < 2; r++) {
+        KT_OK(kvps_worker_tensor(w[r], "layer2.bias", 16, &t[r]));
+        KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g, v, &q[r]));
+    }
+    kvps_result r = kvps_worker_wait(w[0], q[0], 1500);
+    const char *e = kvps_worker_last_error(w[0]);
+    KT_CHECK(r == KVPS_ERR_TIMEOUT && strstr(e, "pull of tensor 'layer2.bias' waits for round 1, which workers 2 (never "
+                                                 "connected) have not pushed"),
+             "worker 0: %s, '%s'", kvps_result_str(r), e);
+    printf("  worker 0's error: %s\n", e);
+    KT_CHECK(log_has("stalled for") && log_has("tensor 'layer2.bias' waits for round 1, which workers 2 (never connected)"),
+             "the server's log does not name worker 2:\n%s", g_log);
+    /* a barrier too */
+    kvps_req b;
+    KT_OK(kvps_worker_barrier(w[1], &b));
+    r = kvps_worker_wait(w[1], b, 1000);
+    KT_CHECK(r == KVPS_ERR_TIMEOUT && strstr(kvps_worker_last_error(w[1]), "barrier 0 waits for workers 0 (connected), 2 (never "
+                                                                             "connected)"),
+             "barrier: %s, '%s'", kvps_result_str(r), kvps_worker_last_error(w[1]));
+    /* worker 2 comes: the round completes */
+    w[2] = worker_up(ep, 2, 3);
+    KT_OK(kvps_worker_tensor(w[2], "layer2.bias", 16, &t[2]));
+    KT_OK(kvps_worker_pushpull_tensor(w[2], t[2], g, v, &q[2]));
+    for (int k = 0; k < 3; k++) KT_OK(kvps_worker_wait(w[k], q[k], 5000));
+    kvps_req bb[2];
+    KT_OK(kvps_worker_barrier(w[0], &bb[0]));
+    KT_OK(kvps_worker_barrier(w[2], &bb[1]));
+    KT_OK(kvps_worker_wait(w[1], b, 5000));
+    KT_OK(kvps_worker_wait(w[0], bb[0], 5000));
+    KT_OK(kvps_worker_wait(w[2], bb[1], 5000));
+    /* it dies: the next round's wait names it lost */
+    kt_worker_vanish(&w[2]);
+    kt_sleep_ms(600);
+    KT_OK(kvps_worker_pushpull_tensor(w[0], t[0], g, v, &q[0]));
+    r = kvps_worker_wait(w[0], q[0], 1500);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST && strstr(kvps_worker_last_error(w[0]), "lost"), "after worker 2 died: %s, '%s'",
+             kvps_result_str(r), kvps_worker_last_error(w[0]));
+    for (int k = 0; k < 2; k++) kvps_worker_destroy(&w[k]);
+    kvps_server_destroy(&s);
+    log_stop();
+}
+
+/* A server nobody listens for: "never connected", with the endpoint; one that was there and
+   went away: "unreachable". */
+static void test_never_connected(void) {
+    void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[256];
+    size_t sz = sizeof ep;
+    zmq_bind(sock, "tcp://127.0.0.1:*");
+    zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &sz);
+    zmq_close(sock);
+    zmq_ctx_term(ctx); /* a port nobody listens on */
+    kvps_worker *w = worker_up(ep, 0, 1);
+    if (!w) return;
+    kvps_req q;
+    KT_OK(kvps_worker_barrier(w, &q));
+    kvps_result r = kvps_worker_wait(w, q, 300);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST && strstr(kvps_worker_last_error(w), "never connected") &&
+                 strstr(kvps_worker_last_error(w), ep),
+             "%s, '%s'", kvps_result_str(r), kvps_worker_last_error(w));
+    int64_t t0 = kt_now_ms();
+    kvps_worker_destroy(&w); /* no goodbye to wait for: nothing is there */
+    KT_CHECK(kt_now_ms() - t0 < 500, "destroy took %lld ms", (long long)(kt_now_ms() - t0));
+
+    kvps_server *s = server_up(1, 0, 0, 1);
+    w = worker_up(kvps_server_endpoint(s), 0, 1);
+    one_round(&w, 1, 0);
+    kvps_server_destroy(&s);
+    KT_OK(kvps_worker_barrier(w, &q));
+    r = kvps_worker_wait(w, q, 800);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST && strstr(kvps_worker_last_error(w), "unreachable"), "%s, '%s'", kvps_result_str(r),
+             kvps_worker_last_error(w));
+    kvps_worker_destroy(&w);
+}
+
+int main(void) {
+    kvps_log_set_level(KVPS_LOG_NONE);
+    KT_RUN(test_clean_finish);
+    KT_RUN(test_finished_worker_named);
+    KT_RUN(test_config_refused);
+    KT_RUN(test_stall_named);
+    KT_RUN(test_never_connected);
+    return kt_finish();
+}
