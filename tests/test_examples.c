@@ -334,6 +334,9 @@ static void test_ctr_async_under_kvps_run(void) {
     /* the servers left by themselves once every worker had finished, and said so */
     KT_CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -385,6 +388,9 @@ static void test_fmnist_under_kvps_run(void) {
     KT_CHECK(rc == 0, "bsp: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "bsp");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -458,6 +464,9 @@ static void test_fmnist_mpirun(void) {
     KT_CHECK(rc == 0, "exit %d", rc);
     check_fmnist(out, "", "bsp");
     KT_CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
