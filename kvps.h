@@ -222,8 +222,8 @@
    request stays valid). The one exception is kvps_server_wait(s, -1), which waits for a
    server to stop (its workers, not a peer, decide when). A dead peer ends a wait sooner:
    heartbeats (FAULTS) mark it lost.
-   STALLS. A timed-out wait asks each server still owing a reply what the request waits for
-   (STATUS; at most 0.3 s more) and says it in last_error: "request timed out after 10000 ms
+   STALLS. A timed-out wait (not one of 0 ms) asks each server still owing a reply what the
+   request waits for (STATUS; at most 0.3 s more) and says it in last_error: "request timed out after 10000 ms
    ...; server 0 (tcp://...): pull of tensor 'w' slice 1 of 2 waits for round 6, which workers
    2 (never connected), 3 (lost 12 s ago) have not pushed" (or "barrier 4 waits for workers
    ..."). A worker's state is one of: connected, never connected, disconnected, lost, finished,
@@ -6686,7 +6686,9 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
                              s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
                     return KVPS_ERR_PEER_LOST;
                 }
-            kvps__why_waiting(w, c, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+            int waited = timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms;
+            if (waited > 0) kvps__why_waiting(w, c, waited); /* (a wait of 0 is a look: it asks nothing) */
+            else snprintf(w->errmsg, sizeof w->errmsg, "request not done: %d of %d replies missing", c->pending, c->sent);
             return KVPS_ERR_TIMEOUT;
         }
         if (c->pending > 0) {

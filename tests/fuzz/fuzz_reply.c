@@ -178,6 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (uint32_t i = 0; i < w->nslots; i++)
         for (int s = 0; w->slots[i] && s < w->n; s++) kvps__req_drop_kept(w->slots[i], s);
 #endif
+    kvps_worker_finish(w, 0); /* no goodbye waited for: the fake servers do not answer */
     kvps_worker_destroy(&w);
     free(dst);
     free(src);

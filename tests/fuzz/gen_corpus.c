@@ -94,6 +94,33 @@ static void table_meta(buf *b, int op, uint32_t rank, uint64_t tid, uint32_t dim
     frame(b, m, KVPS__HDR + 16 + (size_t)nrows * 8);
 }
 
+/* A session message (HELLO, BYE, STATUS, NAME) from rank with incarnation inc; req 0: a new id. */
+static void sess(buf *b, int op, uint32_t rank, int32_t inc, uint64_t req, const void *v, size_t nv) {
+    kvps__hdr h = KT_HDR(.op = (uint8_t)op, .rank = rank, .req_id = req ? req : ++req_id, .status = inc);
+    msg(b);
+    frame(b, &h, sizeof h);
+    if (v) frame(b, v, nv);
+}
+static void hello(buf *b, uint32_t rank, int32_t inc, uint32_t nw, uint32_t ns, uint32_t at, uint64_t mins) {
+    uint8_t v[KVPS__HELLO_BYTES] = {0};
+    uint32_t u[4] = {KVPS__PROTO, nw, ns, at};
+    uint64_t x[3] = {0x1234abcdull, mins, 262144};
+    memcpy(v, u, 16);
+    memcpy(v + 16, x, 24);
+    sess(b, KVPS__OP_HELLO, rank, inc, 0, v, sizeof v);
+}
+static void tname(buf *b, uint32_t rank, int32_t inc, const char *name, uint64_t len, uint32_t ns) {
+    uint8_t v[KVPS__NAME_REC + 64];
+    uint64_t base = (1ull << 63) | (0x1234ull << 16);
+    uint32_t nb = (uint32_t)strlen(name);
+    memcpy(v, &base, 8);
+    memcpy(v + 8, &len, 8);
+    memcpy(v + 16, &ns, 4);
+    memcpy(v + 20, &nb, 4);
+    memcpy(v + KVPS__NAME_REC, name, nb);
+    sess(b, KVPS__OP_NAME, rank, inc, 0, v, KVPS__NAME_REC + nb);
+}
+
 static void server_seeds(void) {
     buf b;
     uint64_t k2[2] = {11, 12}, l2[2] = {4, 3};
@@ -222,6 +249,29 @@ static void server_seeds(void) {
         meta(&b, KVPS__OP_PULL, 0, 0, 0, kb, lb, 1);
     }
     save("fuzz_server", "held_back_pushes", &b);
+
+    /* sessions, three workers under BSP: hellos (rank 1's refused: 4 workers; rank 0 again from
+       another incarnation: refused), tensor names (rank 2's other length refused), a pull that
+       waits and a question about it, goodbyes (a refused incarnation's too) */
+    cfg = 0x40 | 4;
+    begin(&b, &cfg, 1);
+    {
+        uint64_t ks[1] = {(1ull << 63) | (0x1234ull << 16)}, ls[1] = {100};
+        hello(&b, 0, 11, 3, 2, 0, 1024);
+        hello(&b, 1, 12, 4, 2, 0, 1024);
+        hello(&b, 2, 13, 3, 2, 0, 1024);
+        hello(&b, 0, 14, 3, 2, 0, 1024);
+        tname(&b, 0, 11, "layer1.weight", 100, 1);
+        tname(&b, 2, 13, "layer1.weight", 120, 1);
+        meta(&b, KVPS__OP_PUSH, 0, 0, 0, ks, ls, 1); values(&b, 100, 1);
+        meta(&b, KVPS__OP_PULL, 0, 0, 0, ks, ls, 1);
+        sess(&b, KVPS__OP_STATUS, 0, 11, req_id, NULL, 0);
+        sess(&b, KVPS__OP_BYE, 1, 12, 0, NULL, 0);
+        sess(&b, KVPS__OP_BYE, 2, 13, 0, NULL, 0);
+        meta(&b, KVPS__OP_BARRIER, 0, 0, 0, NULL, NULL, 0);
+        sess(&b, KVPS__OP_BYE, 0, 11, 0, NULL, 0);
+    }
+    save("fuzz_server", "session", &b);
 
     /* a message with one frame too many, and one with no meta frame */
     begin(&b, &cfg, 1);
@@ -413,6 +463,15 @@ static void reply_seeds(void) {
     rmsg(&r, 0, KVPS__OP_PUSHPULL, 0, blob, 4 + nb);
     rmsg(&r, 1, KVPS__OP_PUSHPULL, KVPS_ERR_PEER_LOST, lost, sizeof lost - 1);
     rsave(&r, "pushpull_peer_lost");
+    /* the worker's own requests: its hello (the first request: sequence 1, slot 1) refused by
+       server 0, and an answer to a STATUS question, then the pull's real answers */
+    static const char refused[] = "worker 1 was told num_workers = 2, server 0 (inproc://fz-reply-0) was told 3";
+    static const char waits[] = "pull of key 1 waits for round 1, which workers 0 (never connected) have not pushed";
+    rbegin(&r, 0x00 | 0);
+    rmsg(&r, 0, KVPS__OP_HELLO, KVPS_ERR_CONFIG, refused, sizeof refused - 1);
+    memcpy(r.b.d + r.b.n - (sizeof refused - 1) - 4 - 32 + 16, &(uint64_t){(1ull << 24) | 1}, 8); /* its req_id */
+    rmsg(&r, 1, KVPS__OP_STATUS, 0, waits, sizeof waits - 1);
+    rsave(&r, "hello_refused_status");
 }
 
 /* ---- ring messages: what a real rank 1 sends to rank 0, see fuzz_ring.c ------------------- */
