@@ -6452,8 +6452,14 @@ static void kvps__watch(kvps_worker *w) {
                 if (!w->down[s]) {
                     w->down[s] = 1;
                     w->down_since[s] = kvps__now_ms();
-                    kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
-                              w->endpoints[s]);
+                    /* after this worker's goodbye a server leaving is the clean finish, not a loss (its
+                       kvps_server_run returns once the last worker has finished) */
+                    if (w->finished)
+                        kvps__log(KVPS_LOG_INFO, "worker %d: server %d (%s) closed the connection after this worker "
+                                  "finished", w->desc.rank, s, w->endpoints[s]);
+                    else
+                        kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
+                                  w->endpoints[s]);
                 }
             } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
                 w->up_once[s] = 1;

@@ -89,8 +89,14 @@
    the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
    operations run on the ring's own background thread. Every operation ends within .timeout_ms
-   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for. After an error
+   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
+   kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
+   float32 (sum, root 0) (this ring's collective #7)"). After an error
    the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
+   Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
+   only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
+   what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
+   connected yet; tests/test_ring_close.c checks the last call's result on every rank.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -303,6 +309,7 @@ struct kvps_ring {
     int wire;           /* this all-reduce's wire format (KVPS_FLOAT16/BFLOAT16), 0: as dtype */
     kvps_ring__stash *stash;
     kvps_ring__zc *zc;  /* zero-copy frames ZeroMQ still holds (outlives the ring if need be) */
+    int zc_dst;         /* the rank the last of them went to (named when they are never taken) */
     void *work, *scratch;
     size_t work_cap, scratch_cap;
     int *view_buf;
@@ -452,7 +459,8 @@ static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *
     zmq_msg_init(payload);
     if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
     if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
-        return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "send to rank %d: %s", dst,
+        return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "%s: send to rank %d: %s",
+                               kvps_coll_name((kvps_coll)r->cur.coll), dst,
                                zmq_errno() == EAGAIN ? "no connection (the peer is gone)" : zmq_strerror(zmq_errno()));
     return KVPS_OK;
 }
@@ -462,6 +470,7 @@ static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__h
     zmq_msg_t pl;
     if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
         kvps_ring__zc *z = r->zc;
+        r->zc_dst = dst;
         __atomic_add_fetch(&z->pending[phase_zc], 1, __ATOMIC_ACQ_REL);
         __atomic_add_fetch(&z->refs, 1, __ATOMIC_ACQ_REL);
         if (zmq_msg_init_data(&pl, (void *)(uintptr_t)data, bytes, kvps_ring__zc_free,
@@ -502,10 +511,15 @@ static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size
     return buf;
 }
 
-static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h) {
-    if (h->abort)
-        return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the collective: %s", h->src,
-                               kvps_result_str((kvps_result)(int64_t)h->count));
+/* A piece checked against the running call; text: an abort's payload (the aborting rank's own
+   message, which names what it waited for), or NULL. */
+static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h, zmq_msg_t *text) {
+    if (h->abort) {
+        int len = text ? (int)(zmq_msg_size(text) < 240 ? zmq_msg_size(text) : 240) : 0;
+        return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the %s: %s%s%.*s", h->src,
+                               kvps_coll_name((kvps_coll)r->cur.coll), kvps_result_str((kvps_result)(int64_t)h->count),
+                               len ? ": " : "", len, len ? (const char *)zmq_msg_data(text) : "");
+    }
     const kvps_ring__hdr *c = &r->cur;
     if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root) {
         char theirs[128], ours[128];
@@ -520,9 +534,9 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
     tag += r->hier;
     for (kvps_ring__stash **pp = &r->stash; *pp; pp = &(*pp)->next) {
         kvps_ring__stash *e = *pp;
-        if (e->h.seq == r->seq && !e->h.abort && kvps_ring__check(r, &e->h) != KVPS_OK) return KVPS_ERR_MISMATCH;
+        if (e->h.seq == r->seq && !e->h.abort && kvps_ring__check(r, &e->h, NULL) != KVPS_OK) return KVPS_ERR_MISMATCH;
         if (e->h.seq == r->seq && ((e->h.src == src && e->h.tag == tag) || e->h.abort)) {
-            kvps_result rc = kvps_ring__check(r, &e->h);
+            kvps_result rc = kvps_ring__check(r, &e->h, &e->payload);
             *pp = e->next;
             *out = e->payload;
             free(e);
@@ -532,9 +546,12 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
     }
     for (;;) {
         int64_t left = r->deadline - kvps__now_ms();
-        if (left <= 0)
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out waiting for rank %d (collective %u)",
-                                   r->rank, src, r->seq);
+        if (left <= 0) {
+            char call[128];
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d in %s (this "
+                                   "ring's collective #%u)", r->rank, r->desc.timeout_ms, src,
+                                   kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
+        }
         zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
         int pr = zmq_poll(&it, 1, (long)left);
         if (pr < 0 && zmq_errno() != EINTR) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
@@ -553,12 +570,13 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                 for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
                 /* a rank that only sent in the last collective learns of a mismatch here */
                 if (ok && h.seq == r->prev.seq && h.abort)
-                    return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the previous collective (%u): %s", h.src, h.seq,
+                    return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the previous collective (%s, #%u): %s", h.src,
+                                           kvps_coll_name((kvps_coll)r->prev.coll), h.seq,
                                            kvps_result_str((kvps_result)(int64_t)h.count));
                 if (ok && h.seq == r->prev.seq) {
                     kvps_ring__hdr c = r->cur;
                     r->cur = r->prev;
-                    kvps_result late = kvps_ring__check(r, &h);
+                    kvps_result late = kvps_ring__check(r, &h, NULL);
                     r->cur = c;
                     if (late != KVPS_OK) return late;
                 }
@@ -566,12 +584,12 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
             }
             zmq_msg_close(&fr[0]);
             zmq_msg_close(&fr[1]);
-            if (h.seq == r->seq && !h.abort && kvps_ring__check(r, &h) != KVPS_OK) { /* any piece tells */
+            if (h.seq == r->seq && !h.abort && kvps_ring__check(r, &h, NULL) != KVPS_OK) { /* any piece tells */
                 zmq_msg_close(&fr[2]);
                 return KVPS_ERR_MISMATCH;
             }
             if (h.seq == r->seq && ((h.src == src && h.tag == tag) || h.abort)) {
-                kvps_result rc = kvps_ring__check(r, &h);
+                kvps_result rc = kvps_ring__check(r, &h, &fr[2]);
                 *out = fr[2];
                 if (rc != KVPS_OK) zmq_msg_close(out);
                 return rc;
@@ -595,7 +613,8 @@ static kvps_result kvps_ring__recv_n(kvps_ring *r, int src, uint64_t tag, size_t
     if (zmq_msg_size(out) != bytes) {
         size_t got = zmq_msg_size(out);
         zmq_msg_close(out);
-        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %d sent %zu bytes, expected %zu", src, got, bytes);
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %d sent %zu bytes in %s, expected %zu", src, got,
+                               kvps_coll_name((kvps_coll)r->cur.coll), bytes);
     }
     return KVPS_OK;
 }
@@ -640,9 +659,13 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
     for (;;) {
         int busy = kvps_ring__zc_busy(r, i);
         if (busy == 0) return KVPS_OK;
-        if (kvps__now_ms() > deadline)
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: %d frames sent without a copy were never taken by the peers",
-                                   r->rank, busy);
+        if (kvps__now_ms() > deadline) {
+            char call[128];
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d (the last "
+                                   "peer sent to) to take %d frames sent without a copy, in %s (this ring's collective #%u)",
+                                   r->rank, r->desc.timeout_ms, r->zc_dst, busy,
+                                   kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
+        }
         sched_yield();
     }
 }
@@ -1530,7 +1553,8 @@ KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t c
     for (size_t q = 0; rc == KVPS_OK && q < n; q++)
         for (size_t j = 0; j < k; j++)
             if (all[q * 2 * k + j] >= count) {
-                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %zu sent index %u", q, all[q * 2 * k + j]);
+                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "top-k all-reduce: rank %zu sent index %u (count %zu)", q,
+                                     all[q * 2 * k + j], count);
                 r->broken = 1;
                 break;
             }

@@ -17,8 +17,8 @@
    (wire = what was sent, raw = float32 bytes the step stands for; kvps_worker_tensor_stats).
    Codecs: fp16 = pushes and pulls in fp16; topk = pushes keep the top FRACTION (default 0.01)
    by magnitude with error feedback, pulls in float32; topk+fp16 = the same with pulls in fp16.
-   A server (BSP, KVPS_UPDATE_MEAN) leaves by itself once every worker has pulled each of its keys
-   W + N times (plus one second for the last replies to leave), or on SIGINT / SIGTERM.
+   A server (BSP, KVPS_UPDATE_MEAN) leaves by itself once every worker has finished
+   (kvps_worker_finish), or on SIGINT / SIGTERM.
 
    The link modes measure the raw TCP goodput of one connection in one direction, the ceiling
    every figure above is compared with:  link_bytes: N  link_s: T  link_Gbps: G  (receiver's
@@ -52,13 +52,11 @@ static void usage(const char *prog) {
 }
 
 /* ---- server ------------------------------------------------------------------------------ */
-static int server_main(const opts *o, const kvps_env *env) {
+static int server_main(const kvps_env *env) {
     return launch_server(&(launch_server_desc){
         .prog = "ps_peer",
         .server = {.endpoint = env->endpoint, .num_workers = env->num_workers, .rank = env->rank,
                    .consistency = KVPS_BSP, .update = KVPS_UPDATE_MEAN},
-        .pulls_per_key = (uint64_t)env->num_workers * (uint64_t)(o->warmup + o->steps),
-        .poll_ms = 20,
         .report_fd = -1});
 }
 
@@ -138,6 +136,7 @@ static int worker_main(const opts *o, const kvps_env *env) {
                    (unsigned long long)(after.pull_raw_bytes - before.pull_raw_bytes));
     }
     fflush(stdout);
+    if ((r = kvps_worker_finish(w, -1)) != KVPS_OK) return worker_fail(w, rank, "finish", r);
     kvps_worker_destroy(&w);
     free(grad);
     free(vals);
@@ -244,5 +243,5 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ps_peer: set KVPS_ROLE, KVPS_RANK, KVPS_SERVERS and KVPS_NUM_WORKERS (%s)\n", kvps_result_str(r));
         return 2;
     }
-    return env.role == KVPS_ROLE_SERVER ? server_main(&o, &env) : worker_main(&o, &env);
+    return env.role == KVPS_ROLE_SERVER ? server_main(&env) : worker_main(&o, &env);
 }

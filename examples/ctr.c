@@ -32,7 +32,7 @@
      / KVPS_SERVERS / KVPS_NUM_WORKERS (kvps_env_read): `kvps-run -s 2 -w 4 -- build/ctr`, or
      `mpirun -n 6 -x KVPS_SERVERS=... -x KVPS_NUM_WORKERS=4 build/ctr` (ranks 0..n-1 serve).
      Every process must get the same options. A server leaves by itself once every worker has
-     pushed its last clock, or on SIGINT/SIGTERM.
+     finished (kvps_worker_finish: its kvps_server_run returns), or on SIGINT/SIGTERM.
 
    Worker 0 prints one line per epoch: the running log loss over its own examples (each scored
    before it is trained on), log loss and AUC on the held-out examples, examples/s of all workers
@@ -583,9 +583,7 @@ static void *worker_main(void *arg) {
     } else {
         j->rc = 0;
     }
-    /* The last clock: servers under a launcher count these to know when to leave. */
-    CHECK(kvps_worker_push_tensor(w, clk, clock, &q), "final clock");
-    CHECK(kvps_worker_wait(w, q, WAIT_MS), "final clock");
+    CHECK(kvps_worker_finish(w, WAIT_MS), "finish"); /* the servers leave once every worker has */
     goto done;
 fail:
     j->rc = 1;
@@ -603,12 +601,6 @@ static kvps_server_desc server_desc(const opts *o) {
     return (kvps_server_desc){.num_workers = o->workers, .consistency = o->mode, .staleness = o->staleness};
 }
 
-/* Clock rounds each server sees: one per step and one final (BSP/SSP), one per push (async). */
-static uint64_t rounds_expected(const opts *o) {
-    if (o->mode == KVPS_ASYNC) return (uint64_t)o->workers;
-    return (uint64_t)o->epochs * (uint64_t)((o->train / o->workers) / o->batch) + 1;
-}
-
 static void server_end(kvps_server *s, int rank, kvps_result r) {
     (void)r;
     kvps_server_stats st;
@@ -617,10 +609,9 @@ static void server_end(kvps_server *s, int rank, kvps_result r) {
            (double)(st.table_bytes + st.table_state_bytes) / 1e6);
 }
 
-/* A server under a launcher: leaves by itself once every worker has pushed its last clock. */
+/* A server under a launcher: leaves by itself once every worker has finished. */
 static int server_process(const opts *o, const kvps_env *env) {
-    launch_server_desc d = {.prog = "ctr", .server = server_desc(o), .rounds = rounds_expected(o), .poll_ms = 50,
-                            .report_fd = -1, .on_end = server_end};
+    launch_server_desc d = {.prog = "ctr", .server = server_desc(o), .report_fd = -1, .on_end = server_end};
     d.server.endpoint = env->endpoint;
     d.server.rank = env->rank;
     return launch_server(&d);
@@ -690,11 +681,14 @@ int main(int argc, char **argv) {
     }
     uint64_t rows = 0, bytes = 0;
     for (int i = 0; i < o.servers; i++) {
+        /* each stops by itself once every worker has finished (after a failure, destroy stops it) */
+        kvps_result r = rc == 0 || rc == 3 ? kvps_server_wait(srv[i], 10000) : KVPS_OK;
+        if (r != KVPS_OK) fprintf(stderr, "ctr: server %d did not stop by itself: %s\n", i, kvps_result_str(r));
+        if (r != KVPS_OK && rc == 0) rc = 1;
         kvps_server_stats st;
         kvps_server_stats_get(srv[i], &st);
         rows += st.table_rows;
         bytes += st.table_bytes + st.table_state_bytes;
-        kvps_server_stop(srv[i]);
         kvps_server_destroy(&srv[i]);
     }
     if (rc == 0 || rc == 3)

@@ -32,7 +32,8 @@
 
    Two ways to run it:
    - Standalone (default): the program forks N servers bound to tcp://127.0.0.1:* (each reports
-     its port through a pipe), then M workers, waits for the workers, stops the servers. Only
+     its port through a pipe), then M workers, and waits for them all (the servers leave once
+     the workers have finished; a server still there 10 s later is stopped, and said so). Only
      worker 0 prints. In allreduce mode it forks M ranks, each bound to tcp://127.0.0.1:*; the
      parent collects their endpoints through pipes and hands every rank the list.
    - Under a launcher, one process per role, when KVPS_ROLE, KVPS_SERVERS, KVPS_RANK,
@@ -42,9 +43,8 @@
          KVPS_ROLE=server KVPS_RANK=0 ./fmnist --model mlp      # on 10.0.0.1
          KVPS_ROLE=worker KVPS_RANK=3 ./fmnist --model mlp      # ... and so on
      or `mpirun -n 6 -x KVPS_SERVERS -x KVPS_NUM_WORKERS ./fmnist` (ranks 0..N-1 serve). Every
-     process must get the same options. A server leaves on SIGINT/SIGTERM, or by itself once
-     every worker has pulled every key as often as the options say it will (a server that holds
-     no key at all, with more servers than tensor slices, waits for the signal).
+     process must get the same options. A server leaves by itself once every worker has
+     finished (kvps_worker_finish: its kvps_server_run returns), or on SIGINT/SIGTERM.
      allreduce mode reads the ring from KVPS_RANK / KVPS_SIZE / KVPS_RING_PEERS (or the MPI and
      Slurm rank and size; kvps_ring_env_read): `kvps-run -s 0 -w 4 -- ./fmnist --mode allreduce`,
      or mpirun with -x KVPS_RING_PEERS=tcp://h1:7000,tcp://h2:7000,... (one per rank).
@@ -590,15 +590,6 @@ static float grad_scale(const opts *o, long step, long total) {
     return (float)(f * o->workers / o->batch);
 }
 
-/* What the servers count so they can leave on their own: every worker pulls every key once
-   before training, once per step (EASGD: per exchange), and once at the end. */
-static uint64_t pulls_per_key(const opts *o) {
-    uint64_t steps = (uint64_t)o->epochs * (uint64_t)(NTRAIN / o->batch);
-    if (o->mode == MODE_EASGD) /* first and last pull, one per exchange, worker 0's centre per epoch */
-        return (uint64_t)o->workers * (steps / (uint64_t)o->tau + 2) + (uint64_t)o->epochs;
-    return (uint64_t)o->workers * (steps + 2);
-}
-
 /* The server's learning rate. Under async each push is applied on its own, so lr / m keeps the
    step per global batch the same as under BSP. */
 static float server_lr(const opts *o) { return o->mode == MODE_ASYNC ? o->lr / (float)o->workers : o->lr; }
@@ -886,6 +877,7 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         pull_all(w, &n, th, t, WAIT_MS);
     }
     double wall_s = now_s() - t_start;
+    if (ps) KVPS_CHECK(w, kvps_worker_finish(w, WAIT_MS), "finish"); /* the servers leave once every worker has */
     kvps_worker_destroy(&w);
 
     int rc = 0;
@@ -937,16 +929,15 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
 }
 
 /* ---------------------------------------------------------------------------------------------
-   Server: serves until stopped; with report_fd >= 0 writes the bound endpoint there first. It
-   leaves by itself once every worker has made its last pull, or when the standalone parent
-   (parent > 0) has died. */
+   Server: with report_fd >= 0 writes the bound endpoint there first. It leaves by itself once
+   every worker has finished (kvps_server_run returns), on SIGINT/SIGTERM, or when the
+   standalone parent (parent > 0) has died. */
 static int server_main(const opts *o, const char *endpoint, int rank, int report_fd, pid_t parent) {
     return launch_server(&(launch_server_desc){
         .prog = "fmnist",
         .server = {.endpoint = endpoint, .num_workers = o->workers, .rank = rank,
                    .consistency = server_consistency(o), .staleness = o->staleness,
                    .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
-        .pulls_per_key = pulls_per_key(o),
         .parent = parent,
         .poll_ms = 50,
         .report_fd = report_fd});
@@ -1019,8 +1010,9 @@ static void stop_children(child *c, int n) {
     }
 }
 
-/* Waits for the workers; stops everything at the first failure, signal or the deadline. A
-   server may leave before the workers do (it has served its last pull) but only with 0. */
+/* Waits for the workers; stops everything at the first failure, signal or the deadline. Then
+   the servers leave by themselves (every worker has finished); one still there after 10 s is
+   named and stopped. */
 static int wait_cluster(const opts *o, child *c, int ns, int nc, double t0, int rc) {
     launch_catch_signals(on_parent_signal);
 
@@ -1050,6 +1042,9 @@ static int wait_cluster(const opts *o, child *c, int ns, int nc, double t0, int 
             }
         }
     }
+    for (double until = now_s() + 10; rc == 0 && reap(c, nc) > 0 && now_s() < until;) sleep_ms(20);
+    for (int i = 0; i < ns && rc == 0; i++)
+        if (!c[i].done) fprintf(stderr, "fmnist: server %d did not leave by itself 10 s after the workers; stopping it\n", i);
     stop_children(c, nc);
     for (int i = 0; i < ns; i++) { /* a server that failed while being stopped */
         if (c[i].pid > 0 && !c[i].reported && !exited_ok(c[i].status)) {

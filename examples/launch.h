@@ -11,8 +11,9 @@
      now_s, cpu_s, sleep_ms   the clocks (wall, CPU); a sleep that outlasts signals (clock.h)
      parse_long, parse_double one option's value, within bounds
      launch_catch_signals     one handler for SIGINT and SIGTERM
-     launch_server            a server process: create, serve until SIGINT/SIGTERM or until the
-                              workers are through (or the standalone parent is gone), destroy
+     launch_server            a server process: create, serve until every worker has finished
+                              (kvps_server_run returns by itself), SIGINT/SIGTERM, or the
+                              standalone parent is gone; destroy
      launch_env_read          a server or worker process: role, rank and cluster from KVPS_*
      launch_list_add          "a,b,c": endpoint lists */
 #ifndef KVPS_EXAMPLES_LAUNCH_H
@@ -64,16 +65,14 @@ static inline void launch_catch_signals(void (*fn)(int)) {
 
 /* ---- a server process --------------------------------------------------------------------- */
 
-/* When a server leaves by itself. A launcher cannot tell a server that the job is over, so the
-   server counts what the workers will do and stops once they have done it, after a grace
-   period of one second so the last replies leave before the socket closes. */
+/* A server leaves by itself: kvps_server_run returns once every worker has finished
+   (kvps_worker_finish, or kvps_worker_destroy), so a job under a launcher ends when its workers
+   do. What is left to watch for is a standalone parent that died without telling anyone. */
 typedef struct launch_server_desc {
     const char *prog;        /* names the process in messages: "PROG: server RANK: ..." */
     kvps_server_desc server; /* what kvps_server_create gets */
-    uint64_t pulls_per_key;  /* > 0: leave once every key held was pulled this often */
-    uint64_t rounds;         /* > 0: leave once this many rounds are complete */
     pid_t parent;            /* > 0: leave (at once) when this is no longer the parent process */
-    int poll_ms;             /* how often the counts are read */
+    int poll_ms;             /* how often the parent is looked at */
     int report_fd;           /* >= 0: the bound endpoint is written there, one line, before serving */
     /* What the server says when it leaves, given the result of kvps_server_run (NULL: a
        failure, on stderr). */
@@ -94,18 +93,12 @@ typedef struct launch__watch { kvps_server *s; const launch_server_desc *d; } la
 
 static inline void *launch__watch_main(void *arg) {
     const launch__watch *w = (const launch__watch *)arg;
-    const launch_server_desc *d = w->d;
     while (!launch__stop) {
-        kvps_server_stats st;
-        kvps_server_stats_get(w->s, &st);
-        int done = (d->pulls_per_key && st.keys > 0 && st.pulls >= st.keys * d->pulls_per_key) ||
-                   (d->rounds && st.rounds >= d->rounds);
-        if (done || (d->parent && getppid() != d->parent)) {
-            if (done) sleep_ms(1000);
+        if (getppid() != w->d->parent) {
             kvps_server_stop(w->s);
             return NULL;
         }
-        sleep_ms(d->poll_ms);
+        sleep_ms(w->d->poll_ms > 0 ? w->d->poll_ms : 50);
     }
     return NULL;
 }
@@ -119,7 +112,8 @@ static inline int launch__report(kvps_server *s, int fd) {
     return 0;
 }
 
-/* A server process from start to end: the exit code, 0 when it served until stopped. */
+/* A server process from start to end: the exit code, 0 when it served until its workers had
+   finished (or it was stopped). */
 static inline int launch_server(const launch_server_desc *d) {
     int rank = d->server.rank;
     launch_catch_signals(launch__on_stop);
@@ -139,7 +133,7 @@ static inline int launch_server(const launch_server_desc *d) {
     }
     launch__watch w = {s, d};
     pthread_t th;
-    int watching = pthread_create(&th, NULL, launch__watch_main, &w) == 0;
+    int watching = d->parent > 0 && pthread_create(&th, NULL, launch__watch_main, &w) == 0;
     r = kvps_server_run(s);
     launch__stop = 1;
     if (watching) pthread_join(th, NULL);

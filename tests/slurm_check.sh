@@ -9,10 +9,15 @@
 # in a temporary directory, non-default ports; /etc/munge and /etc/slurm are not used. Checks:
 #   1. the cluster comes up: sinfo shows the node idle;
 #   2. srun -n 3 ring_allreduce with KVPS_RING_PEERS: every rank holds the exact sum;
-#   3. srun -n 4 fmnist --mode bsp with KVPS_SERVERS (2) and KVPS_NUM_WORKERS=2: one epoch of
+#   3. srun -n 5 hello_ps with KVPS_SERVERS (2) and KVPS_NUM_WORKERS=3, and 4. srun -n 3
+#      hello_ring with KVPS_RING_PEERS: the known weights on every worker, and the job ends by
+#      itself (tests/clean_finish.sh): exit 0 within 30 s (a hang check; the wall time and the
+#      time from the last result line to srun's exit are printed), both servers back from
+#      kvps_server_run by themselves, no process saying "lost";
+#   5. srun -n 4 fmnist --mode bsp with KVPS_SERVERS (2) and KVPS_NUM_WORKERS=2: one epoch of
 #      softmax regression learns (test accuracy > 0.75) on 2 servers and 2 workers;
-#   4. srun -n 2 fmnist --mode allreduce with KVPS_RING_PEERS (2 ranks, no server).
-# 3 and 4 are skipped without Debian's dataset-fashion-mnist. Daemons and files are removed on
+#   6. srun -n 2 fmnist --mode allreduce with KVPS_RING_PEERS (2 ranks, no server).
+# 5 and 6 are skipped without Debian's dataset-fashion-mnist. Daemons and files are removed on
 # exit, on failure and on Ctrl-C. Ends with "N passed, N failed"; exits 77 (skipped) where
 # Slurm is missing and cannot be installed here (installs it with apt-get when root).
 set -u
@@ -23,6 +28,7 @@ pass=0 fail=0 skipped=0
 ok() { echo "ok $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 skip_all() { echo "skipped: $1"; echo "0 passed, 0 failed, 1 skipped"; exit 77; }
+. tests/clean_finish.sh # timed, check_finish
 result() {
     if [ "$skipped" -gt 0 ]; then echo "$pass passed, $fail failed, $skipped skipped"; else echo "$pass passed, $fail failed"; fi
     [ "$fail" -eq 0 ]
@@ -46,7 +52,7 @@ if ! have_slurm; then
     fi
     have_slurm || { echo "Slurm is not installed; as root: $line" >&2; skip_all "no Slurm"; }
 fi
-for b in ring_allreduce fmnist; do
+for b in ring_allreduce fmnist hello_ps hello_ring; do
     [ -x "$B/$b" ] || { echo "build $B/$b first (make $B/$b)" >&2; exit 1; }
 done
 have_data=0
@@ -115,7 +121,7 @@ user=$(id -un)
 read -r ctld_port slurmd_port <<<"$(pick_ports 2)"
 mkdir -p "$work/munge" "$work/state" "$work/spool"
 chmod 700 "$work/munge"
-# the node claims 4 CPUs whatever it has (config_overrides): srun -n 4 on a 2-core machine, as
+# the node claims 8 CPUs whatever it has (config_overrides): srun -n 5 on a 2-core machine, as
 # the README runs it, without oversubscription flags
 cat >"$work/slurm.conf" <<EOF
 ClusterName=kvpscheck
@@ -147,7 +153,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
 InactiveLimit=0
-NodeName=$node NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
 PartitionName=check Nodes=$node Default=YES MaxTime=10 State=UP
 EOF
 export SLURM_CONF="$work/slurm.conf"
@@ -213,6 +219,14 @@ else
     bad "srun -n 3 ring_allreduce: exit $rc, no exact-sum line from rank(s)${missing:- none}"
     echo "$out" | tail -n 30 | sed 's/^/  /'; logs
 fi
+
+# ---- the starting points: each job ends by itself (srun passes its environment on) ----------
+timed 30 env KVPS_SERVERS="$(endpoints $(pick_ports 2))" KVPS_NUM_WORKERS=3 srun -n 5 "$B/hello_ps"
+check_finish "srun -n 5 hello_ps (2 servers, 3 workers)" 3 2
+[ "$rc" = 0 ] || logs
+timed 30 env KVPS_RING_PEERS="$(endpoints $(pick_ports 3))" srun -n 3 "$B/hello_ring"
+check_finish "srun -n 3 hello_ring" 3 0
+[ "$rc" = 0 ] || logs
 
 # ---- fmnist: the epoch line "    1  loss train_acc test_acc samples/s net_MB push_KB time_s" ----
 check_fmnist() { # NAME RC OUT MODE HEADER

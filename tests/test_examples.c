@@ -10,7 +10,11 @@
      kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
                       SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting
      make install     into a DESTDIR, then a program built with `pkg-config --cflags --libs kvps`
-     README           its whole program (hello.c), built with its build line verbatim, and run
+     README           the heart of hello_ps.c it shows is the program's; its build lines for
+                      hello_ps.c and hello_ring.c, run verbatim, build them; they print what it says
+     hello_ps, hello_ring  the known weights, standalone (threads), under kvps-run and (through
+                      tests/mpi_check.sh) under mpirun; a clean finish: exit 0 by itself, every
+                      server back from kvps_server_run, nobody "lost", times printed
    Run from the repository root (make test does), or from anywhere as build/test_examples.
    Ends with "N passed, N failed[, N skipped]". */
 #ifndef _POSIX_C_SOURCE
@@ -162,6 +166,129 @@ static void test_ring_allreduce_processes(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   hello_ps and hello_ring, the starting points: the known weights on every worker, and a clean
+   finish. Under a launcher the job must end by itself: exit 0 within HANG_S (a hang check; no
+   other time is asserted, the times are printed), every server back from kvps_server_run by
+   itself ("every worker finished": a server stopped by a signal never says it), kvps-run not
+   having to stop one ("stopping the servers"), and no process saying it lost a peer. */
+enum { HANG_S = 20 };
+
+/* run() that also times the command: *wall_s from start to exit, *tail_s from the last line
+   containing `last` to exit (-1: no such line). */
+static int run_timed(char **out, const char *last, double *wall_s, double *tail_s, const char *fmt, ...) {
+    char cmd[8192], full[sizeof cmd + sizeof root + 32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "cd '%s' && { %s ; } 2>&1", root, cmd);
+    fflush(stdout);
+    double t0 = now_s(), t_last = -1;
+    FILE *p = popen(full, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = (char *)malloc(cap);
+    buf[0] = 0;
+    if (!p) { *out = buf; return -1; }
+    char line[4096];
+    while (fgets(line, sizeof line, p)) {
+        size_t n = strlen(line);
+        if (strstr(line, last)) t_last = now_s();
+        if (cap - len <= n + 1) buf = (char *)realloc(buf, cap = 2 * cap + n);
+        memcpy(buf + len, line, n + 1);
+        len += n;
+    }
+    int st = pclose(p);
+    double t_end = now_s();
+    *wall_s = t_end - t0;
+    *tail_s = t_last < 0 ? -1 : t_end - t_last;
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* The first line of out that says "lost" in any case, or NULL. */
+static const char *line_saying_lost(const char *out, char *line, size_t cap) {
+    for (const char *p = out; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        snprintf(line, cap, "%.*s", (int)n, p);
+        for (char *c = line; *c; c++)
+            if ((c[0] | 32) == 'l' && (c[1] | 32) == 'o' && (c[2] | 32) == 's' && (c[3] | 32) == 't') return line;
+        if (!e) break;
+        p = e + 1;
+    }
+    return NULL;
+}
+
+/* The clean-finish checks on a job's output; `results` lines "PROG: worker|rank R of N: ...: ok". */
+static void check_clean_finish(const char *what, int rc, const char *out, const char *prog, int results, int servers,
+                               double wall_s, double tail_s) {
+    char line[512], want[128];
+    KT_CHECK(rc == 0, "%s: exit %d%s", what, rc, rc == 124 ? " (still running after the hang bound: killed)" : "");
+    int ok = 0, fin = 0;
+    for (int r = 0; r < results; r++) {
+        snprintf(want, sizeof want, "%s: %s %d of %d: w = 1.0000 -2.0000 3.0000 0.5000 after 40 steps (want 1 -2 3 0.5): ok",
+                 prog, strcmp(prog, "hello_ring") == 0 ? "rank" : "worker", r, results);
+        ok += strstr(out, want) != NULL;
+    }
+    for (int i = 0; i < servers; i++) {
+        snprintf(want, sizeof want, "hello_ps: server %d: every worker finished\n", i);
+        fin += strstr(out, want) != NULL;
+    }
+    KT_CHECK(ok == results, "%s: %d of %d workers hold the known weights", what, ok, results);
+    KT_CHECK(fin == servers, "%s: %d of %d servers returned from kvps_server_run by themselves", what, fin, servers);
+    KT_CHECK(!strstr(out, "stopping the servers"), "%s: kvps-run had to stop servers", what);
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "%s: a process lost a peer: '%s'", what, lost ? lost : "");
+    KT_CHECK(tail_s >= 0, "%s: no result line", what);
+    printf("  %s: exit %d after %.2f s, %.2f s after the last worker's result\n", what, rc, wall_s, tail_s);
+    if (kt_cur_failed) show(out);
+}
+
+static void test_hello_threads(void) {
+    char *out;
+    double wall, tail;
+    int rc = run_timed(&out, "hello_ps: worker", &wall, &tail, "timeout %d %s/hello_ps -s 2 -w 3", HANG_S, bdir);
+    check_clean_finish("hello_ps -s 2 -w 3 (threads)", rc, out, "hello_ps", 3, 2, wall, tail);
+    free(out);
+    rc = run_timed(&out, "hello_ring: rank", &wall, &tail, "timeout %d %s/hello_ring -n 3", HANG_S, bdir);
+    check_clean_finish("hello_ring -n 3 (threads)", rc, out, "hello_ring", 3, 0, wall, tail);
+    free(out);
+}
+
+static void test_hello_under_kvps_run(void) {
+    char *out;
+    double wall, tail;
+    int rc = run_timed(&out, "hello_ps: worker", &wall, &tail, "timeout %d scripts/kvps-run -s 2 -w 3 %s/hello_ps", HANG_S,
+                       bdir);
+    check_clean_finish("kvps-run -s 2 -w 3 hello_ps", rc, out, "hello_ps", 3, 2, wall, tail);
+    KT_CHECK(has_line(out, "[server 1] hello_ps: server 1: every worker finished"), "no prefixed line of server 1");
+    free(out);
+    rc = run_timed(&out, "hello_ring: rank", &wall, &tail, "timeout %d scripts/kvps-run -s 0 -w 3 %s/hello_ring", HANG_S,
+                   bdir);
+    check_clean_finish("kvps-run -s 0 -w 3 hello_ring", rc, out, "hello_ring", 3, 0, wall, tail);
+    free(out);
+}
+
+/* tests/mpi_check.sh: hello_ps and hello_ring under a real mpirun (exit 77: no Open MPI here). */
+static void test_hello_under_mpirun(void) {
+    char *out;
+    int rc = run(&out, "tests/mpi_check.sh '%s'", bdir);
+    if (rc == 77) {
+        const char *why = strstr(out, "skipped: ");
+        why = why ? why + 9 : "skipped";
+        KT_SKIP("tests/mpi_check.sh: %.*s", (int)strcspn(why, "\n"), why);
+    } else {
+        KT_CHECK(rc == 0, "tests/mpi_check.sh: exit %d", rc);
+        for (const char *p = out; (p = strstr(p, "ok mpirun")) != NULL; p++) { /* its times, in this log */
+            const char *e = strchr(p, '\n');
+            printf("  %.*s\n", e ? (int)(e - p) : (int)strlen(p), p);
+        }
+        if (kt_cur_failed) show(out);
+    }
+    free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
    ctr: "ctr: test AUC A, true model AUC T (gap G)..." */
 static void check_ctr(const char *out, const char *prefix, double max_gap) {
     const char *p = strstr(out, "ctr: test AUC ");
@@ -204,9 +331,12 @@ static void test_ctr_async_under_kvps_run(void) {
                        "--test 10000 --epochs 2", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, "[worker 0] ", 0.06);
-    /* the servers left by themselves after the last clock, and said so */
+    /* the servers left by themselves once every worker had finished, and said so */
     KT_CHECK(strstr(out, "[server 0] ctr: server 0: ") && strstr(out, "[server 1] ctr: server 1: "), "server lines");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -238,6 +368,7 @@ static void test_fmnist_modes(void) {
                      bdir, modes[i]);
         KT_CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
         check_fmnist(out, "", modes[i]);
+        KT_CHECK(!strstr(out, "did not leave by itself"), "--mode %s: a server had to be stopped", modes[i]);
         if (kt_cur_failed) { show(out); free(out); return; }
         free(out);
     }
@@ -257,6 +388,9 @@ static void test_fmnist_under_kvps_run(void) {
     KT_CHECK(rc == 0, "bsp: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "bsp");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -330,6 +464,9 @@ static void test_fmnist_mpirun(void) {
     KT_CHECK(rc == 0, "exit %d", rc);
     check_fmnist(out, "", "bsp");
     KT_CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost, "a process lost a peer on the way out: '%s'", lost ? lost : "");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -342,6 +479,9 @@ static void test_launcher_env_and_prefixes(void) {
                        "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
                        "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
     KT_CHECK(rc == 0, "exit %d", rc);
+    /* these servers never leave by themselves: stopped after --server-wait, and named */
+    KT_CHECK(strstr(out, "kvps-run: server 0, server 1 still running 1 s after the last worker (--server-wait): "
+                         "stopping the servers") != NULL, "no message naming the servers stopped");
     KT_CHECK(has_line(out, "[server 0] role=server rank=0 n=3 size="), "server 0 line");
     KT_CHECK(has_line(out, "[server 1] role=server rank=1 n=3 size="), "server 1 line");
     for (int r = 0; r < 3; r++) {
@@ -469,9 +609,12 @@ static void test_launcher_host_file(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
-   README.md's whole program (the ```c block that opens with "/ * hello.c"), built with the
-   README's own build line, verbatim, in a directory holding only it and kvps.h (as a user who
-   copied the header would), then run: it must print what the README's comment says. */
+   README.md's "Using it": the heart of hello_ps.c it shows (the ```c block after "The heart of
+   hello_ps.c") is the program's own text, line for line ("..." skips); and its ```sh block that
+   opens with "cc -std=c99 hello_ps.c" is run verbatim in a directory holding only the two
+   programs and the headers (as a user who copied them would): each "cc" line builds (also with
+   -Wall -Wextra -Werror: the headers need no feature macro), each "./prog args   # line" prints
+   that line. */
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -486,52 +629,76 @@ static char *slurp(const char *path) {
     return b;
 }
 
+/* The text of the fenced block that opens right after `after`, with `fence` ("```c\n"), up to
+   its closing fence, in place inside md; NULL when there is none. */
+static char *readme_block(char *md, const char *after, const char *fence) {
+    char *p = strstr(md, after);
+    p = p ? strstr(p, fence) : NULL;
+    char *end = p ? strstr(p + strlen(fence), "\n```\n") : NULL;
+    if (!end) return NULL;
+    end[1] = 0;
+    return p + strlen(fence);
+}
+
 static void test_readme_program(void) {
     char path[4200];
     snprintf(path, sizeof path, "%s/README.md", root);
-    char *md = slurp(path);
-    KT_CHECK(md != NULL, "cannot read %s", path);
-    if (!md) return;
-    char *prog = strstr(md, "```c\n/* hello.c");
-    char *end = prog ? strstr(prog + 5, "\n```\n") : NULL;
-    char *sh = end ? strstr(end, "```sh\n") : NULL;
-    KT_CHECK(prog && end && sh, "README.md has no hello.c block followed by its build lines");
-    if (!(prog && end && sh)) { free(md); return; }
-    prog += 5;
-    end[1] = 0; /* the program, with its last newline */
-    char *build = sh + 6, *nl = strchr(build, '\n');
-    char *runl = nl ? nl + 1 : NULL, *nl2 = runl ? strchr(runl, '\n') : NULL, *hash = runl ? strchr(runl, '#') : NULL;
-    KT_CHECK(nl && nl2 && hash && hash < nl2, "the build block is not 'build line' then './hello  # output'");
-    if (!(nl && nl2 && hash && hash < nl2)) { free(md); return; }
-    *nl = 0;
-    *nl2 = 0;
-    char *want = hash + 1;
-    while (*want == ' ') want++;
-    char *cmd_end = hash;
-    while (cmd_end > runl && cmd_end[-1] == ' ') cmd_end--;
-    *cmd_end = 0;
-    char dir[4120];
+    char *md = slurp(path), *md2 = slurp(path), *prog = NULL;
+    snprintf(path, sizeof path, "%s/examples/hello_ps.c", root);
+    prog = slurp(path);
+    KT_CHECK(md && md2 && prog, "cannot read README.md or examples/hello_ps.c");
+    char *heart = md ? readme_block(md, "The heart of hello_ps.c", "```c\n") : NULL;
+    char *lines = md2 ? readme_block(md2, "\n```sh\ncc -std=c99 hello_ps.c", "```sh\n") : NULL;
+    KT_CHECK(heart && lines, "README.md has no heart of hello_ps.c (```c) or no ```sh block of its build lines");
+    if (!(heart && lines && prog)) { free(md); free(md2); free(prog); return; }
+    int shown = 0;
+    for (char *l = strtok(heart, "\n"); l; l = strtok(NULL, "\n")) {
+        if (strcmp(l + strspn(l, " "), "...") == 0) continue;
+        char *at = strstr(prog, l);
+        size_t n = strlen(l);
+        while (at && !((at == prog || at[-1] == '\n') && (at[n] == '\n' || at[n] == 0))) at = strstr(at + 1, l);
+        KT_CHECK(at != NULL, "README.md shows a line hello_ps.c does not have: '%s'", l);
+        shown++;
+    }
+    KT_CHECK(shown >= 10, "the heart of hello_ps.c in README.md is %d lines", shown);
+    char dir[4120], *out;
     snprintf(dir, sizeof dir, "%.4000s/readme", tmp);
-    char *out;
-    int rc = run(&out, "mkdir -p '%s' && cp kvps.h '%s/'", dir, dir);
+    int rc = run(&out, "mkdir -p '%s' && cp kvps.h kvps_ring.h examples/hello_ps.c examples/hello_ring.c '%s/'", dir, dir);
     free(out);
-    snprintf(path, sizeof path, "%s/hello.c", dir);
-    FILE *f = fopen(path, "w");
-    KT_CHECK(f && fputs(prog, f) >= 0 && fclose(f) == 0, "writing %s", path);
-    rc = run(&out, "cd '%s' && %s", dir, build);
-    KT_CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, build);
-    if (kt_cur_failed) { show(out); free(out); free(md); return; }
-    free(out);
-    /* and without a warning: no feature macro is needed, the header declares what it uses */
-    rc = run(&out, "cd '%s' && %s -Wall -Wextra -Werror -o hello-strict", dir, build);
-    KT_CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d)", rc);
-    if (kt_cur_failed) show(out);
-    free(out);
-    rc = run(&out, "cd '%s' && %s", dir, runl);
-    KT_CHECK(rc == 0 && has_line(out, want), "%s: exit %d, the README says it prints '%s'", runl, rc, want);
-    if (kt_cur_failed) show(out);
-    free(out);
+    KT_CHECK(rc == 0, "copying the programs to %s", dir);
+    int builds = 0, runs = 0;
+    for (char *l = lines, *nl; rc == 0 && *l; l = nl + 1) {
+        nl = strchr(l, '\n');
+        if (!nl) break;
+        *nl = 0;
+        if (strncmp(l, "cc ", 3) == 0) {
+            builds++;
+            rc = run(&out, "cd '%s' && %s", dir, l);
+            KT_CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, l);
+            if (rc == 0) {
+                free(out);
+                rc = run(&out, "cd '%s' && %s -Wall -Wextra -Werror -o strict", dir, l);
+                KT_CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d): %s", rc, l);
+            }
+        } else if (strncmp(l, "./", 2) == 0) {
+            char *hash = strchr(l, '#'), *want = hash ? hash + 1 : NULL;
+            KT_CHECK(hash != NULL, "the README's run line '%s' does not say what it prints ('# line')", l);
+            if (!hash) break;
+            runs++;
+            while (*want == ' ') want++;
+            for (*hash = 0; hash > l && hash[-1] == ' ';) *--hash = 0;
+            rc = run(&out, "cd '%s' && timeout %d %s", dir, HANG_S, l);
+            KT_CHECK(rc == 0 && has_line(out, want), "%s: exit %d; the README says it prints '%s'", l, rc, want);
+        } else {
+            continue;
+        }
+        if (kt_cur_failed) show(out);
+        free(out);
+    }
+    if (rc == 0) KT_CHECK(builds == 2 && runs == 2, "the README's block has %d build lines and %d run lines, want 2 and 2", builds, runs);
     free(md);
+    free(md2);
+    free(prog);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -598,16 +765,19 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     /* make asan-test builds only the tests into build-asan: use the examples in build/ then */
-    static const char *bins[] = {"ring_allreduce", "ctr", "fmnist"};
+    static const char *bins[] = {"ring_allreduce", "ctr", "fmnist", "hello_ps", "hello_ring"};
     char p[4300];
     snprintf(p, sizeof p, "%s/ctr", bdir);
     if (access(p, X_OK) != 0) {
         snprintf(bdir, sizeof bdir, "%.4000s/build", root);
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         snprintf(p, sizeof p, "%s/%s", bdir, bins[i]);
         if (access(p, X_OK) != 0) printf("note: %s is not built (make %s)\n", p, p);
     }
+    KT_RUN(test_hello_threads);
+    KT_RUN(test_hello_under_kvps_run);
+    KT_RUN(test_hello_under_mpirun);
     KT_RUN(test_ring_allreduce_threads);
     KT_RUN(test_ring_allreduce_processes);
     KT_RUN(test_ctr_lr_bsp);

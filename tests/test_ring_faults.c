@@ -1,7 +1,8 @@
 /* test_ring_faults - kvps_ring.h when things go wrong: a dead rank (a thread that destroys its
    ring, a process killed with SIGKILL before or during an all-reduce) and mismatched calls
    (count, dtype, op, root, collective; same or other message paths, send-only ranks, zero-copy
-   pieces, count 0) end in errors within the timeout, with a message, and the ring refuses the
+   pieces, count 0) end in errors within the timeout, with a message (a timeout names the rank
+   waited for and the collective, and so does the abort it sends), and the ring refuses the
    next call. Each scenario runs in a child process with a time limit, so a hang is reported as
    one. */
 #define KVPS_IMPLEMENTATION
@@ -37,6 +38,16 @@ static void allreduce_with_a_dead_peer(kt_rk *x, const char *what, float *b, siz
     int64_t ms = kvps__now_ms() - t0;
     if (rc != KVPS_ERR_TIMEOUT && rc != KVPS_ERR_PEER)
         kt_rk_fail(x, "rank %d: %s, want KVPS_ERR_TIMEOUT or KVPS_ERR_PEER", x->rank, kvps_result_str(rc));
+    /* a timeout names the rank waited for and the collective, by name ("rank 0: timed out after
+       500 ms waiting for rank 2 in allreduce of 4096 float32 (sum, ..."), and so does the abort
+       it sends the others ("rank 0 aborted the allreduce: KVPS_ERR_TIMEOUT: rank 0: timed out ...") */
+    const char *e = kvps_ring_last_error(x->r), *at = strstr(e, "waiting for rank ");
+    int waited = -1, timed_out = rc == KVPS_ERR_TIMEOUT || (rc == KVPS_ERR_PEER && strstr(e, "KVPS_ERR_TIMEOUT"));
+    if (timed_out && (!at || sscanf(at, "waiting for rank %d", &waited) != 1 || waited < 0 || waited >= x->k ||
+                      !strstr(at, " in allreduce of ")))
+        kt_rk_fail(x, "%s: rank %d's timeout does not name the rank waited for and the collective: '%s'", what, x->rank, e);
+    if (rc == KVPS_ERR_PEER && !strstr(e, "allreduce")) /* an abort, or "allreduce: send to rank 2: no connection ..." */
+        kt_rk_fail(x, "%s: rank %d's message does not name the collective: '%s'", what, x->rank, e);
     check_failed_rank(x, what, rc, ms);
 }
 
