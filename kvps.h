@@ -688,7 +688,7 @@ KVPS_API kvps_result kvps_zmq_ctx_pin(void *zmq_ctx, const char *cpus);
 
 KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out);
 KVPS_API const char *kvps_server_endpoint(const kvps_server *s); /* resolved, e.g. port of '*' */
-KVPS_API kvps_result kvps_server_run(kvps_server *s);   /* serves until kvps_server_stop */
+KVPS_API kvps_result kvps_server_run(kvps_server *s);   /* serves until every worker has finished (CLEAN FINISH) or kvps_server_stop */
 KVPS_API kvps_result kvps_server_start(kvps_server *s); /* serves from a background thread */
 KVPS_API void kvps_server_stop(kvps_server *s);
 /* For a server serving from kvps_server_start: waits until it has stopped, by itself (every
