@@ -290,10 +290,9 @@ static inline void kt_cluster_down(kt_cluster *c) {
     c->ctx = NULL;
 }
 
-#ifdef KVPS_IMPLEMENTATION /* (test_examples uses the API only: the worker's struct is not there) */
 /* A worker that dies: its connection closes with no goodbye (kvps_worker_finish), as when its
    process is killed; the servers see it lost, not finished. */
-#ifdef KVPS__IMPLEMENTED /* (it reaches into the worker) */
+#ifdef KVPS__IMPLEMENTED /* (it reaches into the worker: test_examples includes the API only) */
 static inline void kt_worker_vanish(kvps_worker **w) {
     if (*w) (*w)->finished = 1;
     kvps_worker_destroy(w);
