@@ -58,7 +58,7 @@ compile-test: deps | $(B)
 test: all compile-test
 	@tests/run.sh $(B)
 
-asan-test: deps
+asan-test: deps $(EXAMPLES) # (test_examples runs the examples of the normal build)
 	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  $(patsubst $(B)/%,build-asan/%,$(TESTS))
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 KVPS_TEST_QUICK=1 tests/run.sh build-asan
