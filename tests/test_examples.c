@@ -269,6 +269,29 @@ static void test_hello_under_kvps_run(void) {
     free(out);
 }
 
+/* A new user's first program written from hello_ps.c (issue 17): examples/first_ps.c, 2 servers,
+   3 workers, a server-side SGD rule, in well under 100 lines: the line count, and under kvps-run
+   every worker holds the fitted line, every process exits 0, nobody says lost. */
+static void test_first_program(void) {
+    char *out;
+    int rc = run(&out, "wc -l < examples/first_ps.c");
+    KT_CHECK(rc == 0 && atoi(out) > 0 && atoi(out) < 70, "examples/first_ps.c: %d lines", atoi(out));
+    printf("  examples/first_ps.c: %d lines\n", atoi(out));
+    free(out);
+    rc = run(&out, "timeout %d scripts/kvps-run -s 2 -w 3 %s/first_ps", HANG_S, bdir);
+    KT_CHECK(rc == 0, "kvps-run -s 2 -w 3 first_ps: exit %d", rc);
+    for (int r = 0; r < 3; r++) {
+        char want[128];
+        snprintf(want, sizeof want, "[worker %d] first_ps: worker %d: w = 3.0000, b = -1.0000 (want 3, -1): ok", r, r);
+        KT_CHECK(has_line(out, want), "no line '%s'", want);
+    }
+    char line[512];
+    const char *lost = line_saying_lost(out, line, sizeof line);
+    KT_CHECK(!lost && !strstr(out, "stopping the servers"), "first_ps: not a clean finish: '%s'", lost ? lost : "kvps-run stopped the servers");
+    if (kt_cur_failed) show(out);
+    free(out);
+}
+
 /* tests/mpi_check.sh: hello_ps and hello_ring under a real mpirun (exit 77: no Open MPI here). */
 static void test_hello_under_mpirun(void) {
     char *out;
@@ -777,6 +800,7 @@ int main(int argc, char **argv) {
     }
     KT_RUN(test_hello_threads);
     KT_RUN(test_hello_under_kvps_run);
+    KT_RUN(test_first_program);
     KT_RUN(test_hello_under_mpirun);
     KT_RUN(test_ring_allreduce_threads);
     KT_RUN(test_ring_allreduce_processes);
