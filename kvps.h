@@ -1405,6 +1405,7 @@ typedef struct kvps__tl_track {
     int nlanes;
     int tid[KVPS__TL_LANES];
     uint64_t end[KVPS__TL_LANES]; /* when the lane's last event ends */
+    char *text;                   /* its second label (a tensor's name) escaped, made once */
 } kvps__tl_track;
 
 typedef struct kvps__tl {
@@ -1422,6 +1423,12 @@ typedef struct kvps__tl {
     int any;             /* an event has been made (the next one starts with a comma) */
     char tail[256];      /* what closes the JSON after the events */
     size_t tail_len;
+    char pid_text[40];   /* ,"pid":PID,"tid": */
+    size_t pid_len;
+    uint64_t sec;        /* the second whose digits are in sec_text (timestamps: its digits, then
+                            the microseconds'; formatted again when the second changes) */
+    char sec_text[24];
+    size_t sec_len;
     /* async servers: the pushes applied in the current window, one event per window */
     uint64_t agg_t0, agg_t1, agg_n, agg_keys, agg_bytes;
     uint32_t agg_win;
@@ -1433,31 +1440,57 @@ static uint64_t kvps__tl_now(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Appenders: each writes at p and returns the end. */
+/* Appenders: each writes at p and returns the end. An event costs a few hundred bytes and
+   comes with every request, so they avoid printf: literals by their size, digits two at a time. */
+#define KVPS__TL_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) + sizeof(s) - 1)
 static char *kvps__tl_put(char *p, const char *s) {
     size_t n = strlen(s);
     memcpy(p, s, n);
     return p + n;
 }
+static const char kvps__tl_d2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                  "4041424344454647484950515253545556575859606162636465666768697071727374757677787980"
+                                  "81828384858687888990919293949596979899";
 static char *kvps__tl_u64(char *p, uint64_t v) {
-    char t[24];
-    int n = 0;
-    do { t[n++] = (char)('0' + v % 10); v /= 10; } while (v);
-    while (n) *p++ = t[--n];
-    return p;
+    char t[24], *e = t + sizeof t, *b = e;
+    while (v >= 100) {
+        b -= 2;
+        memcpy(b, kvps__tl_d2 + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) { b -= 2; memcpy(b, kvps__tl_d2 + 2 * v, 2); }
+    else *--b = (char)('0' + v);
+    memcpy(p, b, (size_t)(e - b));
+    return p + (e - b);
 }
 static char *kvps__tl_i64(char *p, int64_t v) {
     if (v < 0) { *p++ = '-'; return kvps__tl_u64(p, (uint64_t)0 - (uint64_t)v); }
     return kvps__tl_u64(p, (uint64_t)v);
 }
-static char *kvps__tl_us(char *p, uint64_t ns) { /* microseconds with three decimals */
-    uint64_t f = ns % 1000;
-    p = kvps__tl_u64(p, ns / 1000);
+static char *kvps__tl_frac3(char *p, unsigned f) { /* ".ddd" */
     p[0] = '.';
     p[1] = (char)('0' + f / 100);
-    p[2] = (char)('0' + f / 10 % 10);
-    p[3] = (char)('0' + f % 10);
+    memcpy(p + 2, kvps__tl_d2 + 2 * (f % 100), 2);
     return p + 4;
+}
+static char *kvps__tl_us(char *p, uint64_t ns) { /* a duration: microseconds with three decimals */
+    return kvps__tl_frac3(kvps__tl_u64(p, ns / 1000), (unsigned)(ns % 1000));
+}
+/* A timestamp (ns since the epoch) in microseconds with three decimals: the second's digits
+   (kept while it lasts), the six of the microsecond, the three of the nanosecond. */
+static char *kvps__tl_ts(kvps__tl *tl, char *p, uint64_t ns) {
+    uint64_t sec = ns / 1000000000u;
+    unsigned us = (unsigned)(ns / 1000 % 1000000);
+    if (sec != tl->sec || !tl->sec_len) {
+        tl->sec = sec;
+        tl->sec_len = (size_t)(kvps__tl_u64(tl->sec_text, sec) - tl->sec_text);
+    }
+    memcpy(p, tl->sec_text, tl->sec_len);
+    p += tl->sec_len;
+    memcpy(p, kvps__tl_d2 + 2 * (us / 10000), 2);
+    memcpy(p + 2, kvps__tl_d2 + 2 * (us / 100 % 100), 2);
+    memcpy(p + 4, kvps__tl_d2 + 2 * (us % 100), 2);
+    return kvps__tl_frac3(p + 6, (unsigned)(ns % 1000));
 }
 /* How long a valid UTF-8 sequence starts at s (at most n bytes there), 0 if none does. */
 static int kvps__tl_utf8(const unsigned char *s, size_t n) {
@@ -1513,6 +1546,15 @@ static char *kvps__tl_arg_u64(char *p, const char *key, uint64_t v) { p = kvps__
 static char *kvps__tl_arg_i64(char *p, const char *key, int64_t v) { p = kvps__tl_i64(kvps__tl_jkey(p, key), v); *p++ = ','; return p; }
 static char *kvps__tl_arg_us(char *p, const char *key, uint64_t ns) { p = kvps__tl_us(kvps__tl_jkey(p, key), ns); *p++ = ','; return p; }
 static char *kvps__tl_arg_str(char *p, const char *key, const char *v) { p = kvps__tl_str(kvps__tl_jkey(p, key), v); *p++ = ','; return p; }
+/* "key":"TEXT", with TEXT written as it is (plain ASCII, or escaped already) */
+static char *kvps__tl_arg_raw(char *p, const char *key, const char *text) {
+    p = kvps__tl_jkey(p, key);
+    *p++ = '"';
+    p = kvps__tl_put(p, text);
+    *p++ = '"';
+    *p++ = ',';
+    return p;
+}
 /* 64-bit keys go as strings: a JavaScript number holds 53 bits (a viewer would round them) */
 static char *kvps__tl_arg_key(char *p, const char *key, uint64_t v) {
     p = kvps__tl_jkey(p, key);
@@ -1521,6 +1563,18 @@ static char *kvps__tl_arg_key(char *p, const char *key, uint64_t v) {
     *p++ = '"';
     *p++ = ',';
     return p;
+}
+
+/* The result's name ("ok", "KVPS_ERR_TIMEOUT") as a JSON argument. */
+static char *kvps__tl_arg_result(char *p, kvps_result r) {
+    if (r == KVPS_OK) return KVPS__TL_LIT(p, "\"result\":\"ok\",");
+    char name[64];
+    const char *str = kvps_result_str(r);
+    size_t n = strcspn(str, ":");
+    if (n >= sizeof name) n = sizeof name - 1;
+    memcpy(name, str, n);
+    name[n] = 0;
+    return kvps__tl_arg_raw(p, "result", name);
 }
 
 /* Writes the buffered events and the tail after them, over the previous tail. */
@@ -1543,32 +1597,30 @@ static void kvps__tl_write(kvps__tl *tl) {
     tl->last_write = tl->now;
 }
 
-/* Starts an event at the end of the buffer (after a write when there is no room for one; the
-   file's first event is always its process_name, so every event here follows another):
-     ,{"name":"NAME[ NAME2]","cat":"CAT","ph":"PH","ts":T0,"dur":T1-T0,"pid":..,"tid":TID,"args":{
-   ("dur" for "X" events only.) Its arguments follow (kvps__tl_arg_*); kvps__tl_end closes it. */
-static char *kvps__tl_begin(kvps__tl *tl, const char *name, const char *name2, const char *cat, char ph, uint64_t t0,
-                            uint64_t t1, int tid) {
+/* Starts a complete event ("ph":"X") at the end of the buffer (after a write when there is no
+   room for one; the file's first event is always its process_name, so every event here follows
+   another):
+     ,{"name":"NAME[ NAME2]","cat":"CAT","ph":"X","ts":T0,"dur":T1-T0,"pid":..,"tid":TID,"args":{
+   NAME, NAME2 and CAT are written as they are: literals of plain ASCII, or text escaped by
+   kvps__tl_text. Its arguments follow (kvps__tl_arg_*); kvps__tl_end closes it. */
+static char *kvps__tl_begin(kvps__tl *tl, const char *name, const char *name2, const char *cat, uint64_t t0, uint64_t t1,
+                            int tid) {
     if (tl->len + KVPS__TL_ROOM > KVPS__TL_BUF) kvps__tl_write(tl);
     if (t1 < t0) t1 = t0;
     tl->now = t1;
     char *p = tl->buf + tl->len;
-    p = kvps__tl_put(p, ",\n{\"name\":\"");
-    p = kvps__tl_text(p, name);
-    if (name2) { *p++ = ' '; p = kvps__tl_text(p, name2); }
-    p = kvps__tl_put(p, "\",\"cat\":\"");
+    p = KVPS__TL_LIT(p, ",\n{\"name\":\"");
+    p = kvps__tl_put(p, name);
+    if (name2) { *p++ = ' '; p = kvps__tl_put(p, name2); }
+    p = KVPS__TL_LIT(p, "\",\"cat\":\"");
     p = kvps__tl_put(p, cat);
-    p = kvps__tl_put(p, "\",\"ph\":\"");
-    *p++ = ph;
-    p = kvps__tl_put(p, "\",\"ts\":");
-    p = kvps__tl_us(p, t0);
-    if (ph == 'X') { p = kvps__tl_put(p, ",\"dur\":"); p = kvps__tl_us(p, t1 - t0); }
-    if (ph == 'i') p = kvps__tl_put(p, ",\"s\":\"t\"");
-    p = kvps__tl_put(p, ",\"pid\":");
-    p = kvps__tl_u64(p, (uint64_t)tl->pid);
-    p = kvps__tl_put(p, ",\"tid\":");
-    p = kvps__tl_u64(p, (uint64_t)tid);
-    return kvps__tl_put(p, ",\"args\":{");
+    p = KVPS__TL_LIT(p, "\",\"ph\":\"X\",\"ts\":");
+    p = kvps__tl_ts(tl, p, t0);
+    p = KVPS__TL_LIT(p, ",\"dur\":");
+    p = kvps__tl_us(p, t1 - t0);
+    memcpy(p, tl->pid_text, tl->pid_len);
+    p = kvps__tl_u64(p + tl->pid_len, (uint64_t)tid);
+    return KVPS__TL_LIT(p, ",\"args\":{");
 }
 /* Closes the event begun at the end of the buffer; p is where its arguments end. */
 static void kvps__tl_end(kvps__tl *tl, char *p) {
@@ -1613,6 +1665,11 @@ static int kvps__tl_lane(kvps__tl *tl, int track, const char *label, const char 
     int lane = 0;
     while (lane < t->nlanes && t->end[lane] > t0) lane++;
     if (lane == KVPS__TL_LANES) lane = KVPS__TL_LANES - 1;
+    if (label2 && !t->text) {
+        char *e = (char *)malloc(6 * KVPS__TL_NAME + 1);
+        if (e) *kvps__tl_text(e, label2) = 0;
+        t->text = e;
+    }
     if (lane == t->nlanes) {
         t->nlanes++;
         t->tid[lane] = ++tl->next_tid;
@@ -1629,6 +1686,11 @@ static int kvps__tl_lane(kvps__tl *tl, int track, const char *label, const char 
     }
     if (t1 > t->end[lane]) t->end[lane] = t1;
     return t->tid[lane];
+}
+
+/* A track's second label as escaped by kvps__tl_lane ("" when it has none). */
+static const char *kvps__tl_track_text(const kvps__tl *tl, int track) {
+    return track < tl->ntracks && tl->tracks[track].text ? tl->tracks[track].text : "";
 }
 
 /* The directory asked for: desc's field, else KVPS_TIMELINE; NULL when off ("" is off too). */
@@ -1682,6 +1744,9 @@ static kvps_result kvps__tl_open(kvps__tl **out, const char *desc_dir, const cha
     p = kvps__tl_u64(p, (uint64_t)tl->pid);
     p = kvps__tl_put(p, "}}\n");
     tl->tail_len = (size_t)(p - tl->tail);
+    p = KVPS__TL_LIT(tl->pid_text, ",\"pid\":");
+    p = KVPS__TL_LIT(kvps__tl_u64(p, (uint64_t)tl->pid), ",\"tid\":");
+    tl->pid_len = (size_t)(p - tl->pid_text);
     static const char head[] = "{\"traceEvents\":[\n";
     if (pwrite(tl->fd, head, sizeof head - 1, 0) != (ssize_t)(sizeof head - 1)) tl->failed = 1;
     tl->off = sizeof head - 1;
@@ -1694,13 +1759,9 @@ static kvps_result kvps__tl_open(kvps__tl **out, const char *desc_dir, const cha
     kvps__tl_end(tl, p);
     p = kvps__tl_meta(tl, "process_sort_index", 0);
     kvps__tl_end(tl, kvps__tl_arg_u64(p, "sort_index", (uint64_t)sort));
-    p = kvps__tl_meta(tl, "process_labels", 0);
-    p = kvps__tl_put(kvps__tl_jkey(p, "labels"), "\"pid ");
-    p = kvps__tl_u64(p, (uint64_t)tl->pid);
-    p = kvps__tl_put(p, " on ");
-    p = kvps__tl_text(p, host);
-    p = kvps__tl_put(p, "\",");
-    kvps__tl_end(tl, p);
+    char labels[300];
+    snprintf(labels, sizeof labels, "pid %ld on %s", tl->pid, host);
+    kvps__tl_end(tl, kvps__tl_arg_str(kvps__tl_meta(tl, "process_labels", 0), "labels", labels));
     tl->now = kvps__tl_now();
     kvps__tl_write(tl);
     if (tl->failed) { kvps__tl_close(&tl); return KVPS_ERR_CONFIG; }
@@ -1717,6 +1778,7 @@ static void kvps__tl_close(kvps__tl **tlp) {
     if (tl->len) kvps__tl_write(tl);
     close(tl->fd);
     free(tl->buf);
+    for (int i = 0; i < tl->ntracks; i++) free(tl->tracks[i].text);
     free(tl->tracks);
     free(tl);
 }
@@ -6432,7 +6494,7 @@ static void kvps__tl_arrive(kvps_server *s, kvps__key *k, uint64_t c) {
 /* The async window's event; the counts start again. */
 static void kvps__tl_async_event(kvps__tl *tl) {
     int tid = kvps__tl_lane(tl, 1, "async applies", NULL, 0, tl->agg_t0, tl->agg_t1);
-    char *p = kvps__tl_begin(tl, "async applies", NULL, "server", 'X', tl->agg_t0, tl->agg_t1, tid);
+    char *p = kvps__tl_begin(tl, "async applies", NULL, "server", tl->agg_t0, tl->agg_t1, tid);
     p = kvps__tl_arg_u64(p, "pushes", tl->agg_n);
     p = kvps__tl_arg_u64(p, "keys", tl->agg_keys);
     p = kvps__tl_arg_u64(p, "bytes", tl->agg_bytes);
@@ -6465,15 +6527,16 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     kvps__tl_key *t = kvps__tl_key_of(k);
     uint64_t first = t && t->first ? t->first : now, last = t && t->last ? t->last : first;
     const char *name = kvps__tl_key_name(s, k);
-    char label[64];
-    if (name) snprintf(label, sizeof label, "%.60s", name);
-    else if (k->key >> 63) snprintf(label, sizeof label, "slice %u", (unsigned)(k->key & 0xffff));
-    else snprintf(label, sizeof label, "key %llu", (unsigned long long)k->key);
+    char label[6 * KVPS__TL_NAME + 8], *e; /* the tensor's name (escaped), "slice 3" or "key 42" */
+    if (name) e = kvps__tl_text(label, name);
+    else if (k->key >> 63) e = kvps__tl_u64(KVPS__TL_LIT(label, "slice "), k->key & 0xffff);
+    else e = kvps__tl_u64(KVPS__TL_LIT(label, "key "), k->key);
+    *e = 0;
     int tid = kvps__tl_lane(tl, 0, "rounds", NULL, 0, first, now);
-    char *p = kvps__tl_begin(tl, "round", label, "server", 'X', first, now, tid);
+    char *p = kvps__tl_begin(tl, "round", label, "server", first, now, tid);
     p = kvps__tl_arg_key(p, "key", k->key);
     if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
-    if (name) p = kvps__tl_arg_str(p, "tensor", name);
+    if (name) p = kvps__tl_arg_raw(p, "tensor", label);
     p = kvps__tl_arg_u64(p, "round", k->round - 1);
     p = kvps__tl_arg_i64(p, "contributions", count);
     p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));
@@ -6508,17 +6571,6 @@ static void kvps__tl_post(kvps__req *q, int op, uint64_t bytes, uint64_t n) {
     q->tl_n = n;
 }
 
-/* The result's name ("ok", "KVPS_ERR_TIMEOUT") as a JSON argument. */
-static char *kvps__tl_arg_result(char *p, kvps_result r) {
-    char name[64];
-    const char *str = r == KVPS_OK ? "ok" : kvps_result_str(r);
-    size_t n = strcspn(str, ":");
-    if (n >= sizeof name) n = sizeof name - 1;
-    memcpy(name, str, n);
-    name[n] = 0;
-    return kvps__tl_arg_str(p, "result", name);
-}
-
 /* The request whose first round is q ends (kvps__chain_end, before its rounds are freed). */
 static void kvps__tl_req_end(kvps_worker *w, kvps__req *q) {
     if (!q->tl_op) return;
@@ -6532,28 +6584,29 @@ static void kvps__tl_req_end(kvps_worker *w, kvps__req *q) {
     int track = t ? 3 + q->tensor - 1 : op == KVPS__OP_BARRIER ? 0 : rows ? 2 : 1; /* tracks: barrier, keys, rows, tensors */
     const char *label = track == 0 ? "barrier" : track == 1 ? "keys" : track == 2 ? "rows" : "tensor";
     int tid = kvps__tl_lane(tl, track, label, t ? t->name : NULL, t ? t->keys[0] & ~0xffffull : 0, q->tl_t0, now);
-    char *p = kvps__tl_begin(tl, kvps__ops[op].name, t ? t->name : track == 1 ? "keys" : NULL, "worker", 'X', q->tl_t0, now, tid);
-    p = kvps__tl_arg_str(p, "op", kvps__ops[op].name);
+    const char *text = kvps__tl_track_text(tl, track); /* the tensor's name, escaped once */
+    char *p = kvps__tl_begin(tl, kvps__ops[op].name, t ? text : track == 1 ? "keys" : NULL, "worker", q->tl_t0, now, tid);
+    p = kvps__tl_arg_raw(p, "op", kvps__ops[op].name);
     if (t) {
-        p = kvps__tl_arg_str(p, "tensor", t->name);
+        p = kvps__tl_arg_raw(p, "tensor", text);
         p = kvps__tl_arg_u64(p, "slices", t->nslices);
     } else if (track != 0) {
         p = kvps__tl_arg_u64(p, track == 1 ? "keys" : "rows", q->tl_n);
     }
     p = kvps__tl_arg_u64(p, "bytes", q->tl_bytes);
-    p = kvps__tl_put(kvps__tl_jkey(p, "servers"), "[");
+    p = KVPS__TL_LIT(p, "\"servers\":[");
     int listed = 0;
     for (int s = 0; s < w->n; s++) {
         int used = 0;
         for (kvps__req *c = q; c && !used; c = c->next ? kvps__req_get(w, c->next) : NULL) used = c->state[s] != 0;
         if (!used) continue;
-        if (listed == KVPS__TL_SERVERS) { p = kvps__tl_put(p, "\"more\","); break; }
+        if (listed == KVPS__TL_SERVERS) { p = KVPS__TL_LIT(p, "\"more\","); break; }
         p = kvps__tl_u64(p, (uint64_t)s);
         *p++ = ',';
         listed++;
     }
     if (p[-1] == ',') p--;
-    p = kvps__tl_put(p, "],");
+    p = KVPS__TL_LIT(p, "],");
     p = kvps__tl_arg_result(p, r);
     kvps__tl_end(tl, p);
 }

@@ -432,7 +432,7 @@ static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_resu
     int rooted = op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_BROADCAST || op->coll == KVPS_COLL_GATHER ||
                  op->coll == KVPS_COLL_SCATTER;
     int reduces = op->coll == KVPS_COLL_ALLREDUCE || op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_REDUCE_SCATTER;
-    char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", 'X', start, now, tid);
+    char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", start, now, tid);
     p = kvps__tl_arg_str(p, "coll", kvps_coll_name(op->coll));
     p = kvps__tl_arg_u64(p, "seq", r->seq);
     if (op->coll != KVPS_COLL_BARRIER) {
@@ -447,13 +447,13 @@ static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_resu
     p = kvps__tl_arg_i64(p, "ranks", r->size);
     if (t->posted) p = kvps__tl_arg_us(p, "queued_us", t->t0 - t->posted);
     if (t->dropped) p = kvps__tl_arg_u64(p, "phases_not_written", t->dropped);
-    p = kvps__tl_arg_str(p, "result", rc == KVPS_OK ? "ok" : kvps_result_str(rc));
+    p = kvps__tl_arg_result(p, rc);
     kvps__tl_end(w, p);
     for (int i = 0; i < t->nph; i++) {
         const kvps_ring__tlph *ph = &t->ph[i];
         char step[32];
-        if (ph->step >= 0) snprintf(step, sizeof step, "step %d", ph->step);
-        p = kvps__tl_begin(w, ph->name, ph->step >= 0 ? step : NULL, "ring-phase", 'X', ph->t0, ph->t1 ? ph->t1 : now, tid);
+        *kvps__tl_i64(KVPS__TL_LIT(step, "step "), ph->step) = 0;
+        p = kvps__tl_begin(w, ph->name, ph->step >= 0 ? step : NULL, "ring-phase", ph->t0, ph->t1 ? ph->t1 : now, tid);
         p = kvps__tl_arg_str(p, "coll", kvps_coll_name(op->coll));
         p = kvps__tl_arg_u64(p, "seq", r->seq);
         if (ph->step >= 0) p = kvps__tl_arg_i64(p, "step", ph->step);
