@@ -36,8 +36,10 @@
    --timeline DIR adds a sixth peer: the 1 server x 1 worker KVPS_UPDATE_SUM configuration again
    with its timeline on (server and worker write into DIR; upd "tl"), measured in the same
    interleaved repetitions as the one with it off, and a line per size with the ratios on / off
-   of each repetition (min..max, median): the timeline's cost. Every other peer has it off, even
-   with KVPS_TIMELINE set. */
+   of each repetition (min..max, median): the timeline's cost. It is measured right after its
+   twin, in every repetition. Every other peer has it off, even with KVPS_TIMELINE set;
+   --timeline '' turns it off in the sixth as well: the same lines then show how far two equal
+   configurations differ on this machine (the noise floor of the ratios). */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define BENCH_NAME "bench_pushpull" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
@@ -557,7 +559,8 @@ static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double 
     static const int idx[5] = {0, 1, 5, 2, 3};
     static const char *name[5] = {"push GB/s", "pull GB/s", "pull0 GB/s", "push ops/s", "rt p50"};
     if (csv) printf("# timeline,%zu", bytes);
-    else printf("#   timeline on/off, 1x1 sum, %zu bytes, per repetition (min..max, median):", bytes);
+    else printf("#   timeline %s, 1x1 sum, %zu bytes, per repetition (min..max, median):",
+                *g_timeline ? "on/off" : "off/off (the control: --timeline '')", bytes);
     for (int m = 0; m < 5; m++) {
         double x[MAX_REP];
         for (int r = 0; r < g_reps; r++) x[r] = on[idx[m]][r] / off[idx[m]][r];
@@ -795,8 +798,10 @@ int main(int argc, char **argv) {
         double v[2 + NCONF][6][MAX_REP];
         for (int op = OP_PUSH; op <= OP_PULLV; op++) {
             for (int rep = 0; rep < g_reps; rep++) {
-                /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps */
-                for (int p = 0; p < 2 + g_nconf; p++) {
+                /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps;
+                   the timeline's configuration (--timeline) right after its twin with it off */
+                for (int i = 0; i < 2 + g_nconf; i++) {
+                    int p = g_nconf < NCONF || i < 3 ? i : i == 3 ? 2 + NCONF - 1 : i - 1;
                     if (p == 1 && P == 1) continue;
                     int rp = p == 1 ? P : 1;
                     if (op == OP_RT) {
@@ -837,7 +842,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     double elapsed = now_s() - t_start;
-    if (g_timeline) timeline_event_cost(csv);
+    if (g_timeline && *g_timeline) timeline_event_cost(csv);
 
     /* Targets from the issue, 1 server x 1 worker: information for the reader, not a test. */
     printf("#\n# targets (1 server x 1 worker, KVPS_UPDATE_SUM, loopback; whole run %.0f s):\n", elapsed);
