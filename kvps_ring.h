@@ -10,6 +10,7 @@
      3. Algorithms
      4. Wire format
      5. Ownership, threads, errors
+     6. Timeline
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -91,6 +92,16 @@
    operations run on the ring's own background thread. Every operation ends within .timeout_ms
    (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for. After an error
    the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
+
+   6. TIMELINE
+   KVPS_TIMELINE=DIR (or .timeline = "DIR"; "" is off) writes DIR/kvps-ring-RANK-PID.json: each
+   collective from its call or post to its end (coll, dtype, count, bytes, op, root, algorithm
+   as chosen, queued time of posted ones, result) and its phases nested under it: RING's
+   reduce-scatter and all-gather and each of their steps, RHD's recursive halving and doubling
+   and their steps, RD's fold and recursive doubling steps, tree and chain broadcast, tree
+   reduce, reduce-scatter + gather to the root, HIER's three stages (with the inner algorithm's
+   phases inside), all-to-all's send and receive, the barrier's rounds. kvps.h, 13. TIMELINE,
+   has the rest (files, cost, scripts/kvps-timeline).
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -432,18 +443,18 @@ static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_resu
     int rooted = op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_BROADCAST || op->coll == KVPS_COLL_GATHER ||
                  op->coll == KVPS_COLL_SCATTER;
     int reduces = op->coll == KVPS_COLL_ALLREDUCE || op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_REDUCE_SCATTER;
-    char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", start, now, tid);
-    p = kvps__tl_arg_str(p, "coll", kvps_coll_name(op->coll));
+    char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", start, now, tid); /* names: plain ASCII */
+    p = kvps__tl_arg_raw(p, "coll", kvps_coll_name(op->coll));
     p = kvps__tl_arg_u64(p, "seq", r->seq);
     if (op->coll != KVPS_COLL_BARRIER) {
-        p = kvps__tl_arg_str(p, "dtype", kvps_dtype_name(op->dtype));
+        p = kvps__tl_arg_raw(p, "dtype", kvps_dtype_name(op->dtype));
         p = kvps__tl_arg_u64(p, "count", op->count);
         p = kvps__tl_arg_u64(p, "bytes", (uint64_t)op->count * kvps_dtype_size(op->dtype));
     }
-    if (reduces) p = kvps__tl_arg_str(p, "op", kvps_redop_name(op->op));
+    if (reduces) p = kvps__tl_arg_raw(p, "op", kvps_redop_name(op->op));
     if (rooted) p = kvps__tl_arg_i64(p, "root", op->root);
-    if (op->wire) p = kvps__tl_arg_str(p, "wire", kvps_dtype_name(op->wire));
-    p = kvps__tl_arg_str(p, "algorithm", kvps_ring__tl_algo_name(r, op));
+    if (op->wire) p = kvps__tl_arg_raw(p, "wire", kvps_dtype_name(op->wire));
+    p = kvps__tl_arg_raw(p, "algorithm", kvps_ring__tl_algo_name(r, op));
     p = kvps__tl_arg_i64(p, "ranks", r->size);
     if (t->posted) p = kvps__tl_arg_us(p, "queued_us", t->t0 - t->posted);
     if (t->dropped) p = kvps__tl_arg_u64(p, "phases_not_written", t->dropped);
@@ -454,7 +465,7 @@ static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_resu
         char step[32];
         *kvps__tl_i64(KVPS__TL_LIT(step, "step "), ph->step) = 0;
         p = kvps__tl_begin(w, ph->name, ph->step >= 0 ? step : NULL, "ring-phase", ph->t0, ph->t1 ? ph->t1 : now, tid);
-        p = kvps__tl_arg_str(p, "coll", kvps_coll_name(op->coll));
+        p = kvps__tl_arg_raw(p, "coll", kvps_coll_name(op->coll));
         p = kvps__tl_arg_u64(p, "seq", r->seq);
         if (ph->step >= 0) p = kvps__tl_arg_i64(p, "step", ph->step);
         p = kvps__tl_arg_i64(p, "depth", ph->depth);

@@ -555,7 +555,8 @@ static void print_row(int csv, const char *peer, const char *upd, int srv, size_
 /* --timeline: per repetition, the 1x1 sum configuration with its timeline on over the same with it
    off (measured back to back in that repetition): min..max and median of the ratios, for push,
    pull and zero-copy pull GB/s, push ops/s and the round trip's p50 (above 1: slower there). */
-static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double on[6][MAX_REP]) {
+static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double on[6][MAX_REP], double coff[5][MAX_REP],
+                          double con[5][MAX_REP]) {
     static const int idx[5] = {0, 1, 5, 2, 3};
     static const char *name[5] = {"push GB/s", "pull GB/s", "pull0 GB/s", "push ops/s", "rt p50"};
     if (csv) printf("# timeline,%zu", bytes);
@@ -568,6 +569,25 @@ static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double 
         qsort(x, (size_t)g_reps, sizeof *x, cmp_double);
         if (csv) printf(",%s,%.4f,%.4f,%.4f", name[m], x[0], x[g_reps - 1], mid);
         else printf("%s %s %.3f..%.3f (%.3f)", m ? "," : "", name[m], x[0], x[g_reps - 1], mid);
+    }
+    printf("\n");
+    /* The client process's CPU time per op (the worker's thread and its ZeroMQ I/O thread; the
+       server is another process): less at the mercy of other loads than throughput. */
+    static const int ops[4] = {OP_PUSH, OP_PULL, OP_PULLV, OP_RT};
+    static const char *oname[4] = {"push", "pull", "pull0", "pushpull rt"};
+    if (csv) printf("# timeline_cpu,%zu", bytes);
+    else printf("#     this process's CPU per op, on - off (min..max, median), and on/off of the medians:");
+    for (int m = 0; m < 4; m++) {
+        double d[MAX_REP], a[MAX_REP], b[MAX_REP];
+        for (int r = 0; r < g_reps; r++) {
+            d[r] = (con[ops[m]][r] - coff[ops[m]][r]) * 1e9;
+            a[r] = con[ops[m]][r];
+            b[r] = coff[ops[m]][r];
+        }
+        double mid = median(d), x = median(a) / median(b);
+        qsort(d, (size_t)g_reps, sizeof *d, cmp_double);
+        if (csv) printf(",%s,%.1f,%.1f,%.1f,%.4f", oname[m], d[0], d[g_reps - 1], mid, x);
+        else printf("%s %s %+.0f..%+.0f (%+.0f) ns, %.3f", m ? "," : "", oname[m], d[0], d[g_reps - 1], mid, x);
     }
     printf("\n");
 }
@@ -796,6 +816,7 @@ int main(int argc, char **argv) {
         if (!lat) die("malloc", "out of memory");
 
         double v[2 + NCONF][6][MAX_REP];
+        double cpu[2 + NCONF][5][MAX_REP]; /* this process's CPU seconds per op (the client's), by op */
         for (int op = OP_PUSH; op <= OP_PULLV; op++) {
             for (int rep = 0; rep < g_reps; rep++) {
                 /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps;
@@ -804,15 +825,18 @@ int main(int argc, char **argv) {
                     int p = g_nconf < NCONF || i < 3 ? i : i == 3 ? 2 + NCONF - 1 : i - 1;
                     if (p == 1 && P == 1) continue;
                     int rp = p == 1 ? P : 1;
+                    double c0 = cpu_s();
                     if (op == OP_RT) {
                         if (p <= 1) raw_rt(&rc, (const char *)grad, bytes, n_rt, lat, rp);
                         else kvps_rt(&kc[p - 2], si, grad, dst, n_rt, lat);
+                        cpu[p][op][rep] = (cpu_s() - c0) / (double)n_rt;
                         v[p][3][rep] = percentile(lat, n_rt, 0.50) * 1e6;
                         v[p][4][rep] = percentile(lat, n_rt, 0.99) * 1e6;
                         continue;
                     }
                     double t = p <= 1 ? raw_window(&rc, op == OP_PULLV ? OP_PULL : op, (const char *)grad, bytes, n_thr, W, rp)
                                       : kvps_window(&kc[p - 2], si, op, grad, dst, n_thr, W);
+                    cpu[p][op][rep] = (cpu_s() - c0) / (double)n_thr;
                     if (op == OP_PUSH) {
                         v[p][0][rep] = (double)n_thr * (double)bytes / t / 1e9;
                         v[p][2][rep] = (double)n_thr / t;
@@ -838,7 +862,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < g_nconf; c++)
             print_row(csv, "kvps", conf_timeline[c] ? "tl" : conf_noupdate[c] ? "none" : "sum", conf_servers[c], bytes, W, n_thr,
                       n_rt, (int)kvps_worker_tensor_slices(kc[c].w, kc[c].t[si]), &res[si][2 + c], &res[si][1]);
-        if (g_timeline) timeline_cost(csv, bytes, v[2], v[2 + NCONF - 1]);
+        if (g_timeline) timeline_cost(csv, bytes, v[2], v[2 + NCONF - 1], cpu[2], cpu[2 + NCONF - 1]);
         fflush(stdout);
     }
     double elapsed = now_s() - t_start;

@@ -16,6 +16,7 @@
                     1 MiB writes holds every event
      killed         a process killed with SIGKILL leaves whole JSON (written at most a second ago)
      async          an async server counts its pushes in 100 ms windows, every push once
+     lanes, rows    requests in flight together sit on lanes of their own; sparse rows' requests
      bad dir        a directory that cannot be made refuses create (KVPS_ERR_CONFIG)
    The jobs run this binary again (--ps-job, --ring-job) as the job's processes.
    Ends with "N passed, N failed". */
@@ -506,6 +507,46 @@ static void test_async_windows(void) {
     KT_CHECK(st.fused > 0, "no pushes were fused (the deferred path was not exercised)");
 }
 
+/* Requests in flight together on one tensor go on lanes of their own (and nest); sparse rows
+   have their row, with how many rows and bytes. */
+static void test_lanes_and_rows(void) {
+    char dir[4200], path[4300], spec[512];
+    fresh_dir(dir, sizeof dir, "lanes");
+    kvps_server *s = NULL;
+    kvps_worker *w = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .consistency = KVPS_ASYNC,
+                                                 .update = KVPS_UPDATE_SUM, .timeline = ""}, &s));
+    if (!s) return;
+    kvps_server_start(s);
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .timeline = dir}, &w));
+    kvps_tensor t;
+    kvps_table tab;
+    enum { W = 8, DIM = 4, ROWS = 10 };
+    float g[64] = {0}, rows[ROWS * DIM] = {0};
+    uint64_t ids[ROWS];
+    for (int i = 0; i < ROWS; i++) ids[i] = (uint64_t)i * 1000003u;
+    kvps_req q[W];
+    KT_OK(kvps_worker_tensor(w, "w", 64, &t));
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < W; i++) KT_OK(kvps_worker_push_tensor(w, t, g, &q[i]));
+        for (int i = W - 1; i >= 0; i--) KT_OK(kvps_worker_wait(w, q[i], -1)); /* the last posted ends first */
+    }
+    KT_OK(kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = DIM}, &tab, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    KT_OK(kvps_worker_push_rows(w, tab, ids, rows, ROWS, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    KT_OK(kvps_worker_pull_rows(w, tab, ids, rows, ROWS, &q[0]));
+    KT_OK(kvps_worker_wait(w, q[0], -1));
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&s);
+    KT_CHECK(find_file(dir, "kvps-worker-0-", path, sizeof path), "no worker file");
+    snprintf(spec, sizeof spec, "{\"count\": {\"push w\": %d, \"push_rows\": 1, \"pull_rows\": 1}, "
+             "\"names\": [\"tensor w\", \"tensor w (lane 2)\", \"tensor w (lane %d)\", \"rows\"], "
+             "\"sum\": {\"push_rows.rows\": %d, \"push_rows.bytes\": %d, \"pull_rows.rows\": %d}}",
+             3 * W, W, ROWS, ROWS * DIM * 4, ROWS);
+    check_with("events", path, spec);
+}
+
 /* A timeline that cannot be written refuses create, for all three kinds of object. */
 static void test_bad_dir_refused(void) {
     const char *bad = "/proc/self/no/such/dir";
@@ -554,6 +595,7 @@ int main(int argc, char **argv) {
     KT_RUN(test_strings_and_big_files, 120);
     KT_RUN(test_killed_process_leaves_json, 60);
     KT_RUN(test_async_windows, 60);
+    KT_RUN(test_lanes_and_rows, 60);
     KT_RUN(test_ps_job_under_kvps_run, 150);
     KT_RUN(test_ring_job_under_kvps_run, 150);
     KT_RUN(test_off_under_kvps_run, 150);
