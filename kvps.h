@@ -316,7 +316,7 @@
    Requests in flight together overlap in time: each row has lanes ("tensor w (lane 2)") so
    that events on one row nest, as the viewers want.
    Cost. Off: one predictable branch per hook (callgrind: 15 more instructions per request in
-   kvps's own code). On: an event is formatted into a 1 MiB buffer without printf (about 110 ns
+   kvps's own code). On: an event is formatted into a 64 KiB buffer without printf (about 110 ns
    for a request, 170 ns for a round, two clock reads of 20 ns included) and the buffer is
    written when full, at the first event a second after the last write, and at destroy (a
    write moves 200-300 bytes per event). Measured in bench_pushpull --timeline: BENCHMARKS.md,
@@ -1425,7 +1425,9 @@ static int kvps__cmp_u64(const void *a, const void *b) {
 /* The timeline writer (KVPS_TIMELINE, desc.timeline; manual: TIMELINE): Chrome trace-event JSON,
    one file per server, worker or ring. Events are formatted into a buffer of KVPS__TL_BUF bytes
    and written when it is nearly full, or at the first event a second after the last write, or at
-   destroy. Every write puts the closing brackets after the events and the next write goes over
+   destroy. 64 KiB, not more: a buffer the size of a core's L2 evicted the worker's own data as
+   it filled (4 KB pushes with the timeline on ran 0.90-0.99x with 1 MiB, 0.97-0.99x with 64
+   KiB; bench_pushpull --timeline), and a write per ~300 events costs nothing that shows. Every write puts the closing brackets after the events and the next write goes over
    them, so the file is whole JSON after each write: a process that dies loses at most its last
    second of events. The owner (a server's thread, a worker's caller, a ring's running
    collective) is the only thread that writes, so there are no locks. Each thing drawn is a
@@ -1434,7 +1436,7 @@ static int kvps__cmp_u64(const void *a, const void *b) {
    on lanes of their own and nest as Perfetto wants. The events themselves are made where they
    happen (>>timeline-events below, and kvps_ring.h's >>timeline). */
 enum {
-    KVPS__TL_BUF = 1 << 20,     /* bytes of events held before a write */
+    KVPS__TL_BUF = 1 << 16,     /* bytes of events held before a write */
     KVPS__TL_ROOM = 8192,       /* the most one event may take (names are cut to KVPS__TL_NAME) */
     KVPS__TL_NAME = 200,        /* bytes of a name written (tensor names are the user's) */
     KVPS__TL_LANES = 16,        /* lanes per track; past them events overlap on the last */

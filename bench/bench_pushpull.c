@@ -594,7 +594,7 @@ static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double 
 
 /* --timeline: what an event costs on its own, in this process (the functions the hooks call,
    on a worker, a request, a server and a key made for the purpose, into a file in DIR): a worker
-   request (its post-time clock read, the event formatted, its share of the 1 MiB writes), a BSP
+   request (its post-time clock read, the event formatted, its share of the 64 KiB writes), a BSP
    round (two arrivals and the event), an async push (counted into its 100 ms window). */
 static void timeline_event_cost(int csv) {
     enum { N = 200000 };

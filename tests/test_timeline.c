@@ -13,7 +13,7 @@
                     off; objects have no timeline unless asked
      strings        tensor names with quotes, backslashes, control bytes, non-UTF-8 bytes come
                     back from the JSON as they were (U+FFFD for the bad byte); a file of several
-                    1 MiB writes holds every event
+                    64 KiB writes holds every event
      killed         a process killed with SIGKILL leaves whole JSON (written at most a second ago)
      async          an async server counts its pushes in 100 ms windows, every push once
      lanes, rows    requests in flight together sit on lanes of their own; sparse rows' requests
@@ -383,7 +383,7 @@ static void test_off_unless_asked(void) {
     unsetenv("KVPS_TIMELINE");
 }
 
-/* Names that need escaping come back as they were; a file written in several 1 MiB pieces holds
+/* Names that need escaping come back as they were; a file written in several 64 KiB pieces holds
    every event, and nests. */
 static void test_strings_and_big_files(void) {
     char dir[4200], path[4300], spec[2048];
@@ -412,7 +412,7 @@ static void test_strings_and_big_files(void) {
     kvps_server_destroy(&s);
     KT_CHECK(find_file(dir, "kvps-worker-0-", path, sizeof path), "no worker file in %s", dir);
     struct stat st;
-    KT_CHECK(stat(path, &st) == 0 && st.st_size > 2 * KVPS__TL_BUF, "the worker file is %lld bytes: expected several 1 MiB writes",
+    KT_CHECK(stat(path, &st) == 0 && st.st_size > 2 * KVPS__TL_BUF, "the worker file is %lld bytes: expected several 64 KiB writes",
              (long long)st.st_size);
     /* Python's replacement decoding of the bytes is the oracle: the name as JSON must decode to it */
     char *out;
