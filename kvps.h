@@ -18,7 +18,8 @@
     10. Config macros
     11. Faults: heartbeats, re-sends, lost workers, checkpoints
     12. Security: CURVE
-    13. Revision history
+    13. Timeline
+    14. Revision history
 
    1. WHAT IT IS
    Workers push gradients and pull aggregated values or updated weights. Keys are sharded over
@@ -328,13 +329,54 @@
    max_value_len floats + 64 MiB), so no peer makes it allocate more for one frame (ZeroMQ drops
    that connection), and checks every length before allocating (KVPS_ERR_TOO_LARGE).
 
-   13. REVISION HISTORY
+   13. TIMELINE
+   KVPS_TIMELINE=DIR in the environment, or .timeline = "DIR" in a server's, worker's or ring's
+   desc ("" turns it off whatever the environment says), makes the object write what it does as
+   Chrome trace-event JSON into DIR (made if missing; one that cannot be made or written is
+   KVPS_ERR_CONFIG at create): kvps-server-RANK-PID.json, kvps-worker-RANK-PID.json,
+   kvps-ring-RANK-PID.json (-2, -3, ... for more objects of one rank in a process), each with
+   its process named ("server 1", "worker 0", "ring rank 2"). Open one in
+   https://ui.perfetto.dev or chrome://tracing, or merge a job's: `scripts/kvps-timeline DIR`
+   writes DIR/timeline.json (each file's process with a pid of its own, servers' tensor slices
+   named after the tensors), prints a summary per process and, with --png, draws the job with
+   gnuplot; `kvps-run --timeline DIR` sets the variable for every process and merges at the end.
+   Timestamps are CLOCK_REALTIME in microseconds: the files of one machine line up (of several,
+   as far as their clocks agree).
+     worker  every push, pull, pushpull, init, barrier, push_rows and pull_rows, from the call
+             to its completion as the worker sees it (in wait or test; a request destroyed in
+             flight has none), on a row per tensor ("tensor fc1.w"), "keys", "rows", "barrier";
+             args: op, tensor (raw keys: keys, how many; rows: rows), slices, bytes, servers
+             (the indices of the servers it went to), result ("ok", or the result's name)
+     server  BSP, SSP, adaptive: every round of every key, from the arrival of its first
+             contribution to its application; args: key (a string: JSON readers keep 53 bits),
+             slice (a tensor's slice number), round (0 the first), contributions, bytes,
+             straggler_wait_us (first to last contribution: the wait for stragglers), apply_us
+             (last contribution to the round's end). Async: pushes are applied one by one, up
+             to millions a second, so they are counted: an "async applies" event per 100 ms
+             that saw any (pushes, keys, bytes). A server knows slices by number only;
+             kvps-timeline names them from the workers' files.
+     ring    every collective from its call (kvps_ring_post: its post) to its end; args: coll,
+             seq, dtype, count, bytes, op, root, wire, algorithm (as chosen), ranks, queued_us
+             (posted ones), result; its phases nested under it (kvps_ring.h, 3. ALGORITHMS).
+   Requests in flight together overlap in time: each row has lanes ("tensor w (lane 2)") so
+   that events on one row nest, as the viewers want.
+   Cost. Off: one predictable branch per hook (callgrind: 15 more instructions per request in
+   kvps's own code). On: an event is formatted into a 64 KiB buffer without printf (about 110 ns
+   for a request, 170 ns for a round, two clock reads of 20 ns included) and the buffer is
+   written when full, at the first event a second after the last write, and at destroy (a
+   write moves 200-300 bytes per event). Measured in bench_pushpull --timeline: BENCHMARKS.md,
+   Timeline. After every write the file ends with its closing brackets (the next write goes
+   over them), so it is whole JSON after destroy and after each write: a process that dies
+   leaves a file that loads, short of at most its last second.
+
+   14. REVISION HISTORY
    0.1  sharded push/pull/pushpull/barrier, BSP and async, MEAN/SUM/SGD/custom updates, tensors.
    0.2  codecs, SSP/adaptive, optimizers, sparse tables, zero-copy pulls, faults (re-sends,
         exactly-once, lost workers, elastic BSP, checkpoints) and CURVE.
         Every public enum ends with a _COUNT member (KVPS_RULE_COUNT, KVPS_DTYPE_COUNT, ...): a
         switch over one without a default now draws -Wswitch for it. Defaults are named
         (KVPS_DEFAULT_LR, ...); the built-in codecs are KVPS_CODEC_TABLE.
+        The timeline (13): KVPS_TIMELINE and a .timeline field last in each desc.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -490,7 +532,8 @@ typedef void (*kvps_log_fn)(void *user, kvps_log_level level, const char *msg);
    | zmq_ctx        | a context of its own  |
    | io_threads     | 1 (own context only)  |
    | no_malloc_tuning | 0: tune glibc malloc (see MEMORY in the manual); 1: leave it alone |
-   | io_cpus        | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) | */
+   | io_cpus        | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
+   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) | */
 typedef struct kvps_server_desc {
     const char *endpoint;
     int num_workers;
@@ -533,6 +576,9 @@ typedef struct kvps_server_desc {
                          1: serves until kvps_server_stop (a long-lived server) */
     int stall_ms;     /* the stall inspector: a pull or barrier waiting this long is logged (warn)
                          with the workers it waits for, again every stall_ms: 60000 (-1: off) */
+    /* last, so that positional initialisers keep their meaning: */
+    const char *timeline;   /* a directory to write this server's timeline into (TIMELINE); NULL: the
+                               KVPS_TIMELINE environment variable, else none; "": none */
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -571,6 +617,7 @@ typedef struct kvps_server_stats {
    | heartbeat_ms  | 1000: ZMTP heartbeat interval on every connection (-1: none) |
    | peer_timeout_ms | 5000: a connection silent this long is dropped and re-made (at least 2 x heartbeat_ms) |
    | io_cpus       | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
+   | timeline      | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
@@ -591,6 +638,9 @@ typedef struct kvps_worker_desc {
     const char *curve_secret_key;
     size_t max_slice; /* after the older fields, so that positional initialisers keep their meaning */
     const char *io_cpus; /* CPUs for the I/O thread(s) of the worker's own context (CPU PINNING) */
+    /* last, so that positional initialisers keep their meaning: */
+    const char *timeline; /* a directory to write this worker's timeline into (TIMELINE); NULL: the
+                             KVPS_TIMELINE environment variable, else none; "": none */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -989,6 +1039,8 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
    `// >>name`):
      base       result, half, log, util, env, cpus: strings, logging, clocks, environment,
                 ZeroMQ contexts and CPU pinning
+     timeline   the timeline writer (Chrome trace-event JSON, KVPS_TIMELINE): files, buffer,
+                escaping, lanes; the server's and worker's events are in timeline-events
      numerics   ISA detection, element-wise kernels (d += g, mean, SGD step), fp16/bf16 bulk
      topk, sign top-k selection with error feedback; 1-bit sign coding
      codecs     the built-in codecs (KVPS_CODEC_TABLE in the element part): encode, decode
@@ -1010,7 +1062,9 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
      curve      CURVE and its ZAP handler
      server-api create, run, start, stop, destroy
      client, tensor, rows, progress   the worker: requests, named tensors, sparse rows, and
-                reading replies (re-sends, handshake failures, waiting) */
+                reading replies (re-sends, handshake failures, waiting)
+     timeline-events  what a server and a worker put in their timelines: rounds, async
+                windows, requests from post to completion */
 
 #include <zmq.h>
 #include <pthread.h>
@@ -1021,6 +1075,7 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #include <string.h>
 #include <unistd.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <sched.h>
 #include <math.h>
@@ -1427,6 +1482,423 @@ static int kvps__cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
+
+// >>timeline
+/* The timeline writer (KVPS_TIMELINE, desc.timeline; manual: TIMELINE): Chrome trace-event JSON,
+   one file per server, worker or ring. Events are formatted into a buffer of KVPS__TL_BUF bytes
+   and written when it is nearly full, or at the first event a second after the last write, or at
+   destroy. 64 KiB, not more: a buffer the size of a core's L2 evicted the worker's own data as
+   it filled (4 KB pushes with the timeline on ran 0.90-0.99x with 1 MiB, 0.97-0.99x with 64
+   KiB; bench_pushpull --timeline), and a write per ~300 events costs nothing that shows. Every write puts the closing brackets after the events and the next write goes over
+   them, so the file is whole JSON after each write: a process that dies loses at most its last
+   second of events. The owner (a server's thread, a worker's caller, a ring's running
+   collective) is the only thread that writes, so there are no locks. Each thing drawn is a
+   track ("tensor w", "rounds", "collectives") cut into lanes: an event goes on the first lane
+   that is free at its start, so events that overlap in time (requests in flight together) sit
+   on lanes of their own and nest as Perfetto wants. The events themselves are made where they
+   happen (>>timeline-events below, and kvps_ring.h's >>timeline). */
+enum {
+    KVPS__TL_BUF = 1 << 16,     /* bytes of events held before a write */
+    KVPS__TL_ROOM = 8192,       /* the most one event may take (names are cut to KVPS__TL_NAME) */
+    KVPS__TL_NAME = 200,        /* bytes of a name written (tensor names are the user's) */
+    KVPS__TL_LANES = 16,        /* lanes per track; past them events overlap on the last */
+    KVPS__TL_SERVERS = 64       /* servers listed in a request's event (then "more") */
+};
+#define KVPS__TL_FLUSH_NS 1000000000ull /* a write at least this often while events come */
+#define KVPS__TL_WINDOW_NS 100000000ull /* async servers: one event per this much time */
+
+typedef struct kvps__tl_track {
+    int nlanes;
+    int tid[KVPS__TL_LANES];
+    uint64_t end[KVPS__TL_LANES]; /* when the lane's last event ends */
+    char *text;                   /* its second label (a tensor's name) escaped, made once */
+} kvps__tl_track;
+
+typedef struct kvps__tl {
+    int fd;
+    int failed;          /* a write failed: nothing more is written */
+    long pid;
+    char *buf;           /* events not written yet, then room for the tail */
+    size_t len;
+    uint64_t off;        /* where buf goes in the file (the tail written last time is there) */
+    uint64_t last_write; /* ns */
+    uint64_t now;        /* the current event's end (the time a write is due is read from it) */
+    int next_tid;
+    kvps__tl_track *tracks;
+    int ntracks;
+    int any;             /* an event has been made (the next one starts with a comma) */
+    char tail[256];      /* what closes the JSON after the events */
+    size_t tail_len;
+    char pid_text[40];   /* ,"pid":PID,"tid": */
+    size_t pid_len;
+    uint64_t sec;        /* the second whose digits are in sec_text (timestamps: its digits, then
+                            the microseconds'; formatted again when the second changes) */
+    char sec_text[24];
+    size_t sec_len;
+    /* async servers: the pushes applied in the current window, one event per window */
+    uint64_t agg_t0, agg_t1, agg_n, agg_keys, agg_bytes;
+    uint32_t agg_win;
+} kvps__tl;
+
+static uint64_t kvps__tl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* wall time: files of processes on one machine line up */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Appenders: each writes at p and returns the end. An event costs a few hundred bytes and
+   comes with every request, so they avoid printf: literals by their size, digits two at a time. */
+#define KVPS__TL_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) + sizeof(s) - 1)
+static char *kvps__tl_put(char *p, const char *s) { /* short strings: a loop beats strlen + memcpy */
+    while (*s) *p++ = *s++;
+    return p;
+}
+static const char kvps__tl_d2[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                  "4041424344454647484950515253545556575859606162636465666768697071727374757677787980"
+                                  "81828384858687888990919293949596979899";
+static char *kvps__tl_u64(char *p, uint64_t v) {
+    char t[24], *e = t + sizeof t, *b = e;
+    while (v >= 100) {
+        b -= 2;
+        memcpy(b, kvps__tl_d2 + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) { b -= 2; memcpy(b, kvps__tl_d2 + 2 * v, 2); }
+    else *--b = (char)('0' + v);
+    memcpy(p, b, (size_t)(e - b));
+    return p + (e - b);
+}
+static char *kvps__tl_i64(char *p, int64_t v) {
+    if (v < 0) { *p++ = '-'; return kvps__tl_u64(p, (uint64_t)0 - (uint64_t)v); }
+    return kvps__tl_u64(p, (uint64_t)v);
+}
+static char *kvps__tl_frac3(char *p, unsigned f) { /* ".ddd" */
+    p[0] = '.';
+    p[1] = (char)('0' + f / 100);
+    memcpy(p + 2, kvps__tl_d2 + 2 * (f % 100), 2);
+    return p + 4;
+}
+static char *kvps__tl_us(char *p, uint64_t ns) { /* a duration: microseconds with three decimals */
+    return kvps__tl_frac3(kvps__tl_u64(p, ns / 1000), (unsigned)(ns % 1000));
+}
+/* A timestamp (ns since the epoch) in microseconds with three decimals: the second's digits
+   (kept while it lasts), the six of the microsecond, the three of the nanosecond. */
+static char *kvps__tl_ts(kvps__tl *tl, char *p, uint64_t ns) {
+    uint64_t sec = ns / 1000000000u;
+    unsigned us = (unsigned)(ns / 1000 % 1000000);
+    if (sec != tl->sec || !tl->sec_len) {
+        tl->sec = sec;
+        tl->sec_len = (size_t)(kvps__tl_u64(tl->sec_text, sec) - tl->sec_text);
+    }
+    memcpy(p, tl->sec_text, tl->sec_len);
+    p += tl->sec_len;
+    memcpy(p, kvps__tl_d2 + 2 * (us / 10000), 2);
+    memcpy(p + 2, kvps__tl_d2 + 2 * (us / 100 % 100), 2);
+    memcpy(p + 4, kvps__tl_d2 + 2 * (us % 100), 2);
+    return kvps__tl_frac3(p + 6, (unsigned)(ns % 1000));
+}
+/* How long a valid UTF-8 sequence starts at s (at most n bytes there), 0 if none does. */
+static int kvps__tl_utf8(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    int len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!len || (size_t)len > n) return 0;
+    for (int i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
+        return 0; /* overlong, a surrogate, or past U+10FFFF */
+    return len;
+}
+/* The escaped text of at most KVPS__TL_NAME bytes of s, for inside a JSON string: quotes,
+   backslashes and control characters escaped, a byte that is not UTF-8 written as U+FFFD (a JSON
+   reader must be able to decode the file). */
+static char *kvps__tl_text(char *p, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)(s ? s : "");
+    size_t n = strlen((const char *)u);
+    if (n > KVPS__TL_NAME) n = KVPS__TL_NAME;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { *p++ = (char)c; i++; continue; }
+        if (c == '"' || c == '\\') { *p++ = '\\'; *p++ = (char)c; i++; continue; }
+        if (c < 0x20) {
+            p = kvps__tl_put(p, "\\u00");
+            *p++ = hex[c >> 4];
+            *p++ = hex[c & 15];
+            i++;
+            continue;
+        }
+        int len = kvps__tl_utf8(u + i, n - i);
+        if (len) { memcpy(p, u + i, (size_t)len); p += len; i += (size_t)len; }
+        else { p = kvps__tl_put(p, "\\ufffd"); i++; }
+    }
+    return p;
+}
+static char *kvps__tl_str(char *p, const char *s) {
+    *p++ = '"';
+    p = kvps__tl_text(p, s);
+    *p++ = '"';
+    return p;
+}
+/* "key": (each value is followed by a comma; kvps__tl_end drops the last) */
+static char *kvps__tl_jkey(char *p, const char *key) {
+    *p++ = '"';
+    p = kvps__tl_put(p, key);
+    *p++ = '"';
+    *p++ = ':';
+    return p;
+}
+static char *kvps__tl_arg_u64(char *p, const char *key, uint64_t v) { p = kvps__tl_u64(kvps__tl_jkey(p, key), v); *p++ = ','; return p; }
+static char *kvps__tl_arg_i64(char *p, const char *key, int64_t v) { p = kvps__tl_i64(kvps__tl_jkey(p, key), v); *p++ = ','; return p; }
+static char *kvps__tl_arg_us(char *p, const char *key, uint64_t ns) { p = kvps__tl_us(kvps__tl_jkey(p, key), ns); *p++ = ','; return p; }
+static char *kvps__tl_arg_str(char *p, const char *key, const char *v) { p = kvps__tl_str(kvps__tl_jkey(p, key), v); *p++ = ','; return p; }
+/* "key":"TEXT", with TEXT written as it is (plain ASCII, or escaped already) */
+static char *kvps__tl_arg_raw(char *p, const char *key, const char *text) {
+    p = kvps__tl_jkey(p, key);
+    *p++ = '"';
+    p = kvps__tl_put(p, text);
+    *p++ = '"';
+    *p++ = ',';
+    return p;
+}
+/* 64-bit keys go as strings: a JavaScript number holds 53 bits (a viewer would round them) */
+static char *kvps__tl_arg_key(char *p, const char *key, uint64_t v) {
+    p = kvps__tl_jkey(p, key);
+    *p++ = '"';
+    p = kvps__tl_u64(p, v);
+    *p++ = '"';
+    *p++ = ',';
+    return p;
+}
+
+/* The result's name ("ok", "KVPS_ERR_TIMEOUT") as a JSON argument. */
+static char *kvps__tl_arg_result(char *p, kvps_result r) {
+    if (r == KVPS_OK) return KVPS__TL_LIT(p, "\"result\":\"ok\",");
+    char name[64];
+    const char *str = kvps_result_str(r);
+    size_t n = strcspn(str, ":");
+    if (n >= sizeof name) n = sizeof name - 1;
+    memcpy(name, str, n);
+    name[n] = 0;
+    return kvps__tl_arg_raw(p, "result", name);
+}
+
+/* Writes the buffered events and the tail after them, over the previous tail. */
+static void kvps__tl_write(kvps__tl *tl) {
+    if (tl->failed) { tl->len = 0; return; }
+    memcpy(tl->buf + tl->len, tl->tail, tl->tail_len);
+    size_t n = tl->len + tl->tail_len, done = 0;
+    while (done < n) {
+        ssize_t w = pwrite(tl->fd, tl->buf + done, n - done, (off_t)(tl->off + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            kvps__log(KVPS_LOG_ERROR, "timeline: write failed (%s): no more events are written", w < 0 ? strerror(errno) : "no space");
+            tl->failed = 1;
+            break;
+        }
+        done += (size_t)w;
+    }
+    tl->off += tl->len;
+    tl->len = 0;
+    tl->last_write = tl->now;
+}
+
+/* Starts a complete event ("ph":"X") at the end of the buffer (after a write when there is no
+   room for one; the file's first event is always its process_name, so every event here follows
+   another):
+     ,{"name":"NAME[ NAME2]","cat":"CAT","ph":"X","ts":T0,"dur":T1-T0,"pid":..,"tid":TID,"args":{
+   NAME, NAME2 and CAT are written as they are: literals of plain ASCII, or text escaped by
+   kvps__tl_text. Its arguments follow (kvps__tl_arg_*); kvps__tl_end closes it. */
+static char *kvps__tl_begin(kvps__tl *tl, const char *name, const char *name2, const char *cat, uint64_t t0, uint64_t t1,
+                            int tid) {
+    if (tl->len + KVPS__TL_ROOM > KVPS__TL_BUF) kvps__tl_write(tl);
+    if (t1 < t0) t1 = t0;
+    tl->now = t1;
+    char *p = tl->buf + tl->len;
+    p = KVPS__TL_LIT(p, ",\n{\"name\":\"");
+    p = kvps__tl_put(p, name);
+    if (name2) { *p++ = ' '; p = kvps__tl_put(p, name2); }
+    p = KVPS__TL_LIT(p, "\",\"cat\":\"");
+    p = kvps__tl_put(p, cat);
+    p = KVPS__TL_LIT(p, "\",\"ph\":\"X\",\"ts\":");
+    p = kvps__tl_ts(tl, p, t0);
+    p = KVPS__TL_LIT(p, ",\"dur\":");
+    p = kvps__tl_us(p, t1 - t0);
+    memcpy(p, tl->pid_text, tl->pid_len);
+    p = kvps__tl_u64(p + tl->pid_len, (uint64_t)tid);
+    return KVPS__TL_LIT(p, ",\"args\":{");
+}
+/* Closes the event begun at the end of the buffer; p is where its arguments end. */
+static void kvps__tl_end(kvps__tl *tl, char *p) {
+    if (p[-1] == ',') p--;
+    *p++ = '}';
+    *p++ = '}';
+    tl->len = (size_t)(p - tl->buf);
+    if (tl->now - tl->last_write >= KVPS__TL_FLUSH_NS) kvps__tl_write(tl);
+}
+
+/* A metadata event (process_name, thread_name, ...): {"name":WHAT,"ph":"M","pid":..,"tid":TID,"args":{
+   then its arguments and kvps__tl_end. */
+static char *kvps__tl_meta(kvps__tl *tl, const char *what, int tid) {
+    if (tl->len + KVPS__TL_ROOM > KVPS__TL_BUF) kvps__tl_write(tl);
+    char *p = tl->buf + tl->len;
+    p = kvps__tl_put(p, tl->any ? ",\n{\"name\":\"" : "{\"name\":\"");
+    tl->any = 1;
+    p = kvps__tl_put(p, what);
+    p = kvps__tl_put(p, "\",\"ph\":\"M\",\"pid\":");
+    p = kvps__tl_u64(p, (uint64_t)tl->pid);
+    p = kvps__tl_put(p, ",\"tid\":");
+    p = kvps__tl_u64(p, (uint64_t)tid);
+    return kvps__tl_put(p, ",\"args\":{");
+}
+
+/* The lane (a tid) of track for an event from t0 to t1: the first lane free at t0, or a new one,
+   named "LABEL[ LABEL2][ (lane N)]" (a thread_name event; key_base != 0 adds it as an argument,
+   for kvps-timeline to name the server's slices of a tensor). Events are placed as they end and
+   each ends after every event placed before it, so an event placed on a lane free at its start
+   overlaps none there. */
+static int kvps__tl_lane(kvps__tl *tl, int track, const char *label, const char *label2, uint64_t key_base, uint64_t t0,
+                         uint64_t t1) {
+    if (track >= tl->ntracks) {
+        int n = track + 8;
+        kvps__tl_track *nt = (kvps__tl_track *)realloc(tl->tracks, (size_t)n * sizeof *nt);
+        if (!nt) return 0; /* tid 0: "other" */
+        memset(nt + tl->ntracks, 0, (size_t)(n - tl->ntracks) * sizeof *nt);
+        tl->tracks = nt;
+        tl->ntracks = n;
+    }
+    kvps__tl_track *t = &tl->tracks[track];
+    int lane = 0;
+    while (lane < t->nlanes && t->end[lane] > t0) lane++;
+    if (lane == KVPS__TL_LANES) lane = KVPS__TL_LANES - 1;
+    if (label2 && !t->text) {
+        char *e = (char *)malloc(6 * KVPS__TL_NAME + 1);
+        if (e) *kvps__tl_text(e, label2) = 0;
+        t->text = e;
+    }
+    if (lane == t->nlanes) {
+        t->nlanes++;
+        t->tid[lane] = ++tl->next_tid;
+        char *p = kvps__tl_meta(tl, "thread_name", t->tid[lane]);
+        p = kvps__tl_put(kvps__tl_jkey(p, "name"), "\"");
+        p = kvps__tl_text(p, label);
+        if (label2) { *p++ = ' '; p = kvps__tl_text(p, label2); }
+        if (lane) { p = kvps__tl_put(p, " (lane "); p = kvps__tl_u64(p, (uint64_t)lane + 1); *p++ = ')'; }
+        p = kvps__tl_put(p, "\",");
+        if (key_base) p = kvps__tl_arg_key(p, "key_base", key_base);
+        kvps__tl_end(tl, p);
+        p = kvps__tl_meta(tl, "thread_sort_index", t->tid[lane]);
+        kvps__tl_end(tl, kvps__tl_arg_u64(p, "sort_index", (uint64_t)t->tid[lane]));
+    }
+    if (t1 > t->end[lane]) t->end[lane] = t1;
+    return t->tid[lane];
+}
+
+/* A track's second label as escaped by kvps__tl_lane ("" when it has none). */
+static const char *kvps__tl_track_text(const kvps__tl *tl, int track) {
+    return track < tl->ntracks && tl->tracks[track].text ? tl->tracks[track].text : "";
+}
+
+/* The directory asked for: desc's field, else KVPS_TIMELINE; NULL when off ("" is off too). */
+static const char *kvps__tl_dir(const char *desc_dir) {
+    const char *d = desc_dir ? desc_dir : getenv("KVPS_TIMELINE");
+    return d && *d ? d : NULL;
+}
+
+static void kvps__tl_close(kvps__tl **tlp);
+
+/* Opens DIR/kvps-ROLE-RANK-PID.json (-2, -3, ... when that name is taken: two objects of one
+   rank in a process) and writes its header: process name (LABEL RANK: "worker 0", "ring rank
+   2"), sort index, and which process on which host. *out stays NULL when the timeline is off. A directory that cannot be
+   made or a file that cannot be created is KVPS_ERR_CONFIG (logged): asked for, it must work. */
+static kvps_result kvps__tl_open(kvps__tl **out, const char *desc_dir, const char *role, const char *label, int rank,
+                                 int sort) {
+    *out = NULL;
+    const char *dir = kvps__tl_dir(desc_dir);
+    if (!dir) return KVPS_OK;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        kvps__log(KVPS_LOG_ERROR, "timeline: cannot make the directory '%s': %s", dir, strerror(errno));
+        return KVPS_ERR_CONFIG;
+    }
+    kvps__tl *tl = (kvps__tl *)calloc(1, sizeof *tl);
+    if (!tl || !(tl->buf = (char *)malloc(KVPS__TL_BUF + sizeof tl->tail))) { free(tl); return KVPS_ERR_NOMEM; }
+    tl->pid = (long)getpid();
+    char path[4096];
+    tl->fd = -1;
+    for (int i = 1; i < 1000 && tl->fd < 0; i++) {
+        int n = i == 1 ? snprintf(path, sizeof path, "%s/kvps-%s-%d-%ld.json", dir, role, rank, tl->pid)
+                       : snprintf(path, sizeof path, "%s/kvps-%s-%d-%ld-%d.json", dir, role, rank, tl->pid, i);
+        if (n < 0 || (size_t)n >= sizeof path) { errno = ENAMETOOLONG; break; }
+        tl->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (tl->fd < 0 && errno != EEXIST) break;
+    }
+    if (tl->fd < 0) {
+        kvps__log(KVPS_LOG_ERROR, "timeline: cannot create a file in '%s': %s", dir, strerror(errno));
+        free(tl->buf);
+        free(tl);
+        return KVPS_ERR_CONFIG;
+    }
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char *p = tl->tail;
+    p = kvps__tl_put(p, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"kvps\":\"timeline\",\"role\":\"");
+    p = kvps__tl_put(p, role);
+    p = kvps__tl_put(p, "\",\"rank\":");
+    p = kvps__tl_i64(p, rank);
+    p = kvps__tl_put(p, ",\"pid\":");
+    p = kvps__tl_u64(p, (uint64_t)tl->pid);
+    p = kvps__tl_put(p, "}}\n");
+    tl->tail_len = (size_t)(p - tl->tail);
+    p = KVPS__TL_LIT(tl->pid_text, ",\"pid\":");
+    p = KVPS__TL_LIT(kvps__tl_u64(p, (uint64_t)tl->pid), ",\"tid\":");
+    tl->pid_len = (size_t)(p - tl->pid_text);
+    static const char head[] = "{\"traceEvents\":[\n";
+    if (pwrite(tl->fd, head, sizeof head - 1, 0) != (ssize_t)(sizeof head - 1)) tl->failed = 1;
+    tl->off = sizeof head - 1;
+    p = kvps__tl_meta(tl, "process_name", 0);
+    p = kvps__tl_put(kvps__tl_jkey(p, "name"), "\"");
+    p = kvps__tl_put(p, label);
+    *p++ = ' ';
+    p = kvps__tl_i64(p, rank);
+    p = kvps__tl_put(p, "\",");
+    kvps__tl_end(tl, p);
+    p = kvps__tl_meta(tl, "process_sort_index", 0);
+    kvps__tl_end(tl, kvps__tl_arg_u64(p, "sort_index", (uint64_t)sort));
+    char labels[300];
+    snprintf(labels, sizeof labels, "pid %ld on %s", tl->pid, host);
+    kvps__tl_end(tl, kvps__tl_arg_str(kvps__tl_meta(tl, "process_labels", 0), "labels", labels));
+    tl->now = kvps__tl_now();
+    kvps__tl_write(tl);
+    if (tl->failed) { kvps__tl_close(&tl); return KVPS_ERR_CONFIG; }
+    kvps__log(KVPS_LOG_INFO, "timeline: %s", path);
+    *out = tl;
+    return KVPS_OK;
+}
+
+/* Writes what is buffered (the file is then whole JSON) and closes it; *tlp = NULL. */
+static void kvps__tl_close(kvps__tl **tlp) {
+    kvps__tl *tl = *tlp;
+    if (!tl) return;
+    *tlp = NULL;
+    if (tl->len) kvps__tl_write(tl);
+    close(tl->fd);
+    free(tl->buf);
+    for (int i = 0; i < tl->ntracks; i++) free(tl->tracks[i].text);
+    free(tl->tracks);
+    free(tl);
+}
+
+/* The events of servers and workers (>>timeline-events, at the end: they need the server's and
+   the worker's types); the hooks that call them are one line each where things happen. */
+struct kvps__key;
+struct kvps__req;
+static void kvps__tl_arrive(kvps_server *s, struct kvps__key *k, uint64_t c);
+static void kvps__tl_round(kvps_server *s, struct kvps__key *k, int count);
+static void kvps__tl_async(kvps_server *s, struct kvps__key *k, uint64_t n);
+static void kvps__tl_server_end(kvps_server *s);
+static void kvps__tl_post(struct kvps__req *q, int op, uint64_t bytes, uint64_t n);
+static void kvps__tl_req_end(kvps_worker *w, struct kvps__req *q);
+static uint64_t kvps__tl_floats(const size_t *lens, size_t n);
 
 // >>numerics
 /* Element-wise kernels on the widest vectors the CPU has (ISA detection, d += g, mean, SGD step)
@@ -2603,6 +3075,7 @@ typedef struct kvps__key {
     uint32_t ndef;
     float *state;        /* optimizer state: v, h, or m then v (2 x len) */
     float b1t, b2t;      /* Adam: beta1^t, beta2^t */
+    struct kvps__tl_key *tl; /* timeline on: when this round's and the next's contributions came */
 } kvps__key;
 
 struct kvps_server {
@@ -2672,6 +3145,7 @@ struct kvps_server {
     uint64_t ckpt_req, ckpt_done, max_round, ckpt_round;
     kvps_result ckpt_result;
     kvps_server_stats stats;  /* read by other threads: atomic adds */
+    kvps__tl *tl;             /* the timeline, NULL when off */
 };
 
 #define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
@@ -2882,7 +3356,7 @@ static void kvps__key_free(kvps__key *k, int m) {
     kvps__vbuf_unref(k->spare);
     for (uint32_t i = 0; i < k->ndef; i++) kvps__defer_close(&k->def[i]);
     free(k->def);
-    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k);
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k->tl); free(k);
 }
 
 /* Creates a key; returns its index or UINT32_MAX when out of memory. */
@@ -3011,6 +3485,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
     k->round++;
     if (k->round > s->max_round) s->max_round = k->round;
     KVPS__STAT_ADD(s, rounds, 1);
+    if (s->tl) kvps__tl_round(s, k, count);
     if (s->desc.consistency == KVPS_ADAPTIVE && ++s->win_rounds >= 16) kvps__adapt(s);
     return 0;
 }
@@ -3032,6 +3507,7 @@ static void kvps__wake(kvps_server *s, kvps__key *k) {
 static int kvps__bsp_advance(kvps_server *s, kvps__key *k);
 static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
     uint64_t c = k->recv[r]++;
+    if (s->tl) kvps__tl_arrive(s, k, c);
     size_t bytes = (size_t)k->len * sizeof(float);
     if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
     if ((uint32_t)r == k->summed && c == k->round) {
@@ -3307,6 +3783,7 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
         k->round += n;
         if (k->round > s->max_round) s->max_round = k->round;
         KVPS__STAT_ADD(s, rounds, n);
+        if (s->tl) kvps__tl_async(s, k, n);
     }
     for (uint32_t j = 0; j < n; j++) {
         zmq_msg_close(&k->def[j].data);
@@ -4957,6 +5434,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
     s->desc.endpoint = s->endpoint;
+    if ((crc = kvps__tl_open(&s->tl, desc->timeline, "server", "server", desc->rank, desc->rank)) != KVPS_OK) return kvps__server_fail(s, crc, "timeline");
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
               (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
     *out = s;
@@ -5069,6 +5547,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         kvps_server_stop(s);
         pthread_join(s->thread, NULL);
     }
+    kvps__tl_server_end(s);
     for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_free(s->keys[i], s->m);
     while (s->barrier_waiters) {
         kvps__parked *p = s->barrier_waiters;
@@ -5125,6 +5604,8 @@ typedef struct kvps__req {
                             slice per server, chained: the next round's request, 0 for the last */
     uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
     uint8_t ctl;         /* a request of the worker's own (KVPS__OP_HELLO, NAME, BYE), 0 for the caller's */
+    int tl_op;           /* timeline on: the op (0: not drawn), when posted (ns), bytes, keys or rows */
+    uint64_t tl_t0, tl_bytes, tl_n;
 } kvps__req;
 
 typedef struct kvps__vpart {
@@ -5189,6 +5670,7 @@ struct kvps_worker {
     size_t order_cap;
     char errmsg[1024];
     char fatal_text[300];
+    kvps__tl *tl;       /* the timeline, NULL when off */
 };
 
 static void kvps__req_drop_kept(kvps__req *q, int srv) {
@@ -5329,6 +5811,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
     memset(csec, 0, sizeof csec);
     if (r == KVPS_OK) r = kvps__hello_all(w);
+    if (r == KVPS_OK) r = kvps__tl_open(&w->tl, desc->timeline, "worker", "worker", desc->rank, 1000 + desc->rank);
     if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
     w->ready = 1;
     *out = w;
@@ -5340,6 +5823,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     kvps_worker *w = *wp;
     *wp = NULL;
     if (w->ready && !w->finished) kvps_worker_finish(w, 1000); /* a clean finish, unless the caller did it */
+    kvps__tl_close(&w->tl);
     for (int i = 0; i < w->n; i++) {
         if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
         if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
@@ -5440,6 +5924,7 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     q->id = (++w->seq << KVPS__SLOT_BITS) | (slot + 1);
     q->refs = 1;
     w->slots[slot] = q;
+    if (w->tl) q->tl_t0 = kvps__tl_now();
     return q;
 }
 
@@ -5698,6 +6183,7 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
     free(offs); free(ents); free(vp);
     if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
     if (r != KVPS_OK) q->status = r; /* some messages went out: the caller still waits */
+    if (w->tl) kvps__tl_post(q, op, kvps__tl_floats(lens, nkeys) * sizeof(float), nkeys);
     *out = q->id;
     return KVPS_OK;
 }
@@ -5895,6 +6381,7 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
     }
     if (kvps__op_has_values(op) && op != KVPS__OP_INIT) t->st.pushes++;
     if (kvps__op_pulls(op)) t->st.pulls++;
+    if (w->tl) kvps__tl_post(head, op, t->len * sizeof(float), 0);
     return kvps__chain_out(head, r, out);
 }
 
@@ -6206,6 +6693,7 @@ static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const ui
     if (!q) return r;
     if (r != KVPS_OK && q->pending == 0) { kvps__req_end(w, q); return r; }
     if (r != KVPS_OK) q->status = r;
+    if (w->tl) kvps__tl_post(q, op, (uint64_t)nrows * dim * sizeof(float), nrows);
     *out = q->id;
     return KVPS_OK;
 }
@@ -6227,6 +6715,7 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
     if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    if (w->tl) kvps__tl_post(q, KVPS__OP_BARRIER, 0, 0);
     *out = q->id;
     return KVPS_OK;
 }
@@ -6544,6 +7033,7 @@ static kvps__req *kvps__chain_busy(kvps_worker *w, kvps__req *q) {
 
 /* Ends every round of a finished request; its result is the first error among them. */
 static kvps_result kvps__chain_end(kvps_worker *w, kvps__req *q) {
+    if (w->tl) kvps__tl_req_end(w, q);
     kvps_result r = KVPS_OK;
     while (q) {
         kvps__req *nx = q->next ? kvps__req_get(w, q->next) : NULL;
@@ -6699,6 +7189,173 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         }
     }
     return kvps__chain_end(w, q);
+}
+
+// >>timeline-events
+/* What servers and workers put in their timelines (the writer: >>timeline; the manual:
+   TIMELINE). Each is called from a one-line hook `if (x->tl) kvps__tl_...(...)`.
+   Server under BSP / SSP / adaptive: a "round" event per key per round applied, from the
+   arrival of the round's first contribution to its application, with the time spent waiting
+   for the last contributor (straggler_wait_us) and from then to the round's end (apply_us).
+   Arrivals are kept for the round being summed and the next (a worker may push the next round
+   before this one completes); a contribution further ahead is not noted, and its round's event
+   starts at the first contribution that came while that round was at most one ahead.
+   Async: pushes are applied one by one, up to millions a second, so they are counted instead:
+   one "async applies" event per 100 ms that saw any (pushes, keys, bytes), on its own track.
+   Worker: a request from post (kvps__req_new) to completion as the worker sees it (wait or
+   test), with op, tensor (or keys / rows), bytes, servers and result. */
+typedef struct kvps__tl_key {
+    uint64_t first, last;           /* this round's first and last arrivals (0: none yet) */
+    uint64_t next_first, next_last; /* the next round's */
+    uint32_t win;                   /* async: the window it was last counted in, + 1 */
+} kvps__tl_key;
+
+static kvps__tl_key *kvps__tl_key_of(kvps__key *k) {
+    if (!k->tl) k->tl = (kvps__tl_key *)calloc(1, sizeof *k->tl);
+    return k->tl;
+}
+
+/* The name the server knows key k by, or NULL: it knows slice keys by number only (a server
+   that keeps a name per key returns it here; kvps-timeline names them from the workers'
+   files meanwhile). */
+static const char *kvps__tl_key_name(const kvps_server *s, const kvps__key *k) {
+    (void)s;
+    (void)k;
+    return NULL;
+}
+
+static void kvps__tl_arrive(kvps_server *s, kvps__key *k, uint64_t c) {
+    (void)s;
+    kvps__tl_key *t = kvps__tl_key_of(k);
+    if (!t) return;
+    uint64_t now = kvps__tl_now();
+    if (c == k->round) {
+        if (!t->first) t->first = now;
+        t->last = now;
+    } else if (c == k->round + 1) {
+        if (!t->next_first) t->next_first = now;
+        t->next_last = now;
+    }
+}
+
+/* The async window's event; the counts start again. */
+static void kvps__tl_async_event(kvps__tl *tl) {
+    int tid = kvps__tl_lane(tl, 1, "async applies", NULL, 0, tl->agg_t0, tl->agg_t1);
+    char *p = kvps__tl_begin(tl, "async applies", NULL, "server", tl->agg_t0, tl->agg_t1, tid);
+    p = kvps__tl_arg_u64(p, "pushes", tl->agg_n);
+    p = kvps__tl_arg_u64(p, "keys", tl->agg_keys);
+    p = kvps__tl_arg_u64(p, "bytes", tl->agg_bytes);
+    kvps__tl_end(tl, p);
+    tl->agg_n = tl->agg_keys = tl->agg_bytes = 0;
+    tl->agg_win++;
+}
+
+/* Async: n pushes of key k applied. */
+static void kvps__tl_async(kvps_server *s, kvps__key *k, uint64_t n) {
+    kvps__tl *tl = s->tl;
+    uint64_t now = kvps__tl_now();
+    if (tl->agg_n && now - tl->agg_t0 >= KVPS__TL_WINDOW_NS) kvps__tl_async_event(tl);
+    if (!tl->agg_n) tl->agg_t0 = now;
+    tl->agg_t1 = now;
+    tl->agg_n += n;
+    tl->agg_bytes += n * k->len * sizeof(float);
+    kvps__tl_key *t = kvps__tl_key_of(k);
+    if (t && t->win != tl->agg_win + 1) {
+        t->win = tl->agg_win + 1;
+        tl->agg_keys++;
+    }
+}
+
+/* A round of k was applied (k->round counts it already) from count contributions. */
+static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
+    if (s->desc.consistency == KVPS_ASYNC) { kvps__tl_async(s, k, 1); return; }
+    kvps__tl *tl = s->tl;
+    uint64_t now = kvps__tl_now();
+    kvps__tl_key *t = kvps__tl_key_of(k);
+    uint64_t first = t && t->first ? t->first : now, last = t && t->last ? t->last : first;
+    const char *name = kvps__tl_key_name(s, k);
+    char label[6 * KVPS__TL_NAME + 8], *e; /* the tensor's name (escaped), "slice 3" or "key 42" */
+    if (name) e = kvps__tl_text(label, name);
+    else if (k->key >> 63) e = kvps__tl_u64(KVPS__TL_LIT(label, "slice "), k->key & 0xffff);
+    else e = kvps__tl_u64(KVPS__TL_LIT(label, "key "), k->key);
+    *e = 0;
+    int tid = kvps__tl_lane(tl, 0, "rounds", NULL, 0, first, now);
+    char *p = kvps__tl_begin(tl, "round", label, "server", first, now, tid);
+    p = kvps__tl_arg_key(p, "key", k->key);
+    if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
+    if (name) p = kvps__tl_arg_raw(p, "tensor", label);
+    p = kvps__tl_arg_u64(p, "round", k->round - 1);
+    p = kvps__tl_arg_i64(p, "contributions", count);
+    p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));
+    p = kvps__tl_arg_us(p, "straggler_wait_us", last - first);
+    p = kvps__tl_arg_us(p, "apply_us", now - last);
+    kvps__tl_end(tl, p);
+    if (t) {
+        t->first = t->next_first;
+        t->last = t->next_last;
+        t->next_first = t->next_last = 0;
+    }
+}
+
+/* kvps_server_destroy: the last async window, and the file closed whole. */
+static void kvps__tl_server_end(kvps_server *s) {
+    if (!s->tl) return;
+    if (s->tl->agg_n) kvps__tl_async_event(s->tl);
+    kvps__tl_close(&s->tl);
+}
+
+static uint64_t kvps__tl_floats(const size_t *lens, size_t n) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) sum += lens[i];
+    return sum;
+}
+
+/* A request has gone out (q: its first round; NULL when nothing went out). */
+static void kvps__tl_post(kvps__req *q, int op, uint64_t bytes, uint64_t n) {
+    if (!q) return;
+    q->tl_op = op;
+    q->tl_bytes = bytes;
+    q->tl_n = n;
+}
+
+/* The request whose first round is q ends (kvps__chain_end, before its rounds are freed). */
+static void kvps__tl_req_end(kvps_worker *w, kvps__req *q) {
+    if (!q->tl_op) return;
+    kvps__tl *tl = w->tl;
+    uint64_t now = kvps__tl_now();
+    kvps_result r = KVPS_OK;
+    for (kvps__req *c = q; c; c = c->next ? kvps__req_get(w, c->next) : NULL)
+        if (r == KVPS_OK) r = c->status;
+    const kvps__tensor_info *t = q->tensor ? &w->tensors[q->tensor - 1] : NULL;
+    int op = q->tl_op, rows = op == KVPS__OP_PUSH_ROWS || op == KVPS__OP_PULL_ROWS;
+    int track = t ? 3 + q->tensor - 1 : op == KVPS__OP_BARRIER ? 0 : rows ? 2 : 1; /* tracks: barrier, keys, rows, tensors */
+    const char *label = track == 0 ? "barrier" : track == 1 ? "keys" : track == 2 ? "rows" : "tensor";
+    int tid = kvps__tl_lane(tl, track, label, t ? t->name : NULL, t ? t->keys[0] & ~0xffffull : 0, q->tl_t0, now);
+    const char *text = kvps__tl_track_text(tl, track); /* the tensor's name, escaped once */
+    char *p = kvps__tl_begin(tl, kvps__ops[op].name, t ? text : track == 1 ? "keys" : NULL, "worker", q->tl_t0, now, tid);
+    p = kvps__tl_arg_raw(p, "op", kvps__ops[op].name);
+    if (t) {
+        p = kvps__tl_arg_raw(p, "tensor", text);
+        p = kvps__tl_arg_u64(p, "slices", t->nslices);
+    } else if (track != 0) {
+        p = kvps__tl_arg_u64(p, track == 1 ? "keys" : "rows", q->tl_n);
+    }
+    p = kvps__tl_arg_u64(p, "bytes", q->tl_bytes);
+    p = KVPS__TL_LIT(p, "\"servers\":[");
+    int listed = 0;
+    for (int s = 0; s < w->n; s++) {
+        int used = 0;
+        for (kvps__req *c = q; c && !used; c = c->next ? kvps__req_get(w, c->next) : NULL) used = c->state[s] != 0;
+        if (!used) continue;
+        if (listed == KVPS__TL_SERVERS) { p = KVPS__TL_LIT(p, "\"more\","); break; }
+        p = kvps__tl_u64(p, (uint64_t)s);
+        *p++ = ',';
+        listed++;
+    }
+    if (p[-1] == ',') p--;
+    p = KVPS__TL_LIT(p, "],");
+    p = kvps__tl_arg_result(p, r);
+    kvps__tl_end(tl, p);
 }
 
 #endif /* KVPS__IMPLEMENTED */

@@ -10,6 +10,7 @@
      3. Algorithms
      4. Wire format
      5. Ownership, threads, errors
+     6. Timeline
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -97,6 +98,16 @@
    only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
    what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
    connected yet; tests/test_ring_close.c checks the last call's result on every rank.
+
+   6. TIMELINE
+   KVPS_TIMELINE=DIR (or .timeline = "DIR"; "" is off) writes DIR/kvps-ring-RANK-PID.json: each
+   collective from its call or post to its end (coll, dtype, count, bytes, op, root, algorithm
+   as chosen, queued time of posted ones, result) and its phases nested under it: RING's
+   reduce-scatter and all-gather and each of their steps, RHD's recursive halving and doubling
+   and their steps, RD's fold and recursive doubling steps, tree and chain broadcast, tree
+   reduce, reduce-scatter + gather to the root, HIER's three stages (with the inner algorithm's
+   phases inside), all-to-all's send and receive, the barrier's rounds. kvps.h, 13. TIMELINE,
+   has the rest (files, cost, scripts/kvps-timeline).
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -138,7 +149,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | small_bytes | 512 KiB (AUTO: RD at or below; measured crossover) |
    | groups      | NULL: one group (no HIER)                     |
    | zmq_ctx     | a context of its own; io_threads 1            |
-   | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) | */
+   | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) |
+   | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -151,6 +163,9 @@ typedef struct kvps_ring_desc {
     void *zmq_ctx;
     int io_threads;
     const char *io_cpus;
+    /* last, so that positional initialisers keep their meaning: */
+    const char *timeline; /* a directory to write this rank's timeline into (kvps.h, TIMELINE); NULL:
+                             the KVPS_TIMELINE environment variable, else none; "": none */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -231,6 +246,7 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 #ifdef KVPS_IMPLEMENTATION
 /* Sections (grep "// >>name"), lowest layer first:
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
+     timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
@@ -292,6 +308,7 @@ typedef struct kvps_ring__job {
     kvps_ring_op op;
     int done;
     kvps_result result;
+    uint64_t tl_t0; /* timeline on: when it was posted (ns) */
 } kvps_ring__job;
 
 struct kvps_ring {
@@ -320,7 +337,149 @@ struct kvps_ring {
     int thread_started, busy, quit;
     kvps_ring__job *head, *tail, *finished;
     uint64_t next_id, running_id;
+    struct kvps_ring__tl *tl; /* the timeline, NULL when off (>>timeline) */
 };
+
+// >>timeline
+/* A rank's timeline (kvps.h's writer, its // >>timeline; the manual: kvps.h, TIMELINE): one
+   event per collective from post (kvps_ring_post; the call itself for a blocking one) to
+   completion, and its phases as events nested under it: reduce-scatter and all-gather and
+   their steps, recursive halving and doubling, the binomial trees and chains, the stages of the
+   hierarchical all-reduce. Phases are noted in memory while the collective runs (the running
+   collective's thread is the only one that touches them) and written with it when it ends, on
+   its lane of the "collectives" track. Hooks: kvps_ring__ph(r, name, step) opens a phase,
+   kvps_ring__ph_end(r) closes the innermost; each costs one branch when the timeline is off. */
+enum { KVPS_RING__TL_PHASES = 256, KVPS_RING__TL_DEPTH = 8 };
+typedef struct kvps_ring__tlph {
+    const char *name; /* a string literal */
+    int step;         /* -1: none */
+    int depth;
+    uint64_t t0, t1;
+} kvps_ring__tlph;
+
+struct kvps_ring__tl {
+    kvps__tl *w;
+    uint64_t posted;   /* the running collective's post (kvps_ring_post), 0: called */
+    uint64_t t0;       /* when it began to run */
+    int algo;          /* the all-reduce's algorithm as chosen, -1: none */
+    int nph, depth;
+    int open[KVPS_RING__TL_DEPTH]; /* the open phases (indices in ph; -1: not kept) */
+    unsigned dropped;  /* phases past KVPS_RING__TL_PHASES or KVPS_RING__TL_DEPTH, not written */
+    kvps_ring__tlph ph[KVPS_RING__TL_PHASES];
+};
+
+static void kvps_ring__tl_open(struct kvps_ring__tl *t, const char *name, int step) {
+    int i = -1;
+    if (t->depth < KVPS_RING__TL_DEPTH && t->nph < KVPS_RING__TL_PHASES) {
+        i = t->nph++;
+        t->ph[i].name = name;
+        t->ph[i].step = step;
+        t->ph[i].depth = t->depth + 1;
+        t->ph[i].t0 = kvps__tl_now();
+        t->ph[i].t1 = 0;
+    } else {
+        t->dropped++;
+    }
+    if (t->depth < KVPS_RING__TL_DEPTH) t->open[t->depth] = i;
+    t->depth++;
+}
+
+static void kvps_ring__tl_close(struct kvps_ring__tl *t, uint64_t now) {
+    if (!t->depth) return;
+    t->depth--;
+    if (t->depth < KVPS_RING__TL_DEPTH && t->open[t->depth] >= 0) t->ph[t->open[t->depth]].t1 = now;
+}
+
+static inline void kvps_ring__ph(kvps_ring *r, const char *name, int step) {
+    if (r->tl) kvps_ring__tl_open(r->tl, name, step);
+}
+static inline void kvps_ring__ph_end(kvps_ring *r) {
+    if (r->tl) kvps_ring__tl_close(r->tl, kvps__tl_now());
+}
+static inline void kvps_ring__tl_algo(kvps_ring *r, kvps_ring_algo algo) {
+    if (r->tl) r->tl->algo = (int)algo;
+}
+
+/* Opens the timeline (kvps_ring_create); off: r->tl stays NULL. */
+static kvps_result kvps_ring__tl_create(kvps_ring *r, const kvps_ring_desc *desc) {
+    kvps__tl *w;
+    kvps_result rc = kvps__tl_open(&w, desc->timeline, "ring", "ring rank", r->rank, 2000 + r->rank);
+    if (rc != KVPS_OK || !w) return rc;
+    if (!(r->tl = (struct kvps_ring__tl *)calloc(1, sizeof *r->tl))) { kvps__tl_close(&w); return KVPS_ERR_NOMEM; }
+    r->tl->w = w;
+    return KVPS_OK;
+}
+
+static void kvps_ring__tl_destroy(kvps_ring *r) {
+    if (!r->tl) return;
+    kvps__tl_close(&r->tl->w);
+    free(r->tl);
+    r->tl = NULL;
+}
+
+static void kvps_ring__tl_start(kvps_ring *r) {
+    struct kvps_ring__tl *t = r->tl;
+    t->t0 = kvps__tl_now();
+    t->nph = t->depth = 0;
+    t->dropped = 0;
+    t->algo = -1;
+}
+
+/* The algorithm a collective ran with, in words (an all-reduce's was noted as it chose). */
+static const char *kvps_ring__tl_algo_name(const kvps_ring *r, const kvps_ring_op *op) {
+    int large = op->count * kvps_dtype_size(op->dtype) > r->desc.small_bytes;
+    switch (op->coll) {
+    case KVPS_COLL_ALLREDUCE: return r->tl->algo >= 0 ? kvps_algo_name((kvps_ring_algo)r->tl->algo) : "?";
+    case KVPS_COLL_REDUCE: return large ? "ring reduce-scatter + gather" : "binomial tree";
+    case KVPS_COLL_BROADCAST: return large ? "chain" : "binomial tree";
+    case KVPS_COLL_REDUCE_SCATTER: case KVPS_COLL_ALLGATHER: return "ring";
+    case KVPS_COLL_GATHER: case KVPS_COLL_SCATTER: return "direct";
+    case KVPS_COLL_ALLTOALL: return "pairwise";
+    case KVPS_COLL_BARRIER: return "dissemination";
+    default: return "?";
+    }
+}
+
+/* The collective ended with rc: its event and its phases'. */
+static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_result rc) {
+    struct kvps_ring__tl *t = r->tl;
+    kvps__tl *w = t->w;
+    uint64_t now = kvps__tl_now(), start = t->posted ? t->posted : t->t0;
+    while (t->depth) kvps_ring__tl_close(t, now); /* phases an error left open */
+    int tid = kvps__tl_lane(w, 0, "collectives", NULL, 0, start, now);
+    int rooted = op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_BROADCAST || op->coll == KVPS_COLL_GATHER ||
+                 op->coll == KVPS_COLL_SCATTER;
+    int reduces = op->coll == KVPS_COLL_ALLREDUCE || op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_REDUCE_SCATTER;
+    char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", start, now, tid); /* names: plain ASCII */
+    p = kvps__tl_arg_raw(p, "coll", kvps_coll_name(op->coll));
+    p = kvps__tl_arg_u64(p, "seq", r->seq);
+    if (op->coll != KVPS_COLL_BARRIER) {
+        p = kvps__tl_arg_raw(p, "dtype", kvps_dtype_name(op->dtype));
+        p = kvps__tl_arg_u64(p, "count", op->count);
+        p = kvps__tl_arg_u64(p, "bytes", (uint64_t)op->count * kvps_dtype_size(op->dtype));
+    }
+    if (reduces) p = kvps__tl_arg_raw(p, "op", kvps_redop_name(op->op));
+    if (rooted) p = kvps__tl_arg_i64(p, "root", op->root);
+    if (op->wire) p = kvps__tl_arg_raw(p, "wire", kvps_dtype_name(op->wire));
+    p = kvps__tl_arg_raw(p, "algorithm", kvps_ring__tl_algo_name(r, op));
+    p = kvps__tl_arg_i64(p, "ranks", r->size);
+    if (t->posted) p = kvps__tl_arg_us(p, "queued_us", t->t0 - t->posted);
+    if (t->dropped) p = kvps__tl_arg_u64(p, "phases_not_written", t->dropped);
+    p = kvps__tl_arg_result(p, rc);
+    kvps__tl_end(w, p);
+    for (int i = 0; i < t->nph; i++) {
+        const kvps_ring__tlph *ph = &t->ph[i];
+        char step[32];
+        *kvps__tl_i64(KVPS__TL_LIT(step, "step "), ph->step) = 0;
+        p = kvps__tl_begin(w, ph->name, ph->step >= 0 ? step : NULL, "ring-phase", ph->t0, ph->t1 ? ph->t1 : now, tid);
+        p = kvps__tl_arg_raw(p, "coll", kvps_coll_name(op->coll));
+        p = kvps__tl_arg_u64(p, "seq", r->seq);
+        if (ph->step >= 0) p = kvps__tl_arg_i64(p, "step", ph->step);
+        p = kvps__tl_arg_i64(p, "depth", ph->depth);
+        kvps__tl_end(w, p);
+    }
+    t->posted = 0;
+}
 
 // >>reduce
 /* Bytes per element, one entry per kvps_dtype (0: not a dtype, which every call refuses). */
@@ -814,13 +973,16 @@ static kvps_result kvps_ring__send_block(kvps_ring *r, const kvps_ring__task *t,
 static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, int rs, int ag) {
     kvps_result rc = KVPS_OK;
     int k = t[0].k;
+    kvps_ring__ph(r, rs ? "reduce-scatter" : "all-gather", -1);
     for (int d = 0; d < nt; d++)
         rc = rc ? rc : rs ? kvps_ring__send_block(r, &t[d], KVPS_RING__PH_RS, 0, t[d].me - 1, 0)
                           : kvps_ring__send_block(r, &t[d], KVPS_RING__PH_AG, 0, t[d].me, 1);
     for (int phase = rs ? 0 : 1; phase <= (ag ? 1 : 0) && rc == KVPS_OK; phase++) {
+        if (phase == 1 && rs) { kvps_ring__ph_end(r); kvps_ring__ph(r, "all-gather", -1); }
         /* about to overwrite blocks sent from buf (out of place with 2 ranks, none were) */
         if (phase == 1 && rs && !(t[0].src && k == 2)) rc = kvps_ring__zc_drain(r, 0, r->deadline);
         for (int s = 0; s < k - 1 && rc == KVPS_OK; s++) {
+            kvps_ring__ph(r, phase == 0 ? "reduce-scatter" : "all-gather", s);
             size_t maxp = 0;
             for (int d = 0; d < nt; d++) {
                 int c = phase == 0 ? t[d].me - s - 2 : t[d].me - s - 1;
@@ -849,8 +1011,10 @@ static kvps_result kvps_ring__rings(kvps_ring *r, kvps_ring__task *t, int nt, in
                     }
                 }
             }
+            kvps_ring__ph_end(r);
         }
     }
+    kvps_ring__ph_end(r);
     return rc;
 }
 
@@ -928,7 +1092,9 @@ static kvps_result kvps_ring__allreduce_rhd(kvps_ring *r, const int *view, int k
     const char *in = (const char *)src;
     kvps_result rc = KVPS_OK;
     int steps = 0;
+    kvps_ring__ph(r, "recursive halving", -1);
     for (int mask = k >> 1; mask >= 1 && rc == KVPS_OK; mask >>= 1, steps++) {
+        kvps_ring__ph(r, "recursive halving", steps);
         int peer = view[me ^ mask], upper = (me & mask) != 0;
         size_t mid = lo + (hi - lo) / 2, klo = upper ? mid : lo, khi = upper ? hi : mid;
         plo[steps] = lo;
@@ -943,10 +1109,14 @@ static kvps_result kvps_ring__allreduce_rhd(kvps_ring *r, const int *view, int k
         }
         lo = klo;
         hi = khi;
+        kvps_ring__ph_end(r);
     }
+    kvps_ring__ph_end(r);
+    kvps_ring__ph(r, "recursive doubling", -1);
     /* the all-gather writes the halves sent above: ZeroMQ must have let go of them */
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, 0, r->deadline);
     for (int s = steps - 1, mask = 1; s >= 0 && rc == KVPS_OK; s--, mask <<= 1) {
+        kvps_ring__ph(r, "recursive doubling", steps - 1 - s);
         int peer = view[me ^ mask], upper = (me & mask) != 0;
         size_t mid = plo[s] + (phi[s] - plo[s]) / 2, olo = upper ? plo[s] : mid, ohi = upper ? mid : phi[s];
         rc = kvps_ring__send_range(r, peer, KVPS_RING__PH_RHAG, s, b, lo, hi, es, piece, 1);
@@ -955,7 +1125,9 @@ static kvps_result kvps_ring__allreduce_rhd(kvps_ring *r, const int *view, int k
                                       (ohi - o < piece ? ohi - o : piece) * es);
         lo = plo[s];
         hi = phi[s];
+        kvps_ring__ph_end(r);
     }
+    kvps_ring__ph_end(r);
     return rc;
 }
 
@@ -972,23 +1144,31 @@ static kvps_result kvps_ring__allreduce_rd(kvps_ring *r, const int *view, int k,
     /* fold: among the first 2*rem, even ranks hand their data to the odd one above */
     if (me < 2 * rem) {
         if (me % 2 == 0) {
+            kvps_ring__ph(r, "fold: hand over, wait for the result", -1);
             kvps_ring__round(r, fb, count);
             rc = kvps_ring__send_el(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, count, -1);
             if (rc == KVPS_OK) rc = kvps_ring__recv_el(r, view[me + 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, count);
+            kvps_ring__ph_end(r);
             return rc;
         }
+        kvps_ring__ph(r, "fold", -1);
         kvps_ring__round(r, fb, count);
         rc = kvps_ring__recv_reduce(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPRE, 0, 0, 0), buf, count);
+        kvps_ring__ph_end(r);
         nid = me / 2;
     } else {
         nid = me - rem;
     }
+    kvps_ring__ph(r, "recursive doubling", -1);
     for (int mask = 1, step = 0; mask < p2 && rc == KVPS_OK; mask <<= 1, step++) {
+        kvps_ring__ph(r, "recursive doubling", step);
         int pn = nid ^ mask, peer = view[pn < rem ? pn * 2 + 1 : pn + rem];
         kvps_ring__round(r, fb, count);
         rc = kvps_ring__send_el(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, count, -1);
         if (rc == KVPS_OK) rc = kvps_ring__recv_reduce(r, peer, kvps_ring__tag(KVPS_RING__PH_RD, 0, (uint64_t)step, 0), buf, count);
+        kvps_ring__ph_end(r);
     }
+    kvps_ring__ph_end(r);
     kvps_ring__round(r, fb, count);
     if (rc == KVPS_OK && me < 2 * rem)
         rc = kvps_ring__send_el(r, view[me - 1], kvps_ring__tag(KVPS_RING__PH_RDPOST, 0, 0, 0), buf, count, -1);
@@ -1049,20 +1229,28 @@ static kvps_result kvps_ring__reduce_view(kvps_ring *r, const int *view, int k, 
                                           int large) {
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
-    if (!large) return kvps_ring__reduce_tree(r, view, k, me, root, buf, count);
+    kvps_result rc;
+    if (!large) {
+        kvps_ring__ph(r, "tree reduce", -1);
+        rc = kvps_ring__reduce_tree(r, view, k, me, root, buf, count);
+        kvps_ring__ph_end(r);
+        return rc;
+    }
     /* reduce-scatter, then every block to the root */
     kvps_ring__task t;
     kvps_ring__task_init(&t, r, view, k, me, buf, count, 0, 0);
-    kvps_result rc = kvps_ring__rings(r, &t, 1, 1, 0);
+    rc = kvps_ring__rings(r, &t, 1, 1, 0);
     if (rc != KVPS_OK) return rc;
+    kvps_ring__ph(r, "gather to the root", -1);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline); /* blocks sent may be overwritten now */
     if (me != root)
-        return kvps_ring__send(r, view[root], kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), t.buf + kvps_ring__off(&t, me) * t.es,
-                               kvps_ring__len(&t, me) * t.es, 0);
-    for (int c = 0; c < k && rc == KVPS_OK; c++)
+        rc = kvps_ring__send(r, view[root], kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), t.buf + kvps_ring__off(&t, me) * t.es,
+                             kvps_ring__len(&t, me) * t.es, 0);
+    for (int c = 0; c < k && rc == KVPS_OK && me == root; c++)
         if (c != me)
             rc = kvps_ring__recv_copy(r, view[c], kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0), t.buf + kvps_ring__off(&t, c) * t.es,
                                       kvps_ring__len(&t, c) * t.es);
+    kvps_ring__ph_end(r);
     return rc;
 }
 
@@ -1070,7 +1258,10 @@ static kvps_result kvps_ring__bcast_view(kvps_ring *r, const int *view, int k, i
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
     size_t bytes = count * kvps_dtype_size(kvps_ring__dt(r));
-    return large ? kvps_ring__bcast_chain(r, view, k, me, root, buf, count) : kvps_ring__bcast_tree(r, view, k, me, root, buf, bytes);
+    kvps_ring__ph(r, large ? "chain broadcast" : "tree broadcast", -1);
+    kvps_result rc = large ? kvps_ring__bcast_chain(r, view, k, me, root, buf, count) : kvps_ring__bcast_tree(r, view, k, me, root, buf, bytes);
+    kvps_ring__ph_end(r);
+    return rc;
 }
 
 static int kvps_ring__multi_group(const kvps_ring *r) {
@@ -1098,9 +1289,12 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
     int large = bytes > r->desc.small_bytes, wire = r->wire;
     r->wire = 0; /* inside a machine the data goes as it is; the wire format is for the leaders */
     r->hier = 0x10ull << 56;
+    kvps_ring__ph(r, "hier: reduce in the group", -1);
     kvps_result rc = kvps_ring__reduce_view(r, grp, ng, 0, buf, count, large);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    kvps_ring__ph_end(r);
     r->hier = 0x20ull << 56;
+    kvps_ring__ph(r, "hier: all-reduce among the leaders", -1);
     if (rc == KVPS_OK && grp[0] == r->rank) {
         int *lv = (int *)malloc((size_t)nl * sizeof *lv); /* view_buf's second half is the reversed view */
         if (!lv) rc = KVPS_ERR_NOMEM;
@@ -1113,8 +1307,11 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
         }
     }
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    kvps_ring__ph_end(r);
     r->hier = 0x30ull << 56;
+    kvps_ring__ph(r, "hier: broadcast in the group", -1);
     if (rc == KVPS_OK) rc = kvps_ring__bcast_view(r, grp, ng, 0, buf, count, large);
+    kvps_ring__ph_end(r);
     r->hier = 0;
     r->wire = wire;
     return rc;
@@ -1146,6 +1343,7 @@ static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec
                                              : KVPS_ALGO_RING;
     /* RHD cannot run on a size that is not a power of two, nor with a 16-bit wire */
     if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING;
+    kvps_ring__tl_algo(r, algo == KVPS_ALGO_HIER && !r->desc.groups ? KVPS_ALGO_RING : algo);
     if (send && send != recv && k > 1 && n && !r->wire &&
         (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
         /* out of place: the algorithm reads send and writes every block of recv itself */
@@ -1256,14 +1454,18 @@ static kvps_result kvps_ring__coll_alltoall(kvps_ring *r, const kvps_ring__exec 
         src = w;
     }
     kvps_result rc = KVPS_OK;
+    kvps_ring__ph(r, "send to every rank", -1);
     for (int s = 1; s < k && rc == KVPS_OK; s++)
         rc = kvps_ring__send(r, (me + s) % k, tag, src + (size_t)((me + s) % k) * bytes, bytes, 0);
     if (rc == KVPS_OK && bytes && src + (size_t)me * bytes != recv + (size_t)me * bytes)
         memcpy(recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+    kvps_ring__ph_end(r);
+    kvps_ring__ph(r, "receive from every rank", -1);
     for (int s = 1; s < k && rc == KVPS_OK; s++) {
         int from = (me - s + k) % k;
         rc = kvps_ring__recv_copy(r, from, tag, recv + (size_t)from * bytes, bytes);
     }
+    kvps_ring__ph_end(r);
     return rc;
 }
 
@@ -1272,8 +1474,10 @@ static kvps_result kvps_ring__coll_barrier(kvps_ring *r, const kvps_ring__exec *
     kvps_result rc = KVPS_OK;
     for (int d = 1, s = 0; d < k && rc == KVPS_OK; d <<= 1, s++) {
         uint64_t tag = kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, (uint64_t)s, 0);
+        kvps_ring__ph(r, "dissemination", s);
         rc = kvps_ring__send(r, (me + d) % k, tag, "", 0, -1);
         if (rc == KVPS_OK) rc = kvps_ring__recv_copy(r, (me - d + k) % k, tag, NULL, 0);
+        kvps_ring__ph_end(r);
     }
     return rc;
 }
@@ -1342,8 +1546,10 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->hier = 0;
     r->errmsg[0] = 0;
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
+    if (r->tl) kvps_ring__tl_start(r);
     kvps_result rc = kvps_ring__execute(r, op);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    if (r->tl) kvps_ring__tl_finish(r, op, rc);
     r->prev = r->cur;
     /* drop stashed pieces of this collective (none unless a peer sent extra) */
     for (kvps_ring__stash **pp = &r->stash; *pp;) {
@@ -1381,6 +1587,7 @@ static void *kvps_ring__thread(void *arg) {
         r->busy = 1;
         r->running_id = j->id;
         pthread_mutex_unlock(&r->mu);
+        if (r->tl) r->tl->posted = j->tl_t0;
         kvps_result rc = kvps_ring__run_now(r, &j->op);
         pthread_mutex_lock(&r->mu);
         r->busy = 0;
@@ -1403,6 +1610,7 @@ KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_r
     kvps_ring__job *j = (kvps_ring__job *)calloc(1, sizeof *j);
     if (!j) return KVPS_ERR_NOMEM;
     j->op = *op;
+    if (r->tl) j->tl_t0 = kvps__tl_now();
     pthread_mutex_lock(&r->mu);
     if (!r->thread_started) {
         if (pthread_create(&r->thread, NULL, kvps_ring__thread, r) != 0) {
@@ -1641,6 +1849,7 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
         }
     }
     kvps__free_strv(eps, neps);
+    if (rc == KVPS_OK) rc = kvps_ring__tl_create(r, desc);
     if (rc == KVPS_OK && desc->peers) rc = kvps_ring_connect(r, desc->peers);
     if (rc != KVPS_OK) { kvps_ring_destroy(&r); return rc; }
     *out = r;
@@ -1690,6 +1899,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
         pthread_mutex_unlock(&r->mu);
         pthread_join(r->thread, NULL);
     }
+    kvps_ring__tl_destroy(r);
     while (r->stash) { kvps_ring__stash *e = r->stash; r->stash = e->next; zmq_msg_close(&e->payload); free(e); }
     while (r->head) { kvps_ring__job *j = r->head; r->head = j->next; free(j); }
     while (r->finished) { kvps_ring__job *j = r->finished; r->finished = j->next; free(j); }

@@ -1,7 +1,7 @@
 /* bench_pushpull - kvps push, pull and push+pull round trip against raw ZeroMQ, same run.
 
    usage: bench_pushpull [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]
-                         [--max-slice FLOATS] [--io-cpus split|none]
+                         [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR]
 
    Over tcp://127.0.0.1 (ephemeral ports). Each server side (the raw ROUTER, and each kvps
    configuration's servers) runs in a process of its own, forked at the start; the clients (raw
@@ -32,7 +32,14 @@
    min(servers, len / 1024 floats) slices) are compared with the same 1x1 raw ZeroMQ figures.
    Values past kvps's max_slice (1 MiB: 16 and 64 MB here) go out from kvps as several slices,
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
-   pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it. */
+   pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it.
+   --timeline DIR adds a sixth peer: the 1 server x 1 worker KVPS_UPDATE_SUM configuration again
+   with its timeline on (server and worker write into DIR; upd "tl"), measured in the same
+   interleaved repetitions as the one with it off, and a line per size with the ratios on / off
+   of each repetition (min..max, median): the timeline's cost. It is measured right after its
+   twin, in every repetition. Every other peer has it off, even with KVPS_TIMELINE set;
+   --timeline '' turns it off in the sixth as well: the same lines then show how far two equal
+   configurations differ on this machine (the noise floor of the ratios). */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define BENCH_NAME "bench_pushpull" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
@@ -52,14 +59,18 @@
 #include <zmq.h>
 
 enum { OP_PUSH = 1, OP_PULL = 2, OP_RT = 3, OP_PULLV = 4, OP_QUIT = 9 };
-enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 4, META_REQ = 48, META_REP = 32 };
+enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 5, META_REQ = 48, META_REP = 32 };
 
 static const size_t sizes[MAX_SIZES] = {4096, 65536, 1u << 20, 16u << 20, 64u << 20};
 static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
 /* kvps configurations: servers, and whether the server applies KVPS_UPDATE_SUM or an update_fn
    that does nothing (what is left is transport and protocol: it tells the update's cost apart). */
-static const int conf_servers[NCONF] = {1, 1, 2, 4};
-static const int conf_noupdate[NCONF] = {0, 1, 0, 0};
+static const int conf_servers[NCONF] = {1, 1, 2, 4, 1};
+static const int conf_noupdate[NCONF] = {0, 1, 0, 0, 0};
+/* the last configuration is the first with its timeline on: measured with --timeline only */
+static const int conf_timeline[NCONF] = {0, 0, 0, 0, 1};
+static int g_nconf = NCONF - 1;
+static const char *g_timeline; /* --timeline DIR */
 
 static void kcheck(kvps_result r, const char *what, kvps_worker *w) {
     if (r != KVPS_OK) {
@@ -343,17 +354,19 @@ typedef struct kcluster {
     kvps_view **views;
     pid_t pid;
     int ctl; /* server process: closing this ends it */
+    int tl;  /* timeline on (--timeline) */
 } kcluster;
 
 static void update_nothing(const kvps_update_args *a) { (void)a; }
 
 static void kvps_servers_run(kcluster *k, int noupdate) {
+    const char *tl = k->tl ? g_timeline : ""; /* "": off, whatever KVPS_TIMELINE says */
     for (int i = 0; i < k->n; i++) {
         kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .rank = i, .consistency = KVPS_ASYNC,
                                                       .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
                                                       .update_fn = noupdate ? update_nothing : NULL,
-                                                      .io_cpus = g_srv_cpus},
+                                                      .io_cpus = g_srv_cpus, .timeline = tl},
                                   &k->srv[i]),
                "kvps_server_create", NULL);
         kcheck(kvps_server_start(k->srv[i]), "kvps_server_start", NULL);
@@ -362,9 +375,10 @@ static void kvps_servers_run(kcluster *k, int noupdate) {
     }
 }
 
-static void kvps_servers_up(kcluster *k, int n, int noupdate) {
+static void kvps_servers_up(kcluster *k, int n, int noupdate, int tl) {
     memset(k, 0, sizeof *k);
     k->n = n;
+    k->tl = tl;
     k->ctl = -1;
     if (!g_procs) {
         kvps_servers_run(k, noupdate);
@@ -388,7 +402,7 @@ static void kvps_servers_up(kcluster *k, int n, int noupdate) {
 static void kvps_worker_up(kcluster *k, int nsizes) {
     kcheck(kvps_worker_create(&(kvps_worker_desc){.servers = k->servers, .rank = 0, .num_workers = 1,
                                                   .timeout_ms = 120000, .max_slice = g_max_slice,
-                                                  .io_cpus = g_cli_cpus}, &k->w),
+                                                  .io_cpus = g_cli_cpus, .timeline = k->tl ? g_timeline : ""}, &k->w),
            "kvps_worker_create", NULL);
     for (int i = 0; i < nsizes; i++) {
         char name[32];
@@ -538,6 +552,104 @@ static void print_row(int csv, const char *peer, const char *upd, int srv, size_
            r->push_ops, x[2], r->p50_us, x[3], r->p99_us, x[4]);
 }
 
+/* --timeline: per repetition, the 1x1 sum configuration with its timeline on over the same with it
+   off (measured back to back in that repetition): min..max and median of the ratios, for push,
+   pull and zero-copy pull GB/s, push ops/s and the round trip's p50 (above 1: slower there). */
+static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double on[6][MAX_REP], double coff[5][MAX_REP],
+                          double con[5][MAX_REP]) {
+    static const int idx[5] = {0, 1, 5, 2, 3};
+    static const char *name[5] = {"push GB/s", "pull GB/s", "pull0 GB/s", "push ops/s", "rt p50"};
+    if (csv) printf("# timeline,%zu", bytes);
+    else printf("#   timeline %s, 1x1 sum, %zu bytes, per repetition (min..max, median):",
+                *g_timeline ? "on/off" : "off/off (the control: --timeline '')", bytes);
+    for (int m = 0; m < 5; m++) {
+        double x[MAX_REP];
+        for (int r = 0; r < g_reps; r++) x[r] = on[idx[m]][r] / off[idx[m]][r];
+        double mid = median(x);
+        qsort(x, (size_t)g_reps, sizeof *x, cmp_double);
+        if (csv) printf(",%s,%.4f,%.4f,%.4f", name[m], x[0], x[g_reps - 1], mid);
+        else printf("%s %s %.3f..%.3f (%.3f)", m ? "," : "", name[m], x[0], x[g_reps - 1], mid);
+    }
+    printf("\n");
+    /* The client process's CPU time per op (the worker's thread and its ZeroMQ I/O thread; the
+       server is another process): less at the mercy of other loads than throughput. */
+    static const int ops[4] = {OP_PUSH, OP_PULL, OP_PULLV, OP_RT};
+    static const char *oname[4] = {"push", "pull", "pull0", "pushpull rt"};
+    if (csv) printf("# timeline_cpu,%zu", bytes);
+    else printf("#     this process's CPU per op, on - off (min..max, median), and on/off of the medians:");
+    for (int m = 0; m < 4; m++) {
+        double d[MAX_REP], a[MAX_REP], b[MAX_REP];
+        for (int r = 0; r < g_reps; r++) {
+            d[r] = (con[ops[m]][r] - coff[ops[m]][r]) * 1e9;
+            a[r] = con[ops[m]][r];
+            b[r] = coff[ops[m]][r];
+        }
+        double mid = median(d), x = median(a) / median(b);
+        qsort(d, (size_t)g_reps, sizeof *d, cmp_double);
+        if (csv) printf(",%s,%.1f,%.1f,%.1f,%.4f", oname[m], d[0], d[g_reps - 1], mid, x);
+        else printf("%s %s %+.0f..%+.0f (%+.0f) ns, %.3f", m ? "," : "", oname[m], d[0], d[g_reps - 1], mid, x);
+    }
+    printf("\n");
+}
+
+/* --timeline: what an event costs on its own, in this process (the functions the hooks call,
+   on a worker, a request, a server and a key made for the purpose, into a file in DIR): a worker
+   request (its post-time clock read, the event formatted, its share of the 64 KiB writes), a BSP
+   round (two arrivals and the event), an async push (counted into its 100 ms window). */
+static void timeline_event_cost(int csv) {
+    enum { N = 200000 };
+    kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
+    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
+    kvps__key *k = (kvps__key *)calloc(1, sizeof *k);
+    kvps__tensor_info t;
+    kvps__req q;
+    uint64_t key0 = (1ull << 63) | (12345ull << 16);
+    uint8_t state = 2;
+    if (!w || !s || !k) die("calloc", "out of memory");
+    memset(&t, 0, sizeof t);
+    memset(&q, 0, sizeof q);
+    t.name = (char *)"bench.4096";
+    t.nslices = 1;
+    t.keys = &key0;
+    w->n = 1;
+    w->tensors = &t;
+    w->ntensors = 1;
+    q.state = &state;
+    q.tensor = 1;
+    q.tl_op = KVPS__OP_PUSHPULL;
+    q.tl_bytes = 4096;
+    k->key = key0;
+    k->len = 1024;
+    s->desc.consistency = KVPS_BSP;
+    kcheck(kvps__tl_open(&w->tl, g_timeline, "cost", "cost of worker events", 0, 9000), "timeline", NULL);
+    kcheck(kvps__tl_open(&s->tl, g_timeline, "cost", "cost of server events", 1, 9001), "timeline", NULL);
+    double t0 = now_s();
+    for (int i = 0; i < N; i++) {
+        q.tl_t0 = kvps__tl_now();
+        kvps__tl_req_end(w, &q);
+    }
+    double t1 = now_s();
+    for (int i = 0; i < N; i++) {
+        kvps__tl_arrive(s, k, k->round);
+        kvps__tl_arrive(s, k, k->round);
+        k->round++;
+        kvps__tl_round(s, k, 2);
+    }
+    double t2 = now_s();
+    s->desc.consistency = KVPS_ASYNC;
+    for (int i = 0; i < N; i++) kvps__tl_round(s, k, 1);
+    double t3 = now_s();
+    kvps__tl_server_end(s);
+    kvps__tl_close(&w->tl);
+    free(k->tl);
+    free(k); free(s); free(w);
+    if (csv) printf("# timeline_event_ns,request,%.1f,round,%.1f,async_push,%.1f\n", (t1 - t0) / N * 1e9, (t2 - t1) / N * 1e9,
+                    (t3 - t2) / N * 1e9);
+    else printf("#   timeline: one event costs %.0f ns for a worker request, %.0f ns for a BSP round (two arrivals\n"
+                "#     noted), %.0f ns for an async push (counted); %d of each, formatted and written here\n",
+                (t1 - t0) / N * 1e9, (t2 - t1) / N * 1e9, (t3 - t2) / N * 1e9, N);
+}
+
 /* which 0: push, 1: pull into the caller's buffer, 2: zero-copy pull */
 static double row_gbs(const row *r, int which) {
     return which == 0 ? r->push_gbs : which == 1 ? r->pull_gbs : r->pullv_gbs;
@@ -545,7 +657,7 @@ static double row_gbs(const row *r, int which) {
 
 static void usage(const char *argv0) {
     fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]\n"
-                    "          [--max-slice FLOATS] [--io-cpus split|none]\n"
+                    "          [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR]\n"
                     "  --quick      skip 64 MB values\n"
                     "  --only B     measure one of the sizes only (4096 65536 1048576 16777216 67108864)\n"
                     "  --csv        print CSV rows instead of the table\n"
@@ -556,7 +668,9 @@ static void usage(const char *argv0) {
                     "               a value is never cut beyond one slice per server, as before it existed)\n"
                     "  --io-cpus split  server sides' ZeroMQ I/O threads on the second CPU allowed, clients' on the\n"
                     "               first, zmq and kvps alike (kvps_zmq_ctx_pin, .io_cpus); none (default): the OS\n"
-                    "               places them\n", argv0);
+                    "               places them\n"
+                    "  --timeline DIR  also the 1x1 sum configuration with its timeline on (written into DIR),\n"
+                    "               and the ratio on / off of each repetition\n", argv0);
     exit(2);
 }
 
@@ -580,6 +694,10 @@ int main(int argc, char **argv) {
             snprintf(cli, sizeof cli, "%d", bench_cpu(0));
             if (strcmp(argv[i], "split") == 0) { g_srv_cpus = srv; g_cli_cpus = cli; }
             else if (strcmp(argv[i], "none") != 0) usage(argv[0]);
+        }
+        else if (strcmp(argv[i], "--timeline") == 0 && i + 1 < argc) {
+            g_timeline = argv[++i];
+            g_nconf = NCONF;
         }
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
@@ -616,9 +734,9 @@ int main(int argc, char **argv) {
     raw_client rc;
     kcluster kc[NCONF];
     raw_server_up(&rs, srvbuf); /* every server side first: forked before any context here */
-    for (int c = 0; c < NCONF; c++) kvps_servers_up(&kc[c], conf_servers[c], conf_noupdate[c]);
+    for (int c = 0; c < g_nconf; c++) kvps_servers_up(&kc[c], conf_servers[c], conf_noupdate[c], conf_timeline[c]);
     raw_client_up(&rc, &rs);
-    for (int c = 0; c < NCONF; c++) kvps_worker_up(&kc[c], nsizes);
+    for (int c = 0; c < g_nconf; c++) kvps_worker_up(&kc[c], nsizes);
 
     int major, minor, patch;
     zmq_version(&major, &minor, &patch);
@@ -656,7 +774,7 @@ int main(int argc, char **argv) {
         int W = windows[si];
 
         /* Warm-up and a correctness check for every peer at this size. */
-        for (int c = 0; c < NCONF; c++) {
+        for (int c = 0; c < g_nconf; c++) {
             kvps_sanity(&kc[c], si, conf_noupdate[c], scratch, grad, dst, len);
             kvps_window(&kc[c], si, OP_PUSH, grad, dst, 2 * W, W);
             kvps_window(&kc[c], si, OP_PULL, grad, dst, 2 * W, W);
@@ -698,21 +816,27 @@ int main(int argc, char **argv) {
         if (!lat) die("malloc", "out of memory");
 
         double v[2 + NCONF][6][MAX_REP];
+        double cpu[2 + NCONF][5][MAX_REP]; /* this process's CPU seconds per op (the client's), by op */
         for (int op = OP_PUSH; op <= OP_PULLV; op++) {
             for (int rep = 0; rep < g_reps; rep++) {
-                /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps */
-                for (int p = 0; p < 2 + NCONF; p++) {
+                /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps;
+                   the timeline's configuration (--timeline) right after its twin with it off */
+                for (int i = 0; i < 2 + g_nconf; i++) {
+                    int p = g_nconf < NCONF || i < 3 ? i : i == 3 ? 2 + NCONF - 1 : i - 1;
                     if (p == 1 && P == 1) continue;
                     int rp = p == 1 ? P : 1;
+                    double c0 = cpu_s();
                     if (op == OP_RT) {
                         if (p <= 1) raw_rt(&rc, (const char *)grad, bytes, n_rt, lat, rp);
                         else kvps_rt(&kc[p - 2], si, grad, dst, n_rt, lat);
+                        cpu[p][op][rep] = (cpu_s() - c0) / (double)n_rt;
                         v[p][3][rep] = percentile(lat, n_rt, 0.50) * 1e6;
                         v[p][4][rep] = percentile(lat, n_rt, 0.99) * 1e6;
                         continue;
                     }
                     double t = p <= 1 ? raw_window(&rc, op == OP_PULLV ? OP_PULL : op, (const char *)grad, bytes, n_thr, W, rp)
                                       : kvps_window(&kc[p - 2], si, op, grad, dst, n_thr, W);
+                    cpu[p][op][rep] = (cpu_s() - c0) / (double)n_thr;
                     if (op == OP_PUSH) {
                         v[p][0][rep] = (double)n_thr * (double)bytes / t / 1e9;
                         v[p][2][rep] = (double)n_thr / t;
@@ -724,7 +848,7 @@ int main(int argc, char **argv) {
         }
         free(lat);
         if (P == 1) memcpy(v[1], v[0], sizeof v[0]); /* the same peer */
-        for (int p = 0; p < 2 + NCONF; p++) {
+        for (int p = 0; p < 2 + g_nconf; p++) {
             row *r = &res[si][p];
             r->push_gbs = median(v[p][0]);
             r->pull_gbs = median(v[p][1]);
@@ -735,12 +859,14 @@ int main(int argc, char **argv) {
         }
         print_row(csv, "zmq", "-", 1, bytes, W, n_thr, n_rt, 0, &res[si][0], NULL);
         if (P > 1) print_row(csv, "zmq", "-", 1, bytes, W, n_thr, n_rt, P, &res[si][1], NULL);
-        for (int c = 0; c < NCONF; c++)
-            print_row(csv, "kvps", conf_noupdate[c] ? "none" : "sum", conf_servers[c], bytes, W, n_thr, n_rt,
-                      (int)kvps_worker_tensor_slices(kc[c].w, kc[c].t[si]), &res[si][2 + c], &res[si][1]);
+        for (int c = 0; c < g_nconf; c++)
+            print_row(csv, "kvps", conf_timeline[c] ? "tl" : conf_noupdate[c] ? "none" : "sum", conf_servers[c], bytes, W, n_thr,
+                      n_rt, (int)kvps_worker_tensor_slices(kc[c].w, kc[c].t[si]), &res[si][2 + c], &res[si][1]);
+        if (g_timeline) timeline_cost(csv, bytes, v[2], v[2 + NCONF - 1], cpu[2], cpu[2 + NCONF - 1]);
         fflush(stdout);
     }
     double elapsed = now_s() - t_start;
+    if (g_timeline && *g_timeline) timeline_event_cost(csv);
 
     /* Targets from the issue, 1 server x 1 worker: information for the reader, not a test. */
     printf("#\n# targets (1 server x 1 worker, KVPS_UPDATE_SUM, loopback; whole run %.0f s):\n", elapsed);
@@ -769,7 +895,7 @@ int main(int argc, char **argv) {
     printf("#   %-4s 4 KB pushpull round trip p50 <= 1.5x zmq: %.1f us vs %.1f us = %.2fx\n",
            xl <= 1.5 ? "PASS" : "MISS", res[0][2].p50_us, res[0][0].p50_us, xl);
 done:
-    for (int c = 0; c < NCONF; c++) kvps_down(&kc[c]);
+    for (int c = 0; c < g_nconf; c++) kvps_down(&kc[c]);
     raw_down(&rs, &rc);
     free(grad); free(dst); free(scratch); free(srvbuf);
     return 0;

@@ -1,4 +1,4 @@
-# make install / uninstall: the headers into $(PREFIX)/include, kvps-run and kvps-keygen into $(PREFIX)/bin and
+# make install / uninstall: the headers into $(PREFIX)/include, kvps-run, kvps-timeline and kvps-keygen into $(PREFIX)/bin and
 # kvps.pc (made from kvps.pc.in) into $(PREFIX)/lib/pkgconfig. DESTDIR is prepended to every
 # path (staged installs); the paths written into kvps.pc leave it out, and name the include
 # directory from ${prefix} so `pkg-config --define-variable=prefix=DIR` relocates it.
@@ -23,9 +23,11 @@ install: $(B)/kvps.pc $(B)/kvps-keygen
 	$(INSTALL) -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(PKGCONFIGDIR)
 	$(INSTALL) -m 644 $(KVPS_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
 	$(INSTALL) -m 755 scripts/kvps-run $(DESTDIR)$(BINDIR)/kvps-run
+	$(INSTALL) -m 755 scripts/kvps-timeline $(DESTDIR)$(BINDIR)/kvps-timeline
 	$(INSTALL) -m 755 $(B)/kvps-keygen $(DESTDIR)$(BINDIR)/kvps-keygen
 	$(INSTALL) -m 644 $(B)/kvps.pc $(DESTDIR)$(PKGCONFIGDIR)/kvps.pc
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(KVPS_HEADERS)) $(DESTDIR)$(BINDIR)/kvps-run $(DESTDIR)$(BINDIR)/kvps-keygen \
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(KVPS_HEADERS)) $(DESTDIR)$(BINDIR)/kvps-run $(DESTDIR)$(BINDIR)/kvps-timeline \
+	  $(DESTDIR)$(BINDIR)/kvps-keygen \
 	  $(DESTDIR)$(PKGCONFIGDIR)/kvps.pc

@@ -738,8 +738,8 @@ static void test_install_and_pkg_config(void) {
     if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
     static const char *files[] = {"include/kvps.h", "include/kvps_ring.h", "include/kvps_gpu.h", "bin/kvps-run",
-                                  "lib/pkgconfig/kvps.pc"};
-    for (int i = 0; i < 5; i++) {
+                                  "bin/kvps-timeline", "lib/pkgconfig/kvps.pc"};
+    for (int i = 0; i < 6; i++) {
         char p[4300];
         snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
         KT_CHECK(file_exists(p), "%s not installed", p);
