@@ -1488,10 +1488,11 @@ static int kvps__cmp_u64(const void *a, const void *b) {
    one file per server, worker or ring. Events are formatted into a buffer of KVPS__TL_BUF bytes
    and written when it is nearly full, or at the first event a second after the last write, or at
    destroy. 64 KiB, not more: a buffer the size of a core's L2 evicted the worker's own data as
-   it filled (4 KB pushes with the timeline on ran 0.90-0.99x with 1 MiB, 0.97-0.99x with 64
-   KiB; bench_pushpull --timeline), and a write per ~300 events costs nothing that shows. Every write puts the closing brackets after the events and the next write goes over
-   them, so the file is whole JSON after each write: a process that dies loses at most its last
-   second of events. The owner (a server's thread, a worker's caller, a ring's running
+   it filled (4 KB requests with the timeline on ran 0.87-1.01x with 1 MiB, 0.95-1.02x with 64
+   KiB, as two equal configurations differ; BENCHMARKS.md), and a write per ~300 events costs
+   nothing that shows. Every write puts the closing brackets after the events and the next
+   write goes over them, so the file is whole JSON after each write: a process that dies loses
+   at most its last second of events. The owner (a server's thread, a worker's caller, a ring's running
    collective) is the only thread that writes, so there are no locks. Each thing drawn is a
    track ("tensor w", "rounds", "collectives") cut into lanes: an event goes on the first lane
    that is free at its start, so events that overlap in time (requests in flight together) sit
@@ -5434,7 +5435,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
     s->desc.endpoint = s->endpoint;
-    if ((crc = kvps__tl_open(&s->tl, desc->timeline, "server", "server", desc->rank, desc->rank)) != KVPS_OK) return kvps__server_fail(s, crc, "timeline");
+    crc = kvps__tl_open(&s->tl, desc->timeline, "server", "server", desc->rank, desc->rank);
+    if (crc != KVPS_OK) return kvps__server_fail(s, crc, "timeline");
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
               (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
     *out = s;
