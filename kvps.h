@@ -353,8 +353,10 @@
              straggler_wait_us (first to last contribution: the wait for stragglers), apply_us
              (last contribution to the round's end). Async: pushes are applied one by one, up
              to millions a second, so they are counted: an "async applies" event per 100 ms
-             that saw any (pushes, keys, bytes). A server knows slices by number only;
-             kvps-timeline names them from the workers' files.
+             that saw any (pushes, keys, bytes). A round of a tensor's slice is named after
+             the tensor ("round w[3]", arg tensor), as its workers named it (FIRST CONTACT);
+             raw keys by number ("round key 42"); kvps-timeline names any slice still by
+             number from the workers' files.
      ring    every collective from its call (kvps_ring_post: its post) to its end; args: coll,
              seq, dtype, count, bytes, op, root, wire, algorithm (as chosen), ranks, queued_us
              (posted ones), result; its phases nested under it (kvps_ring.h, 3. ALGORITHMS).
@@ -7217,13 +7219,12 @@ static kvps__tl_key *kvps__tl_key_of(kvps__key *k) {
     return k->tl;
 }
 
-/* The name the server knows key k by, or NULL: it knows slice keys by number only (a server
-   that keeps a name per key returns it here; kvps-timeline names them from the workers'
-   files meanwhile). */
+/* The name of the tensor key k is a slice of, as its workers named it (NAME), or NULL (a raw
+   key, or a slice whose name has not arrived: kvps-timeline names those from the workers'
+   files). */
 static const char *kvps__tl_key_name(const kvps_server *s, const kvps__key *k) {
-    (void)s;
-    (void)k;
-    return NULL;
+    const kvps__tname *t = (k->key >> 63) ? kvps__tname_find(s, k->key & ~(uint64_t)0xffff) : NULL;
+    return t ? t->name : NULL;
 }
 
 static void kvps__tl_arrive(kvps_server *s, kvps__key *k, uint64_t c) {
@@ -7276,8 +7277,10 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     kvps__tl_key *t = kvps__tl_key_of(k);
     uint64_t first = t && t->first ? t->first : now, last = t && t->last ? t->last : first;
     const char *name = kvps__tl_key_name(s, k);
-    char label[6 * KVPS__TL_NAME + 8], *e; /* the tensor's name (escaped), "slice 3" or "key 42" */
-    if (name) e = kvps__tl_text(label, name);
+    /* "w[3]" (the tensor's name escaped, as kvps-timeline names slices), "slice 3" or "key 42" */
+    char label[6 * KVPS__TL_NAME + 32], tname[6 * KVPS__TL_NAME + 8], *e;
+    if (name) *kvps__tl_text(tname, name) = 0;
+    if (name) e = KVPS__TL_LIT(kvps__tl_u64(KVPS__TL_LIT(kvps__tl_text(label, name), "["), k->key & 0xffff), "]");
     else if (k->key >> 63) e = kvps__tl_u64(KVPS__TL_LIT(label, "slice "), k->key & 0xffff);
     else e = kvps__tl_u64(KVPS__TL_LIT(label, "key "), k->key);
     *e = 0;
@@ -7285,7 +7288,7 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     char *p = kvps__tl_begin(tl, "round", label, "server", first, now, tid);
     p = kvps__tl_arg_key(p, "key", k->key);
     if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
-    if (name) p = kvps__tl_arg_raw(p, "tensor", label);
+    if (name) p = kvps__tl_arg_raw(p, "tensor", tname);
     p = kvps__tl_arg_u64(p, "round", k->round - 1);
     p = kvps__tl_arg_i64(p, "contributions", count);
     p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));

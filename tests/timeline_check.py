@@ -141,7 +141,9 @@ def check_ps(d, spec):
                 check(0 <= a["straggler_wait_us"] <= e["dur"] + 1 and a["apply_us"] >= 0,
                       f"server {s}: key {k}: straggler_wait_us {a['straggler_wait_us']} outside [0, dur {e['dur']}]")
                 if sl is not None:
-                    check(a.get("slice") == sl and e["name"] == f"round slice {sl}", f"server {s}: key {k}: {e['name']!r} {a}")
+                    # named by the tensor when the server knows its name (NAME), else by the slice
+                    want_name = f"round {a['tensor']}[{sl}]" if "tensor" in a else f"round slice {sl}"
+                    check(a.get("slice") == sl and e["name"] == want_name, f"server {s}: key {k}: {e['name']!r} {a}")
 
 
 def check_ring(d, spec):
