@@ -379,6 +379,12 @@
         switch over one without a default now draws -Wswitch for it. Defaults are named
         (KVPS_DEFAULT_LR, ...); the built-in codecs are KVPS_CODEC_TABLE.
         The timeline (13): KVPS_TIMELINE and a .timeline field last in each desc.
+        Sessions (CLEAN FINISH, FIRST CONTACT, STALLS), wire protocol 3 (ops HELLO, BYE,
+        STATUS, NAME). What changes for existing programs: a server stops by itself once all
+        its workers have finished (kvps_worker_destroy says goodbye): a server meant to outlive
+        its workers sets .keep_serving = 1; two live workers of one rank are refused; a server
+        never reached is KVPS_ERR_PEER_LOST "never connected" at the wait's timeout, as one
+        that was lost, rather than KVPS_ERR_TIMEOUT.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
