@@ -5959,6 +5959,27 @@ static kvps__hdr kvps__req_hdr(const kvps_worker *w, const kvps__req *q, int op,
     return h;
 }
 
+/* Sends request q's message f[0..nf) to server srv, keeping a reference to its frames (no copy
+   of the bytes) to re-send after a reconnect; the part is then owed a reply. */
+static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op, zmq_msg_t *f, int nf) {
+    kvps__req_drop_kept(q, srv);
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&q->kept[srv][j]);
+        zmq_msg_copy(&q->kept[srv][j], &f[j]);
+    }
+    q->nkept[srv] = (uint8_t)nf;
+    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
+        kvps__req_drop_kept(q, srv);
+        kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
+        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, w->endpoints[srv],
+                           zmq_strerror(zmq_errno()));
+    }
+    q->pending++;
+    q->sent++;
+    q->state[srv] = 1;
+    return KVPS_OK;
+}
+
 /* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
    or gathered from the runs given by vptr/vlen. */
 /* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
@@ -6026,23 +6047,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
             }
         }
     }
-    /* keep a reference to the frames (no copy of the bytes) to re-send after a reconnect */
-    kvps__req_drop_kept(q, srv);
-    for (int j = 0; j < nf; j++) {
-        zmq_msg_init(&q->kept[srv][j]);
-        zmq_msg_copy(&q->kept[srv][j], &f[j]);
-    }
-    q->nkept[srv] = (uint8_t)nf;
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
-        kvps__req_drop_kept(q, srv);
-        kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv,
-                  zmq_strerror(zmq_errno()));
-        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d: send failed: %s", kvps__ops[op].name, srv, zmq_strerror(zmq_errno()));
-    }
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
+    return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
 static void kvps__watch(kvps_worker *w);
@@ -6060,21 +6065,7 @@ static kvps_result kvps__send_ctl(kvps_worker *w, kvps__req *q, int srv, int op,
         zmq_msg_close(&f[0]);
         return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory", kvps__ops[op].name);
     }
-    kvps__req_drop_kept(q, srv);
-    for (int j = 0; j < nf; j++) {
-        zmq_msg_init(&q->kept[srv][j]);
-        zmq_msg_copy(&q->kept[srv][j], &f[j]);
-    }
-    q->nkept[srv] = (uint8_t)nf;
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
-        kvps__req_drop_kept(q, srv);
-        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, w->endpoints[srv],
-                           zmq_strerror(zmq_errno()));
-    }
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
+    return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
 /* The hello to every server (queued until each connection is made): what must agree. */
@@ -6733,16 +6724,19 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
 // >>progress
 /* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
 /* An error reply's text, as the worker's last error: "server i: text". */
+/* A reply's text frame (fr[1], absent: "") as a string of at most cap - 1 bytes. */
+static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
+    size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
+    if (n > cap - 1) n = cap - 1;
+    if (n) memcpy(buf, zmq_msg_data(&fr[1]), n);
+    buf[n] = 0;
+}
+
 /* A server's error text into last_error; for a tensor request it names the tensor too (the
    server knows only slice keys). */
 static void kvps__reply_text(kvps_worker *w, const kvps__req *q, int srv, zmq_msg_t *fr, int nfr) {
-    char text[256] = "";
-    if (nfr > 1) {
-        size_t n = zmq_msg_size(&fr[1]);
-        if (n > sizeof text - 1) n = sizeof text - 1;
-        memcpy(text, zmq_msg_data(&fr[1]), n);
-        text[n] = 0;
-    }
+    char text[256];
+    kvps__frame_text(fr, nfr, text, sizeof text);
     if (q->tensor)
         snprintf(w->errmsg, sizeof w->errmsg, "tensor '%s': server %d: %s", w->tensors[q->tensor - 1].name, srv, text);
     else
@@ -6755,11 +6749,8 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
     q->state[srv] = 2;
     kvps__req_drop_kept(q, srv);
     if (h->status < 0) {
-        char text[256] = "";
-        size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
-        if (n > sizeof text - 1) n = sizeof text - 1;
-        if (n) memcpy(text, zmq_msg_data(&fr[1]), n);
-        text[n] = 0;
+        char text[256];
+        kvps__frame_text(fr, nfr, text, sizeof text);
         if (q->ctl == KVPS__OP_HELLO && !w->fatal) {
             w->fatal = (kvps_result)h->status;
             snprintf(w->fatal_text, sizeof w->fatal_text, "server %d (%s) refused this worker: %s", srv, w->endpoints[srv], text);
@@ -6784,10 +6775,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
     memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
     if (h.magic == KVPS__MAGIC && h.op == (KVPS__OP_STATUS | KVPS__OP_REPLY)) { /* what a request waits for */
-        size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
-        if (n > sizeof w->status_text[srv] - 1) n = sizeof w->status_text[srv] - 1;
-        if (n) memcpy(w->status_text[srv], zmq_msg_data(&fr[1]), n);
-        w->status_text[srv][n] = 0;
+        kvps__frame_text(fr, nfr, w->status_text[srv], sizeof w->status_text[srv]);
         w->status_got[srv] = 1;
         return;
     }
