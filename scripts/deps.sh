@@ -12,6 +12,7 @@ have_pc libczmq || missing+=(libczmq-dev)
 have_pc zlib || missing+=(zlib1g-dev)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
+command -v python3 >/dev/null 2>&1 || missing+=(python3) # test_timeline reads the JSON back; kvps-timeline
 if [ "$want" = demo ]; then
   [ -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || missing+=(dataset-fashion-mnist)
 fi
