@@ -12,7 +12,7 @@
    Properties: no crash, leak or hang (destinations are exact-size allocations, so a write past
    a key, row or slice is caught); a request completes only when every server it went to has
    answered once; a completed request is OK only if each of those answers was a well-formed
-   success; a request with an answer KVPS_ERR_PEER_LOST (a lost worker) stays valid, and a wait
+   success (a STATUS answer naming the request is not one of its answers); a request with an answer KVPS_ERR_PEER_LOST (a lost worker) stays valid, and a wait
    on it re-sends those parts. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
@@ -141,7 +141,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (hdr) memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
         /* what the worker should make of it: counts toward the request only if it is for it */
         kvps__req *cur = kvps__req_get(w, q);
-        if (cur && hdr && h.magic == KVPS__MAGIC && h.req_id == q && cur->state[srv] == 1) {
+        /* a STATUS answer names a request but is not its reply: it only says what it waits for */
+        int status_answer = hdr && h.magic == KVPS__MAGIC && h.op == (KVPS__OP_STATUS | KVPS__OP_REPLY);
+        if (cur && hdr && h.magic == KVPS__MAGIC && h.req_id == q && cur->state[srv] == 1 && !status_answer) {
             answered[srv]++;
             bad |= h.status != 0 || n < 1;
             lost |= h.status == KVPS_ERR_PEER_LOST;
