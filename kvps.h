@@ -442,6 +442,7 @@ extern "C" {
     X(KVPS_ERR_TABLE, -313, "unknown table, or a table configured differently")                \
     X(KVPS_ERR_REPLAY, -314, "re-sent request too old to tell whether it was applied")         \
     X(KVPS_ERR_CHECKPOINT, -315, "checkpoint file unreadable, torn, or from another server")   \
+    X(KVPS_ERR_NOT_PRIMARY, -316, "this server is a backup replica: its shard's primary is alive") \
     X(KVPS_ERR_GPU, -400, "CUDA or NCCL call failed")                                          \
     X(KVPS_ERR_NO_DEVICE, -401, "no CUDA device")
 
@@ -587,6 +588,13 @@ typedef struct kvps_server_desc {
     /* last, so that positional initialisers keep their meaning: */
     const char *timeline;   /* a directory to write this server's timeline into (TIMELINE); NULL: the
                                KVPS_TIMELINE environment variable, else none; "": none */
+    /* REPLICAS: the chain of this server's shard, "tcp://a:5555|tcp://b:5555" (its entry of
+       KVPS_SERVERS; NULL or one endpoint: no replicas), and this server's place in it (0 is
+       the first primary). replacement = 1: started in place of a lost replica, it starts as a
+       backup and waits for the primary's snapshot whatever its place. */
+    const char *replicas;
+    int replica;
+    int replacement;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -649,6 +657,8 @@ typedef struct kvps_worker_desc {
     /* last, so that positional initialisers keep their meaning: */
     const char *timeline; /* a directory to write this worker's timeline into (TIMELINE); NULL: the
                              KVPS_TIMELINE environment variable, else none; "": none */
+    int failover_ms; /* REPLICAS: a shard's server unreachable this long: move to its next replica
+                        (1000) */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -662,7 +672,13 @@ typedef struct kvps_env {
     int num_servers;
     int num_workers;
     const char *servers;  /* KVPS_SERVERS as given */
-    char endpoint[256];   /* for a server: its own entry of KVPS_SERVERS */
+    char endpoint[256];   /* for a server: its own endpoint (its replica's, with REPLICAS) */
+    /* REPLICAS: a shard's entry of KVPS_SERVERS may list r endpoints joined by '|' */
+    char replicas[1024];  /* for a server: its shard's entry of KVPS_SERVERS (the chain) */
+    int replica;          /* for a server: its place in the chain: KVPS_REPLICA, else 0; under
+                             mpirun/srun without KVPS_ROLE, server process p is shard p % n,
+                             replica p / n */
+    int replacement;      /* KVPS_REPLACEMENT=1: started in place of a lost replica */
 } kvps_env;
 
 KVPS_API const char *kvps_result_str(kvps_result r);
@@ -1220,14 +1236,15 @@ static void *kvps__alloc_floats(uint64_t n) {
 static int kvps__aligned(const void *p) { return ((uintptr_t)p & (sizeof(float) - 1)) == 0; }
 
 /* Splits a comma-separated list into at most max fresh strings; returns the count or -1. */
-static int kvps__split(const char *list, char ***out) {
+/* Splits list at sep into trimmed, non-empty strings; their count, or -1. */
+static int kvps__split_by(const char *list, char sep, char ***out) {
     int n = 1;
-    for (const char *p = list; *p; p++) n += (*p == ',');
+    for (const char *p = list; *p; p++) n += (*p == sep);
     char **v = (char **)calloc((size_t)n, sizeof *v);
     if (!v) return -1;
     const char *p = list;
     for (int i = 0; i < n; i++) {
-        const char *e = strchr(p, ',');
+        const char *e = strchr(p, sep);
         size_t len = e ? (size_t)(e - p) : strlen(p);
         while (len && (*p == ' ')) { p++; len--; }
         while (len && p[len - 1] == ' ') len--;
@@ -1244,6 +1261,8 @@ static int kvps__split(const char *list, char ***out) {
     *out = v;
     return n;
 }
+
+static int kvps__split(const char *list, char ***out) { return kvps__split_by(list, ',', out); }
 
 static void kvps__free_strv(char **v, int n) {
     if (!v) return;
@@ -1418,6 +1437,19 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
         return KVPS_ERR_ENV;
     }
     kvps_result r = KVPS_OK;
+    /* replicas per shard ('|' in an entry): the same for every shard, for the mpirun mapping */
+    int reps = 1;
+    for (int i = 0; i < env->num_servers; i++) {
+        int c = 1;
+        for (const char *p = eps[i]; *p; p++) c += *p == '|';
+        if (i == 0) reps = c;
+        else if (c != reps) reps = -1;
+    }
+    if (reps < 1) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS: every shard must list the same number of replicas ('|'): '%s'", env->servers);
+        r = KVPS_ERR_ENV;
+        goto done;
+    }
     static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
     int rank = -1, got = 0;
     const char *role = getenv("KVPS_ROLE");
@@ -1447,25 +1479,44 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
         kvps__log(KVPS_LOG_ERROR, "KVPS_ROLE must be 'server' or 'worker', not '%s'", role);
         r = KVPS_ERR_ENV;
         goto done;
-    } else if (rank < env->num_servers) { /* mpirun/srun: first n ranks serve */
+    } else if (rank < env->num_servers * reps) { /* mpirun/srun: the first n x r ranks serve */
         env->role = KVPS_ROLE_SERVER;
+        env->replica = rank / env->num_servers;
+        rank %= env->num_servers;
     } else {
         env->role = KVPS_ROLE_WORKER;
-        rank -= env->num_servers;
+        rank -= env->num_servers * reps;
     }
     env->rank = rank;
+    if (env->role == KVPS_ROLE_SERVER && role && *role) {
+        int got_rep = kvps__env_int("KVPS_REPLICA", &env->replica);
+        if (got_rep < 0) {
+            kvps__log(KVPS_LOG_ERROR, "KVPS_REPLICA is not a non-negative integer");
+            r = KVPS_ERR_ENV;
+            goto done;
+        }
+    }
     if (env->role == KVPS_ROLE_SERVER) {
+        int rep_flag = 0;
+        if (kvps__env_int("KVPS_REPLACEMENT", &rep_flag) == 1) env->replacement = rep_flag != 0;
         if (rank >= env->num_servers) {
             kvps__log(KVPS_LOG_ERROR, "server rank %d but KVPS_SERVERS lists %d", rank, env->num_servers);
             r = KVPS_ERR_ENV;
             goto done;
         }
-        if (strlen(eps[rank]) >= sizeof env->endpoint) {
-            kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS entry %d is longer than %zu characters", rank, sizeof env->endpoint - 1);
+        char **chain = NULL;
+        int nchain = kvps__split_by(eps[rank], '|', &chain);
+        if (nchain < 1 || env->replica >= nchain || strlen(eps[rank]) >= sizeof env->replicas ||
+            strlen(chain[env->replica]) >= sizeof env->endpoint) {
+            kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS entry %d ('%s') is malformed, too long, or has no replica %d", rank,
+                      eps[rank], env->replica);
+            kvps__free_strv(chain, nchain);
             r = KVPS_ERR_ENV;
             goto done;
         }
-        snprintf(env->endpoint, sizeof env->endpoint, "%s", eps[rank]);
+        snprintf(env->endpoint, sizeof env->endpoint, "%s", chain[env->replica]);
+        snprintf(env->replicas, sizeof env->replicas, "%s", eps[rank]);
+        kvps__free_strv(chain, nchain);
     } else if (rank >= env->num_workers) {
         kvps__log(KVPS_LOG_ERROR, "worker rank %d but KVPS_NUM_WORKERS=%d", rank, env->num_workers);
         r = KVPS_ERR_ENV;
