@@ -616,6 +616,12 @@ typedef struct kvps_server_stats {
     uint64_t checkpoints; /* checkpoint files written */
     uint64_t fused;       /* async pushes applied in one pass with others queued for their key */
     uint64_t replies_dropped; /* replies to a peer that did not read them (max_queued_replies) */
+    /* REPLICAS */
+    uint64_t primary;       /* 1 while this server is its shard's primary */
+    uint64_t replicas_live; /* a primary: the replicas holding the shard, itself included; a
+                               backup: 1 once it holds the shard (its snapshot came), else 0 */
+    uint64_t takeovers;     /* times this server took over as primary */
+    uint64_t snapshots;     /* snapshots sent (a primary) or loaded (a backup) */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -2857,7 +2863,8 @@ enum {
     KVPS__OP_BYE = 11,    /* the worker has finished */
     KVPS__OP_STATUS = 12, /* what is request req_id waiting for? answered with text */
     KVPS__OP_NAME = 13,   /* a tensor's name and layout (kvps__name_rec + the name) */
-    KVPS__OP_COUNT = 14,
+    KVPS__OP_REPL = 14,   /* primary -> backup replica (REPLICAS): rank = kind, req_id = sequence */
+    KVPS__OP_COUNT = 15,
     KVPS__PROTO = 3,      /* the protocol release a HELLO names: both sides must speak the same */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
@@ -2929,6 +2936,14 @@ static int kvps__msg_from_buf(zmq_msg_t *m, const void *data, size_t size) {
     if (zmq_msg_init_size(m, size) != 0) return -1;
     if (size) memcpy(zmq_msg_data(m), data, size);
     return 0;
+}
+
+/* A reply's text frame (fr[1], absent: "") as a string of at most cap - 1 bytes. */
+static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
+    size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
+    if (n > cap - 1) n = cap - 1;
+    if (n) memcpy(buf, zmq_msg_data(&fr[1]), n);
+    buf[n] = 0;
 }
 
 /* A random 32-bit number, never 0 (incarnations). */
@@ -3206,7 +3221,31 @@ struct kvps_server {
     kvps_result ckpt_result;
     kvps_server_stats stats;  /* read by other threads: atomic adds */
     kvps__tl *tl;             /* the timeline, NULL when off */
+    /* replicas (REPLICAS): the shard's chain, this server's role in it; a primary's links to
+       the others and the replies it holds until every live backup has what they depend on */
+    int nrep, role;           /* role: KVPS__ROLE_* */
+    char **chain;
+    struct kvps__link *links; /* per place in the chain (this server's own unused) */
+    uint32_t epoch;           /* rises with each promotion: an older primary's messages are refused */
+    uint64_t fwd_seq;         /* primary: messages sent down the chain; backup: the last one applied */
+    uint64_t ack_due;         /* backup: the sequence to acknowledge after this batch (0: none) */
+    struct kvps__held *held;  /* primary: replies held, oldest first (a ring) */
+    size_t held_head, nheld, cap_held;
+    int replaying;            /* backup: serving the primary's copy of a request (no liveness from it) */
+    int primary_fd;           /* backup: the connection the primary speaks from (-1: none) */
+    int synced;               /* backup: holds the shard (a snapshot of this epoch) */
+    zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
 };
+
+enum { KVPS__ROLE_NONE, KVPS__ROLE_PRIMARY, KVPS__ROLE_BACKUP };
+enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_KINDS };
+static void kvps__repl_event(kvps_server *s, int kind, uint32_t r);
+static void kvps__repl_forward(kvps_server *s, zmq_msg_t *fr, int nfr);
+static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n);
+static uint64_t kvps__repl_floor(const kvps_server *s);
+static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr);
+static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr);
+static void kvps__worker_lost(kvps_server *s, int r);
 
 #define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
 
@@ -3261,6 +3300,12 @@ static int kvps__seen_check(kvps__seen *w, uint32_t inc, uint64_t q) {
 /* Sends a reply; one that cannot be queued (the peer does not read its replies, or is gone)
    is dropped and counted. */
 static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
+    if (s->role == KVPS__ROLE_BACKUP) { /* serving the primary's copy: the primary answers */
+        for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+        return;
+    }
+    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || kvps__repl_floor(s) < s->fwd_seq) && kvps__repl_hold(s, frames, n) == 0)
+        return; /* held until the backups have what it depends on */
     if (kvps__send_frames(s->router, frames, n) == 0) return;
     KVPS__STAT_ADD(s, replies_dropped, 1);
     kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
@@ -3945,6 +3990,11 @@ static void kvps__liveness_events(kvps_server *s) {
     int32_t fd = -1;
     while (s->mon && kvps__monitor_event(s->mon, &ev, &fd)) {
         if (ev != ZMQ_EVENT_DISCONNECTED) continue;
+        if (s->primary_fd >= 0 && fd == s->primary_fd) {
+            s->primary_fd = -1;
+            kvps__log(KVPS_LOG_WARN, "server %d replica %d: the primary's connection closed; this backup takes over when a "
+                      "worker comes", s->desc.rank, s->desc.replica);
+        }
         for (int r = 0; r < s->m; r++) {
             if (s->rank_fd[r] != fd) continue;
             s->rank_fd[r] = -1;
@@ -3961,14 +4011,21 @@ static void kvps__liveness(kvps_server *s) {
     int64_t now = kvps__now_ms();
     for (int r = 0; r < s->m; r++)
         if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
-            s->lost[r] = 1;
-            if (!s->desc.elastic) s->nlost++; /* elastic: not an error, the job goes on without it */
-            KVPS__STAT_ADD(s, peers_lost, 1);
-            kvps__log(KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s", s->desc.rank, r,
-                      s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "");
-            if (s->desc.elastic) kvps__leave(s, r);
-            else kvps__fail_waiters(s, r);
+            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_event(s, KVPS__REPL_LOST, (uint32_t)r); /* the backups do the same */
+            kvps__worker_lost(s, r);
         }
+}
+
+/* Worker r is lost: what that changes (a backup does it when its primary says so). */
+static void kvps__worker_lost(kvps_server *s, int r) {
+    s->lost[r] = 1;
+    if (!s->desc.elastic) s->nlost++; /* elastic: not an error, the job goes on without it */
+    KVPS__STAT_ADD(s, peers_lost, 1);
+    kvps__log(s->replaying ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s%s",
+              s->desc.rank, r, s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "",
+              s->replaying ? " (as the primary says)" : "");
+    if (s->desc.elastic) kvps__leave(s, r);
+    else kvps__fail_waiters(s, r);
 }
 
 static int kvps__liveness_pending(const kvps_server *s) {
@@ -4130,6 +4187,7 @@ static const kvps__op_spec kvps__ops[] = {
     {"bye", 0, 0, 0, 0, kvps__serve_bye},
     {"status", 0, 0, 0, 0, kvps__serve_status},
     {"name", 1, 0, 0, 0, kvps__serve_name},
+    {"repl", 0, 0, 0, 0, NULL}, /* between the replicas of a shard: kvps__repl_serve, never a worker's */
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -4180,7 +4238,7 @@ static void kvps__heard_from(kvps_server *s, kvps__rq *q) {
         s->done[r] = 0;
         s->ndone--;
     }
-    int fd = zmq_msg_get(&q->fr[1], ZMQ_SRCFD); /* -1 on inproc */
+    int fd = s->replaying ? -1 : zmq_msg_get(&q->fr[1], ZMQ_SRCFD); /* -1 on inproc (and for the primary's copies) */
     if (fd >= 0 && s->rank_fd[r] != fd) {
         /* a new connection: first take in the drops already reported, one of which may be of an
            earlier connection that had this same fd number */
@@ -4233,7 +4291,19 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__log(KVPS_LOG_WARN, "server %d: dropped a message with no meta frame", s->desc.rank);
         return;
     }
+    if (zmq_msg_size(&fr[1]) >= KVPS__HDR && !s->replaying) {
+        kvps__hdr h0;
+        memcpy(&h0, zmq_msg_data(&fr[1]), sizeof h0);
+        if (h0.magic == KVPS__MAGIC && h0.op == KVPS__OP_REPL) { /* from this shard's primary */
+            if (nfr <= 5) kvps__repl_serve(s, fr, nfr);
+            return;
+        }
+        if (s->role == KVPS__ROLE_BACKUP && !kvps__repl_take_over(s, fr, nfr)) return;
+    }
     if (!kvps__parse(s, &q)) return;
+    if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
+    if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS)
+        kvps__repl_forward(s, fr, nfr); /* down the chain first: the backups serve it in this same order */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
         kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
         return;
@@ -4812,7 +4882,7 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
                                   (unsigned long long)kvps__get64(f + 24), (unsigned long long)kvps__get64(f + 32));
     kvps__liveness_events(s); /* a predecessor's drop may be waiting to be read */
     if (q->h.status && s->live_inc[r] && s->live_inc[r] != (uint32_t)q->h.status && !s->done[r] && !s->lost[r] &&
-        !s->gone_since[r])
+        !s->gone_since[r] && !s->replaying) /* (a backup: its primary, which sees the connections, decided) */
         return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker rank %u is taken by a live worker (another process or "
                                   "object, still connected): two workers were given rank %u", r, r);
     if (fr < 0) {
@@ -5015,19 +5085,9 @@ static int kvps__quiescent(const kvps_server *s) {
     return 1;
 }
 
-static kvps_result kvps__checkpoint_write(kvps_server *s) {
-    const char *path = s->desc.checkpoint_path;
-    if (!path || !*path) return KVPS_ERR_CONFIG;
-    size_t plen = strlen(path);
-    char *tmp = (char *)malloc(plen + 32);
-    if (!tmp) return KVPS_ERR_NOMEM;
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    kvps__cw w = {fopen(tmp, "wb"), 0, 0};
-    if (!w.f) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: cannot create %s: %s", s->desc.rank, tmp, strerror(errno));
-        free(tmp);
-        return KVPS_ERR_CHECKPOINT;
-    }
+/* The shard, whole, in the checkpoint layout above (a file, or a replica's snapshot). */
+static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
+    kvps__cw w = *wp;
     uint32_t ntables = 0;
     for (const kvps__table *t = s->tables; t; t = t->next) ntables++;
     uint32_t hdr[6] = {KVPS__CKPT_VERSION, (uint32_t)s->desc.rank, (uint32_t)s->m, (uint32_t)s->desc.consistency,
@@ -5075,6 +5135,23 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
     uint32_t crc = w.crc;
     kvps__cw_put(&w, &crc, 4);
     kvps__cw_put(&w, "KEND", 4);
+    *wp = w;
+}
+
+static kvps_result kvps__checkpoint_write(kvps_server *s) {
+    const char *path = s->desc.checkpoint_path;
+    if (!path || !*path) return KVPS_ERR_CONFIG;
+    size_t plen = strlen(path);
+    char *tmp = (char *)malloc(plen + 32);
+    if (!tmp) return KVPS_ERR_NOMEM;
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    kvps__cw w = {fopen(tmp, "wb"), 0, 0};
+    if (!w.f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: cannot create %s: %s", s->desc.rank, tmp, strerror(errno));
+        free(tmp);
+        return KVPS_ERR_CHECKPOINT;
+    }
+    kvps__ckpt_put(s, &w);
     int bad = w.err || fflush(w.f) != 0 || fsync(fileno(w.f)) != 0;
     bad |= fclose(w.f) != 0;
     if (!bad && rename(tmp, path) != 0) bad = 1;
@@ -5166,23 +5243,11 @@ static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     return 0;
 }
 
-KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
-    if (!s || !path) return KVPS_ERR_INVALID_ARG;
-    if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
-        return KVPS_ERR_CHECKPOINT;
-    }
-    unsigned char *buf = NULL;
-    size_t size = 0;
-    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (end >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (unsigned char *)malloc((size_t)end + 1)) != NULL)
-        size = fread(buf, 1, (size_t)end, f);
-    fclose(f);
+/* Loads a checkpoint's bytes (a file's, or a replica's snapshot) into s, which holds no keys
+   or tables; NULL, or why it was refused (and s is left empty). */
+static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, size_t size) {
     const char *why = NULL;
-    if (!buf || end < 0 || size != (size_t)end) why = "cannot read the file";
-    else if (size < 8 + 24 + 8 || memcmp(buf, "KVPSCKPT", 8) != 0) why = "not a kvps checkpoint";
+    if (size < 8 + 24 + 8 || memcmp(buf, "KVPSCKPT", 8) != 0) why = "not a kvps checkpoint";
     else if (memcmp(buf + size - 4, "KEND", 4) != 0) why = "torn: the end marker is missing";
     uint32_t crc = 0, hdr[6] = {0};
     if (!why) {
@@ -5267,7 +5332,6 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
             kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
             why = "truncated worker records";
     if (!why && rd.left != 0) why = "trailing bytes";
-    free(buf);
     if (why) {
         kvps__keys_truncate(s, 0);
         while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
@@ -5276,6 +5340,27 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
         memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
         memset(s->out, 0, (size_t)s->m);
+    }
+    return why;
+}
+
+KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
+    if (!s || !path) return KVPS_ERR_INVALID_ARG;
+    if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
+        return KVPS_ERR_CHECKPOINT;
+    }
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (end >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = (unsigned char *)malloc((size_t)end + 1)) != NULL)
+        size = fread(buf, 1, (size_t)end, f);
+    fclose(f);
+    const char *why = !buf || end < 0 || size != (size_t)end ? "cannot read the file" : kvps__ckpt_load(s, buf, size);
+    free(buf);
+    if (why) {
         kvps__log(KVPS_LOG_ERROR, "server %d: restore from %s refused: %s", s->desc.rank, path, why);
         return KVPS_ERR_CHECKPOINT;
     }
@@ -5283,6 +5368,504 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
               (unsigned long long)s->max_round, path);
     return KVPS_OK;
+}
+
+// >>replicas
+/* REPLICAS: each shard is a chain of servers (its entry of the server list, joined by '|').
+   The primary sends every request that can change state (all but pulls and STATUS), in the
+   order it serves them, to each backup, which serves the same request through the same code
+   (kvps__handle) with its replies going nowhere: the arithmetic is the same, so the backups
+   hold the same bits. A reply the primary makes is held until every live backup has
+   acknowledged every request sent before it, so whatever a worker was told survives the
+   primary. A backup link starts with a snapshot (the checkpoint's bytes plus the session
+   state), taken when no round is half summed; the requests served after it follow in order.
+   Workers move to the next replica when a primary stays unreachable (failover_ms); a backup
+   takes over only when its primary's connection is gone. */
+enum { KVPS__LINK_DOWN, KVPS__LINK_JOINING, KVPS__LINK_SNAP, KVPS__LINK_LIVE };
+typedef struct kvps__link {
+    void *sock, *mon;   /* DEALER to that replica, and its connection events */
+    int state;          /* KVPS__LINK_* */
+    int wait_for;       /* a replica of the first chain: replies wait for it until it joins, or
+                           until it has not connected for peer_timeout_ms */
+    int64_t since;      /* when it went down (or was first looked for) */
+    uint64_t acked;     /* the last sequence it acknowledged */
+    uint64_t snap_seq;  /* the sequence its snapshot was taken at */
+} kvps__link;
+typedef struct kvps__held {
+    zmq_msg_t f[3];
+    int n;
+    uint64_t tag; /* the sequence every live backup must hold before it goes */
+} kvps__held;
+
+static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr);
+
+/* What every backup that replies wait for has acknowledged (a live one: its last
+   acknowledgement; one of the first chain that has not joined yet: nothing); UINT64_MAX when
+   none is waited for. */
+static uint64_t kvps__repl_floor(const kvps_server *s) {
+    uint64_t lo = UINT64_MAX;
+    for (int j = 0; j < s->nrep; j++) {
+        const kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || !l->sock) continue;
+        uint64_t a = l->state == KVPS__LINK_LIVE ? l->acked : l->wait_for ? 0 : UINT64_MAX;
+        if (a < lo) lo = a;
+    }
+    return lo;
+}
+
+/* The replica counters in stats (read by other threads). */
+static void kvps__repl_stats(kvps_server *s) {
+    uint64_t live = s->role == KVPS__ROLE_PRIMARY ? 1 : (uint64_t)s->synced;
+    for (int j = 0; s->role == KVPS__ROLE_PRIMARY && j < s->nrep; j++)
+        live += j != s->desc.replica && s->links[j].state == KVPS__LINK_LIVE;
+    __atomic_store_n(&s->stats.primary, (uint64_t)(s->role == KVPS__ROLE_PRIMARY), __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stats.replicas_live, live, __ATOMIC_RELAXED);
+}
+
+/* Sends the held replies that every live backup now covers. */
+static void kvps__repl_release(kvps_server *s) {
+    uint64_t lo = kvps__repl_floor(s);
+    while (s->nheld && s->held[s->held_head].tag <= lo) {
+        kvps__held *h = &s->held[s->held_head];
+        if (kvps__send_frames(s->router, h->f, h->n) != 0) KVPS__STAT_ADD(s, replies_dropped, 1);
+        s->held_head = (s->held_head + 1) % s->cap_held;
+        s->nheld--;
+    }
+}
+
+/* A reply to hold (its frames move here); 0, or -1 when out of memory (then sent at once). */
+static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n) {
+    if (s->nheld == s->cap_held) {
+        size_t nc = s->cap_held ? 2 * s->cap_held : 64;
+        kvps__held *nh = (kvps__held *)malloc(nc * sizeof *nh);
+        if (!nh) return -1;
+        for (size_t i = 0; i < s->nheld; i++) nh[i] = s->held[(s->held_head + i) % s->cap_held];
+        free(s->held);
+        s->held = nh;
+        s->held_head = 0;
+        s->cap_held = nc;
+    }
+    kvps__held *h = &s->held[(s->held_head + s->nheld) % s->cap_held];
+    for (int i = 0; i < n; i++) h->f[i] = frames[i];
+    h->n = n;
+    h->tag = s->fwd_seq;
+    s->nheld++;
+    return 0;
+}
+
+/* A REPL header: kind, sequence, epoch; the sender's place in the chain in aux. */
+static kvps__hdr kvps__repl_hdr(const kvps_server *s, int kind, uint64_t seq) {
+    kvps__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS__MAGIC;
+    h.version = KVPS__VERSION;
+    h.op = KVPS__OP_REPL;
+    h.rank = (uint32_t)kind;
+    h.nkeys = s->epoch;
+    h.req_id = seq;
+    h.aux = (uint32_t)s->desc.replica;
+    return h;
+}
+
+/* Sends [hdr][frames...] (copies of them) to every backup that takes the stream. */
+static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n) {
+    s->fwd_seq++;
+    kvps__hdr h = kvps__repl_hdr(s, kind, s->fwd_seq);
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || !l->sock || (l->state != KVPS__LINK_SNAP && l->state != KVPS__LINK_LIVE)) continue;
+        zmq_msg_t f[5];
+        kvps__msg_from_buf(&f[0], &h, sizeof h);
+        for (int i = 0; i < n; i++) { zmq_msg_init(&f[i + 1]); zmq_msg_copy(&f[i + 1], &frames[i]); }
+        if (kvps__send_frames(l->sock, f, n + 1) != 0) {
+            kvps__log(KVPS_LOG_WARN, "server %d replica %d: sending to backup replica %d (%s) failed: %s; it must join again",
+                      s->desc.rank, s->desc.replica, j, s->chain[j], zmq_strerror(zmq_errno()));
+            l->state = KVPS__LINK_JOINING;
+        }
+    }
+}
+
+/* Primary: a worker's request [id][meta][values?] goes down the chain before it is served. */
+static void kvps__repl_forward(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr);
+}
+
+/* Primary: worker r is lost (the backups do what this server did). */
+static void kvps__repl_event(kvps_server *s, int kind, uint32_t r) {
+    zmq_msg_t f[1];
+    kvps__msg_from_buf(&f[0], &r, sizeof r);
+    kvps__repl_send(s, kind, f, 1);
+    zmq_msg_close(&f[0]);
+}
+
+/* The session state a snapshot carries after the checkpoint's bytes: per worker finished,
+   heard, incarnation accepted; the reference hello. */
+static size_t kvps__session_bytes(const kvps_server *s) { return (size_t)s->m * 6 + 4 + KVPS__HELLO_BYTES; }
+static void kvps__session_put(const kvps_server *s, unsigned char *p) {
+    for (int r = 0; r < s->m; r++) {
+        p[0] = s->done[r];
+        p[1] = s->heard[r];
+        memcpy(p + 2, &s->live_inc[r], 4);
+        p += 6;
+    }
+    int32_t rr = s->ref_rank;
+    memcpy(p, &rr, 4);
+    memcpy(p + 4, s->ref, KVPS__HELLO_BYTES);
+}
+static void kvps__session_get(kvps_server *s, const unsigned char *p) {
+    s->ndone = 0;
+    for (int r = 0; r < s->m; r++) {
+        s->done[r] = p[0] != 0;
+        s->heard[r] = p[1] != 0;
+        memcpy(&s->live_inc[r], p + 2, 4);
+        s->ndone += s->done[r];
+        p += 6;
+    }
+    int32_t rr;
+    memcpy(&rr, p, 4);
+    s->ref_rank = rr >= 0 && rr < s->m ? rr : -1;
+    memcpy(s->ref, p + 4, KVPS__HELLO_BYTES);
+}
+
+/* Primary: a snapshot to each link that waits for one, once no round is half summed. */
+static void kvps__repl_snapshots(kvps_server *s) {
+    int want = 0;
+    for (int j = 0; j < s->nrep; j++) want |= j != s->desc.replica && s->links[j].state == KVPS__LINK_JOINING;
+    if (!want) return;
+    kvps__flush_all(s);
+    if (!kvps__quiescent(s)) return;
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f) return;
+    kvps__cw w = {f, 0, 0};
+    kvps__ckpt_put(s, &w);
+    if (fclose(f) != 0 || w.err) { free(buf); return; }
+    zmq_msg_t fr[3];
+    size_t sb = kvps__session_bytes(s);
+    kvps__hdr h = kvps__repl_hdr(s, KVPS__REPL_SNAP, s->fwd_seq);
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || l->state != KVPS__LINK_JOINING) continue;
+        kvps__msg_from_buf(&fr[0], &h, sizeof h);
+        kvps__msg_from_buf(&fr[1], buf, size);
+        zmq_msg_init_size(&fr[2], sb);
+        kvps__session_put(s, (unsigned char *)zmq_msg_data(&fr[2]));
+        if (kvps__send_frames(l->sock, fr, 3) != 0) continue;
+        l->state = KVPS__LINK_SNAP;
+        l->snap_seq = s->fwd_seq;
+        KVPS__STAT_ADD(s, snapshots, 1);
+        kvps__log(KVPS_LOG_INFO, "server %d replica %d: snapshot of %u keys (%zu bytes) sent to replica %d (%s)", s->desc.rank,
+                  s->desc.replica, s->nkeys, size, j, s->chain[j]);
+    }
+    free(buf);
+}
+
+/* Opens the links to every other replica of the chain (a primary's). */
+static int kvps__repl_links(kvps_server *s, int first) {
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || l->sock) continue;
+        memset(l, 0, sizeof *l);
+        void *d = zmq_socket(s->ctx, ZMQ_DEALER);
+        if (!d) return -1;
+        int zero = 0, one = 1;
+        zmq_setsockopt(d, ZMQ_SNDHWM, &zero, sizeof zero);
+        zmq_setsockopt(d, ZMQ_RCVHWM, &zero, sizeof zero);
+        zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(d, ZMQ_IMMEDIATE, &one, sizeof one); /* nothing queued for a replica not connected */
+        unsigned char rid[12] = {'k', 'v', 'p', 's', 'r', 'e', 'p', 'l'};
+        uint32_t me = (uint32_t)s->desc.replica;
+        memcpy(rid + 8, &me, 4);
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
+        kvps__heartbeats(d, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
+        if (kvps__monitor(s->ctx, d, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &l->mon) != 0 ||
+            zmq_connect(d, s->chain[j]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "server %d replica %d: cannot connect to replica %d (%s): %s", s->desc.rank,
+                      s->desc.replica, j, s->chain[j], zmq_strerror(zmq_errno()));
+            zmq_close(d);
+            return -1;
+        }
+        l->sock = d;
+        l->state = KVPS__LINK_DOWN;
+        l->wait_for = first;
+        l->since = kvps__now_ms();
+        if (strncmp(s->chain[j], "inproc://", 9) == 0) l->state = KVPS__LINK_JOINING; /* no handshake events there */
+    }
+    return 0;
+}
+
+/* Primary: connection events and acknowledgements from the backups. */
+static void kvps__repl_links_poll(kvps_server *s) {
+    int64_t now = kvps__now_ms();
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || !l->sock) continue;
+        uint16_t ev = 0;
+        int32_t val = 0;
+        while (kvps__monitor_event(l->mon, &ev, &val)) {
+            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                l->state = KVPS__LINK_JOINING;
+                kvps__log(KVPS_LOG_INFO, "server %d replica %d: replica %d (%s) connected; it gets a snapshot", s->desc.rank,
+                          s->desc.replica, j, s->chain[j]);
+            } else if (ev == ZMQ_EVENT_DISCONNECTED && l->state != KVPS__LINK_DOWN) {
+                int was_live = l->state == KVPS__LINK_LIVE;
+                l->state = KVPS__LINK_DOWN;
+                l->since = now;
+                l->wait_for = 0;
+                int live = 1;
+                for (int k = 0; k < s->nrep; k++) live += k != s->desc.replica && s->links[k].state == KVPS__LINK_LIVE;
+                kvps__log(KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) is gone%s; shard %d goes on with %d of %d "
+                          "replicas", s->desc.rank, s->desc.replica, j, s->chain[j], was_live ? "" : " (it had not joined)",
+                          s->desc.rank, live, s->nrep);
+            }
+        }
+        if (l->wait_for && l->state == KVPS__LINK_DOWN && now - l->since >= s->desc.peer_timeout_ms) {
+            l->wait_for = 0;
+            kvps__log(KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) did not connect within %d ms; going on "
+                      "without it", s->desc.rank, s->desc.replica, j, s->chain[j], s->desc.peer_timeout_ms);
+        }
+        for (;;) {
+            zmq_msg_t fr[2];
+            int extra;
+            int n = kvps__recv_msg(l->sock, fr, 2, &extra);
+            if (n <= 0) break;
+            kvps__hdr h;
+            if (zmq_msg_size(&fr[0]) >= sizeof h) {
+                memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
+                if (h.magic == KVPS__MAGIC && h.op == (KVPS__OP_REPL | KVPS__OP_REPLY)) {
+                    if (h.status != KVPS_OK) {
+                        char text[256];
+                        kvps__frame_text(fr, n, text, sizeof text);
+                        kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %d (%s) refused: %s (%s)%s", s->desc.rank,
+                                  s->desc.replica, j, s->chain[j], text, kvps_result_str((kvps_result)h.status),
+                                  h.status == KVPS_ERR_CHECKPOINT || h.status == KVPS_ERR_CONFIG ? "; it stays out of the chain"
+                                                                                                   : "; it gets a snapshot");
+                        l->state = h.status == KVPS_ERR_CHECKPOINT || h.status == KVPS_ERR_CONFIG ? KVPS__LINK_DOWN
+                                                                                                   : KVPS__LINK_JOINING;
+                        l->wait_for = 0;
+                    } else if (l->state == KVPS__LINK_SNAP || l->state == KVPS__LINK_LIVE) {
+                        l->acked = h.req_id;
+                        if (l->state == KVPS__LINK_SNAP && h.req_id >= l->snap_seq) {
+                            l->state = KVPS__LINK_LIVE;
+                            l->wait_for = 0;
+                            kvps__log(KVPS_LOG_INFO, "server %d replica %d: replica %d (%s) holds the shard now", s->desc.rank,
+                                      s->desc.replica, j, s->chain[j]);
+                        }
+                    }
+                }
+            }
+            for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+        }
+    }
+    kvps__repl_release(s);
+    kvps__repl_snapshots(s);
+    kvps__repl_stats(s);
+}
+
+/* Backup: answers the primary (an acknowledgement, or a refusal with its text). */
+static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_result rc, const char *text) {
+    kvps__hdr h = kvps__repl_hdr(s, 0, seq);
+    h.op = KVPS__OP_REPL | KVPS__OP_REPLY;
+    h.status = rc;
+    zmq_msg_t f[3];
+    zmq_msg_init(&f[0]);
+    zmq_msg_copy(&f[0], id);
+    kvps__msg_from_buf(&f[1], &h, sizeof h);
+    int n = 2;
+    if (rc != KVPS_OK) { kvps__msg_from_buf(&f[2], text, strlen(text)); n = 3; }
+    kvps__send_frames(s->router, f, n);
+}
+
+/* Backup: acknowledges the last message applied, to the primary it came from. */
+static void kvps__repl_ack(kvps_server *s) {
+    if (zmq_msg_size(&s->primary_id) > 0) kvps__repl_answer(s, &s->primary_id, s->ack_due, KVPS_OK, "");
+    s->ack_due = 0;
+}
+
+/* Backup: the shard as the snapshot has it, and nothing else (parked requests, buffered pushes
+   and deferred pushes of the previous state go: their workers re-send what was not answered). */
+static const char *kvps__repl_load(kvps_server *s, zmq_msg_t *ck, zmq_msg_t *sess) {
+    if (zmq_msg_size(sess) != kvps__session_bytes(s)) return "session state of the wrong size (another number of workers)";
+    kvps__flush_all(s);
+    kvps__keys_truncate(s, 0);
+    while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
+    s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
+    while (s->barrier_waiters) { kvps__parked *p = s->barrier_waiters; s->barrier_waiters = p->next; kvps__parked_free(p); }
+    s->max_round = 0;
+    memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
+    memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
+    memset(s->out, 0, (size_t)s->m);
+    const char *why = kvps__ckpt_load(s, (const unsigned char *)zmq_msg_data(ck), zmq_msg_size(ck));
+    if (!why) kvps__session_get(s, (const unsigned char *)zmq_msg_data(sess));
+    return why;
+}
+
+/* Backup: one message from the primary, [id][repl hdr][...]. */
+static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    kvps__hdr h;
+    memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
+    char text[600];
+    if (s->role == KVPS__ROLE_NONE || h.aux >= (uint32_t)s->nrep || h.aux == (uint32_t)s->desc.replica) {
+        snprintf(text, sizeof text, "server %d (%s) is not a replica of that chain (it has %d replicas, the sender says it is "
+                 "replica %u)", s->desc.rank, s->endpoint, s->nrep, h.aux);
+        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_CONFIG, text);
+        return;
+    }
+    if (h.nkeys < s->epoch) {
+        snprintf(text, sizeof text, "replica %u speaks for epoch %u, but replica %d (%s) was promoted in epoch %u", h.aux,
+                 h.nkeys, s->desc.replica, s->endpoint, s->epoch);
+        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+        return;
+    }
+    if (s->role == KVPS__ROLE_PRIMARY) { /* a primary of a later epoch: this one steps down */
+        kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %u is primary of epoch %u; this server becomes its backup",
+                  s->desc.rank, s->desc.replica, h.aux, h.nkeys);
+        s->role = KVPS__ROLE_BACKUP;
+        s->synced = 0;
+        kvps__repl_stats(s);
+    }
+    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
+    if (fd >= 0) s->primary_fd = fd;
+    s->epoch = h.nkeys;
+    zmq_msg_close(&s->primary_id);
+    zmq_msg_init(&s->primary_id);
+    zmq_msg_copy(&s->primary_id, &fr[0]);
+    if (h.rank == KVPS__REPL_SNAP) {
+        const char *why = nfr == 4 ? kvps__repl_load(s, &fr[2], &fr[3]) : "a snapshot of the wrong shape";
+        if (why) {
+            s->synced = 0;
+            snprintf(text, sizeof text, "server %d replica %d (%s) refused the snapshot: %s", s->desc.rank, s->desc.replica,
+                     s->endpoint, why);
+            kvps__log(KVPS_LOG_ERROR, "%s", text);
+            kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_CHECKPOINT, text);
+            return;
+        }
+        s->synced = 1;
+        s->fwd_seq = h.req_id;
+        s->ack_due = h.req_id;
+        KVPS__STAT_ADD(s, snapshots, 1);
+        kvps__repl_stats(s);
+        kvps__log(KVPS_LOG_INFO, "server %d replica %d: snapshot of %u keys at round %llu from replica %u (epoch %u)",
+                  s->desc.rank, s->desc.replica, s->nkeys, (unsigned long long)s->max_round, h.aux, h.nkeys);
+        return;
+    }
+    if (!s->synced || h.req_id != s->fwd_seq + 1 || h.rank >= KVPS__REPL_KINDS) {
+        snprintf(text, sizeof text, "message %llu of kind %u after %llu%s", (unsigned long long)h.req_id, h.rank,
+                 (unsigned long long)s->fwd_seq, s->synced ? "" : " without a snapshot");
+        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+        return;
+    }
+    s->fwd_seq = h.req_id;
+    s->ack_due = h.req_id;
+    s->replaying = 1;
+    if (h.rank == KVPS__REPL_FWD && nfr >= 4) { /* [id][repl][worker id][meta][values?] */
+        zmq_msg_t sub[3];
+        int ns = nfr - 2 > 3 ? 3 : nfr - 2;
+        for (int i = 0; i < ns; i++) { zmq_msg_init(&sub[i]); zmq_msg_move(&sub[i], &fr[i + 2]); }
+        kvps__handle(s, sub, ns);
+        for (int i = 0; i < ns; i++) zmq_msg_close(&sub[i]);
+    } else if (h.rank == KVPS__REPL_LOST && nfr == 3 && zmq_msg_size(&fr[2]) == 4) {
+        uint32_t r;
+        memcpy(&r, zmq_msg_data(&fr[2]), 4);
+        if (r < (uint32_t)s->m && !s->lost[r]) kvps__worker_lost(s, (int)r);
+    }
+    s->replaying = 0;
+}
+
+/* Backup: a worker's request. 1: serve it (this server has taken over as primary); 0: refused,
+   because the primary is alive or this server does not hold the shard. */
+static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    kvps__liveness_events(s); /* the primary's drop may be waiting to be read */
+    kvps__hdr req;
+    int has = nfr >= 2 && zmq_msg_size(&fr[1]) >= sizeof req;
+    if (has) memcpy(&req, zmq_msg_data(&fr[1]), sizeof req);
+    if (s->primary_fd >= 0 || !s->synced) {
+        char text[600];
+        if (!s->synced)
+            snprintf(text, sizeof text, "server %d replica %d (%s) does not hold the shard yet (waiting for its primary's "
+                     "snapshot)", s->desc.rank, s->desc.replica, s->endpoint);
+        else
+            snprintf(text, sizeof text, "server %d replica %d (%s) is a backup and its primary is alive: use the primary",
+                     s->desc.rank, s->desc.replica, s->endpoint);
+        kvps__hdr h = kvps__reply_hdr(has ? &req : NULL, KVPS_ERR_NOT_PRIMARY);
+        h.aux = (uint32_t)s->desc.replica;
+        zmq_msg_t f[3];
+        kvps__reply_start(f, &fr[0], 0, &h);
+        kvps__msg_from_buf(&f[2], text, strlen(text));
+        kvps__send_frames(s->router, f, 3);
+        return 0;
+    }
+    s->role = KVPS__ROLE_PRIMARY;
+    s->epoch++;
+    s->fwd_seq = 0;
+    kvps__log(KVPS_LOG_WARN, "server %d replica %d (%s): the primary is gone and a worker has come: taking over as primary of "
+              "shard %d (epoch %u)", s->desc.rank, s->desc.replica, s->endpoint, s->desc.rank, s->epoch);
+    for (int j = 0; j < s->nrep; j++) /* the others start again from a snapshot */
+        if (j != s->desc.replica && s->links[j].sock) s->links[j].state = KVPS__LINK_JOINING;
+    kvps__repl_links(s, 0);
+    KVPS__STAT_ADD(s, takeovers, 1);
+    kvps__repl_stats(s);
+    return 1;
+}
+
+/* Primary, stopping: the replies still held go once the backups have what they depend on,
+   for at most timeout_ms. */
+static void kvps__repl_drain(kvps_server *s, int timeout_ms) {
+    int64_t end = kvps__now_ms() + timeout_ms;
+    while (s->nheld && kvps__now_ms() < end) {
+        zmq_pollitem_t it[8];
+        int n = 0;
+        for (int j = 0; j < s->nrep && n < 8; j++)
+            if (j != s->desc.replica && s->links[j].sock) { it[n].socket = s->links[j].sock; it[n].fd = 0; it[n].events = ZMQ_POLLIN; it[n].revents = 0; n++; }
+        if (n == 0) break;
+        zmq_poll(it, n, 10);
+        kvps__repl_links_poll(s);
+    }
+    kvps__repl_release(s);
+}
+
+/* Server create: the chain, this server's role, and (primary) its links. */
+static int kvps__repl_setup(kvps_server *s) {
+    const char *list = s->desc.replicas;
+    if (!list || !strchr(list, '|')) return 0;
+    s->nrep = kvps__split_by(list, '|', &s->chain);
+    if (s->nrep < 2 || s->desc.replica < 0 || s->desc.replica >= s->nrep) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: replicas '%s' malformed, or replica %d not in it", s->desc.rank, list,
+                  s->desc.replica);
+        return -1;
+    }
+    s->links = (kvps__link *)calloc((size_t)s->nrep, sizeof *s->links);
+    if (!s->links) return -1;
+    s->desc.replicas = NULL; /* (not kept: the chain is) */
+    s->primary_fd = -1;
+    if (s->desc.replica == 0 && !s->desc.replacement) {
+        s->role = KVPS__ROLE_PRIMARY;
+        s->epoch = 1;
+        int rc = kvps__repl_links(s, 1);
+        kvps__repl_stats(s);
+        return rc;
+    }
+    s->role = KVPS__ROLE_BACKUP;
+    s->synced = 0;
+    return 0;
+}
+
+static void kvps__repl_free(kvps_server *s) {
+    zmq_msg_close(&s->primary_id);
+    for (int j = 0; s->links && j < s->nrep; j++) {
+        if (s->links[j].mon) zmq_close(s->links[j].mon);
+        if (s->links[j].sock) zmq_close(s->links[j].sock);
+    }
+    while (s->nheld) {
+        kvps__held *h = &s->held[s->held_head];
+        for (int i = 0; i < h->n; i++) zmq_msg_close(&h->f[i]);
+        s->held_head = (s->held_head + 1) % s->cap_held;
+        s->nheld--;
+    }
+    free(s->held);
+    free(s->links);
+    kvps__free_strv(s->chain, s->nrep);
 }
 
 // >>curve
@@ -5450,6 +6033,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
         return KVPS_ERR_NOMEM;
     }
     s->ref_rank = -1;
+    s->primary_fd = -1;
+    zmq_msg_init(&s->primary_id);
     s->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
     for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
     s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
@@ -5496,6 +6081,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->desc.endpoint = s->endpoint;
     crc = kvps__tl_open(&s->tl, desc->timeline, "server", "server", desc->rank, desc->rank);
     if (crc != KVPS_OK) return kvps__server_fail(s, crc, "timeline");
+    if (kvps__repl_setup(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "replicas");
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
               (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
     *out = s;
@@ -5514,12 +6100,26 @@ KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out
 
 KVPS_API kvps_result kvps_server_run(kvps_server *s) {
     if (!s) return KVPS_ERR_INVALID_ARG;
-    zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
-                               {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[4 + 2 * 8];
     for (;;) {
-        /* the stall inspector looks once a second (an idle server wakes that often) */
+        /* router, stop pipe, monitor, ZAP handler; then a primary's links to its backups and
+           their connection events */
+        zmq_pollitem_t base[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->stop_pipe[0], ZMQ_POLLIN, 0},
+                                  {s->mon, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
+        memcpy(items, base, sizeof base);
+        int nitems = 4;
+        if (!s->zap) items[3].socket = s->mon, items[3].events = 0; /* (a slot that never fires) */
+        for (int j = 0; j < s->nrep && nitems + 2 <= (int)(sizeof items / sizeof items[0]); j++) {
+            if (j == s->desc.replica || !s->links || !s->links[j].sock) continue;
+            zmq_pollitem_t a = {s->links[j].sock, 0, ZMQ_POLLIN, 0}, b = {s->links[j].mon, 0, ZMQ_POLLIN, 0};
+            items[nitems++] = a;
+            items[nitems++] = b;
+        }
+        /* the stall inspector looks once a second (an idle server wakes that often); a primary
+           with a backup not yet joined looks at its links every 100 ms */
         long tmo = kvps__liveness_pending(s) ? 100 : s->desc.stall_ms > 0 ? 1000 : -1;
-        if (zmq_poll(items, s->zap ? 4 : 3, tmo) < 0) {
+        if (s->role == KVPS__ROLE_PRIMARY && (tmo < 0 || tmo > 100)) tmo = 100;
+        if (zmq_poll(items, nitems, tmo) < 0) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
@@ -5532,19 +6132,24 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         }
         /* Drain a batch, then look at the stop pipe again. */
         for (int i = 0; i < 256; i++) {
-            zmq_msg_t fr[4];
+            zmq_msg_t fr[5]; /* a request is at most [id][meta][values]; a primary's copy of one has 2 more */
             int extra;
-            int n = kvps__recv_msg(s->router, fr, 4, &extra);
+            int n = kvps__recv_msg(s->router, fr, 5, &extra);
             if (n <= 0) break;
             kvps__handle(s, fr, n + extra);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
         kvps__flush_all(s); /* nothing more queued: apply what was held back */
+        if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_links_poll(s); /* acknowledgements; snapshots due */
+        if (s->ack_due) { /* a backup: one acknowledgement per batch, of the last message applied */
+            kvps__repl_ack(s);
+        }
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
         if (kvps__liveness_pending(s)) kvps__liveness(s);
         kvps__checkpoint_maybe(s);
         if (s->finish) {
+            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_drain(s, 1000); /* the last goodbyes' answers */
             kvps__log(KVPS_LOG_INFO, "server %d: all %d workers finished; stopping", s->desc.rank, s->m);
             return KVPS_OK; /* (closing the socket flushes the last acknowledgements: ZMQ_LINGER) */
         }
@@ -5615,6 +6220,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         s->barrier_waiters = p->next;
         kvps__parked_free(p);
     }
+    kvps__repl_free(s);
     if (s->mon) zmq_close(s->mon);
     if (s->zap) zmq_close(s->zap);
     free(s->curve_ok);
@@ -5701,7 +6307,9 @@ struct kvps_worker {
     int n;
     void **socks;
     zmq_pollitem_t *items;
-    char **endpoints;
+    char **endpoints;  /* per server (shard): its entry of the list (REPLICAS: the chain) */
+    char ***reps;      /* per shard: its replicas' endpoints (one without REPLICAS) */
+    int *nrep, *cur;   /* per shard: how many, and which one this worker speaks to */
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
     uint64_t seq;
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
@@ -5733,6 +6341,9 @@ struct kvps_worker {
     char fatal_text[300];
     kvps__tl *tl;       /* the timeline, NULL when off */
 };
+
+/* The endpoint this worker speaks to for server (shard) s: its current replica's. */
+static const char *kvps__ep(const kvps_worker *w, int s) { return w->reps ? w->reps[s][w->cur[s]] : w->endpoints[s]; }
 
 static void kvps__req_drop_kept(kvps__req *q, int srv) {
     if (!q->nkept) return;
@@ -5786,6 +6397,18 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         return KVPS_ERR_CONFIG;
     }
     w->desc.servers = NULL;
+    w->reps = (char ***)calloc((size_t)w->n, sizeof *w->reps);
+    w->nrep = (int *)calloc((size_t)w->n, sizeof *w->nrep);
+    w->cur = (int *)calloc((size_t)w->n, sizeof *w->cur);
+    for (int i = 0; w->reps && w->nrep && w->cur && i < w->n; i++)
+        if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
+            kvps__log(KVPS_LOG_ERROR, "worker: malformed replica list '%s' of server %d", w->endpoints[i], i);
+            w->nrep[i] = 0;
+            kvps_worker_destroy(&w);
+            return KVPS_ERR_CONFIG;
+        }
+    if (!w->reps || !w->nrep || !w->cur) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
+    w->desc.failover_ms = kvps__def(desc->failover_ms, 1000);
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
     w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
     w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
@@ -5855,13 +6478,13 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
             r = KVPS_ERR_ZMQ;
             break;
         }
-        if (zmq_connect(s, w->endpoints[i]) != 0) {
+        if (zmq_connect(s, kvps__ep(w, i)) != 0) {
             kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
-                      w->endpoints[i], zmq_strerror(zmq_errno()));
+                      kvps__ep(w, i), zmq_strerror(zmq_errno()));
             r = KVPS_ERR_CONNECT;
             break;
         }
-        w->up_once[i] = strncmp(w->endpoints[i], "inproc://", 9) == 0; /* no handshake events there */
+        w->up_once[i] = strncmp(kvps__ep(w, i), "inproc://", 9) == 0; /* no handshake events there */
         w->items[i].socket = s;
         w->items[i].events = ZMQ_POLLIN;
         w->items[w->n + i].socket = w->mons[i];
@@ -5903,6 +6526,9 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->resid);
         free(t->bad_text);
     }
+    for (int i = 0; w->reps && i < w->n; i++) kvps__free_strv(w->reps[i], w->nrep[i]);
+    free(w->reps); free(w->nrep); free(w->cur);
+    w->reps = NULL;
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
     free(w->down_since); free(w->up_once); free(w->status_text); free(w->status_got);
@@ -6022,7 +6648,7 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
     if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
         kvps__req_drop_kept(q, srv);
         kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
-        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, w->endpoints[srv],
+        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, kvps__ep(w, srv),
                            zmq_strerror(zmq_errno()));
     }
     q->pending++;
@@ -6164,7 +6790,7 @@ KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
         int s = 0;
         while (q->state[s] != 1) s++;
         r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)", s,
-                        w->endpoints[s], timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent);
+                        kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent);
     }
     kvps__req_end(w, q);
     return r;
@@ -6775,13 +7401,6 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
 // >>progress
 /* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
 /* An error reply's text, as the worker's last error: "server i: text". */
-/* A reply's text frame (fr[1], absent: "") as a string of at most cap - 1 bytes. */
-static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
-    size_t n = nfr > 1 ? zmq_msg_size(&fr[1]) : 0;
-    if (n > cap - 1) n = cap - 1;
-    if (n) memcpy(buf, zmq_msg_data(&fr[1]), n);
-    buf[n] = 0;
-}
 
 /* A server's error text into last_error; for a tensor request it names the tensor too (the
    server knows only slice keys). */
@@ -6804,7 +7423,7 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
         kvps__frame_text(fr, nfr, text, sizeof text);
         if (q->ctl == KVPS__OP_HELLO && !w->fatal) {
             w->fatal = (kvps_result)h->status;
-            snprintf(w->fatal_text, sizeof w->fatal_text, "server %d (%s) refused this worker: %s", srv, w->endpoints[srv], text);
+            snprintf(w->fatal_text, sizeof w->fatal_text, "server %d (%s) refused this worker: %s", srv, kvps__ep(w, srv), text);
             kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, w->fatal_text);
         } else if (q->ctl == KVPS__OP_NAME && q->tensor && !w->tensors[q->tensor - 1].bad) {
             kvps__tensor_info *t = &w->tensors[q->tensor - 1];
@@ -6818,6 +7437,7 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
     if (q->pending == 0 && q->ctl != KVPS__OP_BYE) kvps__req_end(w, q); /* (finish waits for its BYE itself) */
 }
 
+static void kvps__failover(kvps_worker *w, int s, const char *why);
 static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     kvps__hdr h;
     if (zmq_msg_size(&fr[0]) < sizeof h) {
@@ -6834,6 +7454,11 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
         kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
                   (unsigned long long)h.req_id);
+        return;
+    }
+    if (h.status == KVPS_ERR_NOT_PRIMARY && w->nrep[srv] > 1) { /* a backup: this request goes to the next replica */
+        if (h.aux == (uint32_t)w->cur[srv])
+            kvps__failover(w, srv, "is a backup whose primary is alive, or does not hold the shard yet");
         return;
     }
     q->pending--;
@@ -6964,7 +7589,7 @@ enum { KVPS__HS_CUTS = 3 };
 /* What the failing handshakes with server s mean, in words. */
 static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
     int32_t v = w->hs_val[s];
-    const char *ep = w->endpoints[s];
+    const char *ep = kvps__ep(w, s);
     if (w->refused[s] == KVPS__HS_AUTH)
         snprintf(buf, n, "server %d (%s) refused our CURVE key (ZAP status %d): our public key must be in its curve_clients", s,
                  ep, (int)v);
@@ -6978,6 +7603,26 @@ static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
         snprintf(buf, n, "server %d (%s) closed the connection during the handshake %u times in a row (%s)%s", s, ep,
                  (unsigned)w->hs_cuts[s], zmq_strerror((int)v),
                  w->curve ? ": check curve_server_keys (with a wrong server key it drops us)" : "");
+}
+
+/* REPLICAS: shard s's current replica is unreachable or a backup: this worker moves to the next
+   one (round the chain); what is in flight there goes again once it connects. */
+static void kvps__failover(kvps_worker *w, int s, const char *why) {
+    int from = w->cur[s];
+    zmq_disconnect(w->socks[s], kvps__ep(w, s));
+    w->cur[s] = (from + 1) % w->nrep[s];
+    kvps__log(KVPS_LOG_WARN, "worker %d: shard %d replica %d (%s) %s; moving to replica %d (%s)", w->desc.rank, s, from,
+              w->reps[s][from], why, w->cur[s], kvps__ep(w, s));
+    w->down[s] = 1;
+    w->down_since[s] = kvps__now_ms();
+    w->hs_cuts[s] = 0;
+    w->refused[s] = KVPS__HS_NONE;
+    if (zmq_connect(w->socks[s], kvps__ep(w, s)) != 0)
+        kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", w->desc.rank, kvps__ep(w, s), zmq_strerror(zmq_errno()));
+    else if (strncmp(kvps__ep(w, s), "inproc://", 9) == 0) { /* no handshake events there */
+        w->down[s] = 0;
+        kvps__resend(w, s);
+    }
 }
 
 /* Connection events: a drop marks the server down; its return re-sends what was in flight. */
@@ -6994,10 +7639,10 @@ static void kvps__watch(kvps_worker *w) {
                        kvps_server_run returns once the last worker has finished) */
                     if (w->finished)
                         kvps__log(KVPS_LOG_INFO, "worker %d: server %d (%s) closed the connection after this worker "
-                                  "finished", w->desc.rank, s, w->endpoints[s]);
+                                  "finished", w->desc.rank, s, kvps__ep(w, s));
                     else
                         kvps__log(KVPS_LOG_WARN, "worker %d: lost the connection to server %d (%s)", w->desc.rank, s,
-                                  w->endpoints[s]);
+                                  kvps__ep(w, s));
                 }
             } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
                 w->up_once[s] = 1;
@@ -7016,7 +7661,7 @@ static void kvps__watch(kvps_worker *w) {
                 else if (w->hs_cuts[s] < UINT16_MAX && ++w->hs_cuts[s] >= KVPS__HS_CUTS) why = KVPS__HS_CUT;
                 else if (w->hs_cuts[s] == 1)
                     kvps__log(KVPS_LOG_WARN, "worker %d: the connection to server %d (%s) was cut during the handshake "
-                              "(%s); reconnecting", w->desc.rank, s, w->endpoints[s], zmq_strerror((int)val));
+                              "(%s); reconnecting", w->desc.rank, s, kvps__ep(w, s), zmq_strerror((int)val));
                 if (why != KVPS__HS_NONE && w->refused[s] != why) {
                     w->refused[s] = (uint8_t)why;
                     char text[300];
@@ -7026,11 +7671,22 @@ static void kvps__watch(kvps_worker *w) {
                 if (!w->down[s]) { w->down[s] = 1; w->down_since[s] = kvps__now_ms(); }
             }
         }
+        if (w->nrep[s] > 1 && w->down[s] && !w->finished && kvps__now_ms() - w->down_since[s] >= w->desc.failover_ms) {
+            char why[64];
+            snprintf(why, sizeof why, "unreachable for %lld ms", (long long)(kvps__now_ms() - w->down_since[s]));
+            kvps__failover(w, s, why);
+        }
     }
 }
 
 /* Handles every reply that has arrived; with wait_ms > 0, first waits up to that long for one. */
 static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
+    for (int s = 0; wait_ms > 0 && s < w->n; s++) /* a shard's replica is down: wake up to move on from it in time */
+        if (w->nrep[s] > 1 && w->down[s] && !w->finished) {
+            int64_t due = w->down_since[s] + w->desc.failover_ms - kvps__now_ms();
+            if (due < wait_ms) wait_ms = due < 10 ? 10 : (long)due;
+            w->last_watch = 0;
+        }
     if (wait_ms > 0) {
         int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
         if (rc < 0 && zmq_errno() != EINTR) return kvps__wfail(w, KVPS_ERR_ZMQ, "zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -7146,7 +7802,7 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
                                    waited_ms, c->pending, c->sent);
     for (int s = 0; s < w->n && used < sizeof w->errmsg; s++) {
         if (c->state[s] != 1) continue;
-        int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, w->endpoints[s],
+        int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, kvps__ep(w, s),
                          w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
         if (k < 0) break;
         used += (size_t)k;
@@ -7215,14 +7871,20 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
                              "on that address?); the request stays valid and goes out when it does",
-                             s, w->endpoints[s], (long long)(timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms));
+                             s, kvps__ep(w, s), (long long)(timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms));
                     return KVPS_ERR_PEER_LOST;
                 }
             for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && w->down[s]) {
+                if (c->state[s] == 1 && w->down[s] && w->nrep[s] > 1) {
+                    snprintf(w->errmsg, sizeof w->errmsg,
+                             "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
+                             "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
+                             kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
+                    return KVPS_ERR_PEER_LOST;
+                } else if (c->state[s] == 1 && w->down[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
-                             s, w->endpoints[s], (long long)(kvps__now_ms() - w->down_since[s]));
+                             s, kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
                     return KVPS_ERR_PEER_LOST;
                 }
             int waited = timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms;
