@@ -12,6 +12,8 @@
      test_replacement_then_kill  the backup killed, a replacement started on its endpoint gets a
                                  snapshot and the stream while pushes go on; then the primary is
                                  killed too: the replacement takes over, every sum exact
+     test_reply_waits_for_backup a push is not answered while shard 0's backup is stopped
+                                 (SIGSTOP), until heartbeats drop it; resumed, it rejoins
      test_all_replicas_gone      both replicas of shard 0 killed: the wait is PEER_LOST naming
                                  the shard
      test_wrong_shard_refused    a server of another shard placed in a chain refuses the snapshot
@@ -300,6 +302,46 @@ static void test_all_replicas_gone(void) {
         for (int rr = 0; rr < NREP; rr++) { kill_server(&J, s, rr); }
 }
 
+/* The guarantee itself: no answer while a live backup has not acknowledged what it depends on.
+   Shard 0's backup is stopped (SIGSTOP): a push is not answered (it would be at once without the
+   hold); once heartbeats drop the stopped backup (peer_timeout_ms), the primary goes on alone and
+   answers. Resumed, the backup rejoins with a snapshot, and every sum is exact. */
+static void test_reply_waits_for_backup(void) {
+    job_init(&J, "hold", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
+    job_start(&J);
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = J.servers, .rank = 0, .num_workers = NW, .heartbeat_ms = 200,
+                                                 .peer_timeout_ms = 1000, .failover_ms = 300},
+                             &w));
+    uint64_t key = 0;
+    for (uint64_t k = 1; k < 100 && !key; k++)
+        if (kvps__mix64(k) % NSH == 0) key = k;
+    float v = 1.0f, got = 0.0f;
+    size_t len = 1;
+    kvps_req q;
+    for (int i = 0; i < 3; i++) { /* the chain is up: these are answered */
+        KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
+        KT_OK(kvps_worker_wait(w, q, 5000));
+    }
+    kill(J.pid[0][1], SIGSTOP);
+    KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
+    kvps_result r = kvps_worker_wait(w, q, 300);
+    KT_CHECK(r == KVPS_ERR_TIMEOUT, "a push was answered (%s) while shard 0's backup, stopped, could not hold it",
+             kvps_result_str(r));
+    if (r == KVPS_ERR_TIMEOUT) KT_OK(kvps_worker_wait(w, q, 10000)); /* the backup is dropped: the primary goes on */
+    kill(J.pid[0][1], SIGCONT);
+    for (int i = 0; i < 3; i++) {
+        KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
+        KT_OK(kvps_worker_wait(w, q, 5000));
+    }
+    KT_OK(kvps_worker_pull(w, &key, &got, &len, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_CHECK(got == 7.0f, "sum %g, want 7", (double)got);
+    kvps_worker_destroy(&w);
+    for (int s = 0; s < NSH; s++)
+        for (int rr = 0; rr < NREP; rr++) kill_server(&J, s, rr);
+}
+
 /* Logs of the servers in this process, for the refusal's words. */
 static char logbuf[8192];
 static size_t loglen;
@@ -356,6 +398,7 @@ int main(void) {
     RUN(test_async_backup_killed, 120);
     RUN(test_bsp_primary_killed, 120);
     RUN(test_replacement_then_kill, 120);
+    RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
     return kt_finish();
