@@ -597,6 +597,27 @@ static void print_markdown(int nmax) {
     }
 }
 
+/* the sweep as a Markdown table: P down the side, the schemes across */
+static void print_markdown_sweep(const char *const *names, int nn) {
+    int n = 0;
+    for (int i = 0; i < nr && !n; i++) if (!strcmp(R[i].kind, "sweep")) n = R[i].n;
+    printf("\nmax/mean bytes per server at n = %d by piece size P (floats; kvps-mod: min_slice = P)\n\n| P | fixed pieces |", n);
+    for (int k = 0; k < nn; k++) printf(" %s |", names[k]);
+    printf("\n|---:|---:|");
+    for (int k = 0; k < nn; k++) printf("---:|");
+    printf("\n");
+    for (int i = 0; i < nr; i++) {
+        if (strcmp(R[i].kind, "sweep") || strcmp(R[i].scheme, "hrw")) continue;
+        printf("| %llu | %llu |", (unsigned long long)R[i].piece, (unsigned long long)R[i].pieces);
+        for (int k = 0; k < nn; k++) {
+            const row *r = find_row("sweep", names[k], R[i].piece, n);
+            if (r) printf(" %.3f |", r->maxmean);
+            else printf(" |");
+        }
+        printf("\n");
+    }
+}
+
 #ifdef PLACEMENT_SIM_KVPS
 /* every tensor registered with a real kvps worker at each n: its slices' count, lengths and
    servers must be kvps-mod's, and every raw key's server too */
@@ -812,6 +833,7 @@ int main(int argc, char **argv) {
     }
 
     print_markdown(nmax);
+    print_markdown_sweep(names, 2 + NRS);
 
     FILE *f = fopen(csv, "w");
     if (!f) { perror(csv); return 1; }
