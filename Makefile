@@ -25,6 +25,20 @@ all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
 $(B)/mpi_allreduce: bench/mpi_allreduce.c bench/bench_cpu.h examples/clock.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
+# The placement simulation of issue 18: plain C99 + libm (no kvps.h, no ZeroMQ, so no deps).
+# `make placement-sim` runs it (~30 s) and writes bench/results/placement.csv; `make
+# placement-check` builds it with kvps.h and checks its "kvps today" placement against kvps's own.
+.PHONY: placement-sim placement-check
+$(B)/placement_sim: bench/placement_sim.c | $(B)
+	$(CC) -std=c99 -O2 -Wall -Wextra $< -o $@ -lm
+$(B)/placement_check: bench/placement_sim.c $(HEADERS) | $(B) deps
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -DPLACEMENT_SIM_KVPS $< -o $@ $(LDLIBS)
+placement-sim: $(B)/placement_sim
+	@mkdir -p bench/results
+	$(B)/placement_sim --csv bench/results/placement.csv
+placement-check: $(B)/placement_check
+	$(B)/placement_check --check-kvps
+
 deps:
 	@scripts/deps.sh build
 deps-demo: deps # the build's packages first, then the data
