@@ -28,7 +28,7 @@
                  [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]
                  [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]
                  [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]
-                 [--timeout SECONDS]
+                 [--timeout SECONDS] [--kill-primary-at ROUND]
 
    Two ways to run it:
    - Standalone (default): the program forks N servers bound to tcp://127.0.0.1:* (each reports
@@ -48,10 +48,24 @@
      allreduce mode reads the ring from KVPS_RANK / KVPS_SIZE / KVPS_RING_PEERS (or the MPI and
      Slurm rank and size; kvps_ring_env_read): `kvps-run -s 0 -w 4 -- ./fmnist --mode allreduce`,
      or mpirun with -x KVPS_RING_PEERS=tcp://h1:7000,tcp://h2:7000,... (one per rank).
+     Replicated shards: `kvps-run -s 2 --replicas 2 -w 4 -- ./fmnist` (KVPS_SERVERS entries list
+     a shard's chain joined by '|'): each server is given its shard's chain, its place in it and
+     whether it replaces a lost replica (kvps_env .replicas, .replica, .replacement; kvps.h,
+     REPLICAS); the workers take KVPS_SERVERS as it is.
 
    Under BSP the run is deterministic: every worker pulls the same weights, and the servers sum
    the contributions in rank order. --check replays the same shards in one process and compares
-   the final weights bit for bit (BSP only).
+   the final weights bit for bit (BSP only). A BSP run (--mode bsp, or ssp:0) ends with worker 0
+   printing `final weights crc32 XXXXXXXX`: zlib's crc32 of the final weights the servers hold
+   (pulled after the last step), every float of fc1.w, fc1.b (MLP: then fc2.w, fc2.b) in order, as
+   the bytes in memory (little-endian on x86 and arm64). Runs that differ only in how they are
+   launched (standalone, kvps-run, mpirun, replicas, a failover) must print the same line.
+
+   Test hook: --kill-primary-at ROUND (give it to every process): the server of shard 0,
+   replica 0, not started as a replacement, serves from a background thread and raises SIGKILL
+   on itself once it has applied ROUND rounds (kvps_server_stats.rounds: one per slice of each
+   tensor it holds, per step); every other process ignores it. With kvps-run --replicas 2 the
+   job must carry on through the failover and end as it would have.
 
    Data: the gzip'd idx files of Debian's dataset-fashion-mnist package
    (/usr/share/datasets/fashion-mnist, or --data DIR).
@@ -109,6 +123,7 @@ typedef struct opts {
     kvps_codec_id codec; /* gradient compression on the pushes */
     double topk_frac;
     int ef;              /* error feedback for lossy codecs */
+    uint64_t kill_at;    /* --kill-primary-at: 0, or the rounds after which shard 0's first primary SIGKILLs itself */
 } opts;
 
 static void usage(FILE *f) {
@@ -117,10 +132,17 @@ static void usage(FILE *f) {
             "              [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]\n"
             "              [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]\n"
             "              [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]\n"
-            "              [--timeout SECONDS]\n"
+            "              [--timeout SECONDS] [--kill-primary-at ROUND]\n"
             "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
             "          --mode bsp --seed 1 --data " DATA_DIR " --codec none --ef 1 --decay cosine\n"
-            "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n");
+            "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n"
+            "A BSP run (bsp, ssp:0) ends with worker 0 printing 'final weights crc32 XXXXXXXX' (zlib's crc32 of\n"
+            "the final weights on the servers: fc1.w, fc1.b and, for the MLP, fc2.w, fc2.b).\n"
+            "--kill-primary-at ROUND  a test hook for replicated shards (kvps-run -s 2 --replicas 2 -w 4 -- fmnist\n"
+            "          ... --kill-primary-at ROUND): the server of shard 0, replica 0, not started as a replacement\n"
+            "          (KVPS_REPLACEMENT), serves from a background thread and raises SIGKILL on itself once it\n"
+            "          has applied ROUND rounds (kvps_server_stats.rounds: one per slice of each tensor it\n"
+            "          holds, per step); every other process ignores it. Give it to every process.\n");
 }
 
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
@@ -221,6 +243,9 @@ static int parse_opts(int argc, char **argv, opts *o) {
             o->target = d;
         } else if (strcmp(name, "--data") == 0) {
             o->data = val;
+        } else if (strcmp(name, "--kill-primary-at") == 0) {
+            bad = parse_long(val, 1, 2147483647L, &l);
+            o->kill_at = (uint64_t)l;
         } else {
             fprintf(stderr, "fmnist: unknown option '%s'\n", name);
             usage(stderr);
@@ -876,6 +901,11 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         wait_all(w, q, 1, END_WAIT_MS, "final barrier");
         pull_all(w, &n, th, t, WAIT_MS);
     }
+    /* BSP (and SSP(0), the same rounds): the final weights, which every run of these options
+       computes bit for bit alike, named by their crc32 (the tensors in order, each float's bytes) */
+    int bsp = ps && (o->mode == MODE_BSP || (o->mode == MODE_SSP && o->staleness == 0));
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int i = 0; bsp && i < n.nt; i++) crc = crc32(crc, (const Bytef *)t[i], (uInt)(n.len[i] * sizeof(float)));
     double wall_s = now_s() - t_start;
     if (ps) KVPS_CHECK(w, kvps_worker_finish(w, WAIT_MS), "finish"); /* the servers leave once every worker has */
     kvps_worker_destroy(&w);
@@ -918,6 +948,10 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
             tensors_free(&n, ref);
             fflush(stdout);
         }
+        if (bsp) {
+            printf("final weights crc32 %08lx\n", (unsigned long)crc);
+            fflush(stdout);
+        }
     }
     free(perm);
     free(flat);
@@ -932,15 +966,21 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
    Server: with report_fd >= 0 writes the bound endpoint there first. It leaves by itself once
    every worker has finished (kvps_server_run returns), on SIGINT/SIGTERM, or when the
    standalone parent (parent > 0) has died. */
-static int server_main(const opts *o, const char *endpoint, int rank, int report_fd, pid_t parent) {
+static int server_main(const opts *o, const char *endpoint, int rank, int report_fd, pid_t parent,
+                       const kvps_env *env) {
+    const char *replicas = env ? env->replicas : NULL; /* standalone: no replicas */
+    int replica = env ? env->replica : 0, replacement = env ? env->replacement : 0;
     return launch_server(&(launch_server_desc){
         .prog = "fmnist",
         .server = {.endpoint = endpoint, .num_workers = o->workers, .rank = rank,
                    .consistency = server_consistency(o), .staleness = o->staleness,
-                   .update = KVPS_UPDATE_SGD, .lr = server_lr(o)},
+                   .update = KVPS_UPDATE_SGD, .lr = server_lr(o),
+                   .replicas = replicas, .replica = replica, .replacement = replacement},
         .parent = parent,
         .poll_ms = 50,
-        .report_fd = report_fd});
+        .report_fd = report_fd,
+        /* --kill-primary-at: shard 0's first primary only */
+        .kill_at_rounds = rank == 0 && replica == 0 && !replacement ? o->kill_at : 0});
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1077,7 +1117,7 @@ static int run_local(const opts *o, const dataset *train, const dataset *test) {
         if (pid < 0) { perror("fmnist: fork"); close(fd[0]); close(fd[1]); rc = 1; break; }
         if (pid == 0) {
             close(fd[0]);
-            _exit(server_main(o, "tcp://127.0.0.1:*", i, fd[1], self));
+            _exit(server_main(o, "tcp://127.0.0.1:*", i, fd[1], self, NULL));
         }
         c[i] = (child){pid, "server", i, 0, 0, 0};
         close(fd[1]);
@@ -1228,7 +1268,7 @@ int main(int argc, char **argv) {
         kvps_env env;
         if ((rc = launch_env_read("fmnist", &env, &o.servers, o.set_servers, &o.workers, o.set_workers)) != 0) return rc;
         if ((rc = check_opts(&o)) != 0) return rc;
-        if (env.role == KVPS_ROLE_SERVER) return server_main(&o, env.endpoint, env.rank, -1, 0);
+        if (env.role == KVPS_ROLE_SERVER) return server_main(&o, env.endpoint, env.rank, -1, 0, &env);
         if (datasets_load(o.data, &train, &test) != 0)
             return 2;
         return worker_main(&o, env.servers, NULL, env.rank, &train, &test);

@@ -30,14 +30,15 @@ static void gradient(int rank, const float *w, float *g) {
     }
 }
 
-/* A server or worker: servers, a server's own endpoint, rank, workers, a shared ZeroMQ context. */
-typedef struct job { const char *servers, *endpoint; int rank, workers; void *zmq_ctx; } job;
+/* A server or worker: servers; a server's endpoint and its shard's replicas (REPLICAS, kvps.h); rank; workers; a ZeroMQ context */
+typedef struct job { const char *servers, *endpoint, *replicas; int rank, workers, replica, replacement; void *zmq_ctx; } job;
 
 static void *server_main(void *arg) { /* returns NULL on an error */
     job *j = (job *)arg;
     kvps_server *s = NULL; /* w -= LR * (the round's sum of gradients / workers), once all have pushed */
-    kvps_result rc = kvps_server_create(&(kvps_server_desc){.endpoint = j->endpoint, .rank = j->rank, .num_workers = j->workers,
-                                                            .update = KVPS_UPDATE_SGD, .lr = LR, .zmq_ctx = j->zmq_ctx}, &s);
+    kvps_result rc = kvps_server_create(&(kvps_server_desc){
+        .endpoint = j->endpoint, .rank = j->rank, .num_workers = j->workers, .update = KVPS_UPDATE_SGD, .lr = LR,
+        .zmq_ctx = j->zmq_ctx, .replicas = j->replicas, .replica = j->replica, .replacement = j->replacement}, &s);
     if (rc == KVPS_OK) rc = kvps_server_run(s); /* returns by itself once every worker has finished */
     printf("hello_ps: server %d: %s\n", j->rank, rc == KVPS_OK ? "every worker finished" : kvps_result_str(rc));
     kvps_server_destroy(&s);
@@ -47,8 +48,7 @@ static void *server_main(void *arg) { /* returns NULL on an error */
 static void *worker_main(void *arg) { /* returns NULL on an error or wrong weights */
     job *j = (job *)arg;
     float w[DIM] = {0}, g[DIM], err = 0; /* the servers' weights start at zero too */
-    kvps_worker *wk = NULL;
-    kvps_tensor t; kvps_req q;
+    kvps_worker *wk = NULL; kvps_tensor t; kvps_req q;
     kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = j->workers,
                                                             .min_slice = 1, .zmq_ctx = j->zmq_ctx}, &wk);
     if (rc == KVPS_OK) rc = kvps_worker_tensor(wk, "w", DIM, &t); /* min_slice 1: a slice on each server */
@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
     kvps_env env;
     if (kvps_env_launched()) { /* kvps-run, mpirun, srun: this process is one server or worker */
         if (kvps_env_read(&env) != KVPS_OK) return 2; /* it said what is missing */
-        job j = {env.servers, env.endpoint, env.rank, env.num_workers, NULL};
+        job j = {env.servers, env.endpoint, env.replicas, env.rank, env.num_workers, env.replica, env.replacement, NULL};
         return (env.role == KVPS_ROLE_SERVER ? server_main(&j) : worker_main(&j)) ? 0 : 1;
     }
     int ns = 1, nw = 2, ok = 1; /* standalone: every server and worker a thread, on inproc:// */
@@ -90,7 +90,7 @@ int main(int argc, char **argv) {
     job jobs[2 * MAX_PEERS];
     pthread_t th[2 * MAX_PEERS];
     for (int i = 0; i < ns + nw; i++) {
-        jobs[i] = (job){servers, i < ns ? eps[i] : NULL, i < ns ? i : i - ns, nw, ctx};
+        jobs[i] = (job){servers, i < ns ? eps[i] : NULL, NULL, i < ns ? i : i - ns, nw, 0, 0, ctx}; /* no replicas */
         pthread_create(&th[i], NULL, i < ns ? server_main : worker_main, &jobs[i]);
     }
     for (int i = 0; i < ns + nw; i++) { void *right; pthread_join(th[i], &right); ok &= right != NULL; }

@@ -13,7 +13,8 @@
      launch_catch_signals     one handler for SIGINT and SIGTERM
      launch_server            a server process: create, serve until every worker has finished
                               (kvps_server_run returns by itself), SIGINT/SIGTERM, or the
-                              standalone parent is gone; destroy
+                              standalone parent is gone; destroy (or, a test hook, SIGKILL
+                              itself after a number of rounds)
      launch_env_read          a server or worker process: role, rank and cluster from KVPS_*
      launch_list_add          "a,b,c": endpoint lists */
 #ifndef KVPS_EXAMPLES_LAUNCH_H
@@ -77,6 +78,11 @@ typedef struct launch_server_desc {
     /* What the server says when it leaves, given the result of kvps_server_run (NULL: a
        failure, on stderr). */
     void (*on_end)(kvps_server *s, int rank, kvps_result r);
+    /* A test hook: > 0 serves from a background thread (kvps_server_start), reads the server's
+       stats every millisecond and, once it has applied this many rounds (kvps_server_stats
+       .rounds: one per key or tensor slice it holds, per round), raises SIGKILL on this
+       process: a real crash at a known point (fmnist --kill-primary-at). */
+    uint64_t kill_at_rounds;
 } launch_server_desc;
 
 static kvps_server *volatile launch__server; /* the server that SIGINT / SIGTERM stop */
@@ -134,7 +140,22 @@ static inline int launch_server(const launch_server_desc *d) {
     launch__watch w = {s, d};
     pthread_t th;
     int watching = d->parent > 0 && pthread_create(&th, NULL, launch__watch_main, &w) == 0;
-    r = kvps_server_run(s);
+    if (d->kill_at_rounds > 0) {
+        r = kvps_server_start(s);
+        while (r == KVPS_OK && kvps_server_wait(s, 1) == KVPS_ERR_TIMEOUT) { /* not stopped: look every ms */
+            kvps_server_stats st;
+            kvps_server_stats_get(s, &st);
+            if (st.rounds >= d->kill_at_rounds) {
+                fprintf(stderr, "%s: server %d (replica %d): %llu rounds applied: raising SIGKILL (test hook: at %llu)\n",
+                        d->prog, rank, d->server.replica, (unsigned long long)st.rounds,
+                        (unsigned long long)d->kill_at_rounds);
+                fflush(NULL);
+                raise(SIGKILL);
+            }
+        }
+    } else {
+        r = kvps_server_run(s);
+    }
     launch__stop = 1;
     if (watching) pthread_join(th, NULL);
     launch__server = NULL;

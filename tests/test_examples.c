@@ -4,11 +4,15 @@
      ctr              learns: held-out AUC within a margin of the true model's AUC (LR under
                       BSP, FM under SSP, LR async under kvps-run)
      fmnist           ssp, easgd and allreduce modes for one epoch, standalone and under kvps-run
-                      (skipped without Debian's dataset-fashion-mnist)
+                      (skipped without Debian's dataset-fashion-mnist); with replicated shards
+                      (kvps-run --replicas 2), plain and with shard 0's primary SIGKILLed mid-run:
+                      the same final weights (crc32) as without replicas
      mpirun           ring_allreduce (-n 3) and fmnist bsp (-n 4: 2 servers, 2 workers) under a real
                       Open MPI mpirun, ranks from OMPI_COMM_WORLD_RANK (skipped without mpirun)
      kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
-                      SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting
+                      SIGINT (exit 130, nothing left), host file over a stand-in ssh, quoting;
+                      --replicas: the chains in KVPS_SERVERS, KVPS_REPLICA, [server I.J], a failed
+                      replica's shard going on, a shard with none left failing the job
      make install     into a DESTDIR, then a program built with `pkg-config --cflags --libs kvps`
      README           the heart of hello_ps.c it shows is the program's; its build lines for
                       hello_ps.c and hello_ring.c, run verbatim, build them; they print what it says
@@ -418,6 +422,62 @@ static void test_fmnist_under_kvps_run(void) {
     free(out);
 }
 
+/* fmnist's last line under BSP, "final weights crc32 XXXXXXXX" from worker 0 (after `prefix`):
+   its 8 hex digits into crc; 0 when there is no such line. */
+static int fmnist_crc(const char *out, const char *prefix, char crc[9]) {
+    char want[64];
+    snprintf(want, sizeof want, "%sfinal weights crc32 ", prefix);
+    const char *p = strstr(out, want);
+    if (!p || (p != out && p[-1] != '\n')) return 0;
+    p += strlen(want);
+    for (int i = 0; i < 8; i++)
+        if (!strchr("0123456789abcdef", p[i]) || !p[i]) return 0;
+    if (p[8] != '\n' && p[8] != 0) return 0;
+    memcpy(crc, p, 8);
+    crc[8] = 0;
+    return 1;
+}
+
+/* Replicated shards (issue 18): one epoch of the MLP, BSP, 2 shards and 4 workers under kvps-run,
+   three ways: without replicas; with 2 replicas per shard; and with 2 replicas and shard 0's
+   primary SIGKILLed mid-run (--kill-primary-at 700: with 2 shards shard 0 holds 3 of the MLP's
+   slices, so it applies 3 rounds a step, 1404 in the epoch's 468 steps; round 700 is in step 234).
+   Each exits 0 and prints the same "final weights crc32" line: replication and a failover must
+   not change the arithmetic (BSP sums in rank order: the run without replicas fixes the bits). */
+static void test_fmnist_replicas(void) {
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
+    static const char *runs[3][2] = {
+        {"without replicas", "-s 2 -w 4"},
+        {"2 replicas per shard", "-s 2 --replicas 2 -w 4"},
+        {"2 replicas, shard 0's primary killed at round 700", "-s 2 --replicas 2 -w 4"}};
+    char crc[3][9] = {"", "", ""};
+    for (int i = 0; i < 3; i++) {
+        char *out, line[512];
+        int rc = run(&out, "timeout 150 scripts/kvps-run %s --timeout 120 -- %s/fmnist --model mlp --epochs 1%s", runs[i][1],
+                     bdir, i == 2 ? " --kill-primary-at 700" : "");
+        KT_CHECK(rc == 0, "%s: exit %d", runs[i][0], rc);
+        check_fmnist(out, "[worker 0] ", "bsp");
+        KT_CHECK(fmnist_crc(out, "[worker 0] ", crc[i]), "%s: no line '[worker 0] final weights crc32 XXXXXXXX'", runs[i][0]);
+        KT_CHECK(!strstr(out, "stopping the servers"), "%s: kvps-run had to stop servers", runs[i][0]);
+        if (i < 2) { /* a clean finish; the kill run's workers do say they lost server 0's primary */
+            const char *lost = line_saying_lost(out, line, sizeof line);
+            KT_CHECK(!lost, "%s: a process lost a peer: '%s'", runs[i][0], lost ? lost : "");
+        } else {
+            KT_CHECK(strstr(out, "[server 0.0] fmnist: server 0 (replica 0): ") &&
+                         strstr(out, " rounds applied: raising SIGKILL (test hook: at 700)"),
+                     "%s: the primary did not kill itself", runs[i][0]);
+            KT_CHECK(strstr(out, "kvps-run: server 0.0 exited with code 137; shard 0 goes on with server 0.1 (--replicas)"),
+                     "%s: kvps-run did not see server 0.0 die", runs[i][0]);
+        }
+        if (i > 0 && *crc[0] && *crc[i])
+            KT_CHECK(strcmp(crc[i], crc[0]) == 0, "%s: final weights crc32 %s, without replicas %s", runs[i][0], crc[i], crc[0]);
+        printf("  %s: exit %d, final weights crc32 %s\n", runs[i][0], rc, *crc[i] ? crc[i] : "(none)");
+        if (kt_cur_failed) show(out);
+        free(out);
+        if (i == 0 && kt_cur_failed) return; /* no reference */
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
    mpirun: the examples take their rank from OMPI_COMM_WORLD_RANK (they use no MPI themselves) */
 static int port_free(int port) { /* nothing bound to 127.0.0.1:port, not even in TIME_WAIT */
@@ -529,6 +589,55 @@ static void test_launcher_port(void) {
     snprintf(want, sizeof want, "[worker 0] tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", base,
              base + 1, base + 2, base + 3);
     KT_CHECK(has_line(out, want), "want '%s'", want);
+    if (kt_cur_failed) show(out);
+    free(out);
+}
+
+/* --replicas R: N x R servers; KVPS_SERVERS lists each shard's chain joined by '|', its ports in
+   --port order (shard 0's replicas, shard 1's, then the workers' ring peers); a server gets its
+   shard as KVPS_RANK and its place as KVPS_REPLICA, and its lines say [server I.J]. A replica that
+   fails while another of its shard runs is named and the job goes on (exit 0); a shard with no
+   replica left fails the job with the code of the last one. */
+static void test_launcher_replicas(void) {
+    char *out, want[400];
+    int base = 20000 + (int)(getpid() % 5000) * 2;
+    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 --replicas 2 -w 2 --port %d --server-wait 1 -- sh -c "
+                       "'echo \"$KVPS_ROLE $KVPS_RANK ${KVPS_REPLICA:--} n=$KVPS_NUM_SERVERS $KVPS_SERVERS ${KVPS_RING_PEERS:--}\"; "
+                       "[ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
+    KT_CHECK(rc == 0, "exit %d", rc);
+    char servers[300];
+    snprintf(servers, sizeof servers, "tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d", base, base + 1,
+             base + 2, base + 3);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            snprintf(want, sizeof want, "[server %d.%d] server %d %d n=2 %s -", i, j, i, j, servers);
+            KT_CHECK(has_line(out, want), "want '%s'", want);
+        }
+    for (int r = 0; r < 2; r++) {
+        snprintf(want, sizeof want, "[worker %d] worker %d - n=2 %s tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", r, r, servers, base + 4,
+                 base + 5);
+        KT_CHECK(has_line(out, want), "want '%s'", want);
+    }
+    KT_CHECK(strstr(out, "kvps-run: server 0.0, server 0.1, server 1.0, server 1.1 still running 1 s after the last worker "
+                         "(--server-wait): stopping the servers") != NULL, "no message naming the servers stopped");
+    if (kt_cur_failed) show(out);
+    free(out);
+    /* replica 0 dies (SIGKILL), replica 1 carries on: the job ends well */
+    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+                   "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 2.5; echo left ;; *) sleep 1; echo done ;; esac'");
+    KT_CHECK(rc == 0, "one replica killed: exit %d, want 0", rc);
+    KT_CHECK(strstr(out, "kvps-run: server 0.0 exited with code 137; shard 0 goes on with server 0.1 (--replicas)") != NULL,
+             "no message naming the dead replica");
+    KT_CHECK(has_line(out, "[server 0.1] left") && has_line(out, "[worker 0] done"), "the others did not finish");
+    if (kt_cur_failed) show(out);
+    free(out);
+    /* then replica 1 fails too: the shard is gone, the job stops with its code */
+    double t0 = now_s();
+    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+                   "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 1; exit 5 ;; *) sleep 30 ;; esac'");
+    KT_CHECK(rc == 5, "both replicas failed: exit %d, want 5", rc);
+    KT_CHECK(now_s() - t0 < 20, "took %.1f s: the worker was not stopped", now_s() - t0);
+    KT_CHECK(strstr(out, "kvps-run: server 0.1 exited with code 5; stopping the job") != NULL, "no message naming the failure");
     if (kt_cur_failed) show(out);
     free(out);
 }
@@ -809,10 +918,12 @@ int main(int argc, char **argv) {
     KT_RUN(test_ctr_async_under_kvps_run);
     KT_RUN(test_fmnist_modes);
     KT_RUN(test_fmnist_under_kvps_run);
+    KT_RUN(test_fmnist_replicas);
     KT_RUN(test_ring_allreduce_mpirun);
     KT_RUN(test_fmnist_mpirun);
     KT_RUN(test_launcher_env_and_prefixes);
     KT_RUN(test_launcher_port);
+    KT_RUN(test_launcher_replicas);
     KT_RUN(test_launcher_failure_stops_job);
     KT_RUN(test_launcher_sigint);
     KT_RUN(test_launcher_host_file);
