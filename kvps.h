@@ -138,7 +138,10 @@
                            place, u64 list hash, u64 min_slice, u64 max_slice, u64 0), 11 BYE,
                            12 STATUS (req_id: the request asked about; answered with text),
                            13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
-                           bytes, the name); replies set 0x80
+                           bytes, the name), 14 REPL (primary -> backup, REPLICAS: rank = 0
+                           a worker's request follows as [routing id][meta][values?], 1 a
+                           snapshot [checkpoint bytes][session], 2 worker u32 lost; nkeys =
+                           epoch, req_id = sequence, aux = sender's place); replies set 0x80
      table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
      PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
      u64 seed } with no ids
@@ -268,7 +271,9 @@
    kvps_env_read fills a kvps_env from KVPS_ROLE (server|worker), KVPS_RANK (else
    OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), KVPS_SERVERS (comma-separated endpoints),
    KVPS_NUM_WORKERS. Under mpirun/srun without KVPS_ROLE, ranks 0..n-1 are servers and the rest
-   workers (worker rank = rank - n). kvps_env_launched() tells whether a launcher started this
+   workers (worker rank = rank - n). With REPLICAS (entries "a|b"), a server's env has its
+   replica (KVPS_REPLICA; under mpirun/srun the first n x r ranks serve, process p being shard
+   p % n, replica p / n), its shard's chain and KVPS_REPLACEMENT. kvps_env_launched() tells whether a launcher started this
    process: one of KVPS_ROLE, KVPS_SERVERS, KVPS_RANK, KVPS_RING_PEERS, OMPI_COMM_WORLD_RANK or
    PMI_RANK is set (not empty), or SLURM_PROCID with SLURM_NTASKS > 1 (one task alone, e.g. a
    batch script's, is not a job of several). A program that runs standalone or launched checks it.
@@ -314,7 +319,36 @@
    k > 0 it can wait for a lull). kvps_server_restore loads it into a fresh server before
    kvps_server_start; restart the server on the same endpoint and its workers carry on:
    requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
-   Not done yet: replication to a backup server.
+   REPLICAS. A shard may be a chain of r servers: its entry of the server list names them
+   joined by '|' ("tcp://a:5555|tcp://b:5555,tcp://c:5556|tcp://d:5556" is 2 shards x 2
+   replicas; workers take the list as it is). Each server of a chain is created with .endpoint
+   its own, .replicas its shard's entry and .replica its place in it (kvps_env gives all three:
+   KVPS_REPLICA, or under mpirun/srun process p is shard p % n, replica p / n; kvps-run
+   --replicas R starts them). Place 0 starts as the primary. The primary sends every request
+   that can change state (all but pulls and STATUS) to each backup in the order it serves it,
+   and each backup serves it through the same code, its replies going nowhere: BSP sums in
+   rank order, async pushes in arrival order, optimizer state, sparse tables, SSP counters,
+   the exactly-once windows and the sessions all come out the same bits. A reply is held until
+   every live backup has acknowledged every request served before it, so whatever a worker was
+   told survives the primary (a push's bytes cross the link to each backup once more; pulls
+   are not sent). A backup joins with a snapshot (a checkpoint's bytes and the session state)
+   taken when no round is half summed, then the requests served after it, while training goes
+   on; that is also how a replacement catches up (a server started with .replacement = 1,
+   KVPS_REPLACEMENT=1, on a lost replica's endpoint: it waits for its snapshot, then holds the
+   shard). A backup that goes away is dropped from the chain with a warning and the shard goes
+   on; one of the first chain that has not connected within peer_timeout_ms is not waited for.
+   Failover: a worker whose shard's server has been unreachable for .failover_ms (1000) moves
+   to the next replica, round the chain, and re-sends what was in flight there (exactly once, by
+   the windows the backup holds). A backup takes over as primary when a worker's request comes
+   and its primary's connection is gone (epoch + 1, and the others get a snapshot from it);
+   while the primary's connection is alive it answers KVPS_ERR_NOT_PRIMARY and the worker moves
+   on. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
+   snapshot from another shard or job (rank, number of workers) is refused and that replica
+   stays out. Limits: a primary cut off from its backups while still reachable by some workers
+   is not detected (there is no quorum: a backup takes over once it has lost the primary's
+   connection and a worker comes); parked barrier waits are not in a snapshot (a replacement
+   that takes over before a barrier completes answers its re-sent entries at once); tensor
+   names (NAME) are not in a snapshot. The server set cannot grow or shrink yet.
    Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
    connection is not reported lost.
 
@@ -385,6 +419,10 @@
         its workers sets .keep_serving = 1; two live workers of one rank are refused; a server
         never reached is KVPS_ERR_PEER_LOST "never connected" at the wait's timeout, as one
         that was lost, rather than KVPS_ERR_TIMEOUT.
+        Replicated shards (FAULTS, REPLICAS): '|' in a server list entry, desc fields
+        .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL,
+        KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
+        programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -640,6 +678,7 @@ typedef struct kvps_server_stats {
    | peer_timeout_ms | 5000: a connection silent this long is dropped and re-made (at least 2 x heartbeat_ms) |
    | io_cpus       | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
    | timeline      | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
+   | failover_ms   | 1000: a shard's server unreachable this long: the next replica (REPLICAS) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;

@@ -18,6 +18,7 @@
 #   fuzz_reply   a worker's reply path (kvps__on_reply) for each kind of request
 #   fuzz_ring    a ring rank's receive path for each collective
 #   fuzz_ckpt    kvps_server_restore on arbitrary files, then the restored server at work
+#   fuzz_repl    a backup replica: snapshots, the primary's copies of requests, lost workers, take-over
 # Clang's libFuzzer, ASan and UBSan; -O1 keeps the SIMD paths and the stacks readable.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 30

@@ -577,6 +577,56 @@ static void ckpt_seeds(void) {
     save("fuzz_ckpt", "body", &b);
 }
 
+
+/* fuzz_repl: what a backup replica's primary sends it. */
+static void repl_msg(buf *b, int kind, uint64_t seq) {
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_REPL, .rank = (uint32_t)kind, .nkeys = 1, .req_id = seq);
+    msg(b);
+    frame(b, &h, sizeof h);
+}
+static void push_frame(buf *b, uint64_t key, uint64_t len) { /* a push's meta as one frame of the message begun */
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_PUSH, .rank = 0, .nkeys = 1, .req_id = ++req_id << 24, .status = 77);
+    uint8_t m[KVPS__HDR + KVPS__KENT];
+    memcpy(m, &h, sizeof h);
+    memcpy(m + KVPS__HDR, &key, 8);
+    memcpy(m + KVPS__HDR + 8, &len, 8);
+    frame(b, m, sizeof m);
+}
+static void repl_seeds(void) {
+    buf b;
+    uint64_t k1[1] = {11}, l1[1] = {4};
+    uint8_t cfg = 1; /* async */
+    /* the primary's copies of a hello, a push and a pushpull, a lost worker, then a pull from a
+       worker (this backup takes over) */
+    begin(&b, &cfg, 1);
+    repl_msg(&b, KVPS__REPL_FWD, 1); frame(&b, "wid", 3); push_frame(&b, k1[0], l1[0]); values(&b, 4, 1);
+    repl_msg(&b, KVPS__REPL_LOST, 2); { uint32_t r = 0; frame(&b, &r, 4); }
+    meta(&b, KVPS__OP_PULL, 0, 0, 0, k1, l1, 1);
+    save("fuzz_repl", "forward_lost_takeover", &b);
+    /* a snapshot of a server holding one key, then a copy of a push after it, then a gap */
+    kvps_server *s = NULL;
+    kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-repl", .num_workers = 1,
+                                            .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM}, &s);
+    kvps__key_create(s, 11, 4);
+    char *snap = NULL;
+    size_t nsnap = 0;
+    FILE *f = open_memstream(&snap, &nsnap);
+    kvps__cw w = {f, 0, 0};
+    kvps__ckpt_put(s, &w);
+    fclose(f);
+    uint8_t sess[64];
+    kvps__session_put(s, sess);
+    size_t nsess = kvps__session_bytes(s);
+    cfg = 1;
+    begin(&b, &cfg, 1);
+    repl_msg(&b, KVPS__REPL_SNAP, 5); frame(&b, snap, nsnap); frame(&b, sess, nsess);
+    repl_msg(&b, KVPS__REPL_FWD, 6); frame(&b, "wid", 3); push_frame(&b, k1[0], l1[0]); values(&b, 4, 2);
+    repl_msg(&b, KVPS__REPL_FWD, 9); frame(&b, "wid", 3);
+    save("fuzz_repl", "snapshot_then_stream", &b);
+    free(snap);
+    kvps_server_destroy(&s);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: gen_corpus <dir>\n"); return 2; }
     root = argv[1];
@@ -587,5 +637,6 @@ int main(int argc, char **argv) {
     reply_seeds();
     ring_seeds();
     ckpt_seeds();
+    repl_seeds();
     return 0;
 }
