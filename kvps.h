@@ -1482,6 +1482,9 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
         return KVPS_ERR_ENV;
     }
     kvps_result r = KVPS_OK;
+    static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+    int rank = -1, got = 0;
+    const char *role = getenv("KVPS_ROLE");
     /* replicas per shard ('|' in an entry): the same for every shard, for the mpirun mapping */
     int reps = 1;
     for (int i = 0; i < env->num_servers; i++) {
@@ -1495,9 +1498,6 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
         r = KVPS_ERR_ENV;
         goto done;
     }
-    static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-    int rank = -1, got = 0;
-    const char *role = getenv("KVPS_ROLE");
     if (kvps__env_int("KVPS_NUM_WORKERS", &env->num_workers) != 1 || env->num_workers < 1) {
         kvps__log(KVPS_LOG_ERROR, "KVPS_NUM_WORKERS is missing or not a positive integer");
         r = KVPS_ERR_ENV;
@@ -5124,6 +5124,24 @@ static int kvps__quiescent(const kvps_server *s) {
     return 1;
 }
 
+/* One key's record (the checkpoint's, and a key moved to another server): u64 key, len, round,
+   u32 rule, f32 lr momentum beta1 beta2 eps, u32 state floats per value, f32 b1t b2t,
+   u64 recv[workers], f32 value[len], f32 state[len x that]. */
+static void kvps__key_put(const kvps_server *s, kvps__cw *w, const kvps__key *k) {
+    uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rules[kvps__rule_in_force(s, k->opt.rule)].state : 0;
+    float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
+    KVPS__CW(w, k->key);
+    KVPS__CW(w, k->len);
+    KVPS__CW(w, k->round);
+    KVPS__CW(w, rule);
+    kvps__cw_put(w, f, 5 * sizeof(float));
+    KVPS__CW(w, nstate);
+    kvps__cw_put(w, f + 5, 2 * sizeof(float));
+    kvps__cw_put(w, k->recv, (size_t)s->m * sizeof *k->recv);
+    kvps__cw_put(w, k->value, (size_t)k->len * sizeof(float));
+    if (nstate) kvps__cw_put(w, k->state, (size_t)k->len * nstate * sizeof(float));
+}
+
 /* The shard, whole, in the checkpoint layout above (a file, or a replica's snapshot). */
 static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
     kvps__cw w = *wp;
@@ -5149,21 +5167,7 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
             if (t->sdim) kvps__cw_put(&w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
         }
     }
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        const kvps__key *k = s->keys[i];
-        uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rules[kvps__rule_in_force(s, k->opt.rule)].state : 0;
-        float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
-        KVPS__CW(&w, k->key);
-        KVPS__CW(&w, k->len);
-        KVPS__CW(&w, k->round);
-        KVPS__CW(&w, rule);
-        kvps__cw_put(&w, f, 5 * sizeof(float));
-        KVPS__CW(&w, nstate);
-        kvps__cw_put(&w, f + 5, 2 * sizeof(float));
-        kvps__cw_put(&w, k->recv, (size_t)s->m * sizeof *k->recv);
-        kvps__cw_put(&w, k->value, (size_t)k->len * sizeof(float));
-        if (nstate) kvps__cw_put(&w, k->state, (size_t)k->len * nstate * sizeof(float));
-    }
+    for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_put(s, &w, s->keys[i]);
     for (int r = 0; r < s->m; r++) {
         KVPS__CW(&w, s->barrier_gen[r]);
         KVPS__CW(&w, s->out[r]);
@@ -5282,6 +5286,41 @@ static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     return 0;
 }
 
+/* Reads one key record (kvps__key_put's) into a new key; NULL, or why not. */
+static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
+    uint64_t key, len, round;
+    uint32_t rule, nstate;
+    float f5[5], bt[2];
+    if (kvps__cr_get(rd, &key, 8) || kvps__cr_get(rd, &len, 8) || kvps__cr_get(rd, &round, 8) ||
+        kvps__cr_get(rd, &rule, 4) || kvps__cr_get(rd, f5, sizeof f5) || kvps__cr_get(rd, &nstate, 4) ||
+        kvps__cr_get(rd, bt, sizeof bt)) return "truncated key record";
+    if (len == 0 || len > s->desc.max_value_len || rule >= KVPS_RULE_COUNT || kvps__find(s, key) != UINT32_MAX ||
+        !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
+        (nstate && kvps__rules[kvps__rule_in_force(s, (kvps_rule)rule)].scalars &&
+         !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f)))
+        return "invalid key record"; /* (scalar state: Adam's bias-correction powers in (0, 1]) */
+    /* the bytes must hold what the record announces before anything is allocated for it */
+    if ((rd->left - (size_t)s->m * 8) / sizeof(float) / (1 + nstate) < len || rd->left < (size_t)s->m * 8)
+        return "truncated values";
+    uint32_t ki = kvps__key_create(s, key, len);
+    if (ki == UINT32_MAX) return "out of memory";
+    kvps__key *k = s->keys[ki];
+    k->round = round;
+    if (round > s->max_round) s->max_round = round;
+    k->opt.rule = (kvps_rule)rule;
+    k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
+    k->b1t = bt[0];
+    k->b2t = bt[1];
+    if (kvps__cr_get(rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
+        kvps__cr_get(rd, k->value, (size_t)len * sizeof(float))) return "truncated values";
+    if (nstate) {
+        if (len > SIZE_MAX / (nstate * sizeof(float)) || rd->left < (size_t)len * nstate * sizeof(float) ||
+            !(k->state = (float *)malloc((size_t)len * nstate * sizeof(float)))) return "truncated optimizer state";
+        kvps__cr_get(rd, k->state, (size_t)len * nstate * sizeof(float));
+    }
+    return NULL;
+}
+
 /* Loads a checkpoint's bytes (a file's, or a replica's snapshot) into s, which holds no keys
    or tables; NULL, or why it was refused (and s is left empty). */
 static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, size_t size) {
@@ -5329,42 +5368,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
             if (t->sdim) kvps__cr_get(&rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
         }
     }
-    for (uint32_t i = 0; !why && i < hdr[4]; i++) {
-        uint64_t key, len, round;
-        uint32_t rule, nstate;
-        float f5[5], bt[2];
-        if (kvps__cr_get(&rd, &key, 8) || kvps__cr_get(&rd, &len, 8) || kvps__cr_get(&rd, &round, 8) ||
-            kvps__cr_get(&rd, &rule, 4) || kvps__cr_get(&rd, f5, sizeof f5) || kvps__cr_get(&rd, &nstate, 4) ||
-            kvps__cr_get(&rd, bt, sizeof bt)) { why = "truncated key record"; break; }
-        if (len == 0 || len > s->desc.max_value_len || rule >= KVPS_RULE_COUNT || kvps__find(s, key) != UINT32_MAX ||
-            !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
-            (nstate && kvps__rules[kvps__rule_in_force(s, (kvps_rule)rule)].scalars &&
-             !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f))) {
-            why = "invalid key record"; /* (scalar state: Adam's bias-correction powers in (0, 1]) */
-            break;
-        }
-        /* the file must hold what the record announces before anything is allocated for it */
-        if ((rd.left - (size_t)s->m * 8) / sizeof(float) / (1 + nstate) < len || rd.left < (size_t)s->m * 8) {
-            why = "truncated values";
-            break;
-        }
-        uint32_t ki = kvps__key_create(s, key, len);
-        if (ki == UINT32_MAX) { why = "out of memory"; break; }
-        kvps__key *k = s->keys[ki];
-        k->round = round;
-        if (round > s->max_round) s->max_round = round;
-        k->opt.rule = (kvps_rule)rule;
-        k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
-        k->b1t = bt[0];
-        k->b2t = bt[1];
-        if (kvps__cr_get(&rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
-            kvps__cr_get(&rd, k->value, (size_t)len * sizeof(float))) { why = "truncated values"; break; }
-        if (nstate) {
-            if (len > SIZE_MAX / (nstate * sizeof(float)) || rd.left < (size_t)len * nstate * sizeof(float) ||
-                !(k->state = (float *)malloc((size_t)len * nstate * sizeof(float)))) { why = "truncated optimizer state"; break; }
-            kvps__cr_get(&rd, k->state, (size_t)len * nstate * sizeof(float));
-        }
-    }
+    for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd);
     for (int r = 0; !why && r < s->m; r++)
         if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
             kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
