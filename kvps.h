@@ -837,6 +837,13 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
    does it by itself (waiting at most 1 s) when it was not called. */
 KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms);
 KVPS_API void kvps_worker_destroy(kvps_worker **w);
+/* RESHARD: grows or shrinks the server set while training goes on. Every worker calls it at the
+   same point (a collective, like a barrier), with no request in flight and the same new list:
+   the old list with servers added at its end, or some removed from its end (the barrier server,
+   server 0, stays). The keys whose placement changes (about 1/n of them) move, with their
+   values, optimizer state and round counters, and nothing else does; the servers that leave
+   stop by themselves. New servers must be running (rank = their place in the new list). */
+KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms);
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w);
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w);
 
@@ -2903,7 +2910,11 @@ enum {
     KVPS__OP_STATUS = 12, /* what is request req_id waiting for? answered with text */
     KVPS__OP_NAME = 13,   /* a tensor's name and layout (kvps__name_rec + the name) */
     KVPS__OP_REPL = 14,   /* primary -> backup replica (REPLICAS): rank = kind, req_id = sequence */
-    KVPS__OP_COUNT = 15,
+    KVPS__OP_KEYS = 15,   /* RESHARD: which keys does this server hold? (values: n x {u64 key, u64 len}) */
+    KVPS__OP_EXPORT = 16, /* RESHARD: values = n x u64 key; answered with their key records */
+    KVPS__OP_IMPORT = 17, /* RESHARD: values = key records, taken in (new keys only) */
+    KVPS__OP_DROP = 18,   /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */
+    KVPS__OP_COUNT = 19,
     KVPS__PROTO = 3,      /* the protocol release a HELLO names: both sides must speak the same */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
@@ -4209,6 +4220,7 @@ static void kvps__serve_hello(kvps_server *s, kvps__rq *q);
 static void kvps__serve_bye(kvps_server *s, kvps__rq *q);
 static void kvps__serve_status(kvps_server *s, kvps__rq *q);
 static void kvps__serve_name(kvps_server *s, kvps__rq *q);
+static void kvps__serve_move(kvps_server *s, kvps__rq *q);
 
 /* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
 static const kvps__op_spec kvps__ops[] = {
@@ -4227,6 +4239,10 @@ static const kvps__op_spec kvps__ops[] = {
     {"status", 0, 0, 0, 0, kvps__serve_status},
     {"name", 1, 0, 0, 0, kvps__serve_name},
     {"repl", 0, 0, 0, 0, NULL}, /* between the replicas of a shard: kvps__repl_serve, never a worker's */
+    {"keys", 0, 0, 0, 0, kvps__serve_move},
+    {"export", 1, 0, 0, 0, kvps__serve_move},
+    {"import", 1, 0, 0, 1, kvps__serve_move},
+    {"drop", 1, 0, 0, 1, kvps__serve_move},
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -5413,6 +5429,119 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     return KVPS_OK;
 }
 
+/* ---- RESHARD: keys moving between servers (KEYS, EXPORT, IMPORT, DROP) ----
+   A worker that reshards (kvps_worker_reshard) asks each server which keys it holds, takes the
+   records of those whose virtual shard moves (EXPORT), gives them to their new server (IMPORT)
+   and then has the old one forget them (DROP). It does so at a barrier, with nothing in flight:
+   a key with a round half summed, a parked pull or a held-back push is refused (KVPS_ERR_STATE). */
+static int kvps__key_quiet(const kvps_server *s, const kvps__key *k) {
+    if (k->nin || k->waiters || k->ndef) return 0;
+    for (int r = 0; k->qhead && r < s->m; r++)
+        if (k->qhead[r]) return 0;
+    return 1;
+}
+
+/* Forgets the keys whose indices are marked in drop[] (nkeys entries). */
+static void kvps__keys_forget(kvps_server *s, const uint8_t *drop) {
+    uint32_t j = 0, n = s->nkeys;
+    for (uint32_t i = 0; i < n; i++) {
+        kvps__key *k = s->keys[i];
+        if (!drop[i]) { s->keys[j++] = k; continue; }
+        KVPS__STAT_ADD(s, keys, (uint64_t)-1);
+        KVPS__STAT_ADD(s, value_bytes, (uint64_t)0 - k->len * sizeof(float));
+        kvps__key_free(k, s->m);
+    }
+    s->nkeys = j;
+    kvps__keys_truncate(s, j); /* (rebuilds the index) */
+}
+
+static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
+    int op = q->h.op, want = q->op->values ? 3 : 2;
+    if (q->nfr != want || q->h.nkeys != 0 || q->msz != KVPS__HDR) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %d frames, %u keys in the meta frame", q->op->name, q->nfr - 1, q->h.nkeys);
+        return;
+    }
+    size_t vb = want == 3 ? zmq_msg_size(&q->fr[2]) : 0;
+    const unsigned char *v = want == 3 ? (const unsigned char *)zmq_msg_data(&q->fr[2]) : NULL;
+    if ((op == KVPS__OP_EXPORT || op == KVPS__OP_DROP) && vb % 8) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %zu bytes of keys", q->op->name, vb);
+        return;
+    }
+    kvps__flush_all(s);
+    if (op == KVPS__OP_IMPORT) {
+        uint32_t n0 = s->nkeys;
+        kvps__cr rd = {v, vb};
+        const char *why = NULL;
+        while (!why && rd.left) {
+            uint64_t key;
+            if (rd.left >= 8) memcpy(&key, rd.p, 8);
+            if (rd.left >= 8 && kvps__find(s, key) != UINT32_MAX) why = "a key this server holds already";
+            else why = kvps__key_get(s, &rd);
+        }
+        if (why) {
+            kvps__keys_truncate(s, n0);
+            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "import: %s (after %u keys)", why, s->nkeys - n0);
+            return;
+        }
+        kvps__log(KVPS_LOG_INFO, "server %d: %u keys moved in", s->desc.rank, s->nkeys - n0);
+        kvps__reply_ack(s, q->id, &q->h);
+        return;
+    }
+    size_t n = vb / 8;
+    uint8_t *mark = (uint8_t *)calloc((size_t)s->nkeys + 1, 1);
+    if (!mark) { kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name); return; }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t key;
+        memcpy(&key, v + 8 * i, 8);
+        uint32_t ki = kvps__find(s, key);
+        const char *bad = ki == UINT32_MAX ? "not held here" : mark[ki] ? "named twice" : !kvps__key_quiet(s, s->keys[ki]) ? "in the middle of a round" : NULL;
+        if (bad) {
+            char what[300];
+            kvps__refuse(s, q, ki != UINT32_MAX && !kvps__key_quiet(s, s->keys[ki]) ? KVPS_ERR_STATE : KVPS_ERR_MALFORMED,
+                         "%s: %s: %s", q->op->name, kvps__key_text(s, key, what, sizeof what), bad);
+            free(mark);
+            return;
+        }
+        mark[ki] = 1;
+    }
+    if (op == KVPS__OP_DROP) {
+        kvps__keys_forget(s, mark);
+        free(mark);
+        kvps__log(KVPS_LOG_INFO, "server %d: %zu keys moved out", s->desc.rank, n);
+        kvps__reply_ack(s, q->id, &q->h);
+        return;
+    }
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    kvps__cw w = {f, 0, 0};
+    if (f && op == KVPS__OP_KEYS) {
+        for (uint32_t i = 0; i < s->nkeys; i++) {
+            kvps__kent e = {s->keys[i]->key, s->keys[i]->len};
+            kvps__cw_put(&w, &e, sizeof e);
+        }
+    } else if (f) {
+        for (size_t i = 0; i < n; i++) {
+            uint64_t key;
+            memcpy(&key, v + 8 * i, 8);
+            kvps__key_put(s, &w, s->keys[kvps__find(s, key)]);
+        }
+    }
+    free(mark);
+    if (!f || fclose(f) != 0 || w.err) {
+        free(buf);
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name);
+        return;
+    }
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t fr[3];
+    kvps__reply_start(fr, q->id, 0, &h);
+    kvps__msg_from_buf(&fr[2], buf, size);
+    free(buf);
+    kvps__server_send(s, fr, 3);
+}
+
 // >>replicas
 /* REPLICAS: each shard is a chain of servers (its entry of the server list, joined by '|').
    The primary sends every request that can change state (all but pulls and STATUS), in the
@@ -6332,7 +6461,7 @@ struct kvps_view {
 typedef struct kvps__tensor_info {
     char *name;
     uint64_t len;
-    uint32_t nslices;
+    uint32_t nslices, hv;
     uint64_t *keys, *off, *slen; /* per slice */
     int *server;
     kvps_codec push_c, pull_c;
@@ -6353,6 +6482,13 @@ struct kvps_worker {
     char **endpoints;  /* per server (shard): its entry of the list (REPLICAS: the chain) */
     char ***reps;      /* per shard: its replicas' endpoints (one without REPLICAS) */
     int *nrep, *cur;   /* per shard: how many, and which one this worker speaks to */
+    /* placement (KEYS, TENSORS AND SHARDING): key -> one of V virtual shards (V = 256 x the
+       first n, so that v mod n is today's server) -> vmap[v], the server; a reshard moves whole
+       virtual shards */
+    uint32_t V;
+    uint32_t *vmap;
+    zmq_msg_t ctl_reply; /* the values of the last KEYS / EXPORT answer (a reshard's) */
+    uint64_t *rstamp, round_stamp; /* per server: kvps__round_end's marks */
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
     uint64_t seq;
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
@@ -6413,6 +6549,53 @@ static void kvps__zc_free(void *data, void *hint) {
 
 static kvps_result kvps__hello_all(kvps_worker *w);
 
+/* Server i's DEALER (CURVE when skey), its monitor and its connection to the current replica. */
+static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey, const uint8_t *cpub, const uint8_t *csec) {
+    void *s = zmq_socket(w->ctx, ZMQ_DEALER);
+    if (!s) return KVPS_ERR_ZMQ;
+    w->socks[i] = s;
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    /* a routing id that survives reconnects, so the server's answers to requests it parked
+       before a drop still reach this socket (the server hands the id over) */
+    unsigned char rid[16] = {'k', 'v', 'p', 's'};
+    uint32_t rk = (uint32_t)w->desc.rank, si = (uint32_t)i;
+    memcpy(rid + 4, &w->incarnation, 4);
+    memcpy(rid + 8, &rk, 4);
+    memcpy(rid + 12, &si, 4);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
+    kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
+    if (skey) {
+        zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, skey, 32);
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 32);
+    }
+    if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                          ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0)
+        return KVPS_ERR_ZMQ;
+    if (zmq_connect(s, kvps__ep(w, i)) != 0) {
+        kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", w->desc.rank, kvps__ep(w, i), zmq_strerror(zmq_errno()));
+        return KVPS_ERR_CONNECT;
+    }
+    w->up_once[i] = strncmp(kvps__ep(w, i), "inproc://", 9) == 0; /* no handshake events there */
+    return KVPS_OK;
+}
+
+/* The poll items: every server's socket, then every monitor. */
+static void kvps__worker_items(kvps_worker *w) {
+    for (int i = 0; i < w->n; i++) {
+        w->items[i].socket = w->socks[i];
+        w->items[i].fd = 0;
+        w->items[i].events = ZMQ_POLLIN;
+        w->items[w->n + i].socket = w->mons[i];
+        w->items[w->n + i].fd = 0;
+        w->items[w->n + i].events = ZMQ_POLLIN;
+    }
+}
+
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
@@ -6452,6 +6635,12 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         }
     if (!w->reps || !w->nrep || !w->cur) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
     w->desc.failover_ms = kvps__def(desc->failover_ms, 1000);
+    zmq_msg_init(&w->ctl_reply);
+    w->V = (uint32_t)w->n * 256;
+    w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
+    w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
+    if (!w->vmap || !w->rstamp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
+    for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
     w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
     w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
@@ -6491,49 +6680,13 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
     kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &w->desc.io_cpus, &w->ctx, &w->own_ctx);
     if (crc != KVPS_OK) { kvps_worker_destroy(&w); return crc; }
-    for (int i = 0; i < w->n; i++) {
-        void *s = zmq_socket(w->ctx, ZMQ_DEALER);
-        if (!s) { r = KVPS_ERR_ZMQ; break; }
-        w->socks[i] = s;
-        int zero = 0;
-        zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-        /* a routing id that survives reconnects, so the server's answers to requests it parked
-           before a drop still reach this socket (the server hands the id over) */
-        unsigned char rid[16] = {'k', 'v', 'p', 's'};
-        uint32_t rk = (uint32_t)desc->rank, si = (uint32_t)i;
-        memcpy(rid + 4, &w->incarnation, 4);
-        memcpy(rid + 8, &rk, 4);
-        memcpy(rid + 12, &si, 4);
-        zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
-        kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
-        if (nskeys) {
-            uint8_t sk[32];
-            kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
-            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, sk, 32);
-            zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
-            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, csec, 32);
-        }
-        if (kvps__monitor(w->ctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0) {
-            r = KVPS_ERR_ZMQ;
-            break;
-        }
-        if (zmq_connect(s, kvps__ep(w, i)) != 0) {
-            kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", desc->rank,
-                      kvps__ep(w, i), zmq_strerror(zmq_errno()));
-            r = KVPS_ERR_CONNECT;
-            break;
-        }
-        w->up_once[i] = strncmp(kvps__ep(w, i), "inproc://", 9) == 0; /* no handshake events there */
-        w->items[i].socket = s;
-        w->items[i].events = ZMQ_POLLIN;
-        w->items[w->n + i].socket = w->mons[i];
-        w->items[w->n + i].events = ZMQ_POLLIN;
+    for (int i = 0; i < w->n && r == KVPS_OK; i++) {
+        uint8_t sk[32];
+        if (nskeys) kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
+        r = kvps__worker_sock(w, i, nskeys ? sk : NULL, cpub, csec);
     }
     kvps__free_strv(skeys, nskeys);
+    if (r == KVPS_OK) kvps__worker_items(w);
     w->curve = w->desc.curve_server_keys != NULL;
     w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
     memset(csec, 0, sizeof csec);
@@ -6570,7 +6723,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->bad_text);
     }
     for (int i = 0; w->reps && i < w->n; i++) kvps__free_strv(w->reps[i], w->nrep[i]);
-    free(w->reps); free(w->nrep); free(w->cur);
+    free(w->reps); free(w->nrep); free(w->cur); free(w->vmap); free(w->rstamp);
+    zmq_msg_close(&w->ctl_reply);
     w->reps = NULL;
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
@@ -6788,8 +6942,8 @@ static kvps_result kvps__send_ctl(kvps_worker *w, kvps__req *q, int srv, int op,
     return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
-/* The hello to every server (queued until each connection is made): what must agree. */
-static kvps_result kvps__hello_all(kvps_worker *w) {
+/* The hello to servers from..n-1 (queued until each connection is made): what must agree. */
+static kvps_result kvps__hello_from(kvps_worker *w, int from) {
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "create: out of memory");
     q->ctl = KVPS__OP_HELLO;
@@ -6807,13 +6961,14 @@ static kvps_result kvps__hello_all(kvps_worker *w) {
     memcpy(v + 16, &hash, 8);
     memcpy(v + 24, &mins, 8);
     memcpy(v + 32, &maxs, 8);
-    for (int i = 0; i < w->n; i++) {
+    for (int i = from; i < w->n; i++) {
         kvps__put32(v + 12, (uint32_t)i);
         kvps_result r = kvps__send_ctl(w, q, i, KVPS__OP_HELLO, v, sizeof v);
         if (r != KVPS_OK) return r;
     }
     return KVPS_OK;
 }
+static kvps_result kvps__hello_all(kvps_worker *w) { return kvps__hello_from(w, 0); }
 
 KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
@@ -6839,8 +6994,221 @@ KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
     return r;
 }
 
+static void kvps__name_all(kvps_worker *w, kvps_tensor ti);
+static kvps_result kvps__hello_from(kvps_worker *w, int from);
+static void kvps__tensor_place(kvps_worker *w, kvps__tensor_info *t);
+
+/* ---- RESHARD: the worker's side (kvps_worker_reshard) ----
+   Placement goes through V virtual shards (vmap). A grow gives the new servers whole virtual
+   shards taken from the fullest servers; a shrink deals the leaving servers' virtual shards to
+   the emptiest: only their keys move (about 1/n of the bytes), and every worker computes the
+   same map from the same lists. */
+static void kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
+    int top = n > n2 ? n : n2;
+    uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
+    if (!cnt) return;
+    for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
+    if (n2 > n) { /* each new server takes V / n2 shards, the highest-numbered of the fullest server's */
+        for (int j = n; j < n2; j++)
+            while (cnt[j] < V / (uint32_t)n2) {
+                int from = 0;
+                for (int i = 1; i < n2; i++)
+                    if (cnt[i] > cnt[from]) from = i;
+                uint32_t v = V;
+                while (v > 0 && vmap[v - 1] != (uint32_t)from) v--;
+                if (v == 0) break;
+                vmap[v - 1] = (uint32_t)j;
+                cnt[from]--;
+                cnt[j]++;
+            }
+    } else { /* the leaving servers' shards, in order, each to the emptiest server left */
+        for (uint32_t v = 0; v < V; v++) {
+            if (vmap[v] < (uint32_t)n2) continue;
+            int to = 0;
+            for (int i = 1; i < n2; i++)
+                if (cnt[i] < cnt[to]) to = i;
+            cnt[vmap[v]]--;
+            vmap[v] = (uint32_t)to;
+            cnt[to]++;
+        }
+    }
+    free(cnt);
+}
+
+/* A request of the worker's own to server srv, waited for: KEYS, EXPORT, IMPORT, DROP. */
+static kvps_result kvps__ctl_call(kvps_worker *w, int srv, int op, const void *p, size_t nb, int timeout_ms) {
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+    q->ctl = (uint8_t)op;
+    kvps_result r = kvps__send_ctl(w, q, srv, op, p, nb);
+    if (r != KVPS_OK) {
+        if (!q->pending) kvps__req_end(w, q);
+        return r;
+    }
+    return kvps_worker_wait(w, q->id, timeout_ms);
+}
+
+/* The virtual shard of a key a server holds: a raw key's, or its tensor slice's (NULL when the
+   key is a slice of a tensor this worker has not registered). */
+static int kvps__vshard_of(const kvps_worker *w, uint64_t key, uint32_t *v) {
+    if (!(key >> 63)) { *v = (uint32_t)(kvps__mix64(key) % w->V); return 1; }
+    for (int i = 0; i < w->ntensors; i++)
+        if ((w->tensors[i].keys[0] & ~0xffffull) == (key & ~0xffffull)) {
+            *v = (uint32_t)((w->tensors[i].hv + (key & 0xffff)) % w->V);
+            return 1;
+        }
+    return 0;
+}
+
+/* Moves, from server s, every key whose server under vmap2 is another: records out (EXPORT), in
+   at their new servers (IMPORT), then forgotten at s (DROP). */
+static kvps_result kvps__move_from(kvps_worker *w, int s, const uint32_t *vmap2, int n2, int timeout_ms) {
+    kvps_result r = kvps__ctl_call(w, s, KVPS__OP_KEYS, NULL, 0, timeout_ms);
+    if (r != KVPS_OK) return r;
+    size_t nk = zmq_msg_size(&w->ctl_reply) / sizeof(kvps__kent);
+    kvps__kent *ents = (kvps__kent *)malloc(nk * sizeof *ents + 1);
+    uint64_t *mv = (uint64_t *)malloc(nk * sizeof *mv + 1);
+    if (!ents || !mv) { free(ents); free(mv); return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %zu keys", nk); }
+    if (nk) memcpy(ents, zmq_msg_data(&w->ctl_reply), nk * sizeof *ents);
+    for (int to = 0; to < n2 && r == KVPS_OK; to++) {
+        if (to == s) continue;
+        size_t nm = 0;
+        for (size_t i = 0; i < nk && r == KVPS_OK; i++) {
+            uint32_t v;
+            if (!kvps__vshard_of(w, ents[i].key, &v))
+                r = kvps__wfail(w, KVPS_ERR_TENSOR, "reshard: server %d holds key %016llx, a slice of a tensor this worker "
+                                "has not registered (every tensor must be registered before a reshard)", s,
+                                (unsigned long long)ents[i].key);
+            else if ((int)vmap2[v] == to) mv[nm++] = ents[i].key;
+        }
+        if (r != KVPS_OK || nm == 0) continue;
+        r = kvps__ctl_call(w, s, KVPS__OP_EXPORT, mv, nm * 8, timeout_ms);
+        if (r == KVPS_OK) {
+            zmq_msg_t rec;
+            zmq_msg_init(&rec);
+            zmq_msg_move(&rec, &w->ctl_reply);
+            r = kvps__ctl_call(w, to, KVPS__OP_IMPORT, zmq_msg_data(&rec), zmq_msg_size(&rec), timeout_ms);
+            zmq_msg_close(&rec);
+        }
+        if (r == KVPS_OK) r = kvps__ctl_call(w, s, KVPS__OP_DROP, mv, nm * 8, timeout_ms);
+        if (r == KVPS_OK)
+            kvps__log(KVPS_LOG_INFO, "worker %d: reshard: %zu keys moved from server %d to server %d", w->desc.rank, nm, s, to);
+    }
+    free(ents);
+    free(mv);
+    return r;
+}
+
+/* Every per-server array to n2 entries (new ones zeroed); 0, or -1 out of memory. */
+static int kvps__worker_resize(kvps_worker *w, int n2) {
+#define KVPS__GROW(field, count)                                                                              \
+    do {                                                                                                       \
+        void *np_ = realloc(w->field, (size_t)(count) * sizeof *w->field);                                    \
+        if (!np_) return -1;                                                                                   \
+        memcpy(&w->field, &np_, sizeof np_); /* (C and C++ alike: no cast to name the type) */                \
+        if ((size_t)(count) > (size_t)w->n)                                                                    \
+            memset(w->field + w->n, 0, ((size_t)(count) - (size_t)w->n) * sizeof *w->field);                   \
+    } while (0)
+    KVPS__GROW(socks, n2); KVPS__GROW(mons, n2); KVPS__GROW(down, n2); KVPS__GROW(refused, n2); KVPS__GROW(hs_cuts, n2);
+    KVPS__GROW(hs_val, n2); KVPS__GROW(down_since, n2); KVPS__GROW(up_once, n2); KVPS__GROW(status_text, n2);
+    KVPS__GROW(status_got, n2); KVPS__GROW(endpoints, n2); KVPS__GROW(reps, n2); KVPS__GROW(nrep, n2); KVPS__GROW(cur, n2);
+    KVPS__GROW(rstamp, n2);
+#undef KVPS__GROW
+    uint32_t *nc = (uint32_t *)realloc(w->count, ((size_t)n2 + 1) * sizeof *nc);
+    zmq_pollitem_t *ni = (zmq_pollitem_t *)realloc(w->items, 2 * (size_t)n2 * sizeof *ni);
+    if (nc) w->count = nc;
+    if (ni) w->items = ni;
+    return nc && ni ? 0 : -1;
+}
+
+KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "reshard", servers);
+    char **list = NULL;
+    int n = w->n, n2 = kvps__split(servers, &list);
+    if (n2 < 1) return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed server list '%s'", servers);
+    kvps_result r = KVPS_OK;
+    for (int i = 0; i < n && i < n2 && r == KVPS_OK; i++)
+        if (strcmp(list[i], w->endpoints[i]) != 0)
+            r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: the new list must keep the servers in order and add or remove at "
+                            "its end: server %d was '%s', the new list has '%s'", i, w->endpoints[i], list[i]);
+    for (uint32_t i = 0; i < w->nslots && r == KVPS_OK; i++)
+        if (w->slots[i] && !w->slots[i]->ctl)
+            r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: wait for every request first (request %llu is in flight)",
+                            (unsigned long long)w->slots[i]->id);
+    if (r == KVPS_OK && w->ntables)
+        r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: sparse tables cannot move between servers yet");
+    if (r == KVPS_OK && w->curve && n2 > n)
+        r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: a CURVE worker cannot connect to new servers (its keys are not kept)");
+    if (r != KVPS_OK || n2 == n) { kvps__free_strv(list, n2); return r; }
+    uint32_t *vmap2 = (uint32_t *)malloc((size_t)w->V * sizeof *vmap2);
+    if (!vmap2 || (n2 > n && kvps__worker_resize(w, n2) != 0)) {
+        free(vmap2);
+        kvps__free_strv(list, n2);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+    }
+    memcpy(vmap2, w->vmap, (size_t)w->V * sizeof *vmap2);
+    kvps__vmap_change(vmap2, w->V, n, n2);
+    /* 1. every worker is here, nothing is in flight anywhere */
+    kvps_req b;
+    r = kvps_worker_barrier(w, &b);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
+    /* 2. a grow: connect to the new servers and say hello (the new list) */
+    if (r == KVPS_OK && n2 > n) {
+        for (int i = n; i < n2 && r == KVPS_OK; i++) {
+            w->endpoints[i] = list[i];
+            list[i] = NULL;
+            if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
+                w->nrep[i] = 0;
+                r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed replica list '%s'", w->endpoints[i]);
+            }
+            if (r == KVPS_OK && (r = kvps__worker_sock(w, i, NULL, NULL, NULL)) != KVPS_OK)
+                kvps__wfail(w, r, "reshard: cannot connect to server %d (%s)", i, kvps__ep(w, i));
+            w->n = i + 1;
+        }
+        kvps__worker_items(w);
+        if (r == KVPS_OK) r = kvps__hello_from(w, n);
+        for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
+    }
+    /* 3. rank 0 moves the keys; the others wait at a second barrier until it has */
+    for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) r = kvps__move_from(w, s, vmap2, n2, timeout_ms);
+    if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
+    if (r == KVPS_OK) {
+        memcpy(w->vmap, vmap2, (size_t)w->V * sizeof *vmap2);
+        for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
+        if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
+            kvps__req *q = kvps__req_new(w, 0);
+            if (q) {
+                q->ctl = KVPS__OP_BYE;
+                for (int i = n2; i < n; i++)
+                    if (w->up_once[i] && !w->down[i]) kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
+                int64_t deadline = kvps__now_ms() + 1000;
+                for (int64_t now = kvps__now_ms(); q->pending > 0 && now < deadline; now = kvps__now_ms())
+                    kvps__progress(w, (long)(deadline - now));
+                kvps__req_end(w, q);
+            }
+            for (int i = n2; i < n; i++) {
+                zmq_close(w->socks[i]);
+                zmq_close(w->mons[i]);
+                w->socks[i] = w->mons[i] = NULL;
+                kvps__free_strv(w->reps[i], w->nrep[i]);
+                free(w->endpoints[i]);
+                w->reps[i] = NULL;
+                w->endpoints[i] = NULL;
+            }
+            w->n = n2;
+            kvps__worker_items(w);
+        }
+        kvps__log(KVPS_LOG_INFO, "worker %d: resharded from %d to %d servers", w->desc.rank, n, n2);
+    }
+    free(vmap2);
+    kvps__free_strv(list, n2);
+    return r;
+}
+
 static int kvps__server_of(const kvps_worker *w, uint64_t key) {
-    return (int)(kvps__mix64(key) % (uint64_t)w->n);
+    return (int)w->vmap[kvps__mix64(key) % w->V];
 }
 
 /* Raw keys: group by server, one message each. */
@@ -6950,6 +7318,11 @@ static void kvps__name_all(kvps_worker *w, kvps_tensor ti) {
     if (!q->pending) kvps__req_end(w, q);
 }
 
+/* Each slice's server: its virtual shard's (vmap). */
+static void kvps__tensor_place(kvps_worker *w, kvps__tensor_info *t) {
+    for (uint32_t i = 0; i < t->nslices; i++) t->server[i] = (int)w->vmap[(t->hv + (uint64_t)i) % w->V];
+}
+
 KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t len, kvps_tensor *out) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     KVPS__NEED(w, "tensor", name);
@@ -6995,14 +7368,14 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
         free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
         return kvps__wfail(w, KVPS_ERR_NOMEM, "tensor '%s': out of memory for %llu slices", name, (unsigned long long)ns);
     }
-    int first = (int)(h % (uint64_t)w->n);
+    t->hv = (uint32_t)(h % w->V); /* slice i: virtual shard (hv + i) mod V; at first (h + i) mod n */
     for (uint64_t i = 0; i < ns; i++) {
         uint64_t b = (uint64_t)len * i / ns, e = (uint64_t)len * (i + 1) / ns;
         t->keys[i] = base | i;
         t->off[i] = b;
         t->slen[i] = e - b;
-        t->server[i] = (int)((first + i) % (uint64_t)w->n);
     }
+    kvps__tensor_place(w, t);
     *out = w->ntensors++;
     kvps__name_all(w, *out);
     return KVPS_OK;
@@ -7015,7 +7388,13 @@ KVPS_API size_t kvps_worker_tensor_slices(const kvps_worker *w, kvps_tensor t) {
 /* A tensor op's round starting at slice i0 ends here: consecutive slices sit on consecutive
    servers, so n of them are on distinct servers. */
 static uint32_t kvps__round_end(const kvps_worker *w, const kvps__tensor_info *t, uint32_t i0) {
-    return t->nslices - i0 < (uint32_t)w->n ? t->nslices : i0 + (uint32_t)w->n;
+    uint32_t i = i0; /* the longest run of slices on distinct servers (n of them until a reshard) */
+    uint64_t stamp = ++((kvps_worker *)w)->round_stamp;
+    for (; i < t->nslices; i++) {
+        if (w->rstamp[t->server[i]] == stamp) break;
+        w->rstamp[t->server[i]] = stamp;
+    }
+    return i;
 }
 
 /* Links round q of a chained request after *last (the first becomes *head); a round with nothing
@@ -7266,7 +7645,7 @@ KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor 
 
 // >>rows
 static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
-    return (int)(kvps__mix64(id ^ kvps__mix64(table)) % (uint64_t)w->n);
+    return (int)w->vmap[kvps__mix64(id ^ kvps__mix64(table)) % w->V];
 }
 
 /* One table message to server srv: meta (+ ids) and optional values. */
@@ -7477,7 +7856,17 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
         }
         if (q->status == KVPS_OK) q->status = (kvps_result)h->status;
     }
-    if (q->pending == 0 && q->ctl != KVPS__OP_BYE) kvps__req_end(w, q); /* (finish waits for its BYE itself) */
+    if (h->status == KVPS_OK && q->ctl >= KVPS__OP_KEYS) { /* a reshard's: its answer is read after the wait */
+        zmq_msg_close(&w->ctl_reply);
+        zmq_msg_init(&w->ctl_reply);
+        if (nfr > 1) zmq_msg_move(&w->ctl_reply, &fr[1]);
+    } else if (h->status < 0 && q->ctl >= KVPS__OP_KEYS) {
+        char text[256];
+        kvps__frame_text(fr, nfr, text, sizeof text);
+        snprintf(w->errmsg, sizeof w->errmsg, "reshard: server %d (%s): %s", srv, kvps__ep(w, srv), text);
+    }
+    if (q->pending == 0 && q->ctl != KVPS__OP_BYE && q->ctl < KVPS__OP_KEYS)
+        kvps__req_end(w, q); /* (finish waits for its BYE itself, a reshard for its requests) */
 }
 
 static void kvps__failover(kvps_worker *w, int s, const char *why);
