@@ -40,7 +40,7 @@ static void fz_read_replies(void *dealer) {
         kvps__hdr h;
         memcpy(&h, zmq_msg_data(&f[0]), sizeof h);
         FZ_CHECK(h.magic == KVPS__MAGIC && (h.op & KVPS__OP_REPLY) && h.status <= 0 &&
-                     strcmp(kvps_result_str((kvps_result)h.status), "unknown") != 0,
+                     strcmp(kvps_result_str((kvps_result)h.status), "unknown kvps_result") != 0,
                  "bad reply: magic %08x op %u status %d", h.magic, h.op, h.status);
         for (int i = 0; i < nf && i < 3; i++) zmq_msg_close(&f[i]);
     }

@@ -162,8 +162,12 @@ static int fz_replies(void *dealer, const kvps_server *s) {
                         (const char *)zmq_msg_data(&f[1]));
         } else {
             int op = h.op & 0x7f;
-            FZ_CHECK(nf == (kvps__op_pulls(op) || op == KVPS__OP_PULL_ROWS || op == KVPS__OP_STATUS ? 2 : 1),
-                     "op %d answered with %d frames", op, nf);
+            int data = kvps__op_pulls(op) || op == KVPS__OP_PULL_ROWS || op == KVPS__OP_STATUS || op == KVPS__OP_KEYS ||
+                       op == KVPS__OP_EXPORT; /* (KEYS: {key, len} entries; EXPORT: key records) */
+            FZ_CHECK(nf == (data ? 2 : 1), "op %d answered with %d frames", op, nf);
+            if (op == KVPS__OP_KEYS)
+                FZ_CHECK(zmq_msg_size(&f[1]) == (size_t)s->nkeys * KVPS__KENT, "KEYS answered with %zu bytes for %u keys",
+                         zmq_msg_size(&f[1]), s->nkeys);
             if (op == KVPS__OP_STATUS) /* [meta][text]: words about the request */
                 FZ_CHECK(zmq_msg_size(&f[1]) > 0 && !memchr(zmq_msg_data(&f[1]), 0, zmq_msg_size(&f[1])),
                          "STATUS answered with %zu bytes of text", zmq_msg_size(&f[1]));

@@ -279,6 +279,32 @@ static void server_seeds(void) {
     frame(&b, "x", 1);
     msg(&b);
     save("fuzz_server", "odd_frames", &b);
+
+    /* a reshard's moves: keys held, two exported, taken in again (one is held already: refused),
+       dropped; an import of a record for a new key */
+    cfg = 0x40;
+    begin(&b, &cfg, 1);
+    meta(&b, KVPS__OP_PUSH, 0, 0, 0, k2, l2, 2); values(&b, 7, 1);
+    sess(&b, KVPS__OP_KEYS, 0, 0, 0, NULL, 0);
+    sess(&b, KVPS__OP_EXPORT, 0, 0, 0, k2, sizeof k2);
+    sess(&b, KVPS__OP_DROP, 0, 0, 0, k1, sizeof k1);
+    {
+        kvps_server *s = NULL; /* a record the way a server writes it: key 11 of 4 floats */
+        kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-move", .num_workers = 1}, &s);
+        kvps__key_create(s, 11, 4);
+        char *rec = NULL;
+        size_t nrec = 0;
+        FILE *f = open_memstream(&rec, &nrec);
+        kvps__cw w = {f, 0, 0};
+        kvps__key_put(s, &w, s->keys[0]);
+        fclose(f);
+        sess(&b, KVPS__OP_IMPORT, 0, 0, 0, rec, nrec);
+        sess(&b, KVPS__OP_IMPORT, 0, 0, 0, rec, nrec);
+        free(rec);
+        kvps_server_destroy(&s);
+    }
+    sess(&b, KVPS__OP_KEYS, 0, 0, 0, NULL, 0);
+    save("fuzz_server", "reshard_moves", &b);
 }
 
 /* ---- codec blobs: [id][mode][u32 n][blob], see fuzz_codec.c ---------------------------------- */
