@@ -84,7 +84,8 @@
    4. KEYS, TENSORS AND SHARDING
    Raw keys are uint64_t values below 2^63 with float32 values of any length >= 1 (a key's length
    is fixed by its first use on the server; a later mismatch is an error). Raw key k lives on
-   server mix64(k) mod n. A named tensor is registered once per worker with kvps_worker_tensor;
+   server mix64(k) mod n (strictly: on the server of virtual shard mix64(k) mod V, V = 256 n,
+   which is server v mod n until a RESHARD moves virtual shards). A named tensor is registered once per worker with kvps_worker_tensor;
    it is cut into min(n, ceil(len / min_slice)) slices of equal size (+-1 element), slice i on
    server (h + i) mod n where h = hash(name) mod n, so each server holds about 1/n of every
    large tensor's bytes. Where those slices would be longer than max_slice, the tensor is cut
@@ -98,6 +99,23 @@
    lengths, so a checkpoint keeps to them too: workers with another layout get
    KVPS_ERR_LEN_MISMATCH from the restored servers (tensors over 1 MiB saved before max_slice
    existed: pass max_slice = 268435456).
+   RESHARD. kvps_worker_reshard(w, list, timeout) grows or shrinks the server set while training
+   goes on: every worker calls it at the same point with nothing in flight and the same list (the
+   old one with servers added at its end or removed from its end; server 0 stays). A grow hands
+   each new server V / n' whole virtual shards taken from the fullest servers (the highest
+   numbered first); a shrink deals the leaving servers' virtual shards, in order, to the
+   emptiest; every worker computes the same map. At a barrier, worker 0 asks each old server for
+   its keys (op KEYS), takes the records of those whose virtual shard moves (EXPORT: the
+   checkpoint's key record, with optimizer state, rounds and per-worker counters), gives them to
+   their new server (IMPORT) and has the old one forget them (DROP); the others wait at a second
+   barrier, then every worker places its tensors' slices anew (a slice keeps its key: slice i of
+   a tensor is in virtual shard (fnv1a(name) mod V + i) mod V). Nothing moves but those keys, no
+   push is in flight, so no update is lost or doubled, and BSP results keep their bits. Servers
+   that leave get a goodbye and stop. Tensors are not cut again (a tensor cut for n servers keeps
+   its slices: two may share a server, and its requests then go out in more rounds). Not done:
+   sparse tables cannot move (refused with KVPS_ERR_STATE), a checkpoint does not record a
+   resharded map (restart a resharded job only from a fresh placement), CURVE workers cannot
+   grow (their keys are not kept). bench/placement_sim.c compares placements at scale.
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
@@ -141,7 +159,11 @@
                            bytes, the name), 14 REPL (primary -> backup, REPLICAS: rank = 0
                            a worker's request follows as [routing id][meta][values?], 1 a
                            snapshot [checkpoint bytes][session], 2 worker u32 lost; nkeys =
-                           epoch, req_id = sequence, aux = sender's place); replies set 0x80
+                           epoch, req_id = sequence, aux = sender's place), RESHARD
+                           (nkeys 0; the values frame holds the rest): 15 KEYS (answered
+                           with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
+                           their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
+                           (n x u64 key); replies set 0x80
      table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
      PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
      u64 seed } with no ids
@@ -423,6 +445,8 @@
         .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL,
         KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
         programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
+        RESHARD: kvps_worker_reshard, ops KEYS, EXPORT, IMPORT, DROP; placement through virtual
+        shards (the same servers as before until a reshard).
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
