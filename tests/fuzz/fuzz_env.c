@@ -24,7 +24,8 @@ extern char **environ;
 
 static const char *const fz_vars[] = {
     "KVPS_SERVERS", "KVPS_RANK", "KVPS_NUM_WORKERS", "KVPS_ROLE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID",
-    "KVPS_LOG", "KVPS_SIZE", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS",
+    "KVPS_LOG", "KVPS_SIZE", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "KVPS_REPLICA",
+    "KVPS_REPLACEMENT",
 };
 enum { FZ_NVARS = sizeof fz_vars / sizeof fz_vars[0] };
 
@@ -106,8 +107,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             const char *b;
             size_t len;
             fz_entry(servers, env.rank, &b, &len);
-            FZ_CHECK(len < sizeof env.endpoint && strlen(env.endpoint) == len && memcmp(env.endpoint, b, len) == 0,
-                     "server %d: endpoint '%s'", env.rank, env.endpoint);
+            /* its shard's entry is the chain; its own endpoint is its replica's piece of it */
+            FZ_CHECK(len < sizeof env.replicas && strlen(env.replicas) == len && memcmp(env.replicas, b, len) == 0,
+                     "server %d: chain '%s'", env.rank, env.replicas);
+            char **chain = NULL;
+            int nc = kvps__split_by(env.replicas, '|', &chain);
+            FZ_CHECK(nc >= 1 && env.replica >= 0 && env.replica < nc && strcmp(env.endpoint, chain[env.replica]) == 0,
+                     "server %d replica %d: endpoint '%s' of chain '%s'", env.rank, env.replica, env.endpoint, env.replicas);
+            kvps__free_strv(chain, nc);
         } else {
             FZ_CHECK(env.role == KVPS_ROLE_WORKER, "role %d", (int)env.role);
             FZ_CHECK(env.rank >= 0 && env.rank < env.num_workers, "worker rank %d of %d", env.rank, env.num_workers);
