@@ -589,20 +589,21 @@ elif want 6; then
     tg=c6_kill
     say "# kill run: r = 2, SIGKILL to shard 0's primary once worker 0 has finished half the timed steps;\n"
     say "# workers move to the backup after --failover-ms %s. kill->resume: from the kill to the end of the\n" "$failover_ms"
-    say "# first step every worker finished after it (all on this machine's wall clock%s).\n" \
+    say "# first step that every worker ended after the kill, by its last worker (this machine's wall clock%s).\n" \
         "$([ -n "$host_file" ] && echo '; over ssh: host 0'"'"'s clock against the workers'"'"', as synchronised as they are')"
     if run_rep "$tg" "$n" 2 1 --tensors "$tensors" --failover-ms "$failover_ms" && [ -n "$KILL_US" ]; then
-        read -r resume longest lstep < <(awk -F, -v t="$tg" -v k="$KILL_US" '
-            $1 == t { s = $3; if (!(s in mx) || $4 + 0 > mx[s]) mx[s] = $4 + 0
-                      if ($9 + 0 >= k && (!(($2) in first) || $9 + 0 < first[$2])) first[$2] = $9 + 0 }
-            END { r = -1; for (w in first) if (first[w] - k > r) r = first[w] - k
+        # rs: the first step that every worker ended after the kill; resume: its last end - the kill
+        read -r resume rs longest lstep < <(awk -F, -v t="$tg" -v k="$KILL_US" '
+            $1 == t { s = $3 + 0; if (!(s in mx) || $4 + 0 > mx[s]) mx[s] = $4 + 0
+                      if (!(s in lo) || $9 + 0 < lo[s]) lo[s] = $9 + 0; if (!(s in hi) || $9 + 0 > hi[s]) hi[s] = $9 + 0 }
+            END { rs = -1; for (s in lo) if (lo[s] >= k && (rs < 0 || s < rs)) rs = s
                   for (s in mx) if (mx[s] > L) { L = mx[s]; ls = s }
-                  printf "%s %.1f %d\n", (r >= 0 ? sprintf("%.1f", r / 1000) : "nan"), L / 1000, ls }' "$stamps_csv")
+                  printf "%s %s %.1f %d\n", (rs >= 0 ? sprintf("%.1f", (hi[rs] - k) / 1000) : "nan"), rs, L / 1000, ls }' "$stamps_csv")
         t=${R_MED[$tg]}
         say "%-5s %4s %10s %19s %10s %10s %7s%s\n" kill 2 "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "-" "-" "${R_CPU[$tg]}" \
             "$(cpu_note "${R_CPU[$tg]}")"
-        say "claim 6 kill: kill -> every worker's next step done = %s ms; longest step %s ms (timed step %s),\n" \
-            "$resume" "$longest" "$lstep"
+        say "claim 6 kill: kill -> resume (timed step %s done by all) = %s ms; longest step %s ms (timed step %s),\n" \
+            "$rs" "$resume" "$longest" "$lstep"
         say "# %s ms more than the r = 2 median (%s ms); failover_ms = %s\n" \
             "$(pf "\"%.1f\", $longest - ${R_MED[c6_r2]:-0}")" "${R_MED[c6_r2]:-nan}" "$failover_ms"
         echo "kill,2,$t,${R_LO[$tg]},${R_HI[$tg]},,,$T,${R_CPU[$tg]},$failover_ms,$longest,$resume" >>"$f"
