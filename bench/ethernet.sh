@@ -3,7 +3,7 @@
 #
 # usage: bench/ethernet.sh [--rate 1gbit|10gbit|RATE] [--hosts N] [--host-file F] [--quick]
 #                          [--bytes B] [--tensors K] [--steps N] [--only 1,2,...] [--out DIR]
-#                          [--max-slice F]
+#                          [--max-slice F] [--failover-ms MS]
 #                          [--remote-dir D]
 #
 # Emulated (default; root): one network namespace per host, each joined to a bridge by a veth
@@ -30,8 +30,14 @@
 #   4. the notes' single-GPU / CPU / split aggregation thought experiment (60 / 80 / 15 ms) with
 #      hosts for GPUs and the measured link for PCIe.
 #   5. FP16 and top-k 1% cut sync time in proportion to bytes (1 server, 4 workers).
+#   6. (issue 18; not in the default run: --only 6) replicated shards: claim 2's layout on 4 hosts
+#      (4 shards, a server and a worker on each host) with r = 1 and r = 2 replicas per shard, the
+#      backup of shard i on host i+1 mod 4: r = 2 within 1.15x of r = 1; then r = 2 with shard 0's
+#      primary SIGKILLed in the middle of the timed steps: the time from the kill to training
+#      resuming (workers move to the backup after ps_peer --failover-ms, default 1000).
 # Results: DIR/ethernet_<rate>_claimN.csv, _steps.csv (every timed step), _ring_steps.csv,
-# _summary.txt (what was printed). bench/plot.sh turns them into PNGs.
+# _summary.txt (what was printed), _claim6_stamps.csv (claim 6: every timed step with its end on the
+# worker's wall clock, and the kill's time). bench/plot.sh turns claims 1-5 into PNGs.
 #
 # Model size: --bytes, default 16 MiB x RATE / 1 Gbit/s (between 1 and 64 MiB, a multiple of
 # 64 KiB), so that T is about 140 ms whatever the rate. Claims 1, 4 and 5 push and pull the model
@@ -55,7 +61,7 @@ usage() {
 }
 
 rate=1gbit hosts=8 host_file="" quick=0 bytes="" steps="" tensors=16 only="1,2,3,4,5" outdir=bench/results remote_dir=$PWD
-max_slice=268435456
+max_slice=268435456 failover_ms=1000
 while [ $# -gt 0 ]; do
     case "$1" in
         --rate) rate=${2:?}; shift 2;;
@@ -65,6 +71,7 @@ while [ $# -gt 0 ]; do
         --bytes) bytes=${2:?}; shift 2;;
         --tensors) tensors=${2:?}; shift 2;;
         --max-slice) max_slice=${2:?}; shift 2;;
+        --failover-ms) failover_ms=${2:?}; shift 2;;
         --steps) steps=${2:?}; shift 2;;
         --only) only=${2:?}; shift 2;;
         --out) outdir=${2:?}; shift 2;;
@@ -95,6 +102,7 @@ if [ -z "$bytes" ]; then
 fi
 case "$bytes" in ''|*[!0-9]*) die "--bytes wants a number";; esac
 case "$tensors" in ''|*[!0-9]*) die "--tensors wants a number";; esac
+case "$failover_ms" in ''|*[!0-9]*) die "--failover-ms wants a number";; esac
 [ "$tensors" -ge 1 ] && [ "$tensors" -le 64 ] || die "--tensors: 1 to 64"
 
 ps_bin=build/ps_peer ring_bin=build/ring_peer
@@ -175,10 +183,11 @@ fi
 mkdir -p "$outdir" || die "cannot create $outdir"
 work=$(mktemp -d /tmp/kvps-ethernet.XXXXXX) || die "mktemp"
 pre="$outdir/ethernet_$rtag"
-summary=${pre}_summary.txt steps_csv=${pre}_steps.csv ring_csv=${pre}_ring_steps.csv
+summary=${pre}_summary.txt steps_csv=${pre}_steps.csv ring_csv=${pre}_ring_steps.csv stamps_csv=${pre}_claim6_stamps.csv
 : >"$summary"
 echo "tag,rank,step,sync_us,push_wire_bytes,pull_wire_bytes,push_raw_bytes,pull_raw_bytes" >"$steps_csv"
 echo "tag,ranks,bytes,iter,time_us" >"$ring_csv"
+case ",$only," in *,6,*) echo "tag,rank,step,sync_us,push_wire_bytes,pull_wire_bytes,push_raw_bytes,pull_raw_bytes,end_unix_us,kill_unix_us" >"$stamps_csv";; esac
 say() { printf "$@" | tee -a "$summary"; }
 
 # start_on HOST OUT ERR CMD...: runs CMD on HOST in the background (at most 300 s).
@@ -252,13 +261,73 @@ run_ps() {
     cpu_busy >"$work/cpu"; R_CPU[$t]=$(cat "$work/cpu")
     cat "$work/$t".w*.out >>"$steps_csv"
     [ $rc = 0 ] || { failed "$t" "${errs[@]}"; R_MED[$t]=nan; return 1; }
-    read -r R_MED[$t] R_LO[$t] R_HI[$t] R_WIRE[$t] R_RAW[$t] < <(awk -F, -v t="$t" '
+    read -r R_MED[$t] R_LO[$t] R_HI[$t] R_WIRE[$t] R_RAW[$t] < <(step_stats "$t")
+}
+
+# step_stats TAG: "MED LO HI WIRE RAW" of TAG's lines in the steps CSV (ms of the slowest worker per
+# step: median, min, max; worker 0's bytes in its first step)
+step_stats() {
+    awk -F, -v t="$1" '
         $1 == t { s = $3; if (!(s in mx) || $4 + 0 > mx[s]) mx[s] = $4 + 0
                   if ($2 == 0 && $3 == 0) { wire = $5 + $6; raw = $7 + $8 } }
         END { n = 0; for (s in mx) v[++n] = mx[s] / 1000
               for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
               med = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-              printf "%.1f %.1f %.1f %d %d\n", med, v[1], v[n], wire, raw }' "$steps_csv")
+              printf "%.1f %.1f %.1f %d %d\n", med, v[1], v[n], wire, raw }' "$steps_csv"
+}
+
+# run_rep TAG N R KILL [ps_peer options]: claim 6's job: N shards and N workers on hosts 0..N-1,
+# each shard a chain of R servers, replica j of shard i on host (i + j) mod N (port 5555 + j).
+# KILL = 1: once worker 0 has finished half the timed steps, SIGKILL shard 0's primary (sets
+# KILL_US, the kill on the wall clock in microseconds). Workers print --stamps 1 (the step's end);
+# the steps CSV gets the usual 8 columns, $stamps_csv every column. Sets R_* as run_ps does.
+run_rep() {
+    local t=$1 n=$2 r=$3 kill=$4 servers="" i j e k spids=() wpids=() rc=0 errs=() victim="" vremote="" half; shift 4
+    for i in $(seq 0 $((n - 1))); do
+        e=""
+        for j in $(seq 0 $((r - 1))); do e+="${e:+|}tcp://${ADDR[(i + j) % n]}:$((5555 + j))"; done
+        servers+="${servers:+,}$e"
+    done
+    local args=(--bytes "$bytes" --tensors 1 --steps "$steps" --warmup "$warmup" --max-slice "$max_slice" --tag "$t" --stamps 1 "$@")
+    KILL_US=""
+    cpu_mark
+    for i in $(seq 0 $((n - 1))); do
+        for j in $(seq 0 $((r - 1))); do
+            start_on "$(( (i + j) % n ))" "$work/$t.s$i.$j.out" "$work/$t.s$i.$j.err" env KVPS_ROLE=server KVPS_RANK=$i \
+                KVPS_REPLICA=$j KVPS_SERVERS="$servers" KVPS_NUM_WORKERS=$n "$ps_bin" "${args[@]}"
+            spids+=("$LAST_PID"); errs+=("$work/$t.s$i.$j.err")
+            [ "$i$j" = 00 ] && victim=$LAST_PID vremote=${NREMOTE:-}
+        done
+    done
+    for k in $(seq 0 $((n - 1))); do
+        start_on "$k" "$work/$t.w$k.out" "$work/$t.w$k.err" env KVPS_ROLE=worker KVPS_RANK=$k \
+            KVPS_SERVERS="$servers" KVPS_NUM_WORKERS=$n "$ps_bin" "${args[@]}"
+        wpids+=("$LAST_PID"); errs+=("$work/$t.w$k.err")
+    done
+    if [ "$kill" = 1 ]; then
+        half=$(( steps / 2 > 0 ? steps / 2 : 1 ))
+        local end=$((SECONDS + 200))
+        while [ "$(wc -l <"$work/$t.w0.out")" -lt "$half" ] && kill -0 "${wpids[0]}" 2>/dev/null && [ $SECONDS -lt $end ]; do
+            sleep 0.01
+        done
+        disown "$victim"  # (no note from bash that it was killed; reap still waits for it)
+        if [ -z "$host_file" ]; then
+            # the ps_peer under `ip netns exec ... timeout` (whose pid start_on gave)
+            KILL_US=$(( $(date +%s%N) / 1000 ))
+            pkill -KILL -P "$victim"
+        else
+            KILL_US=$(ssh -n -o BatchMode=yes "${SSH[0]}" \
+                "t=\$(date +%s%N); pkill -KILL -P \$(cat /tmp/kvpsbench.$tag.$vremote.pid) && echo \$((t / 1000))" </dev/null)
+        fi
+        [ -n "$KILL_US" ] && say "  # %s: SIGKILL to shard 0's primary (host 0) after %s timed steps of worker 0\n" "$t" "$half"
+    fi
+    for k in "${wpids[@]}"; do wait "$k" || rc=1; done
+    reap 15 "${spids[@]}"
+    cpu_busy >"$work/cpu"; R_CPU[$t]=$(cat "$work/cpu")
+    cat "$work/$t".w*.out | cut -d, -f1-8 >>"$steps_csv"
+    cat "$work/$t".w*.out | awk -F, -v k="${KILL_US:-}" '{ print $0 "," k }' >>"$stamps_csv"
+    [ $rc = 0 ] || { failed "$t" "${errs[@]}"; R_MED[$t]=nan; return 1; }
+    read -r R_MED[$t] R_LO[$t] R_HI[$t] R_WIRE[$t] R_RAW[$t] < <(step_stats "$t")
 }
 
 # run_ring TAG N: ring all-reduce of $bytes over hosts 0..N-1; sets the same R_* (ms, rank 0).
@@ -488,6 +557,59 @@ if want 5; then
     worst=$(awk -F, 'NR > 2 { r = $9; d = r > 1 ? r : 1 / r; if (d > w) w = d } END { printf "%.2f\n", (w ? w : 99) }' "$f")
     say "claim 5: every codec's time ratio within 1.25x of its bytes ratio (worst %sx): %s\n" "$worst" \
         "$(judge "$worst" "<=" 1.25)"
+fi
+
+# Claim 6 -----------------------------------------------------------------------------------
+if want 6 && [ "$nh" -lt 4 ]; then
+    say "\n## Claim 6: skipped: it needs 4 hosts, the host file names %s\n" "$nh"
+elif want 6; then
+    f=${pre}_claim6.csv n=4
+    echo "run,replicas,sync_ms,min_ms,max_ms,ideal_ms,meas_over_ideal,T_ms,cpu_pct_ours_all,failover_ms,longest_step_ms,kill_to_resume_ms" >"$f"
+    say "\n## Claim 6 (issue 18): replicated shards - r = 2 within 1.15x of r = 1, and a primary's kill\n"
+    say "# claim 2's layout: a server and a worker on each of hosts 0..%s, %s shards, the model as %s tensors;\n" $((n - 1)) "$n" "$tensors"
+    say "# r = 2: shard i's backup on host i+1 mod %s (port 5556), which the primary sends every push to\n" "$n"
+    say "# before it answers. Ideal (every link direction full): r = 1 carries 2(n-1)/n S each way per host\n"
+    say "# = %s T; r = 2 adds each shard's m/n S of pushes (all workers') to its backup: (3n-2)/n T = %s T.\n" \
+        "$(pf "\"%.2f\", 2 * ($n - 1) / $n")" "$(pf "\"%.2f\", (3 * $n - 2) / $n")"
+    say "%-5s %4s %10s %19s %10s %10s %7s\n" run r sync_ms "[min..max]" ideal_ms meas/ideal cpu%
+    for r in 1 2; do
+        tg=c6_r$r
+        run_rep "$tg" "$n" "$r" 0 --tensors "$tensors" --failover-ms "$failover_ms" || continue
+        t=${R_MED[$tg]}
+        ideal=$(pf "\"%.1f\", ($r == 1 ? 2 * ($n - 1) / $n : (3 * $n - 2) / $n) * $T")
+        say "%-5s %4s %10s %19s %10s %10s %7s%s\n" "r$r" "$r" "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "$ideal" \
+            "$(pf "\"%.2f\", $t / $ideal")" "${R_CPU[$tg]}" "$(cpu_note "${R_CPU[$tg]}")"
+        echo "r$r,$r,$t,${R_LO[$tg]},${R_HI[$tg]},$ideal,$(pf "\"%.3f\", $t / $ideal"),$T,${R_CPU[$tg]},$failover_ms,," >>"$f"
+    done
+    ratio=nan
+    case "${R_MED[c6_r1]:-nan}/${R_MED[c6_r2]:-nan}" in *nan*) ;; *) ratio=$(pf "\"%.2f\", ${R_MED[c6_r2]} / ${R_MED[c6_r1]}");; esac
+    say "claim 6: sync time r = 2 / r = 1 = %sx <= 1.15x: %s   (link arithmetic: %sx)\n" "$ratio" "$(judge "$ratio" "<=" 1.15)" \
+        "$(pf "\"%.2f\", (3 * $n - 2) / (2 * ($n - 1))")"
+    # the kill: r = 2, shard 0's primary SIGKILLed halfway through; workers move to its backup
+    tg=c6_kill
+    say "# kill run: r = 2, SIGKILL to shard 0's primary once worker 0 has finished half the timed steps;\n"
+    say "# workers move to the backup after --failover-ms %s. kill->resume: from the kill to the end of the\n" "$failover_ms"
+    say "# first step that every worker ended after the kill, by its last worker (this machine's wall clock%s).\n" \
+        "$([ -n "$host_file" ] && echo '; over ssh: host 0'"'"'s clock against the workers'"'"', as synchronised as they are')"
+    if run_rep "$tg" "$n" 2 1 --tensors "$tensors" --failover-ms "$failover_ms" && [ -n "$KILL_US" ]; then
+        # rs: the first step that every worker ended after the kill; resume: its last end - the kill
+        read -r resume rs longest lstep < <(awk -F, -v t="$tg" -v k="$KILL_US" '
+            $1 == t { s = $3 + 0; if (!(s in mx) || $4 + 0 > mx[s]) mx[s] = $4 + 0
+                      if (!(s in lo) || $9 + 0 < lo[s]) lo[s] = $9 + 0; if (!(s in hi) || $9 + 0 > hi[s]) hi[s] = $9 + 0 }
+            END { rs = -1; for (s in lo) if (lo[s] >= k && (rs < 0 || s < rs)) rs = s
+                  for (s in mx) if (mx[s] > L) { L = mx[s]; ls = s }
+                  printf "%s %s %.1f %d\n", (rs >= 0 ? sprintf("%.1f", (hi[rs] - k) / 1000) : "nan"), rs, L / 1000, ls }' "$stamps_csv")
+        t=${R_MED[$tg]}
+        say "%-5s %4s %10s %19s %10s %10s %7s%s\n" kill 2 "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "-" "-" "${R_CPU[$tg]}" \
+            "$(cpu_note "${R_CPU[$tg]}")"
+        say "claim 6 kill: kill -> resume (timed step %s done by all) = %s ms; longest step %s ms (timed step %s),\n" \
+            "$rs" "$resume" "$longest" "$lstep"
+        say "# %s ms more than the r = 2 median (%s ms); failover_ms = %s\n" \
+            "$(pf "\"%.1f\", $longest - ${R_MED[c6_r2]:-0}")" "${R_MED[c6_r2]:-nan}" "$failover_ms"
+        echo "kill,2,$t,${R_LO[$tg]},${R_HI[$tg]},,,$T,${R_CPU[$tg]},$failover_ms,$longest,$resume" >>"$f"
+    else
+        [ -n "${KILL_US:-}" ] || say "  !! %s: the kill did not happen (no worker progress, or pkill found nothing)\n" "$tg"
+    fi
 fi
 
 say "\n# %s s; results in %s_*.csv; charts: bench/plot.sh\n" "$((SECONDS - T0))" "$pre"

@@ -4,6 +4,7 @@
 
    usage: ps_peer [--bytes B] [--steps N] [--warmup W] [--codec none|fp16|topk|topk+fp16]
                   [--topk FRACTION] [--tensors K] [--timeout MS] [--tag TEXT] [--max-slice F]
+                  [--failover-ms MS] [--stamps 0|1]
           ps_peer --link-recv PORT [--bytes B]        (plain TCP sink: prints the link's goodput)
           ps_peer --link-send HOST:PORT [--bytes B]   (plain TCP source)
 
@@ -17,8 +18,16 @@
    (wire = what was sent, raw = float32 bytes the step stands for; kvps_worker_tensor_stats).
    Codecs: fp16 = pushes and pulls in fp16; topk = pushes keep the top FRACTION (default 0.01)
    by magnitude with error feedback, pulls in float32; topk+fp16 = the same with pulls in fp16.
+   --stamps 1 adds a ninth column, end_unix_us: when the step ended on this worker's wall clock
+   (CLOCK_REALTIME, microseconds since 1970), and flushes every line as it is written (so that
+   a script can follow the steps and compare them with when it did something, e.g. a kill).
    A server (BSP, KVPS_UPDATE_MEAN) leaves by itself once every worker has finished
    (kvps_worker_finish), or on SIGINT / SIGTERM.
+   Replicated shards (kvps.h FAULTS, REPLICAS): an entry of KVPS_SERVERS may be a chain
+   "tcp://a:p|tcp://b:q"; a server is then its chain's KVPS_REPLICA-th (0, the first primary,
+   by default) and is created with .replicas (its chain) and .replica (and .replacement from
+   KVPS_REPLACEMENT); workers take the list as it is and move to a shard's next replica once its
+   server has been unreachable for --failover-ms (default 1000, kvps's own).
 
    The link modes measure the raw TCP goodput of one connection in one direction, the ceiling
    every figure above is compared with:  link_bytes: N  link_s: T  link_Gbps: G  (receiver's
@@ -38,7 +47,7 @@
 
 typedef struct opts {
     size_t bytes, max_slice;
-    int steps, warmup, timeout_ms, tensors;
+    int steps, warmup, timeout_ms, tensors, failover_ms, stamps;
     const char *codec, *tag;
     double topk;
 } opts;
@@ -46,7 +55,8 @@ typedef struct opts {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--bytes B] [--steps N] [--warmup W] [--codec none|fp16|topk|topk+fp16] [--topk F]\n"
-            "          [--tensors K] [--timeout MS] [--tag TEXT] [--max-slice F]   (role and rank from KVPS_*)\n"
+            "          [--tensors K] [--timeout MS] [--tag TEXT] [--max-slice F] [--failover-ms MS] [--stamps 0|1]\n"
+            "          (role, rank, servers - 'a|b' chains for replicated shards - and KVPS_REPLICA from KVPS_*)\n"
             "       %s --link-recv PORT [--bytes B] | --link-send HOST:PORT [--bytes B]\n",
             prog, prog);
 }
@@ -56,7 +66,8 @@ static int server_main(const kvps_env *env) {
     return launch_server(&(launch_server_desc){
         .prog = "ps_peer",
         .server = {.endpoint = env->endpoint, .num_workers = env->num_workers, .rank = env->rank,
-                   .consistency = KVPS_BSP, .update = KVPS_UPDATE_MEAN},
+                   .consistency = KVPS_BSP, .update = KVPS_UPDATE_MEAN,
+                   .replicas = env->replicas, .replica = env->replica, .replacement = env->replacement},
         .report_fd = -1});
 }
 
@@ -72,7 +83,7 @@ static int worker_main(const opts *o, const kvps_env *env) {
     kvps_worker *w = NULL;
     kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = env->servers, .rank = rank,
                                                            .num_workers = env->num_workers, .timeout_ms = o->timeout_ms,
-                                                           .max_slice = o->max_slice},
+                                                           .max_slice = o->max_slice, .failover_ms = o->failover_ms},
                                        &w);
     if (r != KVPS_OK) return worker_fail(NULL, rank, "create", r);
     size_t n = o->bytes / sizeof(float), per = n / (size_t)o->tensors;
@@ -128,12 +139,21 @@ static int worker_main(const opts *o, const kvps_env *env) {
             after.push_wire_bytes += st.push_wire_bytes, after.pull_wire_bytes += st.pull_wire_bytes;
             after.push_raw_bytes += st.push_raw_bytes, after.pull_raw_bytes += st.pull_raw_bytes;
         }
-        if (step >= 0)
-            printf("%s,%d,%d,%.0f,%llu,%llu,%llu,%llu\n", o->tag, rank, step, dt * 1e6,
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        if (step >= 0) {
+            printf("%s,%d,%d,%.0f,%llu,%llu,%llu,%llu", o->tag, rank, step, dt * 1e6,
                    (unsigned long long)(after.push_wire_bytes - before.push_wire_bytes),
                    (unsigned long long)(after.pull_wire_bytes - before.pull_wire_bytes),
                    (unsigned long long)(after.push_raw_bytes - before.push_raw_bytes),
                    (unsigned long long)(after.pull_raw_bytes - before.pull_raw_bytes));
+            if (o->stamps) {
+                printf(",%lld\n", (long long)wall.tv_sec * 1000000 + wall.tv_nsec / 1000);
+                fflush(stdout);
+            } else {
+                printf("\n");
+            }
+        }
     }
     fflush(stdout);
     if ((r = kvps_worker_finish(w, -1)) != KVPS_OK) return worker_fail(w, rank, "finish", r);
@@ -210,7 +230,8 @@ static int link_send(const char *hostport, size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {.bytes = 16u << 20, .steps = 10, .warmup = 2, .timeout_ms = 120000, .tensors = 1, .codec = "none", .tag = "ps", .topk = 0.01};
+    opts o = {.bytes = 16u << 20, .steps = 10, .warmup = 2, .timeout_ms = 120000, .tensors = 1, .codec = "none", .tag = "ps",
+              .topk = 0.01, .failover_ms = 1000};
     const char *lrecv = NULL, *lsend = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -224,6 +245,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tag")) o.tag = v;
         else if (!strcmp(a, "--tensors")) o.tensors = atoi(v);
         else if (!strcmp(a, "--max-slice")) o.max_slice = (size_t)strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--failover-ms")) o.failover_ms = atoi(v);
+        else if (!strcmp(a, "--stamps")) o.stamps = atoi(v);
         else if (!strcmp(a, "--link-recv")) lrecv = v;
         else if (!strcmp(a, "--link-send")) lsend = v;
         else { usage(argv[0]); return 2; }
@@ -231,7 +254,7 @@ int main(int argc, char **argv) {
     }
     int codec_ok = !strcmp(o.codec, "none") || !strcmp(o.codec, "fp16") || !strcmp(o.codec, "topk") ||
                    !strcmp(o.codec, "topk+fp16");
-    if (o.tensors < 1 || o.tensors > 64 || o.bytes < sizeof(float) * (size_t)o.tensors || o.steps < 1 || o.warmup < 0 || o.timeout_ms < 1 || !codec_ok || !(o.topk > 0 && o.topk <= 1)) {
+    if (o.tensors < 1 || o.tensors > 64 || o.bytes < sizeof(float) * (size_t)o.tensors || o.steps < 1 || o.warmup < 0 || o.timeout_ms < 1 || o.failover_ms < 1 || !codec_ok || !(o.topk > 0 && o.topk <= 1)) {
         usage(argv[0]);
         return 2;
     }
