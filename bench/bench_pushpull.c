@@ -1,9 +1,9 @@
 /* bench_pushpull - kvps push, pull and push+pull round trip against raw ZeroMQ, same run.
 
    usage: bench_pushpull [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]
-                         [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR]
+                         [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR] [--replicas]
 
-   Over tcp://127.0.0.1 (ephemeral ports). Each server side (the raw ROUTER, and each kvps
+   Over tcp://127.0.0.1 (ephemeral ports; --replicas' chain: ports picked free beforehand). Each server side (the raw ROUTER, and each kvps
    configuration's servers) runs in a process of its own, forked at the start; the clients (raw
    DEALER, kvps workers) run in this process, each with a ZeroMQ context of its own. That is how a
    job is deployed. --one-process runs the servers as threads here instead: that layout favours
@@ -39,7 +39,21 @@
    of each repetition (min..max, median): the timeline's cost. It is measured right after its
    twin, in every repetition. Every other peer has it off, even with KVPS_TIMELINE set;
    --timeline '' turns it off in the sixth as well: the same lines then show how far two equal
-   configurations differ on this machine (the noise floor of the ratios). */
+   configurations differ on this machine (the noise floor of the ratios).
+   --replicas adds a seventh peer: the 1 server x 1 worker KVPS_UPDATE_SUM configuration with its
+   shard replicated, r = 2 (REPLICAS in kvps.h): a primary and its backup, each in a process of
+   its own (threads here with --one-process), the worker's server list the chain
+   "tcp://127.0.0.1:A|tcp://127.0.0.1:B". The chain names both endpoints before either server
+   starts, so A and B are picked free beforehand (bound to port 0 and closed again, here, before
+   any ZeroMQ context). The primary forwards every push to its backup and holds its reply until
+   the backup has acknowledged it; pulls are not forwarded. The primary's process reports its
+   endpoint only once the backup is live, so nothing is measured without it. It is measured in the
+   same interleaved repetitions as its twin with r = 1 (the headline configuration), next to it:
+   after it in even repetitions, before it in odd ones (so that neither always follows the
+   other); a line per size gives the ratios r=2 / r=1 of each repetition (min..max, median), as
+   --timeline's do (above 1: more for GB/s and ops/s, slower for the round trip), and, after the
+   last size, a line with both servers' counters: the backup must have served every push the
+   primary served, with no takeover and no second snapshot. */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define BENCH_NAME "bench_pushpull" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
@@ -54,23 +68,31 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
 enum { OP_PUSH = 1, OP_PULL = 2, OP_RT = 3, OP_PULLV = 4, OP_QUIT = 9 };
-enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 5, META_REQ = 48, META_REP = 32 };
+enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 6, META_REQ = 48, META_REP = 32 };
 
 static const size_t sizes[MAX_SIZES] = {4096, 65536, 1u << 20, 16u << 20, 64u << 20};
 static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
 /* kvps configurations: servers, and whether the server applies KVPS_UPDATE_SUM or an update_fn
    that does nothing (what is left is transport and protocol: it tells the update's cost apart). */
-static const int conf_servers[NCONF] = {1, 1, 2, 4, 1};
-static const int conf_noupdate[NCONF] = {0, 1, 0, 0, 0};
-/* the last configuration is the first with its timeline on: measured with --timeline only */
-static const int conf_timeline[NCONF] = {0, 0, 0, 0, 1};
-static int g_nconf = NCONF - 1;
+static const int conf_servers[NCONF] = {1, 1, 2, 4, 1, 1};
+static const int conf_noupdate[NCONF] = {0, 1, 0, 0, 0, 0};
+/* the fifth configuration is the first with its timeline on: measured with --timeline only */
+static const int conf_timeline[NCONF] = {0, 0, 0, 0, 1, 0};
+/* the sixth is the first with its shard on 2 replicas (primary + backup): with --replicas only */
+static const int conf_replicas[NCONF] = {1, 1, 1, 1, 1, 2};
+enum { CONF_TL = 4, CONF_R2 = 5 };
 static const char *g_timeline; /* --timeline DIR */
+static int g_tl_on, g_r2_on;   /* --timeline, --replicas */
+
+static int conf_on(int c) { return c < CONF_TL || (c == CONF_TL && g_tl_on) || (c == CONF_R2 && g_r2_on); }
 
 static void kcheck(kvps_result r, const char *what, kvps_worker *w) {
     if (r != KVPS_OK) {
@@ -345,16 +367,19 @@ static void raw_rt(raw_client *c, const char *payload, size_t bytes, long count,
 /* ---- kvps -------------------------------------------------------------------------------- */
 
 typedef struct kcluster {
-    int n;
+    int n;    /* shards */
+    int nrep; /* replicas per shard: 1, or 2 (--replicas: srv[0] the primary, srv[1] its backup) */
     kvps_server *srv[4];
     kvps_worker *w;
     kvps_tensor t[MAX_SIZES];
-    char servers[1024];
+    char servers[1024]; /* the worker's server list (nrep 2: the chain "A|B") */
+    char ep[2][64];     /* nrep 2: the primary's and the backup's endpoints */
     kvps_req *ring;
     kvps_view **views;
-    pid_t pid;
-    int ctl; /* server process: closing this ends it */
-    int tl;  /* timeline on (--timeline) */
+    pid_t pid[2]; /* server process(es): one for all servers, or one per replica (nrep 2) */
+    int ctl[2];   /* closing this ends that process; nrep 2: a byte asks it for its counters */
+    int rep_ep[2]; /* nrep 2: the pipe each replica's process answers on (its endpoint, its counters) */
+    int tl;       /* timeline on (--timeline) */
 } kcluster;
 
 static void update_nothing(const kvps_update_args *a) { (void)a; }
@@ -375,18 +400,155 @@ static void kvps_servers_run(kcluster *k, int noupdate) {
     }
 }
 
-static void kvps_servers_up(kcluster *k, int n, int noupdate, int tl) {
+/* Two loopback ports free now (bound to port 0 together, so that they differ, then closed):
+   a replicated shard's chain names its servers' endpoints before they start. */
+static void free_ports(int port[2]) {
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        struct sockaddr_in a;
+        socklen_t len = sizeof a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd[i] < 0 || bind(fd[i], (struct sockaddr *)&a, sizeof a) != 0 ||
+            getsockname(fd[i], (struct sockaddr *)&a, &len) != 0)
+            die("a free port", strerror(errno));
+        port[i] = ntohs(a.sin_port);
+    }
+    close(fd[0]);
+    close(fd[1]);
+}
+
+/* Replica r of the replicated shard (0: the primary), started; the primary returns once it has
+   sent its backup the snapshot (the backup connected). The backup acknowledges a snapshot of an
+   empty stream only with the first message after it, so "live" is checked later, after the first
+   size's warm-up (replicas_check), and again at the end (replicas_report). */
+static void kvps_replica_run(kcluster *k, int r, int noupdate) {
+    kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = k->ep[r], .num_workers = 1, .rank = 0,
+                                                  .consistency = KVPS_ASYNC,
+                                                  .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
+                                                  .update_fn = noupdate ? update_nothing : NULL, .io_cpus = g_srv_cpus,
+                                                  .timeline = k->tl ? g_timeline : "", .replicas = k->servers,
+                                                  .replica = r},
+                              &k->srv[r]),
+           "kvps_server_create (replica)", NULL);
+    kcheck(kvps_server_start(k->srv[r]), "kvps_server_start (replica)", NULL);
+    for (double t0 = now_s(); r == 0;) {
+        kvps_server_stats st;
+        kvps_server_stats_get(k->srv[0], &st);
+        if (st.primary && st.snapshots >= 1) break;
+        if (now_s() - t0 > 30) die("replicas", "the backup did not connect to its primary within 30 s");
+        sleep_ms(2);
+    }
+}
+
+/* A replica's counters, as one line: primary, replicas_live, pushes, pulls, snapshots, takeovers. */
+static void replica_counters(const kvps_server *s, char *buf, size_t cap) {
+    kvps_server_stats st;
+    kvps_server_stats_get(s, &st);
+    snprintf(buf, cap, "%llu %llu %llu %llu %llu %llu", (unsigned long long)st.primary,
+             (unsigned long long)st.replicas_live, (unsigned long long)st.pushes, (unsigned long long)st.pulls,
+             (unsigned long long)st.snapshots, (unsigned long long)st.takeovers);
+}
+
+static void kvps_replicas_up(kcluster *k, int noupdate) {
+    int port[2];
+    free_ports(port);
+    for (int r = 0; r < 2; r++) snprintf(k->ep[r], sizeof k->ep[r], "tcp://127.0.0.1:%d", port[r]);
+    snprintf(k->servers, sizeof k->servers, "%s|%s", k->ep[0], k->ep[1]);
+    if (!g_procs) {
+        kvps_replica_run(k, 1, noupdate);
+        kvps_replica_run(k, 0, noupdate);
+        return;
+    }
+    for (int r = 0; r < 2; r++) { /* both forked before either is waited for: the primary waits for its backup */
+        int ctl, ep;
+        k->pid[r] = fork_server(&ctl, &ep);
+        if (k->pid[r] == 0) {
+            kvps_replica_run(k, r, noupdate);
+            if (write_str(ep, kvps_server_endpoint(k->srv[r])) != 0) die("write", strerror(errno));
+            for (;;) { /* a byte: send the counters up; EOF: the parent is done */
+                char c, line[256];
+                ssize_t g = read(ctl, &c, 1);
+                if (g < 0 && errno == EINTR) continue;
+                if (g <= 0) break;
+                replica_counters(k->srv[r], line, sizeof line);
+                if (write_str(ep, line) != 0) die("write", strerror(errno));
+            }
+            kvps_server_destroy(&k->srv[r]);
+            _exit(0);
+        }
+        k->ctl[r] = ctl;
+        k->rep_ep[r] = ep;
+    }
+    for (int r = 0; r < 2; r++) {
+        char got[256];
+        read_endpoints(k->rep_ep[r], got, sizeof got);
+        if (strcmp(got, k->ep[r]) != 0) die("replica endpoint", got);
+    }
+}
+
+/* Both replicas' counters (replica_counters' six each) */
+static void replicas_counters(kcluster *k, unsigned long long c[2][6]) {
+    for (int r = 0; r < 2; r++) {
+        char line[256];
+        if (g_procs) {
+            if (write(k->ctl[r], "c", 1) != 1) die("write", strerror(errno));
+            read_endpoints(k->rep_ep[r], line, sizeof line);
+        } else {
+            replica_counters(k->srv[r], line, sizeof line);
+        }
+        if (sscanf(line, "%llu %llu %llu %llu %llu %llu", &c[r][0], &c[r][1], &c[r][2], &c[r][3], &c[r][4], &c[r][5]) != 6)
+            die("replica counters", line);
+    }
+}
+
+/* Before the first figure (after a warm-up): the primary counts its backup live, the backup
+   holds the shard and is not primary. */
+static void replicas_check(kcluster *k) {
+    unsigned long long c[2][6];
+    replicas_counters(k, c);
+    if (c[0][0] != 1 || c[0][1] != 2 || c[1][0] != 0 || c[1][1] != 1)
+        die("replicas", "the backup is not live after the warm-up (primary, live, backup primary, backup live: not 1 2 0 1)");
+}
+
+/* After the last figure: both replicas' counters on one line. Every reply has come back, so the
+   backup has acknowledged (served) every push the primary served. */
+static void replicas_report(kcluster *k, int csv) {
+    unsigned long long c[2][6];
+    replicas_counters(k, c);
+    int ok = c[0][0] == 1 && c[0][1] == 2 && c[1][0] == 0 && c[1][1] == 1 && c[0][2] == c[1][2] && c[0][4] == 1 &&
+             c[1][4] == 1 && c[0][5] == 0 && c[1][5] == 0;
+    if (csv) {
+        printf("# replicas_counters,%s,primary_pushes,%llu,backup_pushes,%llu,primary_pulls,%llu,backup_pulls,%llu,"
+               "snapshots,%llu,%llu,takeovers,%llu,%llu\n", ok ? "ok" : "BROKEN", c[0][2], c[1][2], c[0][3], c[1][3],
+               c[0][4], c[1][4], c[0][5], c[1][5]);
+        return;
+    }
+    printf("#   replicas %s: the primary served %llu pushes and %llu pulls, its backup %llu pushes and %llu pulls (the\n"
+           "#     round trips': a pushpull goes on whole); replicas live %llu (the primary's count); snapshots %llu\n"
+           "#     sent, %llu loaded; takeovers %llu, %llu\n",
+           ok ? "ok" : "BROKEN", c[0][2], c[0][3], c[1][2], c[1][3], c[0][1], c[0][4], c[1][4], c[0][5], c[1][5]);
+}
+
+static void kvps_servers_up(kcluster *k, int n, int nrep, int noupdate, int tl) {
     memset(k, 0, sizeof *k);
     k->n = n;
+    k->nrep = nrep;
     k->tl = tl;
-    k->ctl = -1;
+    k->ctl[0] = k->ctl[1] = k->rep_ep[0] = k->rep_ep[1] = -1;
+    if (nrep > 1) {
+        kvps_replicas_up(k, noupdate);
+        return;
+    }
     if (!g_procs) {
         kvps_servers_run(k, noupdate);
         return;
     }
     int ctl, ep;
-    k->pid = fork_server(&ctl, &ep);
-    if (k->pid == 0) {
+    k->pid[0] = fork_server(&ctl, &ep);
+    if (k->pid[0] == 0) {
         kvps_servers_run(k, noupdate);
         if (write_str(ep, k->servers) != 0) die("write", strerror(errno));
         char c;
@@ -394,7 +556,7 @@ static void kvps_servers_up(kcluster *k, int n, int noupdate, int tl) {
         for (int i = 0; i < n; i++) kvps_server_destroy(&k->srv[i]);
         _exit(0);
     }
-    k->ctl = ctl;
+    k->ctl[0] = ctl;
     read_endpoints(ep, k->servers, sizeof k->servers);
     close(ep);
 }
@@ -416,11 +578,15 @@ static void kvps_worker_up(kcluster *k, int nsizes) {
 
 static void kvps_down(kcluster *k) {
     kvps_worker_destroy(&k->w);
+    int nproc = k->nrep > 1 ? 2 : 1, nsrv = k->nrep > 1 ? 2 : k->n;
     if (g_procs) {
-        close(k->ctl);
-        waitpid(k->pid, NULL, 0);
+        for (int p = nproc - 1; p >= 0; p--) { /* (a replicated shard: the backup first, its primary then) */
+            close(k->ctl[p]);
+            if (k->rep_ep[p] >= 0) close(k->rep_ep[p]);
+            waitpid(k->pid[p], NULL, 0);
+        }
     } else {
-        for (int i = 0; i < k->n; i++) kvps_server_destroy(&k->srv[i]);
+        for (int i = nsrv - 1; i >= 0; i--) kvps_server_destroy(&k->srv[i]);
     }
     free(k->ring);
     free(k->views);
@@ -554,14 +720,15 @@ static void print_row(int csv, const char *peer, const char *upd, int srv, size_
 
 /* --timeline: per repetition, the 1x1 sum configuration with its timeline on over the same with it
    off (measured back to back in that repetition): min..max and median of the ratios, for push,
-   pull and zero-copy pull GB/s, push ops/s and the round trip's p50 (above 1: slower there). */
-static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double on[6][MAX_REP], double coff[5][MAX_REP],
-                          double con[5][MAX_REP]) {
+   pull and zero-copy pull GB/s, push ops/s and the round trip's p50 (above 1: slower there).
+   --replicas: the same for the 1x1 sum configuration on r = 2 replicas over r = 1 (tag
+   "replicas", what "r=2/r=1", na "r=2", nb "r=1"). */
+static void pair_cost(int csv, const char *tag, const char *what, const char *na, const char *nb, size_t bytes,
+                      double off[6][MAX_REP], double on[6][MAX_REP], double coff[5][MAX_REP], double con[5][MAX_REP]) {
     static const int idx[5] = {0, 1, 5, 2, 3};
     static const char *name[5] = {"push GB/s", "pull GB/s", "pull0 GB/s", "push ops/s", "rt p50"};
-    if (csv) printf("# timeline,%zu", bytes);
-    else printf("#   timeline %s, 1x1 sum, %zu bytes, per repetition (min..max, median):",
-                *g_timeline ? "on/off" : "off/off (the control: --timeline '')", bytes);
+    if (csv) printf("# %s,%zu", tag, bytes);
+    else printf("#   %s %s, 1x1 sum, %zu bytes, per repetition (min..max, median):", tag, what, bytes);
     for (int m = 0; m < 5; m++) {
         double x[MAX_REP];
         for (int r = 0; r < g_reps; r++) x[r] = on[idx[m]][r] / off[idx[m]][r];
@@ -575,8 +742,8 @@ static void timeline_cost(int csv, size_t bytes, double off[6][MAX_REP], double 
        server is another process): less at the mercy of other loads than throughput. */
     static const int ops[4] = {OP_PUSH, OP_PULL, OP_PULLV, OP_RT};
     static const char *oname[4] = {"push", "pull", "pull0", "pushpull rt"};
-    if (csv) printf("# timeline_cpu,%zu", bytes);
-    else printf("#     this process's CPU per op, on - off (min..max, median), and on/off of the medians:");
+    if (csv) printf("# %s_cpu,%zu", tag, bytes);
+    else printf("#     this process's CPU per op, %s - %s (min..max, median), and %s/%s of the medians:", na, nb, na, nb);
     for (int m = 0; m < 4; m++) {
         double d[MAX_REP], a[MAX_REP], b[MAX_REP];
         for (int r = 0; r < g_reps; r++) {
@@ -657,7 +824,7 @@ static double row_gbs(const row *r, int which) {
 
 static void usage(const char *argv0) {
     fprintf(stderr, "usage: %s [--quick] [--csv] [--time SECONDS] [--only BYTES] [--reps N] [--one-process]\n"
-                    "          [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR]\n"
+                    "          [--max-slice FLOATS] [--io-cpus split|none] [--timeline DIR] [--replicas]\n"
                     "  --quick      skip 64 MB values\n"
                     "  --only B     measure one of the sizes only (4096 65536 1048576 16777216 67108864)\n"
                     "  --csv        print CSV rows instead of the table\n"
@@ -670,7 +837,9 @@ static void usage(const char *argv0) {
                     "               first, zmq and kvps alike (kvps_zmq_ctx_pin, .io_cpus); none (default): the OS\n"
                     "               places them\n"
                     "  --timeline DIR  also the 1x1 sum configuration with its timeline on (written into DIR),\n"
-                    "               and the ratio on / off of each repetition\n", argv0);
+                    "               and the ratio on / off of each repetition\n"
+                    "  --replicas   also the 1x1 sum configuration with its shard on 2 replicas (primary + backup,\n"
+                    "               a process each), and the ratio r=2 / r=1 of each repetition\n", argv0);
     exit(2);
 }
 
@@ -697,8 +866,9 @@ int main(int argc, char **argv) {
         }
         else if (strcmp(argv[i], "--timeline") == 0 && i + 1 < argc) {
             g_timeline = argv[++i];
-            g_nconf = NCONF;
+            g_tl_on = 1;
         }
+        else if (strcmp(argv[i], "--replicas") == 0) g_r2_on = 1;
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
             if (g_reps < 1 || g_reps > MAX_REP || g_reps % 2 == 0) usage(argv[0]);
@@ -734,9 +904,11 @@ int main(int argc, char **argv) {
     raw_client rc;
     kcluster kc[NCONF];
     raw_server_up(&rs, srvbuf); /* every server side first: forked before any context here */
-    for (int c = 0; c < g_nconf; c++) kvps_servers_up(&kc[c], conf_servers[c], conf_noupdate[c], conf_timeline[c]);
+    for (int c = 0; c < NCONF; c++)
+        if (conf_on(c)) kvps_servers_up(&kc[c], conf_servers[c], conf_replicas[c], conf_noupdate[c], conf_timeline[c]);
     raw_client_up(&rc, &rs);
-    for (int c = 0; c < g_nconf; c++) kvps_worker_up(&kc[c], nsizes);
+    for (int c = 0; c < NCONF; c++)
+        if (conf_on(c)) kvps_worker_up(&kc[c], nsizes);
 
     int major, minor, patch;
     zmq_version(&major, &minor, &patch);
@@ -761,7 +933,12 @@ int main(int argc, char **argv) {
         printf("#   as the same sl pieces (W values in flight = W x sl messages), the same message pattern as kvps,\n");
         printf("#   and the kvps rows compare to that one; the targets also show the ratio to whole values.\n");
         printf("# ZeroMQ allocates each received message: past glibc's mmap threshold (at most 32 MiB) that is fresh\n");
-        printf("#   pages every time, for zmq and kvps alike, which is why 64 MB runs slower than 16 MB.\n#\n");
+        printf("#   pages every time, for zmq and kvps alike, which is why 64 MB runs slower than 16 MB.\n");
+        if (g_r2_on)
+            printf("# upd r2 (--replicas): 1x1 sum with the shard on 2 replicas, primary %s and backup %s\n"
+                   "#   (%s); a push goes on to the backup and is answered once the backup acknowledges it\n",
+                   kc[CONF_R2].ep[0], kc[CONF_R2].ep[1], g_procs ? "a process each" : "threads here");
+        printf("#\n");
     }
     print_header(csv);
     fflush(stdout);
@@ -774,11 +951,13 @@ int main(int argc, char **argv) {
         int W = windows[si];
 
         /* Warm-up and a correctness check for every peer at this size. */
-        for (int c = 0; c < g_nconf; c++) {
+        for (int c = 0; c < NCONF; c++) {
+            if (!conf_on(c)) continue;
             kvps_sanity(&kc[c], si, conf_noupdate[c], scratch, grad, dst, len);
             kvps_window(&kc[c], si, OP_PUSH, grad, dst, 2 * W, W);
             kvps_window(&kc[c], si, OP_PULL, grad, dst, 2 * W, W);
         }
+        if (g_r2_on && si == (only >= 0 ? only : 0)) replicas_check(&kc[CONF_R2]);
         /* kvps cuts values past max_slice into pieces: the same-pattern peer sends the same pieces */
         int P = pieces[si] = (int)kvps_worker_tensor_slices(kc[0].w, kc[0].t[si]);
         raw_window(&rc, OP_PUSH, (const char *)grad, bytes, 2 * W, W, 1);
@@ -820,9 +999,19 @@ int main(int argc, char **argv) {
         for (int op = OP_PUSH; op <= OP_PULLV; op++) {
             for (int rep = 0; rep < g_reps; rep++) {
                 /* p 0: raw ZeroMQ, whole values; 1: raw ZeroMQ in kvps's pieces (when P > 1); 2..: kvps;
-                   the timeline's configuration (--timeline) right after its twin with it off */
-                for (int i = 0; i < 2 + g_nconf; i++) {
-                    int p = g_nconf < NCONF || i < 3 ? i : i == 3 ? 2 + NCONF - 1 : i - 1;
+                   the timeline's configuration (--timeline) right after its twin with it off; the
+                   replicated one (--replicas) next to its twin too: after it (and the timeline's) in
+                   even repetitions, before it in odd ones */
+                int ord[2 + NCONF], no = 0;
+                ord[no++] = 0;
+                ord[no++] = 1;
+                if (g_r2_on && rep % 2) ord[no++] = 2 + CONF_R2;
+                ord[no++] = 2;
+                if (g_tl_on) ord[no++] = 2 + CONF_TL;
+                if (g_r2_on && rep % 2 == 0) ord[no++] = 2 + CONF_R2;
+                for (int c = 1; c < CONF_TL; c++) ord[no++] = 2 + c;
+                for (int i = 0; i < no; i++) {
+                    int p = ord[i];
                     if (p == 1 && P == 1) continue;
                     int rp = p == 1 ? P : 1;
                     double c0 = cpu_s();
@@ -848,7 +1037,8 @@ int main(int argc, char **argv) {
         }
         free(lat);
         if (P == 1) memcpy(v[1], v[0], sizeof v[0]); /* the same peer */
-        for (int p = 0; p < 2 + g_nconf; p++) {
+        for (int p = 0; p < 2 + NCONF; p++) {
+            if (p >= 2 && !conf_on(p - 2)) continue;
             row *r = &res[si][p];
             r->push_gbs = median(v[p][0]);
             r->pull_gbs = median(v[p][1]);
@@ -859,14 +1049,20 @@ int main(int argc, char **argv) {
         }
         print_row(csv, "zmq", "-", 1, bytes, W, n_thr, n_rt, 0, &res[si][0], NULL);
         if (P > 1) print_row(csv, "zmq", "-", 1, bytes, W, n_thr, n_rt, P, &res[si][1], NULL);
-        for (int c = 0; c < g_nconf; c++)
-            print_row(csv, "kvps", conf_timeline[c] ? "tl" : conf_noupdate[c] ? "none" : "sum", conf_servers[c], bytes, W, n_thr,
-                      n_rt, (int)kvps_worker_tensor_slices(kc[c].w, kc[c].t[si]), &res[si][2 + c], &res[si][1]);
-        if (g_timeline) timeline_cost(csv, bytes, v[2], v[2 + NCONF - 1], cpu[2], cpu[2 + NCONF - 1]);
+        for (int c = 0; c < NCONF; c++)
+            if (conf_on(c))
+                print_row(csv, "kvps", conf_replicas[c] > 1 ? "r2" : conf_timeline[c] ? "tl" : conf_noupdate[c] ? "none" : "sum",
+                          conf_servers[c], bytes, W, n_thr, n_rt, (int)kvps_worker_tensor_slices(kc[c].w, kc[c].t[si]),
+                          &res[si][2 + c], &res[si][1]);
+        if (g_tl_on)
+            pair_cost(csv, "timeline", *g_timeline ? "on/off" : "off/off (the control: --timeline '')", "on", "off", bytes,
+                      v[2], v[2 + CONF_TL], cpu[2], cpu[2 + CONF_TL]);
+        if (g_r2_on) pair_cost(csv, "replicas", "r=2/r=1", "r=2", "r=1", bytes, v[2], v[2 + CONF_R2], cpu[2], cpu[2 + CONF_R2]);
         fflush(stdout);
     }
     double elapsed = now_s() - t_start;
-    if (g_timeline && *g_timeline) timeline_event_cost(csv);
+    if (g_tl_on && *g_timeline) timeline_event_cost(csv);
+    if (g_r2_on) replicas_report(&kc[CONF_R2], csv);
 
     /* Targets from the issue, 1 server x 1 worker: information for the reader, not a test. */
     printf("#\n# targets (1 server x 1 worker, KVPS_UPDATE_SUM, loopback; whole run %.0f s):\n", elapsed);
@@ -895,7 +1091,8 @@ int main(int argc, char **argv) {
     printf("#   %-4s 4 KB pushpull round trip p50 <= 1.5x zmq: %.1f us vs %.1f us = %.2fx\n",
            xl <= 1.5 ? "PASS" : "MISS", res[0][2].p50_us, res[0][0].p50_us, xl);
 done:
-    for (int c = 0; c < g_nconf; c++) kvps_down(&kc[c]);
+    for (int c = 0; c < NCONF; c++)
+        if (conf_on(c)) kvps_down(&kc[c]);
     raw_down(&rs, &rc);
     free(grad); free(dst); free(scratch); free(srvbuf);
     return 0;
