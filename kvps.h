@@ -3302,7 +3302,8 @@ struct kvps_server {
     struct kvps__link *links; /* per place in the chain (this server's own unused) */
     uint32_t epoch;           /* rises with each promotion: an older primary's messages are refused */
     uint64_t fwd_seq;         /* primary: messages sent down the chain; backup: the last one applied */
-    uint64_t ack_due;         /* backup: the sequence to acknowledge after this batch (0: none) */
+    uint64_t ack_due;         /* backup: the sequence to acknowledge after this batch */
+    int ack_now;              /* backup: ack_due is to be sent (a snapshot's sequence may be 0) */
     struct kvps__held *held;  /* primary: replies held, oldest first (a ring) */
     size_t held_head, nheld, cap_held;
     int replaying;            /* backup: serving the primary's copy of a request (no liveness from it) */
@@ -5326,6 +5327,13 @@ static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     return 0;
 }
 
+/* The table counters back to 0 (atomic stores: stats are read by other threads). */
+static void kvps__stats_tables_zero(kvps_server *s) {
+    __atomic_store_n(&s->stats.table_rows, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stats.table_bytes, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stats.table_state_bytes, 0, __ATOMIC_RELAXED);
+}
+
 /* Reads one key record (kvps__key_put's) into a new key; NULL, or why not. */
 static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
     uint64_t key, len, round;
@@ -5418,7 +5426,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
     if (why) {
         kvps__keys_truncate(s, 0);
         while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
-        s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
+        kvps__stats_tables_zero(s); /* (other threads read stats) */
         s->max_round = 0;
         memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
         memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
@@ -5876,7 +5884,7 @@ static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_
 /* Backup: acknowledges the last message applied, to the primary it came from. */
 static void kvps__repl_ack(kvps_server *s) {
     if (zmq_msg_size(&s->primary_id) > 0) kvps__repl_answer(s, &s->primary_id, s->ack_due, KVPS_OK, "");
-    s->ack_due = 0;
+    s->ack_now = 0;
 }
 
 /* Backup: the shard as the snapshot has it, and nothing else (parked requests, buffered pushes
@@ -5886,7 +5894,7 @@ static const char *kvps__repl_load(kvps_server *s, zmq_msg_t *ck, zmq_msg_t *ses
     kvps__flush_all(s);
     kvps__keys_truncate(s, 0);
     while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
-    s->stats.table_rows = s->stats.table_bytes = s->stats.table_state_bytes = 0;
+    kvps__stats_tables_zero(s); /* (other threads read stats) */
     while (s->barrier_waiters) { kvps__parked *p = s->barrier_waiters; s->barrier_waiters = p->next; kvps__parked_free(p); }
     s->max_round = 0;
     memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
@@ -5940,6 +5948,7 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
         s->synced = 1;
         s->fwd_seq = h.req_id;
         s->ack_due = h.req_id;
+        s->ack_now = 1;
         KVPS__STAT_ADD(s, snapshots, 1);
         kvps__repl_stats(s);
         kvps__log(KVPS_LOG_INFO, "server %d replica %d: snapshot of %u keys at round %llu from replica %u (epoch %u)",
@@ -5954,6 +5963,7 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
     }
     s->fwd_seq = h.req_id;
     s->ack_due = h.req_id;
+    s->ack_now = 1;
     s->replaying = 1;
     if (h.rank == KVPS__REPL_FWD && nfr >= 4) { /* [id][repl][worker id][meta][values?] */
         zmq_msg_t sub[3];
@@ -6337,9 +6347,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         }
         kvps__flush_all(s); /* nothing more queued: apply what was held back */
         if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_links_poll(s); /* acknowledgements; snapshots due */
-        if (s->ack_due) { /* a backup: one acknowledgement per batch, of the last message applied */
-            kvps__repl_ack(s);
-        }
+        if (s->ack_now) kvps__repl_ack(s); /* a backup: one acknowledgement per batch, of the last message applied */
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
         if (kvps__liveness_pending(s)) kvps__liveness(s);

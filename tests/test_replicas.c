@@ -35,8 +35,8 @@ typedef struct job {
     kvps_update update;
     float lr;
     int steps;                   /* BSP: every worker's; async: at most (the test says stop) */
-    volatile int stop;           /* async: the workers stop pushing */
-    volatile int done_steps[NW]; /* per worker: pushes completed */
+    int stop;                    /* async: the workers stop pushing (atomic) */
+    int done_steps[NW];          /* per worker: pushes completed (atomic) */
     kvps_result err[NW];
     char errtext[NW][400];
     float final[NW][NKEY * 3];
@@ -123,7 +123,7 @@ static void *worker_main(void *arg) {
     for (int i = 0; i < NKEY; i++) { keys[i] = 1000 + (uint64_t)i; lens[i] = 3; }
     kvps_req q[4] = {0};
     int inflight = j->cons == KVPS_BSP ? 1 : 4;
-    for (int t = 0; t < j->steps && rc == KVPS_OK && !j->stop; t++) {
+    for (int t = 0; t < j->steps && rc == KVPS_OK && !__atomic_load_n(&j->stop, __ATOMIC_ACQUIRE); t++) {
         int slot = t % inflight;
         if (q[slot]) {
             rc = kvps_worker_wait(w, q[slot], -1);
@@ -137,7 +137,7 @@ static void *worker_main(void *arg) {
         } else {
             rc = kvps_worker_push(w, keys, vals[slot], lens, NKEY, &q[slot]);
         }
-        j->done_steps[rank] = t + 1;
+        __atomic_store_n(&j->done_steps[rank], t + 1, __ATOMIC_RELEASE);
     }
     for (int i = 0; i < inflight && rc == KVPS_OK; i++)
         if (q[i]) rc = kvps_worker_wait(w, q[i], -1);
@@ -167,7 +167,7 @@ static void workers_join(void) {
 static int min_steps(const job *j) {
     int m = j->steps;
     for (int r = 0; r < NW; r++)
-        if (j->done_steps[r] < m) m = j->done_steps[r];
+        if (__atomic_load_n(&j->done_steps[r], __ATOMIC_ACQUIRE) < m) m = __atomic_load_n(&j->done_steps[r], __ATOMIC_ACQUIRE);
     return m;
 }
 static void wait_steps(const job *j, int n) {
@@ -214,7 +214,7 @@ static void async_kill(int victim_replica) {
     wait_steps(&J, steps / 3);
     kill_server(&J, 0, victim_replica);
     wait_steps(&J, steps); /* going on after the kill */
-    J.stop = 1;
+    __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
     workers_join();
     check_sums(&J, victim_replica ? "backup killed" : "primary killed");
     reap(&J, "after the kill");
@@ -265,7 +265,7 @@ static void test_replacement_then_kill(void) {
     wait_steps(&J, min_steps(&J) + steps); /* pushes through the new chain */
     kill_server(&J, 0, 0);
     wait_steps(&J, min_steps(&J) + steps); /* and after the primary's death */
-    J.stop = 1;
+    __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
     workers_join();
     check_sums(&J, "replacement, then the primary killed");
     reap(&J, "replacement");

@@ -102,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvps__handle(s, fr, total);
         for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         kvps__flush_all(s);
-        if (s->ack_due) kvps__repl_ack(s);
+        if (s->ack_now) kvps__repl_ack(s);
         if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_release(s);
         fz_read_replies(dealer);
     }
