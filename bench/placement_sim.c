@@ -3,11 +3,13 @@
    kvps's placement today and under placements that do not depend on n?
 
    C99 + libc/libm, single-threaded, no kvps.h (it simulates the placement only; the "kvps-mod"
-   scheme below copies kvps.h's kvps__server_of and kvps_worker_tensor line for line).
+   scheme below copies kvps.h's kvps__server_of and kvps_worker_tensor line for line, and
+   "kvps-vshard" its RESHARD: kvps__vmap_change, kvps__vshard_of, kvps__tensor_place).
 
      make placement-sim                           # builds, runs, writes bench/results/placement.csv
      build/placement_sim [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick]
-     make placement-check   # built with kvps.h + ZeroMQ: kvps-mod's slices and servers == kvps's
+     make placement-check   # built with kvps.h + ZeroMQ: kvps-mod's slices and servers == kvps's,
+                            # kvps-vshard's V, hv and maps == kvps__vmap_change's
 
    WORKLOAD (fixed, deterministic)
    - 10^6 raw keys k = 0 .. 999999; length by k mod 4: 0,1 -> 1 float, 2 -> 16 floats, 3 -> 64
@@ -31,16 +33,28 @@
 
    SERVERS: endpoint e is "tcp://10.1.<e/256>.<e%256>:7070"; its id is mix64(fnv1a(endpoint)).
    Server sets: n servers = endpoints 0..n-1 in that order. Join: endpoint n appended (n+1).
-   Leave: endpoint n/2 (a middle one) removed, the others keep their order (n-1). A byte "moves"
-   when the endpoint holding it differs before and after (kvps-mod: element by element, since
-   its slices are cut again). Shares are of all bytes; ideal is 1/(n+1) for a join, 1/n for a
-   leave (only the newcomer's share, resp. the leaver's, changes hands).
+   Leave: endpoint n/2 (a middle one) removed, the others keep their order (n-1; kvps-vshard: the
+   last one). A byte "moves" when the endpoint holding it differs before and after (kvps-mod:
+   element by element, since its slices are cut again). Shares are of all bytes; ideal is
+   1/(n+1) for a join, 1/n for a leave (only the newcomer's share, resp. the leaver's, changes
+   hands).
 
    SCHEMES (all deterministic from the server list and the keys/tensors alone, except as noted)
    kvps-mod     kvps today: raw key k on mix64(k) mod n; a tensor of len floats cut into
                 min(n, ceil(len/min_slice)) slices (min_slice 1024), cut again into the next
                 multiple of n slices where slices would exceed max_slice (262144), at most 65536
                 and at most len; slice i on (fnv1a(name) + i) mod n.
+   kvps-vshard  kvps with RESHARD (kvps.h, section 4): a job begun on n0 = n servers has V = 256 n0
+                virtual shards, vmap[v] = v mod n0 at first (so it starts as kvps-mod, bit for bit:
+                checked); raw key k in virtual shard mix64(k) mod V, slice i of a tensor (cut for
+                n0 servers as kvps-mod cuts it, and never cut again) in (fnv1a(name) mod V + i) mod V;
+                its server is vmap[v]. vmap_change is kvps__vmap_change: a grow gives each new server
+                V / n' whole shards, one at a time from the fullest server by shard COUNT (ties: the
+                lowest index), its highest-numbered shard first; a shrink deals the leaving server's
+                shards, ascending, to the emptiest. kvps adds and removes servers at the END of the
+                list, so its leave removes the LAST server (n-1), not the middle one. Measured per n:
+                the join n -> n+1 and the leave n -> n-1 (max/mean after; moved = bytes whose shard
+                changes server), and n -> n + ceil(n/10) one server at a time (+10%).
    Fixed pieces (the schemes below): a tensor is cut into ceil(len/P) pieces of equal size (+-1
    float), P = "piece" in the tables, the same whatever n is. Piece i of tensor t is the item
    mix64(mix64(fnv1a(name)) + i + 1); raw key k is the item mix64(k). Items are placed one by one.
@@ -66,7 +80,13 @@
    bytes moved at a join and at a leave. Then, at n = 1000 (--sweep-n), max/mean for P = 2^18 down
    to 2^8 (kvps-mod: min_slice = P, max_slice = max(P, 262144)), and per scheme the largest P with
    max/mean <= 1.1; last, the tables again in Markdown (as in BENCHMARKS.md). All rows go to the
-   CSV (kind = table or sweep; piece_floats 0 = kvps-mod's cut by n; the sweep has no moves).
+   CSV (kind = table, grow10 or sweep; piece_floats 0 = kvps's cut by n (n0); the sweep has no
+   moves). kvps-vshard "table" rows: max_mean before (= kvps-mod's), join_max_mean and
+   leave_max_mean after, leave_* for the last server. "grow10" rows (kvps-vshard, n -> n_end one
+   server at a time): max_mean and min_mean (the emptiest server) at n_end, join_max_mean the
+   worst max/mean after any step, join_moved the bytes moved summed over the steps (join_ideal:
+   the sum of 1/(k+1)), leave_moved the bytes on another server at the end than at the start
+   (leave_ideal: 1 - n/n_end).
    No sampling anywhere: every key and piece is placed at every n (about 30 s on one core). */
 #ifdef PLACEMENT_SIM_KVPS /* make placement-check: the kvps-mod scheme against kvps.h itself */
 #ifndef _POSIX_C_SOURCE
@@ -271,6 +291,8 @@ typedef struct {
     uint64_t piece, pieces;
     int n;
     double maxmean, join, leave;
+    double jmm, lmm, minmm, join_ideal, leave_ideal; /* kvps-vshard only (else NAN; the ideals 1/(n+1), 1/n) */
+    int n_end;                                 /* kind "grow10": the server count at the end */
 } row;
 static row *R;
 static int nr, cap_r;
@@ -283,7 +305,7 @@ static void add_row(const char *kind, const char *scheme, uint64_t piece, uint64
         if (!nr_) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
         R = nr_;
     }
-    row r = {kind, scheme, piece, pieces, n, mm, join, leave};
+    row r = {kind, scheme, piece, pieces, n, mm, join, leave, NAN, NAN, NAN, 1.0 / (n + 1), 1.0 / n, 0};
     R[nr++] = r;
 }
 
@@ -344,6 +366,147 @@ static double kvps_moved(const int *a, int na, const int *b, int nb) {
         }
     }
     return moved;
+}
+
+/* ---------------------------------------------------------------- kvps-vshard: kvps.h's RESHARD */
+
+/* kvps.h's kvps__vmap_change, line for line: the map of V virtual shards from n servers to n2
+   (servers are added or removed at the end of the list). A grow: each new server takes V / n2
+   shards one at a time from the fullest server by shard count (ties: the lowest index), that
+   server's highest-numbered shard first. A shrink: the leaving servers' shards, ascending, each
+   to the emptiest server left (ties: the lowest index). */
+static void vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
+    int top = n > n2 ? n : n2;
+    uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
+    if (!cnt) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
+    for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
+    if (n2 > n) {
+        for (int j = n; j < n2; j++)
+            while (cnt[j] < V / (uint32_t)n2) {
+                int from = 0;
+                for (int i = 1; i < n2; i++)
+                    if (cnt[i] > cnt[from]) from = i;
+                uint32_t v = V;
+                while (v > 0 && vmap[v - 1] != (uint32_t)from) v--;
+                if (v == 0) break;
+                vmap[v - 1] = (uint32_t)j;
+                cnt[from]--;
+                cnt[j]++;
+            }
+    } else {
+        for (uint32_t v = 0; v < V; v++) {
+            if (vmap[v] < (uint32_t)n2) continue;
+            int to = 0;
+            for (int i = 1; i < n2; i++)
+                if (cnt[i] < cnt[to]) to = i;
+            cnt[vmap[v]]--;
+            vmap[v] = (uint32_t)to;
+            cnt[to]++;
+        }
+    }
+    free(cnt);
+}
+
+/* floats in each virtual shard of a job begun on n0 servers (V = 256 n0, as kvps_worker_create):
+   raw key k in mix64(k) mod V (kvps__vshard_of), slice i of a tensor, cut for n0 servers as
+   kvps-mod cuts it, in (fnv1a(name) mod V + i) mod V (kvps_worker_tensor's hv). Returns the
+   slice count. */
+static uint64_t vshard_floats(int n0, double *vf) {
+    uint32_t V = 256u * (uint32_t)n0;
+    for (uint32_t v = 0; v < V; v++) vf[v] = 0;
+    for (uint64_t k = 0; k < NRAW; k++) vf[mix64(k) % V] += raw_len(k);
+    uint64_t tot = 0;
+    for (int t = 0; t < nt; t++) {
+        uint64_t len = T[t].len, ns = kvps_nslices(len, (uint64_t)n0, KVPS_MIN_SLICE, KVPS_MAX_SLICE), hv = T[t].h % V;
+        for (uint64_t i = 0; i < ns; i++) vf[(hv + i) % V] += (double)(len * (i + 1) / ns - len * i / ns);
+        tot += ns;
+    }
+    return tot;
+}
+
+/* bytes (load[0..n)) and shard counts per server under vmap: max/mean of the bytes; of the shard
+   counts in *cmm, min/mean of the bytes in *minmm (each where not NULL) */
+static double vshard_loads(const uint32_t *vmap, uint32_t V, const double *vf, int n, double *load, double *cmm,
+                           double *minmm) {
+    uint32_t *cnt = (uint32_t *)xmalloc((size_t)n * sizeof *cnt);
+    for (int i = 0; i < n; i++) { load[i] = 0; cnt[i] = 0; }
+    for (uint32_t v = 0; v < V; v++) { load[vmap[v]] += vf[v]; cnt[vmap[v]]++; }
+    double sum = 0, mx = 0, mn = load[0];
+    uint32_t cmx = 0;
+    for (int i = 0; i < n; i++) {
+        sum += load[i];
+        if (load[i] > mx) mx = load[i];
+        if (load[i] < mn) mn = load[i];
+        if (cnt[i] > cmx) cmx = cnt[i];
+    }
+    if (cmm) *cmm = cmx / ((double)V / n);
+    if (minmm) *minmm = mn / (sum / n);
+    free(cnt);
+    return mx / (sum / n);
+}
+
+/* floats whose virtual shard is on another server under b than under a */
+static double vshard_moved(const uint32_t *a, const uint32_t *b, uint32_t V, const double *vf) {
+    double m = 0;
+    for (uint32_t v = 0; v < V; v++) if (a[v] != b[v]) m += vf[v];
+    return m;
+}
+
+typedef struct {
+    int n, m;                                 /* start; end of the +10% sequence */
+    uint64_t slices;
+    double mm0, jmm, jcmm, jnew, jmoved, lmm, lcmm, lmoved; /* jnew: the newcomer's bytes / the mean */
+    uint32_t jlo, jhi, jcnt;                          /* the newcomer's shards: lowest, highest, how many */
+    double gmm, gmin, gcmm, gworst, gsum, gsum_ideal, gnet; /* +10% one at a time: at the end, worst step, moved */
+} vres;
+
+/* kvps-vshard for a job begun on n servers: the join n -> n+1, the leave of the last server
+   n -> n-1, and n -> n + ceil(n/10) one server at a time. kload: kvps-mod's loads at n (the
+   start must be it exactly). */
+static int run_vshard(int n, const double *kload, double tot, vres *o) {
+    uint32_t V = 256u * (uint32_t)n;
+    int m = n + (n + 9) / 10;
+    double *vf = (double *)xmalloc(V * sizeof *vf), *load = (double *)xmalloc((size_t)(m + 1) * sizeof *load);
+    uint32_t *v0 = (uint32_t *)xmalloc(V * sizeof *v0), *v1 = (uint32_t *)xmalloc(V * sizeof *v1),
+             *v2 = (uint32_t *)xmalloc(V * sizeof *v2);
+    memset(o, 0, sizeof *o);
+    o->n = n;
+    o->m = m;
+    o->slices = vshard_floats(n, vf);
+    for (uint32_t v = 0; v < V; v++) v0[v] = v % (uint32_t)n; /* kvps_worker_create's map */
+    o->mm0 = vshard_loads(v0, V, vf, n, load, NULL, NULL);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += load[i] != kload[i]; /* today's placement, bit for bit */
+    memcpy(v1, v0, V * sizeof *v1);
+    vmap_change(v1, V, n, n + 1);
+    o->jmm = vshard_loads(v1, V, vf, n + 1, load, &o->jcmm, NULL);
+    o->jnew = load[n] / (tot / (n + 1));
+    o->jlo = V;
+    for (uint32_t v = 0; v < V; v++)
+        if (v1[v] == (uint32_t)n) {
+            if (v < o->jlo) o->jlo = v;
+            o->jhi = v;
+            o->jcnt++;
+        }
+    o->jmoved = vshard_moved(v0, v1, V, vf) / tot;
+    memcpy(v1, v0, V * sizeof *v1);
+    vmap_change(v1, V, n, n - 1);
+    o->lmm = vshard_loads(v1, V, vf, n - 1, load, &o->lcmm, NULL);
+    o->lmoved = vshard_moved(v0, v1, V, vf) / tot;
+    memcpy(v1, v0, V * sizeof *v1);
+    for (int k = n; k < m; k++) {
+        memcpy(v2, v1, V * sizeof *v2);
+        vmap_change(v1, V, k, k + 1);
+        o->gsum += vshard_moved(v2, v1, V, vf) / tot;
+        o->gsum_ideal += 1.0 / (k + 1);
+        double mm = vshard_loads(v1, V, vf, k + 1, load, k + 1 == m ? &o->gcmm : NULL, k + 1 == m ? &o->gmin : NULL);
+        if (mm > o->gworst) o->gworst = mm;
+        if (k + 1 == m) o->gmm = mm;
+    }
+    o->gnet = vshard_moved(v0, v1, V, vf) / tot;
+    free(vf); free(load); free(v0); free(v1); free(v2);
+    if (bad) fprintf(stderr, "placement_sim: kvps-vshard at n = %d is not kvps-mod's placement (%d servers differ)\n", n, bad);
+    return bad;
 }
 
 /* ---------------------------------------------------------------- fixed pieces: items */
@@ -566,7 +729,7 @@ static const row *find_row(const char *kind, const char *scheme, uint64_t piece,
 /* the "table" rows again as two Markdown tables (scheme x n), as BENCHMARKS.md shows them */
 static void print_markdown(int nmax) {
     for (int part = 0; part < 2; part++) {
-        printf(part ? "\nbytes moved, %% of all bytes: one server joins (n -> n+1) / the middle one leaves (n -> n-1)\n\n"
+        printf(part ? "\nbytes moved, %% of all bytes: one server joins (n -> n+1) / the middle one (kvps-vshard: the last) leaves (n -> n-1)\n\n"
                     : "\nmax/mean bytes per server\n\n");
         printf("| scheme | piece (floats) |");
         for (int a = 0; a < NNSET && NSET[a] <= nmax; a++) printf(" n = %d |", NSET[a]);
@@ -584,17 +747,33 @@ static void print_markdown(int nmax) {
             for (int j = 0; j < i; j++)
                 if (!strcmp(R[j].kind, "table") && !strcmp(R[j].scheme, R[i].scheme) && R[j].piece == R[i].piece) seen = 1;
             if (seen) continue;
-            if (R[i].piece) printf("| %s | %llu |", R[i].scheme, (unsigned long long)R[i].piece);
-            else printf("| %s | cut by n |", R[i].scheme);
-            for (int a = 0; a < NNSET && NSET[a] <= nmax; a++) {
-                const row *r = find_row("table", R[i].scheme, R[i].piece, NSET[a]);
-                if (!r) printf(" |");
-                else if (part) printf(" %.2f / %.2f |", 100 * r->join, 100 * r->leave);
-                else printf(" %.3f |", r->maxmean);
+            int vs = !strcmp(R[i].scheme, "kvps-vshard");
+            for (int line = 0; line < (vs && !part ? 2 : 1); line++) { /* kvps-vshard: max/mean after the join, the leave */
+                if (vs && part) printf("| kvps-vshard (leave: the last server) | cut for n0 = n |");
+                else if (vs) printf("| kvps-vshard, after %s | cut for n0 = n |", line ? "the last leaves" : "a join");
+                else if (R[i].piece) printf("| %s | %llu |", R[i].scheme, (unsigned long long)R[i].piece);
+                else printf("| %s | cut by n |", R[i].scheme);
+                for (int a = 0; a < NNSET && NSET[a] <= nmax; a++) {
+                    const row *r = find_row("table", R[i].scheme, R[i].piece, NSET[a]);
+                    if (!r) printf(" |");
+                    else if (part) printf(vs ? " %.3f / %.3f |" : " %.2f / %.2f |", 100 * r->join, 100 * r->leave);
+                    else printf(" %.3f |", vs ? (line ? r->lmm : r->jmm) : r->maxmean);
+                }
+                printf("\n");
             }
-            printf("\n");
         }
     }
+}
+
+/* kvps-vshard's +10% sequences as a Markdown table */
+static void print_markdown_grow(void) {
+    printf("\nkvps-vshard, n -> m = n + n/10 one server at a time (moved: %% of all bytes)\n\n| n -> m | max/mean at m | "
+           "min/mean at m | worst max/mean, any step | moved, summed over the steps (ideal) | net moved, start to end "
+           "(ideal) |\n|---|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(R[i].kind, "grow10"))
+            printf("| %d -> %d | %.3f | %.3f | %.3f | %.2f (%.2f) | %.2f (%.2f) |\n", R[i].n, R[i].n_end, R[i].maxmean,
+                   R[i].minmm, R[i].jmm, 100 * R[i].join, 100 * R[i].join_ideal, 100 * R[i].leave, 100 * R[i].leave_ideal);
 }
 
 /* the sweep as a Markdown table: P down the side, the schemes across */
@@ -647,10 +826,34 @@ static int check_kvps(void) {
                 bad += ti->server[i] != (int)((first + i) % (uint64_t)n) || ti->slen[i] != len * (i + 1) / ns - len * i / ns;
         }
         for (uint64_t k = 0; k < NRAW; k++, checked++) bad += kvps__server_of(w, k) != (int)(mix64(k) % (uint64_t)n);
+        /* kvps-vshard: the worker's V, map and tensors' first virtual shards, and vmap_change against
+           kvps__vmap_change for the join, the leave and the +10% steps */
+        uint32_t V = 256u * (uint32_t)n;
+        bad += w->V != V;
+        for (uint32_t v = 0; v < V && w->V == V; v++, checked++) bad += w->vmap[v] != v % (uint32_t)n;
+        for (int t = 0; t < nt; t++, checked++) bad += w->tensors[t].hv != (uint32_t)(T[t].h % V);
+        uint32_t *ma = (uint32_t *)xmalloc(V * sizeof *ma), *mb = (uint32_t *)xmalloc(V * sizeof *mb);
+        for (int step = -1, k = n; step < (n + 9) / 10; step++) {
+            if (step < 0) { /* the leave of the last server, from the start */
+                for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
+                vmap_change(ma, V, n, n - 1);
+                kvps__vmap_change(mb, V, n, n - 1);
+                for (uint32_t v = 0; v < V; v++, checked++) bad += ma[v] != mb[v];
+                for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
+                continue;
+            }
+            vmap_change(ma, V, k, k + 1);
+            kvps__vmap_change(mb, V, k, k + 1);
+            k++;
+            for (uint32_t v = 0; v < V; v++, checked++) bad += ma[v] != mb[v];
+        }
+        free(ma);
+        free(mb);
         kvps_worker_destroy(&w);
         free(servers);
-        printf("kvps.h, %4d servers: %d tensors and %u raw keys placed as kvps-mod places them: %s\n", n, nt, NRAW,
-               bad ? "NO" : "yes");
+        printf("kvps.h, %4d servers: %d tensors and %u raw keys placed as kvps-mod places them, V and the virtual-shard\n"
+               "                     maps of kvps-vshard's join, leave and +10%% steps as kvps__vmap_change's: %s\n",
+               n, nt, NRAW, bad ? "NO" : "yes");
     }
     zmq_ctx_term(ctx);
     printf("%ld slices and keys checked, %ld differ\n", checked, bad);
@@ -743,6 +946,50 @@ int main(int argc, char **argv) {
     printf("kvps today (mod n; tensors cut by n: min_slice 1024, max_slice 262144 floats)\n");
     print_table(r0, nr);
 
+    /* 1b. kvps-vshard: kvps.h's RESHARD on a job begun at n0 = n */
+    printf("\nkvps-vshard (kvps.h's RESHARD: V = 256 n0 virtual shards, vmap[v] = v mod n0 at first; tensors keep the\n"
+           "slices cut for n0 = n; the join appends server n, the LEAVE REMOVES THE LAST server, n-1; max/mean after;\n"
+           "'shards' = max/mean of the virtual-shard counts, what the map balances; new/mean = the newcomer's bytes / the mean;\n"
+           "newcomer's shards: how many, in which range of 0..V-1)\n");
+    printf("%5s %7s %7s %8s | %7s %9s %9s %9s %6s %21s | %7s %9s %9s %6s\n", "n", "V", "slices", "before", "shards",
+           "join m/m", "new/mean", "moved", "ideal", "newcomer's shards", "shards", "leave m/m", "moved", "ideal");
+    vres *VR = (vres *)xmalloc(NNSET * sizeof *VR);
+    int nv = 0;
+    for (int a = 0; a < NNSET && NSET[a] <= nmax; a++, nv++) {
+        int n = NSET[a];
+        make_lists(L, n);
+        kvps_loads(L->base, n, KVPS_MIN_SLICE, KVPS_MAX_SLICE, load, NULL);
+        if (run_vshard(n, load, tf + rawf, &VR[a])) return 1;
+        const vres *o = &VR[a];
+        add_row("table", "kvps-vshard", 0, o->slices, n, o->mm0, o->jmoved, o->lmoved);
+        R[nr - 1].jmm = o->jmm;
+        R[nr - 1].lmm = o->lmm;
+        char rng[48];
+        snprintf(rng, sizeof rng, "%u in %u..%u", o->jcnt, o->jlo, o->jhi);
+        printf("%5d %7d %7llu %8.3f | %7.3f %9.3f %9.3f %8.3f%% %5.2f%% %21s | %7.3f %9.3f %8.3f%% %5.2f%%\n", n, 256 * n,
+               (unsigned long long)o->slices, o->mm0, o->jcmm, o->jmm, o->jnew, 100 * o->jmoved, 100.0 / (n + 1), rng,
+               o->lcmm, o->lmm, 100 * o->lmoved, 100.0 / n);
+        fflush(stdout);
+    }
+    printf("\nkvps-vshard, n -> n + n/10 one server at a time (one reshard each): max/mean at the end and at the worst step;\n"
+           "bytes moved summed over the steps (ideal: sum of 1/(k+1)) and net, start to end (ideal: 1 - n/m)\n");
+    printf("%5s %5s %8s %8s %8s %8s | %9s %6s | %7s %6s\n", "n", "m", "shards", "end m/m", "min/mean", "worst", "summed",
+           "ideal", "net", "ideal");
+    for (int a = 0; a < nv; a++) {
+        const vres *o = &VR[a];
+        add_row("grow10", "kvps-vshard", 0, o->slices, o->n, o->gmm, o->gsum, o->gnet);
+        row *r = &R[nr - 1];
+        r->jmm = o->gworst;
+        r->minmm = o->gmin;
+        r->n_end = o->m;
+        r->join_ideal = o->gsum_ideal;
+        r->leave_ideal = 1.0 - (double)o->n / o->m;
+        printf("%5d %5d %8.3f %8.3f %8.3f %8.3f | %8.2f%% %5.2f%% | %6.2f%% %5.2f%%\n", o->n, o->m, o->gcmm, o->gmm, o->gmin,
+               o->gworst,
+               100 * o->gsum, 100 * r->join_ideal, 100 * o->gnet, 100 * r->leave_ideal);
+    }
+    free(VR);
+
     /* 2-4. fixed pieces */
     size_t maxitems = 0;
     uint64_t minp = 256;
@@ -833,16 +1080,27 @@ int main(int argc, char **argv) {
     }
 
     print_markdown(nmax);
+    print_markdown_grow();
     print_markdown_sweep(names, 2 + NRS);
 
     FILE *f = fopen(csv, "w");
     if (!f) { perror(csv); return 1; }
-    fprintf(f, "kind,scheme,piece_floats,n,pieces,max_mean,join_moved,join_ideal,leave_moved,leave_ideal\n");
+    fprintf(f, "kind,scheme,piece_floats,n,pieces,max_mean,join_moved,join_ideal,leave_moved,leave_ideal,join_max_mean,"
+               "leave_max_mean,n_end,min_mean\n");
     for (int i = 0; i < nr; i++) {
-        fprintf(f, "%s,%s,%llu,%d,%llu,%.4f,", R[i].kind, R[i].scheme, (unsigned long long)R[i].piece, R[i].n,
-                (unsigned long long)R[i].pieces, R[i].maxmean);
-        if (isnan(R[i].join)) fprintf(f, ",,,\n");
-        else fprintf(f, "%.5f,%.5f,%.5f,%.5f\n", R[i].join, 1.0 / (R[i].n + 1), R[i].leave, 1.0 / R[i].n);
+        const row *r = &R[i];
+        fprintf(f, "%s,%s,%llu,%d,%llu,%.4f,", r->kind, r->scheme, (unsigned long long)r->piece, r->n,
+                (unsigned long long)r->pieces, r->maxmean);
+        if (isnan(r->join)) fprintf(f, ",,,,");
+        else fprintf(f, "%.5f,%.5f,%.5f,%.5f,", r->join, r->join_ideal, r->leave, r->leave_ideal);
+        if (isnan(r->jmm)) fprintf(f, ",");
+        else fprintf(f, "%.4f,", r->jmm);
+        if (isnan(r->lmm)) fprintf(f, ",");
+        else fprintf(f, "%.4f,", r->lmm);
+        if (r->n_end) fprintf(f, "%d,", r->n_end);
+        else fprintf(f, ",");
+        if (isnan(r->minmm)) fprintf(f, "\n");
+        else fprintf(f, "%.4f\n", r->minmm);
     }
     fclose(f);
     printf("\nwrote %s (%d rows); %.1f s CPU\n", csv, nr, now_s() - t0);
