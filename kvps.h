@@ -102,8 +102,8 @@
    RESHARD. kvps_worker_reshard(w, list, timeout) grows or shrinks the server set while training
    goes on: every worker calls it at the same point with nothing in flight and the same list (the
    old one with servers added at its end or removed from its end; server 0 stays). A grow hands
-   each new server V / n' whole virtual shards taken from the fullest servers (the highest
-   numbered first); a shrink deals the leaving servers' virtual shards, in order, to the
+   each new server V / n' whole virtual shards taken from the fullest servers (in a fixed
+   pseudo-random order of shards: by mix64(v), highest first); a shrink deals the leaving servers' virtual shards, in order, to the
    emptiest; every worker computes the same map. At a barrier, worker 0 asks each old server for
    its keys (op KEYS), takes the records of those whose virtual shard moves (EXPORT: the
    checkpoint's key record, with optimizer state, rounds and per-worker counters), gives them to
@@ -7032,27 +7032,43 @@ static void kvps__tensor_place(kvps_worker *w, kvps__tensor_info *t);
 
 /* ---- RESHARD: the worker's side (kvps_worker_reshard) ----
    Placement goes through V virtual shards (vmap). A grow gives the new servers whole virtual
-   shards taken from the fullest servers; a shrink deals the leaving servers' virtual shards to
-   the emptiest: only their keys move (about 1/n of the bytes), and every worker computes the
-   same map from the same lists. */
-static void kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
+   shards taken from the fullest servers (in a fixed pseudo-random order of shards, so that they
+   come from all over the range); a shrink deals the leaving servers' virtual shards to the
+   emptiest: only their keys move (about 1/n of the bytes), and every worker computes the same
+   map from the same lists. */
+/* The order in which a grow takes virtual shards: by mix64(v), highest first (ties: by v). */
+static int kvps__vshard_cmp(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint64_t hx = kvps__mix64(x), hy = kvps__mix64(y);
+    return hx != hy ? (hx < hy) - (hx > hy) : (x > y) - (x < y);
+}
+
+static int kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
     int top = n > n2 ? n : n2;
     uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
-    if (!cnt) return;
+    if (!cnt) return -1;
     for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
-    if (n2 > n) { /* each new server takes V / n2 shards, the highest-numbered of the fullest server's */
+    if (n2 > n) { /* each new server takes V / n2 shards from the fullest servers, in a fixed
+                     pseudo-random order of shards (mix64), so that they come from all over the
+                     range and carry about their share of bytes, not a run of one tensor's slices */
+        uint32_t *perm = (uint32_t *)malloc((size_t)V * sizeof *perm);
+        uint32_t *curs = (uint32_t *)calloc((size_t)top, sizeof *curs);
+        if (!perm || !curs) { free(perm); free(curs); free(cnt); return -1; }
+        for (uint32_t v = 0; v < V; v++) perm[v] = v;
+        qsort(perm, V, sizeof *perm, kvps__vshard_cmp);
         for (int j = n; j < n2; j++)
             while (cnt[j] < V / (uint32_t)n2) {
                 int from = 0;
                 for (int i = 1; i < n2; i++)
                     if (cnt[i] > cnt[from]) from = i;
-                uint32_t v = V;
-                while (v > 0 && vmap[v - 1] != (uint32_t)from) v--;
-                if (v == 0) break;
-                vmap[v - 1] = (uint32_t)j;
+                while (curs[from] < V && vmap[perm[curs[from]]] != (uint32_t)from) curs[from]++;
+                if (curs[from] == V) break;
+                vmap[perm[curs[from]]] = (uint32_t)j;
                 cnt[from]--;
                 cnt[j]++;
             }
+        free(perm);
+        free(curs);
     } else { /* the leaving servers' shards, in order, each to the emptiest server left */
         for (uint32_t v = 0; v < V; v++) {
             if (vmap[v] < (uint32_t)n2) continue;
@@ -7065,6 +7081,7 @@ static void kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
         }
     }
     free(cnt);
+    return 0;
 }
 
 /* A request of the worker's own to server srv, waited for: KEYS, EXPORT, IMPORT, DROP. */
@@ -7180,7 +7197,11 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
     }
     memcpy(vmap2, w->vmap, (size_t)w->V * sizeof *vmap2);
-    kvps__vmap_change(vmap2, w->V, n, n2);
+    if (kvps__vmap_change(vmap2, w->V, n, n2) != 0) {
+        free(vmap2);
+        kvps__free_strv(list, n2);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+    }
     /* 1. every worker is here, nothing is in flight anywhere */
     kvps_req b;
     r = kvps_worker_barrier(w, &b);

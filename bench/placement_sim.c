@@ -373,26 +373,41 @@ static double kvps_moved(const int *a, int na, const int *b, int nb) {
 /* kvps.h's kvps__vmap_change, line for line: the map of V virtual shards from n servers to n2
    (servers are added or removed at the end of the list). A grow: each new server takes V / n2
    shards one at a time from the fullest server by shard count (ties: the lowest index), that
-   server's highest-numbered shard first. A shrink: the leaving servers' shards, ascending, each
+   server's first shard in the order of mix64(v), highest first. A shrink: the leaving servers' shards, ascending, each
    to the emptiest server left (ties: the lowest index). */
+/* kvps__vshard_cmp: the order in which a grow takes virtual shards, by mix64(v), highest first. */
+static int vshard_cmp(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint64_t hx = mix64(x), hy = mix64(y);
+    return hx != hy ? (hx < hy) - (hx > hy) : (x > y) - (x < y);
+}
+
 static void vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
     int top = n > n2 ? n : n2;
     uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
     if (!cnt) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
     for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
-    if (n2 > n) {
+    if (n2 > n) { /* each new server takes V / n2 shards from the fullest servers, in a fixed
+                     pseudo-random order of shards (mix64), so that they come from all over the
+                     range and carry about their share of bytes, not a run of one tensor's slices */
+        uint32_t *perm = (uint32_t *)malloc((size_t)V * sizeof *perm);
+        uint32_t *curs = (uint32_t *)calloc((size_t)top, sizeof *curs);
+        if (!perm || !curs) { free(perm); free(curs); fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
+        for (uint32_t v = 0; v < V; v++) perm[v] = v;
+        qsort(perm, V, sizeof *perm, vshard_cmp);
         for (int j = n; j < n2; j++)
             while (cnt[j] < V / (uint32_t)n2) {
                 int from = 0;
                 for (int i = 1; i < n2; i++)
                     if (cnt[i] > cnt[from]) from = i;
-                uint32_t v = V;
-                while (v > 0 && vmap[v - 1] != (uint32_t)from) v--;
-                if (v == 0) break;
-                vmap[v - 1] = (uint32_t)j;
+                while (curs[from] < V && vmap[perm[curs[from]]] != (uint32_t)from) curs[from]++;
+                if (curs[from] == V) break;
+                vmap[perm[curs[from]]] = (uint32_t)j;
                 cnt[from]--;
                 cnt[j]++;
             }
+        free(perm);
+        free(curs);
     } else {
         for (uint32_t v = 0; v < V; v++) {
             if (vmap[v] < (uint32_t)n2) continue;
