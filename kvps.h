@@ -8087,7 +8087,10 @@ static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n) {
     else
         snprintf(buf, n, "server %d (%s) closed the connection during the handshake %u times in a row (%s)%s", s, ep,
                  (unsigned)w->hs_cuts[s], zmq_strerror((int)v),
-                 w->curve ? ": check curve_server_keys (with a wrong server key it drops us)" : "");
+                 w->curve ? ": check curve_server_keys (with a wrong server key it drops us)"
+                          : ": if it has CURVE keys, the two sides use different security (a CURVE server drops a "
+                            "plaintext worker before it can say why, when the machine is busy): give this worker "
+                            "curve_server_keys and a key pair");
 }
 
 /* REPLICAS: shard s's current replica is unreachable or a backup: this worker moves to the next

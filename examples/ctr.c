@@ -614,6 +614,9 @@ static int server_process(const opts *o, const kvps_env *env) {
     launch_server_desc d = {.prog = "ctr", .server = server_desc(o), .report_fd = -1, .on_end = server_end};
     d.server.endpoint = env->endpoint;
     d.server.rank = env->rank;
+    d.server.replicas = env->replicas; /* REPLICAS: its shard's chain and its place in it */
+    d.server.replica = env->replica;
+    d.server.replacement = env->replacement;
     return launch_server(&d);
 }
 

@@ -5,7 +5,9 @@
 #   1. mpirun -n 5 hello_ps with KVPS_SERVERS (2) and KVPS_NUM_WORKERS=3: every worker holds the
 #      known weights, both servers return from kvps_server_run by themselves, mpirun exits 0
 #      within 20 s (a hang check: nothing is killed), no process says "lost";
-#   2. mpirun -n 3 hello_ring with KVPS_RING_PEERS: every rank holds the known weights, exit 0,
+#   2. the same with 2 shards x 2 replicas ('|' chains, mpirun -n 7: 4 servers, every one of them,
+#      backups too, returning by itself);
+#   3. mpirun -n 3 hello_ring with KVPS_RING_PEERS: every rank holds the known weights, exit 0,
 #      within 20 s, nothing "lost".
 # Each check prints the job's wall time and the time from the last result line to mpirun's exit.
 #
@@ -52,6 +54,15 @@ export KVPS_SERVERS KVPS_NUM_WORKERS=3
 KVPS_SERVERS=$(endpoints 2)
 timed 20 "${mpirun[@]}" -n 5 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "$B/hello_ps"
 check_finish "mpirun -n 5 hello_ps (2 servers, 3 workers)" 3 2
+unset KVPS_SERVERS KVPS_NUM_WORKERS
+
+# 2 shards x 2 replicas: ranks 0-3 serve (process p is shard p % 2, replica p / 2), 4-6 work
+export KVPS_SERVERS KVPS_NUM_WORKERS=3
+eps=$(endpoints 4)
+IFS=, read -r e0 e1 e2 e3 <<<"$eps"
+KVPS_SERVERS="$e0|$e2,$e1|$e3"
+timed 20 "${mpirun[@]}" -n 7 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "$B/hello_ps"
+check_finish "mpirun -n 7 hello_ps (2 shards x 2 replicas, 3 workers)" 3 4
 unset KVPS_SERVERS KVPS_NUM_WORKERS
 
 timed 20 "${mpirun[@]}" -n 3 -x KVPS_RING_PEERS="$(endpoints 3)" "$B/hello_ring"

@@ -17,7 +17,9 @@
      test_all_replicas_gone      both replicas of shard 0 killed: the wait is PEER_LOST naming
                                  the shard
      test_wrong_shard_refused    a server of another shard placed in a chain refuses the snapshot
-                                 (another layout); the primary goes on without it */
+                                 (another layout); the primary goes on without it
+     test_env_replicas           kvps_env_read with chains: kvps-run's KVPS_REPLICA, mpirun's
+                                 mapping (process p: shard p % n, replica p / n), uneven chains */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -390,6 +392,49 @@ static void test_wrong_shard_refused(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
 }
 
+/* kvps_env_read with chains: KVPS_REPLICA under kvps-run, and mpirun's mapping (the first n x r
+   processes serve, process p being shard p % n, replica p / n); uneven chains refused. */
+static void env_clear(void) {
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_RANK", "KVPS_REPLICA", "KVPS_REPLACEMENT", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                 "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+static void test_env_replicas(void) {
+    kvps_env e;
+    env_clear();
+    setenv("KVPS_SERVERS", "tcp://a:1|tcp://b:1,tcp://c:2|tcp://d:2", 1);
+    setenv("KVPS_NUM_WORKERS", "3", 1);
+    setenv("KVPS_ROLE", "server", 1);
+    setenv("KVPS_RANK", "1", 1);
+    setenv("KVPS_REPLICA", "1", 1);
+    setenv("KVPS_REPLACEMENT", "1", 1);
+    KT_OK(kvps_env_read(&e));
+    KT_CHECK(e.role == KVPS_ROLE_SERVER && e.rank == 1 && e.replica == 1 && e.replacement == 1 &&
+                 strcmp(e.endpoint, "tcp://d:2") == 0 && strcmp(e.replicas, "tcp://c:2|tcp://d:2") == 0,
+             "kvps-run's server 1.1: role %d rank %d replica %d endpoint '%s' chain '%s'", (int)e.role, e.rank, e.replica,
+             e.endpoint, e.replicas);
+    env_clear();
+    static const struct { int p, role, rank, replica; const char *ep; } want[] = {
+        {0, KVPS_ROLE_SERVER, 0, 0, "tcp://a:1"}, {1, KVPS_ROLE_SERVER, 1, 0, "tcp://c:2"}, {2, KVPS_ROLE_SERVER, 0, 1, "tcp://b:1"},
+        {3, KVPS_ROLE_SERVER, 1, 1, "tcp://d:2"}, {4, KVPS_ROLE_WORKER, 0, 0, ""},          {6, KVPS_ROLE_WORKER, 2, 0, ""}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char p[8];
+        snprintf(p, sizeof p, "%d", want[i].p);
+        setenv("OMPI_COMM_WORLD_RANK", p, 1);
+        KT_OK(kvps_env_read(&e));
+        KT_CHECK((int)e.role == want[i].role && e.rank == want[i].rank && e.replica == want[i].replica &&
+                     (want[i].role == KVPS_ROLE_WORKER || strcmp(e.endpoint, want[i].ep) == 0),
+                 "mpirun process %d: role %d rank %d replica %d endpoint '%s'", want[i].p, (int)e.role, e.rank, e.replica,
+                 e.endpoint);
+    }
+    setenv("KVPS_SERVERS", "tcp://a:1|tcp://b:1,tcp://c:2", 1);
+    kvps_log_set_level(KVPS_LOG_NONE);
+    KT_CHECK(kvps_env_read(&e) == KVPS_ERR_ENV, "uneven chains accepted");
+    env_clear();
+    unsetenv("KVPS_SERVERS");
+    unsetenv("KVPS_NUM_WORKERS");
+}
+
 #define RUN(fn, s) do { if (!only || strstr(#fn, only)) KT_RUN(fn, s); } while (0)
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
@@ -401,5 +446,6 @@ int main(void) {
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
+    RUN(test_env_replicas, 30);
     return kt_finish();
 }
