@@ -3309,13 +3309,14 @@ struct kvps_server {
     int replaying;            /* backup: serving the primary's copy of a request (no liveness from it) */
     int primary_fd;           /* backup: the connection the primary speaks from (-1: none) */
     int synced;               /* backup: holds the shard (a snapshot of this epoch) */
+    int64_t repl_look;        /* primary: when to read the links even if nothing woke it (ms) */
     zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
 };
 
 enum { KVPS__ROLE_NONE, KVPS__ROLE_PRIMARY, KVPS__ROLE_BACKUP };
 enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_KINDS };
 static void kvps__repl_event(kvps_server *s, int kind, uint32_t r);
-static void kvps__repl_forward(kvps_server *s, zmq_msg_t *fr, int nfr);
+static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n);
 static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n);
 static uint64_t kvps__repl_floor(const kvps_server *s);
 static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr);
@@ -4383,7 +4384,7 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     if (!kvps__parse(s, &q)) return;
     if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
     if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS)
-        kvps__repl_forward(s, fr, nfr); /* down the chain first: the backups serve it in this same order */
+        kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
         kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
         return;
@@ -5154,14 +5155,18 @@ static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
 #define KVPS__CW(w, v) kvps__cw_put((w), &(v), sizeof(v))
 
 /* True when nothing is half done: no round partly summed, no push buffered, no barrier open. */
+/* A key's round is partly summed, or a push for it is buffered. */
+static int kvps__key_half_done(const kvps_server *s, const kvps__key *k) {
+    if (k->nin) return 1;
+    for (int r = 0; k->qhead && r < s->m; r++)
+        if (k->qhead[r]) return 1;
+    return 0;
+}
+
 static int kvps__quiescent(const kvps_server *s) {
     if (s->barrier_waiters || s->ndirty) return 0;
-    for (uint32_t i = 0; i < s->nkeys; i++) {
-        const kvps__key *k = s->keys[i];
-        if (k->nin) return 0;
-        for (int r = 0; k->qhead && r < s->m; r++)
-            if (k->qhead[r]) return 0;
-    }
+    for (uint32_t i = 0; i < s->nkeys; i++)
+        if (kvps__key_half_done(s, s->keys[i])) return 0;
     return 1;
 }
 
@@ -5467,10 +5472,7 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
    and then has the old one forget them (DROP). It does so at a barrier, with nothing in flight:
    a key with a round half summed, a parked pull or a held-back push is refused (KVPS_ERR_STATE). */
 static int kvps__key_quiet(const kvps_server *s, const kvps__key *k) {
-    if (k->nin || k->waiters || k->ndef) return 0;
-    for (int r = 0; k->qhead && r < s->m; r++)
-        if (k->qhead[r]) return 0;
-    return 1;
+    return !k->waiters && !k->ndef && !kvps__key_half_done(s, k);
 }
 
 /* Forgets the keys whose indices are marked in drop[] (nkeys entries). */
@@ -5671,7 +5673,8 @@ static kvps__hdr kvps__repl_hdr(const kvps_server *s, int kind, uint64_t seq) {
     return h;
 }
 
-/* Sends [hdr][frames...] (copies of them) to every backup that takes the stream. */
+/* Sends [hdr][frames...] (copies of them) to every backup that takes the stream: a worker's
+   request [id][meta][values?] (FWD, before it is served), or an event of the primary's. */
 static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n) {
     s->fwd_seq++;
     kvps__hdr h = kvps__repl_hdr(s, kind, s->fwd_seq);
@@ -5687,11 +5690,6 @@ static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n) 
             l->state = KVPS__LINK_JOINING;
         }
     }
-}
-
-/* Primary: a worker's request [id][meta][values?] goes down the chain before it is served. */
-static void kvps__repl_forward(kvps_server *s, zmq_msg_t *fr, int nfr) {
-    kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr);
 }
 
 /* Primary: worker r is lost (the backups do what this server did). */
@@ -5802,6 +5800,7 @@ static int kvps__repl_links(kvps_server *s, int first) {
 /* Primary: connection events and acknowledgements from the backups. */
 static void kvps__repl_links_poll(kvps_server *s) {
     int64_t now = kvps__now_ms();
+    s->repl_look = now + 100;
     for (int j = 0; j < s->nrep; j++) {
         kvps__link *l = &s->links[j];
         if (j == s->desc.replica || !l->sock) continue;
@@ -6346,7 +6345,12 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
         kvps__flush_all(s); /* nothing more queued: apply what was held back */
-        if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_links_poll(s); /* acknowledgements; snapshots due */
+        if (s->role == KVPS__ROLE_PRIMARY) { /* the links are read when they have something (or 10 times a second) */
+            int linked = 0;
+            for (int i = 4; i < nitems; i++) linked |= items[i].revents & ZMQ_POLLIN;
+            if (linked || kvps__now_ms() >= s->repl_look) kvps__repl_links_poll(s); /* acknowledgements, connects, drops */
+            else kvps__repl_snapshots(s); /* one that waited for no round to be half summed */
+        }
         if (s->ack_now) kvps__repl_ack(s); /* a backup: one acknowledgement per batch, of the last message applied */
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
@@ -7002,20 +7006,29 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from) {
 }
 static kvps_result kvps__hello_all(kvps_worker *w) { return kvps__hello_from(w, 0); }
 
+/* Goodbye (BYE) to servers from..n-1, waiting up to timeout_ms for their acknowledgements;
+   servers never reached, down or refusing are not waited for. Returns the request, the caller's
+   to end (NULL: out of memory); *r: how sending went. */
+static kvps__req *kvps__bye(kvps_worker *w, int from, int timeout_ms, kvps_result *r) {
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return NULL;
+    q->ctl = KVPS__OP_BYE;
+    for (int i = from; i < w->n && *r == KVPS_OK; i++)
+        if (w->up_once[i] && !w->down[i] && !w->refused[i]) *r = kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
+    int64_t deadline = kvps__now_ms() + timeout_ms;
+    for (int64_t now = kvps__now_ms(); *r == KVPS_OK && q->pending > 0 && now < deadline; now = kvps__now_ms())
+        kvps__progress(w, (long)(deadline - now)); /* (a refused hello is no reason to stop here) */
+    return q;
+}
+
 KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     if (w->finished) return KVPS_OK;
     w->finished = 1;
     kvps__watch(w);
-    kvps__req *q = kvps__req_new(w, 0);
-    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
-    q->ctl = KVPS__OP_BYE;
     kvps_result r = KVPS_OK;
-    for (int i = 0; i < w->n && r == KVPS_OK; i++) /* servers never reached, or down, are not waited for */
-        if (w->up_once[i] && !w->down[i] && !w->refused[i]) r = kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
-    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
-    for (int64_t now = kvps__now_ms(); r == KVPS_OK && q->pending > 0 && now < deadline; now = kvps__now_ms())
-        kvps__progress(w, (long)(deadline - now)); /* (a refused hello is no reason to stop here) */
+    kvps__req *q = kvps__bye(w, 0, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, &r);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
     if (r == KVPS_OK && q->pending > 0) {
         int s = 0;
         while (q->state[s] != 1) s++;
@@ -7231,16 +7244,9 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         memcpy(w->vmap, vmap2, (size_t)w->V * sizeof *vmap2);
         for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
         if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
-            kvps__req *q = kvps__req_new(w, 0);
-            if (q) {
-                q->ctl = KVPS__OP_BYE;
-                for (int i = n2; i < n; i++)
-                    if (w->up_once[i] && !w->down[i]) kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
-                int64_t deadline = kvps__now_ms() + 1000;
-                for (int64_t now = kvps__now_ms(); q->pending > 0 && now < deadline; now = kvps__now_ms())
-                    kvps__progress(w, (long)(deadline - now));
-                kvps__req_end(w, q);
-            }
+            kvps_result br = KVPS_OK;
+            kvps__req *q = kvps__bye(w, n2, 1000, &br);
+            if (q) kvps__req_end(w, q);
             for (int i = n2; i < n; i++) {
                 zmq_close(w->socks[i]);
                 zmq_close(w->mons[i]);

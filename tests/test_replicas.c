@@ -106,6 +106,20 @@ static void job_start(job *j) {
         }
 }
 
+/* A worker of the job: heartbeats as the servers', the next replica after failover_ms. */
+static kvps_result job_worker(const job *j, int rank, int failover_ms, kvps_worker **w) {
+    return kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = rank, .num_workers = NW, .timeout_ms = 20000,
+                                                  .heartbeat_ms = 200, .peer_timeout_ms = 1000, .failover_ms = failover_ms},
+                              w);
+}
+
+/* A raw key that lives on shard 0. */
+static uint64_t key_on_shard0(void) {
+    uint64_t k = 1;
+    while (kvps__mix64(k) % NSH != 0) k++;
+    return k;
+}
+
 typedef struct wctx { job *j; int rank; } wctx;
 
 /* Key i of this test: raw key 1000 + i, length 3. */
@@ -114,10 +128,7 @@ static void *worker_main(void *arg) {
     job *j = c->j;
     int rank = c->rank;
     kvps_worker *w = NULL;
-    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = rank, .num_workers = NW,
-                                                            .timeout_ms = 20000, .heartbeat_ms = 200, .peer_timeout_ms = 1000,
-                                                            .failover_ms = 300},
-                                        &w);
+    kvps_result rc = job_worker(j, rank, 300, &w);
     if (rc != KVPS_OK) { j->err[rank] = rc; snprintf(j->errtext[rank], sizeof j->errtext[rank], "create"); return NULL; }
     uint64_t keys[NKEY];
     size_t lens[NKEY];
@@ -277,9 +288,7 @@ static void test_all_replicas_gone(void) {
     job_init(&J, "gone", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
     job_start(&J);
     kvps_worker *w = NULL;
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = J.servers, .rank = 0, .num_workers = NW, .heartbeat_ms = 200,
-                                                 .peer_timeout_ms = 1000, .failover_ms = 200},
-                             &w));
+    KT_OK(job_worker(&J, 0, 200, &w));
     uint64_t key = 7;
     float v = 1.0f;
     size_t len = 1;
@@ -288,12 +297,7 @@ static void test_all_replicas_gone(void) {
     KT_OK(kvps_worker_wait(w, q, -1));
     kill_server(&J, 0, 0);
     kill_server(&J, 0, 1);
-    uint64_t keys[2] = {1, 2}; /* one on each shard (mix64) or both on one: find one on shard 0 */
-    (void)keys;
-    int k0 = 0;
-    for (uint64_t k = 1; k < 100; k++)
-        if (kvps__mix64(k) % NSH == 0) { key = k; k0 = 1; break; }
-    KT_CHECK(k0, "no key on shard 0");
+    key = key_on_shard0();
     KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
     kvps_result r = kvps_worker_wait(w, q, 1500);
     const char *e = kvps_worker_last_error(w);
@@ -312,12 +316,8 @@ static void test_reply_waits_for_backup(void) {
     job_init(&J, "hold", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
     job_start(&J);
     kvps_worker *w = NULL;
-    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = J.servers, .rank = 0, .num_workers = NW, .heartbeat_ms = 200,
-                                                 .peer_timeout_ms = 1000, .failover_ms = 300},
-                             &w));
-    uint64_t key = 0;
-    for (uint64_t k = 1; k < 100 && !key; k++)
-        if (kvps__mix64(k) % NSH == 0) key = k;
+    KT_OK(job_worker(&J, 0, 300, &w));
+    uint64_t key = key_on_shard0();
     float v = 1.0f, got = 0.0f;
     size_t len = 1;
     kvps_req q;

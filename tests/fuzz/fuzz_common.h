@@ -65,5 +65,37 @@ static inline void fz_nolog(void *user, kvps_log_level level, const char *msg) {
     (void)n;
 }
 
+/* Reads one reply waiting on a DEALER (fuzz_server, fuzz_repl): its frames in f (at most 4
+   kept; *nf counts them all) and its header in *h; 0 when none is waiting. Checks its form: the
+   DEALER sees [meta] or [meta][values / text] (the routing id is gone), a reply header with a
+   known status <= 0, and an error reply carries its text. The caller closes f[0..min(*nf, 4)). */
+static inline int fz_reply_next(void *dealer, zmq_msg_t f[4], int *nf, kvps__hdr *h) {
+    int more = 1;
+    *nf = 0;
+    while (more) {
+        zmq_msg_t tmp, *m = *nf < 4 ? &f[*nf] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, dealer, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(m);
+            FZ_CHECK(*nf == 0, "a reply ended after %d frames", *nf);
+            return 0;
+        }
+        more = zmq_msg_more(m);
+        if (m == &tmp) zmq_msg_close(m);
+        (*nf)++;
+    }
+    FZ_CHECK(*nf == 1 || *nf == 2, "reply of %d frames", *nf);
+    FZ_CHECK(zmq_msg_size(&f[0]) == KVPS__HDR, "reply meta of %zu bytes", zmq_msg_size(&f[0]));
+    memcpy(h, zmq_msg_data(&f[0]), sizeof *h);
+    FZ_CHECK(h->magic == KVPS__MAGIC && h->version == KVPS__VERSION && (h->op & KVPS__OP_REPLY),
+             "reply magic 0x%x version %u op 0x%x", h->magic, h->version, h->op);
+    FZ_CHECK(h->status <= 0 && strcmp(kvps_result_str((kvps_result)h->status), "unknown kvps_result") != 0,
+             "reply status %d", h->status);
+    if (h->status < 0)
+        FZ_CHECK(*nf == 2 && zmq_msg_size(&f[1]) > 0, "error reply: %d frames, text of %zu bytes", *nf,
+                 *nf > 1 ? zmq_msg_size(&f[1]) : 0);
+    return 1;
+}
+
 static inline uint32_t fz_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 #endif

@@ -19,31 +19,13 @@
 static void *fz_ctx;
 static int fz_seq;
 
+/* Every reply waiting: each checked for its form (fz_reply_next). */
 static void fz_read_replies(void *dealer) {
-    for (;;) {
-        zmq_msg_t f[3];
-        int nf = 0, more = 1;
-        while (more) {
-            zmq_msg_t tmp, *m = nf < 3 ? &f[nf] : &tmp;
-            zmq_msg_init(m);
-            if (zmq_msg_recv(m, dealer, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(m);
-                FZ_CHECK(nf == 0, "a reply ended after %d frames", nf);
-                return;
-            }
-            more = zmq_msg_more(m);
-            if (m == &tmp) zmq_msg_close(m);
-            nf++;
-        }
-        FZ_CHECK(nf == 1 || nf == 2, "reply of %d frames", nf);
-        FZ_CHECK(zmq_msg_size(&f[0]) == KVPS__HDR, "reply meta of %zu bytes", zmq_msg_size(&f[0]));
-        kvps__hdr h;
-        memcpy(&h, zmq_msg_data(&f[0]), sizeof h);
-        FZ_CHECK(h.magic == KVPS__MAGIC && (h.op & KVPS__OP_REPLY) && h.status <= 0 &&
-                     strcmp(kvps_result_str((kvps_result)h.status), "unknown kvps_result") != 0,
-                 "bad reply: magic %08x op %u status %d", h.magic, h.op, h.status);
-        for (int i = 0; i < nf && i < 3; i++) zmq_msg_close(&f[i]);
-    }
+    zmq_msg_t f[4];
+    int nf;
+    kvps__hdr h;
+    while (fz_reply_next(dealer, f, &nf, &h))
+        for (int i = 0; i < nf && i < 4; i++) zmq_msg_close(&f[i]);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
