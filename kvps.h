@@ -86,7 +86,8 @@
    is fixed by its first use on the server; a later mismatch is an error). Raw key k lives on
    server mix64(k) mod n (strictly: on the server of virtual shard mix64(k) mod V, V = 256 n,
    which is server v mod n until a RESHARD moves virtual shards). A named tensor is registered once per worker with kvps_worker_tensor;
-   it is cut into min(n, ceil(len / min_slice)) slices of equal size (+-1 element), slice i on
+   it is cut into min(n, ceil(len / min_slice)) slices of equal size (+-1 element) (n: the first
+   list's server count, before any RESHARD), slice i on
    server (h + i) mod n where h = hash(name) mod n, so each server holds about 1/n of every
    large tensor's bytes. Where those slices would be longer than max_slice, the tensor is cut
    into the next multiple of n slices that are not (at most len, at most 65536), so every server
@@ -112,10 +113,22 @@
    a tensor is in virtual shard (fnv1a(name) mod V + i) mod V). Nothing moves but those keys, no
    push is in flight, so no update is lost or doubled, and BSP results keep their bits. Servers
    that leave get a goodbye and stop. Tensors are not cut again (a tensor cut for n servers keeps
-   its slices: two may share a server, and its requests then go out in more rounds). Not done:
-   sparse tables cannot move (refused with KVPS_ERR_STATE), a checkpoint does not record a
-   resharded map (restart a resharded job only from a fresh placement), CURVE workers cannot
-   grow (their keys are not kept). bench/placement_sim.c compares placements at scale.
+   its slices: two may share a server, and its requests then go out in more rounds; tensors
+   registered after a reshard are cut for the first list's n too, as a restarted job cuts them).
+   The placement is the list of server counts the job went through ("2 > 3 > 2"): worker 0 tells
+   every server of the new set (op PLACE), each records it in its checkpoints (and replicas in
+   their snapshots), and a hello from a worker that does not know it is answered with it. A
+   worker's first keyed call (a tensor, a table, a push, pull or init, a reshard) waits for the
+   first hello's answer (up to timeout_ms): a job restarted from checkpoints written after
+   reshards takes their placement by itself, given the last list. A worker whose placement
+   differs is refused (KVPS_ERR_MISMATCH, both named), one listing another number of servers
+   than the placement's last is told which (KVPS_ERR_CONFIG), and a server refuses the keyed
+   requests of a worker that has not taken its placement (which only happens when no server
+   answered within timeout_ms), so no key lands on the wrong server (a server that refuses the
+   worker's handshakes ends that first wait at once: the call returns KVPS_ERR_AUTH, no request
+   made). At most 63 reshards per
+   placement. Not done: sparse tables cannot move (refused with KVPS_ERR_STATE), CURVE workers
+   cannot grow (their keys are not kept). bench/placement_sim.c compares placements at scale.
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
@@ -153,7 +166,9 @@
                            key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
                            8 PULL_ROWS, 9 TABLE (see below), 10 HELLO (values: u32 protocol
                            3, u32 num_workers, u32 servers in the list, u32 this server's
-                           place, u64 list hash, u64 min_slice, u64 max_slice, u64 0), 11 BYE,
+                           place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
+                           placement's hash, 0 before any reshard; answered with the server's
+                           placement when the worker's is 0 and the server has one), 11 BYE,
                            12 STATUS (req_id: the request asked about; answered with text),
                            13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
                            bytes, the name), 14 REPL (primary -> backup, REPLICAS: rank = 0
@@ -163,7 +178,8 @@
                            (nkeys 0; the values frame holds the rest): 15 KEYS (answered
                            with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
                            their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
-                           (n x u64 key); replies set 0x80
+                           (n x u64 key), 19 PLACE (u32 V, u32 count, u32 server counts
+                           [count]: the placement, first to last); replies set 0x80
      table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
      PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
      u64 seed } with no ids
@@ -445,8 +461,11 @@
         .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL,
         KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
         programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
-        RESHARD: kvps_worker_reshard, ops KEYS, EXPORT, IMPORT, DROP; placement through virtual
-        shards (the same servers as before until a reshard).
+        RESHARD: kvps_worker_reshard, ops KEYS, EXPORT, IMPORT, DROP, PLACE; placement through
+        virtual shards (the same servers as before until a reshard); checkpoint version 2
+        records the placement (version 1 files are still read); HELLO's last 8 bytes carry the
+        worker's placement hash, and its answer may carry the server's placement; a worker's
+        first keyed call waits for the first hello's answer.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -866,7 +885,9 @@ KVPS_API void kvps_worker_destroy(kvps_worker **w);
    the old list with servers added at its end, or some removed from its end (the barrier server,
    server 0, stays). The keys whose placement changes (about 1/n of them) move, with their
    values, optimizer state and round counters, and nothing else does; the servers that leave
-   stop by themselves. New servers must be running (rank = their place in the new list). */
+   stop by themselves. New servers must be running (rank = their place in the new list). The
+   servers record the new placement in their checkpoints: workers of a job restarted from them
+   take it from the servers by themselves. */
 KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms);
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w);
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w);
@@ -2938,7 +2959,8 @@ enum {
     KVPS__OP_EXPORT = 16, /* RESHARD: values = n x u64 key; answered with their key records */
     KVPS__OP_IMPORT = 17, /* RESHARD: values = key records, taken in (new keys only) */
     KVPS__OP_DROP = 18,   /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */
-    KVPS__OP_COUNT = 19,
+    KVPS__OP_PLACE = 19,  /* RESHARD: values = the new placement (kvps__place), recorded */
+    KVPS__OP_COUNT = 20,
     KVPS__PROTO = 3,      /* the protocol release a HELLO names: both sides must speak the same */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
@@ -3100,6 +3122,57 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
         else { zmq_msg_close(m); (*extra)++; }
     }
     return n;
+}
+
+/* A PLACEMENT: how keys were placed on servers (RESHARD): V virtual shards (256 x the first
+   server count) and every server count the job went through, first to last. One count is a
+   job that never resharded (v mod n). Checkpoints record it, HELLO answers carry it, PLACE sets
+   it; on the wire: u32 V, u32 count, u32 n[count]. */
+enum { KVPS__PLACE_MAX = 64, KVPS__PLACE_SERVERS_MAX = 65536 };
+typedef struct kvps__place { uint32_t V, count, n[KVPS__PLACE_MAX]; } kvps__place;
+
+static size_t kvps__place_enc(const kvps__place *p, unsigned char *out) {
+    kvps__put32(out, p->V);
+    kvps__put32(out + 4, p->count);
+    for (uint32_t i = 0; i < p->count; i++) kvps__put32(out + 8 + 4 * (size_t)i, p->n[i]);
+    return 8 + 4 * (size_t)p->count;
+}
+
+/* Decodes and checks one: NULL, or what is wrong with it. */
+static const char *kvps__place_dec(kvps__place *p, const unsigned char *v, size_t nb) {
+    uint32_t w[2];
+    if (nb < 8) return "shorter than its 8-byte head";
+    memcpy(w, v, 8);
+    if (w[1] < 1 || w[1] > KVPS__PLACE_MAX) return "a count of server counts out of range (1..64)";
+    if (nb != 8 + 4 * (size_t)w[1]) return "its length does not match its count";
+    p->V = w[0];
+    p->count = w[1];
+    memcpy(p->n, v + 8, 4 * (size_t)w[1]);
+    for (uint32_t i = 0; i < p->count; i++)
+        if (p->n[i] < 1 || p->n[i] > KVPS__PLACE_SERVERS_MAX) return "a server count out of range";
+    if ((uint64_t)p->V != 256ull * p->n[0]) return "V is not 256 x its first server count";
+    return NULL;
+}
+
+/* 0 for a placement that never changed (the server list says it all), else FNV-1a of its bytes,
+   never 0. */
+static uint64_t kvps__place_hash(const kvps__place *p) {
+    if (p->count < 2) return 0;
+    unsigned char b[8 + 4 * KVPS__PLACE_MAX];
+    size_t nb = kvps__place_enc(p, b);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < nb; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+/* "2 > 3 > 2 servers" (at most cap bytes, cut short with "..."). */
+static const char *kvps__place_text(const kvps__place *p, char *buf, size_t cap) {
+    size_t at = 0;
+    uint32_t i = 0;
+    buf[0] = 0;
+    for (; i < p->count && at + 24 < cap; i++) at += (size_t)snprintf(buf + at, cap - at, "%s%u", i ? " > " : "", p->n[i]);
+    snprintf(buf + at, cap - at, "%s servers", i < p->count ? " ..." : "");
+    return buf;
 }
 
 // >>rules
@@ -3273,6 +3346,10 @@ struct kvps_server {
     int ndone, finish;        /* finish: every worker finished, the serving loop ends */
     int ref_rank;             /* the worker whose hello set ref (-1: none yet): later ones must agree */
     unsigned char ref[KVPS__HELLO_BYTES];
+    kvps__place place;        /* RESHARD: how this shard's keys were placed (count 0: never resharded) */
+    uint8_t *place_wait;      /* per worker: said hello not knowing the placement: keyed requests are
+                                 refused until its hello names it */
+    int restored;             /* kvps_server_restore loaded a checkpoint */
     struct kvps__tname *tnames; /* tensor names by base key: open addressing, grows at 1/2 load */
     uint32_t ntnames, cap_tnames;
     int64_t stall_next;       /* the stall inspector's next look (ms) */
@@ -4269,6 +4346,7 @@ static const kvps__op_spec kvps__ops[] = {
     {"export", 1, 0, 0, 0, kvps__serve_move},
     {"import", 1, 0, 0, 1, kvps__serve_move},
     {"drop", 1, 0, 0, 1, kvps__serve_move},
+    {"place", 1, 0, 0, 1, kvps__serve_move},
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -4394,6 +4472,15 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
         return;
     }
     kvps__heard_from(s, &q);
+    if (s->place_wait[q.h.rank] && (q.op->serve == kvps__serve_keys || q.op->serve == kvps__serve_table ||
+                                    q.op->serve == kvps__serve_move)) {
+        char pt[200];
+        kvps__refuse(s, &q, KVPS_ERR_MISMATCH, "worker %u sent %s before it took this server's placement (%s; its keys "
+                     "were placed by reshards): a worker waits for its first hello's answer before its first keyed "
+                     "request, up to its timeout_ms; was a server slower than that to start?", q.h.rank, q.op->name,
+                     kvps__place_text(&s->place, pt, sizeof pt));
+        return;
+    }
     if (!kvps__fresh(s, &q)) return;
     q.op->serve(s, &q);
 }
@@ -4932,8 +5019,11 @@ static int kvps__hello_refuse(kvps_server *s, kvps__rq *q, kvps_result rc, const
 }
 
 /* HELLO: values = u32 protocol, u32 num_workers (0: unchecked), u32 servers in the worker's
-   list, u32 this server's place in it, u64 the list's hash, u64 min_slice, u64 max_slice, u64 0.
-   The first hello accepted sets what later ones must match; 0 when refused. */
+   list, u32 this server's place in it, u64 the list's hash, u64 min_slice, u64 max_slice, u64
+   the worker's placement hash (0: it has not resharded nor heard of a reshard). The first hello
+   accepted sets what later ones must match; 0 when refused. A server that records a placement
+   (RESHARD) refuses a worker with another one, and one restored from a checkpoint written before
+   any reshard refuses a worker that has resharded. */
 static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     uint32_t r = q->h.rank;
     if (q->nfr != 3 || zmq_msg_size(&q->fr[2]) != KVPS__HELLO_BYTES)
@@ -4961,6 +5051,22 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
         return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u cuts tensors with min_slice %llu, max_slice %llu; worker %d "
                                   "with %llu, %llu", r, (unsigned long long)mins, (unsigned long long)maxs, fr,
                                   (unsigned long long)kvps__get64(f + 24), (unsigned long long)kvps__get64(f + 32));
+    uint64_t hw = kvps__get64(v + 40), hs = kvps__place_hash(&s->place);
+    char pt[200];
+    if (hs && hw && hw != hs)
+        return kvps__hello_refuse(s, q, KVPS_ERR_MISMATCH, "worker %u places keys by other reshards than this server (%s), "
+                                  "whose keys were placed by %s (its checkpoint or the last reshard): every worker and "
+                                  "server must have seen the same reshards", r, s->endpoint,
+                                  kvps__place_text(&s->place, pt, sizeof pt));
+    if (hs && ns != s->place.n[s->place.count - 1])
+        return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u lists %u servers, but this server's (%s) keys were "
+                                  "placed by %s (its checkpoint or the last reshard): give the workers the list of %u",
+                                  r, ns, s->endpoint, kvps__place_text(&s->place, pt, sizeof pt),
+                                  s->place.n[s->place.count - 1]);
+    if (!hs && hw && s->restored)
+        return kvps__hello_refuse(s, q, KVPS_ERR_MISMATCH, "worker %u has resharded, but this server (%s) was restored "
+                                  "from a checkpoint written before any reshard: its keys are placed as the first list "
+                                  "placed them", r, s->endpoint);
     kvps__liveness_events(s); /* a predecessor's drop may be waiting to be read */
     if (q->h.status && s->live_inc[r] && s->live_inc[r] != (uint32_t)q->h.status && !s->done[r] && !s->lost[r] &&
         !s->gone_since[r] && !s->replaying) /* (a backup: its primary, which sees the connections, decided) */
@@ -4972,11 +5078,27 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     }
     return 1;
 }
+/* An accepted hello is answered with this server's placement when the worker does not know it
+   yet; until a hello that names it, that worker's keyed requests are refused (a request sent
+   before the worker heard would have placed its keys the old way). */
 static void kvps__serve_hello(kvps_server *s, kvps__rq *q) {
     if (!kvps__hello_ok(s, q)) return;
     if (q->h.status) s->live_inc[q->h.rank] = (uint32_t)q->h.status;
     kvps__heard_from(s, q);
-    kvps__reply_ack(s, q->id, &q->h);
+    int tell = kvps__place_hash(&s->place) && !kvps__get64((const unsigned char *)zmq_msg_data(&q->fr[2]) + 40);
+    s->place_wait[q->h.rank] = (uint8_t)tell;
+    if (!tell) {
+        kvps__reply_ack(s, q->id, &q->h);
+        return;
+    }
+    unsigned char b[8 + 4 * KVPS__PLACE_MAX];
+    size_t nb = kvps__place_enc(&s->place, b);
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t f[3];
+    kvps__reply_start(f, q->id, 0, &h);
+    kvps__msg_from_buf(&f[2], b, nb);
+    kvps__server_send(s, f, 3);
 }
 
 static void kvps__fail_finished(kvps_server *s);
@@ -5139,14 +5261,15 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
 }
 
 /* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
-   ntables; per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
+   ntables; (version 2) u32 placement count (0: never resharded), then when it is not 0 u32 V
+   and u32 server counts [that] (RESHARD: how the keys were placed); per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
    eps init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
    per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
    floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
    of everything before it and "KEND". */
-enum { KVPS__CKPT_VERSION = 1 };
+enum { KVPS__CKPT_VERSION = 2 }; /* version 1 (no placement) is still read */
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
 static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
     if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
@@ -5197,6 +5320,11 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
                        s->nkeys, ntables};
     kvps__cw_put(&w, "KVPSCKPT", 8);
     kvps__cw_put(&w, hdr, sizeof hdr);
+    KVPS__CW(&w, s->place.count);
+    if (s->place.count) {
+        KVPS__CW(&w, s->place.V);
+        kvps__cw_put(&w, s->place.n, 4 * (size_t)s->place.count);
+    }
     for (const kvps__table *t = s->tables; t; t = t->next) {
         uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
         float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
@@ -5385,11 +5513,23 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
         memcpy(&crc, buf + size - 8, 4);
         memcpy(hdr, buf + 8, sizeof hdr);
         if (kvps__crc32(0, buf, size - 8) != crc) why = "checksum mismatch: the file is corrupt";
-        else if (hdr[0] != KVPS__CKPT_VERSION) why = "another checkpoint version";
+        else if (hdr[0] != KVPS__CKPT_VERSION && hdr[0] != 1) why = "another checkpoint version";
         else if (hdr[1] != (uint32_t)s->desc.rank || hdr[2] != (uint32_t)s->m) why = "written by another server (rank or number of workers differ)";
     }
     /* parse everything into fresh keys; only a whole, consistent file is kept */
     kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
+    kvps__place pl;
+    memset(&pl, 0, sizeof pl);
+    if (!why && hdr[0] >= 2) {
+        unsigned char pb[8 + 4 * KVPS__PLACE_MAX];
+        if (kvps__cr_get(&rd, &pl.count, 4)) why = "truncated placement";
+        else if (pl.count == 1 || pl.count > KVPS__PLACE_MAX) why = "invalid placement";
+        else if (pl.count) {
+            kvps__put32(pb + 4, pl.count);
+            if (kvps__cr_get(&rd, pb, 4) || kvps__cr_get(&rd, pb + 8, 4 * (size_t)pl.count)) why = "truncated placement";
+            else if (kvps__place_dec(&pl, pb, 8 + 4 * (size_t)pl.count)) why = "invalid placement";
+        }
+    }
     for (uint32_t i = 0; !why && i < hdr[5]; i++) {
         uint64_t tid, seed, nrows;
         uint32_t u[3];
@@ -5428,6 +5568,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
             kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
             why = "truncated worker records";
     if (!why && rd.left != 0) why = "trailing bytes";
+    if (!why) s->place = pl;
     if (why) {
         kvps__keys_truncate(s, 0);
         while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
@@ -5461,6 +5602,7 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
         return KVPS_ERR_CHECKPOINT;
     }
     s->ckpt_round = s->max_round;
+    s->restored = 1;
     kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
               (unsigned long long)s->max_round, path);
     return KVPS_OK;
@@ -5499,6 +5641,20 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
     const unsigned char *v = want == 3 ? (const unsigned char *)zmq_msg_data(&q->fr[2]) : NULL;
     if ((op == KVPS__OP_EXPORT || op == KVPS__OP_DROP) && vb % 8) {
         kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %zu bytes of keys", q->op->name, vb);
+        return;
+    }
+    if (op == KVPS__OP_PLACE) { /* the placement a reshard has made, for checkpoints and hellos */
+        kvps__place p;
+        const char *why = kvps__place_dec(&p, v, vb);
+        if (!why && p.count < 2) why = "a placement that never changed";
+        if (why) {
+            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "place: %s", why);
+            return;
+        }
+        char text[200];
+        s->place = p;
+        kvps__log(KVPS_LOG_INFO, "server %d: keys now placed by %s", s->desc.rank, kvps__place_text(&p, text, sizeof text));
+        kvps__reply_ack(s, q->id, &q->h);
         return;
     }
     kvps__flush_all(s);
@@ -6231,10 +6387,11 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->bad_text = (char(*)[200])calloc((size_t)s->m, sizeof *s->bad_text);
     s->heard = (uint8_t *)calloc((size_t)s->m, 1);
     s->done = (uint8_t *)calloc((size_t)s->m, 1);
+    s->place_wait = (uint8_t *)calloc((size_t)s->m, 1);
     if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->live_inc || !s->bad_inc ||
-        !s->bad_text || !s->heard || !s->done || kvps__table_grow(s) != 0) {
+        !s->bad_text || !s->heard || !s->done || !s->place_wait || kvps__table_grow(s) != 0) {
         free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s);
+        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait); free(s);
         return KVPS_ERR_NOMEM;
     }
     s->ref_rank = -1;
@@ -6438,7 +6595,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-    free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done);
+    free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
     for (uint32_t i = 0; i < s->cap_tnames; i++) free(s->tnames[i].name);
     free(s->tnames);
     pthread_mutex_destroy(&s->ckpt_mu);
@@ -6523,6 +6680,10 @@ struct kvps_worker {
        virtual shards */
     uint32_t V;
     uint32_t *vmap;
+    kvps__place place; /* the server counts vmap went through (one: never resharded) */
+    int place_fixed;   /* a keyed request has gone out: the placement can no longer be taken from a
+                          server's hello answer */
+    int hellos_heard;  /* hello answers (kvps__place_ready waits for the first) */
     zmq_msg_t ctl_reply; /* the values of the last KEYS / EXPORT answer (a reshard's) */
     uint64_t *rstamp, round_stamp; /* per server: kvps__round_end's marks */
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
@@ -6673,6 +6834,9 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.failover_ms = kvps__def(desc->failover_ms, 1000);
     zmq_msg_init(&w->ctl_reply);
     w->V = (uint32_t)w->n * 256;
+    w->place.V = w->V;
+    w->place.count = 1;
+    w->place.n[0] = (uint32_t)w->n;
     w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
     w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
     if (!w->vmap || !w->rstamp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
@@ -6999,6 +7163,8 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from) {
     memcpy(v + 32, &maxs, 8);
     for (int i = from; i < w->n; i++) {
         kvps__put32(v + 12, (uint32_t)i);
+        uint64_t ph = kvps__place_hash(&w->place);
+        memcpy(v + 40, &ph, 8);
         kvps_result r = kvps__send_ctl(w, q, i, KVPS__OP_HELLO, v, sizeof v);
         if (r != KVPS_OK) return r;
     }
@@ -7183,9 +7349,101 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     return nc && ni ? 0 : -1;
 }
 
+/* vmap for placement p, replayed from v mod n through each of its changes; NULL out of memory. */
+static uint32_t *kvps__vmap_of(const kvps__place *p) {
+    uint32_t *vm = (uint32_t *)malloc((size_t)p->V * sizeof *vm);
+    if (!vm) return NULL;
+    for (uint32_t v = 0; v < p->V; v++) vm[v] = v % p->n[0];
+    for (uint32_t i = 1; i < p->count; i++)
+        if (kvps__vmap_change(vm, p->V, (int)p->n[i - 1], (int)p->n[i]) != 0) { free(vm); return NULL; }
+    return vm;
+}
+
+/* The worker can no longer go on: every later call fails with this. */
+static void kvps__wfatal(kvps_worker *w, kvps_result rc, const char *fmt, ...) {
+    if (w->fatal) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->fatal_text, sizeof w->fatal_text, fmt, ap);
+    va_end(ap);
+    w->fatal = rc;
+    kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, w->fatal_text);
+}
+
+/* A hello's answer named server srv's placement (its checkpoint's, or a reshard's). A worker
+   that has not resharded and has sent no keyed request takes it (then says hello again, naming
+   it); one that has must already have the same. */
+static void kvps__place_heard(kvps_worker *w, int srv, const zmq_msg_t *m) {
+    kvps__place p;
+    char a[200], b[200];
+    const char *why = kvps__place_dec(&p, (const unsigned char *)zmq_msg_data((zmq_msg_t *)m), zmq_msg_size((zmq_msg_t *)m));
+    if (why) {
+        kvps__wfatal(w, KVPS_ERR_MALFORMED, "server %d (%s) answered hello with a placement that is not one: %s", srv,
+                     kvps__ep(w, srv), why);
+        return;
+    }
+    if (p.n[p.count - 1] != (uint32_t)w->n) {
+        kvps__wfatal(w, KVPS_ERR_CONFIG, "server %d (%s) placed its keys by %s, but this worker lists %d servers", srv,
+                     kvps__ep(w, srv), kvps__place_text(&p, a, sizeof a), w->n);
+        return;
+    }
+    uint64_t hp = kvps__place_hash(&p), hw = kvps__place_hash(&w->place);
+    if (hp == hw) return;
+    if (hw || w->place_fixed) {
+        kvps__wfatal(w, KVPS_ERR_MISMATCH, "server %d (%s) placed its keys by %s, this worker by %s%s: every server must "
+                     "have seen the same reshards (were they restored from checkpoints of different times?)", srv,
+                     kvps__ep(w, srv), kvps__place_text(&p, a, sizeof a), kvps__place_text(&w->place, b, sizeof b),
+                     hw ? "" : " (it had sent keyed requests before)");
+        return;
+    }
+    uint32_t *vm = kvps__vmap_of(&p);
+    if (!vm) {
+        kvps__wfatal(w, KVPS_ERR_NOMEM, "out of memory for the placement of %u virtual shards", p.V);
+        return;
+    }
+    free(w->vmap);
+    w->vmap = vm;
+    w->V = p.V;
+    w->place = p;
+    for (int t = 0; t < w->ntensors; t++) {
+        w->tensors[t].hv = (uint32_t)(kvps__fnv1a(w->tensors[t].name) % w->V);
+        kvps__tensor_place(w, &w->tensors[t]);
+    }
+    kvps__log(KVPS_LOG_INFO, "worker %d: keys placed as server %d's records say: %s", w->desc.rank, srv,
+              kvps__place_text(&p, a, sizeof a));
+    kvps_result r = kvps__hello_all(w);
+    if (r != KVPS_OK) kvps__wfatal(w, r, "saying hello again after taking the servers' placement: %s", w->errmsg);
+}
+
+static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n);
+/* Before the first keyed request: the first hello's answer, which may carry the placement the
+   servers' checkpoints record (waited for up to timeout_ms; then the list's placement is used,
+   and a server that answers later with another is an error, not a misplaced key). */
+static kvps_result kvps__place_ready(kvps_worker *w) {
+    if (w->place_fixed) return KVPS_OK;
+    int64_t deadline = kvps__now_ms() + w->desc.timeout_ms;
+    for (int64_t now = kvps__now_ms(); !w->hellos_heard && !w->fatal && now < deadline; now = kvps__now_ms()) {
+        kvps_result r = kvps__progress(w, (long)(deadline - now < 100 ? deadline - now : 100));
+        if (r != KVPS_OK && !w->fatal) return r;
+        kvps__watch(w);
+        for (int s = 0; s < w->n; s++)
+            if (w->refused[s]) { /* a server refuses our handshakes: no hello gets through, say why now */
+                kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
+                return KVPS_ERR_AUTH;
+            }
+    }
+    w->place_fixed = 1;
+    if (w->fatal) return kvps__wfail(w, w->fatal, "%s", w->fatal_text);
+    return KVPS_OK;
+}
+
 KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     KVPS__NEED(w, "reshard", servers);
+    kvps_result pr = kvps__place_ready(w);
+    if (pr != KVPS_OK) return pr;
+    if (w->place.count == KVPS__PLACE_MAX)
+        return kvps__wfail(w, KVPS_ERR_STATE, "reshard: %d reshards are recorded, the most a placement holds", KVPS__PLACE_MAX - 1);
     char **list = NULL;
     int n = w->n, n2 = kvps__split(servers, &list);
     if (n2 < 1) return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed server list '%s'", servers);
@@ -7238,10 +7496,18 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
     }
     /* 3. rank 0 moves the keys; the others wait at a second barrier until it has */
     for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) r = kvps__move_from(w, s, vmap2, n2, timeout_ms);
+    kvps__place p2 = w->place;
+    p2.n[p2.count++] = (uint32_t)n2;
+    if (w->desc.rank == 0) { /* the servers record it: checkpoints say how their keys were placed */
+        unsigned char pb[8 + 4 * KVPS__PLACE_MAX];
+        size_t pn = kvps__place_enc(&p2, pb);
+        for (int s = 0; s < n2 && r == KVPS_OK; s++) r = kvps__ctl_call(w, s, KVPS__OP_PLACE, pb, pn, timeout_ms);
+    }
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
     if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
     if (r == KVPS_OK) {
         memcpy(w->vmap, vmap2, (size_t)w->V * sizeof *vmap2);
+        w->place = p2;
         for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
         if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
             kvps_result br = KVPS_OK;
@@ -7283,6 +7549,8 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
     if (kvps__op_has_values(op) && !vals) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: vals is NULL", call);
     if (kvps__op_pulls(op) && !dst) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: vals (the destination) is NULL", call);
     *out = 0;
+    kvps_result pr = kvps__place_ready(w);
+    if (pr != KVPS_OK) return pr;
     if (w->order_cap < nkeys) {
         uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
         if (!no) return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %zu keys", call, nkeys);
@@ -7388,6 +7656,8 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
     KVPS__NEED(w, "tensor", out);
     if (!*name) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "tensor: the name is empty");
     if (len == 0) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "tensor '%s': len is 0", name);
+    kvps_result pr = kvps__place_ready(w); /* (slices are cut for the first list, placed by vmap) */
+    if (pr != KVPS_OK) return pr;
     uint64_t h = kvps__fnv1a(name);
     uint64_t base = (1ull << 63) | ((h & 0x7fffffffffffull) << 16);
     for (int i = 0; i < w->ntensors; i++) {
@@ -7406,7 +7676,7 @@ KVPS_API kvps_result kvps_worker_tensor(kvps_worker *w, const char *name, size_t
         w->tensors = nt;
         w->cap_tensors = nc;
     }
-    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice, n = (uint64_t)w->n;
+    uint64_t ns = (len + w->desc.min_slice - 1) / w->desc.min_slice, n = (uint64_t)w->place.n[0];
     if (ns > n) ns = n;
     if (ns < 1) ns = 1;
     uint64_t pieces = (len + w->desc.max_slice - 1) / w->desc.max_slice;
@@ -7547,6 +7817,7 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
 KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
     return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, out);
 }
+
 KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
     return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
 }
@@ -7748,6 +8019,8 @@ KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d,
     if (!(d->init_scale >= 0.0f && d->init_scale < 1e30f))
         return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table '%s': init_scale %g is not >= 0 and finite", d->name, (double)d->init_scale);
     *req = 0;
+    kvps_result pr = kvps__place_ready(w); /* (rows are placed by vmap) */
+    if (pr != KVPS_OK) return pr;
     unsigned char rec[KVPS__TREC];
     memset(rec, 0, sizeof rec);
     uint32_t rule = (uint32_t)d->opt.rule;
@@ -7899,13 +8172,15 @@ static void kvps__reply_text(kvps_worker *w, const kvps__req *q, int srv, zmq_ms
 static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
     q->state[srv] = 2;
     kvps__req_drop_kept(q, srv);
+    if (q->ctl == KVPS__OP_HELLO) {
+        w->hellos_heard++;
+        if (h->status == KVPS_OK && nfr > 1) kvps__place_heard(w, srv, &fr[1]);
+    }
     if (h->status < 0) {
         char text[256];
         kvps__frame_text(fr, nfr, text, sizeof text);
         if (q->ctl == KVPS__OP_HELLO && !w->fatal) {
-            w->fatal = (kvps_result)h->status;
-            snprintf(w->fatal_text, sizeof w->fatal_text, "server %d (%s) refused this worker: %s", srv, kvps__ep(w, srv), text);
-            kvps__log(KVPS_LOG_ERROR, "worker %d: %s", w->desc.rank, w->fatal_text);
+            kvps__wfatal(w, (kvps_result)h->status, "server %d (%s) refused this worker: %s", srv, kvps__ep(w, srv), text);
         } else if (q->ctl == KVPS__OP_NAME && q->tensor && !w->tensors[q->tensor - 1].bad) {
             kvps__tensor_info *t = &w->tensors[q->tensor - 1];
             t->bad = (kvps_result)h->status;

@@ -10,7 +10,7 @@
    gen_corpus were written by).
 
    Properties: no crash, leak or hang, during the restore or after it; a refused file leaves the
-   server empty (no keys, no tables); a restore only ever answers OK or KVPS_ERR_CHECKPOINT. */
+   server empty (no keys, no tables, no placement); a restore only ever answers OK or KVPS_ERR_CHECKPOINT. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -118,7 +118,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvps_result r = kvps_server_restore(s, fz_path);
     unlink(fz_path);
     FZ_CHECK(r == KVPS_OK || r == KVPS_ERR_CHECKPOINT, "restore: %s", kvps_result_str(r));
-    if (r != KVPS_OK) FZ_CHECK(s->nkeys == 0 && !s->tables, "a refused checkpoint left %u keys / tables behind", s->nkeys);
+    if (r != KVPS_OK)
+        FZ_CHECK(s->nkeys == 0 && !s->tables && !s->place.count, "a refused checkpoint left %u keys / tables / a placement behind",
+                 s->nkeys);
     else fz_exercise(s);
     kvps_server_destroy(&s);
     if (fz_seq % 64 == 0) { /* see fuzz_server.c */

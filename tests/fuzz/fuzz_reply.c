@@ -5,9 +5,11 @@
    coded pushpull of a tensor.
 
    Input: [kind byte][server bits][message]("\xfe" "MSG"[message])*, frames as in
-   fuzz_common.h. (kind & 0x7f) % 6 picks the request; bit 7 of kind: write the request's id into each
-   reply header (else the fuzzer's own req_id stands, which finds stale / foreign ids); bit j of
-   the server bits: message j comes from server 1 (else server 0).
+   fuzz_common.h. (kind & 0x3f) % 6 picks the request; bit 7 of kind: write the request's id into each
+   reply header (else the fuzzer's own req_id stands, which finds stale / foreign ids); bit 6:
+   the first message is server 0's answer to the worker's hello (its id written in), before the
+   request is made: a placement the worker may take (RESHARD), or not one; bit j of the server
+   bits: message j comes from server 1 (else server 0).
 
    Properties: no crash, leak or hang (destinations are exact-size allocations, so a write past
    a key, row or slice is caught); a request completes only when every server it went to has
@@ -61,6 +63,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                                             .zmq_ctx = fz_ctx, .no_malloc_tuning = 1},
                                         &w);
     FZ_CHECK(rc == KVPS_OK, "worker: %s (%s)", kvps_result_str(rc), zmq_strerror(zmq_errno()));
+    fz_cut msgs = {data + 2, size - 2, 0};
+    const uint8_t *mp;
+    size_t mn;
+    int first = 0;
+    if ((kind & 0x40) && fz_next(&msgs, FZ_MSG, &mp, &mn)) { /* the hello's answer, as the first keyed call waits for */
+        zmq_msg_t fr[2];
+        int n = 0;
+        fz_cut frames = {mp, mn, 0};
+        const uint8_t *fp;
+        size_t fn;
+        while (fz_next(&frames, FZ_FRM, &fp, &fn)) {
+            if (n == 2) continue;
+            zmq_msg_init_size(&fr[n], fn);
+            if (fn) memcpy(zmq_msg_data(&fr[n]), fp, fn);
+            n++;
+        }
+        kvps__hdr h;
+        for (uint32_t i = 0; n && zmq_msg_size(&fr[0]) >= sizeof h && i < w->nslots; i++)
+            if (w->slots[i] && w->slots[i]->ctl == KVPS__OP_HELLO) {
+                memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
+                h.req_id = w->slots[i]->id;
+                memcpy(zmq_msg_data(&fr[0]), &h, sizeof h);
+                break;
+            }
+        kvps__on_reply(w, 0, fr, n);
+        for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+        first = 1;
+    }
+    w->place_fixed = 1; /* (no server here answers hellos: the first keyed call does not wait for one) */
+    if (w->fatal) { /* the hello's answer was refused, or a placement not to be taken: nothing to request */
+        FZ_CHECK(w->place.count >= 1 && w->V == 256 * w->place.n[0], "a refused placement was half taken");
+        fz_drain();
+        kvps_worker_destroy(&w);
+        return 0;
+    }
     kvps_req q = 0;
     float *dst = NULL, *src = NULL;
     size_t ndst = 0;
@@ -68,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t lens[3] = {3, 1, 2};
     kvps_tensor t;
     kvps_codec fp16 = kvps_codec_get(KVPS_CODEC_FP16), topk = kvps_codec_get(KVPS_CODEC_TOPK);
-    switch ((kind & 0x7f) % 6) {
+    switch ((kind & 0x3f) % 6) {
     case 0: /* raw pull: 6 floats over the two servers */
         ndst = 6;
         dst = (float *)malloc(ndst * sizeof(float));
@@ -109,16 +146,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc == KVPS_OK) rc = kvps_worker_pushpull_tensor(w, t, src, dst, &q);
         break;
     }
-    FZ_CHECK(rc == KVPS_OK, "request kind %d: %s", (kind & 0x7f) % 6, kvps_result_str(rc));
+    FZ_CHECK(rc == KVPS_OK, "request kind %d: %s", (kind & 0x3f) % 6, kvps_result_str(rc));
     for (size_t i = 0; i < ndst; i++) dst[i] = -1.0f;
     kvps__req *rq = kvps__req_get(w, q);
     FZ_CHECK(rq != NULL, "no request");
     int sent = rq->sent, answered[2] = {0, 0}, bad = 0, lost = 0;
 
-    fz_cut msgs = {data + 2, size - 2, 0};
-    const uint8_t *mp;
-    size_t mn;
-    for (int j = 0; fz_next(&msgs, FZ_MSG, &mp, &mn); j++) {
+    for (int j = first; fz_next(&msgs, FZ_MSG, &mp, &mn); j++) {
         int srv = j < 8 ? (srvbits >> j) & 1 : 0;
         zmq_msg_t fr[2];
         int n = 0;
@@ -157,22 +191,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int done = 0;
     rc = kvps_worker_test(w, q, &done);
     if (getenv("FZ_VERBOSE"))
-        fprintf(stderr, "kind %d: %d of %d answers, done %d: %s\n", (kind & 0x7f) % 6, answered[0] + answered[1], sent, done,
+        fprintf(stderr, "kind %d: %d of %d answers, done %d: %s\n", (kind & 0x3f) % 6, answered[0] + answered[1], sent, done,
                 kvps_result_str(rc));
     int expect_done = 0;
     for (int s = 0; s < 2; s++) expect_done += answered[s];
     if (!lost || expect_done != sent)
-        FZ_CHECK(done == (expect_done == sent), "request kind %d: done %d after %d of %d answers", (kind & 0x7f) % 6, done,
+        FZ_CHECK(done == (expect_done == sent), "request kind %d: done %d after %d of %d answers", (kind & 0x3f) % 6, done,
                  expect_done, sent);
     else /* a server said a worker is lost: the request stays valid, unless another part failed for good */
         FZ_CHECK((!done && rc == KVPS_ERR_PEER_LOST) || (done && rc != KVPS_OK),
-                 "request kind %d: done %d, %s after a PEER_LOST answer", (kind & 0x7f) % 6, done, kvps_result_str(rc));
-    if (done && bad) FZ_CHECK(rc != KVPS_OK, "request kind %d: OK after an error reply", (kind & 0x7f) % 6);
+                 "request kind %d: done %d, %s after a PEER_LOST answer", (kind & 0x3f) % 6, done, kvps_result_str(rc));
+    if (done && bad) FZ_CHECK(rc != KVPS_OK, "request kind %d: OK after an error reply", (kind & 0x3f) % 6);
     if (!done && rc == KVPS_ERR_PEER_LOST) { /* waiting again re-sends the parts answered so */
         rc = kvps_worker_wait(w, q, 0);
         rq = kvps__req_get(w, q);
         FZ_CHECK(rc == KVPS_ERR_TIMEOUT && rq && rq->lost == 0 && rq->pending > 0, "request kind %d: a wait after PEER_LOST: %s",
-                 (kind & 0x7f) % 6, kvps_result_str(rc));
+                 (kind & 0x3f) % 6, kvps_result_str(rc));
     }
     fz_drain(); /* before the worker goes: nothing left in flight for ZeroMQ to drop behind our back */
 #ifdef FZ_AVOID_KNOWN

@@ -304,6 +304,17 @@ static void server_seeds(void) {
         kvps_server_destroy(&s);
     }
     sess(&b, KVPS__OP_KEYS, 0, 0, 0, NULL, 0);
+    {   /* the placement after a grow from 2 to 3 servers, one that is not one, and a hello that
+           does not know it (answered with it; its keyed requests refused until it does) */
+        uint32_t pl[4] = {512, 2, 2, 3}, bad[4] = {500, 2, 2, 3};
+        sess(&b, KVPS__OP_PLACE, 0, 0, 0, bad, sizeof bad);
+        sess(&b, KVPS__OP_PLACE, 0, 0, 0, pl, sizeof pl);
+        uint8_t hv[KVPS__HELLO_BYTES] = {0};
+        uint32_t hw[4] = {KVPS__PROTO, 1, 3, 0};
+        memcpy(hv, hw, sizeof hw);
+        sess(&b, KVPS__OP_HELLO, 0, 0, 0, hv, sizeof hv);
+        meta(&b, KVPS__OP_PULL, 0, 0, 0, k1, l1, 1);
+    }
     save("fuzz_server", "reshard_moves", &b);
 }
 
@@ -466,10 +477,23 @@ static void reply_seeds(void) {
     rbegin(&r, 0x80 | 5);
     for (int s = 0; s < 2; s++) rmsg(&r, s, KVPS__OP_PUSHPULL, 0, blob, 4 + nb);
     rsave(&r, "coded_pushpull");
+    /* the hello's answer from server 0 carries a placement (2 > 3 > 2 servers: the worker takes
+       it), then the raw pull answered by both servers */
+    {
+        uint32_t pl[5] = {512, 3, 2, 3, 2};
+        rbegin(&r, 0x80 | 0x40 | 0);
+        rmsg(&r, 0, KVPS__OP_HELLO, 0, pl, sizeof pl);
+        for (int s = 0; s < 2; s++) rmsg(&r, s, KVPS__OP_PULL, 0, v, 24);
+        rsave(&r, "hello_placement_then_pull");
+    }
     /* rows 7, 9, 7, 2^20, 9 of dim 4 in table "fz.rows": one row per distinct id, per server */
     kvps_worker fake;
     memset(&fake, 0, sizeof fake);
     fake.n = 2;
+    static uint32_t vmap[512]; /* the placement before any reshard: virtual shard v on server v mod 2 */
+    for (uint32_t i = 0; i < 512; i++) vmap[i] = i % 2;
+    fake.V = 512;
+    fake.vmap = vmap;
     uint64_t table = kvps__fnv1a("fz.rows"), uniq[3] = {7, 9, 1u << 20};
     uint64_t rows[2] = {0, 0};
     for (int i = 0; i < 3; i++) rows[kvps__row_server(&fake, table, uniq[i])]++;
@@ -588,7 +612,13 @@ static void ckpt_seeds(void) {
             ok = kvps_worker_push_tensor(w, t[i], g, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
     uint64_t ids[2] = {11, 1u << 30};
     if (ok) ok = kvps_worker_push_rows(w, tb, ids, g, 2, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
-    if (ok) ok = kvps_server_checkpoint(s, 5000) == KVPS_OK;
+    if (ok) { /* the placement of a job that went from 2 to 3 servers (RESHARD) */
+        s->place.V = 512;
+        s->place.count = 2;
+        s->place.n[0] = 2;
+        s->place.n[1] = 3;
+        ok = kvps_server_checkpoint(s, 5000) == KVPS_OK;
+    }
     kvps_worker_destroy(&w);
     kvps_server_destroy(&s);
     zmq_ctx_term(ctx);
