@@ -1,4 +1,4 @@
-/* kvps_ring.h - v0.1 - collectives among equal peers over ZeroMQ - MIT licence
+/* kvps_ring.h - v0.1 - collectives and point-to-point among equal peers over ZeroMQ - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -11,6 +11,7 @@
      4. Wire format
      5. Ownership, threads, errors
      6. Timeline
+     7. Point-to-point: send, recv, isend, irecv
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -83,13 +84,17 @@
    about half rate through a shaped link). Messages: [header 32 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-   abort = 1 carries a kvps_result in count and a text payload.
+   abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
+   7) use the same header with coll = 0x50 (no collective has it), so neither side takes the
+   other's: seq is the message's number among those from src to this rank (from 1), tag the
+   user's tag (32 bits), op the kind: 1 data, 2 data that wants an answer, 3 ACK, 4 NACK (dtype
+   and count: what the receive named; payload: the refused header), 5 abort (payload: the text).
 
    5. OWNERSHIP, THREADS, ERRORS
    Buffers are borrowed until the call returns (blocking) or until kvps_ring_wait / test reports
    the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
-   operations run on the ring's own background thread. Every operation ends within .timeout_ms
+   operations run on the ring's own background thread (p2p calls wait for them: section 7). Every operation ends within .timeout_ms
    (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
@@ -108,6 +113,50 @@
    reduce, reduce-scatter + gather to the root, HIER's three stages (with the inner algorithm's
    phases inside), all-to-all's send and receive, the barrier's rounds. kvps.h, 13. TIMELINE,
    has the rest (files, cost, scripts/kvps-timeline).
+
+   7. POINT-TO-POINT
+       kvps_ring_send(r, buf, count, KVPS_FLOAT32, dst, tag);      // returns when buf may be reused
+       kvps_ring_recv(r, buf, count, KVPS_FLOAT32, src, tag);      // returns with the message in buf
+       kvps_ring_req q;
+       kvps_ring_irecv(r, buf, count, KVPS_INT64, src, tag, &q);   // or kvps_ring_isend
+       ...; kvps_ring_wait(r, q, -1);                               // or kvps_ring_test(r, q, &done)
+   Between any two ranks of the ring, a rank and itself included; any dtype; count 0 (buf may be
+   NULL) too; tag any uint32_t. A receive takes the first message from src with its tag that it
+   has not taken, receives in the order they were started (MPI's non-overtaking rule): messages
+   from one rank on one tag arrive in the order sent; on different tags they may be received in
+   any order (tag 2 before tag 1 waits for nothing). The receive must name the count and dtype
+   the send did.
+   Sends: up to 64 KiB (and any send to itself) are copied and done at once (eager): the blocking
+   send returns, the isend's request is done. Larger ones go without a copy and wait for the
+   receiver's answer, as MPI's rendezvous: the blocking send returns (the isend's request is
+   done) once the receiver has taken the message and ZeroMQ has let go of buf. So a rank that
+   sends more than 64 KiB to a rank that is itself in a blocking send to it waits until its
+   timeout: use isend, or order the calls. The data itself goes at once, whatever the receiver is
+   doing; it is kept until received.
+   Errors. A receive that names another count or dtype fails with KVPS_ERR_MISMATCH: "rank 1:
+   recv from rank 0 tag 7 expected 100 float32, rank 0 sent 50 float32", and answers the sender
+   (NACK), who learns the same facts ("rank 0: send to rank 1 tag 7 (message #1 to it) refused
+   by the receiver: rank 1: recv from rank 0 tag 7 expected ..."): in the send itself (or its
+   request's wait) over 64 KiB; for an eager send, which has already returned KVPS_OK, in its
+   next call on the ring, p2p or collective, which fails with KVPS_ERR_MISMATCH. Waiting for a
+   rank that does not send ends within .timeout_ms: KVPS_ERR_TIMEOUT, "rank 0: timed out after
+   500 ms waiting for rank 2 in recv of 64 float32 from rank 2 tag 3"; at once with
+   KVPS_ERR_PEER when that rank said its ring broke (a failed p2p call tells every peer). As
+   with collectives, any of these breaks the ring (KVPS_ERR_STATE for later calls; a request
+   still pending then answers KVPS_ERR_STATE). Bad arguments (a rank outside 0..size-1, NULL buf
+   with count > 0, no such dtype, count over 2^40 bytes, out NULL) give KVPS_ERR_INVALID_ARG
+   with the reason in kvps_ring_last_error and leave the ring as it was. kvps_ring_wait(r, q, t)
+   with t >= 0 that runs out gives KVPS_ERR_TIMEOUT and leaves q pending; t < 0 waits up to the
+   ring's timeout and fails q. A finished request is gone (KVPS_ERR_INVALID_REQ after).
+   Threads and collectives. Every call uses the ring's one socket per direction, so p2p and
+   collectives share it: a p2p message that arrives while a collective runs is kept for the
+   receive, and a collective's piece that arrives during a p2p call is kept for the collective.
+   p2p calls run in the caller's thread. A p2p call (send, recv, isend, irecv, wait or test of a
+   p2p request) first waits until the collectives posted before it (kvps_ring_post) have run on
+   the ring's thread, then holds the ring until it returns: so a posted collective must not
+   depend on a p2p call made after it was posted (post p2p first, or wait for the collective).
+   A p2p request makes progress only inside p2p calls (and its data arrives regardless).
+   Not in the timeline yet.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -259,7 +308,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
      timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
-     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy
+     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
+                  p2p messages kept apart whoever reads them
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
@@ -267,6 +317,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
      collectives  one function per kvps_coll, their table and dispatcher; the checks of an op
      queue        running an op: in the caller's thread, or posted to the ring's own thread
+     p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
+                  eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
      setup        create, connect, destroy
      rendezvous   endpoint exchange through kvps servers; the environment */
