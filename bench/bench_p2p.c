@@ -279,12 +279,11 @@ int main(int argc, char **argv) {
            reps, cfg.time_s);
     printf("# MPI peer: %s\n", mpi ? mpi_prog : want_mpi == 0 ? "not run (--no-mpi)" : "not run (mpirun or mpi_p2p not found)");
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = now_s();
         run_pair(kv_rank, &cfg, LAT[KV][r], BW[KV][r]);
         run_pair(zq_rank, &cfg, LAT[ZQ][r], BW[ZQ][r]);
         if (mpi) run_mpi(mpi_prog, &cfg, LAT[MP][r], BW[MP][r]);
         printf("# repeat %d done in %.1f s\n", r + 1, now_s() - t0);
-        (void)c0;
     }
     report("latency (ping-pong, half round trip)", "us", LAT, cfg.lat, cfg.nlat, reps, mpi, 1);
     report("bandwidth (streaming, window of posted receives)", "MB/s", BW, cfg.bw, cfg.nbw, reps, mpi, 0);
