@@ -517,7 +517,7 @@ extern "C" {
     X(KVPS_ERR_TOO_LARGE, -307, "length exceeds the server's limit")                            \
     X(KVPS_ERR_DUP_KEY, -308, "the same key appears twice in one request")                     \
     X(KVPS_ERR_NOT_BARRIER, -309, "barrier sent to a server other than server 0")              \
-    X(KVPS_ERR_MISMATCH, -310, "ranks called a collective with different arguments")          \
+    X(KVPS_ERR_MISMATCH, -310, "ranks disagree: a collective's arguments, or a receive's count or dtype")      \
     X(KVPS_ERR_CODEC, -311, "wrong or unknown codec id")                                       \
     X(KVPS_ERR_HYPERPARAM, -312, "optimizer hyper-parameter out of range")                      \
     X(KVPS_ERR_TABLE, -313, "unknown table, or a table configured differently")                \

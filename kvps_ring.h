@@ -1,4 +1,4 @@
-/* kvps_ring.h - v0.1 - collectives among equal peers over ZeroMQ - MIT licence
+/* kvps_ring.h - v0.1 - collectives and point-to-point among equal peers over ZeroMQ - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -11,6 +11,7 @@
      4. Wire format
      5. Ownership, threads, errors
      6. Timeline
+     7. Point-to-point: send, recv, isend, irecv
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -83,13 +84,17 @@
    about half rate through a shaped link). Messages: [header 32 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-   abort = 1 carries a kvps_result in count and a text payload.
+   abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
+   7) use the same header with coll = 0x50 (no collective has it), so neither side takes the
+   other's: seq is the message's number among those from src to this rank (from 1), tag the
+   user's tag (32 bits), op the kind: 1 data, 2 data that wants an answer, 3 ACK, 4 NACK (dtype
+   and count: what the receive named; payload: the refused header), 5 abort (payload: the text).
 
    5. OWNERSHIP, THREADS, ERRORS
    Buffers are borrowed until the call returns (blocking) or until kvps_ring_wait / test reports
    the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
-   operations run on the ring's own background thread. Every operation ends within .timeout_ms
+   operations run on the ring's own background thread (p2p calls wait for them: section 7). Every operation ends within .timeout_ms
    (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
@@ -108,6 +113,50 @@
    reduce, reduce-scatter + gather to the root, HIER's three stages (with the inner algorithm's
    phases inside), all-to-all's send and receive, the barrier's rounds. kvps.h, 13. TIMELINE,
    has the rest (files, cost, scripts/kvps-timeline).
+
+   7. POINT-TO-POINT
+       kvps_ring_send(r, buf, count, KVPS_FLOAT32, dst, tag);      // returns when buf may be reused
+       kvps_ring_recv(r, buf, count, KVPS_FLOAT32, src, tag);      // returns with the message in buf
+       kvps_ring_req q;
+       kvps_ring_irecv(r, buf, count, KVPS_INT64, src, tag, &q);   // or kvps_ring_isend
+       ...; kvps_ring_wait(r, q, -1);                               // or kvps_ring_test(r, q, &done)
+   Between any two ranks of the ring, a rank and itself included; any dtype; count 0 (buf may be
+   NULL) too; tag any uint32_t. A receive takes the first message from src with its tag that it
+   has not taken, receives in the order they were started (MPI's non-overtaking rule): messages
+   from one rank on one tag arrive in the order sent; on different tags they may be received in
+   any order (tag 2 before tag 1 waits for nothing). The receive must name the count and dtype
+   the send did.
+   Sends: up to 64 KiB (and any send to itself) are copied and done at once (eager): the blocking
+   send returns, the isend's request is done. Larger ones go without a copy and wait for the
+   receiver's answer, as MPI's rendezvous: the blocking send returns (the isend's request is
+   done) once the receiver has taken the message and ZeroMQ has let go of buf. So a rank that
+   sends more than 64 KiB to a rank that is itself in a blocking send to it waits until its
+   timeout: use isend, or order the calls. The data itself goes at once, whatever the receiver is
+   doing; it is kept until received.
+   Errors. A receive that names another count or dtype fails with KVPS_ERR_MISMATCH: "rank 1:
+   recv from rank 0 tag 7 expected 100 float32, rank 0 sent 50 float32", and answers the sender
+   (NACK), who learns the same facts ("rank 0: send to rank 1 tag 7 (message #1 to it) refused
+   by the receiver: rank 1: recv from rank 0 tag 7 expected ..."): in the send itself (or its
+   request's wait) over 64 KiB; for an eager send, which has already returned KVPS_OK, in its
+   next call on the ring, p2p or collective, which fails with KVPS_ERR_MISMATCH. Waiting for a
+   rank that does not send ends within .timeout_ms: KVPS_ERR_TIMEOUT, "rank 0: timed out after
+   500 ms waiting for rank 2 in recv of 64 float32 from rank 2 tag 3"; at once with
+   KVPS_ERR_PEER when that rank said its ring broke (a failed p2p call tells every peer). As
+   with collectives, any of these breaks the ring (KVPS_ERR_STATE for later calls; a request
+   still pending then answers KVPS_ERR_STATE). Bad arguments (a rank outside 0..size-1, NULL buf
+   with count > 0, no such dtype, count over 2^40 bytes, out NULL) give KVPS_ERR_INVALID_ARG
+   with the reason in kvps_ring_last_error and leave the ring as it was. kvps_ring_wait(r, q, t)
+   with t >= 0 that runs out gives KVPS_ERR_TIMEOUT and leaves q pending; t < 0 waits up to the
+   ring's timeout and fails q. A finished request is gone (KVPS_ERR_INVALID_REQ after).
+   Threads and collectives. Every call uses the ring's one socket per direction, so p2p and
+   collectives share it: a p2p message that arrives while a collective runs is kept for the
+   receive, and a collective's piece that arrives during a p2p call is kept for the collective.
+   p2p calls run in the caller's thread. A p2p call (send, recv, isend, irecv, wait or test of a
+   p2p request) first waits until the collectives posted before it (kvps_ring_post) have run on
+   the ring's thread, then holds the ring until it returns: so a posted collective must not
+   depend on a p2p call made after it was posted (post p2p first, or wait for the collective).
+   A p2p request makes progress only inside p2p calls (and its data arrives regardless).
+   Not in the timeline yet.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -234,6 +283,17 @@ KVPS_API kvps_result kvps_ring_allreduce_wire(kvps_ring *r, const void *send, vo
    their sum, added in rank order (the same bits everywhere). k must be the same on every rank. */
 KVPS_API kvps_result kvps_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual);
 
+/* Point-to-point (manual section 7): count elements of dtype dt between this rank and any rank
+   (itself too), matched by (rank, tag); a receive must name the same count and dtype as the send.
+   Blocking forms return when buf may be reused (send) or holds the message (recv); the i-forms
+   return a request for kvps_ring_wait / kvps_ring_test, and borrow buf until it is done. */
+KVPS_API kvps_result kvps_ring_send(kvps_ring *r, const void *buf, size_t count, kvps_dtype dt, int dst, uint32_t tag);
+KVPS_API kvps_result kvps_ring_recv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag);
+KVPS_API kvps_result kvps_ring_isend(kvps_ring *r, const void *buf, size_t count, kvps_dtype dt, int dst, uint32_t tag,
+                                     kvps_ring_req *out);
+KVPS_API kvps_result kvps_ring_irecv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag,
+                                     kvps_ring_req *out);
+
 /* dst[i] = dst[i] op src[i], as the collectives reduce (exposed for tests and users). */
 KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op);
 
@@ -248,7 +308,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
      timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
-     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy
+     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
+                  p2p messages kept apart whoever reads them
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
@@ -256,6 +317,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
      collectives  one function per kvps_coll, their table and dispatcher; the checks of an op
      queue        running an op: in the caller's thread, or posted to the ring's own thread
+     p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
+                  eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
      setup        create, connect, destroy
      rendezvous   endpoint exchange through kvps servers; the environment */
@@ -302,6 +365,38 @@ static void kvps_ring__zc_unref(kvps_ring__zc *z) {
     if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) == 0) free(z);
 }
 
+/* Point-to-point messages carry coll = KVPS_RING__P2P (no kvps_coll has that value) and their
+   kind in the op byte (manual section 7). */
+enum {
+    KVPS_RING__P2P = 0x50,
+    KVPS_RING__P2P_EAGER = 1, /* data; answered only when refused (NACK) */
+    KVPS_RING__P2P_SYNC = 2,  /* data over the eager limit; answered ACK or NACK */
+    KVPS_RING__P2P_ACK = 3,   /* a SYNC message was received whole */
+    KVPS_RING__P2P_NACK = 4,  /* a data message was refused: the receive named another count or dtype */
+    KVPS_RING__P2P_ABORT = 5, /* the sender's ring broke in a p2p call: waiting for it is pointless */
+    KVPS_RING__P2P_EAGER_MAX = 65536
+};
+
+/* A zero-copy send's frame: ZeroMQ's I/O thread releases it, maybe after its request is gone,
+   so the flag lives in a block of its own (refs: the request + the frame). */
+typedef struct kvps_ring__tok {
+    int released, refs;
+} kvps_ring__tok;
+
+/* A send or receive started by the ring's user (never touched by the ring's thread). */
+typedef struct kvps_ring__p2p {
+    struct kvps_ring__p2p *next;
+    uint64_t id;
+    int is_send, peer, done, on_heap;
+    uint32_t tag, seq; /* seq: a send's number among those to its peer (its answer names it) */
+    kvps_dtype dtype;
+    size_t count;
+    void *buf;
+    kvps_ring__tok *tok; /* a zero-copy send's frame, NULL when copied */
+    kvps_result result;
+    char why[320];       /* the error, for kvps_ring_last_error when its wait returns */
+} kvps_ring__p2p;
+
 typedef struct kvps_ring__job {
     struct kvps_ring__job *next;
     uint64_t id;
@@ -337,6 +432,19 @@ struct kvps_ring {
     int thread_started, busy, quit;
     kvps_ring__job *head, *tail, *finished;
     uint64_t next_id, running_id;
+    /* point-to-point (>>p2p). Touched by whoever holds the sockets (busy: the ring's thread
+       during a posted collective, else the caller): p2p messages that arrived and are not taken
+       yet, in arrival order; collective messages a p2p call read, which the collectives take
+       first (held); per peer, the numbers of the messages sent and of the next one expected,
+       and whether it said its ring broke (1) or lost messages (2). Only the user's thread
+       touches reqs, its sends and receives in the order started. */
+    kvps_ring__stash *p2p_in, **p2p_in_tail, *held, **held_tail;
+    uint32_t *p2p_sent, *p2p_next;
+    unsigned char *p2p_gone;
+    char p2p_why[200];   /* what the last peer that broke said */
+    int p2p_why_rank;
+    size_t p2p_eager;    /* bytes sent without waiting for an answer (KVPS_RING__P2P_EAGER_MAX) */
+    kvps_ring__p2p *p2p_reqs;
     struct kvps_ring__tl *tl; /* the timeline, NULL when off (>>timeline) */
 };
 
@@ -688,7 +796,134 @@ static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h, zmq_m
     return KVPS_OK;
 }
 
-/* Receives the piece (src, tag) of the running collective into *out (a payload to close). */
+/* Appends a message to a FIFO list (the stash entries' type). */
+static int kvps_ring__fifo_put(kvps_ring__stash ***tail, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    kvps_ring__stash *e = (kvps_ring__stash *)malloc(sizeof *e);
+    if (!e) { zmq_msg_close(payload); return -1; }
+    e->h = *h;
+    e->payload = *payload;
+    e->next = NULL;
+    **tail = e;
+    *tail = &e->next;
+    return 0;
+}
+
+/* Unlinks *pp from a FIFO list whose tail pointer is *tail; returns it. */
+static kvps_ring__stash *kvps_ring__fifo_cut(kvps_ring__stash **pp, kvps_ring__stash ***tail) {
+    kvps_ring__stash *e = *pp;
+    *pp = e->next;
+    if (*tail == &e->next) *tail = pp;
+    return e;
+}
+
+/* A message waiting on the router, without waiting (malformed ones dropped): 1 and *h and
+   *payload (to close) filled; 0: none. */
+static int kvps_ring__read(kvps_ring *r, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    for (;;) {
+        zmq_msg_t fr[3];
+        int extra;
+        int n = kvps__recv_msg(r->router, fr, 3, &extra);
+        if (n <= 0) return 0;
+        int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof *h;
+        if (ok) memcpy(h, zmq_msg_data(&fr[1]), sizeof *h);
+        ok = ok && h->magic == KVPS_RING__MAGIC && h->src < r->size;
+        if (!ok) {
+            kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
+            for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+            continue;
+        }
+        zmq_msg_close(&fr[0]);
+        zmq_msg_close(&fr[1]);
+        *payload = fr[2];
+        return 1;
+    }
+}
+
+/* The next message for a collective: first those a p2p call read and held, then the router's. */
+static int kvps_ring__next(kvps_ring *r, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    if (!r->held) return kvps_ring__read(r, h, payload);
+    kvps_ring__stash *e = kvps_ring__fifo_cut(&r->held, &r->held_tail);
+    *h = e->h;
+    *payload = e->payload;
+    free(e);
+    return 1;
+}
+
+/* Keeps a p2p message (coll KVPS_RING__P2P) for the p2p calls, whoever read it: data checked
+   (a known dtype, a payload of count elements, the next number from its sender), answers and
+   aborts as they are. Returns the message's kind, 0 when it was dropped. */
+static int kvps_ring__p2p_keep(kvps_ring *r, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    int kind = h->op, src = h->src;
+    if (kind == KVPS_RING__P2P_EAGER || kind == KVPS_RING__P2P_SYNC) {
+        size_t es = kvps_dtype_size((kvps_dtype)h->dtype);
+        if (!es || h->count > ((uint64_t)1 << 40) || h->tag > UINT32_MAX || zmq_msg_size(payload) != h->count * es) {
+            kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed p2p message from rank %d", r->rank, src);
+            zmq_msg_close(payload);
+            return 0;
+        }
+        if (h->seq != r->p2p_next[src]) { /* ZeroMQ lost some (a connection cut): nothing later can be trusted */
+            if (!r->p2p_gone[src]) {
+                snprintf(r->p2p_why, sizeof r->p2p_why, "message #%u from rank %d arrived when #%u was due (lost "
+                         "messages or a malformed one)", h->seq, src, r->p2p_next[src]);
+                r->p2p_why_rank = src;
+            }
+            r->p2p_gone[src] = 2;
+            zmq_msg_close(payload);
+            return 0;
+        }
+        r->p2p_next[src]++;
+    } else if (kind == KVPS_RING__P2P_ABORT) {
+        size_t n = zmq_msg_size(payload) < 160 ? zmq_msg_size(payload) : 160;
+        if (!r->p2p_gone[src]) {
+            snprintf(r->p2p_why, sizeof r->p2p_why, "%.*s", (int)n, (const char *)zmq_msg_data(payload));
+            r->p2p_why_rank = src;
+        }
+        r->p2p_gone[src] = 1;
+    } else if (kind != KVPS_RING__P2P_ACK && kind != KVPS_RING__P2P_NACK) {
+        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a p2p message of unknown kind %d from rank %d", r->rank, kind, src);
+        zmq_msg_close(payload);
+        return 0;
+    }
+    return kvps_ring__fifo_put(&r->p2p_in_tail, h, payload) == 0 ? kind : 0;
+}
+
+/* The receiver's words for a refused message (both sides print them): "rank 1: recv from rank
+   0 tag 7 expected 100 float32, rank 0 sent 50 float32". */
+static void kvps_ring__p2p_mm_text(char *buf, size_t cap, int me, int src, uint32_t tag, uint64_t want_n, int want_dt,
+                                   uint64_t got_n, int got_dt) {
+    snprintf(buf, cap, "rank %d: recv from rank %d tag %u expected %llu %s, rank %d sent %llu %s", me, src, tag,
+             (unsigned long long)want_n, kvps_dtype_name((kvps_dtype)want_dt), src, (unsigned long long)got_n,
+             kvps_dtype_name((kvps_dtype)got_dt));
+}
+
+/* A refusal (NACK) in words, as the sender reports it; the NACK's payload echoes the header the
+   receiver refused. */
+static void kvps_ring__p2p_nack_text(const kvps_ring *r, const kvps_ring__stash *e, char *buf, size_t cap) {
+    kvps_ring__hdr sent;
+    char mm[200];
+    if (zmq_msg_size((zmq_msg_t *)&e->payload) == sizeof sent) {
+        memcpy(&sent, zmq_msg_data((zmq_msg_t *)&e->payload), sizeof sent);
+        kvps_ring__p2p_mm_text(mm, sizeof mm, e->h.src, r->rank, (uint32_t)e->h.tag, e->h.count, e->h.dtype, sent.count, sent.dtype);
+    } else {
+        kvps_ring__p2p_mm_text(mm, sizeof mm, e->h.src, r->rank, (uint32_t)e->h.tag, e->h.count, e->h.dtype, 0, 0);
+    }
+    snprintf(buf, cap, "rank %d: send to rank %u tag %u (message #%u to it) refused by the receiver: %s", r->rank,
+             e->h.src, (uint32_t)e->h.tag, e->h.seq, mm);
+}
+
+/* The first refusal kept, if any: this rank's send went wrong, so its call fails (section 7). */
+static kvps_result kvps_ring__p2p_refused(kvps_ring *r) {
+    for (kvps_ring__stash *e = r->p2p_in; e; e = e->next)
+        if (e->h.op == KVPS_RING__P2P_NACK) {
+            char t[320];
+            kvps_ring__p2p_nack_text(r, e, t, sizeof t);
+            return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "%s", t);
+        }
+    return KVPS_OK;
+}
+
+/* Receives the piece (src, tag) of the running collective into *out (a payload to close).
+   p2p messages met on the way are kept for the p2p calls. */
 static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_t *out) {
     tag += r->hier;
     for (kvps_ring__stash **pp = &r->stash; *pp; pp = &(*pp)->next) {
@@ -704,64 +939,63 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
         }
     }
     for (;;) {
-        int64_t left = r->deadline - kvps__now_ms();
-        if (left <= 0) {
-            char call[128];
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d in %s (this "
-                                   "ring's collective #%u)", r->rank, r->desc.timeout_ms, src,
-                                   kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
+        kvps_ring__hdr h;
+        zmq_msg_t pl;
+        if (!kvps_ring__next(r, &h, &pl)) {
+            int64_t left = r->deadline - kvps__now_ms();
+            if (left <= 0) {
+                char call[128];
+                return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d in %s (this "
+                                       "ring's collective #%u)", r->rank, r->desc.timeout_ms, src,
+                                       kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
+            }
+            zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
+                return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+            continue;
         }
-        zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
-        int pr = zmq_poll(&it, 1, (long)left);
-        if (pr < 0 && zmq_errno() != EINTR) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-        if (pr <= 0) continue;
-        for (;;) {
-            zmq_msg_t fr[3];
-            int extra;
-            int n = kvps__recv_msg(r->router, fr, 3, &extra);
-            if (n <= 0) break;
-            kvps_ring__hdr h;
-            int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof h;
-            if (ok) memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
-            ok = ok && h.magic == KVPS_RING__MAGIC && h.src < r->size;
-            if (!ok || (int32_t)(h.seq - r->seq) < 0) { /* garbage, or a late piece of an old collective */
-                if (!ok) kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
-                for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
-                /* a rank that only sent in the last collective learns of a mismatch here */
-                if (ok && h.seq == r->prev.seq && h.abort)
-                    return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the previous collective (%s, #%u): %s", h.src,
-                                           kvps_coll_name((kvps_coll)r->prev.coll), h.seq,
-                                           kvps_result_str((kvps_result)(int64_t)h.count));
-                if (ok && h.seq == r->prev.seq) {
-                    kvps_ring__hdr c = r->cur;
-                    r->cur = r->prev;
-                    kvps_result late = kvps_ring__check(r, &h, NULL);
-                    r->cur = c;
-                    if (late != KVPS_OK) return late;
-                }
-                continue;
-            }
-            zmq_msg_close(&fr[0]);
-            zmq_msg_close(&fr[1]);
-            if (h.seq == r->seq && !h.abort && kvps_ring__check(r, &h, NULL) != KVPS_OK) { /* any piece tells */
-                zmq_msg_close(&fr[2]);
-                return KVPS_ERR_MISMATCH;
-            }
-            if (h.seq == r->seq && ((h.src == src && h.tag == tag) || h.abort)) {
-                kvps_result rc = kvps_ring__check(r, &h, &fr[2]);
-                *out = fr[2];
-                if (rc != KVPS_OK) zmq_msg_close(out);
-                return rc;
-            }
-            kvps_ring__stash *e = (kvps_ring__stash *)malloc(sizeof *e);
-            if (!e) { zmq_msg_close(&fr[2]); return KVPS_ERR_NOMEM; }
-            e->h = h;
-            e->payload = fr[2];
-            e->next = NULL;
-            kvps_ring__stash **tail = &r->stash;
-            while (*tail) tail = &(*tail)->next;
-            *tail = e;
+        if (h.coll == KVPS_RING__P2P) {
+            int kind = kvps_ring__p2p_keep(r, &h, &pl);
+            if (kind == KVPS_RING__P2P_NACK) return kvps_ring__p2p_refused(r); /* "its next call" learns it */
+            if (kind == KVPS_RING__P2P_ABORT && h.src == src)
+                return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %d: rank %d, waited for in %s, failed in a p2p call: %s",
+                                       r->rank, src, kvps_coll_name((kvps_coll)r->cur.coll), r->p2p_why);
+            continue;
         }
+        if ((int32_t)(h.seq - r->seq) < 0) { /* a late piece of an old collective */
+            zmq_msg_close(&pl);
+            /* a rank that only sent in the last collective learns of a mismatch here */
+            if (h.seq == r->prev.seq && h.abort)
+                return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the previous collective (%s, #%u): %s", h.src,
+                                       kvps_coll_name((kvps_coll)r->prev.coll), h.seq,
+                                       kvps_result_str((kvps_result)(int64_t)h.count));
+            if (h.seq == r->prev.seq) {
+                kvps_ring__hdr c = r->cur;
+                r->cur = r->prev;
+                kvps_result late = kvps_ring__check(r, &h, NULL);
+                r->cur = c;
+                if (late != KVPS_OK) return late;
+            }
+            continue;
+        }
+        if (h.seq == r->seq && !h.abort && kvps_ring__check(r, &h, NULL) != KVPS_OK) { /* any piece tells */
+            zmq_msg_close(&pl);
+            return KVPS_ERR_MISMATCH;
+        }
+        if (h.seq == r->seq && ((h.src == src && h.tag == tag) || h.abort)) {
+            kvps_result rc = kvps_ring__check(r, &h, &pl);
+            *out = pl;
+            if (rc != KVPS_OK) zmq_msg_close(out);
+            return rc;
+        }
+        kvps_ring__stash *e = (kvps_ring__stash *)malloc(sizeof *e);
+        if (!e) { zmq_msg_close(&pl); return KVPS_ERR_NOMEM; }
+        e->h = h;
+        e->payload = pl;
+        e->next = NULL;
+        kvps_ring__stash **tail = &r->stash;
+        while (*tail) tail = &(*tail)->next;
+        *tail = e;
     }
 }
 
@@ -1547,7 +1781,8 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->errmsg[0] = 0;
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
     if (r->tl) kvps_ring__tl_start(r);
-    kvps_result rc = kvps_ring__execute(r, op);
+    kvps_result rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
+    if (rc == KVPS_OK) rc = kvps_ring__execute(r, op);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
     if (r->tl) kvps_ring__tl_finish(r, op, rc);
     r->prev = r->cur;
@@ -1640,8 +1875,13 @@ static kvps_ring__job *kvps_ring__take(kvps_ring *r, kvps_ring_req req, int *kno
     return NULL;
 }
 
+static kvps_ring__p2p *kvps_ring__p2p_find(kvps_ring *r, kvps_ring_req req);
+static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int timeout_ms, int *done);
+
 KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout_ms) {
     if (!r) return KVPS_ERR_INVALID_ARG;
+    kvps_ring__p2p *pq = kvps_ring__p2p_find(r, req);
+    if (pq) return kvps_ring__p2p_wait(r, pq, timeout_ms, NULL);
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? r->desc.timeout_ms + 1000 : timeout_ms);
     pthread_mutex_lock(&r->mu);
     for (;;) {
@@ -1668,6 +1908,8 @@ KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout
 KVPS_API kvps_result kvps_ring_test(kvps_ring *r, kvps_ring_req req, int *done) {
     if (!r || !done) return KVPS_ERR_INVALID_ARG;
     *done = 0;
+    kvps_ring__p2p *pq = kvps_ring__p2p_find(r, req);
+    if (pq) return kvps_ring__p2p_wait(r, pq, 0, done);
     pthread_mutex_lock(&r->mu);
     int known;
     kvps_ring__job *j = kvps_ring__take(r, req, &known);
@@ -1698,6 +1940,376 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
     kvps_ring_req q;
     rc = kvps_ring_post(r, op, &q);
     return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
+}
+
+// >>p2p
+/* Point-to-point (manual section 7). The ring's one ROUTER and its DEALERs carry it, so a p2p
+   call holds the sockets as a collective does (kvps_ring__p2p_enter): it waits for the posted
+   collectives to finish first. Arrived messages are kept in p2p_in by whoever read them
+   (kvps_ring__p2p_keep, here or in a collective's receive loop); kvps_ring__p2p_progress, run by
+   every p2p call, matches them to this rank's requests: receives in the order started, each
+   taking the first kept message of its (rank, tag), so messages between a pair arrive in order
+   per tag; answers (ACK, NACK) complete sends. */
+
+static void kvps_ring__p2p_enter(kvps_ring *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->busy || r->head) pthread_cond_wait(&r->cv, &r->mu);
+    r->busy = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void kvps_ring__p2p_leave(kvps_ring *r) {
+    pthread_mutex_lock(&r->mu);
+    r->busy = 0;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void kvps_ring__tok_free(void *data, void *hint) {
+    (void)data;
+    kvps_ring__tok *t = (kvps_ring__tok *)hint;
+    __atomic_store_n(&t->released, 1, __ATOMIC_RELEASE);
+    if (__atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) == 0) free(t);
+}
+
+static void kvps_ring__tok_unref(kvps_ring__tok **t) {
+    if (*t && __atomic_sub_fetch(&(*t)->refs, 1, __ATOMIC_ACQ_REL) == 0) free(*t);
+    *t = NULL;
+}
+
+static int kvps_ring__p2p_released(const kvps_ring__p2p *q) {
+    return !q->tok || __atomic_load_n(&q->tok->released, __ATOMIC_ACQUIRE);
+}
+
+/* "recv of 100 float32 from rank 2 tag 7" */
+static const char *kvps_ring__p2p_call_text(const kvps_ring__p2p *q, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s of %zu %s %s rank %d tag %u", q->is_send ? "send" : "recv", q->count,
+             kvps_dtype_name(q->dtype), q->is_send ? "to" : "from", q->peer, q->tag);
+    return buf;
+}
+
+static void kvps_ring__p2p_end(kvps_ring__p2p *q, kvps_result rc, const char *fmt, ...) {
+    q->done = 1;
+    q->result = rc;
+    if (rc != KVPS_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(q->why, sizeof q->why, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* Reads every message waiting on the router, without waiting: p2p ones kept, collective ones
+   held for the collectives, in order (a collective abort also says its sender's ring broke). */
+static void kvps_ring__p2p_pump(kvps_ring *r) {
+    kvps_ring__hdr h;
+    zmq_msg_t pl;
+    while (kvps_ring__read(r, &h, &pl)) {
+        if (h.coll == KVPS_RING__P2P) { kvps_ring__p2p_keep(r, &h, &pl); continue; }
+        if (h.abort && !r->p2p_gone[h.src]) {
+            snprintf(r->p2p_why, sizeof r->p2p_why, "it aborted a collective (%s)",
+                     kvps_result_str((kvps_result)(int64_t)h.count));
+            r->p2p_why_rank = h.src;
+            r->p2p_gone[h.src] = 1;
+        }
+        kvps_ring__fifo_put(&r->held_tail, &h, &pl);
+    }
+}
+
+/* Sends a p2p header and payload (consumed) to rank dst. */
+static kvps_result kvps_ring__p2p_post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    if (dst == r->rank) return kvps_ring__p2p_keep(r, h, payload) ? KVPS_OK : KVPS_ERR_NOMEM; /* to itself: kept at once */
+    zmq_msg_t f[2];
+    if (kvps__msg_from_buf(&f[0], h, sizeof *h) != 0) { zmq_msg_close(payload); return KVPS_ERR_NOMEM; }
+    f[1] = *payload;
+    zmq_msg_init(payload);
+    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    if (kvps__send_frames(r->dealers[dst], f, 2) != 0) return zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ;
+    return KVPS_OK;
+}
+
+static kvps_ring__hdr kvps_ring__p2p_hdr(const kvps_ring *r, int kind, uint32_t seq, uint32_t tag, int dt, uint64_t count) {
+    kvps_ring__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS_RING__MAGIC;
+    h.seq = seq;
+    h.tag = tag;
+    h.src = (uint16_t)r->rank;
+    h.coll = KVPS_RING__P2P;
+    h.dtype = (uint8_t)dt;
+    h.op = (uint8_t)kind;
+    h.count = count;
+    return h;
+}
+
+/* Starts a send: up to p2p_eager bytes (and any to itself) are copied and done at once; larger
+   ones go without a copy and are done when the receiver's answer has come and ZeroMQ has let go
+   of the buffer. */
+static kvps_result kvps_ring__p2p_send_now(kvps_ring *r, kvps_ring__p2p *q) {
+    size_t bytes = q->count * kvps_dtype_size(q->dtype);
+    int sync = bytes > r->p2p_eager && q->peer != r->rank;
+    q->seq = ++r->p2p_sent[q->peer];
+    kvps_ring__hdr h = kvps_ring__p2p_hdr(r, sync ? KVPS_RING__P2P_SYNC : KVPS_RING__P2P_EAGER, q->seq, q->tag, q->dtype,
+                                          q->count);
+    zmq_msg_t m;
+    if (sync) {
+        q->tok = (kvps_ring__tok *)calloc(1, sizeof *q->tok);
+        if (!q->tok) return KVPS_ERR_NOMEM;
+        q->tok->refs = 2;
+        if (zmq_msg_init_data(&m, q->buf, bytes, kvps_ring__tok_free, q->tok) != 0) {
+            free(q->tok);
+            q->tok = NULL;
+            return KVPS_ERR_NOMEM;
+        }
+    } else if (kvps__msg_from_buf(&m, q->buf, bytes) != 0) {
+        return KVPS_ERR_NOMEM;
+    }
+    kvps_result rc = kvps_ring__p2p_post(r, q->peer, &h, &m);
+    if (rc != KVPS_OK) {
+        char call[96];
+        kvps_ring__p2p_end(q, rc, "rank %d: %s: %s", r->rank, kvps_ring__p2p_call_text(q, call, sizeof call),
+                           rc == KVPS_ERR_PEER ? "no connection (the peer is gone)" : kvps_result_str(rc));
+        return rc;
+    }
+    if (!sync) kvps_ring__p2p_end(q, KVPS_OK, NULL);
+    return KVPS_OK;
+}
+
+/* Receive q takes kept message e (its rank and tag): the data, or a refusal to both sides. */
+static void kvps_ring__p2p_take(kvps_ring *r, kvps_ring__p2p *q, kvps_ring__stash *e) {
+    const kvps_ring__hdr *h = &e->h;
+    kvps_ring__hdr a;
+    if (h->count != q->count || h->dtype != (uint8_t)q->dtype) {
+        char mm[200];
+        kvps_ring__p2p_mm_text(mm, sizeof mm, r->rank, q->peer, q->tag, q->count, q->dtype, h->count, h->dtype);
+        kvps_ring__p2p_end(q, KVPS_ERR_MISMATCH, "%s", mm);
+        a = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_NACK, h->seq, q->tag, q->dtype, q->count);
+        zmq_msg_t echo; /* the header refused: the sender names what it sent */
+        if (kvps__msg_from_buf(&echo, h, sizeof *h) == 0) kvps_ring__p2p_post(r, q->peer, &a, &echo);
+    } else {
+        size_t bytes = q->count * kvps_dtype_size(q->dtype);
+        if (bytes) memcpy(q->buf, zmq_msg_data(&e->payload), bytes);
+        kvps_ring__p2p_end(q, KVPS_OK, NULL);
+        if (h->op == KVPS_RING__P2P_SYNC) {
+            a = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_ACK, h->seq, q->tag, q->dtype, q->count);
+            zmq_msg_t none;
+            zmq_msg_init(&none);
+            kvps_ring__p2p_post(r, q->peer, &a, &none); /* (a lost answer times the sender out, which names us) */
+        }
+    }
+    zmq_msg_close(&e->payload);
+    free(e);
+}
+
+/* Matches what is kept with this rank's requests (see the section's top). Returns an error when
+   a refusal answers no request still waiting (an eager send that has returned): the call that
+   sees it fails with it. */
+static kvps_result kvps_ring__p2p_progress(kvps_ring *r) {
+    kvps_result rc = KVPS_OK;
+    for (kvps_ring__stash **pp = &r->p2p_in; *pp;) {
+        kvps_ring__stash *e = *pp;
+        int kind = e->h.op;
+        if (kind != KVPS_RING__P2P_ACK && kind != KVPS_RING__P2P_NACK) { pp = &e->next; continue; }
+        kvps_ring__p2p *q = r->p2p_reqs;
+        while (q && !(q->is_send && !q->done && q->peer == e->h.src && q->seq == e->h.seq)) q = q->next;
+        if (kind == KVPS_RING__P2P_ACK) {
+            if (q) kvps_ring__p2p_end(q, KVPS_OK, NULL);
+        } else {
+            char t[320];
+            kvps_ring__p2p_nack_text(r, e, t, sizeof t);
+            if (q) kvps_ring__p2p_end(q, KVPS_ERR_MISMATCH, "%s", t);
+            else if (rc == KVPS_OK) rc = kvps_ring__fail(r, KVPS_ERR_MISMATCH, "%s", t);
+        }
+        kvps_ring__fifo_cut(pp, &r->p2p_in_tail);
+        zmq_msg_close(&e->payload);
+        free(e);
+    }
+    for (kvps_ring__p2p *q = r->p2p_reqs; q; q = q->next) {
+        if (q->is_send || q->done) continue;
+        for (kvps_ring__stash **pp = &r->p2p_in; *pp; pp = &(*pp)->next) {
+            const kvps_ring__hdr *h = &(*pp)->h;
+            if ((h->op == KVPS_RING__P2P_EAGER || h->op == KVPS_RING__P2P_SYNC) && h->src == q->peer && h->tag == q->tag) {
+                kvps_ring__p2p_take(r, q, kvps_ring__fifo_cut(pp, &r->p2p_in_tail));
+                break;
+            }
+        }
+    }
+    return rc;
+}
+
+/* A p2p call failed: the ring is broken, as after any error (section 5), and the peers are told,
+   so that one waiting for this rank fails at once rather than at its timeout. Zero-copy sends
+   still in ZeroMQ's hands are given up to a second to go out (their buffers are the caller's). */
+static void kvps_ring__p2p_break(kvps_ring *r, kvps_result rc) {
+    if (rc == KVPS_OK || rc == KVPS_ERR_INVALID_ARG || rc == KVPS_ERR_INVALID_REQ || r->broken) return;
+    kvps__log(KVPS_LOG_WARN, "ring %d: %s: %s", r->rank, kvps_result_str(rc), r->errmsg);
+    if (rc != KVPS_ERR_PEER) {
+        for (int i = 0; i < r->size; i++) {
+            if (i == r->rank) continue;
+            kvps_ring__hdr h = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_ABORT, 0, 0, 0, (uint64_t)(int64_t)rc);
+            zmq_msg_t m;
+            if (kvps__msg_from_buf(&m, r->errmsg, strlen(r->errmsg)) == 0) kvps_ring__p2p_post(r, i, &h, &m);
+        }
+    }
+    r->broken = 1;
+    int held = 0;
+    for (int64_t until = kvps__now_ms() + 1000;; sched_yield()) {
+        held = 0;
+        for (kvps_ring__p2p *q = r->p2p_reqs; q; q = q->next) held += !kvps_ring__p2p_released(q);
+        if (!held || kvps__now_ms() > until) break;
+    }
+    if (held) { /* drop them: the caller may free its buffers once the calls return */
+        for (int i = 0; i < r->size; i++)
+            if (r->dealers[i]) { zmq_close(r->dealers[i]); r->dealers[i] = NULL; }
+    }
+}
+
+/* Drives q until it is done (and a zero-copy send's buffer is let go of) or deadline. fatal:
+   the deadline is the ring's timeout, and missing it fails q; else KVPS_ERR_TIMEOUT leaves q
+   to a later wait. */
+static kvps_result kvps_ring__p2p_drive(kvps_ring *r, kvps_ring__p2p *q, int64_t deadline, int fatal) {
+    for (;;) {
+        kvps_ring__p2p_pump(r);
+        kvps_result rc = kvps_ring__p2p_progress(r);
+        if (rc != KVPS_OK) {
+            if (!q->done) kvps_ring__p2p_end(q, rc, "%s", r->errmsg);
+            return rc;
+        }
+        if (q->done && kvps_ring__p2p_released(q)) {
+            if (q->result != KVPS_OK) kvps_ring__fail(r, q->result, "%s", q->why);
+            return q->result;
+        }
+        char call[96];
+        if (!q->done && r->p2p_gone[q->peer]) {
+            kvps_ring__p2p_end(q, KVPS_ERR_PEER, "rank %d: %s: rank %d's ring failed%s%s", r->rank,
+                               kvps_ring__p2p_call_text(q, call, sizeof call), q->peer,
+                               r->p2p_why_rank == q->peer ? ": " : "", r->p2p_why_rank == q->peer ? r->p2p_why : "");
+            return kvps_ring__fail(r, KVPS_ERR_PEER, "%s", q->why);
+        }
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) {
+            if (!fatal) return KVPS_ERR_TIMEOUT;
+            kvps_ring__p2p_end(q, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d in %s%s", r->rank,
+                               r->desc.timeout_ms, q->peer, kvps_ring__p2p_call_text(q, call, sizeof call),
+                               q->done ? " (for ZeroMQ to let go of the buffer)" : q->is_send ? " (for the receiver's answer)" : "");
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "%s", q->why);
+        }
+        zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
+        /* done but the frame not let go of: ZeroMQ's I/O thread is about to; look again soon */
+        if (zmq_poll(&it, 1, q->done ? 1 : (long)left) < 0 && zmq_errno() != EINTR)
+            return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+    }
+}
+
+static void kvps_ring__p2p_unlink(kvps_ring *r, kvps_ring__p2p *q) {
+    for (kvps_ring__p2p **pp = &r->p2p_reqs; *pp; pp = &(*pp)->next)
+        if (*pp == q) { *pp = q->next; break; }
+    kvps_ring__tok_unref(&q->tok);
+    if (q->on_heap) free(q);
+}
+
+static kvps_ring__p2p *kvps_ring__p2p_find(kvps_ring *r, kvps_ring_req req) {
+    kvps_ring__p2p *q = r->p2p_reqs;
+    while (q && q->id != req) q = q->next;
+    return q;
+}
+
+/* The checks of a send's or receive's arguments, with a message. */
+static kvps_result kvps_ring__p2p_args(kvps_ring *r, int is_send, const void *buf, size_t count, kvps_dtype dt, int peer) {
+    const char *call = is_send ? "send" : "recv", *who = is_send ? "dst" : "src";
+    if (r->broken) return KVPS_ERR_STATE;
+    if (!r->connected) return kvps_ring__fail(r, KVPS_ERR_STATE, "kvps_ring_connect has not been called");
+    if (peer < 0 || peer >= r->size)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: %s: %s %d is not a rank of this ring (0..%d)", r->rank, call,
+                               who, peer, r->size - 1);
+    if (kvps_dtype_size(dt) == 0)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: %s: dtype %d is not a kvps_dtype", r->rank, call, (int)dt);
+    if (count > ((size_t)1 << 40) / kvps_dtype_size(dt))
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: %s: count %zu is too large", r->rank, call, count);
+    if (!buf && count)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: %s: buffer NULL with count %zu", r->rank, call, count);
+    return KVPS_OK;
+}
+
+/* A send or receive: started, then (out NULL) driven to its end, or (out) left as a request. */
+static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *buf, size_t count, kvps_dtype dt,
+                                        int peer, uint32_t tag, kvps_ring_req *out) {
+    if (!r) return KVPS_ERR_INVALID_ARG;
+    if (out) *out = 0;
+    kvps_ring__p2p_enter(r);
+    r->errmsg[0] = 0;
+    kvps_result rc = kvps_ring__p2p_args(r, is_send, buf, count, dt, peer);
+    kvps_ring__p2p local, *q = &local;
+    if (rc == KVPS_OK && out && !(q = (kvps_ring__p2p *)malloc(sizeof *q))) rc = KVPS_ERR_NOMEM;
+    if (rc != KVPS_OK) { kvps_ring__p2p_leave(r); return rc; }
+    memset(q, 0, sizeof *q);
+    q->on_heap = out != NULL;
+    q->is_send = is_send;
+    q->peer = peer;
+    q->tag = tag;
+    q->dtype = dt;
+    q->count = count;
+    q->buf = (void *)(uintptr_t)buf;
+    pthread_mutex_lock(&r->mu);
+    q->id = ++r->next_id;
+    pthread_mutex_unlock(&r->mu);
+    kvps_ring__p2p **tail = &r->p2p_reqs; /* in the order started: receives match in that order */
+    while (*tail) tail = &(*tail)->next;
+    *tail = q;
+    /* first what has come: a refusal of an earlier eager send fails this call (section 7) */
+    kvps_ring__p2p_pump(r);
+    rc = kvps_ring__p2p_progress(r);
+    if (rc == KVPS_OK && is_send) rc = kvps_ring__p2p_send_now(r, q);
+    if (rc == KVPS_OK && !out) rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + r->desc.timeout_ms, 1);
+    if (rc != KVPS_OK) {
+        if (q->why[0]) kvps_ring__fail(r, rc, "%s", q->why);
+        kvps_ring__p2p_break(r, rc);
+    }
+    if (!out || rc != KVPS_OK) kvps_ring__p2p_unlink(r, q);
+    else *out = q->id;
+    kvps_ring__p2p_leave(r);
+    return rc;
+}
+
+/* kvps_ring_wait (done NULL: up to timeout_ms, < 0 the ring's timeout, which fails the request)
+   and kvps_ring_test (done: a look, no wait) of a p2p request. */
+static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int timeout_ms, int *done) {
+    kvps_ring__p2p_enter(r);
+    kvps_result rc;
+    if (r->broken) { /* an answer already kept may still say how q ended */
+        kvps_ring__p2p_progress(r);
+        rc = q->done && kvps_ring__p2p_released(q) ? q->result : KVPS_ERR_STATE;
+        if (rc != KVPS_OK && q->done) kvps_ring__fail(r, rc, "%s", q->why);
+    } else {
+        r->errmsg[0] = 0;
+        int fatal = !done && timeout_ms < 0;
+        rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + (done ? 0 : timeout_ms < 0 ? r->desc.timeout_ms : timeout_ms), fatal);
+        if (rc == KVPS_ERR_TIMEOUT && !fatal && !q->done) { /* not done yet: q stays */
+            kvps_ring__p2p_leave(r);
+            return done ? KVPS_OK : kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: wait: request %llu not done within %d ms",
+                                                    r->rank, (unsigned long long)q->id, timeout_ms);
+        }
+        kvps_ring__p2p_break(r, rc);
+    }
+    if (done) *done = 1;
+    kvps_ring__p2p_unlink(r, q);
+    kvps_ring__p2p_leave(r);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_ring_send(kvps_ring *r, const void *buf, size_t count, kvps_dtype dt, int dst, uint32_t tag) {
+    return kvps_ring__p2p_start(r, 1, buf, count, dt, dst, tag, NULL);
+}
+KVPS_API kvps_result kvps_ring_recv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag) {
+    return kvps_ring__p2p_start(r, 0, buf, count, dt, src, tag, NULL);
+}
+KVPS_API kvps_result kvps_ring_isend(kvps_ring *r, const void *buf, size_t count, kvps_dtype dt, int dst, uint32_t tag,
+                                     kvps_ring_req *out) {
+    return out ? kvps_ring__p2p_start(r, 1, buf, count, dt, dst, tag, out) : KVPS_ERR_INVALID_ARG;
+}
+KVPS_API kvps_result kvps_ring_irecv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag,
+                                     kvps_ring_req *out) {
+    return out ? kvps_ring__p2p_start(r, 0, buf, count, dt, src, tag, out) : KVPS_ERR_INVALID_ARG;
 }
 
 // >>api
@@ -1810,12 +2422,20 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
     if (r->zc) r->zc->refs = 1;
     r->view_buf = (int *)calloc((size_t)r->size * 3, sizeof *r->view_buf);
+    r->p2p_in_tail = &r->p2p_in;
+    r->held_tail = &r->held;
+    r->p2p_eager = KVPS_RING__P2P_EAGER_MAX;
+    r->p2p_sent = (uint32_t *)calloc((size_t)r->size, sizeof *r->p2p_sent);
+    r->p2p_next = (uint32_t *)malloc((size_t)r->size * sizeof *r->p2p_next);
+    r->p2p_gone = (unsigned char *)calloc((size_t)r->size, 1);
+    for (int i = 0; r->p2p_next && i < r->size; i++) r->p2p_next[i] = 1; /* messages are numbered from 1 */
     if (desc->groups) {
         int *g = (int *)malloc((size_t)r->size * sizeof *g);
         if (g) memcpy(g, desc->groups, (size_t)r->size * sizeof *g);
         r->desc.groups = g;
     }
-    if (!r->dealers || !r->zc || !r->view_buf || (desc->groups && !r->desc.groups)) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    if (!r->dealers || !r->zc || !r->view_buf || (desc->groups && !r->desc.groups) || !r->p2p_sent || !r->p2p_next ||
+        !r->p2p_gone) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
     r->desc.peers = NULL;
     kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &r->desc.io_cpus, &r->ctx, &r->own_ctx);
     if (crc != KVPS_OK) { kvps_ring_destroy(&r); return crc; }
@@ -1901,6 +2521,9 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     }
     kvps_ring__tl_destroy(r);
     while (r->stash) { kvps_ring__stash *e = r->stash; r->stash = e->next; zmq_msg_close(&e->payload); free(e); }
+    while (r->p2p_in) { kvps_ring__stash *e = r->p2p_in; r->p2p_in = e->next; zmq_msg_close(&e->payload); free(e); }
+    while (r->held) { kvps_ring__stash *e = r->held; r->held = e->next; zmq_msg_close(&e->payload); free(e); }
+    while (r->p2p_reqs) kvps_ring__p2p_unlink(r, r->p2p_reqs);
     while (r->head) { kvps_ring__job *j = r->head; r->head = j->next; free(j); }
     while (r->finished) { kvps_ring__job *j = r->finished; r->finished = j->next; free(j); }
     if (r->dealers) {
@@ -1921,6 +2544,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
     free(r->dealers); free(r->view_buf); free(r->work); free(r->scratch);
+    free(r->p2p_sent); free(r->p2p_next); free(r->p2p_gone);
     free(r);
 }
 

@@ -1,7 +1,8 @@
 /* fuzz_ring - kvps_ring.h's receive path: what rank 0 of a 2-rank ring does with whatever
    arrives claiming to be from rank 1 (headers checked, pieces stashed, mismatches and aborts
    told apart, 16-bit wire data widened, top-k (index, value) pairs gathered), for each kind of
-   collective (fuzz_ring_ops.h). The input's messages are queued on rank 0's socket from a
+   collective, and point-to-point messages (data eager and answered, ACK, NACK, abort: kept,
+   matched by rank and tag, refusals reported; fuzz_ring_ops.h 14..17). The input's messages are queued on rank 0's socket from a
    DEALER, then rank 0 runs the collective with a 2 ms timeout (then a barrier, when the first
    call succeeded, so that late and early pieces of the next collective are looked at too).
 

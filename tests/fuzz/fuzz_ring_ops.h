@@ -4,10 +4,10 @@
 #ifndef KVPS_FUZZ_RING_OPS_H
 #define KVPS_FUZZ_RING_OPS_H
 
-enum { FZ_RING_OPS = 14 };
+enum { FZ_RING_OPS = 18 }; /* 14..17: point-to-point, rank 1 sending to rank 0 */
 
-/* Runs collective `which` with `count` elements per rank on r (rank `rank` of 2), on buffers it
-   owns; returns the call's result. */
+/* Runs collective (or p2p exchange) `which` with `count` elements per rank on r (rank `rank` of
+   2), on buffers it owns; returns the call's result (the first failure). */
 static inline kvps_result fz_ring_op(kvps_ring *r, int rank, int which, size_t count) {
     size_t n2 = 2 * count + 1; /* room for the largest per-call layout (count * size) */
     double *a = (double *)calloc(n2, sizeof(double)), *b = (double *)calloc(n2, sizeof(double));
@@ -40,6 +40,48 @@ static inline kvps_result fz_ring_op(kvps_ring *r, int rank, int which, size_t c
     case 13:
         op.coll = KVPS_COLL_REDUCE; op.dtype = KVPS_INT32; op.op = KVPS_MIN; op.root = 0; op.algo = KVPS_ALGO_RING;
         rc = kvps_ring_run(r, &op);
+        break;
+    case 14: /* a blocking receive of float32 on tag 7 */
+        rc = rank ? kvps_ring_send(r, fa, count, KVPS_FLOAT32, 0, 7) : kvps_ring_recv(r, fb, count, KVPS_FLOAT32, 1, 7);
+        break;
+    case 15: { /* int64 on tags 1 and 2: sent 2 then 1, a posted receive of 1, a blocking one of 2 */
+        kvps_ring_req q1, q2;
+        if (rank) {
+            rc = kvps_ring_isend(r, a, count, KVPS_INT64, 0, 2, &q2);
+            if (rc == KVPS_OK) rc = kvps_ring_isend(r, b, count, KVPS_INT64, 0, 1, &q1);
+            if (rc == KVPS_OK) rc = kvps_ring_wait(r, q2, -1);
+            if (rc == KVPS_OK) rc = kvps_ring_wait(r, q1, -1);
+        } else {
+            rc = kvps_ring_irecv(r, a, count, KVPS_INT64, 1, 1, &q1);
+            if (rc == KVPS_OK) rc = kvps_ring_recv(r, b, count, KVPS_INT64, 1, 2);
+            if (rc == KVPS_OK) rc = kvps_ring_wait(r, q1, -1);
+        }
+        break;
+    }
+    case 16: { /* a send that wants an answer (over the eager limit, made 0 here): ACK to it */
+        size_t eager = r->p2p_eager;
+        r->p2p_eager = 0;
+        rc = rank ? kvps_ring_send(r, a, count, KVPS_FLOAT64, 0, 3) : kvps_ring_recv(r, b, count, KVPS_FLOAT64, 1, 3);
+        r->p2p_eager = eager;
+        break;
+    }
+    case 17: /* rank 0's eager send refused (NACK), then an answer (ACK) and an abort: its next call */
+        if (rank) {
+            kvps_ring__hdr h = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_NACK, 1, 9, KVPS_FLOAT32, count + 1);
+            kvps_ring__hdr sent = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_EAGER, 1, 9, KVPS_FLOAT32, count);
+            sent.src = 0;
+            zmq_msg_t m;
+            if (kvps__msg_from_buf(&m, &sent, sizeof sent) == 0) kvps_ring__p2p_post(r, 0, &h, &m);
+            h = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_ACK, 2, 9, KVPS_FLOAT32, count);
+            zmq_msg_init(&m);
+            kvps_ring__p2p_post(r, 0, &h, &m);
+            h = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_ABORT, 0, 0, 0, (uint64_t)(int64_t)KVPS_ERR_MISMATCH);
+            if (kvps__msg_from_buf(&m, "rank 1: recv from rank 0 tag 9", 30) == 0) kvps_ring__p2p_post(r, 0, &h, &m);
+            rc = KVPS_OK;
+        } else {
+            rc = kvps_ring_send(r, fa, count, KVPS_FLOAT32, 1, 9);
+            if (rc == KVPS_OK) rc = kvps_ring_recv(r, fb, count, KVPS_FLOAT32, 1, 9);
+        }
         break;
     }
     free(a);

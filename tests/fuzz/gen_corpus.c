@@ -568,7 +568,8 @@ static void ring_seed(int which, size_t count) {
     zmq_ctx_term(ctx);
     static const char *names[FZ_RING_OPS] = {"allreduce", "allreduce_fp16", "allreduce_bf16", "topk", "allgather",
                                              "broadcast", "reduce_scatter", "alltoall", "gather", "scatter", "barrier",
-                                             "allreduce_f16_prod", "ring_avg", "reduce_ring"};
+                                             "allreduce_f16_prod", "ring_avg", "reduce_ring", "p2p_recv", "p2p_tags",
+                                             "p2p_answered", "p2p_refused"};
     char name[64];
     snprintf(name, sizeof name, "%s_%zu", names[which], count);
     save("fuzz_ring", name, &b);
@@ -577,6 +578,7 @@ static void ring_seed(int which, size_t count) {
 static void ring_seeds(void) {
     for (int w = 0; w < FZ_RING_OPS; w++) ring_seed(w, w == 12 || w == 13 ? 40 : 8);
     ring_seed(0, 0);
+    ring_seed(14, 0);
 }
 
 /* ---- checkpoints: [mode][file], see fuzz_ckpt.c -------------------------------------------- */
@@ -683,16 +685,15 @@ static void repl_seeds(void) {
     kvps_server_destroy(&s);
 }
 
+/* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
 int main(int argc, char **argv) {
-    if (argc != 2) { fprintf(stderr, "usage: gen_corpus <dir>\n"); return 2; }
+    static const struct { const char *target; void (*fn)(void); } gens[] = {
+        {"fuzz_server", server_seeds}, {"fuzz_codec", codec_seeds}, {"fuzz_env", env_seeds}, {"fuzz_reply", reply_seeds},
+        {"fuzz_ring", ring_seeds},     {"fuzz_ckpt", ckpt_seeds},   {"fuzz_repl", repl_seeds}};
+    if (argc != 2 && argc != 3) { fprintf(stderr, "usage: gen_corpus <dir> [target]\n"); return 2; }
     root = argv[1];
     if (mkdir(root, 0755) != 0 && errno != EEXIST) { perror(root); return 1; }
-    server_seeds();
-    codec_seeds();
-    env_seeds();
-    reply_seeds();
-    ring_seeds();
-    ckpt_seeds();
-    repl_seeds();
+    for (size_t i = 0; i < sizeof gens / sizeof gens[0]; i++)
+        if (argc == 2 || strcmp(argv[2], gens[i].target) == 0) gens[i].fn();
     return 0;
 }
