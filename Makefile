@@ -13,16 +13,19 @@ B       ?= build
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
-HEADERS  := kvps.h kvps_ring.h kvps_gpu.h tests/kvps_test.h tests/kt_coll.h
+HEADERS  := kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
 
 .PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
-# The OpenMPI peer of bench_ring, built where mpicc is (bench_ring runs without it and says so).
+# The OpenMPI peers of bench_ring and bench_fusion, built where mpicc is (the benches run without
+# them and say so).
 MPICC   ?= mpicc
-MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce)
+MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce $(B)/mpi_fusion)
 
 all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
 
 $(B)/mpi_allreduce: bench/mpi_allreduce.c bench/bench_cpu.h examples/clock.h | $(B) deps
+	$(MPICC) -O2 -Wall -Wextra $< -o $@
+$(B)/mpi_fusion: bench/mpi_fusion.c bench/resnet50.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 # The placement simulation of issue 18: plain C99 + libm (no kvps.h, no ZeroMQ, so no deps).

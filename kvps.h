@@ -129,6 +129,17 @@
    made). At most 63 reshards per
    placement. Not done: sparse tables cannot move (refused with KVPS_ERR_STATE), CURVE workers
    cannot grow (their keys are not kept). bench/placement_sim.c compares placements at scale.
+   FUSION. A model of many small tensors (ResNet-50: 161) costs a message per slice per call,
+   and small messages cost round trips. kvps_worker_push_tensors / pull_tensors /
+   pushpull_tensors take a list of tensors and send each server one message with all of its
+   slices of all of them (split at fusion_bytes, 4 MiB), one request for the caller; BSP results
+   are the same bits as one request per tensor (tests/test_fuse.c). A tensor's priority
+   (kvps_worker_tensor_priority, default 0) orders the slices in those messages, highest first,
+   and, with credit_bytes set, orders every request: at most credit_bytes are in flight to one
+   server (one message always is), the rest wait in the worker and go highest priority first as
+   replies come back, so an early layer's pull made late overtakes the bulk of later layers'
+   pushes (BytePS's scheduling). Among peers the same idea is kvps_fuse.h (buckets for
+   kvps_ring all-reduces).
 
    5. CONSISTENCY AND UPDATE RULES
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
@@ -461,6 +472,9 @@
         .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL,
         KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
         programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
+        FUSION: kvps_worker_push_tensors / pull_tensors / pushpull_tensors,
+        kvps_worker_tensor_priority, desc fields fusion_bytes and credit_bytes (last in the
+        desc); kvps_fuse.h (kvps_ring_allreduce_many, kvps_fuse_*).
         RESHARD: kvps_worker_reshard, ops KEYS, EXPORT, IMPORT, DROP, PLACE; placement through
         virtual shards (the same servers as before until a reshard); checkpoint version 2
         records the placement (version 1 files are still read); HELLO's last 8 bytes carry the
@@ -722,6 +736,8 @@ typedef struct kvps_server_stats {
    | io_cpus       | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
    | timeline      | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
    | failover_ms   | 1000: a shard's server unreachable this long: the next replica (REPLICAS) |
+   | fusion_bytes  | 4 MiB: a fused request's message to one server carries slices up to this (FUSION) |
+   | credit_bytes  | 0: every message goes at once; else the bytes in flight to one server, the rest wait, highest priority first (FUSION) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
@@ -747,6 +763,8 @@ typedef struct kvps_worker_desc {
                              KVPS_TIMELINE environment variable, else none; "": none */
     int failover_ms; /* REPLICAS: a shard's server unreachable this long: move to its next replica
                         (1000) */
+    size_t fusion_bytes; /* FUSION: the most one message of a fused request carries (4 MiB) */
+    size_t credit_bytes; /* FUSION: bytes in flight to one server (0: no limit); the rest wait, by priority */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -915,6 +933,20 @@ KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t,
                                                  const float *grad, float *vals, kvps_req *out);
 KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals,
                                              kvps_req *out);
+/* FUSION: several tensors in one request (as Horovod's tensor fusion and PyTorch DDP's buckets):
+   each server gets one message carrying all of its slices of all of them (split at
+   fusion_bytes), instead of one per slice. grads[i] / vals[i] belong to ts[i]; a tensor at most
+   once. Slices go out in the order of the tensors' priorities (kvps_worker_tensor_priority,
+   highest first), then of the list. Tensors with a codec go as their own messages, in the same
+   request. One handle: wait for it as for any request. */
+KVPS_API kvps_result kvps_worker_push_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
+                                              kvps_req *out);
+KVPS_API kvps_result kvps_worker_pull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, float *const *vals,
+                                              kvps_req *out);
+KVPS_API kvps_result kvps_worker_pushpull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
+                                                  float *const *vals, kvps_req *out);
+/* A tensor's priority (default 0): among a fused request's slices, higher ones go first. */
+KVPS_API kvps_result kvps_worker_tensor_priority(kvps_worker *w, kvps_tensor t, int priority);
 /* Zero-copy pull (ps-lite's ZPull): the values stay in the received ZeroMQ messages and *view
    points into them, so nothing is copied on this worker. *view is created by the call (NULL on
    an immediate error) and is the caller's to release with kvps_view_release, whatever the
@@ -1198,6 +1230,7 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <limits.h>
 #include <sched.h>
 #include <math.h>
 #if defined(__GLIBC__)
@@ -6636,6 +6669,9 @@ typedef struct kvps__req {
                             slice per server, chained: the next round's request, 0 for the last */
     uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
     uint8_t ctl;         /* a request of the worker's own (KVPS__OP_HELLO, NAME, BYE), 0 for the caller's */
+    int prio;            /* FUSION: its messages' priority (its tensor's; a fused round's highest) */
+    uint64_t *sbytes;    /* credit_bytes set: per server, the bytes of its message in flight (0: none) */
+    uint8_t *queued;     /* credit_bytes set: per server, its message waits in the worker's queue */
     int tl_op;           /* timeline on: the op (0: not drawn), when posted (ns), bytes, keys or rows */
     uint64_t tl_t0, tl_bytes, tl_n;
 } kvps__req;
@@ -6663,6 +6699,8 @@ typedef struct kvps__tensor_info {
     kvps_tensor_stats st;
     kvps_result bad;  /* a server refused its name (another worker registered it otherwise) */
     char *bad_text;
+    int prio;         /* FUSION: higher goes first */
+    uint64_t fstamp;  /* FUSION: marks a tensor already in the list being sent */
 } kvps__tensor_info;
 
 struct kvps_worker {
@@ -6684,6 +6722,11 @@ struct kvps_worker {
     int place_fixed;   /* a keyed request has gone out: the placement can no longer be taken from a
                           server's hello answer */
     int hellos_heard;  /* hello answers (kvps__place_ready waits for the first) */
+    /* FUSION, credit_bytes set: bytes in flight per server, and the messages waiting for credit */
+    uint64_t *inflight;
+    struct kvps__qent *cq;
+    size_t ncq, cap_cq;
+    uint64_t cq_seq;
     zmq_msg_t ctl_reply; /* the values of the last KEYS / EXPORT answer (a reshard's) */
     uint64_t *rstamp, round_stamp; /* per server: kvps__round_end's marks */
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
@@ -6735,6 +6778,8 @@ static void kvps__req_unref(kvps__req *q) {
         free(q->dest);
         free(q->state);
         free(q->dups);
+        free(q->sbytes);
+        free(q->queued);
         free(q);
     }
 }
@@ -6811,6 +6856,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
+    w->desc.fusion_bytes = kvps__def(desc->fusion_bytes, (size_t)4 << 20);
     kvps_result r = KVPS_OK;
     w->n = kvps__split(desc->servers, &w->endpoints);
     if (w->n < 1) {
@@ -6839,6 +6885,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->place.n[0] = (uint32_t)w->n;
     w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
     w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
+    w->inflight = (uint64_t *)calloc((size_t)w->n, sizeof *w->inflight);
     if (!w->vmap || !w->rstamp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
     for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
@@ -6923,7 +6970,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->bad_text);
     }
     for (int i = 0; w->reps && i < w->n; i++) kvps__free_strv(w->reps[i], w->nrep[i]);
-    free(w->reps); free(w->nrep); free(w->cur); free(w->vmap); free(w->rstamp);
+    free(w->reps); free(w->nrep); free(w->cur); free(w->vmap); free(w->rstamp); free(w->inflight); free(w->cq);
     zmq_msg_close(&w->ctl_reply);
     w->reps = NULL;
     kvps__free_strv(w->endpoints, w->n);
@@ -7000,8 +7047,12 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     q->kept = (zmq_msg_t(*)[2])malloc((size_t)w->n * sizeof *q->kept);
     q->nkept = (uint8_t *)calloc((size_t)w->n, 1);
     if (ndest) q->dest = (kvps__dest *)malloc(ndest * sizeof *q->dest);
-    if (!q->dbegin || !q->state || !q->kept || !q->nkept || (ndest && !q->dest)) {
-        free(q->dbegin); free(q->dest); free(q->state); free(q->kept); free(q->nkept); free(q);
+    if (w->desc.credit_bytes) {
+        q->sbytes = (uint64_t *)calloc((size_t)w->n, sizeof *q->sbytes);
+        q->queued = (uint8_t *)calloc((size_t)w->n, 1);
+    }
+    if (!q->dbegin || !q->state || !q->kept || !q->nkept || (ndest && !q->dest) || (w->desc.credit_bytes && (!q->sbytes || !q->queued))) {
+        free(q->dbegin); free(q->dest); free(q->state); free(q->kept); free(q->nkept); free(q->sbytes); free(q->queued); free(q);
         return NULL;
     }
     uint32_t slot = w->free_slots[--w->nfree];
@@ -7012,9 +7063,12 @@ static kvps__req *kvps__req_new(kvps_worker *w, uint64_t ndest) {
     return q;
 }
 
+static void kvps__credit_back(kvps_worker *w, kvps__req *q, int srv);
 static void kvps__req_end(kvps_worker *w, kvps__req *q) {
     uint32_t slot = (uint32_t)(q->id & ((1u << KVPS__SLOT_BITS) - 1)) - 1;
     for (int s = 0; s < w->n; s++) kvps__req_drop_kept(q, s);
+    w->slots[slot] = NULL; /* (gone before any credit it frees lets another message go) */
+    for (int s = 0; q->sbytes && s < w->n; s++) kvps__credit_back(w, q, s);
     w->slots[slot] = NULL;
     w->free_slots[w->nfree++] = slot;
     kvps__req_unref(q);
@@ -7035,6 +7089,69 @@ static kvps__hdr kvps__req_hdr(const kvps_worker *w, const kvps__req *q, int op,
 
 /* Sends request q's message f[0..nf) to server srv, keeping a reference to its frames (no copy
    of the bytes) to re-send after a reconnect; the part is then owed a reply. */
+
+/* ---- FUSION: credit (credit_bytes) ----
+   With credit_bytes set, at most that many bytes of requests are in flight to one server (one
+   message always is); the others wait in the worker's queue and go, highest priority first
+   (first come among equals), as replies come back. A message that jumps the queue (an early
+   layer's pull) then overtakes the bulk queued before it, as BytePS schedules by layer. */
+typedef struct kvps__qent { uint64_t id, seq, bytes; int srv, prio; } kvps__qent;
+
+static uint64_t kvps__frames_bytes(zmq_msg_t *f, int nf) {
+    uint64_t b = 0;
+    for (int j = 0; j < nf; j++) b += zmq_msg_size(&f[j]);
+    return b;
+}
+
+/* Queues q's message to srv when it does not fit the credit left (its frames f are then closed;
+   the kept copies go later): 1 when queued. */
+static int kvps__credit_wait(kvps_worker *w, kvps__req *q, int srv, zmq_msg_t *f, int nf) {
+    uint64_t bytes = kvps__frames_bytes(f, nf);
+    if (!w->inflight[srv] || w->inflight[srv] + bytes <= w->desc.credit_bytes) return 0;
+    if (w->ncq == w->cap_cq) {
+        size_t nc = w->cap_cq ? 2 * w->cap_cq : 64;
+        kvps__qent *ne = (kvps__qent *)realloc(w->cq, nc * sizeof *ne);
+        if (!ne) return 0; /* out of memory: it goes now */
+        w->cq = ne;
+        w->cap_cq = nc;
+    }
+    kvps__qent e = {q->id, ++w->cq_seq, bytes, srv, q->prio};
+    w->cq[w->ncq++] = e;
+    q->queued[srv] = 1;
+    for (int j = 0; j < nf; j++) zmq_msg_close(&f[j]);
+    return 1;
+}
+
+static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv);
+/* Sends what waits for srv while the credit lasts, highest priority first. */
+static void kvps__credit_drain(kvps_worker *w, int srv) {
+    for (;;) {
+        size_t best = w->ncq;
+        for (size_t i = 0; i < w->ncq; i++)
+            if (w->cq[i].srv == srv && (best == w->ncq || w->cq[i].prio > w->cq[best].prio ||
+                                        (w->cq[i].prio == w->cq[best].prio && w->cq[i].seq < w->cq[best].seq)))
+                best = i;
+        if (best == w->ncq) return;
+        kvps__qent e = w->cq[best];
+        if (w->inflight[srv] && w->inflight[srv] + e.bytes > w->desc.credit_bytes) return;
+        w->cq[best] = w->cq[--w->ncq];
+        kvps__req *q = kvps__req_get(w, e.id);
+        if (!q || !q->queued || !q->queued[srv] || !q->nkept[srv]) continue; /* ended, or answered meanwhile */
+        q->queued[srv] = 0;
+        if (kvps__send_kept(w, q, srv) != 0) continue; /* (re-sent when the connection comes back) */
+        q->sbytes[srv] = e.bytes;
+        w->inflight[srv] += e.bytes;
+    }
+}
+
+/* q's message to srv is answered (or q ended): its credit comes back. */
+static void kvps__credit_back(kvps_worker *w, kvps__req *q, int srv) {
+    if (!q->sbytes || !q->sbytes[srv]) return;
+    w->inflight[srv] -= q->sbytes[srv];
+    q->sbytes[srv] = 0;
+    kvps__credit_drain(w, srv);
+}
+
 static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op, zmq_msg_t *f, int nf) {
     kvps__req_drop_kept(q, srv);
     for (int j = 0; j < nf; j++) {
@@ -7042,11 +7159,21 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
         zmq_msg_copy(&q->kept[srv][j], &f[j]);
     }
     q->nkept[srv] = (uint8_t)nf;
+    if (q->sbytes && !q->ctl && kvps__credit_wait(w, q, srv, f, nf)) { /* waits for credit, in the queue */
+        q->pending++;
+        q->sent++;
+        q->state[srv] = 1;
+        return KVPS_OK;
+    }
     if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
         kvps__req_drop_kept(q, srv);
         kvps__log(KVPS_LOG_ERROR, "worker %d: send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
         return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d (%s): send failed: %s", kvps__ops[op].name, srv, kvps__ep(w, srv),
                            zmq_strerror(zmq_errno()));
+    }
+    if (q->sbytes && !q->ctl) {
+        q->sbytes[srv] = kvps__frames_bytes(&q->kept[srv][0], nf);
+        w->inflight[srv] += q->sbytes[srv];
     }
     q->pending++;
     q->sent++;
@@ -7340,7 +7467,7 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     KVPS__GROW(socks, n2); KVPS__GROW(mons, n2); KVPS__GROW(down, n2); KVPS__GROW(refused, n2); KVPS__GROW(hs_cuts, n2);
     KVPS__GROW(hs_val, n2); KVPS__GROW(down_since, n2); KVPS__GROW(up_once, n2); KVPS__GROW(status_text, n2);
     KVPS__GROW(status_got, n2); KVPS__GROW(endpoints, n2); KVPS__GROW(reps, n2); KVPS__GROW(nrep, n2); KVPS__GROW(cur, n2);
-    KVPS__GROW(rstamp, n2);
+    KVPS__GROW(rstamp, n2); KVPS__GROW(inflight, n2);
 #undef KVPS__GROW
     uint32_t *nc = (uint32_t *)realloc(w->count, ((size_t)n2 + 1) * sizeof *nc);
     zmq_pollitem_t *ni = (zmq_pollitem_t *)realloc(w->items, 2 * (size_t)n2 * sizeof *ni);
@@ -7758,6 +7885,7 @@ static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info 
     kvps_result r = KVPS_OK;
     int coded = t->has_push && op != KVPS__OP_INIT; /* initial values go exact */
     q->tensor = (int)(t - w->tensors) + 1;
+    q->prio = t->prio;
     q->coded_pull = t->has_pull && kvps__op_pulls(op);
     if (q->coded_pull) q->pull_c = t->pull_c;
     for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
@@ -7816,6 +7944,154 @@ static kvps_result kvps__tensor_op(kvps_worker *w, int op, kvps_tensor ti, const
 
 KVPS_API kvps_result kvps_worker_push_tensor(kvps_worker *w, kvps_tensor t, const float *grad, kvps_req *out) {
     return kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, out);
+}
+
+/* ---- FUSION: several tensors in one request ----
+   The plain slices of all the tensors, ordered by (priority, place in the list, slice), are
+   dealt to their servers; a round is one message per server, carrying that server's next
+   slices up to fusion_bytes (at least one), and the rounds are chained as a long tensor's are.
+   Tensors with a codec for this op go out as their own rounds (kvps__tensor_round), first. */
+typedef struct kvps__fslice { uint32_t t, i; } kvps__fslice; /* list position, slice */
+
+static int kvps__fused_coded(const kvps__tensor_info *t, int op) {
+    return (t->has_push && kvps__op_has_values(op) && op != KVPS__OP_INIT) || (t->has_pull && kvps__op_pulls(op));
+}
+
+static kvps_result kvps__tensors_op(kvps_worker *w, int op, const kvps_tensor *ts, size_t n, const float *const *vals,
+                                    float *const *dst, kvps_req *out) {
+    const char *call = op == KVPS__OP_PUSH ? "push_tensors" : op == KVPS__OP_PULL ? "pull_tensors" : "pushpull_tensors";
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, call, out);
+    *out = 0;
+    if (n == 0 || n > UINT32_MAX) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: %zu tensors (1 to 2^32 - 1)", call, n);
+    KVPS__NEED(w, call, ts);
+    if (kvps__op_has_values(op)) KVPS__NEED(w, call, vals);
+    if (kvps__op_pulls(op)) KVPS__NEED(w, call, dst);
+    uint64_t stamp = ++w->round_stamp, nplain = 0;
+    for (size_t k = 0; k < n; k++) {
+        KVPS__TENSOR_OK(w, call, ts[k]);
+        kvps__tensor_info *t = &w->tensors[ts[k]];
+        if ((kvps__op_has_values(op) && !vals[k]) || (kvps__op_pulls(op) && !dst[k]))
+            return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: tensor '%s' (list entry %zu): its %s is NULL", call, t->name, k,
+                               kvps__op_has_values(op) && !vals[k] ? "values" : "destination");
+        if (t->bad) return kvps__wfail(w, t->bad, "%s of tensor '%s': %s", call, t->name, t->bad_text ? t->bad_text : "refused");
+        if (t->fstamp == stamp) return kvps__wfail(w, KVPS_ERR_DUP_KEY, "%s: tensor '%s' is in the list twice", call, t->name);
+        t->fstamp = stamp;
+        if (!kvps__fused_coded(t, op)) nplain += t->nslices;
+    }
+    kvps__req *head = NULL, *last = NULL;
+    kvps_result r = KVPS_OK;
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < n && r == KVPS_OK; k++) { /* coded tensors: their own rounds */
+        kvps__tensor_info *t = &w->tensors[ts[k]];
+        bytes += t->len * sizeof(float);
+        if (!kvps__fused_coded(t, op)) continue;
+        for (uint32_t i0 = 0, i1; i0 < t->nslices && r == KVPS_OK; i0 = i1) {
+            i1 = kvps__round_end(w, t, i0);
+            kvps__req *q;
+            r = kvps__tensor_round(w, op, t, i0, i1, vals ? vals[k] : NULL, dst ? dst[k] : NULL, NULL, &q);
+            if (q) r = kvps__chain_link(w, &head, &last, q, r);
+        }
+    }
+    /* the plain slices by server, each server's in (priority, list, slice) order */
+    kvps__fslice *sl = (kvps__fslice *)malloc((nplain + 1) * sizeof *sl);
+    uint32_t *ord = (uint32_t *)malloc((n + 1) * sizeof *ord);
+    size_t *at = (size_t *)calloc((size_t)w->n + 1, sizeof *at), *cur = (size_t *)calloc((size_t)w->n + 1, sizeof *cur);
+    kvps__kent *ents = (kvps__kent *)malloc((nplain + 1) * sizeof *ents);
+    const float **vp = (const float **)malloc((nplain + 1) * sizeof *vp);
+    if (r == KVPS_OK && (!sl || !ord || !at || !cur || !ents || !vp))
+        r = kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %llu slices", call, (unsigned long long)nplain);
+    if (r == KVPS_OK) {
+        for (uint32_t k = 0; k < (uint32_t)n; k++) ord[k] = k;
+        for (uint32_t k = 1; k < (uint32_t)n; k++) /* a stable insertion sort by priority, highest first */
+            for (uint32_t j = k; j > 0 && w->tensors[ts[ord[j - 1]]].prio < w->tensors[ts[ord[j]]].prio; j--) {
+                uint32_t x = ord[j];
+                ord[j] = ord[j - 1];
+                ord[j - 1] = x;
+            }
+        for (size_t k = 0; k < n; k++) { /* a counting sort by server */
+            const kvps__tensor_info *t = &w->tensors[ts[ord[k]]];
+            if (kvps__fused_coded(t, op)) continue;
+            for (uint32_t i = 0; i < t->nslices; i++) at[t->server[i] + 1]++;
+        }
+        for (int s = 0; s < w->n; s++) at[s + 1] += at[s];
+        memcpy(cur, at, ((size_t)w->n + 1) * sizeof *cur);
+        for (size_t k = 0; k < n; k++) {
+            const kvps__tensor_info *t = &w->tensors[ts[ord[k]]];
+            if (kvps__fused_coded(t, op)) continue;
+            for (uint32_t i = 0; i < t->nslices; i++) {
+                kvps__fslice f = {ord[k], i};
+                sl[cur[t->server[i]]++] = f;
+            }
+        }
+        memcpy(cur, at, ((size_t)w->n + 1) * sizeof *cur); /* from here: each server's next slice */
+    }
+    while (r == KVPS_OK) { /* rounds: each server's next slices up to fusion_bytes, one message each */
+        size_t left = 0;
+        for (int s = 0; s < w->n; s++) left += at[s + 1] - cur[s];
+        if (!left) break;
+        kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? left : 0);
+        if (!q) { r = kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)"); break; }
+        uint32_t d = 0;
+        q->prio = INT_MIN; /* the round's highest: a server's first slice is its highest */
+        for (int s = 0; s < w->n; s++)
+            if (cur[s] < at[s + 1] && w->tensors[ts[sl[cur[s]].t]].prio > q->prio) q->prio = w->tensors[ts[sl[cur[s]].t]].prio;
+        for (int s = 0; s < w->n && r == KVPS_OK; s++) {
+            q->dbegin[s] = d;
+            uint32_t b = d;
+            uint64_t mb = 0;
+            int contiguous = 1;
+            for (; cur[s] < at[s + 1]; cur[s]++) {
+                kvps__fslice f = sl[cur[s]];
+                const kvps__tensor_info *t = &w->tensors[ts[f.t]];
+                uint64_t sb = t->slen[f.i] * sizeof(float);
+                if (d > b && mb + sb > w->desc.fusion_bytes) break;
+                mb += sb;
+                ents[d].key = t->keys[f.i];
+                ents[d].len = t->slen[f.i];
+                vp[d] = vals ? vals[f.t] + t->off[f.i] : NULL;
+                if (d > b && vp[d] != vp[d - 1] + ents[d - 1].len) contiguous = 0;
+                if (q->dest) { q->dest[d].ptr = dst[f.t] + t->off[f.i]; q->dest[d].len = t->slen[f.i]; }
+                d++;
+            }
+            if (d > b) r = kvps__send_req(w, q, s, op, ents + b, d - b, vp + b, contiguous ? 1 : d - b, NULL, NULL, NULL, NULL);
+        }
+        q->dbegin[w->n] = d;
+        r = kvps__chain_link(w, &head, &last, q, r);
+    }
+    free(sl); free(ord); free(at); free(cur); free(ents); free(vp);
+    for (size_t k = 0; k < n; k++) {
+        kvps__tensor_info *t = &w->tensors[ts[k]];
+        if (kvps__op_has_values(op)) {
+            t->st.pushes++;
+            if (!kvps__fused_coded(t, op)) {
+                t->st.push_raw_bytes += t->len * sizeof(float);
+                t->st.push_wire_bytes += t->len * sizeof(float);
+            }
+        }
+        if (kvps__op_pulls(op)) t->st.pulls++;
+    }
+    if (w->tl) kvps__tl_post(head, op, bytes, n);
+    return kvps__chain_out(head, r, out);
+}
+
+KVPS_API kvps_result kvps_worker_push_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
+                                              kvps_req *out) {
+    return kvps__tensors_op(w, KVPS__OP_PUSH, ts, n, grads, NULL, out);
+}
+KVPS_API kvps_result kvps_worker_pull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, float *const *vals,
+                                              kvps_req *out) {
+    return kvps__tensors_op(w, KVPS__OP_PULL, ts, n, NULL, vals, out);
+}
+KVPS_API kvps_result kvps_worker_pushpull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
+                                                  float *const *vals, kvps_req *out) {
+    return kvps__tensors_op(w, KVPS__OP_PUSHPULL, ts, n, grads, vals, out);
+}
+KVPS_API kvps_result kvps_worker_tensor_priority(kvps_worker *w, kvps_tensor t, int priority) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__TENSOR_OK(w, "tensor_priority", t);
+    w->tensors[t].prio = priority;
+    return KVPS_OK;
 }
 
 KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
@@ -8228,6 +8504,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     q->pending--;
+    kvps__credit_back(w, q, srv);
     if (q->ctl) {
         kvps__on_ctl_reply(w, q, srv, &h, fr, nfr);
         return;
@@ -8331,13 +8608,17 @@ static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
 static void kvps__resend(kvps_worker *w, int srv) {
     size_t n = 0;
     for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) n++;
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv] &&
+            !(w->slots[i]->queued && w->slots[i]->queued[srv])) /* (a queued one goes when credit allows) */
+            n++;
     if (!n) return;
     kvps__req **v = (kvps__req **)malloc(n * sizeof *v);
     if (!v) return; /* those requests time out instead */
     n = 0;
     for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv]) v[n++] = w->slots[i];
+        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv] &&
+            !(w->slots[i]->queued && w->slots[i]->queued[srv]))
+            v[n++] = w->slots[i];
     qsort(v, n, sizeof *v, kvps__cmp_req);
     for (size_t i = 0; i < n; i++)
         if (kvps__send_kept(w, v[i], srv) != 0) break;

@@ -4,4 +4,5 @@
 #include "kvps.h"
 #include "kvps_ring.h"
 #include "kvps_gpu.h"
+#include "kvps_fuse.h"
 #include "kvps.h" /* a second include is harmless */
