@@ -91,15 +91,12 @@
 #include <zlib.h>
 
 #include "examples/launch.h"
+#include "examples/fmnist_data.h"
+#include "examples/mlp.h"
 
-#define NPIX 784
-#define NCLASS 10
-#define NTRAIN 60000        /* Fashion-MNIST's sizes; servers plan their exit with NTRAIN */
-#define NTEST 10000
 #define MAX_TENSORS 4
 #define WAIT_MS 60000       /* one step or barrier; a step takes milliseconds */
 #define END_WAIT_MS 600000  /* async: the final barrier waits for the slowest worker */
-#define DATA_DIR "/usr/share/datasets/fashion-mnist"
 
 /* ---------------------------------------------------------------------------------------------
    Options */
@@ -289,121 +286,6 @@ static const char *mode_name(const opts *o, char *buf, size_t cap) {
 static float easgd_alpha(const opts *o) { return o->alpha > 0 ? o->alpha : 0.9f / (float)o->workers; }
 
 /* ---------------------------------------------------------------------------------------------
-   Data: idx files (big-endian header: magic, then one u32 per dimension), gzip'd */
-typedef struct dataset {
-    int n;
-    uint8_t *x; /* n * 784 pixels, 0..255 */
-    uint8_t *y; /* n labels, 0..9 */
-} dataset;
-
-static void missing_data_hint(void) {
-    fprintf(stderr,
-            "fmnist: the Fashion-MNIST files come with Debian's dataset-fashion-mnist package:\n"
-            "    sudo apt-get install dataset-fashion-mnist\n"
-            "  (or pass --data DIR for a folder holding train-images-idx3-ubyte.gz and the rest)\n");
-}
-
-static int gz_read_all(gzFile f, void *buf, size_t n) {
-    char *p = (char *)buf;
-    while (n > 0) {
-        unsigned chunk = n > (1u << 24) ? (1u << 24) : (unsigned)n;
-        int got = gzread(f, p, chunk);
-        if (got <= 0) return -1;
-        p += got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
-/* Reads an idx file whose header must be `magic` and `ndim` dimensions; dims[0] is the item
-   count (at most max_items), dims[1..] must equal want[1..]. Returns 0 or prints and returns -1. */
-static int idx_load(const char *dir, const char *file, uint32_t magic, int ndim, const uint32_t *want,
-                    uint32_t max_items, uint32_t *count, uint8_t **out) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    gzFile f = gzopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fmnist: cannot open %s: %s\n", path, errno ? strerror(errno) : "out of memory");
-        missing_data_hint();
-        return -1;
-    }
-    unsigned char hdr[16];
-    uint32_t h[4] = {0, 0, 0, 0};
-    int rc = -1;
-    const char *why = NULL;
-    if (gz_read_all(f, hdr, 4 + 4 * (size_t)ndim) != 0) {
-        why = "truncated header";
-        goto done;
-    }
-    for (int i = 0; i <= ndim; i++)
-        h[i] = (uint32_t)hdr[4 * i] << 24 | (uint32_t)hdr[4 * i + 1] << 16 | (uint32_t)hdr[4 * i + 2] << 8 |
-               (uint32_t)hdr[4 * i + 3];
-    char msg[128];
-    if (h[0] != magic) {
-        snprintf(msg, sizeof msg, "idx magic 0x%08x, expected 0x%08x", h[0], magic);
-        why = msg;
-        goto done;
-    }
-    if (h[1] == 0 || h[1] > max_items) { why = "implausible item count"; goto done; }
-    for (int i = 1; i < ndim; i++) {
-        if (h[i + 1] != want[i]) {
-            snprintf(msg, sizeof msg, "images of %ux%u, expected 28x28", h[2], h[3]);
-            why = msg;
-            goto done;
-        }
-    }
-    size_t per = 1;
-    for (int i = 1; i < ndim; i++) per *= h[i + 1];
-    size_t bytes = (size_t)h[1] * per; /* at most 1e6 * 784: no overflow */
-    *out = (uint8_t *)malloc(bytes);
-    if (!*out) { why = "out of memory"; goto done; }
-    if (gz_read_all(f, *out, bytes) != 0) { why = "truncated data"; goto done; }
-    char extra;
-    if (gzread(f, &extra, 1) != 0) { why = "trailing bytes after the data"; goto done; }
-    *count = h[1];
-    rc = 0;
-done:
-    if (rc != 0) {
-        int zerr = 0;
-        const char *zmsg = gzerror(f, &zerr);
-        fprintf(stderr, "fmnist: %s: %s%s%s\n", path, why, zerr ? ": " : "", zerr ? zmsg : "");
-        free(*out);
-        *out = NULL;
-    }
-    gzclose(f);
-    return rc;
-}
-
-static int dataset_load(const char *dir, const char *prefix, uint32_t want_n, dataset *d) {
-    char fx[64], fy[64];
-    snprintf(fx, sizeof fx, "%s-images-idx3-ubyte.gz", prefix);
-    snprintf(fy, sizeof fy, "%s-labels-idx1-ubyte.gz", prefix);
-    static const uint32_t img_dims[3] = {0, 28, 28};
-    uint32_t nx = 0, ny = 0;
-    d->x = d->y = NULL;
-    if (idx_load(dir, fx, 0x00000803u, 3, img_dims, 1000000u, &nx, &d->x) != 0) return -1;
-    if (idx_load(dir, fy, 0x00000801u, 1, img_dims, 1000000u, &ny, &d->y) != 0) return -1;
-    if (nx != want_n || ny != want_n) {
-        fprintf(stderr, "fmnist: %s: %s holds %u images and %s %u labels; Fashion-MNIST has %u\n", dir, fx,
-                nx, fy, ny, want_n);
-        return -1;
-    }
-    for (uint32_t i = 0; i < ny; i++) {
-        if (d->y[i] >= NCLASS) {
-            fprintf(stderr, "fmnist: %s/%s: label %u of item %u is not 0..9\n", dir, fy, d->y[i], i);
-            return -1;
-        }
-    }
-    d->n = (int)nx;
-    return 0;
-}
-
-/* The training and the test set; 0 or -1. */
-static int datasets_load(const char *dir, dataset *train, dataset *test) {
-    return dataset_load(dir, "train", NTRAIN, train) != 0 || dataset_load(dir, "t10k", NTEST, test) != 0 ? -1 : 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
    Model: layers l = 0..nl-1, weights t[2l] (dim[l] x dim[l+1], row k = input k) and biases
    t[2l+1]. Activations act[0] = input, act[nl] = logits; ReLU between layers. */
 typedef struct net {
@@ -472,23 +354,6 @@ static void scratch_free(const net *n, scratch *s) {
     for (int l = 0; l <= n->nl; l++) { free(s->act[l]); free(s->del[l]); }
 }
 
-/* splitmix64: one seed gives every process the same stream. */
-static uint64_t rng_next(uint64_t *st) {
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(uint64_t *st) { /* (0, 1] */
-    return ((double)(rng_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(uint64_t *st) {
-    double u = rng_uniform(st), v = rng_uniform(st);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
 /* He init for the ReLU layer, Xavier for the layer feeding the softmax; biases zero. */
 static void net_init(const net *n, float **t, uint64_t seed) {
     uint64_t st = seed * 0x2545F4914F6CDD1Dull + 1;
@@ -500,54 +365,13 @@ static void net_init(const net *n, float **t, uint64_t seed) {
     }
 }
 
-/* Same order on every worker: shuffled with (seed, epoch). */
-static void shuffle(int *perm, int n, uint64_t seed, int epoch) {
-    uint64_t st = seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch * 0xD1B54A32D192ED03ull + 7;
-    for (int i = 0; i < n; i++) perm[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(((rng_next(&st) >> 32) * (uint64_t)(i + 1)) >> 32);
-        int tmp = perm[i];
-        perm[i] = perm[j];
-        perm[j] = tmp;
-    }
-}
-
-/* y += a * x. Blocks of 8 with a fixed trip count so -O2 vectorises them. */
-static void axpy(float *restrict y, float a, const float *restrict x, int n) {
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; u++) y[j + u] += a * x[j + u];
-    for (; j < n; j++) y[j] += a * x[j];
-}
-
-static float dot(const float *restrict x, const float *restrict y, int n) {
-    float s = 0.0f;
-    for (int j = 0; j < n; j++) s += x[j] * y[j];
-    return s;
-}
-
 static void net_forward(const net *n, float *const *t, scratch *s) {
-    for (int l = 0; l < n->nl; l++) {
-        const float *a = s->act[l], *w = t[2 * l];
-        float *z = s->act[l + 1];
-        int nin = n->dim[l], nout = n->dim[l + 1];
-        memcpy(z, t[2 * l + 1], (size_t)nout * sizeof *z);
-        for (int k = 0; k < nin; k++) /* about half the pixels and ReLUs are zero: skip them */
-            if (a[k] != 0.0f) axpy(z, a[k], w + (size_t)k * (size_t)nout, nout);
-        if (l + 1 < n->nl)
-            for (int j = 0; j < nout; j++) z[j] = z[j] > 0.0f ? z[j] : 0.0f;
-    }
+    for (int l = 0; l < n->nl; l++)
+        dense_forward(t[2 * l], t[2 * l + 1], n->dim[l], n->dim[l + 1], s->act[l], s->act[l + 1], 1, l + 1 < n->nl);
 }
 
 static void load_input(float *a, const uint8_t *px) {
     for (int k = 0; k < NPIX; k++) a[k] = pix_scale[px[k]];
-}
-
-static int argmax(const float *z, int n) {
-    int best = 0;
-    for (int c = 1; c < n; c++)
-        if (z[c] > z[best]) best = c;
-    return best;
 }
 
 /* Forward and backward for one sample; adds its gradient to g. Returns its cross-entropy. */
@@ -556,27 +380,10 @@ static float sample_grad(const net *n, float *const *t, float *const *g, scratch
     load_input(s->act[0], px);
     net_forward(n, t, s);
     int nl = n->nl;
-    const float *z = s->act[nl];
-    float *d = s->del[nl];
-    int top = argmax(z, NCLASS);
-    float sum = 0.0f;
-    for (int c = 0; c < NCLASS; c++) sum += (d[c] = expf(z[c] - z[top]));
-    for (int c = 0; c < NCLASS; c++) d[c] /= sum;
-    float loss = logf(sum) - (z[label] - z[top]);
-    *correct += top == label;
-    d[label] -= 1.0f; /* d(loss)/d(logits) = softmax - onehot */
-    for (int l = nl - 1; l >= 0; l--) {
-        const float *a = s->act[l], *dl = s->del[l + 1], *w = t[2 * l];
-        float *gw = g[2 * l], *gb = g[2 * l + 1];
-        int nin = n->dim[l], nout = n->dim[l + 1];
-        for (int j = 0; j < nout; j++) gb[j] += dl[j];
-        for (int k = 0; k < nin; k++)
-            if (a[k] != 0.0f) axpy(gw + (size_t)k * (size_t)nout, a[k], dl, nout);
-        if (l > 0) {
-            float *da = s->del[l];
-            for (int k = 0; k < nin; k++) da[k] = a[k] > 0.0f ? dot(w + (size_t)k * (size_t)nout, dl, nout) : 0.0f;
-        }
-    }
+    float loss = softmax_xent(s->act[nl], NCLASS, label, s->del[nl], correct); /* del: softmax - onehot */
+    for (int l = nl - 1; l >= 0; l--)
+        dense_backward(t[2 * l], n->dim[l], n->dim[l + 1], s->act[l], s->del[l + 1], 1, g[2 * l], g[2 * l + 1],
+                       l > 0 ? s->del[l] : NULL);
     return loss;
 }
 
