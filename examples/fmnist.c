@@ -18,17 +18,28 @@
                 (kvps_worker_easgd; the servers accumulate, KVPS_RULE_ACCUMULATE, async); the
                 centre is the model evaluated
      allreduce  no server: the workers are the ranks of a kvps_ring, each step all-reduces the
-                gradients (ring algorithm) and applies the same SGD step locally; every rank
-                holds the same weights
+                gradients (ring algorithm) and applies the same step locally (--optim: sgd, the
+                servers' arithmetic, or momentum or adam); every rank holds the same weights and
+                the whole optimizer state
+     fsdp       fully sharded data parallel, no server: each rank holds 1/M of every layer's
+                parameters (the layer's weights and biases as one vector, zero-padded to a
+                multiple of M) and 1/M of their optimizer state (--optim, adam by default). Layer
+                by layer: all-gather it (kvps_ring_allgather) before its forward pass and free it,
+                again before its backward pass where its input's gradient is needed, reduce-
+                scatter its gradient (kvps_ring_reduce_scatter); each rank updates its block with
+                the same arithmetic as allreduce mode. Test accuracy is computed by every rank on
+                its slice of the test set. Prints each rank's persistent bytes for parameters and
+                optimizer state next to peak RSS (`fmnist: memory per rank: ...`; allreduce mode
+                prints the same line)
    --codec compresses what goes on the wire: pushes to the servers (with error feedback per
    --ef), or in allreduce mode fp16/bf16 on the wire (kvps_ring_allreduce_wire) or top-k
    (kvps_ring_allreduce_topk, with error feedback per --ef).
 
    usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]
-                 [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]
+                 [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce|fsdp] [--seed S]
                  [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]
                  [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]
-                 [--timeout SECONDS] [--kill-primary-at ROUND]
+                 [--timeout SECONDS] [--kill-primary-at ROUND] [--optim sgd|momentum|adam]
 
    Two ways to run it:
    - Standalone (default): the program forks N servers bound to tcp://127.0.0.1:* (each reports
@@ -45,8 +56,8 @@
      or `mpirun -n 6 -x KVPS_SERVERS -x KVPS_NUM_WORKERS ./fmnist` (ranks 0..N-1 serve). Every
      process must get the same options. A server leaves by itself once every worker has
      finished (kvps_worker_finish: its kvps_server_run returns), or on SIGINT/SIGTERM.
-     allreduce mode reads the ring from KVPS_RANK / KVPS_SIZE / KVPS_RING_PEERS (or the MPI and
-     Slurm rank and size; kvps_ring_env_read): `kvps-run -s 0 -w 4 -- ./fmnist --mode allreduce`,
+     allreduce and fsdp modes read the ring from KVPS_RANK / KVPS_SIZE / KVPS_RING_PEERS (or the
+     MPI and Slurm rank and size; kvps_ring_env_read): `kvps-run -s 0 -w 4 -- ./fmnist --mode allreduce`,
      or mpirun with -x KVPS_RING_PEERS=tcp://h1:7000,tcp://h2:7000,... (one per rank).
      Replicated shards: `kvps-run -s 2 --replicas 2 -w 4 -- ./fmnist` (KVPS_SERVERS entries list
      a shard's chain joined by '|'): each server is given its shard's chain, its place in it and
@@ -60,6 +71,10 @@
    (pulled after the last step), every float of fc1.w, fc1.b (MLP: then fc2.w, fc2.b) in order, as
    the bytes in memory (little-endian on x86 and arm64). Runs that differ only in how they are
    launched (standalone, kvps-run, mpirun, replicas, a failover) must print the same line.
+   allreduce and fsdp runs without a codec print the line too (every rank's weights, the ring's
+   sums in a fixed order); with 2 workers the two modes print the same crc32 (a sum of two floats
+   is the same in either order, and fsdp's update is allreduce's on a block), with more they differ
+   in the last bits of the sums.
 
    Test hook: --kill-primary-at ROUND (give it to every process): the server of shard 0,
    replica 0, not started as a replacement, serves from a background thread and raises SIGKILL
@@ -91,19 +106,16 @@
 #include <zlib.h>
 
 #include "examples/launch.h"
+#include "examples/fmnist_data.h"
+#include "examples/mlp.h"
 
-#define NPIX 784
-#define NCLASS 10
-#define NTRAIN 60000        /* Fashion-MNIST's sizes; servers plan their exit with NTRAIN */
-#define NTEST 10000
 #define MAX_TENSORS 4
 #define WAIT_MS 60000       /* one step or barrier; a step takes milliseconds */
 #define END_WAIT_MS 600000  /* async: the final barrier waits for the slowest worker */
-#define DATA_DIR "/usr/share/datasets/fashion-mnist"
 
 /* ---------------------------------------------------------------------------------------------
    Options */
-typedef enum sync_mode { MODE_BSP, MODE_SSP, MODE_ASYNC, MODE_EASGD, MODE_ALLREDUCE } sync_mode;
+typedef enum sync_mode { MODE_BSP, MODE_SSP, MODE_ASYNC, MODE_EASGD, MODE_ALLREDUCE, MODE_FSDP } sync_mode;
 
 typedef struct opts {
     int mlp;         /* 0 softmax regression, 1 MLP */
@@ -124,18 +136,25 @@ typedef struct opts {
     double topk_frac;
     int ef;              /* error feedback for lossy codecs */
     uint64_t kill_at;    /* --kill-primary-at: 0, or the rounds after which shard 0's first primary SIGKILLs itself */
+    int optim;           /* optim_rule (mlp.h): allreduce and fsdp; -1 until resolved (fsdp: adam, else sgd) */
+    int set_lr;
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fmnist [--model softmax|mlp] [--servers N] [--workers M] [--epochs E] [--batch B]\n"
-            "              [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce] [--seed S]\n"
+            "              [--lr LR] [--hidden H] [--mode bsp|ssp:K|async|easgd|allreduce|fsdp] [--seed S]\n"
             "              [--data DIR] [--codec none|fp16|bf16|topk:FRACTION|sign] [--ef 1|0]\n"
             "              [--tau T] [--alpha A] [--decay cosine|none] [--target ACC] [--check]\n"
-            "              [--timeout SECONDS] [--kill-primary-at ROUND]\n"
+            "              [--timeout SECONDS] [--kill-primary-at ROUND] [--optim sgd|momentum|adam]\n"
             "defaults: --model mlp --servers 2 --workers 4 --epochs 15 --batch 128 --lr 0.3 --hidden 128\n"
             "          --mode bsp --seed 1 --data " DATA_DIR " --codec none --ef 1 --decay cosine\n"
             "          --tau 4 --alpha 0.9/workers (easgd) --timeout 900\n"
+            "          --optim sgd (fsdp: adam); lr without --lr: sgd 0.3, momentum 0.03, adam 0.001\n"
+            "--optim   the update rule each rank applies in allreduce and fsdp modes (the servers apply sgd in the\n"
+            "          others); momentum and adam follow the cosine decay through their lr, sgd through its gradients.\n"
+            "--mode fsdp  fully sharded data parallel: each rank holds 1/workers of every layer's parameters and\n"
+            "          optimizer state, all-gathers a layer before using it and reduce-scatters its gradient.\n"
             "A BSP run (bsp, ssp:0) ends with worker 0 printing 'final weights crc32 XXXXXXXX' (zlib's crc32 of\n"
             "the final weights on the servers: fc1.w, fc1.b and, for the MLP, fc2.w, fc2.b).\n"
             "--kill-primary-at ROUND  a test hook for replicated shards (kvps-run -s 2 --replicas 2 -w 4 -- fmnist\n"
@@ -148,7 +167,8 @@ static void usage(FILE *f) {
 /* Returns 0, or 2 after printing what is wrong. Takes "--opt value" and "--opt=value". */
 static int parse_opts(int argc, char **argv, opts *o) {
     *o = (opts){.mlp = 1, .servers = 2, .workers = 4, .epochs = 15, .batch = 128, .hidden = 128,
-                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900, .ef = 1, .tau = 4};
+                .lr = 0.3f, .seed = 1, .data = DATA_DIR, .decay = 1, .timeout_s = 900, .ef = 1, .tau = 4,
+                .optim = -1};
     for (int i = 1; i < argc; i++) {
         char name[32];
         const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
@@ -202,10 +222,13 @@ static int parse_opts(int argc, char **argv, opts *o) {
             else if (strcmp(val, "async") == 0) o->mode = MODE_ASYNC;
             else if (strcmp(val, "easgd") == 0) o->mode = MODE_EASGD;
             else if (strcmp(val, "allreduce") == 0) o->mode = MODE_ALLREDUCE;
+            else if (strcmp(val, "fsdp") == 0) o->mode = MODE_FSDP;
             else if (strncmp(val, "ssp:", 4) == 0 && parse_long(val + 4, 0, 1000, &l) == 0) {
                 o->mode = MODE_SSP;
                 o->staleness = (int)l;
             } else bad = 1;
+        } else if (strcmp(name, "--optim") == 0) {
+            bad = (o->optim = optim_parse(val)) < 0;
         } else if (strcmp(name, "--tau") == 0) {
             bad = parse_long(val, 1, 100000, &l);
             o->tau = (int)l;
@@ -238,6 +261,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         } else if (strcmp(name, "--lr") == 0) {
             bad = parse_double(val, 1e-6, 100.0, &d);
             o->lr = (float)d;
+            o->set_lr = 1;
         } else if (strcmp(name, "--target") == 0) {
             bad = parse_double(val, 0.0, 1.0, &d);
             o->target = d;
@@ -257,8 +281,13 @@ static int parse_opts(int argc, char **argv, opts *o) {
             return 2;
         }
     }
+    if (o->optim < 0) o->optim = o->mode == MODE_FSDP ? OPTIM_ADAM : OPTIM_SGD;
+    if (!o->set_lr) o->lr = optim_rules[o->optim].lr;
     return 0;
 }
+
+/* allreduce and fsdp: ranks of a kvps_ring, no server. */
+static int ring_mode(const opts *o) { return o->mode == MODE_ALLREDUCE || o->mode == MODE_FSDP; }
 
 /* Checked after the launcher's environment has fixed the worker count. */
 static int check_opts(const opts *o) {
@@ -271,6 +300,15 @@ static int check_opts(const opts *o) {
         fprintf(stderr, "fmnist: --check compares against a sequential replay, which only BSP matches\n");
         return 2;
     }
+    if (!ring_mode(o) && o->optim != OPTIM_SGD) {
+        fprintf(stderr, "fmnist: --optim %s is for --mode allreduce and fsdp (the servers apply sgd)\n",
+                optim_rules[o->optim].name);
+        return 2;
+    }
+    if (o->mode == MODE_FSDP && o->codec != KVPS_CODEC_NONE) {
+        fprintf(stderr, "fmnist: --mode fsdp takes --codec none\n");
+        return 2;
+    }
     if (o->mode == MODE_ALLREDUCE && o->codec == KVPS_CODEC_SIGN) {
         fprintf(stderr, "fmnist: --mode allreduce takes --codec none, fp16, bf16 or topk:F (no 1-bit sign all-reduce)\n");
         return 2;
@@ -279,7 +317,7 @@ static int check_opts(const opts *o) {
 }
 
 static const char *mode_name(const opts *o, char *buf, size_t cap) {
-    static const char *names[] = {"bsp", "ssp", "async", "easgd", "allreduce"};
+    static const char *names[] = {"bsp", "ssp", "async", "easgd", "allreduce", "fsdp"};
     if (o->mode == MODE_SSP) snprintf(buf, cap, "ssp:%d", o->staleness);
     else snprintf(buf, cap, "%s", names[o->mode]);
     return buf;
@@ -287,121 +325,6 @@ static const char *mode_name(const opts *o, char *buf, size_t cap) {
 
 /* EASGD's alpha: 0.9 / workers by default (the paper's beta = alpha * workers = 0.9). */
 static float easgd_alpha(const opts *o) { return o->alpha > 0 ? o->alpha : 0.9f / (float)o->workers; }
-
-/* ---------------------------------------------------------------------------------------------
-   Data: idx files (big-endian header: magic, then one u32 per dimension), gzip'd */
-typedef struct dataset {
-    int n;
-    uint8_t *x; /* n * 784 pixels, 0..255 */
-    uint8_t *y; /* n labels, 0..9 */
-} dataset;
-
-static void missing_data_hint(void) {
-    fprintf(stderr,
-            "fmnist: the Fashion-MNIST files come with Debian's dataset-fashion-mnist package:\n"
-            "    sudo apt-get install dataset-fashion-mnist\n"
-            "  (or pass --data DIR for a folder holding train-images-idx3-ubyte.gz and the rest)\n");
-}
-
-static int gz_read_all(gzFile f, void *buf, size_t n) {
-    char *p = (char *)buf;
-    while (n > 0) {
-        unsigned chunk = n > (1u << 24) ? (1u << 24) : (unsigned)n;
-        int got = gzread(f, p, chunk);
-        if (got <= 0) return -1;
-        p += got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
-/* Reads an idx file whose header must be `magic` and `ndim` dimensions; dims[0] is the item
-   count (at most max_items), dims[1..] must equal want[1..]. Returns 0 or prints and returns -1. */
-static int idx_load(const char *dir, const char *file, uint32_t magic, int ndim, const uint32_t *want,
-                    uint32_t max_items, uint32_t *count, uint8_t **out) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    gzFile f = gzopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fmnist: cannot open %s: %s\n", path, errno ? strerror(errno) : "out of memory");
-        missing_data_hint();
-        return -1;
-    }
-    unsigned char hdr[16];
-    uint32_t h[4] = {0, 0, 0, 0};
-    int rc = -1;
-    const char *why = NULL;
-    if (gz_read_all(f, hdr, 4 + 4 * (size_t)ndim) != 0) {
-        why = "truncated header";
-        goto done;
-    }
-    for (int i = 0; i <= ndim; i++)
-        h[i] = (uint32_t)hdr[4 * i] << 24 | (uint32_t)hdr[4 * i + 1] << 16 | (uint32_t)hdr[4 * i + 2] << 8 |
-               (uint32_t)hdr[4 * i + 3];
-    char msg[128];
-    if (h[0] != magic) {
-        snprintf(msg, sizeof msg, "idx magic 0x%08x, expected 0x%08x", h[0], magic);
-        why = msg;
-        goto done;
-    }
-    if (h[1] == 0 || h[1] > max_items) { why = "implausible item count"; goto done; }
-    for (int i = 1; i < ndim; i++) {
-        if (h[i + 1] != want[i]) {
-            snprintf(msg, sizeof msg, "images of %ux%u, expected 28x28", h[2], h[3]);
-            why = msg;
-            goto done;
-        }
-    }
-    size_t per = 1;
-    for (int i = 1; i < ndim; i++) per *= h[i + 1];
-    size_t bytes = (size_t)h[1] * per; /* at most 1e6 * 784: no overflow */
-    *out = (uint8_t *)malloc(bytes);
-    if (!*out) { why = "out of memory"; goto done; }
-    if (gz_read_all(f, *out, bytes) != 0) { why = "truncated data"; goto done; }
-    char extra;
-    if (gzread(f, &extra, 1) != 0) { why = "trailing bytes after the data"; goto done; }
-    *count = h[1];
-    rc = 0;
-done:
-    if (rc != 0) {
-        int zerr = 0;
-        const char *zmsg = gzerror(f, &zerr);
-        fprintf(stderr, "fmnist: %s: %s%s%s\n", path, why, zerr ? ": " : "", zerr ? zmsg : "");
-        free(*out);
-        *out = NULL;
-    }
-    gzclose(f);
-    return rc;
-}
-
-static int dataset_load(const char *dir, const char *prefix, uint32_t want_n, dataset *d) {
-    char fx[64], fy[64];
-    snprintf(fx, sizeof fx, "%s-images-idx3-ubyte.gz", prefix);
-    snprintf(fy, sizeof fy, "%s-labels-idx1-ubyte.gz", prefix);
-    static const uint32_t img_dims[3] = {0, 28, 28};
-    uint32_t nx = 0, ny = 0;
-    d->x = d->y = NULL;
-    if (idx_load(dir, fx, 0x00000803u, 3, img_dims, 1000000u, &nx, &d->x) != 0) return -1;
-    if (idx_load(dir, fy, 0x00000801u, 1, img_dims, 1000000u, &ny, &d->y) != 0) return -1;
-    if (nx != want_n || ny != want_n) {
-        fprintf(stderr, "fmnist: %s: %s holds %u images and %s %u labels; Fashion-MNIST has %u\n", dir, fx,
-                nx, fy, ny, want_n);
-        return -1;
-    }
-    for (uint32_t i = 0; i < ny; i++) {
-        if (d->y[i] >= NCLASS) {
-            fprintf(stderr, "fmnist: %s/%s: label %u of item %u is not 0..9\n", dir, fy, d->y[i], i);
-            return -1;
-        }
-    }
-    d->n = (int)nx;
-    return 0;
-}
-
-/* The training and the test set; 0 or -1. */
-static int datasets_load(const char *dir, dataset *train, dataset *test) {
-    return dataset_load(dir, "train", NTRAIN, train) != 0 || dataset_load(dir, "t10k", NTEST, test) != 0 ? -1 : 0;
-}
 
 /* ---------------------------------------------------------------------------------------------
    Model: layers l = 0..nl-1, weights t[2l] (dim[l] x dim[l+1], row k = input k) and biases
@@ -472,82 +395,30 @@ static void scratch_free(const net *n, scratch *s) {
     for (int l = 0; l <= n->nl; l++) { free(s->act[l]); free(s->del[l]); }
 }
 
-/* splitmix64: one seed gives every process the same stream. */
-static uint64_t rng_next(uint64_t *st) {
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* He init for the ReLU layer, Xavier for the layer feeding the softmax; biases zero. Layer l's
+   weights w and biases b from the stream st, which goes on to layer l + 1 (fsdp mode draws one
+   layer at a time and keeps its shard). */
+static uint64_t net_init_stream(uint64_t seed) { return seed * 0x2545F4914F6CDD1Dull + 1; }
+
+static void net_init_layer(const net *n, int l, float *w, float *b, uint64_t *st) {
+    double fan_in = n->dim[l], fan_out = n->dim[l + 1];
+    double sd = l + 1 < n->nl ? sqrt(2.0 / fan_in) : sqrt(2.0 / (fan_in + fan_out));
+    for (size_t i = 0; i < n->len[2 * l]; i++) w[i] = (float)(sd * rng_normal(st));
+    memset(b, 0, n->len[2 * l + 1] * sizeof(float));
 }
 
-static double rng_uniform(uint64_t *st) { /* (0, 1] */
-    return ((double)(rng_next(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(uint64_t *st) {
-    double u = rng_uniform(st), v = rng_uniform(st);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* He init for the ReLU layer, Xavier for the layer feeding the softmax; biases zero. */
 static void net_init(const net *n, float **t, uint64_t seed) {
-    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 1;
-    for (int l = 0; l < n->nl; l++) {
-        double fan_in = n->dim[l], fan_out = n->dim[l + 1];
-        double sd = l + 1 < n->nl ? sqrt(2.0 / fan_in) : sqrt(2.0 / (fan_in + fan_out));
-        for (size_t i = 0; i < n->len[2 * l]; i++) t[2 * l][i] = (float)(sd * rng_normal(&st));
-        memset(t[2 * l + 1], 0, n->len[2 * l + 1] * sizeof(float));
-    }
-}
-
-/* Same order on every worker: shuffled with (seed, epoch). */
-static void shuffle(int *perm, int n, uint64_t seed, int epoch) {
-    uint64_t st = seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch * 0xD1B54A32D192ED03ull + 7;
-    for (int i = 0; i < n; i++) perm[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(((rng_next(&st) >> 32) * (uint64_t)(i + 1)) >> 32);
-        int tmp = perm[i];
-        perm[i] = perm[j];
-        perm[j] = tmp;
-    }
-}
-
-/* y += a * x. Blocks of 8 with a fixed trip count so -O2 vectorises them. */
-static void axpy(float *restrict y, float a, const float *restrict x, int n) {
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int u = 0; u < 8; u++) y[j + u] += a * x[j + u];
-    for (; j < n; j++) y[j] += a * x[j];
-}
-
-static float dot(const float *restrict x, const float *restrict y, int n) {
-    float s = 0.0f;
-    for (int j = 0; j < n; j++) s += x[j] * y[j];
-    return s;
+    uint64_t st = net_init_stream(seed);
+    for (int l = 0; l < n->nl; l++) net_init_layer(n, l, t[2 * l], t[2 * l + 1], &st);
 }
 
 static void net_forward(const net *n, float *const *t, scratch *s) {
-    for (int l = 0; l < n->nl; l++) {
-        const float *a = s->act[l], *w = t[2 * l];
-        float *z = s->act[l + 1];
-        int nin = n->dim[l], nout = n->dim[l + 1];
-        memcpy(z, t[2 * l + 1], (size_t)nout * sizeof *z);
-        for (int k = 0; k < nin; k++) /* about half the pixels and ReLUs are zero: skip them */
-            if (a[k] != 0.0f) axpy(z, a[k], w + (size_t)k * (size_t)nout, nout);
-        if (l + 1 < n->nl)
-            for (int j = 0; j < nout; j++) z[j] = z[j] > 0.0f ? z[j] : 0.0f;
-    }
+    for (int l = 0; l < n->nl; l++)
+        dense_forward(t[2 * l], t[2 * l + 1], n->dim[l], n->dim[l + 1], s->act[l], s->act[l + 1], 1, l + 1 < n->nl);
 }
 
 static void load_input(float *a, const uint8_t *px) {
     for (int k = 0; k < NPIX; k++) a[k] = pix_scale[px[k]];
-}
-
-static int argmax(const float *z, int n) {
-    int best = 0;
-    for (int c = 1; c < n; c++)
-        if (z[c] > z[best]) best = c;
-    return best;
 }
 
 /* Forward and backward for one sample; adds its gradient to g. Returns its cross-entropy. */
@@ -556,27 +427,10 @@ static float sample_grad(const net *n, float *const *t, float *const *g, scratch
     load_input(s->act[0], px);
     net_forward(n, t, s);
     int nl = n->nl;
-    const float *z = s->act[nl];
-    float *d = s->del[nl];
-    int top = argmax(z, NCLASS);
-    float sum = 0.0f;
-    for (int c = 0; c < NCLASS; c++) sum += (d[c] = expf(z[c] - z[top]));
-    for (int c = 0; c < NCLASS; c++) d[c] /= sum;
-    float loss = logf(sum) - (z[label] - z[top]);
-    *correct += top == label;
-    d[label] -= 1.0f; /* d(loss)/d(logits) = softmax - onehot */
-    for (int l = nl - 1; l >= 0; l--) {
-        const float *a = s->act[l], *dl = s->del[l + 1], *w = t[2 * l];
-        float *gw = g[2 * l], *gb = g[2 * l + 1];
-        int nin = n->dim[l], nout = n->dim[l + 1];
-        for (int j = 0; j < nout; j++) gb[j] += dl[j];
-        for (int k = 0; k < nin; k++)
-            if (a[k] != 0.0f) axpy(gw + (size_t)k * (size_t)nout, a[k], dl, nout);
-        if (l > 0) {
-            float *da = s->del[l];
-            for (int k = 0; k < nin; k++) da[k] = a[k] > 0.0f ? dot(w + (size_t)k * (size_t)nout, dl, nout) : 0.0f;
-        }
-    }
+    float loss = softmax_xent(s->act[nl], NCLASS, label, s->del[nl], correct); /* del: softmax - onehot */
+    for (int l = nl - 1; l >= 0; l--)
+        dense_backward(t[2 * l], n->dim[l], n->dim[l + 1], s->act[l], s->del[l + 1], 1, g[2 * l], g[2 * l + 1],
+                       l > 0 ? s->del[l] : NULL);
     return loss;
 }
 
@@ -610,9 +464,22 @@ static double evaluate(const net *n, float *const *t, scratch *s, const dataset 
    gradients: cosine decay from 1 to 0 over all steps (--decay none: constant). The factor m / B
    makes the servers' mean over m workers the mean over the global batch even when B is not a
    multiple of m. Every worker, and the --check replay, computes the same float. */
+static double lr_decay(const opts *o, long step, long total) {
+    return o->decay ? 0.5 * (1.0 + cos(3.141592653589793 * (double)step / (double)total)) : 1.0;
+}
+
 static float grad_scale(const opts *o, long step, long total) {
-    double f = o->decay ? 0.5 * (1.0 + cos(3.141592653589793 * (double)step / (double)total)) : 1.0;
-    return (float)(f * o->workers / o->batch);
+    return (float)(lr_decay(o, step, total) * o->workers / o->batch);
+}
+
+/* allreduce and fsdp: sgd decays through the gradients as the servers' modes do (grad_scale);
+   momentum and adam through their lr (scaling adam's gradients would change nothing). */
+static float rule_grad_scale(const opts *o, long step, long total) {
+    return o->optim == OPTIM_SGD ? grad_scale(o, step, total) : (float)o->workers / (float)o->batch;
+}
+
+static float rule_lr(const opts *o, long step, long total) {
+    return o->optim == OPTIM_SGD ? o->lr : (float)(o->lr * lr_decay(o, step, total));
 }
 
 /* The server's learning rate. Under async each push is applied on its own, so lr / m keeps the
@@ -713,11 +580,12 @@ static void flat_unpack(const net *n, const float *flat, float **t) {
 }
 
 /* allreduce mode, one step: every rank's gradients summed across the ring (as the codec says),
-   then the servers' SGD arithmetic, value -= lr * (sum / m), on every rank alike. Adds the
+   then --optim on sum / m (sgd: the servers' arithmetic, value -= lr * (sum / m)) on every rank
+   alike; state: the rule's state per parameter, tensor after tensor. Adds the
    payload this rank sent to *sent (as the ring algorithm moves it: 2 (m - 1) / m of the buffer
    for an all-reduce, (m - 1) k pairs of 8 bytes for top-k's all-gather). */
 static void ring_step(kvps_ring *ring, const opts *o, const net *n, float **t, float *const *g, float *flat,
-                      float *resid, uint64_t *sent) {
+                      float *resid, float *state, float lr, long step, uint64_t *sent) {
     size_t total = net_params(n), off = 0;
     int m = o->workers;
     flat_pack(n, g, flat);
@@ -737,25 +605,188 @@ static void ring_step(kvps_ring *ring, const opts *o, const net *n, float **t, f
         *sent += (uint64_t)(2.0 * per * (double)total * 4);
     }
     if (rc != KVPS_OK) die_ring(ring, rc, "all-reduce");
-    float lr = o->lr, c = (float)m;
+    int ns = optim_rules[o->optim].state;
     off = 0;
     for (int i = 0; i < n->nt; i++) {
-        for (size_t k = 0; k < n->len[i]; k++) t[i][k] -= lr * (flat[off + k] / c);
+        optim_step((optim_rule)o->optim, t[i], flat + off, (float)m, state + ns * off, n->len[i], lr, step);
         off += n->len[i];
     }
 }
 
-/* One worker (or, in allreduce mode, one ring rank: servers is NULL and ring is connected). */
+/* ---------------------------------------------------------------------------------------------
+   fsdp mode. Layer l's parameters are one flat vector, its weights then its biases, padded with
+   zeros to a multiple of the ranks m; rank r holds block r of it (len / m floats) and the
+   optimizer state of that block, and nothing else persistently. A step:
+     forward   layer by layer: all-gather the layer (kvps_ring_allgather), run this rank's share
+               of the batch through it, free it (the last layer is kept for the backward pass)
+     backward  layer by layer from the last: all-gather it again where the gradient of its input
+               is needed (not for the first layer, nor the last, still held), add the share's
+               gradient into a zeroed padded buffer, reduce-scatter it (kvps_ring_reduce_scatter,
+               sum) into this rank's block, free both
+     update    --optim on block / m: the same arithmetic allreduce mode does on the whole (a sum
+               of two is the same in either order, so with 2 ranks the two modes end bit-identical)
+   Evaluation is sharded too: each rank runs its slice of the test set through the gathered
+   layers in chunks, and the correct counts are all-reduced. */
+#define FSDP_EVAL_CHUNK 128 /* test rows per forward pass: activations stay small */
+
+typedef struct fsdp {
+    int m, rank, nl;
+    size_t len[2];    /* floats in layer l: weights + biases */
+    size_t blk[2];    /* this rank's block: ceil(len / m) */
+    float *w[2];      /* the block of the parameters */
+    float *st[2];     /* its optimizer state: optim_rules[].state * blk floats */
+    float *gs[2];     /* its reduced gradient (a step's, not kept across steps) */
+    float *act[3], *del[3]; /* this rank's share of a batch, layer by layer: bs rows each */
+    int bs;           /* rows in act: ceil(batch / m) or FSDP_EVAL_CHUNK; del: ceil(batch / m) */
+    size_t transient; /* most bytes of gathered layer + padded gradient held at once */
+} fsdp;
+
+static void fsdp_setup(fsdp *f, const opts *o, const net *n, int rank) {
+    memset(f, 0, sizeof *f);
+    f->m = o->workers;
+    f->rank = rank;
+    f->nl = n->nl;
+    int ns = optim_rules[o->optim].state;
+    uint64_t st = net_init_stream(o->seed); /* every rank draws every layer, keeps its block */
+    for (int l = 0; l < n->nl; l++) {
+        f->len[l] = n->len[2 * l] + n->len[2 * l + 1];
+        f->blk[l] = (f->len[l] + (size_t)f->m - 1) / (size_t)f->m;
+        f->w[l] = (float *)xcalloc(f->blk[l], sizeof(float));
+        f->st[l] = (float *)xcalloc(f->blk[l] * (size_t)(ns ? ns : 1), sizeof(float));
+        f->gs[l] = (float *)xcalloc(f->blk[l], sizeof(float));
+        float *full = (float *)xcalloc(f->blk[l] * (size_t)f->m, sizeof(float));
+        net_init_layer(n, l, full, full + n->len[2 * l], &st);
+        memcpy(f->w[l], full + f->blk[l] * (size_t)rank, f->blk[l] * sizeof(float));
+        free(full);
+        size_t both = 2 * f->blk[l] * (size_t)f->m * sizeof(float);
+        if (both > f->transient) f->transient = both;
+    }
+    int share = (o->batch + f->m - 1) / f->m;
+    f->bs = share > FSDP_EVAL_CHUNK ? share : FSDP_EVAL_CHUNK;
+    for (int l = 0; l <= n->nl; l++) {
+        f->act[l] = (float *)xcalloc((size_t)f->bs * (size_t)n->dim[l], sizeof(float));
+        f->del[l] = (float *)xcalloc((size_t)share * (size_t)n->dim[l], sizeof(float));
+    }
+}
+
+static void fsdp_free(fsdp *f) {
+    for (int l = 0; l < f->nl; l++) { free(f->w[l]); free(f->st[l]); free(f->gs[l]); }
+    for (int l = 0; l <= f->nl; l++) { free(f->act[l]); free(f->del[l]); }
+}
+
+/* Bytes held for the whole run: parameters and optimizer state (the figure allreduce mode
+   compares with: all parameters and all their state). */
+static size_t fsdp_param_bytes(const fsdp *f) { return (f->blk[0] + (f->nl > 1 ? f->blk[1] : 0)) * sizeof(float); }
+
+/* Layer l whole (padded), gathered from every rank's block; the caller frees it. */
+static float *fsdp_gather(kvps_ring *ring, const fsdp *f, int l) {
+    float *full = (float *)xcalloc(f->blk[l] * (size_t)f->m, sizeof(float));
+    kvps_result rc = kvps_ring_allgather(ring, f->w[l], full, f->blk[l], KVPS_FLOAT32);
+    if (rc != KVPS_OK) die_ring(ring, rc, "fsdp all-gather");
+    return full;
+}
+
+/* This rank's rows (act[0], bs of them) through every layer; returns the last layer, still
+   gathered (the caller frees it). */
+static float *fsdp_forward(kvps_ring *ring, fsdp *f, const net *n, int bs) {
+    float *full = NULL;
+    for (int l = 0; l < n->nl; l++) {
+        free(full);
+        full = fsdp_gather(ring, f, l);
+        dense_forward(full, full + n->len[2 * l], n->dim[l], n->dim[l + 1], f->act[l], f->act[l + 1], bs,
+                      l + 1 < n->nl);
+    }
+    return full;
+}
+
+/* One step on positions rank, rank + m, ... of the batch: forward, backward, reduce-scatter,
+   update. Adds to st and *sent as ring_step does. */
+static void fsdp_step(kvps_ring *ring, const opts *o, fsdp *f, const net *n, const dataset *d, const int *batch,
+                      float scale, float lr, long step, step_stats *st, uint64_t *sent) {
+    int bs = 0, m = f->m;
+    for (int j = f->rank; j < o->batch; j += m, bs++) {
+        int idx = batch[j];
+        load_input(f->act[0] + (size_t)bs * NPIX, d->x + (size_t)idx * NPIX);
+    }
+    float *last = fsdp_forward(ring, f, n, bs);
+    int nl = n->nl;
+    for (int j = 0, k = f->rank; j < bs; j++, k += m) {
+        int idx = batch[k];
+        st->loss += softmax_xent(f->act[nl] + (size_t)j * NCLASS, NCLASS, d->y[idx], f->del[nl] + (size_t)j * NCLASS,
+                                 &st->correct);
+        st->seen++;
+    }
+    for (int l = nl - 1; l >= 0; l--) {
+        float *full = l == nl - 1 ? last : l > 0 ? fsdp_gather(ring, f, l) : NULL; /* layer 0: no input gradient */
+        size_t padded = f->blk[l] * (size_t)m, nw = n->len[2 * l];
+        float *g = (float *)xcalloc(padded, sizeof(float));
+        dense_backward(full, n->dim[l], n->dim[l + 1], f->act[l], f->del[l + 1], bs, g, g + nw,
+                       l > 0 ? f->del[l] : NULL);
+        free(full);
+        for (size_t k = 0; k < f->len[l]; k++) g[k] *= scale; /* as shard_grad: the sum, then the scale */
+        kvps_result rc = kvps_ring_reduce_scatter(ring, g, f->gs[l], f->blk[l], KVPS_FLOAT32, KVPS_SUM);
+        if (rc != KVPS_OK) die_ring(ring, rc, "fsdp reduce-scatter");
+        free(g);
+        *sent += (uint64_t)(2 * (m - 1)) * f->blk[l] * sizeof(float); /* its all-gather and reduce-scatter */
+        if (l > 0 && l < nl - 1) *sent += (uint64_t)(m - 1) * f->blk[l] * sizeof(float); /* gathered again */
+    }
+    for (int l = 0; l < nl; l++)
+        optim_step((optim_rule)o->optim, f->w[l], f->gs[l], (float)m, f->st[l], f->blk[l], lr, step);
+}
+
+/* Test accuracy, every rank taking part: rank r scores its slice of d, FSDP_EVAL_CHUNK rows at a
+   time (every rank runs as many chunks, so the all-gathers line up). */
+static double fsdp_evaluate(kvps_ring *ring, fsdp *f, const net *n, const dataset *d) {
+    int m = f->m, per = (d->n + m - 1) / m, lo = f->rank * per, hi = lo + per > d->n ? d->n : lo + per;
+    int chunks = (per + FSDP_EVAL_CHUNK - 1) / FSDP_EVAL_CHUNK;
+    int64_t correct = 0;
+    for (int c = 0; c < chunks; c++) {
+        int a = lo + c * FSDP_EVAL_CHUNK, b = a + FSDP_EVAL_CHUNK < hi ? a + FSDP_EVAL_CHUNK : hi, bs = b > a ? b - a : 0;
+        for (int i = 0; i < bs; i++) load_input(f->act[0] + (size_t)i * NPIX, d->x + (size_t)(a + i) * NPIX);
+        free(fsdp_forward(ring, f, n, bs));
+        for (int i = 0; i < bs; i++) correct += argmax(f->act[n->nl] + (size_t)i * NCLASS, NCLASS) == d->y[a + i];
+    }
+    kvps_result rc = kvps_ring_allreduce(ring, &correct, &correct, 1, KVPS_INT64, KVPS_SUM);
+    if (rc != KVPS_OK) die_ring(ring, rc, "fsdp evaluate");
+    return (double)correct / (double)d->n;
+}
+
+/* crc32 of the whole model as the other modes print it (fc1.w, fc1.b, ...: each layer's flat
+   vector without its padding), gathered one layer at a time; every rank takes part. */
+static uLong fsdp_crc(kvps_ring *ring, const fsdp *f) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int l = 0; l < f->nl; l++) {
+        float *full = fsdp_gather(ring, f, l);
+        crc = crc32(crc, (const Bytef *)full, (uInt)(f->len[l] * sizeof(float)));
+        free(full);
+    }
+    return crc;
+}
+
+/* Peak resident set of this process so far (getrusage: KiB on Linux). */
+static long peak_rss_kib(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss;
+}
+
+/* One worker (or, in allreduce and fsdp modes, one ring rank: servers is NULL and ring is connected). */
 static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int rank, const dataset *train,
                        const dataset *test) {
     g_rank = rank;
-    int m = o->workers, me = rank == 0, ps = o->mode != MODE_ALLREDUCE;
+    int m = o->workers, me = rank == 0, ps = !ring_mode(o), sharded = o->mode == MODE_FSDP;
     kvps_worker *w = NULL;
     net n;
     net_setup(&n, o);
-    float *t[MAX_TENSORS], *g[MAX_TENSORS];
-    tensors_alloc(&n, t);
-    tensors_alloc(&n, g);
+    float *t[MAX_TENSORS] = {NULL}, *g[MAX_TENSORS] = {NULL}; /* fsdp: no whole copy of anything */
+    fsdp f;
+    float *state = NULL; /* allreduce: --optim's state for every parameter */
+    if (sharded) {
+        fsdp_setup(&f, o, &n, rank);
+    } else {
+        tensors_alloc(&n, t);
+        tensors_alloc(&n, g);
+    }
     scratch s;
     scratch_alloc(&n, &s);
     kvps_tensor th[MAX_TENSORS];
@@ -787,8 +818,9 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         KVPS_CHECK(w, kvps_worker_barrier(w, &q[0]), "barrier");
         wait_all(w, q, 1, WAIT_MS, "barrier");
         pull_all(w, &n, th, t, WAIT_MS);
-    } else {
+    } else if (!sharded) {
         flat = (float *)xcalloc(nparams, sizeof *flat);
+        state = (float *)xcalloc(nparams * (size_t)optim_rules[o->optim].state + 1, sizeof *state);
         if (o->codec == KVPS_CODEC_TOPK && o->ef) resid = (float *)xcalloc(nparams, sizeof *resid);
         if (me) net_init(&n, t, o->seed);
         flat_pack(&n, t, flat); /* rank 0's initial weights to every rank */
@@ -804,7 +836,11 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         if (o->mlp) printf("fmnist: mlp 784-%d-10", o->hidden);
         else printf("fmnist: softmax regression 784-10");
         if (ps) printf(", %zu parameters in %d tensors; %s, %d servers, %d workers\n", nparams, n.nt, mname, o->servers, m);
-        else printf(", %zu parameters; allreduce (ring, no server), %d workers\n", nparams, m);
+        else if (!sharded) printf(", %zu parameters; allreduce (ring, no server), %d workers, optim %s\n", nparams, m,
+                                  optim_rules[o->optim].name);
+        else printf(", %zu parameters; fsdp (ring, no server), %d workers, optim %s: each rank holds 1/%d of every "
+                    "layer (padded to %zu floats) and of its optimizer state\n", nparams, m,
+                    optim_rules[o->optim].name, m, f.blk[0] * (size_t)m + (n.nl > 1 ? f.blk[1] * (size_t)m : 0));
         char share[48];
         if (o->batch % m == 0) snprintf(share, sizeof share, "%d", o->batch / m);
         else snprintf(share, sizeof share, "%d-%d", o->batch / m, o->batch / m + 1);
@@ -843,10 +879,16 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         step_stats st = {0, 0, 0};
         shuffle(perm, train->n, o->seed, e);
         for (int step = 0; step < steps; step++, gstep++) {
+            long now = (long)e * steps + step, total = (long)o->epochs * steps;
+            if (sharded) {
+                fsdp_step(ring, o, &f, &n, train, perm + (size_t)step * o->batch, rule_grad_scale(o, now, total),
+                          rule_lr(o, now, total), gstep + 1, &st, &ring_sent);
+                continue;
+            }
             shard_grad(&n, t, g, &s, train, perm + (size_t)step * o->batch, o->batch, rank, m,
-                       grad_scale(o, (long)e * steps + step, (long)o->epochs * steps), &st);
+                       ps ? grad_scale(o, now, total) : rule_grad_scale(o, now, total), &st);
             if (o->mode == MODE_ALLREDUCE) {
-                ring_step(ring, o, &n, t, g, flat, resid, &ring_sent);
+                ring_step(ring, o, &n, t, g, flat, resid, state, rule_lr(o, now, total), gstep + 1, &ring_sent);
             } else if (o->mode == MODE_EASGD) {
                 for (int i = 0; i < n.nt; i++) /* local SGD on this worker's copy */
                     for (size_t k = 0; k < n.len[i]; k++) t[i][k] -= o->lr * g[i][k];
@@ -862,6 +904,7 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
         }
         double dt = now_s() - t0;
         train_s += dt;
+        if (sharded) test_acc = fsdp_evaluate(ring, &f, &n, test); /* every rank scores its slice */
         if (me) {
             uint64_t bytes = 0, push = 0, pushes = 0;
             if (ps) {
@@ -881,7 +924,7 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
                 for (int i = 0; i < n.nt; i++) KVPS_CHECK(w, kvps_worker_pull_tensor(w, th[i], g[i], &q[i]), "pull centre");
                 wait_all(w, q, n.nt, WAIT_MS, "pull centre");
                 test_acc = evaluate(&n, g, &s, test);
-            } else {
+            } else if (!sharded) {
                 test_acc = evaluate(&n, t, &s, test);
             }
             double per_push = pushes > prev_pushes ? (double)(push - prev_push) / ((double)(pushes - prev_pushes) / n.nt) : 0;
@@ -904,15 +947,30 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
     /* BSP (and SSP(0), the same rounds): the final weights, which every run of these options
        computes bit for bit alike, named by their crc32 (the tensors in order, each float's bytes) */
     int bsp = ps && (o->mode == MODE_BSP || (o->mode == MODE_SSP && o->staleness == 0));
+    /* allreduce and fsdp are deterministic too (a fixed ring order), and print their crc32 alike */
+    int with_crc = bsp || (!ps && o->codec == KVPS_CODEC_NONE);
     uLong crc = crc32(0L, Z_NULL, 0);
-    for (int i = 0; bsp && i < n.nt; i++) crc = crc32(crc, (const Bytef *)t[i], (uInt)(n.len[i] * sizeof(float)));
+    for (int i = 0; with_crc && !sharded && i < n.nt; i++)
+        crc = crc32(crc, (const Bytef *)t[i], (uInt)(n.len[i] * sizeof(float)));
+    if (sharded) crc = fsdp_crc(ring, &f);
     double wall_s = now_s() - t_start;
+    /* What each rank holds for the whole run for the model and its optimizer, in bytes, and the
+       largest peak RSS among the ranks (all-reduced: every rank takes part). */
+    int nstate = optim_rules[o->optim].state;
+    size_t pbytes = sharded ? fsdp_param_bytes(&f) : nparams * sizeof(float), sbytes = pbytes * (size_t)nstate;
+    size_t gbytes = sharded ? pbytes : 2 * nparams * sizeof(float); /* fsdp: the reduced block; allreduce: g, flat */
+    int64_t rss[2] = {peak_rss_kib(), 0};
+    if (!ps) {
+        kvps_result rr = kvps_ring_allreduce(ring, rss, rss + 1, 1, KVPS_INT64, KVPS_MAX);
+        if (rr != KVPS_OK) die_ring(ring, rr, "peak rss");
+    }
     if (ps) KVPS_CHECK(w, kvps_worker_finish(w, WAIT_MS), "finish"); /* the servers leave once every worker has */
     kvps_worker_destroy(&w);
 
     int rc = 0;
+    if (sharded) test_acc = fsdp_evaluate(ring, &f, &n, test);
     if (me) {
-        test_acc = evaluate(&n, t, &s, test);
+        if (!sharded) test_acc = evaluate(&n, t, &s, test);
         printf("\nresult:\n");
         char model[32];
         if (o->mlp) snprintf(model, sizeof model, "mlp-%d", o->hidden);
@@ -925,6 +983,13 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
             printf("fmnist: test accuracy %.4f %s target %.4f\n", test_acc, test_acc >= o->target ? ">=" : "BELOW",
                    o->target);
             if (test_acc < o->target) rc = 3;
+        }
+        if (!ps) {
+            printf("fmnist: step_ms %.3f (train_s / steps)\n", 1e3 * train_s / (double)((long)o->epochs * steps));
+            printf("fmnist: memory per rank: params_bytes %zu state_bytes %zu (%s: %d floats per parameter) "
+                   "persistent_bytes %zu grad_bytes %zu transient_bytes %zu peak_rss_kib %lld (rank 0) %lld (max)\n",
+                   pbytes, sbytes, optim_rules[o->optim].name, nstate, pbytes + sbytes, gbytes,
+                   sharded ? f.transient : (size_t)0, (long long)rss[0], (long long)rss[1]);
         }
         fflush(stdout);
         if (o->check) {
@@ -948,7 +1013,7 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
             tensors_free(&n, ref);
             fflush(stdout);
         }
-        if (bsp) {
+        if (with_crc) {
             printf("final weights crc32 %08lx\n", (unsigned long)crc);
             fflush(stdout);
         }
@@ -956,6 +1021,8 @@ static int worker_main(const opts *o, const char *servers, kvps_ring *ring, int 
     free(perm);
     free(flat);
     free(resid);
+    free(state);
+    if (sharded) fsdp_free(&f);
     scratch_free(&n, &s);
     tensors_free(&n, t);
     tensors_free(&n, g);
@@ -1236,7 +1303,7 @@ int main(int argc, char **argv) {
     if (rc != 0) return rc;
     static dataset train, test;
 
-    if (kvps_env_launched() && o.mode == MODE_ALLREDUCE) { /* one ring rank per process, no server */
+    if (kvps_env_launched() && ring_mode(&o)) { /* one ring rank per process, no server */
         const char *role = getenv("KVPS_ROLE");
         if (role && strcmp(role, "server") == 0) {
             printf("fmnist: --mode allreduce needs no server; this one leaves (use kvps-run -s 0)\n");
@@ -1278,5 +1345,5 @@ int main(int argc, char **argv) {
     /* Loaded once before the forks: the children share the pages. */
     if (datasets_load(o.data, &train, &test) != 0)
         return 2;
-    return o.mode == MODE_ALLREDUCE ? run_local_ring(&o, &train, &test) : run_local(&o, &train, &test);
+    return ring_mode(&o) ? run_local_ring(&o, &train, &test) : run_local(&o, &train, &test);
 }

@@ -7,6 +7,11 @@
                       (skipped without Debian's dataset-fashion-mnist); with replicated shards
                       (kvps-run --replicas 2), plain and with shard 0's primary SIGKILLed mid-run:
                       the same final weights (crc32) as without replicas
+     fsdp             fmnist --mode fsdp against --mode allreduce (adam, one epoch): the same bits with
+                      2 workers (standalone and kvps-run), test accuracy within 0.3 points with 4,
+                      parameter + optimizer bytes per rank exactly 1/4 of allreduce's plus padding
+     pipeline         2 stages GPipe and 4 stages 1F1B, one epoch with --check: every step's loss
+                      within 1e-5 (relative) of one process running the same micro-batches; accuracy
      mpirun           ring_allreduce (-n 3) and fmnist bsp (-n 4: 2 servers, 2 workers) under a real
                       Open MPI mpirun, ranks from OMPI_COMM_WORLD_RANK (skipped without mpirun)
      kvps-run         prefixes, a worker exiting 3 (the rest stopped, exit 3, no orphans),
@@ -28,6 +33,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -436,6 +442,104 @@ static int fmnist_crc(const char *out, const char *prefix, char crc[9]) {
     memcpy(crc, p, 8);
     crc[8] = 0;
     return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   fmnist --mode fsdp against --mode allreduce with the same rule (adam), one epoch of the MLP
+   (issue 19). What fsdp prints: "fmnist: memory per rank: params_bytes P state_bytes S ..." and
+   the result row's test_acc. */
+static int fmnist_acc(const char *out, double *acc) { /* the result row: "  mlp-128 0 M mode E B lr ACC ..." */
+    const char *p = strstr(out, "\n  mlp-");
+    return p && sscanf(p, " %*s %*d %*d %*s %*d %*d %*g %lf", acc) == 1;
+}
+
+static int fmnist_mem(const char *out, long long *params, long long *state) {
+    const char *p = strstr(out, "fmnist: memory per rank: params_bytes ");
+    return p && sscanf(p, "fmnist: memory per rank: params_bytes %lld state_bytes %lld", params, state) == 2;
+}
+
+/* Runs one fmnist job; its output in *out, 0 or the exit code (the test failed). */
+static int run_fmnist_ring(char **out, const char *args) {
+    int rc = run(out, "timeout 120 %s/fmnist --model mlp --epochs 1 --timeout 100 --optim adam %s", bdir, args);
+    KT_CHECK(rc == 0, "fmnist %s: exit %d", args, rc);
+    return rc;
+}
+
+/* 2 workers: every sum is of two floats, the same in either order, and fsdp's update is
+   allreduce's on a block: the two end with the same bits (crc32), standalone and under kvps-run.
+   4 workers: the sums' order differs (the ring cuts the buffer differently), the accuracy may
+   not by more than 0.3 points; each rank holds exactly ceil(len / 4) floats of each layer
+   (784x128 + 128 = 100480 and 128x10 + 10 = 1290 floats: 25120 + 323) and twice that in adam's
+   state, against allreduce's 101770 and 203540 floats. */
+static void test_fmnist_fsdp(void) {
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
+    static const char *runs[] = {"--workers 2 --mode allreduce", "--workers 2 --mode fsdp", "--workers 4 --mode allreduce",
+                                 "--workers 4 --mode fsdp"};
+    char *out[5] = {NULL};
+    char crc[5][9];
+    double acc[4] = {0};
+    long long pb[4] = {0}, sb[4] = {0};
+    for (int i = 0; i < 4 && !kt_cur_failed; i++) {
+        if (run_fmnist_ring(&out[i], runs[i]) != 0) break;
+        KT_CHECK(fmnist_crc(out[i], "", crc[i]), "%s: no 'final weights crc32' line", runs[i]);
+        KT_CHECK(fmnist_acc(out[i], &acc[i]), "%s: no result row", runs[i]);
+        KT_CHECK(fmnist_mem(out[i], &pb[i], &sb[i]), "%s: no memory line", runs[i]);
+        check_fmnist(out[i], "", strstr(runs[i], "fsdp") ? "fsdp" : "allreduce");
+        if (kt_cur_failed) show(out[i]);
+    }
+    if (!kt_cur_failed) {
+        KT_CHECK(strcmp(crc[0], crc[1]) == 0, "2 workers: allreduce crc32 %s, fsdp %s", crc[0], crc[1]);
+        printf("  2 workers: final weights crc32 %s (allreduce), %s (fsdp); test_acc %.4f, %.4f\n", crc[0], crc[1], acc[0],
+               acc[1]);
+        printf("  4 workers: test_acc %.4f (allreduce), %.4f (fsdp); params + state bytes per rank %lld + %lld, %lld + %lld\n",
+               acc[2], acc[3], pb[2], sb[2], pb[3], sb[3]);
+        KT_CHECK(fabs(acc[2] - acc[3]) <= 0.003, "4 workers: test_acc %.4f (allreduce) vs %.4f (fsdp)", acc[2], acc[3]);
+        KT_CHECK(pb[2] == 101770 * 4 && sb[2] == 2 * 101770 * 4, "allreduce holds %lld + %lld bytes", pb[2], sb[2]);
+        KT_CHECK(pb[3] == (25120 + 323) * 4 && sb[3] == 2 * pb[3], "fsdp, 4 ranks, holds %lld + %lld bytes", pb[3], sb[3]);
+        KT_CHECK(pb[1] == (50240 + 645) * 4 && sb[1] == 2 * pb[1], "fsdp, 2 ranks, holds %lld + %lld bytes", pb[1], sb[1]);
+        double ratio = (double)(pb[3] + sb[3]) / (double)(pb[2] + sb[2]);
+        KT_CHECK(ratio > 0.25 && ratio < 0.2501, "fsdp / allreduce bytes per rank %.5f, want 1/4 + padding", ratio);
+    }
+    if (!kt_cur_failed) { /* one process per rank under kvps-run: the same bits */
+        int rc = run(&out[4], "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model mlp --epochs 1 "
+                              "--mode fsdp --optim adam", bdir);
+        KT_CHECK(rc == 0, "fsdp under kvps-run: exit %d", rc);
+        KT_CHECK(fmnist_crc(out[4], "[worker 0] ", crc[4]) && strcmp(crc[4], crc[1]) == 0,
+                 "fsdp under kvps-run: crc32 %s, standalone %s", crc[4], crc[1]);
+        if (kt_cur_failed) show(out[4]);
+    }
+    for (int i = 0; i < 5; i++) free(out[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   pipeline (issue 19): one epoch with --check, which runs the same micro-batches through one
+   process holding every layer and compares every step's loss (relative difference < 1e-5 at
+   every step; "max relative loss difference X (step N)" is the worst); 2 stages GPipe, 4 stages
+   1F1B; the test accuracy through the pipeline after one epoch; a memory line per stage. */
+static void check_pipeline(const char *args, int stages) {
+    char *out;
+    int rc = run(&out, "timeout 150 %s/pipeline --epochs 1 --check --timeout 120 %s", bdir, args);
+    KT_CHECK(rc == 0, "pipeline %s: exit %d", args, rc);
+    const char *p = strstr(out, "check: one-process reference, ");
+    double worst = 1, acc = 0;
+    long steps = 0;
+    KT_CHECK(p && sscanf(p, "check: one-process reference, %ld steps (%*[^)]): max relative loss difference %lf",
+                         &steps, &worst) == 2, "pipeline %s: no check line", args);
+    KT_CHECK(steps == 468 && worst < 1e-5 && strstr(p, "PASS"), "pipeline %s: %ld steps, max relative loss difference %g",
+             args, steps, worst);
+    p = strstr(out, "\nresult:\n");
+    KT_CHECK(p && sscanf(p, "\nresult:\n%*[^\n]\n %*d %*d %*s %*d %*d %*g %lf", &acc) == 1, "pipeline %s: no result row", args);
+    KT_CHECK(acc > 0.80, "pipeline %s: test accuracy %.4f after one epoch", args, acc);
+    KT_CHECK(count_lines_starting(out, "memory: stage ") == stages, "pipeline %s: not %d memory lines", args, stages);
+    printf("  pipeline %s: max relative loss difference %g over %ld steps, test_acc %.4f\n", args, worst, steps, acc);
+    if (kt_cur_failed) show(out);
+    free(out);
+}
+
+static void test_pipeline(void) {
+    if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
+    check_pipeline("--stages 2 --schedule gpipe", 2);
+    if (!kt_cur_failed) check_pipeline("--stages 4 --schedule 1f1b", 4);
 }
 
 /* Replicated shards (issue 18): one epoch of the MLP, BSP, 2 shards and 4 workers under kvps-run,
@@ -897,13 +1001,13 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     /* make asan-test builds only the tests into build-asan: use the examples in build/ then */
-    static const char *bins[] = {"ring_allreduce", "ctr", "fmnist", "hello_ps", "hello_ring"};
+    static const char *bins[] = {"ring_allreduce", "ctr", "fmnist", "hello_ps", "hello_ring", "pipeline"};
     char p[4300];
     snprintf(p, sizeof p, "%s/ctr", bdir);
     if (access(p, X_OK) != 0) {
         snprintf(bdir, sizeof bdir, "%.4000s/build", root);
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         snprintf(p, sizeof p, "%s/%s", bdir, bins[i]);
         if (access(p, X_OK) != 0) printf("note: %s is not built (make %s)\n", p, p);
     }
@@ -919,6 +1023,8 @@ int main(int argc, char **argv) {
     KT_RUN(test_fmnist_modes);
     KT_RUN(test_fmnist_under_kvps_run);
     KT_RUN(test_fmnist_replicas);
+    KT_RUN(test_fmnist_fsdp);
+    KT_RUN(test_pipeline);
     KT_RUN(test_ring_allreduce_mpirun);
     KT_RUN(test_fmnist_mpirun);
     KT_RUN(test_launcher_env_and_prefixes);
