@@ -12,6 +12,8 @@
      5. Ownership, threads, errors
      6. Timeline
      7. Point-to-point: send, recv, isend, irecv
+     8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
+     9. Sub-rings: kvps_ring_split
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -39,6 +41,11 @@
      alltoall        send[count * size] -> recv[count * size]: block j of rank i lands as block i
                      of rank j
      barrier         returns when every rank has entered
+     allgatherv      send[counts[rank]] -> recv: block i (counts[i]) at recv[displs[i]] (section 8)
+     gatherv         send[counts[rank]] -> root's recv: block i at recv[displs[i]]
+     scatterv        root's send: block i (counts[i]) at send[displs[i]] -> recv[counts[rank]] of rank i
+     alltoallv       send_counts[j] elements at send[send_displs[j]] to rank j -> recv_counts[i]
+                     elements from rank i at recv[recv_displs[i]]
    In place: send == NULL or send == recv (allgather and gather: also send == recv + rank *
    count): the data is already in recv: allgather / gather: the rank's block at recv[rank *
    count]; reduce_scatter / scatter (root): the whole input in recv, the rank's result moved to
@@ -81,24 +88,31 @@
    4. WIRE FORMAT
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
-   about half rate through a shaped link). Messages: [header 32 B][payload].
+   about half rate through a shaped link). Sub-rings (section 9) use the same sockets. Messages:
+   [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-   abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
+       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 spare (0)
+   src, seq, root are the numbers of the ring named by `ring`. A v-collective's header carries
+   count 0; its first messages (tag phase 14) are each rank's counts as u64, counts[size]
+   (alltoallv: send_counts[size] then recv_counts[size]), to every other rank. abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
    7) use the same header with coll = 0x50 (no collective has it), so neither side takes the
    other's: seq is the message's number among those from src to this rank (from 1), tag the
    user's tag (32 bits), op the kind: 1 data, 2 data that wants an answer, 3 ACK, 4 NACK (dtype
    and count: what the receive named; payload: the refused header), 5 abort (payload: the text).
 
    5. OWNERSHIP, THREADS, ERRORS
-   Buffers are borrowed until the call returns (blocking) or until kvps_ring_wait / test reports
-   the request done (non-blocking). Operations run in the order they were started, the same
+   Buffers (and a v-collective's counts and displs) are borrowed until the call returns
+   (blocking) or until kvps_ring_wait / test reports the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
-   operations run on the ring's own background thread (p2p calls wait for them: section 7). Every operation ends within .timeout_ms
+   operations run on a background thread (p2p calls wait for them: section 7). A ring and its
+   sub-rings share that thread and that rule (section 9). Every operation ends within .timeout_ms
    (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
-   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
+   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
+   collective whose frames sent without a copy are still in ZeroMQ's hands closes the sockets
+   (so that the caller may free its buffers): that breaks the ring's sub-rings and parent too.
    Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
    only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
    what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
@@ -157,6 +171,66 @@
    depend on a p2p call made after it was posted (post p2p first, or wait for the collective).
    A p2p request makes progress only inside p2p calls (and its data arrives regardless).
    Not in the timeline yet.
+
+   8. UNEVEN COLLECTIVES
+       size_t counts[3] = {5, 0, 2};                                  // the same on every rank
+       kvps_ring_allgatherv(r, mine, all, counts, NULL, KVPS_INT64);   // all: 7 elements, packed
+       kvps_ring_alltoallv(r, s, send_counts, NULL, d, recv_counts, NULL, KVPS_FLOAT32);
+   Rank i's block has counts[i] elements of any dtype (0 allowed); displs[i] (elements) is where
+   it lies in the buffer holding every block: recv for allgatherv and gatherv, the root's send
+   for scatterv; NULL displs: packed, each block right after the one before (give displs for
+   gaps or another order; blocks must not overlap). alltoallv has a counts / displs pair per
+   side. In place: send NULL (allgatherv and gatherv's root: the own block already at
+   recv[displs[rank]]; scatterv's root: every block in recv, its own moved to recv[0]; alltoallv:
+   the send layout in recv, read before anything is written).
+   Counts are checked across ranks before any data moves: every rank sends its counts to every
+   other (size * size counts per rank: fine for tens or hundreds of ranks, a cost at thousands)
+   and every rank checks them all in the same order, so a disagreement is KVPS_ERR_MISMATCH on
+   every rank, the same words everywhere: "allgatherv counts disagree: rank 2 says rank 1's
+   block is 5 float32, rank 1 says 6" (block j's count is rank j's own word; gatherv and
+   scatterv alike), "alltoallv counts disagree: rank 1 sends 6 int32 to rank 2, rank 2 expects 5
+   from rank 1". Every rank passes counts for every rank (gatherv and scatterv too: unlike MPI,
+   non-roots' counts are not ignored). Algorithms: allgatherv is the pipelined ring all-gather
+   over the uneven blocks (the same code as allgather), gatherv and scatterv send directly,
+   alltoallv pairwise. Other mismatches (another collective, dtype or root) are as in section 2.
+
+   9. SUB-RINGS
+       kvps_ring *half = NULL;
+       kvps_ring_split(r, rank % 2, rank, &half);       // even ranks, odd ranks: two sub-rings
+       kvps_ring_allreduce(half, g, g, n, KVPS_FLOAT32, KVPS_SUM); // ranks numbered in the sub-ring
+       kvps_ring_destroy(&half);                           // before r
+   kvps_ring_split(r, colour, key, &sub) is MPI_Comm_split: collective over r (every rank of r
+   calls it, in its order among r's collectives); the ranks that pass the same colour form a
+   sub-ring, ranked by key, ties by their rank in r; a negative colour (KVPS_UNDEFINED) joins
+   none and gets *sub = NULL. kvps_ring_rank / kvps_ring_size give a sub-ring's numbers. A
+   sub-ring takes every call a ring does, with its own ranks: each collective and algorithm
+   (AUTO chooses by the sub-ring's size; .groups is carried over, so HIER works), the
+   v-collectives, send / recv, post / wait, and kvps_ring_split (nested sub-rings).
+   Connections. A sub-ring binds and connects nothing: its messages go over the sockets of the
+   ring kvps_ring_create made (its family's first ring), with the sub-ring's id in the header
+   (section 4), and whoever reads a message for another ring of the family hands it over, so
+   messages are never taken by the wrong ring. Ids: in the split every rank proposes one above
+   every id it has used, and a sub-ring takes the largest proposal of its members, so no rank
+   has two live rings with one id, and ids are never reused (late pieces of a destroyed
+   sub-ring are dropped; messages for a sub-ring a faster peer made first are kept for it).
+   Threads. The family (the first ring and every sub-ring split from it, at any depth) has one
+   set of sockets, so it runs one call at a time: calls on its rings from several threads are
+   safe (each waits for the running one; never a data race, never a message taken by the wrong
+   ring), operations posted on any of its rings run on one thread in the order posted, and
+   p2p calls and splits wait for them. But a blocking collective holds the family until it
+   ends, so two threads whose collectives on different rings of a family start in different
+   orders on different ranks wait for each other until the timeout: use a family from one
+   thread, or post its collectives in the same order on every rank.
+   Destroying. Destroy sub-rings before the ring kvps_ring_create made: it owns the sockets, and
+   destroying it first (operations posted on any ring of the family run first) leaves its
+   sub-rings answering KVPS_ERR_STATE ("the ring it was split from ... was destroyed first");
+   they must still be destroyed, which frees them. A sub-ring destroyed before its own
+   sub-rings is harmless: they need only the family's sockets.
+   Errors name the sub-ring and the parent's ranks: "sub-ring 1 (colour 1, parent ranks 1 3)
+   rank 0 = parent rank 1: timed out after 1500 ms waiting for rank 1 in allreduce of 1000
+   float32 (sum, root 0) (this ring's collective #2)" (nested: "colour 0 of sub-ring 1"); the
+   ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
+   the sockets (section 5) it breaks the whole family.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -339,22 +413,24 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 /* ============================================================================================ */
 #ifdef KVPS_IMPLEMENTATION
 /* Sections (grep "// >>name"), lowest layer first:
-     types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
+     types        the wire header, stashed pieces, the zero-copy block, posted jobs, the
+                  collectives' row, the family (what a ring and its sub-rings share), the ring
      timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
-                  p2p messages kept apart whoever reads them
+                  p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
      small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
-     collectives  one function per kvps_coll, their table and dispatcher; the checks of an op
+     collectives  one function per kvps_coll (even and uneven blocks alike; the v-collectives'
+                  count check), their table and dispatcher; the checks of an op
      queue        running an op: in the caller's thread, or posted to the ring's own thread
      p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
                   eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
-     setup        create, connect, destroy
+     setup        create, connect, destroy; a family's sockets; kvps_ring_split
      rendezvous   endpoint exchange through kvps servers; the environment */
 #ifndef KVPS_RING__IMPLEMENTED
 #define KVPS_RING__IMPLEMENTED
