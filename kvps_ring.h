@@ -871,7 +871,7 @@ static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt
             snprintf(mine, sizeof mine, "rank %d: ", r->rank);
             if (strncmp(body, mine, strlen(mine)) == 0) body += strlen(mine); /* the prefix says it */
         }
-        snprintf(r->errmsg, sizeof r->errmsg, "%s%s", who, body);
+        snprintf(r->errmsg, sizeof r->errmsg, "%s%.*s", who, (int)(sizeof r->errmsg - 1 - strlen(who)), body);
     }
     return rc;
 }
