@@ -567,7 +567,8 @@ struct kvps_ring {
     int *root_rank;     /* rank i is rank root_rank[i] of the family's first ring (its dealer) */
     size_t *blocks;     /* 4 * size: the blocks of an even collective (>>collectives) */
     int connected, broken;
-    kvps_result abort_rc; /* the code a peer's abort carried (the v-collectives' count check) */
+    kvps_result abort_rc; /* the code and tag a peer's abort carried (the v-collectives' count check) */
+    uint64_t abort_tag;
     char endpoint[256];
     char errmsg[512];
     uint32_t seq;
@@ -956,6 +957,7 @@ static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size
 static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h, zmq_msg_t *text) {
     if (h->abort) {
         r->abort_rc = (kvps_result)(int64_t)h->count;
+        r->abort_tag = h->tag;
         int len = text ? (int)(zmq_msg_size(text) < 240 ? zmq_msg_size(text) : 240) : 0;
         return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the %s: %s%s%.*s", h->src,
                                kvps_coll_name((kvps_coll)r->cur.coll), kvps_result_str((kvps_result)(int64_t)h->count),
@@ -1943,7 +1945,8 @@ static kvps_result kvps_ring__coll_barrier(kvps_ring *r, const kvps_ring__exec *
 /* The v-collectives' counts, agreed before any data moves: every rank sends its vector (counts,
    or send then receive counts) to every other, and every rank checks all of them in the same
    order, so a disagreement is KVPS_ERR_MISMATCH on every rank, named alike. A peer that found it
-   first and aborted says so with its abort: still a mismatch here. k * k counts per rank. */
+   first aborts with this phase's tag: every rank sent its counts before it looked at any, so
+   the rest are on their way, and this rank reads them and finds it too. k * k counts per rank. */
 static kvps_result kvps_ring__coll_counts(kvps_ring *r, const kvps_ring__exec *x, int pairs) {
     int k = x->k, me = x->me;
     size_t m = (size_t)k * (pairs ? 2 : 1), bytes = m * sizeof(uint64_t);
@@ -1959,8 +1962,8 @@ static kvps_result kvps_ring__coll_counts(kvps_ring *r, const kvps_ring__exec *x
     for (int s = 1; s < k && rc == KVPS_OK; s++) rc = kvps_ring__send(r, (me + s) % k, tag, mine, bytes, -1);
     for (int s = 1; s < k && rc == KVPS_OK; s++) {
         int from = (me - s + k) % k;
-        rc = kvps_ring__recv_copy(r, from, tag, all + (size_t)from * m, bytes);
-        if (rc == KVPS_ERR_PEER && r->abort_rc == KVPS_ERR_MISMATCH) rc = KVPS_ERR_MISMATCH;
+        do rc = kvps_ring__recv_copy(r, from, tag, all + (size_t)from * m, bytes);
+        while (rc == KVPS_ERR_PEER && r->abort_rc == KVPS_ERR_MISMATCH && r->abort_tag == tag);
     }
     kvps_ring__ph_end(r);
     const char *coll = kvps_coll_name(x->op->coll), *dt = kvps_dtype_name(x->op->dtype);
@@ -1971,6 +1974,7 @@ static kvps_result kvps_ring__coll_counts(kvps_ring *r, const kvps_ring__exec *x
             uint64_t said = all[(size_t)i * m + (size_t)j], truth = pairs ? all[(size_t)j * m + (size_t)k + (size_t)i]
                                                                          : all[(size_t)j * m + (size_t)j];
             if (said == truth) continue;
+            r->cur.tag = tag; /* the abort says where: the count check (see above) */
             if (pairs)
                 rc = kvps_ring__fail(r, KVPS_ERR_MISMATCH, "%s counts disagree: rank %d sends %llu %s to rank %d, rank %d "
                                      "expects %llu from rank %d", coll, i, (unsigned long long)said, dt, j, j,
