@@ -12,6 +12,8 @@
      5. Ownership, threads, errors
      6. Timeline
      7. Point-to-point: send, recv, isend, irecv
+     8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
+     9. Sub-rings: kvps_ring_split
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -39,6 +41,11 @@
      alltoall        send[count * size] -> recv[count * size]: block j of rank i lands as block i
                      of rank j
      barrier         returns when every rank has entered
+     allgatherv      send[counts[rank]] -> recv: block i (counts[i]) at recv[displs[i]] (section 8)
+     gatherv         send[counts[rank]] -> root's recv: block i at recv[displs[i]]
+     scatterv        root's send: block i (counts[i]) at send[displs[i]] -> recv[counts[rank]] of rank i
+     alltoallv       send_counts[j] elements at send[send_displs[j]] to rank j -> recv_counts[i]
+                     elements from rank i at recv[recv_displs[i]]
    In place: send == NULL or send == recv (allgather and gather: also send == recv + rank *
    count): the data is already in recv: allgather / gather: the rank's block at recv[rank *
    count]; reduce_scatter / scatter (root): the whole input in recv, the rank's result moved to
@@ -81,24 +88,31 @@
    4. WIRE FORMAT
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
-   about half rate through a shaped link). Messages: [header 32 B][payload].
+   about half rate through a shaped link). Sub-rings (section 9) use the same sockets. Messages:
+   [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-   abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
+       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 spare (0)
+   src, seq, root are the numbers of the ring named by `ring`. A v-collective's header carries
+   count 0; its first messages (tag phase 14) are each rank's counts as u64, counts[size]
+   (alltoallv: send_counts[size] then recv_counts[size]), to every other rank. abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
    7) use the same header with coll = 0x50 (no collective has it), so neither side takes the
    other's: seq is the message's number among those from src to this rank (from 1), tag the
    user's tag (32 bits), op the kind: 1 data, 2 data that wants an answer, 3 ACK, 4 NACK (dtype
    and count: what the receive named; payload: the refused header), 5 abort (payload: the text).
 
    5. OWNERSHIP, THREADS, ERRORS
-   Buffers are borrowed until the call returns (blocking) or until kvps_ring_wait / test reports
-   the request done (non-blocking). Operations run in the order they were started, the same
+   Buffers (and a v-collective's counts and displs) are borrowed until the call returns
+   (blocking) or until kvps_ring_wait / test reports the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
-   operations run on the ring's own background thread (p2p calls wait for them: section 7). Every operation ends within .timeout_ms
+   operations run on a background thread (p2p calls wait for them: section 7). A ring and its
+   sub-rings share that thread and that rule (section 9). Every operation ends within .timeout_ms
    (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
-   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one.
+   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
+   collective whose frames sent without a copy are still in ZeroMQ's hands closes the sockets
+   (so that the caller may free its buffers): that breaks the ring's sub-rings and parent too.
    Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
    only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
    what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
@@ -157,6 +171,66 @@
    depend on a p2p call made after it was posted (post p2p first, or wait for the collective).
    A p2p request makes progress only inside p2p calls (and its data arrives regardless).
    Not in the timeline yet.
+
+   8. UNEVEN COLLECTIVES
+       size_t counts[3] = {5, 0, 2};                                  // the same on every rank
+       kvps_ring_allgatherv(r, mine, all, counts, NULL, KVPS_INT64);   // all: 7 elements, packed
+       kvps_ring_alltoallv(r, s, send_counts, NULL, d, recv_counts, NULL, KVPS_FLOAT32);
+   Rank i's block has counts[i] elements of any dtype (0 allowed); displs[i] (elements) is where
+   it lies in the buffer holding every block: recv for allgatherv and gatherv, the root's send
+   for scatterv; NULL displs: packed, each block right after the one before (give displs for
+   gaps or another order; blocks must not overlap). alltoallv has a counts / displs pair per
+   side. In place: send NULL (allgatherv and gatherv's root: the own block already at
+   recv[displs[rank]]; scatterv's root: every block in recv, its own moved to recv[0]; alltoallv:
+   the send layout in recv, read before anything is written).
+   Counts are checked across ranks before any data moves: every rank sends its counts to every
+   other (size * size counts per rank: fine for tens or hundreds of ranks, a cost at thousands)
+   and every rank checks them all in the same order, so a disagreement is KVPS_ERR_MISMATCH on
+   every rank, the same words everywhere: "allgatherv counts disagree: rank 2 says rank 1's
+   block is 5 float32, rank 1 says 6" (block j's count is rank j's own word; gatherv and
+   scatterv alike), "alltoallv counts disagree: rank 1 sends 6 int32 to rank 2, rank 2 expects 5
+   from rank 1". Every rank passes counts for every rank (gatherv and scatterv too: unlike MPI,
+   non-roots' counts are not ignored). Algorithms: allgatherv is the pipelined ring all-gather
+   over the uneven blocks (the same code as allgather), gatherv and scatterv send directly,
+   alltoallv pairwise. Other mismatches (another collective, dtype or root) are as in section 2.
+
+   9. SUB-RINGS
+       kvps_ring *half = NULL;
+       kvps_ring_split(r, rank % 2, rank, &half);       // even ranks, odd ranks: two sub-rings
+       kvps_ring_allreduce(half, g, g, n, KVPS_FLOAT32, KVPS_SUM); // ranks numbered in the sub-ring
+       kvps_ring_destroy(&half);                           // before r
+   kvps_ring_split(r, colour, key, &sub) is MPI_Comm_split: collective over r (every rank of r
+   calls it, in its order among r's collectives); the ranks that pass the same colour form a
+   sub-ring, ranked by key, ties by their rank in r; a negative colour (KVPS_UNDEFINED) joins
+   none and gets *sub = NULL. kvps_ring_rank / kvps_ring_size give a sub-ring's numbers. A
+   sub-ring takes every call a ring does, with its own ranks: each collective and algorithm
+   (AUTO chooses by the sub-ring's size; .groups is carried over, so HIER works), the
+   v-collectives, send / recv, post / wait, and kvps_ring_split (nested sub-rings).
+   Connections. A sub-ring binds and connects nothing: its messages go over the sockets of the
+   ring kvps_ring_create made (its family's first ring), with the sub-ring's id in the header
+   (section 4), and whoever reads a message for another ring of the family hands it over, so
+   messages are never taken by the wrong ring. Ids: in the split every rank proposes one above
+   every id it has used, and a sub-ring takes the largest proposal of its members, so no rank
+   has two live rings with one id, and ids are never reused (late pieces of a destroyed
+   sub-ring are dropped; messages for a sub-ring a faster peer made first are kept for it).
+   Threads. The family (the first ring and every sub-ring split from it, at any depth) has one
+   set of sockets, so it runs one call at a time: calls on its rings from several threads are
+   safe (each waits for the running one; never a data race, never a message taken by the wrong
+   ring), operations posted on any of its rings run on one thread in the order posted, and
+   p2p calls and splits wait for them. But a blocking collective holds the family until it
+   ends, so two threads whose collectives on different rings of a family start in different
+   orders on different ranks wait for each other until the timeout: use a family from one
+   thread, or post its collectives in the same order on every rank.
+   Destroying. Destroy sub-rings before the ring kvps_ring_create made: it owns the sockets, and
+   destroying it first (operations posted on any ring of the family run first) leaves its
+   sub-rings answering KVPS_ERR_STATE ("the ring it was split from ... was destroyed first");
+   they must still be destroyed, which frees them. A sub-ring destroyed before its own
+   sub-rings is harmless: they need only the family's sockets.
+   Errors name the sub-ring and the parent's ranks: "sub-ring 1 (colour 1, parent ranks 1 3)
+   rank 0 = parent rank 1: timed out after 1500 ms waiting for rank 1 in allreduce of 1000
+   float32 (sum, root 0) (this ring's collective #2)" (nested: "colour 0 of sub-ring 1"); the
+   ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
+   the sockets (section 5) it breaks the whole family.
 */
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
@@ -184,8 +258,12 @@ typedef enum kvps_ring_algo {
 typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is the last + 1 */
     KVPS_COLL_ALLREDUCE = 1, KVPS_COLL_REDUCE, KVPS_COLL_REDUCE_SCATTER, KVPS_COLL_ALLGATHER,
     KVPS_COLL_BROADCAST, KVPS_COLL_GATHER, KVPS_COLL_SCATTER, KVPS_COLL_ALLTOALL, KVPS_COLL_BARRIER,
+    KVPS_COLL_ALLGATHERV, KVPS_COLL_GATHERV, KVPS_COLL_SCATTERV, KVPS_COLL_ALLTOALLV, /* per-rank counts (section 8) */
     KVPS_COLL_COUNT
 } kvps_coll;
+
+/* kvps_ring_split's colour for a rank that joins no sub-ring (any negative colour does). */
+#define KVPS_UNDEFINED (-1)
 
 /* Zero means default.
    | field       | default                                       |
@@ -227,6 +305,12 @@ typedef struct kvps_ring_op {
     int root;
     kvps_ring_algo algo; /* 0: the ring's */
     kvps_dtype wire;     /* all-reduce of float32: KVPS_FLOAT16 or KVPS_BFLOAT16 on the wire (0: as dtype) */
+    /* the v-collectives (section 8; count unused): elements per rank and where each rank's
+       block starts (displs NULL: packed, block i right after block i-1). counts / displs: the
+       blocks of recv (allgatherv, gatherv), of send (scatterv), alltoallv's send side;
+       recv_counts / recv_displs: alltoallv's receive side. Borrowed as the buffers are. */
+    const size_t *counts, *displs;
+    const size_t *recv_counts, *recv_displs;
 } kvps_ring_op;
 
 typedef struct kvps_ring kvps_ring;
@@ -273,6 +357,30 @@ KVPS_API kvps_result kvps_ring_alltoall(kvps_ring *r, const void *send, void *re
                                         kvps_dtype dt);
 KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r);
 
+/* Uneven collectives (section 8): rank i's block has counts[i] elements (any dtype, 0 too) at
+   element displs[i] of the buffer that holds every block (displs NULL: packed). Every rank
+   passes the same counts (alltoallv: rank i's send_counts[j] equals rank j's recv_counts[i]);
+   they are checked across ranks before any data moves, and a disagreement is
+   KVPS_ERR_MISMATCH on every rank. In place: send NULL (allgatherv, gatherv's root: the block
+   already at recv + displs[rank]; scatterv's root and alltoallv: the send layout in recv). */
+KVPS_API kvps_result kvps_ring_allgatherv(kvps_ring *r, const void *send, void *recv, const size_t *counts,
+                                          const size_t *displs, kvps_dtype dt);
+KVPS_API kvps_result kvps_ring_gatherv(kvps_ring *r, const void *send, void *recv, const size_t *counts,
+                                       const size_t *displs, kvps_dtype dt, int root);
+KVPS_API kvps_result kvps_ring_scatterv(kvps_ring *r, const void *send, const size_t *counts, const size_t *displs,
+                                        void *recv, kvps_dtype dt, int root);
+KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const size_t *send_counts,
+                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, kvps_dtype dt);
+
+/* Sub-rings (section 9), as MPI_Comm_split: collective over r; the ranks that pass the same
+   colour (>= 0) form a sub-ring, ranked by key, ties by their rank in r; *out is NULL on a rank
+   whose colour is negative (KVPS_UNDEFINED). A sub-ring is a kvps_ring: every call takes it, and
+   splits again. It shares r's sockets; destroy it before the ring made by kvps_ring_create. */
+KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_ring **out);
+KVPS_API int kvps_ring_rank(const kvps_ring *r); /* -1 for NULL */
+KVPS_API int kvps_ring_size(const kvps_ring *r); /* 0 for NULL */
+
 /* Float32 all-reduce (sum) with 16-bit floats on the wire: half the bytes; sums are formed in
    float32, and each rank's partial result is rounded to the wire format before it is sent, so
    every rank ends with the same bits. */
@@ -305,22 +413,24 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 /* ============================================================================================ */
 #ifdef KVPS_IMPLEMENTATION
 /* Sections (grep "// >>name"), lowest layer first:
-     types        the wire header, stashed pieces, the zero-copy block, posted jobs, the ring
+     types        the wire header, stashed pieces, the zero-copy block, posted jobs, the
+                  collectives' row, the family (what a ring and its sub-rings share), the ring
      timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
-                  p2p messages kept apart whoever reads them
+                  p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
      small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
-     collectives  one function per kvps_coll, their table and dispatcher; the checks of an op
+     collectives  one function per kvps_coll (even and uneven blocks alike; the v-collectives'
+                  count check), their table and dispatcher; the checks of an op
      queue        running an op: in the caller's thread, or posted to the ring's own thread
      p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
                   eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
-     setup        create, connect, destroy
+     setup        create, connect, destroy; a family's sockets; kvps_ring_split
      rendezvous   endpoint exchange through kvps servers; the environment */
 #ifndef KVPS_RING__IMPLEMENTED
 #define KVPS_RING__IMPLEMENTED
@@ -334,7 +444,7 @@ enum {
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
     KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11, KVPS_RING__PH_RH = 12,
-    KVPS_RING__PH_RHAG = 13
+    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14
 };
 
 typedef struct kvps_ring__hdr {
@@ -344,8 +454,10 @@ typedef struct kvps_ring__hdr {
     uint8_t coll, dtype, op, abort;
     uint16_t root;
     uint64_t count;
+    uint32_t ring;  /* which ring of the family: 0 the one kvps_ring_create made, else a sub-ring's id */
+    uint32_t spare; /* 0 */
 } kvps_ring__hdr;
-typedef char kvps_ring__hdr_check[sizeof(kvps_ring__hdr) == 32 ? 1 : -1];
+typedef char kvps_ring__hdr_check[sizeof(kvps_ring__hdr) == 40 ? 1 : -1];
 
 typedef struct kvps_ring__stash {
     struct kvps_ring__stash *next;
@@ -394,11 +506,25 @@ typedef struct kvps_ring__p2p {
     void *buf;
     kvps_ring__tok *tok; /* a zero-copy send's frame, NULL when copied */
     kvps_result result;
-    char why[320];       /* the error, for kvps_ring_last_error when its wait returns */
+    char why[512];       /* the error, for kvps_ring_last_error when its wait returns */
 } kvps_ring__p2p;
+
+/* The collectives, one row each (>>collectives: kvps_ring__colls, from kvps_coll 1). */
+typedef struct kvps_ring__exec kvps_ring__exec;
+typedef kvps_result (*kvps_ring__coll_fn)(kvps_ring *r, const kvps_ring__exec *x);
+typedef struct kvps_ring__coll_row {
+    const char *name;     /* kvps_coll_name */
+    kvps_ring__coll_fn run;
+    unsigned char rooted, reduces;
+    unsigned char counts; /* 0: one count for every rank (op->count); 1: counts[size], the same on every rank;
+                             2: send and receive counts, rank i's send_counts[j] = rank j's recv_counts[i] */
+    const char *algo;     /* for the timeline; NULL: chosen as it runs (all-reduce) or by size (reduce, broadcast) */
+} kvps_ring__coll_row;
+static const kvps_ring__coll_row *kvps_ring__row(int coll);
 
 typedef struct kvps_ring__job {
     struct kvps_ring__job *next;
+    kvps_ring *ring; /* the ring of the family it runs on */
     uint64_t id;
     kvps_ring_op op;
     int done;
@@ -406,13 +532,45 @@ typedef struct kvps_ring__job {
     uint64_t tl_t0; /* timeline on: when it was posted (ns) */
 } kvps_ring__job;
 
+/* A family: the ring kvps_ring_create made and every sub-ring split from it, at any depth.
+   They share what is here: the sockets (each sub-ring's messages carry its id in the header),
+   the one-call-at-a-time hold (busy) and the queue of posted operations with its thread, and
+   the timeline. A sub-ring may outlive the family's first ring (which owns the sockets): closed
+   then, and its calls answer KVPS_ERR_STATE; the last ring destroyed frees the family. */
+typedef struct kvps_ring__fam {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int thread_started, busy, quit;
+    kvps_ring__job *head, *tail, *finished;
+    uint64_t next_id, running_id;
+    void *ctx, *router, **dealers; /* dealers: one per rank of the first ring */
+    int own_ctx, size, refs;
+    int closed;                    /* the first ring is destroyed: no sockets */
+    int broken;                    /* a failure on one of its rings closed the dealers */
+    char why[200];                 /* what broke it */
+    kvps_ring *rings;              /* the live rings, linked by fam_next */
+    uint32_t next_ring, max_ring;  /* the least id this rank proposes for a new sub-ring; the largest made here */
+    kvps_ring__stash *orphans, **orphans_tail; /* messages for sub-rings a peer has made and this rank not yet */
+    struct kvps_ring__tl *tl;
+} kvps_ring__fam;
+
 struct kvps_ring {
     kvps_ring_desc desc;
     int rank, size;
-    void *ctx, *router, **dealers;
-    int own_ctx, connected, broken;
+    kvps_ring__fam *fam;
+    kvps_ring *fam_next;
+    uint32_t id;        /* 0: the family's first ring; else this sub-ring's id (the header's ring) */
+    uint32_t parent_id;
+    int colour;
+    int *up;            /* sub-ring: rank i is parent rank up[i] */
+    int *root_rank;     /* rank i is rank root_rank[i] of the family's first ring (its dealer) */
+    size_t *blocks;     /* 4 * size: the blocks of an even collective (>>collectives) */
+    int connected, broken;
+    kvps_result abort_rc; /* the code and tag a peer's abort carried (the v-collectives' count check) */
+    uint64_t abort_tag;
     char endpoint[256];
-    char errmsg[320];
+    char errmsg[512];
     uint32_t seq;
     int64_t deadline;
     kvps_ring__hdr cur; /* the running collective's identity, for mismatch checks */
@@ -425,14 +583,7 @@ struct kvps_ring {
     void *work, *scratch;
     size_t work_cap, scratch_cap;
     int *view_buf;
-    /* background execution of posted operations */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t thread;
-    int thread_started, busy, quit;
-    kvps_ring__job *head, *tail, *finished;
-    uint64_t next_id, running_id;
-    /* point-to-point (>>p2p). Touched by whoever holds the sockets (busy: the ring's thread
+    /* point-to-point (>>p2p). Touched by whoever holds the sockets (busy: the family's thread
        during a posted collective, else the caller): p2p messages that arrived and are not taken
        yet, in arrival order; collective messages a p2p call read, which the collectives take
        first (held); per peer, the numbers of the messages sent and of the next one expected,
@@ -518,13 +669,6 @@ static kvps_result kvps_ring__tl_create(kvps_ring *r, const kvps_ring_desc *desc
     return KVPS_OK;
 }
 
-static void kvps_ring__tl_destroy(kvps_ring *r) {
-    if (!r->tl) return;
-    kvps__tl_close(&r->tl->w);
-    free(r->tl);
-    r->tl = NULL;
-}
-
 static void kvps_ring__tl_start(kvps_ring *r) {
     struct kvps_ring__tl *t = r->tl;
     t->t0 = kvps__tl_now();
@@ -540,12 +684,18 @@ static const char *kvps_ring__tl_algo_name(const kvps_ring *r, const kvps_ring_o
     case KVPS_COLL_ALLREDUCE: return r->tl->algo >= 0 ? kvps_algo_name((kvps_ring_algo)r->tl->algo) : "?";
     case KVPS_COLL_REDUCE: return large ? "ring reduce-scatter + gather" : "binomial tree";
     case KVPS_COLL_BROADCAST: return large ? "chain" : "binomial tree";
-    case KVPS_COLL_REDUCE_SCATTER: case KVPS_COLL_ALLGATHER: return "ring";
-    case KVPS_COLL_GATHER: case KVPS_COLL_SCATTER: return "direct";
-    case KVPS_COLL_ALLTOALL: return "pairwise";
-    case KVPS_COLL_BARRIER: return "dissemination";
-    default: return "?";
+    default: return kvps_ring__row(op->coll)->algo;
     }
+}
+
+/* Elements a collective moves per rank as the timeline names them: count, or for a
+   v-collective the sum of the blocks received (scatterv: sent by the root). */
+static uint64_t kvps_ring__tl_count(const kvps_ring *r, const kvps_ring_op *op) {
+    const size_t *c = op->coll == KVPS_COLL_ALLTOALLV ? op->recv_counts : op->counts;
+    if (!kvps_ring__row(op->coll)->counts || !c) return op->count;
+    uint64_t n = 0;
+    for (int i = 0; i < r->size; i++) n += c[i];
+    return n;
 }
 
 /* The collective ended with rc: its event and its phases'. */
@@ -555,22 +705,22 @@ static void kvps_ring__tl_finish(kvps_ring *r, const kvps_ring_op *op, kvps_resu
     uint64_t now = kvps__tl_now(), start = t->posted ? t->posted : t->t0;
     while (t->depth) kvps_ring__tl_close(t, now); /* phases an error left open */
     int tid = kvps__tl_lane(w, 0, "collectives", NULL, 0, start, now);
-    int rooted = op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_BROADCAST || op->coll == KVPS_COLL_GATHER ||
-                 op->coll == KVPS_COLL_SCATTER;
-    int reduces = op->coll == KVPS_COLL_ALLREDUCE || op->coll == KVPS_COLL_REDUCE || op->coll == KVPS_COLL_REDUCE_SCATTER;
+    int rooted = kvps_ring__row(op->coll)->rooted, reduces = kvps_ring__row(op->coll)->reduces;
+    uint64_t count = kvps_ring__tl_count(r, op);
     char *p = kvps__tl_begin(w, kvps_coll_name(op->coll), NULL, "ring", start, now, tid); /* names: plain ASCII */
     p = kvps__tl_arg_raw(p, "coll", kvps_coll_name(op->coll));
     p = kvps__tl_arg_u64(p, "seq", r->seq);
     if (op->coll != KVPS_COLL_BARRIER) {
         p = kvps__tl_arg_raw(p, "dtype", kvps_dtype_name(op->dtype));
-        p = kvps__tl_arg_u64(p, "count", op->count);
-        p = kvps__tl_arg_u64(p, "bytes", (uint64_t)op->count * kvps_dtype_size(op->dtype));
+        p = kvps__tl_arg_u64(p, "count", count);
+        p = kvps__tl_arg_u64(p, "bytes", count * kvps_dtype_size(op->dtype));
     }
     if (reduces) p = kvps__tl_arg_raw(p, "op", kvps_redop_name(op->op));
     if (rooted) p = kvps__tl_arg_i64(p, "root", op->root);
     if (op->wire) p = kvps__tl_arg_raw(p, "wire", kvps_dtype_name(op->wire));
     p = kvps__tl_arg_raw(p, "algorithm", kvps_ring__tl_algo_name(r, op));
     p = kvps__tl_arg_i64(p, "ranks", r->size);
+    if (r->id) p = kvps__tl_arg_u64(p, "sub_ring", r->id);
     if (t->posted) p = kvps__tl_arg_us(p, "queued_us", t->t0 - t->posted);
     if (t->dropped) p = kvps__tl_arg_u64(p, "phases_not_written", t->dropped);
     p = kvps__tl_arg_result(p, rc);
@@ -602,17 +752,14 @@ KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
 /* The names, one per value of each enum, checked against its _COUNT. */
 static const char *const kvps_ring__dtype_names[] = {"float32", "float64", "int32", "int64", "float16", "bfloat16"};
 static const char *const kvps_ring__redop_names[] = {"sum", "prod", "min", "max", "avg"};
-static const char *const kvps_ring__coll_names[] = {"none",      "allreduce", "reduce",  "reduce_scatter", "allgather",
-                                                    "broadcast", "gather",    "scatter", "alltoall",       "barrier"};
 static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
 typedef char kvps_ring__names_check[sizeof kvps_ring__dtype_names / sizeof *kvps_ring__dtype_names == KVPS_DTYPE_COUNT &&
                                             sizeof kvps_ring__redop_names / sizeof *kvps_ring__redop_names == KVPS_REDOP_COUNT &&
-                                            sizeof kvps_ring__coll_names / sizeof *kvps_ring__coll_names == KVPS_COLL_COUNT &&
                                             sizeof kvps_ring__algo_names / sizeof *kvps_ring__algo_names == KVPS_ALGO_COUNT
                                         ? 1 : -1];
 KVPS_API const char *kvps_dtype_name(kvps_dtype dt) { return (unsigned)dt < KVPS_DTYPE_COUNT ? kvps_ring__dtype_names[dt] : "?"; }
 KVPS_API const char *kvps_redop_name(kvps_redop op) { return (unsigned)op < KVPS_REDOP_COUNT ? kvps_ring__redop_names[op] : "?"; }
-KVPS_API const char *kvps_coll_name(kvps_coll c) { return (unsigned)c < KVPS_COLL_COUNT ? kvps_ring__coll_names[c] : "?"; }
+KVPS_API const char *kvps_coll_name(kvps_coll c) { return (unsigned)c < KVPS_COLL_COUNT ? kvps_ring__row(c)->name : "?"; }
 KVPS_API const char *kvps_algo_name(kvps_ring_algo a) { return (unsigned)a < KVPS_ALGO_COUNT ? kvps_ring__algo_names[a] : "?"; }
 
 #define KVPS_RING__RED(T, d, s, n, op)                                                    \
@@ -699,14 +846,40 @@ static void kvps_ring__scale(void *buf, size_t n, kvps_dtype dt, int k) {
 #undef KVPS_RING__HALF_DIV
 
 // >>transport
+/* A sub-ring's errors say which it is and whose ranks: "sub-ring 1 (colour 3, parent ranks 4
+   5 6) rank 0 = parent rank 4: " (a nested one: "colour 0 of sub-ring 1"); the ranks in the
+   rest of the message are the sub-ring's. */
+static void kvps_ring__who(const kvps_ring *r, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "sub-ring %u (colour %d", r->id, r->colour);
+    if (r->parent_id && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " of sub-ring %u", r->parent_id);
+    if (n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, ", parent ranks");
+    for (int i = 0; i < r->size && n >= 0 && (size_t)n < cap; i++)
+        n += i < 16 ? snprintf(buf + n, cap - (size_t)n, " %d", r->up[i]) : snprintf(buf + n, cap - (size_t)n, " ...");
+    if (n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, ") rank %d = parent rank %d: ", r->rank, r->up[r->rank]);
+}
+
 static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt, ...) {
     if (r->errmsg[0] == 0 || rc != KVPS_ERR_PEER) {
+        char m[sizeof r->errmsg], who[160] = "", mine[24];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(r->errmsg, sizeof r->errmsg, fmt, ap);
+        vsnprintf(m, sizeof m, fmt, ap);
         va_end(ap);
+        const char *body = m;
+        if (r->id && strncmp(m, "sub-ring ", 9) != 0) { /* (a message passed on already has it) */
+            kvps_ring__who(r, who, sizeof who);
+            snprintf(mine, sizeof mine, "rank %d: ", r->rank);
+            if (strncmp(body, mine, strlen(mine)) == 0) body += strlen(mine); /* the prefix says it */
+        }
+        snprintf(r->errmsg, sizeof r->errmsg, "%s%.*s", who, (int)(sizeof r->errmsg - 1 - strlen(who)), body);
     }
     return rc;
+}
+
+/* Rank dst's socket: the family's DEALER to that rank of its first ring (NULL once closed). */
+static void *kvps_ring__dealer(const kvps_ring *r, int dst) {
+    return r->fam->dealers ? r->fam->dealers[r->root_rank[dst]] : NULL;
 }
 
 static void kvps_ring__zc_free(void *data, void *hint) {
@@ -724,8 +897,9 @@ static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *
     kvps__msg_from_buf(&f[0], h, sizeof *h);
     f[1] = *payload;
     zmq_msg_init(payload);
-    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
-    if (kvps__send_frames(r->dealers[dst], f, 2) != 0)
+    void *d = kvps_ring__dealer(r, dst);
+    if (!d) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    if (kvps__send_frames(d, f, 2) != 0)
         return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "%s: send to rank %d: %s",
                                kvps_coll_name((kvps_coll)r->cur.coll), dst,
                                zmq_errno() == EAGAIN ? "no connection (the peer is gone)" : zmq_strerror(zmq_errno()));
@@ -766,7 +940,7 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
     h.abort = 1;
     h.count = (uint64_t)(int64_t)rc;
     for (int i = 0; i < r->size; i++)
-        if (i != r->rank && r->dealers[i]) kvps_ring__send_hdr(r, i, &h, r->errmsg, strlen(r->errmsg), -1);
+        if (i != r->rank && kvps_ring__dealer(r, i)) kvps_ring__send_hdr(r, i, &h, r->errmsg, strlen(r->errmsg), -1);
 }
 
 /* A call as a header describes it: "allreduce of 100 float32 (sum, root 0)", and its wire format
@@ -782,6 +956,8 @@ static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size
    message, which names what it waited for), or NULL. */
 static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h, zmq_msg_t *text) {
     if (h->abort) {
+        r->abort_rc = (kvps_result)(int64_t)h->count;
+        r->abort_tag = h->tag;
         int len = text ? (int)(zmq_msg_size(text) < 240 ? zmq_msg_size(text) : 240) : 0;
         return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %u aborted the %s: %s%s%.*s", h->src,
                                kvps_coll_name((kvps_coll)r->cur.coll), kvps_result_str((kvps_result)(int64_t)h->count),
@@ -816,26 +992,58 @@ static kvps_ring__stash *kvps_ring__fifo_cut(kvps_ring__stash **pp, kvps_ring__s
     return e;
 }
 
-/* A message waiting on the router, without waiting (malformed ones dropped): 1 and *h and
-   *payload (to close) filled; 0: none. */
+static int kvps_ring__p2p_keep(kvps_ring *r, const kvps_ring__hdr *h, zmq_msg_t *payload);
+
+/* The family's ring with id `id`, NULL when this rank has none (not made yet, or destroyed). */
+static kvps_ring *kvps_ring__member(const kvps_ring__fam *f, uint32_t id) {
+    kvps_ring *t = f->rings;
+    while (t && t->id != id) t = t->fam_next;
+    return t;
+}
+
+/* A message ring t's reader did not read itself: p2p ones kept for its p2p calls, collective
+   ones held for its collectives, in order (a collective abort also says its sender broke). */
+static void kvps_ring__deliver(kvps_ring *t, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    if (h->coll == KVPS_RING__P2P) { kvps_ring__p2p_keep(t, h, payload); return; }
+    if (h->abort && !t->p2p_gone[h->src]) {
+        snprintf(t->p2p_why, sizeof t->p2p_why, "it aborted a collective (%s)", kvps_result_str((kvps_result)(int64_t)h->count));
+        t->p2p_why_rank = h->src;
+        t->p2p_gone[h->src] = 1;
+    }
+    kvps_ring__fifo_put(&t->held_tail, h, payload);
+}
+
+/* A message for a sub-ring this rank does not have: ids only grow, so one above every id made
+   here is for a sub-ring a faster peer has made already (kept, handed over when this rank makes
+   it: kvps_ring_split); the rest are late pieces of a destroyed one (dropped). */
+static void kvps_ring__orphan(kvps_ring__fam *f, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    if (h->ring > f->max_ring) { kvps_ring__fifo_put(&f->orphans_tail, h, payload); return; }
+    kvps__log(KVPS_LOG_DEBUG, "ring: dropped a message for sub-ring %u, gone here", h->ring);
+    zmq_msg_close(payload);
+}
+
+/* A message for ring r waiting on the family's router, without waiting: 1 and *h and *payload
+   (to close) filled; 0: none. Malformed ones are dropped, other rings' handed to them. */
 static int kvps_ring__read(kvps_ring *r, kvps_ring__hdr *h, zmq_msg_t *payload) {
     for (;;) {
         zmq_msg_t fr[3];
         int extra;
-        int n = kvps__recv_msg(r->router, fr, 3, &extra);
+        int n = kvps__recv_msg(r->fam->router, fr, 3, &extra);
         if (n <= 0) return 0;
         int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof *h;
         if (ok) memcpy(h, zmq_msg_data(&fr[1]), sizeof *h);
-        ok = ok && h->magic == KVPS_RING__MAGIC && h->src < r->size;
-        if (!ok) {
+        ok = ok && h->magic == KVPS_RING__MAGIC;
+        kvps_ring *t = !ok ? NULL : h->ring == r->id ? r : kvps_ring__member(r->fam, h->ring);
+        if (!ok || (t && h->src >= t->size)) {
             kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
             for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
             continue;
         }
         zmq_msg_close(&fr[0]);
         zmq_msg_close(&fr[1]);
-        *payload = fr[2];
-        return 1;
+        if (t == r) { *payload = fr[2]; return 1; }
+        if (t) kvps_ring__deliver(t, h, &fr[2]);
+        else kvps_ring__orphan(r->fam, h, &fr[2]);
     }
 }
 
@@ -949,7 +1157,7 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                                        "ring's collective #%u)", r->rank, r->desc.timeout_ms, src,
                                        kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
-            zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
+            zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
             if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
             continue;
@@ -1173,17 +1381,19 @@ typedef struct kvps_ring__task {
     char *buf;
     const char *src; /* all-reduce out of place: the input (buf is the output), NULL: in place */
     size_t count, blk, es, piece; /* blk > 0: fixed blocks of blk elements, else count cut in k */
+    const size_t *voff, *vlen;    /* non-NULL: block c is [voff[c], voff[c] + vlen[c]) (all-gather's blocks) */
 } kvps_ring__task;
 
 static size_t kvps_ring__bound(const kvps_ring__task *t, int c) { /* start of block c, 0 <= c <= k */
     return t->blk ? (size_t)c * t->blk : (size_t)((uint64_t)t->count * (uint64_t)c / (uint64_t)t->k);
 }
 static size_t kvps_ring__off(const kvps_ring__task *t, int c) {
-    return kvps_ring__bound(t, ((c % t->k) + t->k) % t->k);
+    c = ((c % t->k) + t->k) % t->k;
+    return t->vlen ? t->voff[c] : kvps_ring__bound(t, c);
 }
 static size_t kvps_ring__len(const kvps_ring__task *t, int c) {
     c = ((c % t->k) + t->k) % t->k;
-    return kvps_ring__bound(t, c + 1) - kvps_ring__bound(t, c);
+    return t->vlen ? t->vlen[c] : kvps_ring__bound(t, c + 1) - kvps_ring__bound(t, c);
 }
 static size_t kvps_ring__npieces(const kvps_ring__task *t, int c) {
     size_t n = kvps_ring__len(t, c);
@@ -1262,6 +1472,7 @@ static void kvps_ring__task_init(kvps_ring__task *t, kvps_ring *r, const int *vi
     t->src = NULL;
     t->count = count;
     t->blk = blk;
+    t->voff = t->vlen = NULL;
     t->es = kvps_dtype_size(kvps_ring__dt(r));
     t->piece = kvps_ring__piece(r, t->es);
 }
@@ -1554,14 +1765,19 @@ static kvps_result kvps_ring__hier(kvps_ring *r, void *buf, size_t count, kvps_r
 // >>collectives
 /* One running collective as its function sees it: the op, this ring's shape, and the identity
    view (every rank, in order) that the algorithms run over. */
-typedef struct kvps_ring__exec {
+struct kvps_ring__exec {
     const kvps_ring_op *op;
     int k, me, large; /* large: bytes > small_bytes (pipelined algorithms rather than trees) */
-    size_t n, bytes;  /* elements and bytes of one rank's block */
+    size_t n, bytes;  /* elements and bytes of one rank's block (v-collectives: this rank's) */
+    size_t es;        /* bytes per element */
     const char *send;
     char *recv;
     int *all;
-} kvps_ring__exec;
+    /* the blocks (elements) of rank i: cnt[i] at dsp[i] of recv (all-gather, gather,
+       all-to-all) or of send (scatter); scnt, sdsp: all-to-all's send side. Even collectives:
+       n each, packed; v-collectives: the op's, agreed across ranks first */
+    const size_t *cnt, *dsp, *scnt, *sdsp;
+};
 
 static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec *x) {
     int k = x->k, me = x->me, large = x->large;
@@ -1634,70 +1850,80 @@ static kvps_result kvps_ring__coll_reduce_scatter(kvps_ring *r, const kvps_ring_
 
 /* The rank's own block into place, when it is not there already (all-gather, gather's root). */
 static void kvps_ring__own_block(const kvps_ring__exec *x) {
-    size_t bytes = x->bytes;
-    char *mine = x->recv + (size_t)x->me * bytes;
+    size_t bytes = x->cnt[x->me] * x->es;
+    char *mine = x->recv + x->dsp[x->me] * x->es;
     if (x->send && x->send != x->recv && x->send != mine && bytes) memcpy(mine, x->send, bytes);
 }
 
+/* Ring all-gather of the blocks (even or not): each is forwarded piece by piece. */
 static kvps_result kvps_ring__coll_allgather(kvps_ring *r, const kvps_ring__exec *x) {
-    kvps_ring__own_block(x);
+    size_t total = 0;
+    for (int i = 0; i < x->k; i++) total += x->cnt[i];
+    if (total) kvps_ring__own_block(x);
     kvps_ring__task t;
-    kvps_ring__task_init(&t, r, x->all, x->k, x->me, x->recv, x->n * (size_t)x->k, x->n, 0);
-    return x->k > 1 && x->n ? kvps_ring__rings(r, &t, 1, 0, 1) : KVPS_OK;
+    kvps_ring__task_init(&t, r, x->all, x->k, x->me, x->recv, total, 0, 0);
+    t.voff = x->dsp;
+    t.vlen = x->cnt;
+    return x->k > 1 && total ? kvps_ring__rings(r, &t, 1, 0, 1) : KVPS_OK;
 }
 
 static kvps_result kvps_ring__coll_gather(kvps_ring *r, const kvps_ring__exec *x) {
     int k = x->k, me = x->me;
-    size_t bytes = x->bytes;
+    size_t es = x->es;
     uint64_t tag = kvps_ring__tag(KVPS_RING__PH_GATHER, 0, 0, 0);
-    if (me != x->op->root) return kvps_ring__send(r, x->op->root, tag, x->send ? x->send : x->recv, bytes, 0);
+    if (me != x->op->root) return kvps_ring__send(r, x->op->root, tag, x->send ? x->send : x->recv, x->cnt[me] * es, 0);
     kvps_ring__own_block(x);
     kvps_result rc = KVPS_OK;
     for (int i = 0; i < k && rc == KVPS_OK; i++)
-        if (i != me) rc = kvps_ring__recv_copy(r, i, tag, x->recv + (size_t)i * bytes, bytes);
+        if (i != me) rc = kvps_ring__recv_copy(r, i, tag, x->recv + x->dsp[i] * es, x->cnt[i] * es);
     return rc;
 }
 
 static kvps_result kvps_ring__coll_scatter(kvps_ring *r, const kvps_ring__exec *x) {
     int k = x->k, me = x->me;
-    size_t bytes = x->bytes;
+    size_t es = x->es, bytes = x->cnt[me] * es;
     char *recv = x->recv;
     uint64_t tag = kvps_ring__tag(KVPS_RING__PH_SCATTER, 0, 0, 0);
     if (me != x->op->root) return kvps_ring__recv_copy(r, x->op->root, tag, recv, bytes);
     const char *src = x->send ? x->send : recv;
     kvps_result rc = KVPS_OK;
     for (int i = 0; i < k && rc == KVPS_OK; i++)
-        if (i != me) rc = kvps_ring__send(r, i, tag, src + (size_t)i * bytes, bytes, 0);
-    if (rc == KVPS_OK && src + (size_t)me * bytes != recv && bytes) {
+        if (i != me) rc = kvps_ring__send(r, i, tag, src + x->dsp[i] * es, x->cnt[i] * es, 0);
+    if (rc == KVPS_OK && src + x->dsp[me] * es != recv && bytes) {
         rc = kvps_ring__zc_drain(r, -1, r->deadline); /* in place: block 0 may still be going out */
-        if (rc == KVPS_OK) memmove(recv, src + (size_t)me * bytes, bytes);
+        if (rc == KVPS_OK) memmove(recv, src + x->dsp[me] * es, bytes);
     }
     return rc;
 }
 
 static kvps_result kvps_ring__coll_alltoall(kvps_ring *r, const kvps_ring__exec *x) {
     int k = x->k, me = x->me;
-    size_t bytes = x->bytes;
+    size_t es = x->es;
     char *recv = x->recv;
     const char *src = x->send;
     uint64_t tag = kvps_ring__tag(KVPS_RING__PH_A2A, 0, 0, 0);
-    if (!src || src == recv) { /* in place: keep a copy of what goes out */
-        char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, bytes * (size_t)k);
+    if (!src || src == recv) { /* in place: keep a copy of what goes out (the send layout, in recv) */
+        size_t end = 0;
+        for (int i = 0; i < k; i++)
+            if (x->scnt[i] && x->sdsp[i] + x->scnt[i] > end) end = x->sdsp[i] + x->scnt[i];
+        char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, end * es);
         if (!w) return KVPS_ERR_NOMEM;
-        if (bytes) memcpy(w, recv, bytes * (size_t)k);
+        if (end) memcpy(w, recv, end * es);
         src = w;
     }
     kvps_result rc = KVPS_OK;
     kvps_ring__ph(r, "send to every rank", -1);
-    for (int s = 1; s < k && rc == KVPS_OK; s++)
-        rc = kvps_ring__send(r, (me + s) % k, tag, src + (size_t)((me + s) % k) * bytes, bytes, 0);
-    if (rc == KVPS_OK && bytes && src + (size_t)me * bytes != recv + (size_t)me * bytes)
-        memcpy(recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+    for (int s = 1; s < k && rc == KVPS_OK; s++) {
+        int to = (me + s) % k;
+        rc = kvps_ring__send(r, to, tag, src + x->sdsp[to] * es, x->scnt[to] * es, 0);
+    }
+    if (rc == KVPS_OK && x->cnt[me] && src + x->sdsp[me] * es != recv + x->dsp[me] * es)
+        memcpy(recv + x->dsp[me] * es, src + x->sdsp[me] * es, x->cnt[me] * es);
     kvps_ring__ph_end(r);
     kvps_ring__ph(r, "receive from every rank", -1);
     for (int s = 1; s < k && rc == KVPS_OK; s++) {
         int from = (me - s + k) % k;
-        rc = kvps_ring__recv_copy(r, from, tag, recv + (size_t)from * bytes, bytes);
+        rc = kvps_ring__recv_copy(r, from, tag, recv + x->dsp[from] * es, x->cnt[from] * es);
     }
     kvps_ring__ph_end(r);
     return rc;
@@ -1716,28 +1942,145 @@ static kvps_result kvps_ring__coll_barrier(kvps_ring *r, const kvps_ring__exec *
     return rc;
 }
 
-/* The collectives, one row per kvps_coll (from 1). */
-typedef kvps_result (*kvps_ring__coll_fn)(kvps_ring *r, const kvps_ring__exec *x);
-static const kvps_ring__coll_fn kvps_ring__colls[] = {
-    NULL, kvps_ring__coll_allreduce, kvps_ring__coll_reduce, kvps_ring__coll_reduce_scatter, kvps_ring__coll_allgather,
-    kvps_ring__coll_broadcast, kvps_ring__coll_gather, kvps_ring__coll_scatter, kvps_ring__coll_alltoall,
-    kvps_ring__coll_barrier};
+/* The v-collectives' counts, agreed before any data moves: every rank sends its vector (counts,
+   or send then receive counts) to every other, and every rank checks all of them in the same
+   order, so a disagreement is KVPS_ERR_MISMATCH on every rank, named alike. A peer that found it
+   first aborts with this phase's tag: every rank sent its counts before it looked at any, so
+   the rest are on their way, and this rank reads them and finds it too. k * k counts per rank. */
+static kvps_result kvps_ring__coll_counts(kvps_ring *r, const kvps_ring__exec *x, int pairs) {
+    int k = x->k, me = x->me;
+    size_t m = (size_t)k * (pairs ? 2 : 1), bytes = m * sizeof(uint64_t);
+    uint64_t *all = (uint64_t *)malloc(bytes * (size_t)k), *mine = all + (size_t)me * m;
+    if (!all) return KVPS_ERR_NOMEM;
+    for (int i = 0; i < k; i++) {
+        mine[i] = pairs ? x->scnt[i] : x->cnt[i];
+        if (pairs) mine[k + i] = x->cnt[i];
+    }
+    uint64_t tag = kvps_ring__tag(KVPS_RING__PH_VCOUNT, 0, 0, 0);
+    kvps_result rc = KVPS_OK;
+    kvps_ring__ph(r, "agree on the counts", -1);
+    for (int s = 1; s < k && rc == KVPS_OK; s++) rc = kvps_ring__send(r, (me + s) % k, tag, mine, bytes, -1);
+    for (int s = 1; s < k && rc == KVPS_OK; s++) {
+        int from = (me - s + k) % k;
+        do rc = kvps_ring__recv_copy(r, from, tag, all + (size_t)from * m, bytes);
+        while (rc == KVPS_ERR_PEER && r->abort_rc == KVPS_ERR_MISMATCH && r->abort_tag == tag);
+    }
+    kvps_ring__ph_end(r);
+    const char *coll = kvps_coll_name(x->op->coll), *dt = kvps_dtype_name(x->op->dtype);
+    for (int i = 0; i < k && rc == KVPS_OK; i++)
+        for (int j = 0; j < k && rc == KVPS_OK; j++) {
+            /* pairs: rank i sends all[i][j] to j, which expects all[j][k + i]; else block j is
+               rank j's own word, all[j][j], and rank i must say the same */
+            uint64_t said = all[(size_t)i * m + (size_t)j], truth = pairs ? all[(size_t)j * m + (size_t)k + (size_t)i]
+                                                                         : all[(size_t)j * m + (size_t)j];
+            if (said == truth) continue;
+            r->cur.tag = tag; /* the abort says where: the count check (see above) */
+            if (pairs)
+                rc = kvps_ring__fail(r, KVPS_ERR_MISMATCH, "%s counts disagree: rank %d sends %llu %s to rank %d, rank %d "
+                                     "expects %llu from rank %d", coll, i, (unsigned long long)said, dt, j, j,
+                                     (unsigned long long)truth, i);
+            else
+                rc = kvps_ring__fail(r, KVPS_ERR_MISMATCH, "%s counts disagree: rank %d says rank %d's block is %llu %s, "
+                                     "rank %d says %llu", coll, i, j, (unsigned long long)said, dt, j,
+                                     (unsigned long long)truth);
+        }
+    free(all);
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_allgatherv(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_result rc = kvps_ring__coll_counts(r, x, 0);
+    return rc == KVPS_OK ? kvps_ring__coll_allgather(r, x) : rc;
+}
+static kvps_result kvps_ring__coll_gatherv(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_result rc = kvps_ring__coll_counts(r, x, 0);
+    return rc == KVPS_OK ? kvps_ring__coll_gather(r, x) : rc;
+}
+static kvps_result kvps_ring__coll_scatterv(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_result rc = kvps_ring__coll_counts(r, x, 0);
+    return rc == KVPS_OK ? kvps_ring__coll_scatter(r, x) : rc;
+}
+static kvps_result kvps_ring__coll_alltoallv(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_result rc = kvps_ring__coll_counts(r, x, 1);
+    return rc == KVPS_OK ? kvps_ring__coll_alltoall(r, x) : rc;
+}
+
+/* The collectives, one row per kvps_coll (from 1; row 0 names "no collective"). */
+static const kvps_ring__coll_row kvps_ring__colls[] = {
+    {"none", NULL, 0, 0, 0, "?"},
+    {"allreduce", kvps_ring__coll_allreduce, 0, 1, 0, NULL},
+    {"reduce", kvps_ring__coll_reduce, 1, 1, 0, NULL},
+    {"reduce_scatter", kvps_ring__coll_reduce_scatter, 0, 1, 0, "ring"},
+    {"allgather", kvps_ring__coll_allgather, 0, 0, 0, "ring"},
+    {"broadcast", kvps_ring__coll_broadcast, 1, 0, 0, NULL},
+    {"gather", kvps_ring__coll_gather, 1, 0, 0, "direct"},
+    {"scatter", kvps_ring__coll_scatter, 1, 0, 0, "direct"},
+    {"alltoall", kvps_ring__coll_alltoall, 0, 0, 0, "pairwise"},
+    {"barrier", kvps_ring__coll_barrier, 0, 0, 0, "dissemination"},
+    {"allgatherv", kvps_ring__coll_allgatherv, 0, 0, 1, "ring"},
+    {"gatherv", kvps_ring__coll_gatherv, 1, 0, 1, "direct"},
+    {"scatterv", kvps_ring__coll_scatterv, 1, 0, 1, "direct"},
+    {"alltoallv", kvps_ring__coll_alltoallv, 0, 0, 2, "pairwise"},
+};
 typedef char kvps_ring__colls_check[sizeof kvps_ring__colls / sizeof kvps_ring__colls[0] == KVPS_COLL_COUNT ? 1 : -1];
+static const kvps_ring__coll_row *kvps_ring__row(int coll) { return &kvps_ring__colls[coll]; }
+
+/* Packed displacements of counts into d (d[i] = counts[0] + ... + counts[i-1]), or displs. */
+static const size_t *kvps_ring__displs(const size_t *counts, const size_t *displs, size_t *d, int k) {
+    if (displs) return displs;
+    for (int i = 0; i < k; i++) d[i] = i ? d[i - 1] + counts[i - 1] : 0;
+    return d;
+}
 
 /* Runs a validated operation (kvps_ring__validate). */
 static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
     kvps_ring__exec x;
+    const kvps_ring__coll_row *row = kvps_ring__row(op->coll);
+    int k = r->size;
+    size_t *b = r->blocks; /* 4 k: counts, displacements, then (all-to-all-v) the send side's */
     x.op = op;
-    x.k = r->size;
+    x.k = k;
     x.me = r->rank;
-    x.n = op->count;
-    x.bytes = x.n * kvps_dtype_size(op->dtype);
+    x.es = kvps_dtype_size(op->dtype);
+    if (row->counts) {
+        x.cnt = op->coll == KVPS_COLL_ALLTOALLV ? op->recv_counts : op->counts;
+        x.dsp = kvps_ring__displs(x.cnt, op->coll == KVPS_COLL_ALLTOALLV ? op->recv_displs : op->displs, b + k, k);
+        x.scnt = op->counts;
+        x.sdsp = op->coll == KVPS_COLL_ALLTOALLV ? kvps_ring__displs(op->counts, op->displs, b + 3 * k, k) : x.dsp;
+        x.n = op->coll == KVPS_COLL_ALLTOALLV ? 0 : x.cnt[x.me];
+    } else {
+        for (int i = 0; i < k; i++) { b[i] = op->count; b[k + i] = (size_t)i * op->count; }
+        x.cnt = x.scnt = b;
+        x.dsp = x.sdsp = b + k;
+        x.n = op->count;
+    }
+    x.bytes = x.n * x.es;
     x.large = x.bytes > r->desc.small_bytes;
     x.send = (const char *)op->send;
     x.recv = (char *)op->recv;
     x.all = r->view_buf + 2 * r->size;
     for (int i = 0; i < x.k; i++) x.all[i] = i;
-    return kvps_ring__colls[op->coll](r, &x);
+    return row->run(r, &x);
+}
+
+/* A v-collective's arguments: counts given, each and their sum within 2^40 bytes, and the
+   buffers that must hold data. */
+static kvps_result kvps_ring__validate_v(const kvps_ring *r, const kvps_ring_op *op) {
+    size_t lim = ((size_t)1 << 40) / kvps_dtype_size(op->dtype), sum = 0, rsum = 0;
+    int a2a = op->coll == KVPS_COLL_ALLTOALLV, root = op->root == r->rank;
+    if (!op->counts || (a2a && !op->recv_counts)) return KVPS_ERR_INVALID_ARG;
+    for (int i = 0; i < r->size; i++) {
+        size_t rc = a2a ? op->recv_counts[i] : 0;
+        if (op->counts[i] > lim || rc > lim || (sum += op->counts[i]) > lim || (rsum += rc) > lim) return KVPS_ERR_INVALID_ARG;
+    }
+    size_t own = op->counts[r->rank];
+    switch (op->coll) {
+    case KVPS_COLL_ALLGATHERV: return sum && !op->recv ? KVPS_ERR_INVALID_ARG : KVPS_OK;
+    case KVPS_COLL_GATHERV: return (root ? sum && !op->recv : own && !op->send) ? KVPS_ERR_INVALID_ARG : KVPS_OK;
+    case KVPS_COLL_SCATTERV:
+        return (own && !op->recv) || (root && sum && !op->send && !op->recv) ? KVPS_ERR_INVALID_ARG : KVPS_OK;
+    default: return (rsum && !op->recv) || (sum && !op->send && !op->recv) ? KVPS_ERR_INVALID_ARG : KVPS_OK;
+    }
 }
 
 static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *op) {
@@ -1749,6 +2092,7 @@ static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *o
                      (op->wire != KVPS_FLOAT16 && op->wire != KVPS_BFLOAT16)))
         return KVPS_ERR_INVALID_ARG;
     if (op->root < 0 || op->root >= r->size) return KVPS_ERR_INVALID_ARG;
+    if (kvps_ring__row(op->coll)->counts) return kvps_ring__validate_v(r, op);
     if (op->count > ((size_t)1 << 40) / (size_t)r->size) return KVPS_ERR_INVALID_ARG;
     if (op->count == 0) return KVPS_OK;
     int root = op->root == r->rank;
@@ -1763,9 +2107,33 @@ static kvps_result kvps_ring__validate(const kvps_ring *r, const kvps_ring_op *o
 
 // >>queue
 /* Runs one operation in the calling thread (which holds the ring). */
-static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
+/* Whether r may run a call: KVPS_ERR_STATE with the reason when it is broken, its family is
+   (a failure on another of its rings closed the sockets), or the family's first ring is gone. */
+static kvps_result kvps_ring__usable(kvps_ring *r) {
     if (r->broken) return KVPS_ERR_STATE;
+    if (r->fam->closed)
+        return kvps_ring__fail(r, KVPS_ERR_STATE, "the ring it was split from (made by kvps_ring_create) was destroyed "
+                               "first: destroy sub-rings before it");
+    if (r->fam->broken) return kvps_ring__fail(r, KVPS_ERR_STATE, "its family's sockets were closed: %s", r->fam->why);
     if (!r->connected) return kvps_ring__fail(r, KVPS_ERR_STATE, "kvps_ring_connect has not been called");
+    return KVPS_OK;
+}
+
+/* A failure that may leave the caller's buffers in ZeroMQ's hands: every DEALER of the family
+   is closed (dropping what is queued), which breaks the family's other rings too (section 9). */
+static void kvps_ring__close_dealers(kvps_ring *r) {
+    kvps_ring__fam *f = r->fam;
+    for (int i = 0; f->dealers && i < f->size; i++) {
+        if (!f->dealers[i]) continue;
+        zmq_close(f->dealers[i]);
+        f->dealers[i] = NULL;
+    }
+    if (!f->broken) snprintf(f->why, sizeof f->why, "%.190s", r->errmsg);
+    f->broken = 1;
+}
+
+static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
+    if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     r->seq++;
     memset(&r->cur, 0, sizeof r->cur);
     r->cur.magic = KVPS_RING__MAGIC;
@@ -1776,7 +2144,9 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->wire = op->coll == KVPS_COLL_ALLREDUCE ? (int)op->wire : 0;
     r->cur.op = (uint8_t)op->op;
     r->cur.root = (uint16_t)op->root;
-    r->cur.count = op->count;
+    r->cur.count = kvps_ring__row(op->coll)->counts ? 0 : op->count; /* (the v-collectives agree on theirs first) */
+    r->cur.ring = r->id;
+    r->abort_rc = KVPS_OK;
     r->hier = 0;
     r->errmsg[0] = 0;
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
@@ -1795,12 +2165,10 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     if (rc != KVPS_OK) {
         if (rc != KVPS_ERR_PEER) kvps_ring__abort_all(r, rc);
         kvps__log(KVPS_LOG_WARN, "ring %d: %s: %s", r->rank, kvps_result_str(rc), r->errmsg);
-        /* ZeroMQ may still hold the caller's buffers: drop everything queued before returning */
-        for (int i = 0; i < r->size; i++) {
-            if (!r->dealers[i]) continue;
-            zmq_close(r->dealers[i]);
-            r->dealers[i] = NULL;
-        }
+        /* ZeroMQ may still hold the caller's buffers (frames sent without a copy): then drop
+           everything queued before returning. Else what is queued (the abort notices, a
+           v-collective's counts) still goes out, and the family's other rings go on. */
+        if (kvps_ring__zc_busy(r, -1)) kvps_ring__close_dealers(r);
         for (int64_t until = kvps__now_ms() + 2000; kvps_ring__zc_busy(r, -1) && kvps__now_ms() < until;) sched_yield();
         if (kvps_ring__zc_busy(r, -1))
             kvps__log(KVPS_LOG_ERROR, "ring %d: a peer still holds frames sent without a copy: keep the buffers "
@@ -1810,30 +2178,31 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     return rc;
 }
 
+/* The family's thread: runs the operations posted on any of its rings, in the order posted. */
 static void *kvps_ring__thread(void *arg) {
-    kvps_ring *r = (kvps_ring *)arg;
-    pthread_mutex_lock(&r->mu);
+    kvps_ring__fam *f = (kvps_ring__fam *)arg;
+    pthread_mutex_lock(&f->mu);
     for (;;) {
-        while (!r->quit && (!r->head || r->busy)) pthread_cond_wait(&r->cv, &r->mu);
-        if (r->quit && !r->head) break;
-        kvps_ring__job *j = r->head;
-        r->head = j->next;
-        if (!r->head) r->tail = NULL;
-        r->busy = 1;
-        r->running_id = j->id;
-        pthread_mutex_unlock(&r->mu);
-        if (r->tl) r->tl->posted = j->tl_t0;
-        kvps_result rc = kvps_ring__run_now(r, &j->op);
-        pthread_mutex_lock(&r->mu);
-        r->busy = 0;
-        r->running_id = 0;
+        while (!f->quit && (!f->head || f->busy)) pthread_cond_wait(&f->cv, &f->mu);
+        if (f->quit && !f->head) break;
+        kvps_ring__job *j = f->head;
+        f->head = j->next;
+        if (!f->head) f->tail = NULL;
+        f->busy = 1;
+        f->running_id = j->id;
+        pthread_mutex_unlock(&f->mu);
+        if (j->ring->tl) j->ring->tl->posted = j->tl_t0;
+        kvps_result rc = kvps_ring__run_now(j->ring, &j->op);
+        pthread_mutex_lock(&f->mu);
+        f->busy = 0;
+        f->running_id = 0;
         j->result = rc;
         j->done = 1;
-        j->next = r->finished;
-        r->finished = j;
-        pthread_cond_broadcast(&r->cv);
+        j->next = f->finished;
+        f->finished = j;
+        pthread_cond_broadcast(&f->cv);
     }
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&f->mu);
     return NULL;
 }
 
@@ -1844,34 +2213,38 @@ KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_r
     if (rc != KVPS_OK) return rc;
     kvps_ring__job *j = (kvps_ring__job *)calloc(1, sizeof *j);
     if (!j) return KVPS_ERR_NOMEM;
+    kvps_ring__fam *f = r->fam;
     j->op = *op;
+    j->ring = r;
     if (r->tl) j->tl_t0 = kvps__tl_now();
-    pthread_mutex_lock(&r->mu);
-    if (!r->thread_started) {
-        if (pthread_create(&r->thread, NULL, kvps_ring__thread, r) != 0) {
-            pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&f->mu);
+    if (!f->thread_started) {
+        if (pthread_create(&f->thread, NULL, kvps_ring__thread, f) != 0) {
+            pthread_mutex_unlock(&f->mu);
             free(j);
             return KVPS_ERR_NOMEM;
         }
-        r->thread_started = 1;
+        f->thread_started = 1;
     }
-    j->id = ++r->next_id;
-    if (r->tail) r->tail->next = j; else r->head = j;
-    r->tail = j;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    j->id = ++f->next_id;
+    if (f->tail) f->tail->next = j; else f->head = j;
+    f->tail = j;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
     *out = j->id;
     return KVPS_OK;
 }
 
-/* Under r->mu: unlinks and returns the finished job req; *known says whether req is still to
-   come (queued or running). */
+/* Under the family's mu: unlinks and returns ring r's finished job req; *known says whether req
+   is still to come (queued or running). */
 static kvps_ring__job *kvps_ring__take(kvps_ring *r, kvps_ring_req req, int *known) {
-    *known = req != 0 && r->running_id == req;
-    for (kvps_ring__job **pp = &r->finished; *pp; pp = &(*pp)->next)
-        if ((*pp)->id == req) { kvps_ring__job *j = *pp; *pp = j->next; return j; }
-    for (kvps_ring__job *j = r->head; j; j = j->next)
-        if (j->id == req) *known = 1;
+    kvps_ring__fam *f = r->fam;
+    *known = 0;
+    for (kvps_ring__job **pp = &f->finished; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == req && (*pp)->ring == r) { kvps_ring__job *j = *pp; *pp = j->next; return j; }
+    for (kvps_ring__job *j = f->head; j; j = j->next)
+        if (j->id == req && j->ring == r) *known = 1;
+    *known |= req != 0 && f->running_id == req; /* (ids are the family's: the running job's is unique) */
     return NULL;
 }
 
@@ -1883,25 +2256,25 @@ KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout
     kvps_ring__p2p *pq = kvps_ring__p2p_find(r, req);
     if (pq) return kvps_ring__p2p_wait(r, pq, timeout_ms, NULL);
     int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? r->desc.timeout_ms + 1000 : timeout_ms);
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->fam->mu);
     for (;;) {
         int known;
         kvps_ring__job *j = kvps_ring__take(r, req, &known);
         if (j) {
-            pthread_mutex_unlock(&r->mu);
+            pthread_mutex_unlock(&r->fam->mu);
             kvps_result rc = j->result;
             free(j);
             return rc;
         }
-        if (!known) { pthread_mutex_unlock(&r->mu); return KVPS_ERR_INVALID_REQ; }
+        if (!known) { pthread_mutex_unlock(&r->fam->mu); return KVPS_ERR_INVALID_REQ; }
         int64_t left = deadline - kvps__now_ms();
-        if (left <= 0) { pthread_mutex_unlock(&r->mu); return KVPS_ERR_TIMEOUT; }
+        if (left <= 0) { pthread_mutex_unlock(&r->fam->mu); return KVPS_ERR_TIMEOUT; }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t ns = ts.tv_nsec + (left % 1000) * 1000000;
         ts.tv_sec += left / 1000 + ns / 1000000000;
         ts.tv_nsec = ns % 1000000000;
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        pthread_cond_timedwait(&r->fam->cv, &r->fam->mu, &ts);
     }
 }
 
@@ -1910,10 +2283,10 @@ KVPS_API kvps_result kvps_ring_test(kvps_ring *r, kvps_ring_req req, int *done) 
     *done = 0;
     kvps_ring__p2p *pq = kvps_ring__p2p_find(r, req);
     if (pq) return kvps_ring__p2p_wait(r, pq, 0, done);
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->fam->mu);
     int known;
     kvps_ring__job *j = kvps_ring__take(r, req, &known);
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->fam->mu);
     if (!j) return known ? KVPS_OK : KVPS_ERR_INVALID_REQ;
     *done = 1;
     kvps_result rc = j->result;
@@ -1925,18 +2298,18 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
     if (!r) return KVPS_ERR_INVALID_ARG;
     kvps_result rc = kvps_ring__validate(r, op);
     if (rc != KVPS_OK) return rc;
-    pthread_mutex_lock(&r->mu);
-    if (!r->head && !r->busy) { /* nothing queued: run here, no thread hand-off */
-        r->busy = 1;
-        pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&r->fam->mu);
+    if (!r->fam->head && !r->fam->busy) { /* nothing queued: run here, no thread hand-off */
+        r->fam->busy = 1;
+        pthread_mutex_unlock(&r->fam->mu);
         rc = kvps_ring__run_now(r, op);
-        pthread_mutex_lock(&r->mu);
-        r->busy = 0;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&r->fam->mu);
+        r->fam->busy = 0;
+        pthread_cond_broadcast(&r->fam->cv);
+        pthread_mutex_unlock(&r->fam->mu);
         return rc;
     }
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->fam->mu);
     kvps_ring_req q;
     rc = kvps_ring_post(r, op, &q);
     return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
@@ -1944,25 +2317,27 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
 
 // >>p2p
 /* Point-to-point (manual section 7). The ring's one ROUTER and its DEALERs carry it, so a p2p
-   call holds the sockets as a collective does (kvps_ring__p2p_enter): it waits for the posted
+   call holds the sockets as a collective does (kvps_ring__hold): it waits for the posted
    collectives to finish first. Arrived messages are kept in p2p_in by whoever read them
    (kvps_ring__p2p_keep, here or in a collective's receive loop); kvps_ring__p2p_progress, run by
    every p2p call, matches them to this rank's requests: receives in the order started, each
    taking the first kept message of its (rank, tag), so messages between a pair arrive in order
    per tag; answers (ACK, NACK) complete sends. */
 
-static void kvps_ring__p2p_enter(kvps_ring *r) {
-    pthread_mutex_lock(&r->mu);
-    while (r->busy || r->head) pthread_cond_wait(&r->cv, &r->mu);
-    r->busy = 1;
-    pthread_mutex_unlock(&r->mu);
+/* Takes the family's sockets for the calling thread once the operations posted on any of its
+   rings have run (p2p calls, a split, a sub-ring's destroy); kvps_ring__release gives them back. */
+static void kvps_ring__hold(kvps_ring__fam *f) {
+    pthread_mutex_lock(&f->mu);
+    while (f->busy || f->head) pthread_cond_wait(&f->cv, &f->mu);
+    f->busy = 1;
+    pthread_mutex_unlock(&f->mu);
 }
 
-static void kvps_ring__p2p_leave(kvps_ring *r) {
-    pthread_mutex_lock(&r->mu);
-    r->busy = 0;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+static void kvps_ring__release(kvps_ring__fam *f) {
+    pthread_mutex_lock(&f->mu);
+    f->busy = 0;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
 }
 
 static void kvps_ring__tok_free(void *data, void *hint) {
@@ -2004,16 +2379,7 @@ static void kvps_ring__p2p_end(kvps_ring__p2p *q, kvps_result rc, const char *fm
 static void kvps_ring__p2p_pump(kvps_ring *r) {
     kvps_ring__hdr h;
     zmq_msg_t pl;
-    while (kvps_ring__read(r, &h, &pl)) {
-        if (h.coll == KVPS_RING__P2P) { kvps_ring__p2p_keep(r, &h, &pl); continue; }
-        if (h.abort && !r->p2p_gone[h.src]) {
-            snprintf(r->p2p_why, sizeof r->p2p_why, "it aborted a collective (%s)",
-                     kvps_result_str((kvps_result)(int64_t)h.count));
-            r->p2p_why_rank = h.src;
-            r->p2p_gone[h.src] = 1;
-        }
-        kvps_ring__fifo_put(&r->held_tail, &h, &pl);
-    }
+    while (kvps_ring__read(r, &h, &pl)) kvps_ring__deliver(r, &h, &pl);
 }
 
 /* Sends a p2p header and payload (consumed) to rank dst. */
@@ -2023,8 +2389,9 @@ static kvps_result kvps_ring__p2p_post(kvps_ring *r, int dst, const kvps_ring__h
     if (kvps__msg_from_buf(&f[0], h, sizeof *h) != 0) { zmq_msg_close(payload); return KVPS_ERR_NOMEM; }
     f[1] = *payload;
     zmq_msg_init(payload);
-    if (!r->dealers[dst]) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
-    if (kvps__send_frames(r->dealers[dst], f, 2) != 0) return zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ;
+    void *d = kvps_ring__dealer(r, dst);
+    if (!d) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    if (kvps__send_frames(d, f, 2) != 0) return zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ;
     return KVPS_OK;
 }
 
@@ -2035,6 +2402,7 @@ static kvps_ring__hdr kvps_ring__p2p_hdr(const kvps_ring *r, int kind, uint32_t 
     h.seq = seq;
     h.tag = tag;
     h.src = (uint16_t)r->rank;
+    h.ring = r->id;
     h.coll = KVPS_RING__P2P;
     h.dtype = (uint8_t)dt;
     h.op = (uint8_t)kind;
@@ -2158,10 +2526,7 @@ static void kvps_ring__p2p_break(kvps_ring *r, kvps_result rc) {
         for (kvps_ring__p2p *q = r->p2p_reqs; q; q = q->next) held += !kvps_ring__p2p_released(q);
         if (!held || kvps__now_ms() > until) break;
     }
-    if (held) { /* drop them: the caller may free its buffers once the calls return */
-        for (int i = 0; i < r->size; i++)
-            if (r->dealers[i]) { zmq_close(r->dealers[i]); r->dealers[i] = NULL; }
-    }
+    if (held) kvps_ring__close_dealers(r); /* drop them: the caller may free its buffers once the calls return */
 }
 
 /* Drives q until it is done (and a zero-copy send's buffer is let go of) or deadline. fatal:
@@ -2194,7 +2559,7 @@ static kvps_result kvps_ring__p2p_drive(kvps_ring *r, kvps_ring__p2p *q, int64_t
                                q->done ? " (for ZeroMQ to let go of the buffer)" : q->is_send ? " (for the receiver's answer)" : "");
             return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "%s", q->why);
         }
-        zmq_pollitem_t it = {r->router, 0, ZMQ_POLLIN, 0};
+        zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
         /* done but the frame not let go of: ZeroMQ's I/O thread is about to; look again soon */
         if (zmq_poll(&it, 1, q->done ? 1 : (long)left) < 0 && zmq_errno() != EINTR)
             return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
@@ -2217,8 +2582,7 @@ static kvps_ring__p2p *kvps_ring__p2p_find(kvps_ring *r, kvps_ring_req req) {
 /* The checks of a send's or receive's arguments, with a message. */
 static kvps_result kvps_ring__p2p_args(kvps_ring *r, int is_send, const void *buf, size_t count, kvps_dtype dt, int peer) {
     const char *call = is_send ? "send" : "recv", *who = is_send ? "dst" : "src";
-    if (r->broken) return KVPS_ERR_STATE;
-    if (!r->connected) return kvps_ring__fail(r, KVPS_ERR_STATE, "kvps_ring_connect has not been called");
+    if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     if (peer < 0 || peer >= r->size)
         return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: %s: %s %d is not a rank of this ring (0..%d)", r->rank, call,
                                who, peer, r->size - 1);
@@ -2236,12 +2600,12 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
                                         int peer, uint32_t tag, kvps_ring_req *out) {
     if (!r) return KVPS_ERR_INVALID_ARG;
     if (out) *out = 0;
-    kvps_ring__p2p_enter(r);
+    kvps_ring__hold(r->fam);
     r->errmsg[0] = 0;
     kvps_result rc = kvps_ring__p2p_args(r, is_send, buf, count, dt, peer);
     kvps_ring__p2p local, *q = &local;
     if (rc == KVPS_OK && out && !(q = (kvps_ring__p2p *)malloc(sizeof *q))) rc = KVPS_ERR_NOMEM;
-    if (rc != KVPS_OK) { kvps_ring__p2p_leave(r); return rc; }
+    if (rc != KVPS_OK) { kvps_ring__release(r->fam); return rc; }
     memset(q, 0, sizeof *q);
     q->on_heap = out != NULL;
     q->is_send = is_send;
@@ -2250,9 +2614,9 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
     q->dtype = dt;
     q->count = count;
     q->buf = (void *)(uintptr_t)buf;
-    pthread_mutex_lock(&r->mu);
-    q->id = ++r->next_id;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&r->fam->mu);
+    q->id = ++r->fam->next_id;
+    pthread_mutex_unlock(&r->fam->mu);
     kvps_ring__p2p **tail = &r->p2p_reqs; /* in the order started: receives match in that order */
     while (*tail) tail = &(*tail)->next;
     *tail = q;
@@ -2267,16 +2631,16 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
     }
     if (!out || rc != KVPS_OK) kvps_ring__p2p_unlink(r, q);
     else *out = q->id;
-    kvps_ring__p2p_leave(r);
+    kvps_ring__release(r->fam);
     return rc;
 }
 
 /* kvps_ring_wait (done NULL: up to timeout_ms, < 0 the ring's timeout, which fails the request)
    and kvps_ring_test (done: a look, no wait) of a p2p request. */
 static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int timeout_ms, int *done) {
-    kvps_ring__p2p_enter(r);
+    kvps_ring__hold(r->fam);
     kvps_result rc;
-    if (r->broken) { /* an answer already kept may still say how q ended */
+    if (r->broken || r->fam->broken || r->fam->closed) { /* an answer already kept may still say how q ended */
         kvps_ring__p2p_progress(r);
         rc = q->done && kvps_ring__p2p_released(q) ? q->result : KVPS_ERR_STATE;
         if (rc != KVPS_OK && q->done) kvps_ring__fail(r, rc, "%s", q->why);
@@ -2285,7 +2649,7 @@ static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int time
         int fatal = !done && timeout_ms < 0;
         rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + (done ? 0 : timeout_ms < 0 ? r->desc.timeout_ms : timeout_ms), fatal);
         if (rc == KVPS_ERR_TIMEOUT && !fatal && !q->done) { /* not done yet: q stays */
-            kvps_ring__p2p_leave(r);
+            kvps_ring__release(r->fam);
             return done ? KVPS_OK : kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: wait: request %llu not done within %d ms",
                                                     r->rank, (unsigned long long)q->id, timeout_ms);
         }
@@ -2293,7 +2657,7 @@ static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int time
     }
     if (done) *done = 1;
     kvps_ring__p2p_unlink(r, q);
-    kvps_ring__p2p_leave(r);
+    kvps_ring__release(r->fam);
     return rc;
 }
 
@@ -2397,7 +2761,86 @@ KVPS_API kvps_result kvps_ring_barrier(kvps_ring *r) {
     return kvps_ring__call(r, KVPS_COLL_BARRIER, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0, KVPS_FLOAT32);
 }
 
+static kvps_result kvps_ring__callv(kvps_ring *r, kvps_coll coll, const void *send, const size_t *counts,
+                                    const size_t *displs, void *recv, const size_t *recv_counts,
+                                    const size_t *recv_displs, kvps_dtype dt, int root) {
+    kvps_ring_op o;
+    memset(&o, 0, sizeof o);
+    o.coll = coll;
+    o.send = send;
+    o.recv = recv;
+    o.dtype = dt;
+    o.root = root;
+    o.counts = counts;
+    o.displs = displs;
+    o.recv_counts = recv_counts;
+    o.recv_displs = recv_displs;
+    return kvps_ring_run(r, &o);
+}
+KVPS_API kvps_result kvps_ring_allgatherv(kvps_ring *r, const void *send, void *recv, const size_t *counts,
+                                          const size_t *displs, kvps_dtype dt) {
+    return kvps_ring__callv(r, KVPS_COLL_ALLGATHERV, send, counts, displs, recv, NULL, NULL, dt, 0);
+}
+KVPS_API kvps_result kvps_ring_gatherv(kvps_ring *r, const void *send, void *recv, const size_t *counts,
+                                       const size_t *displs, kvps_dtype dt, int root) {
+    return kvps_ring__callv(r, KVPS_COLL_GATHERV, send, counts, displs, recv, NULL, NULL, dt, root);
+}
+KVPS_API kvps_result kvps_ring_scatterv(kvps_ring *r, const void *send, const size_t *counts, const size_t *displs,
+                                        void *recv, kvps_dtype dt, int root) {
+    return kvps_ring__callv(r, KVPS_COLL_SCATTERV, send, counts, displs, recv, NULL, NULL, dt, root);
+}
+KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const size_t *send_counts,
+                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, kvps_dtype dt) {
+    return kvps_ring__callv(r, KVPS_COLL_ALLTOALLV, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt, 0);
+}
+
 // >>setup
+/* What every ring has of its own, the family's first ring and a sub-ring alike: the zero-copy
+   block, the views and blocks, p2p state; size and rank set, desc copied (groups: a copy). */
+static kvps_result kvps_ring__init_own(kvps_ring *r, const int *groups) {
+    size_t k = (size_t)r->size;
+    r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
+    if (r->zc) r->zc->refs = 1;
+    r->view_buf = (int *)calloc(k * 3, sizeof *r->view_buf);
+    r->blocks = (size_t *)calloc(k * 4, sizeof *r->blocks);
+    r->root_rank = (int *)calloc(k, sizeof *r->root_rank);
+    r->p2p_in_tail = &r->p2p_in;
+    r->held_tail = &r->held;
+    r->p2p_eager = KVPS_RING__P2P_EAGER_MAX;
+    r->p2p_sent = (uint32_t *)calloc(k, sizeof *r->p2p_sent);
+    r->p2p_next = (uint32_t *)malloc(k * sizeof *r->p2p_next);
+    r->p2p_gone = (unsigned char *)calloc(k, 1);
+    for (size_t i = 0; r->p2p_next && i < k; i++) r->p2p_next[i] = 1; /* messages are numbered from 1 */
+    r->desc.groups = NULL;
+    if (groups) {
+        int *g = (int *)malloc(k * sizeof *g);
+        if (g) memcpy(g, groups, k * sizeof *g);
+        r->desc.groups = g;
+    }
+    return !r->zc || !r->view_buf || !r->blocks || !r->root_rank || (groups && !r->desc.groups) || !r->p2p_sent ||
+                   !r->p2p_next || !r->p2p_gone
+               ? KVPS_ERR_NOMEM
+               : KVPS_OK;
+}
+
+static kvps_ring__fam *kvps_ring__fam_new(int size) {
+    kvps_ring__fam *f = (kvps_ring__fam *)calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->dealers = (void **)calloc((size_t)size, sizeof *f->dealers);
+    if (!f->dealers) { free(f); return NULL; }
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->size = size;
+    f->next_ring = 1;
+    f->orphans_tail = &f->orphans;
+    return f;
+}
+
+static void kvps_ring__fifo_free(kvps_ring__stash **head) {
+    while (*head) { kvps_ring__stash *e = *head; *head = e->next; zmq_msg_close(&e->payload); free(e); }
+}
+
 KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out) {
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
@@ -2416,28 +2859,15 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)512 << 10);
     r->rank = desc->rank;
     r->size = desc->size;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->dealers = (void **)calloc((size_t)r->size, sizeof *r->dealers);
-    r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
-    if (r->zc) r->zc->refs = 1;
-    r->view_buf = (int *)calloc((size_t)r->size * 3, sizeof *r->view_buf);
-    r->p2p_in_tail = &r->p2p_in;
-    r->held_tail = &r->held;
-    r->p2p_eager = KVPS_RING__P2P_EAGER_MAX;
-    r->p2p_sent = (uint32_t *)calloc((size_t)r->size, sizeof *r->p2p_sent);
-    r->p2p_next = (uint32_t *)malloc((size_t)r->size * sizeof *r->p2p_next);
-    r->p2p_gone = (unsigned char *)calloc((size_t)r->size, 1);
-    for (int i = 0; r->p2p_next && i < r->size; i++) r->p2p_next[i] = 1; /* messages are numbered from 1 */
-    if (desc->groups) {
-        int *g = (int *)malloc((size_t)r->size * sizeof *g);
-        if (g) memcpy(g, desc->groups, (size_t)r->size * sizeof *g);
-        r->desc.groups = g;
-    }
-    if (!r->dealers || !r->zc || !r->view_buf || (desc->groups && !r->desc.groups) || !r->p2p_sent || !r->p2p_next ||
-        !r->p2p_gone) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    r->fam = kvps_ring__fam_new(r->size);
+    if (!r->fam) { free(r); return KVPS_ERR_NOMEM; }
+    r->fam->rings = r;
+    r->fam->refs = 1;
+    if (kvps_ring__init_own(r, desc->groups) != KVPS_OK) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    for (int i = 0; i < r->size; i++) r->root_rank[i] = i;
     r->desc.peers = NULL;
-    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &r->desc.io_cpus, &r->ctx, &r->own_ctx);
+    kvps_ring__fam *f = r->fam;
+    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &r->desc.io_cpus, &f->ctx, &f->own_ctx);
     if (crc != KVPS_OK) { kvps_ring_destroy(&r); return crc; }
     char **eps = NULL;
     int neps = 0;
@@ -2452,24 +2882,25 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
         }
         bind = eps[r->rank];
     }
-    r->router = zmq_socket(r->ctx, ZMQ_ROUTER);
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
     int zero = 0;
     kvps_result rc = KVPS_OK;
-    if (!r->router) rc = KVPS_ERR_ZMQ;
+    if (!f->router) rc = KVPS_ERR_ZMQ;
     else {
-        zmq_setsockopt(r->router, ZMQ_RCVHWM, &zero, sizeof zero);
-        zmq_setsockopt(r->router, ZMQ_LINGER, &zero, sizeof zero);
-        if (zmq_bind(r->router, bind) != 0) {
+        zmq_setsockopt(f->router, ZMQ_RCVHWM, &zero, sizeof zero);
+        zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_bind(f->router, bind) != 0) {
             kvps__log(KVPS_LOG_ERROR, "ring %d: cannot bind '%s': %s", r->rank, bind, zmq_strerror(zmq_errno()));
             rc = KVPS_ERR_BIND;
         } else {
             size_t sz = sizeof r->endpoint;
-            if (zmq_getsockopt(r->router, ZMQ_LAST_ENDPOINT, r->endpoint, &sz) != 0)
+            if (zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, r->endpoint, &sz) != 0)
                 snprintf(r->endpoint, sizeof r->endpoint, "%s", bind);
         }
     }
     kvps__free_strv(eps, neps);
     if (rc == KVPS_OK) rc = kvps_ring__tl_create(r, desc);
+    f->tl = r->tl;
     if (rc == KVPS_OK && desc->peers) rc = kvps_ring_connect(r, desc->peers);
     if (rc != KVPS_OK) { kvps_ring_destroy(&r); return rc; }
     *out = r;
@@ -2478,10 +2909,12 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
 
 KVPS_API const char *kvps_ring_endpoint(const kvps_ring *r) { return r ? r->endpoint : NULL; }
 KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->errmsg : ""; }
+KVPS_API int kvps_ring_rank(const kvps_ring *r) { return r ? r->rank : -1; }
+KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
 KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     if (!r || !peers) return KVPS_ERR_INVALID_ARG;
-    if (r->connected) return KVPS_ERR_STATE;
+    if (r->connected || r->id) return KVPS_ERR_STATE; /* (a sub-ring is connected from the start) */
     char **eps = NULL;
     int n = kvps__split(peers, &eps);
     if (n != r->size) {
@@ -2492,12 +2925,12 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     kvps_result rc = KVPS_OK;
     for (int i = 0; i < n && rc == KVPS_OK; i++) {
         if (i == r->rank) continue;
-        void *s = zmq_socket(r->ctx, ZMQ_DEALER);
+        void *s = zmq_socket(r->fam->ctx, ZMQ_DEALER);
         if (!s) { rc = KVPS_ERR_ZMQ; break; }
         int zero = 0;
         zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-        r->dealers[i] = s;
+        r->fam->dealers[i] = s;
         if (zmq_connect(s, eps[i]) != 0) {
             kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);
             rc = KVPS_ERR_CONNECT;
@@ -2508,44 +2941,162 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     return rc;
 }
 
+/* The family's first ring: its thread stopped (what was posted runs first, on any ring), its
+   sockets flushed and closed. Sub-rings still alive answer KVPS_ERR_STATE from now on. */
+static void kvps_ring__close_family(kvps_ring *r) {
+    kvps_ring__fam *f = r->fam;
+    if (f->thread_started) {
+        pthread_mutex_lock(&f->mu);
+        f->quit = 1;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        pthread_join(f->thread, NULL);
+        f->thread_started = 0;
+    }
+    /* a healthy ring flushes what it still has queued: a peer may still be connecting, and
+       with no linger ZeroMQ would drop its last piece (that peer then times out) */
+    int linger = r->broken ? 200 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000); /* (a broken
+       ring still gets its abort notices out, but does not wait long for peers that are gone) */
+    for (int i = 0; i < f->size; i++)
+        if (f->dealers[i]) {
+            zmq_setsockopt(f->dealers[i], ZMQ_LINGER, &linger, sizeof linger);
+            zmq_close(f->dealers[i]);
+            f->dealers[i] = NULL;
+        }
+    if (f->router) zmq_close(f->router);
+    f->router = NULL;
+    if (f->own_ctx && f->ctx) zmq_ctx_term(f->ctx);
+    f->ctx = NULL;
+    f->closed = 1;
+}
+
 KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (!rp || !*rp) return;
     kvps_ring *r = *rp;
+    kvps_ring__fam *f = r->fam;
     *rp = NULL;
-    if (r->thread_started) {
-        pthread_mutex_lock(&r->mu);
-        r->quit = 1;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-        pthread_join(r->thread, NULL);
-    }
-    kvps_ring__tl_destroy(r);
-    while (r->stash) { kvps_ring__stash *e = r->stash; r->stash = e->next; zmq_msg_close(&e->payload); free(e); }
-    while (r->p2p_in) { kvps_ring__stash *e = r->p2p_in; r->p2p_in = e->next; zmq_msg_close(&e->payload); free(e); }
-    while (r->held) { kvps_ring__stash *e = r->held; r->held = e->next; zmq_msg_close(&e->payload); free(e); }
+    if (r->id == 0) kvps_ring__close_family(r);
+    else kvps_ring__hold(f); /* its posted operations run first; nobody reads for it after */
+    for (kvps_ring **pp = &f->rings; *pp; pp = &(*pp)->fam_next)
+        if (*pp == r) { *pp = r->fam_next; break; }
+    kvps_ring__fifo_free(&r->stash);
+    kvps_ring__fifo_free(&r->p2p_in);
+    kvps_ring__fifo_free(&r->held);
     while (r->p2p_reqs) kvps_ring__p2p_unlink(r, r->p2p_reqs);
-    while (r->head) { kvps_ring__job *j = r->head; r->head = j->next; free(j); }
-    while (r->finished) { kvps_ring__job *j = r->finished; r->finished = j->next; free(j); }
-    if (r->dealers) {
-        /* a healthy ring flushes what it still has queued: a peer may still be connecting, and
-           with no linger ZeroMQ would drop its last piece (that peer then times out) */
-        int linger = r->broken ? 200 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000); /* (a broken
-           ring still gets its abort notices out, but does not wait long for peers that are gone) */
-        for (int i = 0; i < r->size; i++)
-            if (r->dealers[i]) {
-                zmq_setsockopt(r->dealers[i], ZMQ_LINGER, &linger, sizeof linger);
-                zmq_close(r->dealers[i]);
-            }
+    pthread_mutex_lock(&f->mu);
+    for (kvps_ring__job **pp = &f->finished; *pp;) { /* results never waited for */
+        kvps_ring__job *j = *pp;
+        if (j->ring == r) { *pp = j->next; free(j); }
+        else pp = &j->next;
     }
-    if (r->router) zmq_close(r->router);
-    if (r->own_ctx && r->ctx) zmq_ctx_term(r->ctx);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
+    if (r->id) f->busy = 0;
+    int last = --f->refs == 0;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
     if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
-    free(r->dealers); free(r->view_buf); free(r->work); free(r->scratch);
+    free(r->view_buf); free(r->blocks); free(r->root_rank); free(r->up); free(r->work); free(r->scratch);
     free(r->p2p_sent); free(r->p2p_next); free(r->p2p_gone);
     free(r);
+    if (!last) return;
+    if (f->tl) { kvps__tl_close(&f->tl->w); free(f->tl); }
+    kvps_ring__fifo_free(&f->orphans);
+    while (f->head) { kvps_ring__job *j = f->head; f->head = j->next; free(j); }
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+    free(f->dealers);
+    free(f);
+}
+
+/* Sub-ring `id` of r with r's ranks members[0..k) in order (this rank is members[me]): it
+   shares r's family, and takes the messages its peers sent before this rank made it. */
+static kvps_result kvps_ring__sub_new(kvps_ring *r, const int *members, int k, int me, uint32_t id, int colour,
+                                      kvps_ring **out) {
+    kvps_ring *s = (kvps_ring *)calloc(1, sizeof *s);
+    if (!s) return KVPS_ERR_NOMEM;
+    s->desc = r->desc;
+    s->rank = me;
+    s->size = k;
+    s->fam = r->fam;
+    s->id = id;
+    s->parent_id = r->id;
+    s->colour = colour;
+    s->tl = r->tl;
+    s->connected = 1;
+    memcpy(s->endpoint, r->endpoint, sizeof s->endpoint);
+    int *groups = NULL;
+    if (r->desc.groups && !(groups = (int *)malloc((size_t)k * sizeof *groups))) { free(s); return KVPS_ERR_NOMEM; }
+    for (int i = 0; groups && i < k; i++) groups[i] = r->desc.groups[members[i]];
+    kvps_result rc = kvps_ring__init_own(s, groups);
+    free(groups);
+    if (rc == KVPS_OK && !(s->up = (int *)malloc((size_t)k * sizeof *s->up))) rc = KVPS_ERR_NOMEM;
+    for (int i = 0; rc == KVPS_OK && i < k; i++) {
+        s->up[i] = members[i];
+        s->root_rank[i] = r->root_rank[members[i]];
+    }
+    kvps_ring__fam *f = r->fam;
+    pthread_mutex_lock(&f->mu);
+    f->refs++;
+    pthread_mutex_unlock(&f->mu);
+    s->fam_next = f->rings;
+    f->rings = s;
+    if (rc != KVPS_OK) { kvps_ring__release(f); kvps_ring_destroy(&s); kvps_ring__hold(f); return rc; }
+    for (kvps_ring__stash **pp = &f->orphans; *pp;) {
+        kvps_ring__stash *e = *pp;
+        if (e->h.ring != id) { pp = &e->next; continue; }
+        kvps_ring__fifo_cut(pp, &f->orphans_tail);
+        if (e->h.src < k) kvps_ring__deliver(s, &e->h, &e->payload);
+        else zmq_msg_close(&e->payload);
+        free(e);
+    }
+    *out = s;
+    return KVPS_OK;
+}
+
+/* Each rank's (colour, key, proposed id) all-gathered over r; the members of this rank's
+   colour ordered by (key, rank in r); the id the largest of their proposals, so above every id
+   each member has used: messages are never taken for another ring of its family (section 9). */
+KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_ring **out) {
+    if (!r || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    kvps_ring__fam *f = r->fam;
+    int k = r->size, n = 0, me = -1;
+    int64_t *all = (int64_t *)malloc((size_t)k * 3 * sizeof *all);
+    int *members = (int *)malloc((size_t)k * sizeof *members);
+    if (!all || !members) { free(all); free(members); return KVPS_ERR_NOMEM; }
+    kvps_ring__hold(f); /* one split at a time in a family: ids are proposed and taken under the hold */
+    int64_t mine[3] = {colour < 0 ? -1 : colour, key, (int64_t)f->next_ring};
+    kvps_ring_op op;
+    memset(&op, 0, sizeof op);
+    op.coll = KVPS_COLL_ALLGATHER;
+    op.send = mine;
+    op.recv = all;
+    op.count = 3;
+    op.dtype = KVPS_INT64;
+    kvps_result rc = kvps_ring__run_now(r, &op);
+    uint64_t id = 0;
+    for (int i = 0; rc == KVPS_OK && colour >= 0 && i < k; i++) {
+        if (all[3 * i] != colour) continue;
+        int at = n++; /* insertion by (key, rank): i grows, so equal keys keep rank order */
+        while (at > 0 && all[3 * members[at - 1] + 1] > all[3 * i + 1]) { members[at] = members[at - 1]; at--; }
+        members[at] = i;
+        if ((uint64_t)all[3 * i + 2] > id) id = (uint64_t)all[3 * i + 2];
+    }
+    if (rc == KVPS_OK && colour >= 0 && (id == 0 || id >= UINT32_MAX)) {
+        rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "split: a peer proposed sub-ring id %llu", (unsigned long long)id);
+        r->broken = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (members[i] == r->rank) me = i;
+    if (rc == KVPS_OK && colour >= 0) {
+        f->next_ring = (uint32_t)id + 1;
+        if (id > f->max_ring) f->max_ring = (uint32_t)id;
+        rc = kvps_ring__sub_new(r, members, n, me, (uint32_t)id, colour, out);
+    }
+    kvps_ring__release(r->fam);
+    free(all);
+    free(members);
+    return rc;
 }
 
 // >>rendezvous

@@ -392,7 +392,7 @@ typedef struct kt_rk {
     /* scenario results */
     kvps_result rc1, rc2;
     int64_t ms1;
-    char err1[330];
+    char err1[520];
 } kt_rk;
 
 struct kt_team {

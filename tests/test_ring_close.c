@@ -79,7 +79,7 @@ static void close_main(kt_rk *x) {
     kvps_ring_op op = {.coll = c->coll, .send = send, .recv = recv, .count = c->count, .dtype = KVPS_INT32,
                        .op = KVPS_SUM, .root = root};
     kvps_result rc = kvps_ring_run(x->r, &op);
-    char err[330];
+    char err[520];
     snprintf(err, sizeof err, "%s", kvps_ring_last_error(x->r));
     int64_t t0 = kt_now_ms();
     kvps_ring_destroy(&x->r); /* at once, as a program that is done */

@@ -99,9 +99,9 @@ static void dead_proc_main(kt_rk *x) {
         kvps_ring_req q;
         kvps_ring_post(x->r, &o, &q);
         for (int busy = 0; !busy;) {
-            pthread_mutex_lock(&x->r->mu);
-            busy = x->r->busy;
-            pthread_mutex_unlock(&x->r->mu);
+            pthread_mutex_lock(&x->r->fam->mu);
+            busy = x->r->fam->busy;
+            pthread_mutex_unlock(&x->r->fam->mu);
         }
         kt_sleep_ms(2);
         kt_die_now();

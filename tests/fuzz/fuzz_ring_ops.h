@@ -4,7 +4,32 @@
 #ifndef KVPS_FUZZ_RING_OPS_H
 #define KVPS_FUZZ_RING_OPS_H
 
-enum { FZ_RING_OPS = 18 }; /* 14..17: point-to-point, rank 1 sending to rank 0 */
+enum { FZ_RING_OPS = 22 }; /* 14..17: point-to-point, rank 1 sending to rank 0; 18, 19: v-collectives;
+                              20, 21: a sub-ring (made directly with id 1; made by kvps_ring_split) */
+
+/* A sub-ring's failure must break it (a barrier on it then says KVPS_ERR_STATE); its parent,
+   which the outer check looks at, may go on. This result says it did not. */
+#define FZ_SUB_NOT_BROKEN ((kvps_result)-99999)
+
+/* The 2-rank sub-ring with id 1 that both sides make without a split (the split's own
+   messages are op 21's): the receive path of messages for a sub-ring. */
+static inline kvps_ring *fz_sub(kvps_ring *r, int rank) {
+    static const int members[2] = {0, 1};
+    kvps_ring *s = NULL;
+    kvps_ring__hold(r->fam);
+    if (kvps_ring__sub_new(r, members, 2, rank, 1, 0, &s) == KVPS_OK) {
+        r->fam->max_ring = 1;
+        r->fam->next_ring = 2;
+    }
+    kvps_ring__release(r->fam);
+    return s;
+}
+
+static inline kvps_result fz_sub_end(kvps_ring *s, kvps_result rc) {
+    if (rc != KVPS_OK && kvps_ring_barrier(s) != KVPS_ERR_STATE) rc = FZ_SUB_NOT_BROKEN;
+    kvps_ring_destroy(&s);
+    return rc;
+}
 
 /* Runs collective (or p2p exchange) `which` with `count` elements per rank on r (rank `rank` of
    2), on buffers it owns; returns the call's result (the first failure). */
@@ -63,6 +88,32 @@ static inline kvps_result fz_ring_op(kvps_ring *r, int rank, int which, size_t c
         r->p2p_eager = 0;
         rc = rank ? kvps_ring_send(r, a, count, KVPS_FLOAT64, 0, 3) : kvps_ring_recv(r, b, count, KVPS_FLOAT64, 1, 3);
         r->p2p_eager = eager;
+        break;
+    }
+    case 18: { /* allgatherv of float32, rank 1's block one longer */
+        size_t c[2] = {count / 2, count / 2 + 1};
+        rc = kvps_ring_allgatherv(r, fa, fb, c, NULL, KVPS_FLOAT32);
+        break;
+    }
+    case 19: { /* alltoallv of int32: rank i sends (count + i + 2 j) / 2 to rank j */
+        size_t sc[2], rcv[2];
+        for (int j = 0; j < 2; j++) { sc[j] = (count + (size_t)rank + 2 * (size_t)j) / 2; rcv[j] = (count + (size_t)j + 2 * (size_t)rank) / 2; }
+        rc = kvps_ring_alltoallv(r, fa, sc, NULL, fb, rcv, NULL, KVPS_INT32);
+        break;
+    }
+    case 20: { /* on sub-ring 1: an allgatherv, then a receive from rank 1 */
+        kvps_ring *s = fz_sub(r, rank);
+        size_t c[2] = {count / 2 + 1, count / 2};
+        rc = s ? kvps_ring_allgatherv(s, fa, fb, c, NULL, KVPS_FLOAT32) : KVPS_ERR_NOMEM;
+        if (rc == KVPS_OK) rc = rank ? kvps_ring_send(s, fa, count, KVPS_FLOAT32, 0, 4) : kvps_ring_recv(s, fb, count, KVPS_FLOAT32, 1, 4);
+        if (s) rc = fz_sub_end(s, rc);
+        break;
+    }
+    case 21: { /* a split (both colour 0), then an all-reduce on the sub-ring */
+        kvps_ring *s = NULL;
+        rc = kvps_ring_split(r, 0, rank, &s);
+        if (rc == KVPS_OK && s) rc = fz_sub_end(s, kvps_ring_allreduce(s, fa, fb, count, KVPS_FLOAT32, KVPS_SUM));
+        else kvps_ring_destroy(&s);
         break;
     }
     case 17: /* rank 0's eager send refused (NACK), then an answer (ACK) and an abort: its next call */

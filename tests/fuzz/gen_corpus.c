@@ -569,7 +569,8 @@ static void ring_seed(int which, size_t count) {
     static const char *names[FZ_RING_OPS] = {"allreduce", "allreduce_fp16", "allreduce_bf16", "topk", "allgather",
                                              "broadcast", "reduce_scatter", "alltoall", "gather", "scatter", "barrier",
                                              "allreduce_f16_prod", "ring_avg", "reduce_ring", "p2p_recv", "p2p_tags",
-                                             "p2p_answered", "p2p_refused"};
+                                             "p2p_answered", "p2p_refused", "allgatherv", "alltoallv",
+                                             "subring_allgatherv_p2p", "split_allreduce"};
     char name[64];
     snprintf(name, sizeof name, "%s_%zu", names[which], count);
     save("fuzz_ring", name, &b);
