@@ -132,7 +132,10 @@
    FUSION. A model of many small tensors (ResNet-50: 161) costs a message per slice per call,
    and small messages cost round trips. kvps_worker_push_tensors / pull_tensors /
    pushpull_tensors take a list of tensors and send each server one message with all of its
-   slices of all of them (split at fusion_bytes, 4 MiB), one request for the caller; BSP results
+   slices of all of them (split at fusion_bytes, 256 KiB: with ResNet-50's 161 tensors, 4
+   workers and 2 servers, 4 MiB messages made a step 1.2-1.3x slower than one request per
+   tensor, as a server sums a big message only once it is all in, and 64-512 KiB ones were level
+   with it: bench/bench_fusion.c), one request for the caller; BSP results
    are the same bits as one request per tensor (tests/test_fuse.c). A tensor's priority
    (kvps_worker_tensor_priority, default 0) orders the slices in those messages, highest first,
    and, with credit_bytes set, orders every request: at most credit_bytes are in flight to one
@@ -736,7 +739,7 @@ typedef struct kvps_server_stats {
    | io_cpus       | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
    | timeline      | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
    | failover_ms   | 1000: a shard's server unreachable this long: the next replica (REPLICAS) |
-   | fusion_bytes  | 4 MiB: a fused request's message to one server carries slices up to this (FUSION) |
+   | fusion_bytes  | 256 KiB: a fused request's message to one server carries slices up to this (FUSION) |
    | credit_bytes  | 0: every message goes at once; else the bytes in flight to one server, the rest wait, highest priority first (FUSION) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
@@ -763,7 +766,7 @@ typedef struct kvps_worker_desc {
                              KVPS_TIMELINE environment variable, else none; "": none */
     int failover_ms; /* REPLICAS: a shard's server unreachable this long: move to its next replica
                         (1000) */
-    size_t fusion_bytes; /* FUSION: the most one message of a fused request carries (4 MiB) */
+    size_t fusion_bytes; /* FUSION: the most one message of a fused request carries (256 KiB) */
     size_t credit_bytes; /* FUSION: bytes in flight to one server (0: no limit); the rest wait, by priority */
 } kvps_worker_desc;
 
@@ -6856,7 +6859,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
-    w->desc.fusion_bytes = kvps__def(desc->fusion_bytes, (size_t)4 << 20);
+    w->desc.fusion_bytes = kvps__def(desc->fusion_bytes, (size_t)256 << 10);
     kvps_result r = KVPS_OK;
     w->n = kvps__split(desc->servers, &w->endpoints);
     if (w->n < 1) {

@@ -27,12 +27,15 @@
    2. WHAT IT DOES, AND WHY
    A model has many small tensors (ResNet-50: 161, most under 1 MB) and each all-reduce of a
    small buffer costs a few round trips whatever its size, so one by one they are slow. Added
-   buffers are copied into a bucket of .threshold_bytes (default 16 MiB; Horovod's
-   HOROVOD_FUSION_THRESHOLD plays the same part) in the order added; a full bucket is
+   buffers are copied into a bucket of .threshold_bytes (default 4 MiB; Horovod's
+   HOROVOD_FUSION_THRESHOLD, 64 MiB, plays the same part) in the order added; a full bucket is
    all-reduced in place on the ring's background thread (kvps_ring_post) while the next one
    fills, and its results are copied back into the buffers when a later bucket needs its place
    or at kvps_fuse_flush. A buffer of .direct_bytes or more (default threshold / 4) is not copied:
-   it is all-reduced where it is, in its turn. Two buckets are kept (.buckets, at most 8): memory
+   it is all-reduced where it is, in its turn. The defaults were measured (bench/bench_fusion.c,
+   ResNet-50's 161 tensors, 4 ranks on this project's 2 vCPUs, thresholds alternated, two runs):
+   1, 4 and 16 MiB buckets took 179-209 ms a step, 64 MiB 340-367 ms: past a few MiB the copies
+   in and out of a bucket cost more than the round trips they save. Two buckets are kept (.buckets, at most 8): memory
    is buckets x threshold. Every rank must add the same buffers (counts) in the same order with
    the same dtype and op: the buckets are then the same collectives everywhere, and a rank that
    differs gets the ring's KVPS_ERR_MISMATCH (a bucket of another count) on every rank.
@@ -60,7 +63,7 @@ extern "C" {
 #endif
 
 /* Zero means default.
-   | threshold_bytes | 16 MiB: a bucket's size                                   |
+   | threshold_bytes | 4 MiB: a bucket's size                                    |
    | direct_bytes    | threshold / 4: buffers this large are all-reduced in place |
    | buckets         | 2: buckets out at once (1..8)                             | */
 typedef struct kvps_fuse_desc {
@@ -196,7 +199,7 @@ KVPS_API kvps_result kvps_fuse_create(kvps_ring *r, const kvps_fuse_desc *desc, 
     f->r = r;
     f->d = *desc;
     f->esz = esz;
-    if (!f->d.threshold_bytes) f->d.threshold_bytes = (size_t)16 << 20;
+    if (!f->d.threshold_bytes) f->d.threshold_bytes = (size_t)4 << 20;
     f->d.threshold_bytes -= f->d.threshold_bytes % esz;
     if (f->d.threshold_bytes < esz) f->d.threshold_bytes = esz;
     if (!f->d.direct_bytes) f->d.direct_bytes = f->d.threshold_bytes / 4 ? f->d.threshold_bytes / 4 : esz;

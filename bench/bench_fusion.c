@@ -6,13 +6,13 @@
    usage: bench_fusion [--ranks N] [--servers S] [--iters I] [--repeat R] [--compute-ms F]
                        [--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES]
                        [--bucket BYTES] [--mpi PATH | --no-mpi] [--no-ps] [--no-ring]
-   (--threshold: kvps_fuse's bucket, default 16 MiB; --fusion-bytes: the worker's fusion_bytes,
-   default 4 MiB; --bucket: the training step's gradient bucket, default 4 MiB; --credit: the
+   (--threshold: kvps_fuse's bucket, default 4 MiB; --fusion-bytes: the worker's fusion_bytes,
+   default 256 KiB; --bucket: the training step's gradient bucket, default 4 MiB; --credit: the
    priority step's credit_bytes, default 4 MiB)
 
    Ring (N ranks, float32 sums), seconds per step (all 161 tensors), the slowest rank's:
      one_by_one     161 kvps_ring_allreduce calls
-     fused          kvps_ring_allreduce_many (kvps_fuse.h, 16 MiB buckets, 4 MiB and up in place)
+     fused          kvps_ring_allreduce_many (kvps_fuse.h: 4 MiB buckets, 1 MiB and up in place)
      concatenated   one kvps_ring_allreduce of all 25.6 M floats (what fusion can at best reach)
      mpi one_by_one / mpi concatenated: the same with MPI_Allreduce (bench/mpi_fusion.c through
                     mpirun, pml ob1, btl tcp,self on lo, as bench_ring runs OpenMPI)
