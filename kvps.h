@@ -45,7 +45,10 @@
    kvps_worker_destroy); once every one of num_workers workers has, the server stops by
    itself: a job under kvps-run, mpirun or srun ends with its last worker, exit 0, with no
    "lost" warning. A finished worker's closed connection is no loss; one that comes back (or
-   a new process with its rank) is simply not finished any more. A pull or barrier that needs
+   a new process with its rank) is simply not finished any more. kvps_worker_finish also waits,
+   up to its timeout, for a server it has not reached yet (one that started late, after the
+   worker's last request), so that it too hears the goodbye; destroy does not wait for those,
+   and finish names one that never connected. A pull or barrier that needs
    a push from a worker that has finished is answered KVPS_ERR_PEER_LOST at once ("worker 1
    has finished ... but round 7 of tensor 'w' needs its push"); under .elastic the finished
    worker leaves the aggregation instead. .keep_serving = 1: a long-lived server that serves
@@ -6948,11 +6951,12 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     return KVPS_OK;
 }
 
+static kvps_result kvps__finish(kvps_worker *w, int timeout_ms, int unreached);
 KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     if (!wp || !*wp) return;
     kvps_worker *w = *wp;
     *wp = NULL;
-    if (w->ready && !w->finished) kvps_worker_finish(w, 1000); /* a clean finish, unless the caller did it */
+    if (w->ready && !w->finished) kvps__finish(w, 1000, 0); /* a clean finish, unless the caller did it */
     kvps__tl_close(&w->tl);
     for (int i = 0; i < w->n; i++) {
         if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
@@ -7303,36 +7307,43 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from) {
 static kvps_result kvps__hello_all(kvps_worker *w) { return kvps__hello_from(w, 0); }
 
 /* Goodbye (BYE) to servers from..n-1, waiting up to timeout_ms for their acknowledgements;
-   servers never reached, down or refusing are not waited for. Returns the request, the caller's
-   to end (NULL: out of memory); *r: how sending went. */
-static kvps__req *kvps__bye(kvps_worker *w, int from, int timeout_ms, kvps_result *r) {
+   servers down or refusing are not waited for, nor, unless unreached, those never reached (a
+   server that starts late must still hear every worker's goodbye, or it waits for it forever:
+   kvps_worker_finish waits for it, up to its timeout). Returns the request, the caller's to end
+   (NULL: out of memory); *r: how sending went. */
+static kvps__req *kvps__bye(kvps_worker *w, int from, int timeout_ms, int unreached, kvps_result *r) {
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return NULL;
     q->ctl = KVPS__OP_BYE;
     for (int i = from; i < w->n && *r == KVPS_OK; i++)
-        if (w->up_once[i] && !w->down[i] && !w->refused[i]) *r = kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
+        if ((w->up_once[i] || unreached) && !w->down[i] && !w->refused[i]) *r = kvps__send_ctl(w, q, i, KVPS__OP_BYE, NULL, 0);
     int64_t deadline = kvps__now_ms() + timeout_ms;
     for (int64_t now = kvps__now_ms(); *r == KVPS_OK && q->pending > 0 && now < deadline; now = kvps__now_ms())
         kvps__progress(w, (long)(deadline - now)); /* (a refused hello is no reason to stop here) */
     return q;
 }
 
-KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
-    if (!w) return KVPS_ERR_INVALID_ARG;
+/* unreached: wait for servers never connected too (an explicit finish); destroy's does not. */
+static kvps_result kvps__finish(kvps_worker *w, int timeout_ms, int unreached) {
     if (w->finished) return KVPS_OK;
     w->finished = 1;
     kvps__watch(w);
     kvps_result r = KVPS_OK;
-    kvps__req *q = kvps__bye(w, 0, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, &r);
+    kvps__req *q = kvps__bye(w, 0, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, unreached, &r);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
     if (r == KVPS_OK && q->pending > 0) {
         int s = 0;
         while (q->state[s] != 1) s++;
-        r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)", s,
-                        kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent);
+        r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)%s",
+                        s, kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent,
+                        w->up_once[s] ? "" : ": it never connected, so it will wait for this worker until it is stopped");
     }
     kvps__req_end(w, q);
     return r;
+}
+KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    return kvps__finish(w, timeout_ms, 1);
 }
 
 static void kvps__name_all(kvps_worker *w, kvps_tensor ti);
@@ -7641,7 +7652,7 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
         if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
             kvps_result br = KVPS_OK;
-            kvps__req *q = kvps__bye(w, n2, 1000, &br);
+            kvps__req *q = kvps__bye(w, n2, 1000, 0, &br);
             if (q) kvps__req_end(w, q);
             for (int i = n2; i < n; i++) {
                 zmq_close(w->socks[i]);
