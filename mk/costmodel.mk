@@ -13,6 +13,12 @@ cost-model: $(B)/costmodel $(B)/bench_ring $(B)/ring_peer $(B)/ps_peer
 cost-model-tables: $(B)/costmodel
 	$(B)/costmodel --fit $(CM_DIR)
 	$(B)/costmodel --tables $(CM_DIR) >$(CM_DIR)/tables.txt && cat $(CM_DIR)/tables.txt
+	@# sensitivity: alpha 5 and 50 us; a faster inside of a host (10 GB/s, 5 us); a CPU bound of 2 CPUs a rank
+	$(B)/costmodel --tables $(CM_DIR) --alpha-us 5 >$(CM_DIR)/tables_alpha5.txt
+	$(B)/costmodel --tables $(CM_DIR) --alpha-us 50 >$(CM_DIR)/tables_alpha50.txt
+	$(B)/costmodel --tables $(CM_DIR) --intra-gbs 10 --intra-us 5 >$(CM_DIR)/tables_intra10.txt
+	$(B)/costmodel --tables $(CM_DIR) --cpus 2 >$(CM_DIR)/tables_cpus2.txt
+	@grep -H "AUTO differs" $(CM_DIR)/tables*.txt
 	bench/costmodel_plot.sh $(CM_DIR)
 cost-model-check: $(B)/costmodel
 	$(B)/costmodel --check-kvps
