@@ -104,8 +104,7 @@ static double cm_ring_ab(double a, double b, double g, double c, int p, double S
    all: every rank of the host crosses at once (RD, RHD), so they share the port. */
 static void cm_hop(const cm_net *n, int p, int d, int all, double *a, double *b) {
     if (n->q <= 1) { *a = n->a; *b = n->b; return; }
-    if (d < n->q && p <= n->q) { *a = n->a_in; *b = n->b_in; return; }
-    if (d < n->q) { *a = n->a_in; *b = n->b_in; return; }
+    if (d < n->q || p <= n->q) { *a = n->a_in; *b = n->b_in; return; } /* partners in one host */
     *a = n->a;
     *b = all ? n->b * n->q : n->b;
     if (*b < n->b_in) *b = n->b_in;

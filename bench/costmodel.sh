@@ -22,7 +22,7 @@
 # DIR/measured.csv: net,kind,algo,ranks,servers,groups,bytes,time_us,lo_us,hi_us[,cpu_us]
 # (kind allreduce: ranks = ranks; kind ps: ranks = workers, servers = n, groups = 1 when servers
 # and workers share hosts, tensors in algo: "ps1" one tensor, "ps16" 16 tensors).
-# Needs root for the eth parts (ip netns, tc). Whole run: about 8-12 minutes.
+# Needs root for the eth parts (ip netns, tc). Whole run: about 5 minutes here.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 parts=gamma,lo-ring,lo-hier,lo-ps,eth-ring,eth-ps out=bench/results/costmodel quick=0

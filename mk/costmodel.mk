@@ -1,6 +1,6 @@
 # Which algorithm, at what scale (issue 19): the alpha-beta-gamma cost model of the all-reduce
 # algorithms and the parameter server (bench/costmodel.h, bench/costmodel.c), its measurements
-# (bench/costmodel.sh: loopback and, as root, the emulated 1 Gbit/s link; 8-12 minutes), the
+# (bench/costmodel.sh: loopback and, as root, the emulated 1 Gbit/s link; about 5 minutes), the
 # tables and charts. `make cost-model` measures and fits afresh; `make cost-model-tables` only
 # re-fits and re-prints from the CSVs already in $(CM_DIR); `make cost-model-check` compares the
 # model's copy of AUTO with kvps_ring.h's own choice (also in tests/test_costmodel.c).
