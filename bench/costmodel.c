@@ -12,7 +12,8 @@
                                              fraction measured at 1 Gbit/s; inside a host (8 ranks
                                              a host, HIER's groups) lo's alpha and beta unless
                                              G GB/s and U us are given; --cpus N: add the CPU
-                                             bound with N CPUs a rank (kappa, mu fitted here)
+                                             bound with N CPUs a rank (kappa, mu fitted here);
+                                             with any of these the .dat files are left as they are
           costmodel --check-kvps             AUTO of costmodel.h against kvps_ring.h's own choice
    DIR is what bench/costmodel.sh writes (bench/results/costmodel); `make cost-model` runs it all.
 
@@ -258,10 +259,10 @@ static int algo_id(const char *name) {
     return -1;
 }
 
-static void validation(const consts *k, const char *dir) {
+static void validation(const consts *k, const char *dir, int write_dat) {
     char path[1024];
     snprintf(path, sizeof path, "%s/validation.dat", dir);
-    FILE *dat = fopen(path, "w");
+    FILE *dat = write_dat ? fopen(path, "w") : NULL;
     printf("## Validation: predicted vs measured (fit rows marked *)\n");
     printf("# lo: bench_ring / ps_peer on tcp://127.0.0.1 (2 vCPUs: 4 and 8 ranks oversubscribed); eth: namespaces, tbf 1gbit\n");
     printf("# time: median [min..max where known]; ratio = predicted / measured\n");
@@ -428,7 +429,10 @@ static int do_tables(const char *dir, const opts *op) {
     printf("# costmodel: constants from %s/consts.csv\n", dir);
     printf("#   lo alpha %.1f us beta %.4f ns/B; eth alpha %.1f us beta %.4f ns/B (%.3f Gbit/s); gamma %.4f ns/B; o %.1f us\n",
            k.lo_a * 1e6, k.lo_b * 1e9, k.eth_a * 1e6, k.eth_b * 1e9, 8e-9 / k.eth_b, k.g * 1e9, k.o * 1e6);
-    validation(&k, dir);
+    /* the charts' data only from the default constants: a variant (--alpha-us, --intra-*, --cpus)
+       prints its tables and leaves the .dat files as they are */
+    int variant = op->alpha_us != 20 || op->in_gbs > 0 || op->in_us > 0 || op->cpus > 0;
+    validation(&k, dir, !variant);
     /* 10 and 100 Gbit/s: beta from the line rate at the goodput fraction measured here at 1 Gbit/s;
        alpha given (TCP through ZeroMQ on 10/100 GbE); gamma and o as measured here */
     double frac = (8.0 / k.eth_b) / 1e9; /* measured goodput / 1 Gbit/s */
@@ -453,7 +457,7 @@ static int do_tables(const char *dir, const opts *op) {
         predictions(&n, title);
         if (n.q == 1) ps_table(&n, title);
         snprintf(path, sizeof path, "%s/%s", dir, links[l].file);
-        auto_table(&n, title, path);
+        auto_table(&n, title, variant ? NULL : path);
     }
     return 0;
 }
