@@ -2,8 +2,8 @@
    measured in the same run.
 
    usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]
-                     [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]
-                     [--io-threads N] [--io-cpus rank|none] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
+                     [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]
+                     [--io-threads N] [--io-cpus rank|none] [--groups Q] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
 
    Ranks are separate processes on one machine (fork; each makes its ZeroMQ context after the
    fork), talking over tcp://127.0.0.1 on ephemeral ports. Each rank creates its ring with
@@ -28,7 +28,9 @@
    progress); every figure is the median of the 5 blocks. float32, sum, root 0, out of place
    (--inplace: all-reduce in place, kvps and MPI alike). At the end of each rank count the CPU
    time that other processes took meanwhile is printed: on a shared machine, trust ratios
-   measured side by side more than absolute figures.
+   measured side by side more than absolute figures. --groups Q gives every ring .groups (rank r
+   in group r / Q), so that --algo hier (and auto past .small_bytes) runs the hierarchical
+   all-reduce; without it hier is the ring.
 
    Columns as nccl-tests: size is the bytes of the whole buffer (for reduce_scatter the input,
    for allgather the output, for alltoall what each rank sends), count = size / 4,
@@ -101,6 +103,7 @@ typedef struct config {
     int nchunk;
     double target;
     int inplace, csv, io_threads, io_cpus_none;
+    int groups; /* --groups Q: ranks r / Q form a group (.groups, for HIER); 0: none */
 } config;
 
 /* ---- one rank ------------------------------------------------------------------------------ */
@@ -285,10 +288,12 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
         snprintf(cpu, sizeof cpu, "%d", bench_cpu(rank));
         kcheck(kvps_zmq_ctx_pin(c.zctx, cpu), "kvps_zmq_ctx_pin", &c);
     }
+    static int grp[MAX_RANKS];
+    for (int i = 0; i < n; i++) grp[i] = cf->groups ? i / cf->groups : 0;
     for (int k = 0; k < cf->nchunk; k++) {
         kcheck(kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = n, .bind = "tcp://127.0.0.1:*",
                                                   .chunk_bytes = cf->chunk[k], .timeout_ms = 120000,
-                                                  .zmq_ctx = c.zctx},
+                                                  .zmq_ctx = c.zctx, .groups = cf->groups ? grp : NULL},
                                 &c.rings[k]),
                "kvps_ring_create", &c);
         /* endpoint exchange through the parent: [u32 len][text] up, the list of all back down */
@@ -655,12 +660,13 @@ static void cpu_report(const config *cf, const cpu_mark *t0, const char *what) {
 static void usage(void) {
     fprintf(stderr,
             "usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]\n"
-            "                  [--algo auto,ring,biring,rd,rhd] [--chunk 256K,...] [--time S] [--inplace]\n"
-            "                  [--io-threads N] [--io-cpus rank|none] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
+            "                  [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]\n"
+            "                  [--io-threads N] [--io-cpus rank|none] [--groups Q] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
             "  --ranks   rank counts (processes), each 2..%d\n"
             "  --sizes   MIN:MAX[:FACTOR] (default 4K:64M:4) or a list; K/M suffixes are 1024-based\n"
             "  --coll    allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall or all (default all)\n"
-            "  --algo    all-reduce algorithms (auto,ring,biring,rd,rhd), default auto,ring,biring,rd\n"
+            "  --algo    all-reduce algorithms (auto,ring,biring,rd,rhd,hier), default auto,ring,biring,rd\n"
+            "  --groups Q  rank r in group r / Q (.groups): hier (and auto) run hierarchically; hier without it is ring\n"
             "  --chunk   kvps .chunk_bytes values (default 0: the ring's default, 1M)\n"
             "  --time S  seconds per size and algorithm, 5 blocks together (default 0.3)\n"
             "  --inplace all-reduce in place (kvps and MPI)\n"
@@ -729,8 +735,8 @@ static int add_coll(const char *t, void *a) {
 }
 static int add_algo(const char *t, void *a) {
     config *cf = (config *)a;
-    for (int i = 0; i < (int)(sizeof algo_names / sizeof *algo_names); i++) /* hier needs groups: not here */
-        if (i != KVPS_ALGO_HIER && strcmp(t, algo_names[i]) == 0 && cf->nalgo < MAX_LIST) {
+    for (int i = 0; i < (int)(sizeof algo_names / sizeof *algo_names); i++) /* hier: with --groups (before or after) */
+        if (strcmp(t, algo_names[i]) == 0 && cf->nalgo < MAX_LIST) {
             cf->algo[cf->nalgo++] = i;
             return 0;
         }
@@ -790,6 +796,12 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--io-cpus") == 0) {
             if (strcmp(v, "rank") && strcmp(v, "none")) usage();
             cf.io_cpus_none = strcmp(v, "none") == 0;
+            i++;
+        } else if (strcmp(a, "--groups") == 0) {
+            char *end = NULL;
+            long q = strtol(v, &end, 10);
+            if (*end || q < 1 || q > MAX_RANKS) usage();
+            cf.groups = (int)q;
             i++;
         } else if (strcmp(a, "--time") == 0) {
             char *end = NULL;
