@@ -7114,7 +7114,7 @@ static uint64_t kvps__frames_bytes(zmq_msg_t *f, int nf) {
    the kept copies go later): 1 when queued. */
 static int kvps__credit_wait(kvps_worker *w, kvps__req *q, int srv, zmq_msg_t *f, int nf) {
     uint64_t bytes = kvps__frames_bytes(f, nf);
-    if (!w->inflight[srv] || w->inflight[srv] + bytes <= w->desc.credit_bytes) return 0;
+    if (!w->desc.credit_bytes || !w->inflight[srv] || w->inflight[srv] + bytes <= w->desc.credit_bytes) return 0;
     if (w->ncq == w->cap_cq) {
         size_t nc = w->cap_cq ? 2 * w->cap_cq : 64;
         kvps__qent *ne = (kvps__qent *)realloc(w->cq, nc * sizeof *ne);

@@ -508,7 +508,11 @@ static void *kill_worker(void *arg) {
     char ep[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", j->port);
     kvps_worker *w = NULL;
-    if (kvps_worker_create(&(kvps_worker_desc){.servers = ep, .rank = j->rank, .heartbeat_ms = 100, .peer_timeout_ms = 300},
+    /* peer_timeout 3 s: while the proxy holds the server's side (kill 1), a worker must still get
+       its push of step K1 out on the connection it has; with 300 ms a slow moment (ASan, a busy
+       machine) dropped that connection first, the new one could not finish its handshake through
+       the hold, the round never completed and no checkpoint came (seen once in CI) */
+    if (kvps_worker_create(&(kvps_worker_desc){.servers = ep, .rank = j->rank, .heartbeat_ms = 100, .peer_timeout_ms = 3000},
                            &w) != KVPS_OK) {
         j->failures++;
         kpause_end();
