@@ -7076,7 +7076,6 @@ static void kvps__req_end(kvps_worker *w, kvps__req *q) {
     for (int s = 0; s < w->n; s++) kvps__req_drop_kept(q, s);
     w->slots[slot] = NULL; /* (gone before any credit it frees lets another message go) */
     for (int s = 0; q->sbytes && s < w->n; s++) kvps__credit_back(w, q, s);
-    w->slots[slot] = NULL;
     w->free_slots[w->nfree++] = slot;
     kvps__req_unref(q);
 }

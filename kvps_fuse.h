@@ -130,19 +130,24 @@ static kvps_result kvps_fuse__fail(kvps_fuse *f, kvps_result rc, const char *fmt
     return rc;
 }
 
-/* Posts bucket i's all-reduce (in place) when it holds anything. */
-static kvps_result kvps_fuse__post(kvps_fuse *f, int i) {
-    kvps_fuse__bucket *b = &f->b[i];
-    if (!b->used || b->req) return KVPS_OK;
+/* Posts an all-reduce of count elements in place at buf, on the ring's thread. */
+static kvps_result kvps_fuse__post_at(kvps_fuse *f, void *buf, size_t count, kvps_ring_req *req) {
     kvps_ring_op o;
     memset(&o, 0, sizeof o);
     o.coll = KVPS_COLL_ALLREDUCE;
-    o.send = b->buf;
-    o.recv = b->buf;
-    o.count = b->used / f->esz;
+    o.send = buf;
+    o.recv = buf;
+    o.count = count;
     o.dtype = f->d.dtype;
     o.op = f->d.op;
-    kvps_result rc = kvps_ring_post(f->r, &o, &b->req);
+    return kvps_ring_post(f->r, &o, req);
+}
+
+/* Posts bucket i's all-reduce when it holds anything. */
+static kvps_result kvps_fuse__post(kvps_fuse *f, int i) {
+    kvps_fuse__bucket *b = &f->b[i];
+    if (!b->used || b->req) return KVPS_OK;
+    kvps_result rc = kvps_fuse__post_at(f, b->buf, b->used / f->esz, &b->req);
     if (rc != KVPS_OK)
         return kvps_fuse__fail(f, rc, "fused all-reduce of %zu buffers (%zu bytes): %s", b->npieces, b->used,
                                kvps_ring_last_error(f->r));
@@ -234,15 +239,7 @@ KVPS_API kvps_result kvps_fuse_add(kvps_fuse *f, void *buf, size_t count) {
             f->direct = nd;
             f->cap_direct = nc;
         }
-        kvps_ring_op o;
-        memset(&o, 0, sizeof o);
-        o.coll = KVPS_COLL_ALLREDUCE;
-        o.send = buf;
-        o.recv = buf;
-        o.count = count;
-        o.dtype = f->d.dtype;
-        o.op = f->d.op;
-        kvps_result rc = kvps_ring_post(f->r, &o, &f->direct[f->ndirect]);
+        kvps_result rc = kvps_fuse__post_at(f, buf, count, &f->direct[f->ndirect]);
         if (rc != KVPS_OK)
             return kvps_fuse__fail(f, rc, "in-place all-reduce of %zu %s: %s", count, kvps_dtype_name(f->d.dtype),
                                    kvps_ring_last_error(f->r));

@@ -94,6 +94,17 @@ static void spawn(const cfg *c, int n, child_fn fn, const void *arg, pid_t *pid,
     }
 }
 
+/* The endpoints n children report, one each, joined by commas into list[cap]. */
+static void gather_endpoints(const int *up, int n, char *list, size_t cap, const char *who) {
+    list[0] = 0;
+    for (int i = 0; i < n; i++) {
+        char *ep = read_str(up[i]);
+        if (!ep) die(who, "a child did not report its endpoint");
+        snprintf(list + strlen(list), cap - strlen(list), "%s%s", i ? "," : "", ep);
+        free(ep);
+    }
+}
+
 static int reap(int n, pid_t *pid) {
     int bad = 0;
     for (int i = 0; i < n; i++) {
@@ -168,13 +179,8 @@ static int run_ring(const cfg *c, double *out) {
     pid_t pid[MAXR];
     int up[MAXR], down[MAXR];
     spawn(c, c->ranks, ring_rank, NULL, pid, up, down);
-    char peers[MAXR * 64] = "";
-    for (int i = 0; i < c->ranks; i++) {
-        char *ep = read_str(up[i]);
-        if (!ep) die("ring", "a rank did not report its endpoint");
-        snprintf(peers + strlen(peers), sizeof peers - strlen(peers), "%s%s", i ? "," : "", ep);
-        free(ep);
-    }
+    char peers[MAXR * 64];
+    gather_endpoints(up, c->ranks, peers, sizeof peers, "ring");
     for (int i = 0; i < c->ranks; i++) { write_str(down[i], peers); close(down[i]); }
     for (int m = 0; m < R_NM; m++) out[m] = 0;
     for (int i = 0; i < c->ranks; i++) {
@@ -309,12 +315,9 @@ static int run_ps(const cfg *c, double *out) {
     pid_t spid[MAXR], wpid[MAXR];
     int sup[MAXR], sdown[MAXR], wup[MAXR], wdown[MAXR];
     spawn(c, c->servers, server_proc, NULL, spid, sup, sdown);
-    char list[MAXR * 64] = "";
+    char list[MAXR * 64];
+    gather_endpoints(sup, c->servers, list, sizeof list, "server");
     for (int i = 0; i < c->servers; i++) {
-        char *ep = read_str(sup[i]);
-        if (!ep) die("server", "no endpoint");
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? "," : "", ep);
-        free(ep);
         close(sup[i]);
         close(sdown[i]);
     }

@@ -171,18 +171,11 @@ static int parse_opts(int argc, char **argv, opts *o) {
                 .optim = -1};
     for (int i = 1; i < argc; i++) {
         char name[32];
-        const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
-        if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= sizeof name)) {
+        const char *arg = argv[i], *val = NULL;
+        if (launch_opt(arg, name, sizeof name, &val) != 0) {
             fprintf(stderr, "fmnist: unknown argument '%s'\n", arg);
             usage(stderr);
             return 2;
-        }
-        if (eq) {
-            memcpy(name, arg, (size_t)(eq - arg));
-            name[eq - arg] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", arg);
         }
         if (strcmp(name, "--help") == 0 || strcmp(name, "--check") == 0) {
             if (val) { fprintf(stderr, "fmnist: %s takes no value\n", name); return 2; }
@@ -1056,26 +1049,6 @@ static int server_main(const opts *o, const char *endpoint, int rank, int report
 static volatile sig_atomic_t g_parent_signal;
 static void on_parent_signal(int sig) { g_parent_signal = sig; }
 
-/* Reads one line (the server's endpoint) from fd within timeout_ms; 0 or -1. */
-static int read_line(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t len = 0;
-    double deadline = now_s() + timeout_ms / 1000.0;
-    while (len + 1 < cap) {
-        int left = (int)((deadline - now_s()) * 1000);
-        if (left <= 0) return -1;
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = poll(&p, 1, left);
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc <= 0) return -1;
-        ssize_t got = read(fd, buf + len, 1);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return -1;
-        if (buf[len] == '\n') { buf[len] = 0; return 0; }
-        len++;
-    }
-    return -1;
-}
-
 typedef struct child { pid_t pid; const char *role; int rank, done, status, reported; } child;
 
 static int exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
@@ -1189,7 +1162,7 @@ static int run_local(const opts *o, const dataset *train, const dataset *test) {
         c[i] = (child){pid, "server", i, 0, 0, 0};
         close(fd[1]);
         char ep[256];
-        if (read_line(fd[0], ep, sizeof ep, 15000) != 0) {
+        if (launch_read_line(fd[0], ep, sizeof ep, 15000) != 0) {
             fprintf(stderr, "fmnist: server %d did not report its endpoint\n", i);
             rc = 1;
         } else {
@@ -1228,7 +1201,7 @@ static int ring_child(const opts *o, int rank, int up_fd, int down_fd, const dat
     close(up_fd);
     size_t cap = (size_t)o->workers * 300;
     char *peers = (char *)xcalloc(cap, 1);
-    if (read_line(down_fd, peers, cap, 30000) != 0) {
+    if (launch_read_line(down_fd, peers, cap, 30000) != 0) {
         fprintf(stderr, "fmnist: rank %d: no peer list from the parent\n", rank);
         return 1;
     }
@@ -1272,7 +1245,7 @@ static int run_local_ring(const opts *o, const dataset *train, const dataset *te
     }
     for (int r = 0; r < nw && rc == 0; r++) {
         char ep[256];
-        if (read_line(up[r], ep, sizeof ep, 15000) != 0) {
+        if (launch_read_line(up[r], ep, sizeof ep, 15000) != 0) {
             fprintf(stderr, "fmnist: rank %d did not report its endpoint\n", r);
             rc = 1;
         } else {

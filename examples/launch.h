@@ -3,13 +3,15 @@
    mpirun, srun) that names the role in the KVPS_* environment (kvps_env_read).
 
    Include it after kvps.h (or kvps_ring.h); POSIX. Every function is static inline, so a
-   program takes what it uses and no more. Used by examples/fmnist.c, examples/ctr.c and
-   bench/ps_peer.c. Not by examples/ring_allreduce.c: that one is the program a newcomer copies
+   program takes what it uses and no more. Used by examples/fmnist.c, examples/pipeline.c,
+   examples/ctr.c and bench/ps_peer.c. Not by examples/ring_allreduce.c: that one is the program a newcomer copies
    away from this repository and builds against the installed headers alone (make test checks
    that it does).
 
      now_s, cpu_s, sleep_ms   the clocks (wall, CPU); a sleep that outlasts signals (clock.h)
      parse_long, parse_double one option's value, within bounds
+     launch_opt               "--name=value" or "--name": the name, and the value if it came with it
+     launch_read_line         one line from a pipe within a time limit (an endpoint from a child)
      launch_catch_signals     one handler for SIGINT and SIGTERM
      launch_server            a server process: create, serve until every worker has finished
                               (kvps_server_run returns by itself), SIGINT/SIGTERM, or the
@@ -21,6 +23,7 @@
 #define KVPS_EXAMPLES_LAUNCH_H
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -52,6 +55,43 @@ static inline int parse_double(const char *s, double lo, double hi, double *out)
     if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
     *out = v;
     return 0;
+}
+
+/* An option, "--name=value" or "--name" (then *val is NULL: the value, if any, is the next
+   argument): its name into name[cap]; 0, or -1 when arg is not an option or its name is longer. */
+static inline int launch_opt(const char *arg, char *name, size_t cap, const char **val) {
+    const char *eq = strchr(arg, '=');
+    *val = NULL;
+    if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= cap)) return -1;
+    if (eq) {
+        memcpy(name, arg, (size_t)(eq - arg));
+        name[eq - arg] = 0;
+        *val = eq + 1;
+    } else {
+        snprintf(name, cap, "%s", arg);
+    }
+    return 0;
+}
+
+/* One line from fd within timeout_ms, without its newline, into buf[cap]; 0, or -1 (timed out,
+   end of input, or longer than cap). */
+static inline int launch_read_line(int fd, char *buf, size_t cap, int timeout_ms) {
+    size_t len = 0;
+    double deadline = now_s() + timeout_ms / 1000.0;
+    while (len + 1 < cap) {
+        int left = (int)((deadline - now_s()) * 1000);
+        if (left <= 0) return -1;
+        struct pollfd p = {fd, POLLIN, 0};
+        int rc = poll(&p, 1, left);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc <= 0) return -1;
+        ssize_t got = read(fd, buf + len, 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        if (buf[len] == '\n') { buf[len] = 0; return 0; }
+        len++;
+    }
+    return -1;
 }
 
 /* fn for SIGINT and SIGTERM. */

@@ -116,18 +116,11 @@ static int parse_opts(int argc, char **argv, opts *o) {
     parse_layers("784,256,128,64,10", o);
     for (int i = 1; i < argc; i++) {
         char name[32];
-        const char *arg = argv[i], *val = NULL, *eq = strchr(arg, '=');
-        if (strncmp(arg, "--", 2) != 0 || (eq && (size_t)(eq - arg) >= sizeof name)) {
+        const char *arg = argv[i], *val = NULL;
+        if (launch_opt(arg, name, sizeof name, &val) != 0) {
             fprintf(stderr, "pipeline: unknown argument '%s'\n", arg);
             usage(stderr);
             return 2;
-        }
-        if (eq) {
-            memcpy(name, arg, (size_t)(eq - arg));
-            name[eq - arg] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", arg);
         }
         if (strcmp(name, "--help") == 0) { usage(stdout); exit(0); }
         if (strcmp(name, "--check") == 0) { o->check = 1; continue; }
@@ -610,25 +603,6 @@ static int stage_main(const opts *o, kvps_ring *ring, int s, const dataset *trai
 
 /* ---------------------------------------------------------------------------------------------
    Standalone: fork the stages, hand out the endpoints, wait. */
-static int read_line(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t len = 0;
-    double deadline = now_s() + timeout_ms / 1000.0;
-    while (len + 1 < cap) {
-        int left = (int)((deadline - now_s()) * 1000);
-        if (left <= 0) return -1;
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = poll(&p, 1, left);
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc <= 0) return -1;
-        ssize_t got = read(fd, buf + len, 1);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return -1;
-        if (buf[len] == '\n') { buf[len] = 0; return 0; }
-        len++;
-    }
-    return -1;
-}
-
 static int rank_child(const opts *o, int s, int up, int down, const dataset *train_set, const dataset *test) {
     g_rank = s;
     kvps_ring *ring = NULL;
@@ -640,7 +614,7 @@ static int rank_child(const opts *o, int s, int up, int down, const dataset *tra
     if (write(up, line, (size_t)len) != len) { perror("pipeline: write"); return 1; }
     close(up);
     char *peers = (char *)xcalloc((size_t)o->stages, 300);
-    if (read_line(down, peers, (size_t)o->stages * 300, 30000) != 0) {
+    if (launch_read_line(down, peers, (size_t)o->stages * 300, 30000) != 0) {
         fprintf(stderr, "pipeline: stage %d: no peer list from the parent\n", s);
         return 1;
     }
@@ -681,7 +655,7 @@ static int run_local(const opts *o, const dataset *train_set, const dataset *tes
     }
     for (int s = 0; s < S && rc == 0; s++) {
         char ep[256];
-        if (read_line(up[s], ep, sizeof ep, 15000) != 0) {
+        if (launch_read_line(up[s], ep, sizeof ep, 15000) != 0) {
             fprintf(stderr, "pipeline: stage %d did not report its endpoint\n", s);
             rc = 1;
         } else {

@@ -65,6 +65,20 @@ static inline void fz_nolog(void *user, kvps_log_level level, const char *msg) {
     (void)n;
 }
 
+/* The peer a server's replies go to: a DEALER with routing id rid (rid_len bytes) connected to
+   ep, the connection taken in by the server's ROUTER (s) before the harness hands it messages. */
+static inline void *fz_peer(void *ctx, kvps_server *s, const char *ep, const char *rid, size_t rid_len) {
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, rid, rid_len);
+    FZ_CHECK(dealer && zmq_connect(dealer, ep) == 0, "connect: %s", zmq_strerror(zmq_errno()));
+    size_t esz = sizeof(int); /* the ROUTER reads the peer's id */
+    int ev;
+    zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &esz);
+    return dealer;
+}
+
 /* Reads one reply waiting on a DEALER (fuzz_server, fuzz_repl): its frames in f (at most 4
    kept; *nf counts them all) and its header in *h; 0 when none is waiting. Checks its form: the
    DEALER sees [meta] or [meta][values / text] (the routing id is gone), a reply header with a

@@ -53,14 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     s->synced = 1; /* as after the primary's first snapshot (of an empty shard) */
     s->epoch = 1;
     static const char rid[] = "kvpsrepl\0\0\0";
-    void *dealer = zmq_socket(fz_ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, rid, sizeof rid - 1);
-    FZ_CHECK(dealer && zmq_connect(dealer, b) == 0, "connect: %s", zmq_strerror(zmq_errno()));
-    size_t esz = sizeof(int);
-    int ev;
-    zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &esz);
+    void *dealer = fz_peer(fz_ctx, s, b, rid, sizeof rid - 1);
 
     fz_cut msgs = {data + 1, size - 1, 0};
     const uint8_t *mp;

@@ -200,15 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(kvps_server_create(&d, &s) == KVPS_OK, "server create");
     /* The peer the replies go to: a DEALER whose routing id the messages carry. */
     static const char rid[] = "fuzz-peer";
-    void *dealer = zmq_socket(fz_ctx, ZMQ_DEALER);
-    int zero = 0;
-    zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, rid, sizeof rid - 1);
-    FZ_CHECK(dealer && zmq_connect(dealer, kvps_server_endpoint(s)) == 0, "connect: %s", zmq_strerror(zmq_errno()));
-    /* let the ROUTER take the connection in and read the peer's id */
-    size_t esz = sizeof(int);
-    int ev;
-    zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &esz);
+    void *dealer = fz_peer(fz_ctx, s, kvps_server_endpoint(s), rid, sizeof rid - 1);
 
     fz_cut msgs = {data + 1, size - 1, 0};
     const uint8_t *mp;
