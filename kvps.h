@@ -105,33 +105,41 @@
    existed: pass max_slice = 268435456).
    RESHARD. kvps_worker_reshard(w, list, timeout) grows or shrinks the server set while training
    goes on: every worker calls it at the same point with nothing in flight and the same list (the
-   old one with servers added at its end or removed from its end; server 0 stays). A grow hands
-   each new server V / n' whole virtual shards taken from the fullest servers (in a fixed
-   pseudo-random order of shards: by mix64(v), highest first); a shrink deals the leaving servers' virtual shards, in order, to the
-   emptiest; every worker computes the same map. At a barrier, worker 0 asks each old server for
-   its keys (op KEYS), takes the records of those whose virtual shard moves (EXPORT: the
-   checkpoint's key record, with optimizer state, rounds and per-worker counters), gives them to
-   their new server (IMPORT) and has the old one forget them (DROP); the others wait at a second
-   barrier, then every worker places its tensors' slices anew (a slice keeps its key: slice i of
-   a tensor is in virtual shard (fnv1a(name) mod V + i) mod V). Nothing moves but those keys, no
-   push is in flight, so no update is lost or doubled, and BSP results keep their bits. Servers
-   that leave get a goodbye and stop. Tensors are not cut again (a tensor cut for n servers keeps
-   its slices: two may share a server, and its requests then go out in more rounds; tensors
-   registered after a reshard are cut for the first list's n too, as a restarted job cuts them).
-   The placement is the list of server counts the job went through ("2 > 3 > 2"): worker 0 tells
-   every server of the new set (op PLACE), each records it in its checkpoints (and replicas in
-   their snapshots), and a hello from a worker that does not know it is answered with it. A
-   worker's first keyed call (a tensor, a table, a push, pull or init, a reshard) waits for the
-   first hello's answer (up to timeout_ms): a job restarted from checkpoints written after
-   reshards takes their placement by itself, given the last list. A worker whose placement
-   differs is refused (KVPS_ERR_MISMATCH, both named), one listing another number of servers
-   than the placement's last is told which (KVPS_ERR_CONFIG), and a server refuses the keyed
-   requests of a worker that has not taken its placement (which only happens when no server
-   answered within timeout_ms), so no key lands on the wrong server (a server that refuses the
-   worker's handshakes ends that first wait at once: the call returns KVPS_ERR_AUTH, no request
-   made). At most 63 reshards per
-   placement. Not done: sparse tables cannot move (refused with KVPS_ERR_STATE), CURVE workers
-   cannot grow (their keys are not kept). bench/placement_sim.c compares placements at scale.
+   old one with servers added at its end or removed from its end; server 0 stays). Keys live in
+   V = 256 n0 virtual shards (n0: the first list's servers): a raw key in mix64(key) mod V, slice
+   i of a tensor in (fnv1a(name) mod V + i) mod V, a sparse table's row in mix64(id ^
+   mix64(table)) mod V. At a barrier, worker 0 asks each old server for its keys (op KEYS) and
+   plans the new map by the bytes each shard holds (kvps__vmap_plan): a grow fills each new
+   server, from the fullest old servers, with the largest shards that fit under the mean, then
+   with empty shards up to V / n' (keys made later fall evenly); a shrink deals the leaving
+   servers' shards, largest first, to the servers with the fewest bytes. Only moved shards'
+   bytes travel, about 1/n' of them. Worker 0 takes the records of the keys whose shard moves
+   (EXPORT: the checkpoint's key record, with optimizer state, rounds and per-worker counters),
+   gives them to their new server (IMPORT), has the old one forget them (DROP), does the same for
+   sparse tables' rows (EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS: with their optimizer state; every
+   table's configuration reaches the new servers, so rows first touched after a grow are made
+   there), and tells every server of the new set the new placement (PLACE); the others wait at
+   a second barrier, read it from server 0 (PLACE_GET) and check that it follows theirs; then
+   every worker places its tensors' slices anew (a slice keeps its key). Nothing moves but
+   those keys, no push is in flight, so no update is lost or doubled, and BSP results keep
+   their bits. Servers that leave get a goodbye and stop. Tensors are not cut again (a tensor
+   cut for n servers keeps its slices: two may share a server, and its requests then go out in
+   more rounds; tensors registered after a reshard are cut for the first list's n too, as a
+   restarted job cuts them). The placement is the list of server counts the job went through
+   ("2 > 3 > 2") with each change's moves (a few KiB a change: about V / n' shards); servers
+   record it in their checkpoints (and replicas in their snapshots), and a hello from a worker
+   that does not know it is answered with it. A worker's first keyed call (a tensor, a table, a
+   push, pull or init, a reshard) waits for the first hello's answer (up to timeout_ms): a job
+   restarted from checkpoints written after reshards takes their placement by itself, given
+   the last list. A worker whose placement differs is refused (KVPS_ERR_MISMATCH, both named),
+   one listing another number of servers than the placement's last is told which
+   (KVPS_ERR_CONFIG), and a server refuses the keyed requests of a worker that has not taken its
+   placement (which only happens when no server answered within timeout_ms), so no key lands on
+   the wrong server (a server that refuses the worker's handshakes ends that first wait at once:
+   the call returns KVPS_ERR_AUTH, no request made). At most 63 reshards per placement. A CURVE
+   worker connects to the new servers with the key pair it was created with
+   (kvps_worker_reshard_keys takes the new servers' public keys when each server has its own).
+   bench/placement_sim.c compares placements at scale.
    FUSION. A model of many small tensors (ResNet-50: 161) costs a message per slice per call,
    and small messages cost round trips. kvps_worker_push_tensors / pull_tensors /
    pushpull_tensors take a list of tensors and send each server one message with all of its
@@ -251,8 +259,10 @@
    destroying the server), and update_user, init_user and switch_user (passed back to your
    functions). Not kept (read during the call only): endpoint (the server holds the resolved
    one), curve_secret_key, curve_clients, io_cpus. kvps_worker_create keeps none of its
-   desc's strings (servers, CURVE keys, io_cpus are read during the call) and only borrows
-   zmq_ctx; kvps_ring_create likewise keeps neither peers nor io_cpus, and copies groups.
+   desc's strings (servers, CURVE keys, io_cpus are read during the call; a CURVE worker keeps
+   a copy of its key pair and of the servers' public keys, for the servers a reshard adds, and
+   destroy zeroes the secret) and only borrows zmq_ctx; kvps_ring_create likewise keeps
+   neither peers nor io_cpus, and copies groups.
    CPU PINNING. .io_cpus = "3" (or "0-3", "0,2-3": taskset -c's list) pins the ZeroMQ I/O
    thread(s) of a server's, worker's or ring's own context to those CPUs; NULL leaves them where
    the OS puts them. Each CPU must be one the calling thread may run on (KVPS_ERR_CONFIG
@@ -481,11 +491,14 @@
         FUSION: kvps_worker_push_tensors / pull_tensors / pushpull_tensors,
         kvps_worker_tensor_priority, desc fields fusion_bytes and credit_bytes (last in the
         desc); kvps_fuse.h (kvps_ring_allreduce_many, kvps_fuse_*).
-        RESHARD: kvps_worker_reshard, ops KEYS, EXPORT, IMPORT, DROP, PLACE; placement through
-        virtual shards (the same servers as before until a reshard); checkpoint version 2
-        records the placement (version 1 files are still read); HELLO's last 8 bytes carry the
-        worker's placement hash, and its answer may carry the server's placement; a worker's
-        first keyed call waits for the first hello's answer.
+        RESHARD: kvps_worker_reshard, kvps_worker_reshard_keys, ops KEYS, EXPORT, IMPORT, DROP,
+        PLACE, EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS, PLACE_GET; placement through virtual shards
+        (the same servers as before until a reshard); checkpoint version 3 records the
+        placement with its moves (versions 2 and 1 are still read); HELLO's last 8 bytes carry
+        the worker's placement hash, and its answer may carry the server's placement; a
+        worker's first keyed call waits for the first hello's answer. Protocol release 4
+        (HELLO): reshards planned by bytes, sparse tables' rows move; a worker and a server of
+        different releases refuse each other at the hello, with both named.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -911,8 +924,13 @@ KVPS_API void kvps_worker_destroy(kvps_worker **w);
    values, optimizer state and round counters, and nothing else does; the servers that leave
    stop by themselves. New servers must be running (rank = their place in the new list). The
    servers record the new placement in their checkpoints: workers of a job restarted from them
-   take it from the servers by themselves. */
+   take it from the servers by themselves. A CURVE worker connects to the new servers with its
+   own key pair (kept from kvps_worker_create) and the servers' one public key, when it was
+   given one for all; given one per server, it needs the new list's: kvps_worker_reshard_keys
+   (curve_server_keys: one for all, or one per server of the new list, Z85). */
 KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms);
+KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *servers, const char *curve_server_keys,
+                                              int timeout_ms);
 KVPS_API int kvps_worker_num_servers(const kvps_worker *w);
 KVPS_API const char *kvps_worker_last_error(const kvps_worker *w);
 
@@ -2999,8 +3017,14 @@ enum {
     KVPS__OP_IMPORT = 17, /* RESHARD: values = key records, taken in (new keys only) */
     KVPS__OP_DROP = 18,   /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */
     KVPS__OP_PLACE = 19,  /* RESHARD: values = the new placement (kvps__place), recorded */
-    KVPS__OP_COUNT = 20,
-    KVPS__PROTO = 3,      /* the protocol release a HELLO names: both sides must speak the same */
+    KVPS__OP_EXPORT_ROWS = 20, /* RESHARD: values = u32 V, u32 virtual shards[]; answered with the
+                                  record of every table (kvps__table_put), only the rows in those shards */
+    KVPS__OP_IMPORT_ROWS = 21, /* RESHARD: values = table records; tables made or found the same,
+                                  rows taken in (new row ids only) */
+    KVPS__OP_DROP_ROWS = 22,   /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */
+    KVPS__OP_PLACE_GET = 23,   /* RESHARD: answered with the server's placement (kvps__place_enc) */
+    KVPS__OP_COUNT = 24,
+    KVPS__PROTO = 4,      /* the protocol release a HELLO names: both sides must speak the same (4: table rows move in a reshard) */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
@@ -3164,43 +3188,96 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
 }
 
 /* A PLACEMENT: how keys were placed on servers (RESHARD): V virtual shards (256 x the first
-   server count) and every server count the job went through, first to last. One count is a
+   server count), every server count the job went through, first to last, and what each change
+   moved: m[i] (virtual shard, new server) pairs for change i (from n[i-1] to n[i] servers), in
+   mv after those of the changes before it. m[i] = 0: the change followed kvps__vmap_change's
+   rule by counts (placements written before changes were planned by bytes). One count is a
    job that never resharded (v mod n). Checkpoints record it, HELLO answers carry it, PLACE sets
-   it; on the wire: u32 V, u32 count, u32 n[count]. */
+   it, PLACE_GET reads it; on the wire: u32 V, u32 count, u32 n[count], u32 m[count], then
+   u32 pairs[2 x the sum of m]. mv is owned (kvps__place_free, kvps__place_copy). */
 enum { KVPS__PLACE_MAX = 64, KVPS__PLACE_SERVERS_MAX = 65536 };
-typedef struct kvps__place { uint32_t V, count, n[KVPS__PLACE_MAX]; } kvps__place;
+typedef struct kvps__place {
+    uint32_t V, count, n[KVPS__PLACE_MAX], m[KVPS__PLACE_MAX];
+    uint64_t nmv;  /* pairs in mv: the sum of m */
+    uint32_t *mv;  /* (shard, server) pairs */
+} kvps__place;
+
+static void kvps__place_free(kvps__place *p) {
+    free(p->mv);
+    p->mv = NULL;
+    p->nmv = 0;
+}
+
+/* dst = src (dst's moves freed first); 0, or -1 out of memory (dst then unchanged). */
+static int kvps__place_copy(kvps__place *dst, const kvps__place *src) {
+    uint32_t *mv = NULL;
+    if (src->nmv && !(mv = (uint32_t *)malloc(src->nmv * 8))) return -1;
+    if (src->nmv) memcpy(mv, src->mv, src->nmv * 8);
+    free(dst->mv);
+    *dst = *src;
+    dst->mv = mv;
+    return 0;
+}
+
+static size_t kvps__place_size(const kvps__place *p) { return 8 + 8 * (size_t)p->count + 8 * (size_t)p->nmv; }
 
 static size_t kvps__place_enc(const kvps__place *p, unsigned char *out) {
     kvps__put32(out, p->V);
     kvps__put32(out + 4, p->count);
     for (uint32_t i = 0; i < p->count; i++) kvps__put32(out + 8 + 4 * (size_t)i, p->n[i]);
-    return 8 + 4 * (size_t)p->count;
+    for (uint32_t i = 0; i < p->count; i++) kvps__put32(out + 8 + 4 * (size_t)(p->count + i), p->m[i]);
+    if (p->nmv) memcpy(out + 8 + 8 * (size_t)p->count, p->mv, p->nmv * 8);
+    return kvps__place_size(p);
 }
 
-/* Decodes and checks one: NULL, or what is wrong with it. */
+/* Decodes and checks one into *p, which is overwritten (free what it held first); on a refusal
+   it holds nothing to free: NULL, or what is wrong with it. The moves are checked against the
+   counts: every server they name exists after its change. */
 static const char *kvps__place_dec(kvps__place *p, const unsigned char *v, size_t nb) {
     uint32_t w[2];
+    memset(p, 0, sizeof *p);
     if (nb < 8) return "shorter than its 8-byte head";
     memcpy(w, v, 8);
     if (w[1] < 1 || w[1] > KVPS__PLACE_MAX) return "a count of server counts out of range (1..64)";
-    if (nb != 8 + 4 * (size_t)w[1]) return "its length does not match its count";
+    if (nb < 8 + 8 * (size_t)w[1]) return "shorter than its counts";
     p->V = w[0];
     p->count = w[1];
     memcpy(p->n, v + 8, 4 * (size_t)w[1]);
-    for (uint32_t i = 0; i < p->count; i++)
+    memcpy(p->m, v + 8 + 4 * (size_t)w[1], 4 * (size_t)w[1]);
+    for (uint32_t i = 0; i < p->count; i++) {
         if (p->n[i] < 1 || p->n[i] > KVPS__PLACE_SERVERS_MAX) return "a server count out of range";
+        p->nmv += p->m[i];
+    }
     if ((uint64_t)p->V != 256ull * p->n[0]) return "V is not 256 x its first server count";
+    if (p->m[0] != 0) return "moves before the first change";
+    if ((nb - 8 - 8 * (size_t)w[1]) / 8 != p->nmv || (nb - 8 - 8 * (size_t)w[1]) % 8)
+        return "its length does not match its moves";
+    const unsigned char *mv = v + 8 + 8 * (size_t)w[1];
+    for (uint32_t i = 1, at = 0; i < p->count; i++)
+        for (uint32_t j = 0; j < p->m[i]; j++, at++) {
+            uint32_t pair[2];
+            memcpy(pair, mv + 8 * (size_t)at, 8);
+            if (pair[0] >= p->V || pair[1] >= p->n[i]) {
+                p->nmv = 0;
+                return "a move of a shard out of range, or to a server past its change's count";
+            }
+        }
+    if (p->nmv && !(p->mv = (uint32_t *)malloc(p->nmv * 8))) { p->nmv = 0; return "out of memory for its moves"; }
+    if (p->nmv) memcpy(p->mv, mv, p->nmv * 8);
     return NULL;
 }
 
-/* 0 for a placement that never changed (the server list says it all), else FNV-1a of its bytes,
-   never 0. */
+/* 0 for a placement that never changed (the server list says it all), else FNV-1a of its
+   encoding, never 0. */
 static uint64_t kvps__place_hash(const kvps__place *p) {
     if (p->count < 2) return 0;
-    unsigned char b[8 + 4 * KVPS__PLACE_MAX];
-    size_t nb = kvps__place_enc(p, b);
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < nb; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    uint32_t head[2] = {p->V, p->count};
+    const unsigned char *parts[4] = {(const unsigned char *)head, (const unsigned char *)p->n, (const unsigned char *)p->m,
+                                     (const unsigned char *)p->mv};
+    size_t sizes[4] = {8, 4 * (size_t)p->count, 4 * (size_t)p->count, 8 * (size_t)p->nmv};
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < sizes[k]; i++) h = (h ^ parts[k][i]) * 0x100000001b3ull;
     return h ? h : 1;
 }
 
@@ -3212,6 +3289,177 @@ static const char *kvps__place_text(const kvps__place *p, char *buf, size_t cap)
     for (; i < p->count && at + 24 < cap; i++) at += (size_t)snprintf(buf + at, cap - at, "%s%u", i ? " > " : "", p->n[i]);
     snprintf(buf + at, cap - at, "%s servers", i < p->count ? " ..." : "");
     return buf;
+}
+
+/* Placements recorded before reshards were planned by bytes (m[i] = 0) changed by counts: a grow
+   gave each new server V / n' shards from the servers with the most shards, a shrink dealt the
+   leaving servers' shards to those with the fewest. */
+/* The order in which a grow takes virtual shards: by mix64(v), highest first (ties: by v). */
+static int kvps__vshard_cmp(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint64_t hx = kvps__mix64(x), hy = kvps__mix64(y);
+    return hx != hy ? (hx < hy) - (hx > hy) : (x > y) - (x < y);
+}
+
+static int kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
+    int top = n > n2 ? n : n2;
+    uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
+    if (!cnt) return -1;
+    for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
+    if (n2 > n) { /* each new server takes V / n2 shards from the fullest servers, in a fixed
+                     pseudo-random order of shards (mix64), so that they come from all over the
+                     range and carry about their share of bytes, not a run of one tensor's slices */
+        uint32_t *perm = (uint32_t *)malloc((size_t)V * sizeof *perm);
+        uint32_t *curs = (uint32_t *)calloc((size_t)top, sizeof *curs);
+        if (!perm || !curs) { free(perm); free(curs); free(cnt); return -1; }
+        for (uint32_t v = 0; v < V; v++) perm[v] = v;
+        qsort(perm, V, sizeof *perm, kvps__vshard_cmp);
+        for (int j = n; j < n2; j++)
+            while (cnt[j] < V / (uint32_t)n2) {
+                int from = 0;
+                for (int i = 1; i < n2; i++)
+                    if (cnt[i] > cnt[from]) from = i;
+                while (curs[from] < V && vmap[perm[curs[from]]] != (uint32_t)from) curs[from]++;
+                if (curs[from] == V) break;
+                vmap[perm[curs[from]]] = (uint32_t)j;
+                cnt[from]--;
+                cnt[j]++;
+            }
+        free(perm);
+        free(curs);
+    } else { /* the leaving servers' shards, in order, each to the emptiest server left */
+        for (uint32_t v = 0; v < V; v++) {
+            if (vmap[v] < (uint32_t)n2) continue;
+            int to = 0;
+            for (int i = 1; i < n2; i++)
+                if (cnt[i] < cnt[to]) to = i;
+            cnt[vmap[v]]--;
+            vmap[v] = (uint32_t)to;
+            cnt[to]++;
+        }
+    }
+    free(cnt);
+    return 0;
+}
+
+/* vmap for placement p, replayed from v mod n through each of its changes (moves, or the rule
+   by counts); NULL with *why set when out of memory, or when p is not a placement (a change
+   leaves a shard on a server past its count). */
+static uint32_t *kvps__vmap_of(const kvps__place *p, const char **why) {
+    uint32_t *vm = (uint32_t *)malloc((size_t)p->V * sizeof *vm + 1);
+    *why = "out of memory";
+    if (!vm) return NULL;
+    for (uint32_t v = 0; v < p->V; v++) vm[v] = v % p->n[0];
+    const uint32_t *mv = p->mv;
+    for (uint32_t i = 1; i < p->count; i++) {
+        if (p->m[i] == 0 && kvps__vmap_change(vm, p->V, (int)p->n[i - 1], (int)p->n[i]) != 0) { free(vm); return NULL; }
+        for (uint32_t j = 0; j < p->m[i]; j++, mv += 2) vm[mv[0]] = mv[1];
+        for (uint32_t v = 0; v < p->V; v++)
+            if (vm[v] >= p->n[i]) {
+                *why = "a change leaves a virtual shard on a server past its count";
+                free(vm);
+                return NULL;
+            }
+    }
+    *why = NULL;
+    return vm;
+}
+
+/* A reshard planned by bytes (what kvps_worker_reshard does): vmap, V virtual shards over n
+   servers, becomes a map over n2, where bytes[v] is what shard v holds now. A grow fills each
+   new server in turn: from the fullest old server above the mean that has one, the largest
+   non-empty shard that still fits under the mean, until none fits; then empty shards, from the
+   servers with the most shards, until it has V / n2 of them (keys made later fall evenly). A
+   shrink deals the leaving servers' shards, largest first, each to the server left with the
+   fewest bytes (an empty shard: the fewest shards). Ties go to the lowest index, shards of equal
+   bytes in a fixed pseudo-random order (mix64). Each shard that changes server is appended to
+   *mv as a (shard, server) pair (*nmv counts them). 0, or -1 out of memory. */
+typedef struct kvps__pshard { uint64_t b; uint32_t v; } kvps__pshard;
+static int kvps__pshard_cmp(const void *a, const void *b) { /* bytes, highest first */
+    const kvps__pshard *x = (const kvps__pshard *)a, *y = (const kvps__pshard *)b;
+    if (x->b != y->b) return x->b < y->b ? 1 : -1;
+    uint64_t hx = kvps__mix64(x->v), hy = kvps__mix64(y->v);
+    if (hx != hy) return hx < hy ? 1 : -1;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
+static int kvps__vmap_plan(uint32_t *vmap, uint32_t V, int n, int n2, const uint64_t *bytes, uint32_t **mv, uint64_t *nmv) {
+    int top = n > n2 ? n : n2, rc = -1;
+    uint64_t *load = (uint64_t *)calloc((size_t)top, sizeof *load), *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
+    uint32_t *start = (uint32_t *)calloc((size_t)top + 1, sizeof *start), *cur = (uint32_t *)calloc((size_t)top + 1, sizeof *cur);
+    kvps__pshard *ps = (kvps__pshard *)malloc((size_t)V * sizeof *ps + 1);
+    uint8_t *gone = (uint8_t *)calloc((size_t)V + 1, 1), *ex = (uint8_t *)calloc((size_t)top, 1);
+    uint32_t *out = (uint32_t *)realloc(*mv, (*nmv + V) * 8 + 8); /* at most every shard moves */
+    if (out) *mv = out;
+    if (load && cnt && start && cur && ps && gone && ex && out) {
+        uint64_t total = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            load[vmap[v]] += bytes[v];
+            cnt[vmap[v]]++;
+            total += bytes[v];
+            start[vmap[v] + 1]++;
+        }
+        for (int i = 0; i < top; i++) start[i + 1] += start[i];
+        memcpy(cur, start, ((size_t)top + 1) * sizeof *cur);
+        for (uint32_t v = 0; v < V; v++) ps[cur[vmap[v]]++] = (kvps__pshard){bytes[v], v};
+        for (int i = 0; i < top; i++) qsort(ps + start[i], start[i + 1] - start[i], sizeof *ps, kvps__pshard_cmp);
+    #define KVPS__MOVE(v_, to_)                                                                            \
+        do {                                                                                                 \
+            uint32_t mv_v = (v_), mv_to = (uint32_t)(to_);                                                   \
+            load[vmap[mv_v]] -= bytes[mv_v]; cnt[vmap[mv_v]]--;                                              \
+            load[mv_to] += bytes[mv_v]; cnt[mv_to]++;                                                        \
+            vmap[mv_v] = mv_to; gone[mv_v] = 1;                                                              \
+            out[2 * *nmv] = mv_v; out[2 * *nmv + 1] = mv_to; (*nmv)++;                                      \
+        } while (0)
+        if (n2 > n) {
+            uint64_t T = total / (uint64_t)n2; /* the mean */
+            for (int j = n; j < n2; j++) {
+                memset(ex, 0, (size_t)top);
+                while (load[j] < T) { /* bytes */
+                    int d = -1;
+                    for (int i = 0; i < n; i++)
+                        if (!ex[i] && load[i] > T && (d < 0 || load[i] > load[d])) d = i;
+                    if (d < 0) break;
+                    uint64_t gap = T - load[j];
+                    uint32_t lo = start[d], hi = start[d + 1];
+                    while (lo < hi) { /* the first shard of d with at most gap bytes (sorted highest first) */
+                        uint32_t mid = lo + (hi - lo) / 2;
+                        if (ps[mid].b > gap) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    while (lo < start[d + 1] && gone[ps[lo].v]) lo++;
+                    if (lo == start[d + 1] || ps[lo].b == 0) { ex[d] = 1; continue; }
+                    KVPS__MOVE(ps[lo].v, j);
+                }
+                memset(ex, 0, (size_t)top);
+                while (cnt[j] < V / (uint32_t)n2) { /* shard count, with empty shards */
+                    int d = -1;
+                    for (int i = 0; i < n2; i++)
+                        if (i != j && !ex[i] && (d < 0 || cnt[i] > cnt[d])) d = i;
+                    if (d < 0 || cnt[d] <= cnt[j] + 1) break;
+                    uint32_t at = start[d + 1]; /* (a new server's group is empty: it gives nothing) */
+                    while (at > start[d] && gone[ps[at - 1].v]) at--;
+                    if (at == start[d] || ps[at - 1].b != 0) { ex[d] = 1; continue; }
+                    KVPS__MOVE(ps[at - 1].v, j);
+                }
+            }
+        } else {
+            uint32_t nl = 0; /* the leaving servers' shards, gathered at the front of ps */
+            for (int i = n2; i < n; i++)
+                for (uint32_t k = start[i]; k < start[i + 1]; k++) ps[nl++] = ps[k];
+            qsort(ps, nl, sizeof *ps, kvps__pshard_cmp);
+            for (uint32_t k = 0; k < nl; k++) {
+                int to = 0;
+                for (int i = 1; i < n2; i++)
+                    if (ps[k].b ? load[i] < load[to] : cnt[i] < cnt[to]) to = i;
+                KVPS__MOVE(ps[k].v, to);
+            }
+        }
+#undef KVPS__MOVE
+        rc = 0;
+    }
+    free(load); free(cnt); free(start); free(cur); free(ps); free(gone); free(ex);
+    return rc;
 }
 
 // >>rules
@@ -4254,6 +4502,20 @@ static kvps__table *kvps__table_find(kvps__table *list, uint64_t id) {
     return NULL;
 }
 
+/* The virtual shard of a table's row (RESHARD): the worker sends the row to that shard's server,
+   a reshard moves it with its shard. */
+static uint32_t kvps__row_vshard(uint64_t table, uint64_t id, uint32_t V) {
+    return (uint32_t)(kvps__mix64(id ^ kvps__mix64(table)) % V);
+}
+
+/* The row index of id, or UINT64_MAX when the table has no such row. */
+static uint64_t kvps__table_lookup(const kvps__table *t, uint64_t id) {
+    if (!t->hcap) return UINT64_MAX;
+    for (uint64_t j = kvps__mix64(id) & (t->hcap - 1); t->hv[j]; j = (j + 1) & (t->hcap - 1))
+        if (t->hk[j] == id) return t->hv[j] - 1;
+    return UINT64_MAX;
+}
+
 static float *kvps__row(const kvps__table *t, uint64_t r) { return t->slab[r >> 16] + (size_t)(r & 0xffff) * t->dim; }
 static float *kvps__row_state(const kvps__table *t, uint64_t r) {
     return t->sslab ? t->sslab[r >> 16] + (size_t)(r & 0xffff) * t->sdim : NULL;
@@ -4386,6 +4648,10 @@ static const kvps__op_spec kvps__ops[] = {
     {"import", 1, 0, 0, 1, kvps__serve_move},
     {"drop", 1, 0, 0, 1, kvps__serve_move},
     {"place", 1, 0, 0, 1, kvps__serve_move},
+    {"export_rows", 1, 0, 0, 0, kvps__serve_move},
+    {"import_rows", 1, 0, 0, 1, kvps__serve_move},
+    {"drop_rows", 1, 0, 0, 1, kvps__serve_move},
+    {"place_get", 0, 0, 0, 0, kvps__serve_move},
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -5117,6 +5383,20 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     }
     return 1;
 }
+/* Answers q with this server's placement (a hello's, PLACE_GET's). */
+static void kvps__reply_place(kvps_server *s, kvps__rq *q) {
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t f[3];
+    if (zmq_msg_init_size(&f[2], kvps__place_size(&s->place)) != 0) {
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s: the placement", q->op->name);
+        return;
+    }
+    kvps__place_enc(&s->place, (unsigned char *)zmq_msg_data(&f[2]));
+    kvps__reply_start(f, q->id, 0, &h);
+    kvps__server_send(s, f, 3);
+}
+
 /* An accepted hello is answered with this server's placement when the worker does not know it
    yet; until a hello that names it, that worker's keyed requests are refused (a request sent
    before the worker heard would have placed its keys the old way). */
@@ -5130,14 +5410,7 @@ static void kvps__serve_hello(kvps_server *s, kvps__rq *q) {
         kvps__reply_ack(s, q->id, &q->h);
         return;
     }
-    unsigned char b[8 + 4 * KVPS__PLACE_MAX];
-    size_t nb = kvps__place_enc(&s->place, b);
-    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
-    h.nkeys = 0;
-    zmq_msg_t f[3];
-    kvps__reply_start(f, q->id, 0, &h);
-    kvps__msg_from_buf(&f[2], b, nb);
-    kvps__server_send(s, f, 3);
+    kvps__reply_place(s, q);
 }
 
 static void kvps__fail_finished(kvps_server *s);
@@ -5300,15 +5573,17 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
 }
 
 /* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
-   ntables; (version 2) u32 placement count (0: never resharded), then when it is not 0 u32 V
-   and u32 server counts [that] (RESHARD: how the keys were placed); per table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2
-   eps init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
+   ntables; (version 3) u32 placement bytes (0: never resharded), then the placement
+   (kvps__place_enc: RESHARD, how the keys were placed); per table: u64 id, u32 dim, state
+   floats per row, rule, f32 lr momentum beta1 beta2 eps init_scale, u64 seed, rows, then per
+   row u64 row id, f32 value[dim], f32 state[that];
    per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
    floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
-   of everything before it and "KEND". */
-enum { KVPS__CKPT_VERSION = 2 }; /* version 1 (no placement) is still read */
+   of everything before it and "KEND". Version 2 (its placement: u32 count, 0 or u32 V and
+   u32 server counts, changes by counts) and version 1 (no placement) are still read. */
+enum { KVPS__CKPT_VERSION = 3 };
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
 static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
     if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
@@ -5350,6 +5625,40 @@ static void kvps__key_put(const kvps_server *s, kvps__cw *w, const kvps__key *k)
     if (nstate) kvps__cw_put(w, k->state, (size_t)k->len * nstate * sizeof(float));
 }
 
+/* Which rows a reshard moves: those of the virtual shards in shard[] (sorted), V in all. */
+typedef struct kvps__rowsel { uint32_t V, n; const uint32_t *shard; } kvps__rowsel;
+static int kvps__u32_cmp(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+static int kvps__rowsel_has(const kvps__rowsel *sel, uint64_t table, uint64_t id) {
+    if (!sel) return 1;
+    uint32_t v = kvps__row_vshard(table, id, sel->V);
+    return bsearch(&v, sel->shard, sel->n, sizeof v, kvps__u32_cmp) != NULL;
+}
+
+/* One table's record (the checkpoint's, and rows moved to another server): u64 id, u32 dim,
+   state floats per row, rule, f32 lr momentum beta1 beta2 eps init_scale, u64 seed, rows, then
+   per row u64 row id, f32 value[dim], f32 state[that]. Only the rows sel has (all: NULL). */
+static void kvps__table_put(kvps__cw *w, const kvps__table *t, const kvps__rowsel *sel) {
+    uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
+    float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
+    uint64_t nrows = 0;
+    for (uint64_t j = 0; j < t->hcap; j++) nrows += t->hv[j] && kvps__rowsel_has(sel, t->id, t->hk[j]);
+    KVPS__CW(w, t->id);
+    kvps__cw_put(w, u, sizeof u);
+    kvps__cw_put(w, f, sizeof f);
+    KVPS__CW(w, t->seed);
+    KVPS__CW(w, nrows);
+    for (uint64_t j = 0; j < t->hcap; j++) {
+        if (!t->hv[j] || !kvps__rowsel_has(sel, t->id, t->hk[j])) continue;
+        uint64_t r = t->hv[j] - 1;
+        KVPS__CW(w, t->hk[j]);
+        kvps__cw_put(w, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+        if (t->sdim) kvps__cw_put(w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+    }
+}
+
 /* The shard, whole, in the checkpoint layout above (a file, or a replica's snapshot). */
 static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
     kvps__cw w = *wp;
@@ -5359,27 +5668,15 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
                        s->nkeys, ntables};
     kvps__cw_put(&w, "KVPSCKPT", 8);
     kvps__cw_put(&w, hdr, sizeof hdr);
-    KVPS__CW(&w, s->place.count);
-    if (s->place.count) {
-        KVPS__CW(&w, s->place.V);
-        kvps__cw_put(&w, s->place.n, 4 * (size_t)s->place.count);
+    uint32_t pbytes = s->place.count ? (uint32_t)kvps__place_size(&s->place) : 0;
+    KVPS__CW(&w, pbytes);
+    if (pbytes) {
+        unsigned char *pb = (unsigned char *)malloc(pbytes);
+        if (pb) kvps__place_enc(&s->place, pb), kvps__cw_put(&w, pb, pbytes);
+        else w.err = 1;
+        free(pb);
     }
-    for (const kvps__table *t = s->tables; t; t = t->next) {
-        uint32_t u[3] = {t->dim, t->sdim, (uint32_t)t->opt.rule};
-        float f[6] = {t->opt.lr, t->opt.momentum, t->opt.beta1, t->opt.beta2, t->opt.eps, t->init_scale};
-        KVPS__CW(&w, t->id);
-        kvps__cw_put(&w, u, sizeof u);
-        kvps__cw_put(&w, f, sizeof f);
-        KVPS__CW(&w, t->seed);
-        KVPS__CW(&w, t->nrows);
-        for (uint64_t j = 0; j < t->hcap; j++) {
-            if (!t->hv[j]) continue;
-            uint64_t r = t->hv[j] - 1;
-            KVPS__CW(&w, t->hk[j]);
-            kvps__cw_put(&w, kvps__row(t, r), (size_t)t->dim * sizeof(float));
-            if (t->sdim) kvps__cw_put(&w, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
-        }
-    }
+    for (const kvps__table *t = s->tables; t; t = t->next) kvps__table_put(&w, t, NULL);
     for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_put(s, &w, s->keys[i]);
     for (int r = 0; r < s->m; r++) {
         KVPS__CW(&w, s->barrier_gen[r]);
@@ -5506,6 +5803,42 @@ static void kvps__stats_tables_zero(kvps_server *s) {
     __atomic_store_n(&s->stats.table_state_bytes, 0, __ATOMIC_RELAXED);
 }
 
+/* Reads one table record (kvps__table_put's) into a new table, *out (not in s's list; set
+   whenever it was made, also when the record is then refused); NULL, or why not. */
+static const char *kvps__table_get(kvps_server *s, kvps__cr *rd, kvps__table **out) {
+    uint64_t tid, seed, nrows;
+    uint32_t u[3];
+    float fl[6];
+    *out = NULL;
+    if (kvps__cr_get(rd, &tid, 8) || kvps__cr_get(rd, u, sizeof u) || kvps__cr_get(rd, fl, sizeof fl) ||
+        kvps__cr_get(rd, &seed, 8) || kvps__cr_get(rd, &nrows, 8))
+        return "truncated table record";
+    if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT ||
+        !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) || u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
+        !kvps__finite(fl[5]) || fl[5] < 0 || nrows > rd->left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float)))
+        return "invalid table record";
+    kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
+    if (!t) return "out of memory";
+    *out = t;
+    t->id = tid;
+    t->dim = u[0];
+    t->sdim = u[1];
+    t->opt.rule = (kvps_rule)u[2];
+    t->opt.lr = fl[0]; t->opt.momentum = fl[1]; t->opt.beta1 = fl[2]; t->opt.beta2 = fl[3]; t->opt.eps = fl[4];
+    t->init_scale = fl[5];
+    t->seed = seed;
+    for (uint64_t j = 0; j < nrows; j++) {
+        uint64_t rid = 0;
+        kvps__cr_get(rd, &rid, 8);
+        uint64_t nbefore = t->nrows, r = kvps__table_row(s, t, rid);
+        if (r == UINT64_MAX) return "out of memory";
+        if (t->nrows == nbefore) return "a row id twice";
+        kvps__cr_get(rd, kvps__row(t, r), (size_t)t->dim * sizeof(float));
+        if (t->sdim) kvps__cr_get(rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+    }
+    return NULL;
+}
+
 /* Reads one key record (kvps__key_put's) into a new key; NULL, or why not. */
 static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
     uint64_t key, len, round;
@@ -5552,53 +5885,40 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
         memcpy(&crc, buf + size - 8, 4);
         memcpy(hdr, buf + 8, sizeof hdr);
         if (kvps__crc32(0, buf, size - 8) != crc) why = "checksum mismatch: the file is corrupt";
-        else if (hdr[0] != KVPS__CKPT_VERSION && hdr[0] != 1) why = "another checkpoint version";
+        else if (hdr[0] < 1 || hdr[0] > KVPS__CKPT_VERSION) why = "another checkpoint version";
         else if (hdr[1] != (uint32_t)s->desc.rank || hdr[2] != (uint32_t)s->m) why = "written by another server (rank or number of workers differ)";
     }
     /* parse everything into fresh keys; only a whole, consistent file is kept */
     kvps__cr rd = {buf ? buf + 8 + sizeof hdr : NULL, why ? 0 : size - 8 - sizeof hdr - 8};
     kvps__place pl;
     memset(&pl, 0, sizeof pl);
-    if (!why && hdr[0] >= 2) {
-        unsigned char pb[8 + 4 * KVPS__PLACE_MAX];
+    if (!why && hdr[0] == 2) { /* u32 count, then u32 V and n[count]: changes by counts (m = 0) */
+        unsigned char pb[8 + 8 * KVPS__PLACE_MAX];
+        memset(pb, 0, sizeof pb);
         if (kvps__cr_get(&rd, &pl.count, 4)) why = "truncated placement";
         else if (pl.count == 1 || pl.count > KVPS__PLACE_MAX) why = "invalid placement";
         else if (pl.count) {
             kvps__put32(pb + 4, pl.count);
             if (kvps__cr_get(&rd, pb, 4) || kvps__cr_get(&rd, pb + 8, 4 * (size_t)pl.count)) why = "truncated placement";
-            else if (kvps__place_dec(&pl, pb, 8 + 4 * (size_t)pl.count)) why = "invalid placement";
+            else if (kvps__place_dec(&pl, pb, 8 + 8 * (size_t)pl.count)) why = "invalid placement";
         }
+    } else if (!why && hdr[0] >= 3) {
+        uint32_t pbytes = 0;
+        if (kvps__cr_get(&rd, &pbytes, 4) || pbytes > rd.left) why = "truncated placement";
+        else if (pbytes && (kvps__place_dec(&pl, rd.p, pbytes) || pl.count < 2)) why = "invalid placement";
+        else { rd.p += pbytes; rd.left -= pbytes; }
+    }
+    if (!why && pl.count) { /* a placement whose changes do not make a map is none */
+        const char *bad = NULL;
+        uint32_t *vm = kvps__vmap_of(&pl, &bad);
+        if (!vm) why = bad && strcmp(bad, "out of memory") == 0 ? "out of memory" : "invalid placement";
+        free(vm);
     }
     for (uint32_t i = 0; !why && i < hdr[5]; i++) {
-        uint64_t tid, seed, nrows;
-        uint32_t u[3];
-        float fl[6];
-        if (kvps__cr_get(&rd, &tid, 8) || kvps__cr_get(&rd, u, sizeof u) || kvps__cr_get(&rd, fl, sizeof fl) ||
-            kvps__cr_get(&rd, &seed, 8) || kvps__cr_get(&rd, &nrows, 8)) { why = "truncated table record"; break; }
-        if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT ||
-            kvps__table_find(s->tables, tid) || !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) ||
-            u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
-            nrows > rd.left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float))) { why = "invalid table record"; break; }
-        kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
-        if (!t) { why = "out of memory"; break; }
-        t->id = tid;
-        t->dim = u[0];
-        t->sdim = u[1];
-        t->opt.rule = (kvps_rule)u[2];
-        t->opt.lr = fl[0]; t->opt.momentum = fl[1]; t->opt.beta1 = fl[2]; t->opt.beta2 = fl[3]; t->opt.eps = fl[4];
-        t->init_scale = fl[5];
-        t->seed = seed;
-        t->next = s->tables;
-        s->tables = t;
-        for (uint64_t j = 0; j < nrows && !why; j++) {
-            uint64_t rid = 0;
-            kvps__cr_get(&rd, &rid, 8);
-            uint64_t nbefore = t->nrows, r = kvps__table_row(s, t, rid);
-            if (r == UINT64_MAX) { why = "out of memory"; break; }
-            if (t->nrows == nbefore) { why = "a row id twice"; break; }
-            kvps__cr_get(&rd, kvps__row(t, r), (size_t)t->dim * sizeof(float));
-            if (t->sdim) kvps__cr_get(&rd, kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
-        }
+        kvps__table *t = NULL;
+        why = kvps__table_get(s, &rd, &t);
+        if (t && !why && kvps__table_find(s->tables, t->id)) why = "invalid table record";
+        if (t) { t->next = s->tables; s->tables = t; }
     }
     for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd);
     for (int r = 0; !why && r < s->m; r++)
@@ -5607,8 +5927,11 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
             kvps__cr_get(&rd, &s->seen[r].hi, 8) || kvps__cr_get(&rd, s->seen[r].bits, sizeof s->seen[r].bits))
             why = "truncated worker records";
     if (!why && rd.left != 0) why = "trailing bytes";
-    if (!why) s->place = pl;
-    if (why) {
+    if (!why) {
+        kvps__place_free(&s->place);
+        s->place = pl;
+    } else {
+        kvps__place_free(&pl);
         kvps__keys_truncate(s, 0);
         while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
         kvps__stats_tables_zero(s); /* (other threads read stats) */
@@ -5670,6 +5993,197 @@ static void kvps__keys_forget(kvps_server *s, const uint8_t *drop) {
     kvps__keys_truncate(s, j); /* (rebuilds the index) */
 }
 
+/* ---- sparse tables' rows in a reshard: EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS ----
+   Rows live in virtual shards (kvps__row_vshard) like keys; a reshard moves a shard's rows of
+   every table. The tables a server changes are rebuilt apart and swapped in only when all are
+   built, so a refusal (or no memory) leaves every table as it was. */
+static void kvps__stats_tables_recount(kvps_server *s) {
+    uint64_t rows = 0, bytes = 0, sbytes = 0;
+    for (const kvps__table *t = s->tables; t; t = t->next) {
+        rows += t->nrows;
+        bytes += t->hcap * (sizeof *t->hk + sizeof *t->hv) + t->nrows * t->dim * sizeof(float);
+        sbytes += t->nrows * t->sdim * sizeof(float);
+    }
+    __atomic_store_n(&s->stats.table_rows, rows, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stats.table_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->stats.table_state_bytes, sbytes, __ATOMIC_RELAXED);
+}
+
+/* Copies row r of t into a new row id of n; 0, or -1 out of memory. */
+static int kvps__row_copy(kvps_server *s, kvps__table *n, const kvps__table *t, uint64_t id, uint64_t r) {
+    uint64_t r2 = kvps__table_row(s, n, id);
+    if (r2 == UINT64_MAX) return -1;
+    memcpy(kvps__row(n, r2), kvps__row(t, r), (size_t)t->dim * sizeof(float));
+    if (t->sdim) memcpy(kvps__row_state(n, r2), kvps__row_state(t, r), (size_t)t->sdim * sizeof(float));
+    return 0;
+}
+
+/* A new table configured as t with t's rows but those drop has, plus every row of more (NULL:
+   none); NULL out of memory. */
+static kvps__table *kvps__table_rebuilt(kvps_server *s, const kvps__table *t, const kvps__rowsel *drop, const kvps__table *more) {
+    kvps__table *n = (kvps__table *)calloc(1, sizeof *n);
+    if (!n) return NULL;
+    n->id = t->id; n->dim = t->dim; n->sdim = t->sdim; n->opt = t->opt; n->init_scale = t->init_scale; n->seed = t->seed;
+    for (int pass = 0; pass < 2; pass++) {
+        const kvps__table *src = pass ? more : t;
+        for (uint64_t j = 0; src && j < src->hcap; j++) {
+            if (!src->hv[j] || (!pass && drop && kvps__rowsel_has(drop, t->id, src->hk[j]))) continue;
+            if (kvps__row_copy(s, n, src, src->hk[j], src->hv[j] - 1) != 0) { kvps__table_free(n); return NULL; }
+        }
+    }
+    return n;
+}
+
+/* t takes n's rows (n is freed, with t's old ones). */
+static void kvps__table_swap(kvps__table *t, kvps__table *n) {
+    kvps__table old = *t;
+    *t = *n;
+    t->next = old.next;
+    old.next = NULL;
+    *n = old;
+    kvps__table_free(n);
+}
+
+static int kvps__table_same(const kvps__table *a, const kvps__table *b) {
+    return a->dim == b->dim && a->sdim == b->sdim && memcmp(&a->opt, &b->opt, sizeof a->opt) == 0 &&
+           a->init_scale == b->init_scale && a->seed == b->seed;
+}
+
+/* Table id taken out of list (NULL: not there). */
+static kvps__table *kvps__table_take(kvps__table **list, uint64_t id) {
+    for (kvps__table **pp = list; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            kvps__table *t = *pp;
+            *pp = t->next;
+            t->next = NULL;
+            return t;
+        }
+    return NULL;
+}
+
+static void kvps__tables_free(kvps__table *list) {
+    while (list) { kvps__table *t = list; list = t->next; kvps__table_free(t); }
+}
+
+/* EXPORT_ROWS and DROP_ROWS: u32 V, then the virtual shards (sorted here), each < V. */
+static const char *kvps__rowsel_read(kvps__rowsel *sel, const unsigned char *v, size_t vb, uint32_t **own) {
+    *own = NULL;
+    if (vb < 4 || vb % 4) return "not a u32 V and u32 shards";
+    memcpy(&sel->V, v, 4);
+    sel->n = (uint32_t)(vb / 4 - 1);
+    if (sel->V == 0 || sel->V > 256u * KVPS__PLACE_SERVERS_MAX) return "V out of range";
+    uint32_t *sh = (uint32_t *)malloc((size_t)sel->n * 4 + 4);
+    if (!sh) return "out of memory";
+    if (sel->n) memcpy(sh, v + 4, (size_t)sel->n * 4);
+    qsort(sh, sel->n, 4, kvps__u32_cmp);
+    for (uint32_t i = 0; i < sel->n; i++)
+        if (sh[i] >= sel->V || (i && sh[i] == sh[i - 1])) { free(sh); return "a shard out of range, or named twice"; }
+    sel->shard = *own = sh;
+    return NULL;
+}
+
+static void kvps__serve_rows(kvps_server *s, kvps__rq *q, const unsigned char *v, size_t vb) {
+    int op = q->h.op;
+    const char *why = NULL;
+    kvps_result rc = KVPS_ERR_MALFORMED;
+    if (op == KVPS__OP_IMPORT_ROWS) {
+        kvps__table *in = NULL, *built = NULL; /* the records; the tables here rebuilt with them */
+        kvps__cr rd = {v, vb};
+        while (!why && rd.left) {
+            kvps__table *t = NULL;
+            why = kvps__table_get(s, &rd, &t);
+            if (!t) break;
+            if (!why && kvps__table_find(in, t->id)) why = "a table twice";
+            t->next = in;
+            in = t;
+            const kvps__table *here = why ? NULL : kvps__table_find(s->tables, t->id);
+            if (here && !kvps__table_same(here, t)) { why = "a table configured otherwise here"; rc = KVPS_ERR_TABLE; }
+            for (uint64_t j = 0; here && !why && j < t->hcap; j++)
+                if (t->hv[j] && kvps__table_lookup(here, t->hk[j]) != UINT64_MAX) { why = "a row this server holds already"; rc = KVPS_ERR_STATE; }
+        }
+        for (kvps__table *t = in; t && !why; t = t->next) {
+            const kvps__table *here = kvps__table_find(s->tables, t->id);
+            kvps__table *n = here ? kvps__table_rebuilt(s, here, NULL, t) : NULL;
+            if (here && !n) { why = "out of memory"; rc = KVPS_ERR_NOMEM; }
+            if (n) { n->next = built; built = n; }
+        }
+        if (why) {
+            kvps__tables_free(in);
+            kvps__tables_free(built);
+            kvps__stats_tables_recount(s);
+            kvps__refuse(s, q, rc, "import_rows: %s", why);
+            return;
+        }
+        uint64_t nrows = 0;
+        while (in) {
+            kvps__table *t = in;
+            in = t->next;
+            nrows += t->nrows;
+            kvps__table *here = kvps__table_find(s->tables, t->id);
+            if (!here) { t->next = s->tables; s->tables = t; continue; }
+            kvps__table_swap(here, kvps__table_take(&built, t->id));
+            kvps__table_free(t);
+        }
+        kvps__stats_tables_recount(s);
+        kvps__log(KVPS_LOG_INFO, "server %d: %llu table rows moved in", s->desc.rank, (unsigned long long)nrows);
+        kvps__reply_ack(s, q->id, &q->h);
+        return;
+    }
+    kvps__rowsel sel;
+    uint32_t *own = NULL;
+    why = kvps__rowsel_read(&sel, v, vb, &own);
+    if (why) {
+        kvps__refuse(s, q, strcmp(why, "out of memory") ? KVPS_ERR_MALFORMED : KVPS_ERR_NOMEM, "%s: %s", q->op->name, why);
+        return;
+    }
+    if (op == KVPS__OP_DROP_ROWS) {
+        kvps__table *built = NULL;
+        for (const kvps__table *t = s->tables; t; t = t->next) {
+            kvps__table *n = kvps__table_rebuilt(s, t, &sel, NULL);
+            if (!n) { why = "out of memory"; break; }
+            n->next = built;
+            built = n;
+        }
+        free(own);
+        if (why) {
+            kvps__tables_free(built);
+            kvps__stats_tables_recount(s);
+            kvps__refuse(s, q, KVPS_ERR_NOMEM, "drop_rows: %s", why);
+            return;
+        }
+        uint64_t before = 0, after = 0;
+        for (kvps__table *t = s->tables; t; t = t->next) {
+            kvps__table *n = kvps__table_take(&built, t->id);
+            before += t->nrows;
+            after += n->nrows;
+            kvps__table_swap(t, n);
+        }
+        kvps__stats_tables_recount(s);
+        kvps__log(KVPS_LOG_INFO, "server %d: %llu table rows moved out", s->desc.rank, (unsigned long long)(before - after));
+        kvps__reply_ack(s, q->id, &q->h);
+        return;
+    }
+    /* EXPORT_ROWS */
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    kvps__cw w = {f, 0, 0};
+    for (const kvps__table *t = s->tables; f && t; t = t->next) kvps__table_put(&w, t, &sel);
+    free(own);
+    if (!f || fclose(f) != 0 || w.err) {
+        free(buf);
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name);
+        return;
+    }
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t fr[3];
+    kvps__reply_start(fr, q->id, 0, &h);
+    kvps__msg_from_buf(&fr[2], buf, size);
+    free(buf);
+    kvps__server_send(s, fr, 3);
+}
+
 static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
     int op = q->h.op, want = q->op->values ? 3 : 2;
     if (q->nfr != want || q->h.nkeys != 0 || q->msz != KVPS__HDR) {
@@ -5678,19 +6192,32 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
     }
     size_t vb = want == 3 ? zmq_msg_size(&q->fr[2]) : 0;
     const unsigned char *v = want == 3 ? (const unsigned char *)zmq_msg_data(&q->fr[2]) : NULL;
+    if (op == KVPS__OP_EXPORT_ROWS || op == KVPS__OP_IMPORT_ROWS || op == KVPS__OP_DROP_ROWS) {
+        kvps__serve_rows(s, q, v, vb);
+        return;
+    }
     if ((op == KVPS__OP_EXPORT || op == KVPS__OP_DROP) && vb % 8) {
         kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %zu bytes of keys", q->op->name, vb);
+        return;
+    }
+    if (op == KVPS__OP_PLACE_GET) {
+        if (!s->place.count) kvps__refuse(s, q, KVPS_ERR_STATE, "place_get: this server's keys were never resharded");
+        else kvps__reply_place(s, q);
         return;
     }
     if (op == KVPS__OP_PLACE) { /* the placement a reshard has made, for checkpoints and hellos */
         kvps__place p;
         const char *why = kvps__place_dec(&p, v, vb);
         if (!why && p.count < 2) why = "a placement that never changed";
+        uint32_t *vm = why ? NULL : kvps__vmap_of(&p, &why); /* (its changes make a map) */
+        free(vm);
         if (why) {
-            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "place: %s", why);
+            kvps__place_free(&p);
+            kvps__refuse(s, q, strcmp(why, "out of memory") ? KVPS_ERR_MALFORMED : KVPS_ERR_NOMEM, "place: %s", why);
             return;
         }
         char text[200];
+        kvps__place_free(&s->place);
         s->place = p;
         kvps__log(KVPS_LOG_INFO, "server %d: keys now placed by %s", s->desc.rank, kvps__place_text(&p, text, sizeof text));
         kvps__reply_ack(s, q->id, &q->h);
@@ -6635,6 +7162,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
     free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
+    kvps__place_free(&s->place);
     for (uint32_t i = 0; i < s->cap_tnames; i++) free(s->tnames[i].name);
     free(s->tnames);
     pthread_mutex_destroy(&s->ckpt_mu);
@@ -6743,7 +7271,11 @@ struct kvps_worker {
     uint8_t *refused;  /* per server: why its handshakes fail (KVPS__HS_*), 0 when they do not */
     uint16_t *hs_cuts; /* per server: handshakes cut short in a row */
     int32_t *hs_val;   /* per server: the last failure's ZAP status, protocol error or errno */
-    int curve;         /* this worker speaks CURVE (its keys are not kept) */
+    int curve;         /* this worker speaks CURVE */
+    uint8_t curve_pub[32], curve_sec[32]; /* its key pair, for the servers a reshard adds (zeroed
+                                             by destroy) */
+    uint8_t *curve_skeys; /* the servers' public keys: 32 bytes each, ncurve_skeys of them (1: all) */
+    int ncurve_skeys;
     int64_t last_watch; /* when connection events were last read (each read is a syscall) */
     int64_t *down_since;
     uint8_t *up_once;  /* per server: a connection was ever made (inproc: from the start) */
@@ -6938,10 +7470,17 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         if (nskeys) kvps__z85_key(skeys[nskeys == 1 ? 0 : i], sk);
         r = kvps__worker_sock(w, i, nskeys ? sk : NULL, cpub, csec);
     }
+    w->curve = w->desc.curve_server_keys != NULL;
+    if (w->curve && r == KVPS_OK) { /* kept for the servers a reshard adds */
+        if (!(w->curve_skeys = (uint8_t *)malloc((size_t)nskeys * 32))) r = KVPS_ERR_NOMEM;
+        for (int i = 0; r == KVPS_OK && i < nskeys; i++) kvps__z85_key(skeys[i], w->curve_skeys + 32 * i);
+        w->ncurve_skeys = nskeys;
+        memcpy(w->curve_pub, cpub, 32);
+        memcpy(w->curve_sec, csec, 32);
+    }
     kvps__free_strv(skeys, nskeys);
     if (r == KVPS_OK) kvps__worker_items(w);
-    w->curve = w->desc.curve_server_keys != NULL;
-    w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* not kept */
+    w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* (the strings are not kept) */
     memset(csec, 0, sizeof csec);
     if (r == KVPS_OK) r = kvps__hello_all(w);
     if (r == KVPS_OK) r = kvps__tl_open(&w->tl, desc->timeline, "worker", "worker", desc->rank, 1000 + desc->rank);
@@ -6969,6 +7508,9 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
             kvps__req_unref(w->slots[i]);
         }
     if (w->own_ctx && w->ctx) zmq_ctx_term(w->ctx);
+    for (size_t i = 0; i < sizeof w->curve_sec; i++) ((volatile uint8_t *)w->curve_sec)[i] = 0;
+    free(w->curve_skeys);
+    kvps__place_free(&w->place);
     for (int i = 0; i < w->ntensors; i++) {
         kvps__tensor_info *t = &w->tensors[i];
         free(t->name); free(t->keys); free(t->off); free(t->slen); free(t->server);
@@ -7350,59 +7892,10 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from);
 static void kvps__tensor_place(kvps_worker *w, kvps__tensor_info *t);
 
 /* ---- RESHARD: the worker's side (kvps_worker_reshard) ----
-   Placement goes through V virtual shards (vmap). A grow gives the new servers whole virtual
-   shards taken from the fullest servers (in a fixed pseudo-random order of shards, so that they
-   come from all over the range); a shrink deals the leaving servers' virtual shards to the
-   emptiest: only their keys move (about 1/n of the bytes), and every worker computes the same
-   map from the same lists. */
-/* The order in which a grow takes virtual shards: by mix64(v), highest first (ties: by v). */
-static int kvps__vshard_cmp(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    uint64_t hx = kvps__mix64(x), hy = kvps__mix64(y);
-    return hx != hy ? (hx < hy) - (hx > hy) : (x > y) - (x < y);
-}
-
-static int kvps__vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
-    int top = n > n2 ? n : n2;
-    uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
-    if (!cnt) return -1;
-    for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
-    if (n2 > n) { /* each new server takes V / n2 shards from the fullest servers, in a fixed
-                     pseudo-random order of shards (mix64), so that they come from all over the
-                     range and carry about their share of bytes, not a run of one tensor's slices */
-        uint32_t *perm = (uint32_t *)malloc((size_t)V * sizeof *perm);
-        uint32_t *curs = (uint32_t *)calloc((size_t)top, sizeof *curs);
-        if (!perm || !curs) { free(perm); free(curs); free(cnt); return -1; }
-        for (uint32_t v = 0; v < V; v++) perm[v] = v;
-        qsort(perm, V, sizeof *perm, kvps__vshard_cmp);
-        for (int j = n; j < n2; j++)
-            while (cnt[j] < V / (uint32_t)n2) {
-                int from = 0;
-                for (int i = 1; i < n2; i++)
-                    if (cnt[i] > cnt[from]) from = i;
-                while (curs[from] < V && vmap[perm[curs[from]]] != (uint32_t)from) curs[from]++;
-                if (curs[from] == V) break;
-                vmap[perm[curs[from]]] = (uint32_t)j;
-                cnt[from]--;
-                cnt[j]++;
-            }
-        free(perm);
-        free(curs);
-    } else { /* the leaving servers' shards, in order, each to the emptiest server left */
-        for (uint32_t v = 0; v < V; v++) {
-            if (vmap[v] < (uint32_t)n2) continue;
-            int to = 0;
-            for (int i = 1; i < n2; i++)
-                if (cnt[i] < cnt[to]) to = i;
-            cnt[vmap[v]]--;
-            vmap[v] = (uint32_t)to;
-            cnt[to]++;
-        }
-    }
-    free(cnt);
-    return 0;
-}
-
+   Placement goes through V virtual shards (vmap, kvps__place). Worker 0 plans each change by
+   the bytes the shards hold (kvps__vmap_plan), moves the keys and table rows of the shards
+   that change server, and records the change's moves in the placement; the other workers read
+   the placement back from server 0. */
 /* A request of the worker's own to server srv, waited for: KEYS, EXPORT, IMPORT, DROP. */
 static kvps_result kvps__ctl_call(kvps_worker *w, int srv, int op, const void *p, size_t nb, int timeout_ms) {
     kvps__req *q = kvps__req_new(w, 0);
@@ -7467,6 +7960,37 @@ static kvps_result kvps__move_from(kvps_worker *w, int s, const uint32_t *vmap2,
     return r;
 }
 
+/* Moves, from server s, the sparse tables' rows of every virtual shard whose server under vmap2
+   is another: their records out (EXPORT_ROWS), in at the new server (IMPORT_ROWS; every table's
+   record goes, with no rows if none move, so a new server learns the tables), then forgotten at
+   s (DROP_ROWS). A server without tables answers with nothing, and nothing more is sent. */
+static kvps_result kvps__move_rows_from(kvps_worker *w, int s, const uint32_t *vmap2, int n2, int timeout_ms) {
+    uint32_t *sel = (uint32_t *)malloc(((size_t)w->V + 1) * sizeof *sel);
+    if (!sel) return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %u shards", w->V);
+    kvps_result r = KVPS_OK;
+    sel[0] = w->V;
+    for (int to = 0; to < n2 && r == KVPS_OK; to++) {
+        if (to == s) continue;
+        uint32_t n = 0;
+        for (uint32_t v = 0; v < w->V; v++)
+            if (w->vmap[v] == (uint32_t)s && vmap2[v] == (uint32_t)to) sel[1 + n++] = v;
+        if (n == 0) continue;
+        r = kvps__ctl_call(w, s, KVPS__OP_EXPORT_ROWS, sel, ((size_t)n + 1) * 4, timeout_ms);
+        if (r != KVPS_OK || zmq_msg_size(&w->ctl_reply) == 0) continue; /* (no tables there) */
+        zmq_msg_t rec;
+        zmq_msg_init(&rec);
+        zmq_msg_move(&rec, &w->ctl_reply);
+        r = kvps__ctl_call(w, to, KVPS__OP_IMPORT_ROWS, zmq_msg_data(&rec), zmq_msg_size(&rec), timeout_ms);
+        zmq_msg_close(&rec);
+        if (r == KVPS_OK) r = kvps__ctl_call(w, s, KVPS__OP_DROP_ROWS, sel, ((size_t)n + 1) * 4, timeout_ms);
+        if (r == KVPS_OK)
+            kvps__log(KVPS_LOG_INFO, "worker %d: reshard: the table rows of %u virtual shards moved from server %d to "
+                      "server %d", w->desc.rank, n, s, to);
+    }
+    free(sel);
+    return r;
+}
+
 /* Every per-server array to n2 entries (new ones zeroed); 0, or -1 out of memory. */
 static int kvps__worker_resize(kvps_worker *w, int n2) {
 #define KVPS__GROW(field, count)                                                                              \
@@ -7487,16 +8011,6 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     if (nc) w->count = nc;
     if (ni) w->items = ni;
     return nc && ni ? 0 : -1;
-}
-
-/* vmap for placement p, replayed from v mod n through each of its changes; NULL out of memory. */
-static uint32_t *kvps__vmap_of(const kvps__place *p) {
-    uint32_t *vm = (uint32_t *)malloc((size_t)p->V * sizeof *vm);
-    if (!vm) return NULL;
-    for (uint32_t v = 0; v < p->V; v++) vm[v] = v % p->n[0];
-    for (uint32_t i = 1; i < p->count; i++)
-        if (kvps__vmap_change(vm, p->V, (int)p->n[i - 1], (int)p->n[i]) != 0) { free(vm); return NULL; }
-    return vm;
 }
 
 /* The worker can no longer go on: every later call fails with this. */
@@ -7525,25 +8039,31 @@ static void kvps__place_heard(kvps_worker *w, int srv, const zmq_msg_t *m) {
     if (p.n[p.count - 1] != (uint32_t)w->n) {
         kvps__wfatal(w, KVPS_ERR_CONFIG, "server %d (%s) placed its keys by %s, but this worker lists %d servers", srv,
                      kvps__ep(w, srv), kvps__place_text(&p, a, sizeof a), w->n);
+        kvps__place_free(&p);
         return;
     }
     uint64_t hp = kvps__place_hash(&p), hw = kvps__place_hash(&w->place);
-    if (hp == hw) return;
+    if (hp == hw) { kvps__place_free(&p); return; }
     if (hw || w->place_fixed) {
         kvps__wfatal(w, KVPS_ERR_MISMATCH, "server %d (%s) placed its keys by %s, this worker by %s%s: every server must "
                      "have seen the same reshards (were they restored from checkpoints of different times?)", srv,
                      kvps__ep(w, srv), kvps__place_text(&p, a, sizeof a), kvps__place_text(&w->place, b, sizeof b),
                      hw ? "" : " (it had sent keyed requests before)");
+        kvps__place_free(&p);
         return;
     }
-    uint32_t *vm = kvps__vmap_of(&p);
+    uint32_t *vm = kvps__vmap_of(&p, &why);
     if (!vm) {
-        kvps__wfatal(w, KVPS_ERR_NOMEM, "out of memory for the placement of %u virtual shards", p.V);
+        kvps__wfatal(w, strcmp(why, "out of memory") ? KVPS_ERR_MALFORMED : KVPS_ERR_NOMEM, "server %d (%s) answered hello "
+                     "with the placement %s of %u virtual shards: %s", srv, kvps__ep(w, srv), kvps__place_text(&p, a, sizeof a),
+                     p.V, why);
+        kvps__place_free(&p);
         return;
     }
     free(w->vmap);
     w->vmap = vm;
     w->V = p.V;
+    kvps__place_free(&w->place);
     w->place = p;
     for (int t = 0; t < w->ntensors; t++) {
         w->tensors[t].hv = (uint32_t)(kvps__fnv1a(w->tensors[t].name) % w->V);
@@ -7578,6 +8098,92 @@ static kvps_result kvps__place_ready(kvps_worker *w) {
 }
 
 KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, int timeout_ms) {
+    return kvps_worker_reshard_keys(w, servers, NULL, timeout_ms);
+}
+
+/* Rank 0: the bytes each virtual shard holds (every old server's keys, op KEYS), the new map
+   planned by them (kvps__vmap_plan) into vmap2, and the placement after the change into *p2. */
+static kvps_result kvps__reshard_plan(kvps_worker *w, int n, int n2, uint32_t *vmap2, kvps__place *p2, int timeout_ms) {
+    uint64_t *bytes = (uint64_t *)calloc((size_t)w->V + 1, sizeof *bytes);
+    if (!bytes || kvps__place_copy(p2, &w->place) != 0) {
+        free(bytes);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %u virtual shards", w->V);
+    }
+    kvps_result r = KVPS_OK;
+    for (int s = 0; s < n && r == KVPS_OK; s++) {
+        r = kvps__ctl_call(w, s, KVPS__OP_KEYS, NULL, 0, timeout_ms);
+        size_t nk = r == KVPS_OK ? zmq_msg_size(&w->ctl_reply) / sizeof(kvps__kent) : 0;
+        const unsigned char *e = (const unsigned char *)zmq_msg_data(&w->ctl_reply);
+        for (size_t i = 0; i < nk && r == KVPS_OK; i++) {
+            kvps__kent ent;
+            uint32_t v;
+            memcpy(&ent, e + i * sizeof ent, sizeof ent);
+            if (!kvps__vshard_of(w, ent.key, &v))
+                r = kvps__wfail(w, KVPS_ERR_TENSOR, "reshard: server %d holds key %016llx, a slice of a tensor this worker "
+                                "has not registered (every tensor must be registered before a reshard)", s,
+                                (unsigned long long)ent.key);
+            else bytes[v] += ent.len * sizeof(float);
+        }
+    }
+    uint64_t before = p2->nmv;
+    if (r == KVPS_OK && kvps__vmap_plan(vmap2, w->V, n, n2, bytes, &p2->mv, &p2->nmv) != 0)
+        r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %u virtual shards", w->V);
+    if (r == KVPS_OK) {
+        p2->n[p2->count] = (uint32_t)n2;
+        p2->m[p2->count++] = (uint32_t)(p2->nmv - before);
+    }
+    free(bytes);
+    return r;
+}
+
+/* Ranks but 0: the placement rank 0 planned, from server 0 (PLACE_GET): it must be this
+   worker's with one more change, to n2 servers, whose moves make vmap2 from the map now. */
+static kvps_result kvps__reshard_learn(kvps_worker *w, int n2, uint32_t *vmap2, kvps__place *p2, int timeout_ms) {
+    kvps_result r = kvps__ctl_call(w, 0, KVPS__OP_PLACE_GET, NULL, 0, timeout_ms);
+    if (r != KVPS_OK) return r;
+    const char *why = kvps__place_dec(p2, (const unsigned char *)zmq_msg_data(&w->ctl_reply), zmq_msg_size(&w->ctl_reply));
+    const kvps__place *p = &w->place;
+    if (!why && (p2->count != p->count + 1 || p2->n[p->count] != (uint32_t)n2 || p2->V != p->V ||
+                 memcmp(p2->n, p->n, 4 * (size_t)p->count) != 0 || memcmp(p2->m, p->m, 4 * (size_t)p->count) != 0 ||
+                 (p->nmv && memcmp(p2->mv, p->mv, p->nmv * 8) != 0)))
+        why = "it is not this worker's with one more change";
+    for (uint64_t j = p->nmv; !why && j < p2->nmv; j++) vmap2[p2->mv[2 * j]] = p2->mv[2 * j + 1];
+    for (uint32_t v = 0; !why && v < w->V; v++)
+        if (vmap2[v] >= (uint32_t)n2) why = "a virtual shard left on a server that leaves";
+    if (why) {
+        char a[200];
+        return kvps__wfail(w, KVPS_ERR_MISMATCH, "reshard: server 0 (%s) holds the placement %s, which does not follow "
+                           "this worker's: %s (did every worker call kvps_worker_reshard with the same list?)",
+                           kvps__ep(w, 0), kvps__place_text(p2, a, sizeof a), why);
+    }
+    return KVPS_OK;
+}
+
+/* A CURVE worker's public keys of the servers n..n2-1 of a new list (keys: the caller's, or
+   NULL: the one it was given for all), into out (32 bytes each). */
+static kvps_result kvps__reshard_keys(kvps_worker *w, const char *keys, char **list, int n, int n2, uint8_t *out) {
+    if (!keys) {
+        if (w->ncurve_skeys != 1)
+            return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: this CURVE worker was given one public key per server: "
+                               "give the new list's keys (kvps_worker_reshard_keys) to connect to server %d (%s)", n,
+                               list[n]);
+        for (int i = n; i < n2; i++) memcpy(out + 32 * (i - n), w->curve_skeys, 32);
+        return KVPS_OK;
+    }
+    char **kl = NULL;
+    int nk = kvps__split(keys, &kl), bad = nk != 1 && nk != n2 ? n : -1;
+    for (int i = n; i < n2 && bad < 0; i++)
+        if (kvps__z85_key(kl[nk == 1 ? 0 : i], out + 32 * (i - n)) != 0) bad = i;
+    kvps__free_strv(kl, nk);
+    if (bad >= 0)
+        return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: curve_server_keys must hold one key, or one per server of the "
+                           "new list (%d; it holds %d), 40 Z85 characters each: none for server %d (%s)", n2,
+                           nk < 0 ? 0 : nk, bad, list[bad]);
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *servers, const char *curve_server_keys,
+                                              int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     KVPS__NEED(w, "reshard", servers);
     kvps_result pr = kvps__place_ready(w);
@@ -7596,23 +8202,25 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         if (w->slots[i] && !w->slots[i]->ctl)
             r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: wait for every request first (request %llu is in flight)",
                             (unsigned long long)w->slots[i]->id);
-    if (r == KVPS_OK && w->ntables)
-        r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: sparse tables cannot move between servers yet");
-    if (r == KVPS_OK && w->curve && n2 > n)
-        r = kvps__wfail(w, KVPS_ERR_STATE, "reshard: a CURVE worker cannot connect to new servers (its keys are not kept)");
+    if (r == KVPS_OK && curve_server_keys && !w->curve)
+        r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: curve_server_keys given, but this worker does not speak CURVE");
     if (r != KVPS_OK || n2 == n) { kvps__free_strv(list, n2); return r; }
+    uint8_t *skeys = NULL; /* a CURVE worker's keys of the new servers */
+    if (w->curve && n2 > n) {
+        if (!(skeys = (uint8_t *)malloc(32 * (size_t)(n2 - n)))) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+        else r = kvps__reshard_keys(w, curve_server_keys, list, n, n2, skeys);
+        if (r != KVPS_OK) { free(skeys); kvps__free_strv(list, n2); return r; }
+    }
     uint32_t *vmap2 = (uint32_t *)malloc((size_t)w->V * sizeof *vmap2);
     if (!vmap2 || (n2 > n && kvps__worker_resize(w, n2) != 0)) {
         free(vmap2);
+        free(skeys);
         kvps__free_strv(list, n2);
         return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
     }
     memcpy(vmap2, w->vmap, (size_t)w->V * sizeof *vmap2);
-    if (kvps__vmap_change(vmap2, w->V, n, n2) != 0) {
-        free(vmap2);
-        kvps__free_strv(list, n2);
-        return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
-    }
+    kvps__place p2; /* the placement after this change (rank 0 plans it, the others read it) */
+    memset(&p2, 0, sizeof p2);
     /* 1. every worker is here, nothing is in flight anywhere */
     kvps_req b;
     r = kvps_worker_barrier(w, &b);
@@ -7626,7 +8234,8 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
                 w->nrep[i] = 0;
                 r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed replica list '%s'", w->endpoints[i]);
             }
-            if (r == KVPS_OK && (r = kvps__worker_sock(w, i, NULL, NULL, NULL)) != KVPS_OK)
+            if (r == KVPS_OK &&
+                (r = kvps__worker_sock(w, i, skeys ? skeys + 32 * (i - n) : NULL, w->curve_pub, w->curve_sec)) != KVPS_OK)
                 kvps__wfail(w, r, "reshard: cannot connect to server %d (%s)", i, kvps__ep(w, i));
             w->n = i + 1;
         }
@@ -7634,20 +8243,28 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         if (r == KVPS_OK) r = kvps__hello_from(w, n);
         for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
     }
-    /* 3. rank 0 moves the keys; the others wait at a second barrier until it has */
-    for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) r = kvps__move_from(w, s, vmap2, n2, timeout_ms);
-    kvps__place p2 = w->place;
-    p2.n[p2.count++] = (uint32_t)n2;
-    if (w->desc.rank == 0) { /* the servers record it: checkpoints say how their keys were placed */
-        unsigned char pb[8 + 4 * KVPS__PLACE_MAX];
-        size_t pn = kvps__place_enc(&p2, pb);
+    /* 3. rank 0 plans the new map by the bytes each virtual shard holds, moves the keys and rows,
+          and tells every server the new placement; the others wait at a second barrier */
+    if (r == KVPS_OK && w->desc.rank == 0) r = kvps__reshard_plan(w, n, n2, vmap2, &p2, timeout_ms);
+    for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) {
+        r = kvps__move_from(w, s, vmap2, n2, timeout_ms);
+        if (r == KVPS_OK) r = kvps__move_rows_from(w, s, vmap2, n2, timeout_ms);
+    }
+    if (r == KVPS_OK && w->desc.rank == 0) { /* the servers record it: checkpoints say how their keys were placed */
+        unsigned char *pb = (unsigned char *)malloc(kvps__place_size(&p2));
+        if (!pb) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+        size_t pn = pb ? kvps__place_enc(&p2, pb) : 0;
         for (int s = 0; s < n2 && r == KVPS_OK; s++) r = kvps__ctl_call(w, s, KVPS__OP_PLACE, pb, pn, timeout_ms);
+        free(pb);
     }
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
     if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
+    if (r == KVPS_OK && w->desc.rank != 0) r = kvps__reshard_learn(w, n2, vmap2, &p2, timeout_ms);
     if (r == KVPS_OK) {
         memcpy(w->vmap, vmap2, (size_t)w->V * sizeof *vmap2);
+        kvps__place_free(&w->place);
         w->place = p2;
+        memset(&p2, 0, sizeof p2);
         for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
         if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
             kvps_result br = KVPS_OK;
@@ -7667,7 +8284,9 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
         }
         kvps__log(KVPS_LOG_INFO, "worker %d: resharded from %d to %d servers", w->desc.rank, n, n2);
     }
+    kvps__place_free(&p2);
     free(vmap2);
+    free(skeys);
     kvps__free_strv(list, n2);
     return r;
 }
@@ -8264,7 +8883,7 @@ KVPS_API kvps_result kvps_worker_tensor_stats(const kvps_worker *w, kvps_tensor 
 
 // >>rows
 static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
-    return (int)w->vmap[kvps__mix64(id ^ kvps__mix64(table)) % w->V];
+    return (int)w->vmap[kvps__row_vshard(table, id, w->V)];
 }
 
 /* One table message to server srv: meta (+ ids) and optional values. */

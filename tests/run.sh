@@ -9,8 +9,10 @@ for t in "$dir"/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   echo "== $name"
+  t0=$(date +%s.%N)
   out=$(timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
   printf '%s\n' "$out" | grep -v '^ok ' | tail -n 40
+  echo "   ($name: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s)"
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
   p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}' | tr -d ,)
   k=$(echo "$line" | awk '$6 == "skipped" {print $5}'); skip=$((skip + ${k:-0}))

@@ -1,6 +1,7 @@
 /* test_curve - CURVE encryption and authentication: the listed worker gets in; a plaintext
    client, an unlisted key, and a worker holding the wrong server key get no data and change
-   nothing. Certificates are made with CZMQ's zcert (the reference implementation of the file
+   nothing. A CURVE worker grows the server set (kvps_worker_reshard with one server key for
+   all; kvps_worker_reshard_keys with one per server) and its keys reach the new server. Certificates are made with CZMQ's zcert (the reference implementation of the file
    format) and read back with kvps_cert_load, and the other way round with kvps-keygen's files. */
 #define _DEFAULT_SOURCE
 #define KVPS_IMPLEMENTATION
@@ -47,7 +48,7 @@ static kvps_result try_push(const kvps_worker_desc *d, const float *g, size_t le
     r = kvps_worker_tensor(w, "x", len, &t);
     if (r == KVPS_OK) r = kvps_worker_push_tensor(w, t, g, &q);
     if (r == KVPS_OK) r = kvps_worker_wait(w, q, 1500);
-    snprintf(g_why, sizeof g_why, "%s", kvps_worker_last_error(w));
+    snprintf(g_why, sizeof g_why, "%.399s", kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
     return r;
 }
@@ -140,6 +141,92 @@ static void test_curve_config(void) {
     KT_CHECK(kvps_cert_load("/nonexistent.cert", p, q) == KVPS_ERR_CONFIG, "missing certificate");
 }
 
+/* 2 -> 3 CURVE servers while a worker pushes: the new server is reached with the worker's kept
+   key pair and the right server key, holds some of the tensor, and every value is right. shared:
+   one key pair for all servers (kvps_worker_reshard); else one each (kvps_worker_reshard_keys,
+   and kvps_worker_reshard refused, nothing changed). */
+static void grow_curve(int shared) {
+    keys sk[3], wk = czmq_keys("grower");
+    for (int i = 0; i < 3; i++) sk[i] = shared && i ? sk[0] : czmq_keys(i == 0 ? "s0" : i == 1 ? "s1" : "s2");
+    const char *allowed[1] = {wk.pub};
+    kvps_server *s[3] = {NULL, NULL, NULL};
+    char list2[600], list3[900], keys2[100], keys3[150];
+    for (int i = 0; i < 3; i++) {
+        KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = 1,
+                                                      .update = KVPS_UPDATE_SUM, .curve_secret_key = sk[i].sec,
+                                                      .curve_clients = allowed, .num_curve_clients = 1},
+                                 &s[i]));
+        if (!s[i]) return;
+        KT_OK(kvps_server_start(s[i]));
+    }
+    snprintf(list2, sizeof list2, "%s,%s", kvps_server_endpoint(s[0]), kvps_server_endpoint(s[1]));
+    snprintf(list3, sizeof list3, "%s,%s", list2, kvps_server_endpoint(s[2]));
+    snprintf(keys2, sizeof keys2, "%s,%s", sk[0].pub, sk[1].pub);
+    snprintf(keys3, sizeof keys3, "%s,%s", keys2, sk[2].pub);
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = list2, .curve_server_keys = shared ? sk[0].pub : keys2,
+                                                 .curve_public_key = wk.pub, .curve_secret_key = wk.sec,
+                                                 .min_slice = 256, .timeout_ms = 5000},
+                             &w));
+    if (!w) return;
+    enum { LEN = 3000 };
+    static float g[LEN], v[LEN];
+    for (int i = 0; i < LEN; i++) g[i] = (float)(i % 9);
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(w, "x", LEN, &t));
+    KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    enum { NK = 30 }; /* and raw keys, of which about a third move */
+    uint64_t kk[NK];
+    size_t lens[NK];
+    float kv[NK * 4];
+    for (int i = 0; i < NK; i++) { kk[i] = 100 + (uint64_t)i; lens[i] = 4; }
+    KT_OK(kvps_worker_push(w, kk, g, lens, NK, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    if (!shared) {
+        kvps_result r = kvps_worker_reshard(w, list3, 5000);
+        KT_CHECK(r == KVPS_ERR_CONFIG && strstr(kvps_worker_last_error(w), "kvps_worker_reshard_keys"), "%s: %s",
+                 kvps_result_str(r), kvps_worker_last_error(w));
+        KT_CHECK(kvps_worker_num_servers(w) == 2, "a refused reshard left %d servers", kvps_worker_num_servers(w));
+        r = kvps_worker_reshard_keys(w, list3, "not-a-key", 5000);
+        KT_CHECK(r == KVPS_ERR_CONFIG && strstr(kvps_worker_last_error(w), "curve_server_keys"), "%s: %s",
+                 kvps_result_str(r), kvps_worker_last_error(w));
+        KT_OK(kvps_worker_reshard_keys(w, list3, keys3, 5000));
+    } else {
+        KT_OK(kvps_worker_reshard(w, list3, 5000));
+    }
+    KT_CHECK(kvps_worker_num_servers(w) == 3, "%d servers after the grow", kvps_worker_num_servers(w));
+    KT_OK(kvps_worker_push_tensor(w, t, g, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_OK(kvps_worker_push(w, kk, g, lens, NK, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_OK(kvps_worker_pull(w, kk, kv, lens, NK, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    int bad = -1;
+    for (int i = 0; i < LEN && bad < 0; i++)
+        if (v[i] != 2.0f * g[i] || (i < NK * 4 && kv[i] != 2.0f * g[i])) bad = i;
+    KT_CHECK(bad < 0, "value %d is %g / %g, want %g", bad, bad < 0 ? 0.0 : (double)v[bad],
+             bad < 0 || bad >= NK * 4 ? 0.0 : (double)kv[bad], bad < 0 ? 0.0 : 2.0 * g[bad]);
+    kvps_server_stats st;
+    kvps_server_stats_get(s[2], &st);
+    KT_CHECK(st.keys >= 1, "the new server holds %llu keys", (unsigned long long)st.keys);
+    printf("  %s: the new server holds %llu of the 32 keys and slices\n", shared ? "one server key" : "a key per server",
+           (unsigned long long)st.keys);
+    kvps_worker_destroy(&w);
+    for (int i = 0; i < 3; i++) {
+        KT_CHECK(kvps_server_wait(s[i], 5000) == KVPS_OK, "server %d did not stop by itself", i);
+        kvps_server_destroy(&s[i]);
+    }
+}
+
+static void test_curve_grow(void) {
+    grow_curve(1);
+    grow_curve(0);
+}
+
 /* kvps-keygen's files load in CZMQ (zcert_load) with the same keys. */
 static void test_keygen_files(void) {
     /* kvps-keygen: beside this test (make B=...), else the default build's (asan-test builds
@@ -171,11 +258,12 @@ int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kvps-curve-XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     if (!zmq_has("curve")) {
-        printf("skipped: libzmq without CURVE\n0 passed, 0 failed, 3 skipped\n");
+        printf("skipped: libzmq without CURVE\n0 passed, 0 failed, 4 skipped\n");
         return 0;
     }
     KT_RUN(test_curve_access);
     KT_RUN(test_curve_config);
+    KT_RUN(test_curve_grow);
     KT_RUN(test_keygen_files);
     rmdir(dir);
     return kt_finish();

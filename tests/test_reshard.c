@@ -1,12 +1,16 @@
 /* test_reshard.c - growing and shrinking the server set while BSP training goes on
    (kvps_worker_reshard, RESHARD in kvps.h). The oracle is a run of the same job on a fixed set of
    2 servers: BSP sums each round in rank order and applies the same rule to the same state, so a
-   job whose keys moved between servers must end with the same bits, every one of them.
+   job whose keys moved between servers must end with the same bits, every one of them. A sparse
+   table (momentum) rides along: each row has one writer, whose pushes are in program order, so
+   its rows too end with the same bits wherever they were kept.
 
-     test_grow_shrink_bit_identical  4 worker threads, BSP + momentum, two tensors and raw keys;
+     test_grow_shrink_bit_identical  4 worker threads, BSP + momentum, two tensors and raw keys,
+                                     and a sparse table's rows (pushed, and pulled only);
                                      2 -> 3 servers at step 10, 3 -> 2 at step 20: every final
-                                     weight equal, bit for bit, to the fixed run's; the third
-                                     server held keys (about a third) and stopped by itself
+                                     weight and row equal, bit for bit, to the fixed run's; the
+                                     third server held keys (about a third) and table rows, and
+                                     stopped by itself
      test_restart_after_grow         the same job stopped after the grow (step 15): the three
                                      servers checkpoint, new servers restore, new workers with
                                      the 3-server list take the placement the checkpoints record
@@ -15,14 +19,22 @@
                                      worker listing 1 server is told the checkpoint's placement
      test_reshard_refused            a list that does not keep the old servers in order, and a
                                      reshard with a request in flight: refused, named, nothing
-                                     moved */
+                                     moved
+     test_plan_by_bytes              kvps__vmap_plan on ResNet-50's 161 tensors cut for 10
+                                     servers plus 10^4 raw keys: 10 -> 20 servers one at a time
+                                     and back; after every step max/mean bytes <= 1.1 and the
+                                     bytes moved at most 1.25x the ideal share; the recorded
+                                     moves replay (kvps__vmap_of) to the same map */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
+#include "bench/resnet50.h"
 #include <pthread.h>
 
-enum { NW = 4, STEPS = 30, NT = 2, NRAW = 10 };
+enum { NW = 4, STEPS = 30, NT = 2, NRAW = 10, NROW = 64, NPULLED = 16, DIM = 4 };
 static const size_t tlen[NT] = {5000, 300};
+/* every final value: the tensors, the raw keys, the table's pushed rows and its pulled-only rows */
+#define NV (5000 + 300 + NRAW * 3 + (NROW + NPULLED) * DIM)
 
 typedef struct job {
     char ep[3][96];
@@ -31,10 +43,12 @@ typedef struct job {
     const char *start; /* the list the workers start with (list2 when NULL) */
     int from, to;      /* steps [from, to) (0, STEPS when both 0); from > 0: optimizer state restored */
     kvps_worker *keep[NW]; /* to > 0: the workers stay, unfinished (a job stopped mid-run) */
-    float final[NW][5000 + 300 + NRAW * 3];
+    float final[NW][NV];
     kvps_result err[NW];
     char errtext[NW][300];
     uint64_t third_keys; /* keys the third server held after the grow (its stats, read by worker 0) */
+    uint64_t third_rows; /* and table rows */
+    uint64_t third_bytes; /* and bytes of keys */
 } job;
 static kvps_server *srv[3];
 
@@ -59,6 +73,15 @@ static void *worker_main(void *arg) {
         if (rc == KVPS_OK && rank == 0 && from == 0) rc = kvps_worker_tensor_optim(w, t[i], &mom, &oq);
         if (rc == KVPS_OK && rank == 0 && from == 0) rc = kvps_worker_wait(w, oq, 20000);
     }
+    /* a sparse table: row k (id 1000003 k + 17) pushed by worker k mod NW alone */
+    kvps_table emb;
+    kvps_req tq;
+    uint64_t ids[NROW + NPULLED];
+    for (int k = 0; k < NROW + NPULLED; k++) ids[k] = 1000003ull * (uint64_t)k + 17;
+    if (rc == KVPS_OK)
+        rc = kvps_worker_table(w, &(kvps_table_desc){.name = "emb", .dim = DIM, .opt = mom, .init_scale = 0.1f, .seed = 9},
+                               &emb, &tq);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, tq, 20000);
     kvps_req bq; /* the rule is set before anyone pushes */
     if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &bq);
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, bq, 20000);
@@ -72,6 +95,8 @@ static void *worker_main(void *arg) {
                 kvps_server_stats st;
                 kvps_server_stats_get(srv[2], &st);
                 j->third_keys = st.keys;
+                j->third_rows = st.table_rows;
+                j->third_bytes = st.value_bytes;
             }
         }
         kvps_req q[NT + 1];
@@ -85,6 +110,20 @@ static void *worker_main(void *arg) {
         for (size_t e = 0; e < NRAW * 3; e++) g[e] = grad(rank, step, e + 9);
         if (rc == KVPS_OK) rc = kvps_worker_pushpull(w, keys, g, out + off, lens, NRAW, &q[NT]);
         if (rc == KVPS_OK) rc = kvps_worker_wait(w, q[NT], 20000);
+        uint64_t mine[NROW / NW];
+        for (int k = rank, n = 0; k < NROW; k += NW, n++) {
+            mine[n] = ids[k];
+            for (int d = 0; d < DIM; d++) g[n * DIM + d] = grad(rank, step, (size_t)(k * DIM + d));
+        }
+        if (rc == KVPS_OK) rc = kvps_worker_push_rows(w, emb, mine, g, NROW / NW, &tq);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, tq, 20000);
+    }
+    if (rc == KVPS_OK && to == STEPS) { /* every row, once every worker has pushed its last */
+        kvps_req bq3;
+        rc = kvps_worker_barrier(w, &bq3);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, bq3, 20000);
+        if (rc == KVPS_OK) rc = kvps_worker_pull_rows(w, emb, ids, out + 5000 + 300 + NRAW * 3, NROW + NPULLED, &tq);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, tq, 20000);
     }
     j->err[rank] = rc;
     if (rc != KVPS_OK) snprintf(j->errtext[rank], sizeof j->errtext[rank], "%.299s", kvps_worker_last_error(w));
@@ -138,7 +177,7 @@ static job fixed, moved;
 static void test_grow_shrink_bit_identical(void) {
     run_job(&fixed, "fixed", 0);
     run_job(&moved, "moved", 1);
-    size_t nv = 5000 + 300 + NRAW * 3, diff = 0, first = nv;
+    size_t nv = NV, diff = 0, first = nv;
     for (int r = 0; r < NW; r++)
         for (size_t i = 0; i < nv; i++)
             if (memcmp(&fixed.final[r][i], &moved.final[r][i], sizeof(float)) != 0) {
@@ -148,15 +187,23 @@ static void test_grow_shrink_bit_identical(void) {
     KT_CHECK(diff == 0, "%zu weights differ from the fixed run's, the first at %zu: %.9g vs %.9g", diff, first,
              first < nv ? (double)moved.final[0][first] : 0.0, first < nv ? (double)fixed.final[0][first] : 0.0);
     KT_CHECK(fixed.final[0][0] != 0.0f, "the weights did not move");
-    /* 12 keys: 2 slices of layer.w, 1 of layer.b, 10 raw keys: the third server takes about a third */
-    KT_CHECK(moved.third_keys >= 1 && moved.third_keys <= 8, "the third server held %llu of 13 keys",
-             (unsigned long long)moved.third_keys);
-    printf("  the third server held %llu of 13 keys after the grow\n", (unsigned long long)moved.third_keys);
+    /* 13 keys: 2 slices of layer.w (10,000 B each), 1 of layer.b (1,200 B), 10 raw keys (12 B): the
+       grow gives the third server what fits under the mean (7,106 B) without moving a 10,000 B slice */
+    KT_CHECK(moved.third_keys >= 1 && moved.third_keys <= 12 && moved.third_bytes > 0 && moved.third_bytes <= 21320 / 3,
+             "the third server held %llu of 13 keys, %llu of 21,320 bytes", (unsigned long long)moved.third_keys,
+             (unsigned long long)moved.third_bytes);
+    /* 64 rows pushed in steps 0-9 (the pulled-only rows are made at the end): about a third */
+    KT_CHECK(moved.third_rows >= 8 && moved.third_rows <= 40, "the third server held %llu of 64 table rows",
+             (unsigned long long)moved.third_rows);
+    KT_CHECK(fixed.final[0][NV - 1] != 0.0f && fixed.final[0][NV - NPULLED * DIM - 1] != fixed.final[0][NV - 1],
+             "the table's rows are not what they should be");
+    printf("  the third server held %llu of 13 keys (%llu of 21,320 bytes) and %llu of 64 table rows after the grow\n",
+           (unsigned long long)moved.third_keys, (unsigned long long)moved.third_bytes, (unsigned long long)moved.third_rows);
 }
 
 /* Weights of the run in j against the fixed run's: how many differ. */
 static size_t count_diff(const job *j, size_t *first) {
-    size_t nv = 5000 + 300 + NRAW * 3, diff = 0;
+    size_t nv = NV, diff = 0;
     *first = nv;
     for (int r = 0; r < NW; r++)
         for (size_t i = 0; i < nv; i++)
@@ -256,10 +303,72 @@ static void test_reshard_refused(void) {
     for (int i = 0; i < 2; i++) kvps_server_destroy(&s[i]);
 }
 
+/* max/mean of the servers' bytes under vmap (n servers) */
+static double max_mean(const uint32_t *vmap, uint32_t V, int n, const uint64_t *bytes) {
+    uint64_t load[64] = {0}, tot = 0, mx = 0;
+    for (uint32_t v = 0; v < V; v++) { load[vmap[v]] += bytes[v]; tot += bytes[v]; }
+    for (int i = 0; i < n; i++) mx = load[i] > mx ? load[i] : mx;
+    return (double)mx * n / (double)tot;
+}
+
+static void test_plan_by_bytes(void) {
+    enum { N0 = 10, NMAX = 20, V = 256 * N0 };
+    static uint64_t bytes[V];
+    static uint32_t vmap[V], byrule[V];
+    size_t sizes[RESNET50_TENSORS];
+    resnet50_sizes(sizes);
+    uint64_t total = 0;
+    for (int t = 0; t < RESNET50_TENSORS; t++) { /* cut as kvps_worker_tensor cuts for N0 servers */
+        char name[32];
+        snprintf(name, sizeof name, "resnet.%d", t);
+        uint64_t ns = (sizes[t] + 1023) / 1024, hv = kvps__fnv1a(name) % V;
+        ns = ns < N0 ? ns : N0;
+        for (uint64_t i = 0; i < ns; i++) bytes[(hv + i) % V] += (sizes[t] / ns + (i < sizes[t] % ns)) * 4;
+    }
+    for (uint64_t k = 0; k < 10000; k++) bytes[kvps__mix64(k) % V] += 16 * 4;
+    for (uint32_t v = 0; v < V; v++) { vmap[v] = byrule[v] = v % N0; total += bytes[v]; }
+    kvps__place pl;
+    memset(&pl, 0, sizeof pl);
+    pl.V = V;
+    pl.count = 1;
+    pl.n[0] = N0;
+    double worst = 0, worst_rule = 0, worst_moved = 0;
+    for (int step = 0; step < 2 * (NMAX - N0); step++) {
+        int n = step < NMAX - N0 ? N0 + step : NMAX - (step - (NMAX - N0)), n2 = step < NMAX - N0 ? n + 1 : n - 1;
+        uint64_t load_leaving = 0, nmoved = 0, before = pl.nmv;
+        for (uint32_t v = 0; v < V; v++) load_leaving += vmap[v] >= (uint32_t)n2 ? bytes[v] : 0;
+        static uint32_t old[V];
+        memcpy(old, vmap, sizeof vmap);
+        KT_CHECK(kvps__vmap_plan(vmap, V, n, n2, bytes, &pl.mv, &pl.nmv) == 0, "plan %d -> %d", n, n2);
+        pl.n[pl.count] = (uint32_t)n2;
+        pl.m[pl.count++] = (uint32_t)(pl.nmv - before);
+        kvps__vmap_change(byrule, V, n, n2);
+        for (uint32_t v = 0; v < V; v++) {
+            KT_CHECK(vmap[v] < (uint32_t)n2, "%d -> %d: shard %u on server %u", n, n2, v, vmap[v]);
+            nmoved += old[v] != vmap[v] ? bytes[v] : 0;
+        }
+        double mm = max_mean(vmap, V, n2, bytes), ideal = n2 > n ? (double)total / n2 : (double)load_leaving;
+        double mr = max_mean(byrule, V, n2, bytes), share = (double)nmoved / ideal;
+        KT_CHECK(mm <= 1.1, "%d -> %d servers: max/mean %.3f", n, n2, mm);
+        KT_CHECK(share <= 1.25, "%d -> %d servers: moved %.3f x the ideal share", n, n2, share);
+        worst = mm > worst ? mm : worst;
+        worst_rule = mr > worst_rule ? mr : worst_rule;
+        worst_moved = share > worst_moved ? share : worst_moved;
+    }
+    const char *why = NULL;
+    uint32_t *re = kvps__vmap_of(&pl, &why);
+    KT_CHECK(re && memcmp(re, vmap, sizeof vmap) == 0, "the recorded moves replay to another map (%s)", why ? why : "");
+    free(re);
+    kvps__place_free(&pl);
+    printf("  10 -> 20 -> 10 servers: max/mean <= %.3f by bytes (%.3f by shard counts), moved <= %.2f x the ideal\n", worst,
+           worst_rule, worst_moved);
+}
+
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
     KT_RUN(test_grow_shrink_bit_identical, 120);
     KT_RUN(test_restart_after_grow, 120);
     KT_RUN(test_reshard_refused, 60);
+    KT_RUN(test_plan_by_bytes, 60);
     return kt_finish();
 }

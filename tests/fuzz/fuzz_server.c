@@ -142,13 +142,16 @@ static int fz_replies(void *dealer, const kvps_server *s) {
         } else {
             int op = h.op & 0x7f;
             int data = kvps__op_pulls(op) || op == KVPS__OP_PULL_ROWS || op == KVPS__OP_STATUS || op == KVPS__OP_KEYS ||
-                       op == KVPS__OP_EXPORT; /* (KEYS: {key, len} entries; EXPORT: key records) */
-            if (op == KVPS__OP_HELLO && nf == 2) { /* the server's placement, for a worker that does not know it */
+                       op == KVPS__OP_EXPORT || op == KVPS__OP_EXPORT_ROWS; /* (KEYS: {key, len} entries;
+                                                                                EXPORT(_ROWS): key / table records) */
+            if ((op == KVPS__OP_HELLO && nf == 2) || op == KVPS__OP_PLACE_GET) { /* the server's placement */
                 kvps__place p;
-                FZ_CHECK(kvps__place_hash(&s->place) && !kvps__place_dec(&p, (const unsigned char *)zmq_msg_data(&f[1]),
-                                                                        zmq_msg_size(&f[1])) &&
+                const char *bad = kvps__place_dec(&p, (const unsigned char *)zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+                FZ_CHECK(!bad && (op == KVPS__OP_PLACE_GET || kvps__place_hash(&s->place)) &&
                              kvps__place_hash(&p) == kvps__place_hash(&s->place),
-                         "hello answered with %zu bytes that are not this server's placement", zmq_msg_size(&f[1]));
+                         "%s answered with %zu bytes that are not this server's placement", kvps__ops[op].name,
+                         zmq_msg_size(&f[1]));
+                kvps__place_free(&p);
                 data = 1;
             }
             FZ_CHECK(nf == (data ? 2 : 1), "op %d answered with %d frames", op, nf);

@@ -306,9 +306,12 @@ static void server_seeds(void) {
     sess(&b, KVPS__OP_KEYS, 0, 0, 0, NULL, 0);
     {   /* the placement after a grow from 2 to 3 servers, one that is not one, and a hello that
            does not know it (answered with it; its keyed requests refused until it does) */
-        uint32_t pl[4] = {512, 2, 2, 3}, bad[4] = {500, 2, 2, 3};
+        /* (V, count, n[], m[], then (shard, server) pairs: shards 5 and 7 moved to the new server) */
+        uint32_t pl[10] = {512, 2, 2, 3, 0, 2, 5, 2, 7, 2}, bad[10] = {500, 2, 2, 3, 0, 2, 5, 2, 7, 2};
+        sess(&b, KVPS__OP_PLACE_GET, 0, 0, 0, NULL, 0);
         sess(&b, KVPS__OP_PLACE, 0, 0, 0, bad, sizeof bad);
         sess(&b, KVPS__OP_PLACE, 0, 0, 0, pl, sizeof pl);
+        sess(&b, KVPS__OP_PLACE_GET, 0, 0, 0, NULL, 0);
         uint8_t hv[KVPS__HELLO_BYTES] = {0};
         uint32_t hw[4] = {KVPS__PROTO, 1, 3, 0};
         memcpy(hv, hw, sizeof hw);
@@ -316,6 +319,48 @@ static void server_seeds(void) {
         meta(&b, KVPS__OP_PULL, 0, 0, 0, k1, l1, 1);
     }
     save("fuzz_server", "reshard_moves", &b);
+
+    /* a reshard's moves of a sparse table's rows: rows made, the rows of some virtual shards
+       exported and dropped, a record of a table taken in (then again: its rows are held, refused),
+       a shard list that is not one */
+    cfg = 0x40;
+    begin(&b, &cfg, 1);
+    {
+        uint8_t trec[KVPS__TREC];
+        memset(trec, 0, sizeof trec);
+        optrec(trec, KVPS_RULE_MOMENTUM, 0.1f);
+        table_meta(&b, KVPS__OP_TABLE, 0, 7, 4, NULL, 0);
+        frame(&b, trec, sizeof trec);
+        uint64_t ids[4] = {5, 6, 1u << 31, 99};
+        table_meta(&b, KVPS__OP_PUSH_ROWS, 0, 7, 4, ids, 4);
+        values(&b, 16, 1);
+        uint32_t sel[5] = {8, 0, 2, 5, 7}, bad[3] = {8, 9, 1};
+        sess(&b, KVPS__OP_EXPORT_ROWS, 0, 0, 0, sel, sizeof sel);
+        sess(&b, KVPS__OP_DROP_ROWS, 0, 0, 0, sel, sizeof sel);
+        sess(&b, KVPS__OP_DROP_ROWS, 0, 0, 0, bad, sizeof bad);
+        kvps_server *s = NULL; /* a record the way a server writes it: table 7 (momentum), rows 1000 and 1001 */
+        kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-rows", .num_workers = 1}, &s);
+        kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
+        t->id = 7;
+        t->dim = 4;
+        kvps__optim_read(trec, &t->opt); /* (configured as the TABLE above) */
+        t->sdim = kvps__table_sdim(KVPS_RULE_MOMENTUM, 4);
+        kvps__table_row(s, t, 1000);
+        kvps__table_row(s, t, 1001);
+        char *rec = NULL;
+        size_t nrec = 0;
+        FILE *f = open_memstream(&rec, &nrec);
+        kvps__cw w = {f, 0, 0};
+        kvps__table_put(&w, t, NULL);
+        fclose(f);
+        sess(&b, KVPS__OP_IMPORT_ROWS, 0, 0, 0, rec, nrec);
+        sess(&b, KVPS__OP_IMPORT_ROWS, 0, 0, 0, rec, nrec);
+        free(rec);
+        kvps__table_free(t);
+        kvps_server_destroy(&s);
+        table_meta(&b, KVPS__OP_PULL_ROWS, 0, 7, 4, ids, 4);
+    }
+    save("fuzz_server", "reshard_rows", &b);
 }
 
 /* ---- codec blobs: [id][mode][u32 n][blob], see fuzz_codec.c ---------------------------------- */
@@ -480,7 +525,7 @@ static void reply_seeds(void) {
     /* the hello's answer from server 0 carries a placement (2 > 3 > 2 servers: the worker takes
        it), then the raw pull answered by both servers */
     {
-        uint32_t pl[5] = {512, 3, 2, 3, 2};
+        uint32_t pl[12] = {512, 3, 2, 3, 2, 0, 1, 1, 5, 2, 5, 0}; /* shard 5 to the new server and back */
         rbegin(&r, 0x80 | 0x40 | 0);
         rmsg(&r, 0, KVPS__OP_HELLO, 0, pl, sizeof pl);
         for (int s = 0; s < 2; s++) rmsg(&r, s, KVPS__OP_PULL, 0, v, 24);
@@ -620,7 +665,12 @@ static void ckpt_seeds(void) {
         s->place.count = 2;
         s->place.n[0] = 2;
         s->place.n[1] = 3;
-        ok = kvps_server_checkpoint(s, 5000) == KVPS_OK;
+        s->place.m[1] = 1; /* shard 5 moved to the new server */
+        s->place.nmv = 1;
+        s->place.mv = (uint32_t *)malloc(8);
+        ok = s->place.mv != NULL;
+        if (ok) { s->place.mv[0] = 5; s->place.mv[1] = 2; }
+        ok = ok && kvps_server_checkpoint(s, 5000) == KVPS_OK;
     }
     kvps_worker_destroy(&w);
     kvps_server_destroy(&s);
