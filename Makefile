@@ -29,8 +29,9 @@ $(B)/mpi_fusion: bench/mpi_fusion.c bench/resnet50.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
 
 # The placement simulation of issue 18: plain C99 + libm (no kvps.h, no ZeroMQ, so no deps).
-# `make placement-sim` runs it (~30 s) and writes bench/results/placement.csv; `make
-# placement-check` builds it with kvps.h and checks its "kvps today" placement against kvps's own.
+# `make placement-sim` runs it (~50 s) and writes bench/results/placement.csv; `make
+# placement-check` builds it with kvps.h and checks its copies of kvps's placement (mod n, and
+# RESHARD's maps by counts and by bytes, with their moves) against kvps.h's own.
 .PHONY: placement-sim placement-check
 $(B)/placement_sim: bench/placement_sim.c | $(B)
 	$(CC) -std=c99 -O2 -Wall -Wextra $< -o $@ -lm

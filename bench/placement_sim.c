@@ -4,12 +4,14 @@
 
    C99 + libc/libm, single-threaded, no kvps.h (it simulates the placement only; the "kvps-mod"
    scheme below copies kvps.h's kvps__server_of and kvps_worker_tensor line for line, and
-   "kvps-vshard" its RESHARD: kvps__vmap_change, kvps__vshard_of, kvps__tensor_place).
+   "kvps-vshard" its RESHARD: kvps__vmap_plan, kvps__vshard_of, kvps__tensor_place; and
+   "kvps-vshard-counts" the rule kvps__vmap_change that planned RESHARD before).
 
      make placement-sim                           # builds, runs, writes bench/results/placement.csv
      build/placement_sim [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick]
-     make placement-check   # built with kvps.h + ZeroMQ: kvps-mod's slices and servers == kvps's,
-                            # kvps-vshard's V, hv and maps == kvps__vmap_change's
+     make placement-check   # built with kvps.h + ZeroMQ: kvps-mod's slices and servers == kvps's;
+                            # kvps-vshard's V, hv and shards' bytes == kvps's, and the maps (and
+                            # moves) of both rules == kvps__vmap_plan's and kvps__vmap_change's
 
    WORKLOAD (fixed, deterministic)
    - 10^6 raw keys k = 0 .. 999999; length by k mod 4: 0,1 -> 1 float, 2 -> 16 floats, 3 -> 64
@@ -48,13 +50,24 @@
                 virtual shards, vmap[v] = v mod n0 at first (so it starts as kvps-mod, bit for bit:
                 checked); raw key k in virtual shard mix64(k) mod V, slice i of a tensor (cut for
                 n0 servers as kvps-mod cuts it, and never cut again) in (fnv1a(name) mod V + i) mod V;
-                its server is vmap[v]. vmap_change is kvps__vmap_change: a grow gives each new server
-                V / n' whole shards, one at a time from the fullest server by shard COUNT (ties: the
-                lowest index), its highest-numbered shard first; a shrink deals the leaving server's
-                shards, ascending, to the emptiest. kvps adds and removes servers at the END of the
-                list, so its leave removes the LAST server (n-1), not the middle one. Measured per n:
-                the join n -> n+1 and the leave n -> n-1 (max/mean after; moved = bytes whose shard
-                changes server), and n -> n + ceil(n/10) one server at a time (+10%).
+                its server is vmap[v]. A change of the map is vmap_plan, kvps__vmap_plan, fed each
+                shard's bytes (4 x its floats: the keys' and slices' lengths in it, as worker 0
+                adds them up from the servers' KEYS answers): a grow fills each new server with the
+                largest shards that fit under the mean, from the fullest old servers, then with
+                empty shards up to V / n'; a shrink deals the leaving servers' shards, largest
+                first, to the servers with the fewest bytes. kvps adds and removes servers at the
+                END of the list, so its leave removes the LAST server (n-1), not the middle one.
+                Measured per n: the join n -> n+1 and the leave n -> n-1 (max/mean after; moved =
+                bytes whose shard changes server), and n -> n + ceil(n/10) one server at a time
+                (+10%). For the leave, a bound: no map that deals the last server's whole shards
+                and keeps the others' does better than max(the fullest other, the emptiest other +
+                the leaver's largest shard) / the mean after (or 1).
+   kvps-vshard-counts  the same with the rule kvps used before ("kvps-vshard by counts (before)"
+                in the tables): vmap_change, kvps__vmap_change (kvps__vmap_of still replays it for
+                changes recorded without moves): a grow gives each new server V / n' whole
+                shards, one at a time from the fullest server by shard COUNT (ties: the lowest
+                index), in the order of mix64(v), highest first; a shrink deals the leaving
+                server's shards, ascending, to the one with the fewest shards.
    Fixed pieces (the schemes below): a tensor is cut into ceil(len/P) pieces of equal size (+-1
    float), P = "piece" in the tables, the same whatever n is. Piece i of tensor t is the item
    mix64(mix64(fnv1a(name)) + i + 1); raw key k is the item mix64(k). Items are placed one by one.
@@ -81,14 +94,14 @@
    to 2^8 (kvps-mod: min_slice = P, max_slice = max(P, 262144)), and per scheme the largest P with
    max/mean <= 1.1; last, the tables again in Markdown (as in BENCHMARKS.md). All rows go to the
    CSV (kind = table, grow10 or sweep; piece_floats 0 = kvps's cut by n (n0); the sweep has no
-   moves). kvps-vshard "table" rows: max_mean before (= kvps-mod's), join_max_mean and
-   leave_max_mean after, leave_* for the last server. "grow10" rows (kvps-vshard, n -> n_end one
-   server at a time): max_mean and min_mean (the emptiest server) at n_end, join_max_mean the
-   worst max/mean after any step, join_moved the bytes moved summed over the steps (join_ideal:
-   the sum of 1/(k+1)), leave_moved the bytes on another server at the end than at the start
-   (leave_ideal: 1 - n/n_end).
-   No sampling anywhere: every key and piece is placed at every n (about 30 s on one core). */
-#ifdef PLACEMENT_SIM_KVPS /* make placement-check: the kvps-mod scheme against kvps.h itself */
+   moves). kvps-vshard and kvps-vshard-counts "table" rows: max_mean before (= kvps-mod's),
+   join_max_mean and leave_max_mean after, leave_* for the last server, leave_bound the bound
+   above. "grow10" rows (both, n -> n_end one server at a time): max_mean and min_mean (the
+   emptiest server) at n_end, join_max_mean the worst max/mean after any step, join_moved the
+   bytes moved summed over the steps (join_ideal: the sum of 1/(k+1)), leave_moved the bytes on
+   another server at the end than at the start (leave_ideal: 1 - n/n_end).
+   No sampling anywhere: every key and piece is placed at every n (about 40 s on one core). */
+#ifdef PLACEMENT_SIM_KVPS /* make placement-check: kvps-mod and kvps-vshard against kvps.h itself */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -132,22 +145,22 @@ static double now_s(void) { return (double)clock() / CLOCKS_PER_SEC; }
 /* ---------------------------------------------------------------- the tensors */
 
 typedef struct { char name[72]; uint64_t len; uint64_t h; } tensor;
-static tensor *T;
+static tensor *TS; /* (not T: the copy of kvps__vmap_plan has a local T) */
 static int nt, cap_t;
 
 static void tadd(uint64_t len, const char *fmt, ...) {
     if (nt == cap_t) {
         cap_t = cap_t ? 2 * cap_t : 256;
-        tensor *nt_ = (tensor *)realloc(T, (size_t)cap_t * sizeof *T);
+        tensor *nt_ = (tensor *)realloc(TS, (size_t)cap_t * sizeof *TS);
         if (!nt_) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
-        T = nt_;
+        TS = nt_;
     }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(T[nt].name, sizeof T[nt].name, fmt, ap);
+    vsnprintf(TS[nt].name, sizeof TS[nt].name, fmt, ap);
     va_end(ap);
-    T[nt].len = len;
-    T[nt].h = fnv1a(T[nt].name);
+    TS[nt].len = len;
+    TS[nt].h = fnv1a(TS[nt].name);
     nt++;
 }
 
@@ -248,10 +261,10 @@ static void vgg16(void) {
 
 static int check_model(const char *what, int t0, int count, uint64_t params) {
     uint64_t s = 0;
-    for (int i = t0; i < nt; i++) s += T[i].len;
+    for (int i = t0; i < nt; i++) s += TS[i].len;
     printf("  %-13s %4d tensors %12llu parameters  largest ", what, nt - t0, (unsigned long long)s);
     uint64_t big = 0;
-    for (int i = t0; i < nt; i++) if (T[i].len > big) big = T[i].len;
+    for (int i = t0; i < nt; i++) if (TS[i].len > big) big = TS[i].len;
     printf("%llu\n", (unsigned long long)big);
     if (nt - t0 != count || s != params) {
         fprintf(stderr, "placement_sim: %s has %d tensors / %llu parameters, the paper's architecture %d / %llu\n",
@@ -292,6 +305,7 @@ typedef struct {
     int n;
     double maxmean, join, leave;
     double jmm, lmm, minmm, join_ideal, leave_ideal; /* kvps-vshard only (else NAN; the ideals 1/(n+1), 1/n) */
+    double lbound;                             /* kvps-vshard "table": leave_bound's max/mean (else NAN) */
     int n_end;                                 /* kind "grow10": the server count at the end */
 } row;
 static row *R;
@@ -305,7 +319,7 @@ static void add_row(const char *kind, const char *scheme, uint64_t piece, uint64
         if (!nr_) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
         R = nr_;
     }
-    row r = {kind, scheme, piece, pieces, n, mm, join, leave, NAN, NAN, NAN, 1.0 / (n + 1), 1.0 / n, 0};
+    row r = {kind, scheme, piece, pieces, n, mm, join, leave, NAN, NAN, NAN, 1.0 / (n + 1), 1.0 / n, NAN, 0};
     R[nr++] = r;
 }
 
@@ -338,7 +352,7 @@ static void kvps_loads(const int *list, int n, uint64_t mins, uint64_t maxs, dou
     for (uint64_t k = 0; k < NRAW; k++) load[list[mix64(k) % (uint64_t)n]] += raw_len(k);
     uint64_t tot = 0;
     for (int t = 0; t < nt; t++) {
-        uint64_t len = T[t].len, ns = kvps_nslices(len, (uint64_t)n, mins, maxs), first = T[t].h % (uint64_t)n;
+        uint64_t len = TS[t].len, ns = kvps_nslices(len, (uint64_t)n, mins, maxs), first = TS[t].h % (uint64_t)n;
         for (uint64_t i = 0; i < ns; i++) load[list[(first + i) % (uint64_t)n]] += (double)(len * (i + 1) / ns - len * i / ns);
         tot += ns;
     }
@@ -353,9 +367,9 @@ static double kvps_moved(const int *a, int na, const int *b, int nb) {
         if (a[x % (uint64_t)na] != b[x % (uint64_t)nb]) moved += raw_len(k);
     }
     for (int t = 0; t < nt; t++) {
-        uint64_t len = T[t].len;
-        uint64_t sa = kvps_nslices(len, (uint64_t)na, KVPS_MIN_SLICE, KVPS_MAX_SLICE), fa = T[t].h % (uint64_t)na;
-        uint64_t sb = kvps_nslices(len, (uint64_t)nb, KVPS_MIN_SLICE, KVPS_MAX_SLICE), fb = T[t].h % (uint64_t)nb;
+        uint64_t len = TS[t].len;
+        uint64_t sa = kvps_nslices(len, (uint64_t)na, KVPS_MIN_SLICE, KVPS_MAX_SLICE), fa = TS[t].h % (uint64_t)na;
+        uint64_t sb = kvps_nslices(len, (uint64_t)nb, KVPS_MIN_SLICE, KVPS_MAX_SLICE), fb = TS[t].h % (uint64_t)nb;
         uint64_t i = 0, j = 0, at = 0;
         while (at < len) { /* walk both cuts' boundaries together */
             uint64_t ea = len * (i + 1) / sa, eb = len * (j + 1) / sb, e = ea < eb ? ea : eb;
@@ -370,11 +384,14 @@ static double kvps_moved(const int *a, int na, const int *b, int nb) {
 
 /* ---------------------------------------------------------------- kvps-vshard: kvps.h's RESHARD */
 
-/* kvps.h's kvps__vmap_change, line for line: the map of V virtual shards from n servers to n2
-   (servers are added or removed at the end of the list). A grow: each new server takes V / n2
-   shards one at a time from the fullest server by shard count (ties: the lowest index), that
-   server's first shard in the order of mix64(v), highest first. A shrink: the leaving servers' shards, ascending, each
-   to the emptiest server left (ties: the lowest index). */
+/* kvps.h's kvps__vmap_change, line for line: the rule by shard COUNTS that kvps used before it
+   planned by bytes (kvps__vmap_of still replays it for changes recorded without moves, m[i] = 0);
+   here it is the "kvps-vshard-counts" scheme, the before of the tables. The map of V virtual
+   shards from n servers to n2 (servers are added or removed at the end of the list). A grow:
+   each new server takes V / n2 shards one at a time from the fullest server by shard count
+   (ties: the lowest index), that server's first shard in the order of mix64(v), highest first.
+   A shrink: the leaving servers' shards, ascending, each to the emptiest server left (ties: the
+   lowest index). */
 /* kvps__vshard_cmp: the order in which a grow takes virtual shards, by mix64(v), highest first. */
 static int vshard_cmp(const void *a, const void *b) {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -422,6 +439,123 @@ static void vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
     free(cnt);
 }
 
+/* kvps.h's kvps__vmap_plan (with kvps__pshard, kvps__pshard_cmp), line for line: a reshard
+   planned by bytes (what kvps_worker_reshard does): vmap, V virtual shards over n
+   servers, becomes a map over n2, where bytes[v] is what shard v holds now. A grow fills each
+   new server in turn: first with shards, the smallest of the server with the most, until it
+   has V / n2 of them (keys made later fall evenly) or the next would pass the mean; then from
+   the fullest old server above the mean that has one, the largest shard that still fits under
+   the mean, until none fits. A
+   shrink deals the leaving servers' shards, largest first, each to the server left with the
+   fewest bytes (an empty shard: the fewest shards). Then, either way, while the fullest server
+   holds over 1.08 x the mean, its smallest shard goes to the emptiest server, when that lowers
+   the fullest (a shrink's largest leaving shards can otherwise land above 1.1 x the mean).
+   Ties go to the lowest index, shards of equal
+   bytes in a fixed pseudo-random order (mix64). Each shard that changes server is appended to
+   *mv as a (shard, server) pair (*nmv counts them). 0, or -1 out of memory. */
+typedef struct pshard { uint64_t b; uint32_t v; } pshard;
+static int pshard_cmp(const void *a, const void *b) { /* bytes, highest first */
+    const pshard *x = (const pshard *)a, *y = (const pshard *)b;
+    if (x->b != y->b) return x->b < y->b ? 1 : -1;
+    uint64_t hx = mix64(x->v), hy = mix64(y->v);
+    if (hx != hy) return hx < hy ? 1 : -1;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
+static int vmap_plan(uint32_t *vmap, uint32_t V, int n, int n2, const uint64_t *bytes, uint32_t **mv, uint64_t *nmv) {
+    int top = n > n2 ? n : n2, rc = -1;
+    uint64_t *load = (uint64_t *)calloc((size_t)top, sizeof *load), *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
+    uint32_t *start = (uint32_t *)calloc((size_t)top + 1, sizeof *start), *cur = (uint32_t *)calloc((size_t)top + 1, sizeof *cur);
+    pshard *ps = (pshard *)malloc((size_t)V * sizeof *ps + 1);
+    uint8_t *gone = (uint8_t *)calloc((size_t)V + 1, 1), *ex = (uint8_t *)calloc((size_t)top, 1);
+    uint32_t *out = (uint32_t *)realloc(*mv, (*nmv + 2 * (uint64_t)V) * 8 + 8); /* every shard moves at most twice */
+    if (out) *mv = out;
+    if (load && cnt && start && cur && ps && gone && ex && out) {
+        uint64_t total = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            load[vmap[v]] += bytes[v];
+            cnt[vmap[v]]++;
+            total += bytes[v];
+            start[vmap[v] + 1]++;
+        }
+        for (int i = 0; i < top; i++) start[i + 1] += start[i];
+        memcpy(cur, start, ((size_t)top + 1) * sizeof *cur);
+        for (uint32_t v = 0; v < V; v++) ps[cur[vmap[v]]++] = (pshard){bytes[v], v};
+        for (int i = 0; i < top; i++) qsort(ps + start[i], start[i + 1] - start[i], sizeof *ps, pshard_cmp);
+#define VMAP_MOVE(v_, to_)                                                                            \
+        do {                                                                                                 \
+            uint32_t mv_v = (v_), mv_to = (uint32_t)(to_);                                                   \
+            load[vmap[mv_v]] -= bytes[mv_v]; cnt[vmap[mv_v]]--;                                              \
+            load[mv_to] += bytes[mv_v]; cnt[mv_to]++;                                                        \
+            vmap[mv_v] = mv_to; gone[mv_v] = 1;                                                              \
+            out[2 * *nmv] = mv_v; out[2 * *nmv + 1] = mv_to; (*nmv)++;                                      \
+        } while (0)
+        if (n2 > n) {
+            uint64_t T = total / (uint64_t)n2; /* the mean */
+            for (int j = n; j < n2; j++) {
+                memset(ex, 0, (size_t)top);
+                while (cnt[j] < V / (uint32_t)n2) { /* shard count: the smallest shards that fit under the mean */
+                    int d = -1;
+                    for (int i = 0; i < n2; i++)
+                        if (i != j && !ex[i] && (d < 0 || cnt[i] > cnt[d])) d = i;
+                    if (d < 0 || cnt[d] <= cnt[j] + 1) break;
+                    uint32_t at = start[d + 1]; /* (a new server's group is empty: it gives nothing) */
+                    while (at > start[d] && gone[ps[at - 1].v]) at--;
+                    if (at == start[d] || load[j] + ps[at - 1].b > T) { ex[d] = 1; continue; }
+                    VMAP_MOVE(ps[at - 1].v, j);
+                }
+                memset(ex, 0, (size_t)top);
+                while (load[j] < T) { /* bytes */
+                    int d = -1;
+                    for (int i = 0; i < n; i++)
+                        if (!ex[i] && load[i] > T && (d < 0 || load[i] > load[d])) d = i;
+                    if (d < 0) break;
+                    uint64_t gap = T - load[j];
+                    uint32_t lo = start[d], hi = start[d + 1];
+                    while (lo < hi) { /* the first shard of d with at most gap bytes (sorted highest first) */
+                        uint32_t mid = lo + (hi - lo) / 2;
+                        if (ps[mid].b > gap) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    while (lo < start[d + 1] && gone[ps[lo].v]) lo++;
+                    if (lo == start[d + 1] || ps[lo].b == 0) { ex[d] = 1; continue; }
+                    VMAP_MOVE(ps[lo].v, j);
+                }
+            }
+        } else {
+            uint32_t nl = 0; /* the leaving servers' shards, gathered at the front of ps */
+            for (int i = n2; i < n; i++)
+                for (uint32_t k = start[i]; k < start[i + 1]; k++) ps[nl++] = ps[k];
+            qsort(ps, nl, sizeof *ps, pshard_cmp);
+            for (uint32_t k = 0; k < nl; k++) {
+                int to = 0;
+                for (int i = 1; i < n2; i++)
+                    if (ps[k].b ? load[i] < load[to] : cnt[i] < cnt[to]) to = i;
+                VMAP_MOVE(ps[k].v, to);
+            }
+        }
+        /* then, while the fullest server holds over 1.08 x the mean, its smallest non-empty shard
+           goes to the emptiest server when that lowers the fullest (a few more bytes move) */
+        for (uint32_t it = 0; it < V; it++) {
+            int d = 0, e = 0;
+            for (int i = 1; i < n2; i++) {
+                if (load[i] > load[d]) d = i;
+                if (load[i] < load[e]) e = i;
+            }
+            if ((double)load[d] * n2 <= 1.08 * (double)total) break;
+            uint32_t best = UINT32_MAX;
+            for (uint32_t v = 0; v < V; v++)
+                if (vmap[v] == (uint32_t)d && bytes[v] && (best == UINT32_MAX || bytes[v] < bytes[best])) best = v;
+            if (best == UINT32_MAX || load[e] + bytes[best] >= load[d]) break;
+            VMAP_MOVE(best, e);
+        }
+#undef VMAP_MOVE
+        rc = 0;
+    }
+    free(load); free(cnt); free(start); free(cur); free(ps); free(gone); free(ex);
+    return rc;
+}
+
 /* floats in each virtual shard of a job begun on n0 servers (V = 256 n0, as kvps_worker_create):
    raw key k in mix64(k) mod V (kvps__vshard_of), slice i of a tensor, cut for n0 servers as
    kvps-mod cuts it, in (fnv1a(name) mod V + i) mod V (kvps_worker_tensor's hv). Returns the
@@ -432,7 +566,7 @@ static uint64_t vshard_floats(int n0, double *vf) {
     for (uint64_t k = 0; k < NRAW; k++) vf[mix64(k) % V] += raw_len(k);
     uint64_t tot = 0;
     for (int t = 0; t < nt; t++) {
-        uint64_t len = T[t].len, ns = kvps_nslices(len, (uint64_t)n0, KVPS_MIN_SLICE, KVPS_MAX_SLICE), hv = T[t].h % V;
+        uint64_t len = TS[t].len, ns = kvps_nslices(len, (uint64_t)n0, KVPS_MIN_SLICE, KVPS_MAX_SLICE), hv = TS[t].h % V;
         for (uint64_t i = 0; i < ns; i++) vf[(hv + i) % V] += (double)(len * (i + 1) / ns - len * i / ns);
         tot += ns;
     }
@@ -471,29 +605,70 @@ typedef struct {
     int n, m;                                 /* start; end of the +10% sequence */
     uint64_t slices;
     double mm0, jmm, jcmm, jnew, jmoved, lmm, lcmm, lmoved; /* jnew: the newcomer's bytes / the mean */
+    double lbound;                                    /* leave_bound: the least max/mean a leave can reach */
     uint32_t jlo, jhi, jcnt;                          /* the newcomer's shards: lowest, highest, how many */
     double gmm, gmin, gcmm, gworst, gsum, gsum_ideal, gnet; /* +10% one at a time: at the end, worst step, moved */
 } vres;
 
+/* a lower bound on max/mean after the last of n servers leaves, over every map that keeps the
+   others' shards and deals the leaver's whole: no server left holds less than it did, and the
+   leaver's largest shard lands on one of them, so max >= max(the fullest, the emptiest + it),
+   and max >= the mean */
+static double leave_bound(const uint32_t *vmap, uint32_t V, const double *vf, int n, double tot) {
+    double *load = (double *)xmalloc((size_t)n * sizeof *load), big = 0, mx = 0, mn;
+    for (int i = 0; i < n; i++) load[i] = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        load[vmap[v]] += vf[v];
+        if (vmap[v] == (uint32_t)n - 1 && vf[v] > big) big = vf[v];
+    }
+    mn = load[0];
+    for (int i = 0; i < n - 1; i++) {
+        if (load[i] > mx) mx = load[i];
+        if (load[i] < mn) mn = load[i];
+    }
+    free(load);
+    double b = (mn + big > mx ? mn + big : mx) / (tot / (n - 1));
+    return b > 1 ? b : 1;
+}
+
+/* bytes[v] = 4 x the floats of shard v: what kvps__reshard_plan adds up from the servers' KEYS
+   answers (a key's length x sizeof(float)) and feeds kvps__vmap_plan */
+static void vshard_bytes(const double *vf, uint32_t V, uint64_t *bytes) {
+    for (uint32_t v = 0; v < V; v++) bytes[v] = (uint64_t)vf[v] * sizeof(float);
+}
+
+/* one reshard n -> n2 of vmap: by the rule by counts (kvps-vshard-counts, before) or planned by
+   bytes (kvps-vshard, what kvps does now; its moves are dropped, vmap holds their result) */
+static void vmap_step(uint32_t *vmap, uint32_t V, int n, int n2, const uint64_t *bytes, int counts) {
+    if (counts) { vmap_change(vmap, V, n, n2); return; }
+    uint32_t *mv = NULL;
+    uint64_t nmv = 0;
+    if (vmap_plan(vmap, V, n, n2, bytes, &mv, &nmv) != 0) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
+    free(mv);
+}
+
 /* kvps-vshard for a job begun on n servers: the join n -> n+1, the leave of the last server
-   n -> n-1, and n -> n + ceil(n/10) one server at a time. kload: kvps-mod's loads at n (the
+   n -> n-1, and n -> n + ceil(n/10) one server at a time, each change by the rule by counts
+   (counts = 1) or planned by the bytes of each shard (0). kload: kvps-mod's loads at n (the
    start must be it exactly). */
-static int run_vshard(int n, const double *kload, double tot, vres *o) {
+static int run_vshard(int n, const double *kload, double tot, int counts, vres *o) {
     uint32_t V = 256u * (uint32_t)n;
     int m = n + (n + 9) / 10;
     double *vf = (double *)xmalloc(V * sizeof *vf), *load = (double *)xmalloc((size_t)(m + 1) * sizeof *load);
     uint32_t *v0 = (uint32_t *)xmalloc(V * sizeof *v0), *v1 = (uint32_t *)xmalloc(V * sizeof *v1),
              *v2 = (uint32_t *)xmalloc(V * sizeof *v2);
+    uint64_t *vb = (uint64_t *)xmalloc(V * sizeof *vb);
     memset(o, 0, sizeof *o);
     o->n = n;
     o->m = m;
     o->slices = vshard_floats(n, vf);
+    vshard_bytes(vf, V, vb);
     for (uint32_t v = 0; v < V; v++) v0[v] = v % (uint32_t)n; /* kvps_worker_create's map */
     o->mm0 = vshard_loads(v0, V, vf, n, load, NULL, NULL);
     int bad = 0;
     for (int i = 0; i < n; i++) bad += load[i] != kload[i]; /* today's placement, bit for bit */
     memcpy(v1, v0, V * sizeof *v1);
-    vmap_change(v1, V, n, n + 1);
+    vmap_step(v1, V, n, n + 1, vb, counts);
     o->jmm = vshard_loads(v1, V, vf, n + 1, load, &o->jcmm, NULL);
     o->jnew = load[n] / (tot / (n + 1));
     o->jlo = V;
@@ -505,13 +680,14 @@ static int run_vshard(int n, const double *kload, double tot, vres *o) {
         }
     o->jmoved = vshard_moved(v0, v1, V, vf) / tot;
     memcpy(v1, v0, V * sizeof *v1);
-    vmap_change(v1, V, n, n - 1);
+    vmap_step(v1, V, n, n - 1, vb, counts);
     o->lmm = vshard_loads(v1, V, vf, n - 1, load, &o->lcmm, NULL);
     o->lmoved = vshard_moved(v0, v1, V, vf) / tot;
+    o->lbound = leave_bound(v0, V, vf, n, tot);
     memcpy(v1, v0, V * sizeof *v1);
     for (int k = n; k < m; k++) {
         memcpy(v2, v1, V * sizeof *v2);
-        vmap_change(v1, V, k, k + 1);
+        vmap_step(v1, V, k, k + 1, vb, counts);
         o->gsum += vshard_moved(v2, v1, V, vf) / tot;
         o->gsum_ideal += 1.0 / (k + 1);
         double mm = vshard_loads(v1, V, vf, k + 1, load, k + 1 == m ? &o->gcmm : NULL, k + 1 == m ? &o->gmin : NULL);
@@ -519,7 +695,7 @@ static int run_vshard(int n, const double *kload, double tot, vres *o) {
         if (k + 1 == m) o->gmm = mm;
     }
     o->gnet = vshard_moved(v0, v1, V, vf) / tot;
-    free(vf); free(load); free(v0); free(v1); free(v2);
+    free(vf); free(load); free(v0); free(v1); free(v2); free(vb);
     if (bad) fprintf(stderr, "placement_sim: kvps-vshard at n = %d is not kvps-mod's placement (%d servers differ)\n", n, bad);
     return bad;
 }
@@ -568,7 +744,7 @@ static int cmp_okey(const void *a, const void *b) {
 
 static void make_items(itemset *S, uint64_t P) {
     size_t np = 0;
-    for (int t = 0; t < nt; t++) np += (size_t)((T[t].len + P - 1) / P);
+    for (int t = 0; t < nt; t++) np += (size_t)((TS[t].len + P - 1) / P);
     S->n = NRAW + np;
     S->npieces = np;
     S->piece = P;
@@ -581,7 +757,7 @@ static void make_items(itemset *S, uint64_t P) {
         S->raw_floats += it.len;
     }
     for (int t = 0; t < nt; t++) {
-        uint64_t len = T[t].len, ns = (len + P - 1) / P, base = mix64(T[t].h);
+        uint64_t len = TS[t].len, ns = (len + P - 1) / P, base = mix64(TS[t].h);
         for (uint64_t i = 0; i < ns; i++) {
             item it = {mix64(base + i + 1), (uint32_t)(len * (i + 1) / ns - len * i / ns), 0};
             S->v[j++] = it;
@@ -716,6 +892,18 @@ static double run_ring(const itemset *S, const lists *L, int V, double eps, ring
 static const int NSET[] = {10, 30, 100, 300, 1000};
 #define NNSET ((int)(sizeof NSET / sizeof NSET[0]))
 
+/* kvps-vshard's two rules for a change of the map: the CSV's scheme, the tables' label */
+typedef struct { const char *scheme, *label; int counts; } vscheme;
+static const vscheme VS[] = {{"kvps-vshard-counts", "kvps-vshard by counts (before)", 1},
+                             {"kvps-vshard", "kvps-vshard by bytes (now)", 0}};
+#define NVS ((int)(sizeof VS / sizeof VS[0]))
+
+static const vscheme *vs_find(const char *scheme) {
+    for (int k = 0; k < NVS; k++)
+        if (!strcmp(VS[k].scheme, scheme)) return &VS[k];
+    return NULL;
+}
+
 typedef struct { const char *name; int V; double eps; } ringscheme;
 static const ringscheme RS[] = {{"ring-100", 100, -1}, {"ring-1000", 1000, -1}, {"bounded-0.05", 100, 0.05},
                                 {"bounded-0.1", 100, 0.1}};
@@ -762,17 +950,19 @@ static void print_markdown(int nmax) {
             for (int j = 0; j < i; j++)
                 if (!strcmp(R[j].kind, "table") && !strcmp(R[j].scheme, R[i].scheme) && R[j].piece == R[i].piece) seen = 1;
             if (seen) continue;
-            int vs = !strcmp(R[i].scheme, "kvps-vshard");
-            for (int line = 0; line < (vs && !part ? 2 : 1); line++) { /* kvps-vshard: max/mean after the join, the leave */
-                if (vs && part) printf("| kvps-vshard (leave: the last server) | cut for n0 = n |");
-                else if (vs) printf("| kvps-vshard, after %s | cut for n0 = n |", line ? "the last leaves" : "a join");
+            const vscheme *vs = vs_find(R[i].scheme);
+            int lines = vs && !part ? (vs->counts ? 2 : 3) : 1; /* kvps-vshard: after the join, the leave (its bound) */
+            for (int line = 0; line < lines; line++) {
+                if (vs && part) printf("| %s (leave: the last server) | cut for n0 = n |", vs->label);
+                else if (vs && line == 2) printf("| bound: any leave of the last server's whole shards | cut for n0 = n |");
+                else if (vs) printf("| %s, after %s | cut for n0 = n |", vs->label, line ? "the last leaves" : "a join");
                 else if (R[i].piece) printf("| %s | %llu |", R[i].scheme, (unsigned long long)R[i].piece);
                 else printf("| %s | cut by n |", R[i].scheme);
                 for (int a = 0; a < NNSET && NSET[a] <= nmax; a++) {
                     const row *r = find_row("table", R[i].scheme, R[i].piece, NSET[a]);
                     if (!r) printf(" |");
                     else if (part) printf(vs ? " %.3f / %.3f |" : " %.2f / %.2f |", 100 * r->join, 100 * r->leave);
-                    else printf(" %.3f |", vs ? (line ? r->lmm : r->jmm) : r->maxmean);
+                    else printf(" %.3f |", vs ? (line == 2 ? r->lbound : line ? r->lmm : r->jmm) : r->maxmean);
                 }
                 printf("\n");
             }
@@ -780,15 +970,16 @@ static void print_markdown(int nmax) {
     }
 }
 
-/* kvps-vshard's +10% sequences as a Markdown table */
+/* kvps-vshard's +10% sequences as a Markdown table, both rules */
 static void print_markdown_grow(void) {
-    printf("\nkvps-vshard, n -> m = n + n/10 one server at a time (moved: %% of all bytes)\n\n| n -> m | max/mean at m | "
-           "min/mean at m | worst max/mean, any step | moved, summed over the steps (ideal) | net moved, start to end "
-           "(ideal) |\n|---|---:|---:|---:|---:|---:|\n");
+    printf("\nkvps-vshard, n -> m = n + n/10 one server at a time (moved: %% of all bytes)\n\n| rule | n -> m | max/mean at m "
+           "| min/mean at m | worst max/mean, any step | moved, summed over the steps (ideal) | net moved, start to end "
+           "(ideal) |\n|---|---|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < nr; i++)
         if (!strcmp(R[i].kind, "grow10"))
-            printf("| %d -> %d | %.3f | %.3f | %.3f | %.2f (%.2f) | %.2f (%.2f) |\n", R[i].n, R[i].n_end, R[i].maxmean,
-                   R[i].minmm, R[i].jmm, 100 * R[i].join, 100 * R[i].join_ideal, 100 * R[i].leave, 100 * R[i].leave_ideal);
+            printf("| %s | %d -> %d | %.3f | %.3f | %.3f | %.2f (%.2f) | %.2f (%.2f) |\n", vs_find(R[i].scheme)->label, R[i].n,
+                   R[i].n_end, R[i].maxmean, R[i].minmm, R[i].jmm, 100 * R[i].join, 100 * R[i].join_ideal, 100 * R[i].leave,
+                   100 * R[i].leave_ideal);
 }
 
 /* the sweep as a Markdown table: P down the side, the schemes across */
@@ -813,65 +1004,143 @@ static void print_markdown_sweep(const char *const *names, int nn) {
 }
 
 #ifdef PLACEMENT_SIM_KVPS
+/* The copy of one rule against kvps.h's on the same inputs, from v mod n over V shards with
+   bytes vb: the leave of the last server, then n -> n + n/10 one server at a time. The maps after
+   every change (counts: vmap_change against kvps__vmap_change; else vmap_plan against
+   kvps__vmap_plan, and each plan's moves; kvps.h's moves are recorded in a placement as
+   kvps__reshard_plan records them, and kvps__vmap_of must replay that placement into the planned
+   map: the leave's, and the steps' up to KVPS__PLACE_MAX server counts). Adds the differences
+   to *bad; returns the number of values compared. */
+static long check_vmap_rule(uint32_t V, int n, const uint64_t *vb, int counts, long *bad) {
+    uint32_t *ma = (uint32_t *)xmalloc(V * sizeof *ma), *mb = (uint32_t *)xmalloc(V * sizeof *mb),
+             *mr = (uint32_t *)xmalloc(V * sizeof *mr);
+    long checked = 0;
+    kvps__place pk; /* kvps.h's moves, as a placement */
+    memset(&pk, 0, sizeof pk);
+    for (int step = -1, k = n; step < (n + 9) / 10; step++) {
+        int from = step < 0 ? n : k, to = step < 0 ? n - 1 : k + 1;
+        if (step <= 0) {
+            for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
+            kvps__place_free(&pk);
+            pk.V = V;
+            pk.count = 1;
+            pk.n[0] = (uint32_t)n;
+        }
+        if (counts) {
+            vmap_change(ma, V, from, to);
+            if (kvps__vmap_change(mb, V, from, to) != 0) { fprintf(stderr, "check: out of memory\n"); exit(1); }
+        } else {
+            uint32_t *sm = NULL, *km = NULL;
+            uint64_t snm = 0, knm = 0, before = pk.nmv;
+            int rec = pk.count < KVPS__PLACE_MAX; /* record it in pk, or plan into km */
+            if (vmap_plan(ma, V, from, to, vb, &sm, &snm) != 0 ||
+                kvps__vmap_plan(mb, V, from, to, vb, rec ? &pk.mv : &km, rec ? &pk.nmv : &knm) != 0) {
+                fprintf(stderr, "check: out of memory\n");
+                exit(1);
+            }
+            const uint32_t *kmv = rec ? pk.mv + 2 * before : km;
+            uint64_t kn = rec ? pk.nmv - before : knm;
+            checked++;
+            *bad += snm != kn;
+            for (uint64_t i = 0; i < 2 * snm && i < 2 * kn; i++, checked++) *bad += sm[i] != kmv[i];
+            if (rec) {
+                pk.n[pk.count] = (uint32_t)to;
+                pk.m[pk.count++] = (uint32_t)kn;
+                memcpy(mr, mb, V * sizeof *mr);
+            }
+            free(sm);
+            free(km);
+        }
+        if (step >= 0) k++;
+        for (uint32_t v = 0; v < V; v++, checked++) *bad += ma[v] != mb[v];
+        if (!counts && (step < 0 || step + 1 == (n + 9) / 10)) { /* replay the leave, the steps */
+            const char *why;
+            uint32_t *rv = kvps__vmap_of(&pk, &why);
+            if (!rv) { fprintf(stderr, "check: kvps__vmap_of: %s\n", why); (*bad)++; continue; }
+            for (uint32_t v = 0; v < V; v++, checked++) *bad += rv[v] != mr[v];
+            free(rv);
+        }
+    }
+    kvps__place_free(&pk);
+    free(ma);
+    free(mb);
+    free(mr);
+    return checked;
+}
+
 /* every tensor registered with a real kvps worker at each n: its slices' count, lengths and
-   servers must be kvps-mod's, and every raw key's server too */
+   servers must be kvps-mod's, every raw key's server too, and kvps-vshard's as above */
 static int check_kvps(void) {
     void *ctx = zmq_ctx_new(); /* a worker holds 3 sockets a server: 1000 servers pass zmq's default 1023 */
     zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 8192);
-    long bad = 0, checked = 0;
+    long bad = 0, checked = 0, nbytes = 0, by_counts = 0, by_bytes = 0; /* values compared */
     for (int a = 0; a < NNSET; a++) {
         int n = NSET[a];
-        char *servers = (char *)xmalloc((size_t)n * 32);
+        char *servers = (char *)xmalloc((size_t)n * 40);
         size_t at = 0;
-        for (int i = 0; i < n; i++) at += (size_t)sprintf(servers + at, "%stcp://127.0.0.1:%d", i ? "," : "", 20000 + i);
+        /* inproc endpoints nobody binds: no server answers (a tcp port could be another job's server),
+           and the worker's first keyed call goes on after timeout_ms */
+        for (int i = 0; i < n; i++) at += (size_t)sprintf(servers + at, "%sinproc://placement-check-%d", i ? "," : "", i);
         kvps_worker_desc d;
         memset(&d, 0, sizeof d);
         d.servers = servers;
         d.zmq_ctx = ctx;
         d.timeout_ms = 100;
         kvps_worker *w;
+        long bad_n = bad;
         if (kvps_worker_create(&d, &w) != KVPS_OK) { fprintf(stderr, "check: no worker for %d servers\n", n); return 1; }
         for (int t = 0; t < nt; t++) {
             kvps_tensor id;
-            if (kvps_worker_tensor(w, T[t].name, T[t].len, &id) != KVPS_OK) { fprintf(stderr, "check: %s refused\n", T[t].name); return 1; }
+            if (kvps_worker_tensor(w, TS[t].name, TS[t].len, &id) != KVPS_OK) { fprintf(stderr, "check: %s refused\n", TS[t].name); return 1; }
             const kvps__tensor_info *ti = &w->tensors[id];
-            uint64_t len = T[t].len, ns = kvps_nslices(len, (uint64_t)n, KVPS_MIN_SLICE, KVPS_MAX_SLICE), first = T[t].h % (uint64_t)n;
+            uint64_t len = TS[t].len, ns = kvps_nslices(len, (uint64_t)n, KVPS_MIN_SLICE, KVPS_MAX_SLICE), first = TS[t].h % (uint64_t)n;
             bad += ti->nslices != ns;
             for (uint64_t i = 0; i < ns && i < ti->nslices; i++, checked++)
                 bad += ti->server[i] != (int)((first + i) % (uint64_t)n) || ti->slen[i] != len * (i + 1) / ns - len * i / ns;
         }
         for (uint64_t k = 0; k < NRAW; k++, checked++) bad += kvps__server_of(w, k) != (int)(mix64(k) % (uint64_t)n);
-        /* kvps-vshard: the worker's V, map and tensors' first virtual shards, and vmap_change against
-           kvps__vmap_change for the join, the leave and the +10% steps */
+        /* kvps-vshard: the worker's V, map and tensors' first virtual shards; each shard's bytes as
+           kvps__reshard_plan adds them up (kvps__vshard_of of every key a server would list, its
+           length x 4) against vshard_bytes'; then the copies of both rules against kvps.h's on the
+           same maps and bytes, for the leave of the last server and n -> n + n/10 one server at a
+           time (the first step is the join) */
         uint32_t V = 256u * (uint32_t)n;
         bad += w->V != V;
         for (uint32_t v = 0; v < V && w->V == V; v++, checked++) bad += w->vmap[v] != v % (uint32_t)n;
-        for (int t = 0; t < nt; t++, checked++) bad += w->tensors[t].hv != (uint32_t)(T[t].h % V);
-        uint32_t *ma = (uint32_t *)xmalloc(V * sizeof *ma), *mb = (uint32_t *)xmalloc(V * sizeof *mb);
-        for (int step = -1, k = n; step < (n + 9) / 10; step++) {
-            if (step < 0) { /* the leave of the last server, from the start */
-                for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
-                vmap_change(ma, V, n, n - 1);
-                kvps__vmap_change(mb, V, n, n - 1);
-                for (uint32_t v = 0; v < V; v++, checked++) bad += ma[v] != mb[v];
-                for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
-                continue;
-            }
-            vmap_change(ma, V, k, k + 1);
-            kvps__vmap_change(mb, V, k, k + 1);
-            k++;
-            for (uint32_t v = 0; v < V; v++, checked++) bad += ma[v] != mb[v];
+        for (int t = 0; t < nt; t++, checked++) bad += w->tensors[t].hv != (uint32_t)(TS[t].h % V);
+        double *vf = (double *)xmalloc(V * sizeof *vf);
+        uint64_t *vb = (uint64_t *)xmalloc(V * sizeof *vb), *kb = (uint64_t *)xmalloc(V * sizeof *kb);
+        vshard_floats(n, vf);
+        vshard_bytes(vf, V, vb);
+        memset(kb, 0, V * sizeof *kb);
+        for (uint64_t k = 0; k < NRAW; k++) {
+            uint32_t v;
+            if (kvps__vshard_of(w, k, &v)) kb[v] += raw_len(k) * sizeof(float);
+            else bad++;
         }
-        free(ma);
-        free(mb);
+        for (int t = 0; t < nt; t++)
+            for (uint32_t i = 0; i < w->tensors[t].nslices; i++) {
+                uint32_t v;
+                if (kvps__vshard_of(w, w->tensors[t].keys[i], &v)) kb[v] += w->tensors[t].slen[i] * sizeof(float);
+                else bad++;
+            }
+        for (uint32_t v = 0; v < V; v++, nbytes++) bad += kb[v] != vb[v];
+        by_counts += check_vmap_rule(V, n, vb, 1, &bad);
+        by_bytes += check_vmap_rule(V, n, vb, 0, &bad);
+        free(vf);
+        free(vb);
+        free(kb);
         kvps_worker_destroy(&w);
         free(servers);
-        printf("kvps.h, %4d servers: %d tensors and %u raw keys placed as kvps-mod places them, V and the virtual-shard\n"
-               "                     maps of kvps-vshard's join, leave and +10%% steps as kvps__vmap_change's: %s\n",
-               n, nt, NRAW, bad ? "NO" : "yes");
+        printf("kvps.h, %4d servers: %d tensors and %u raw keys placed as kvps-mod places them; V, each virtual shard's\n"
+               "                     bytes, and the maps (and moves) of kvps-vshard's leave and +10%% steps as\n"
+               "                     kvps__vmap_change's and kvps__vmap_plan's: %s\n",
+               n, nt, NRAW, bad > bad_n ? "NO" : "yes");
     }
     zmq_ctx_term(ctx);
-    printf("%ld slices and keys checked, %ld differ\n", checked, bad);
+    printf("%ld values checked: %ld of kvps-mod's slices and keys and kvps-vshard's V, first map and first shards,\n"
+           "%ld shards' bytes, %ld by the rule by counts (maps), %ld by the planner (maps, moves, replays); %ld differ\n",
+           checked + nbytes + by_counts + by_bytes, checked, nbytes, by_counts, by_bytes, bad);
     return bad != 0;
 }
 #endif
@@ -935,9 +1204,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < i; j++)
-            if (T[i].h == T[j].h) { fprintf(stderr, "placement_sim: name hash collision %s / %s\n", T[i].name, T[j].name); return 1; }
+            if (TS[i].h == TS[j].h) { fprintf(stderr, "placement_sim: name hash collision %s / %s\n", TS[i].name, TS[j].name); return 1; }
     uint64_t tf = 0;
-    for (int i = 0; i < nt; i++) tf += T[i].len;
+    for (int i = 0; i < nt; i++) tf += TS[i].len;
     double rawf = 0;
     for (uint64_t k = 0; k < NRAW; k++) rawf += raw_len(k);
     printf("  all tensors   %4d tensors %12llu floats; with the raw keys %.1f M floats = %.2f GB\n\n", nt,
@@ -961,47 +1230,54 @@ int main(int argc, char **argv) {
     printf("kvps today (mod n; tensors cut by n: min_slice 1024, max_slice 262144 floats)\n");
     print_table(r0, nr);
 
-    /* 1b. kvps-vshard: kvps.h's RESHARD on a job begun at n0 = n */
-    printf("\nkvps-vshard (kvps.h's RESHARD: V = 256 n0 virtual shards, vmap[v] = v mod n0 at first; tensors keep the\n"
-           "slices cut for n0 = n; the join appends server n, the LEAVE REMOVES THE LAST server, n-1; max/mean after;\n"
-           "'shards' = max/mean of the virtual-shard counts, what the map balances; new/mean = the newcomer's bytes / the mean;\n"
-           "newcomer's shards: how many, in which range of 0..V-1)\n");
-    printf("%5s %7s %7s %8s | %7s %9s %9s %9s %6s %21s | %7s %9s %9s %6s\n", "n", "V", "slices", "before", "shards",
-           "join m/m", "new/mean", "moved", "ideal", "newcomer's shards", "shards", "leave m/m", "moved", "ideal");
+    /* 1b. kvps-vshard: kvps.h's RESHARD on a job begun at n0 = n, each change by the rule by
+       counts (before) and planned by bytes (kvps__vmap_plan, now) */
     vres *VR = (vres *)xmalloc(NNSET * sizeof *VR);
-    int nv = 0;
-    for (int a = 0; a < NNSET && NSET[a] <= nmax; a++, nv++) {
-        int n = NSET[a];
-        make_lists(L, n);
-        kvps_loads(L->base, n, KVPS_MIN_SLICE, KVPS_MAX_SLICE, load, NULL);
-        if (run_vshard(n, load, tf + rawf, &VR[a])) return 1;
-        const vres *o = &VR[a];
-        add_row("table", "kvps-vshard", 0, o->slices, n, o->mm0, o->jmoved, o->lmoved);
-        R[nr - 1].jmm = o->jmm;
-        R[nr - 1].lmm = o->lmm;
-        char rng[48];
-        snprintf(rng, sizeof rng, "%u in %u..%u", o->jcnt, o->jlo, o->jhi);
-        printf("%5d %7d %7llu %8.3f | %7.3f %9.3f %9.3f %8.3f%% %5.2f%% %21s | %7.3f %9.3f %8.3f%% %5.2f%%\n", n, 256 * n,
-               (unsigned long long)o->slices, o->mm0, o->jcmm, o->jmm, o->jnew, 100 * o->jmoved, 100.0 / (n + 1), rng,
-               o->lcmm, o->lmm, 100 * o->lmoved, 100.0 / n);
-        fflush(stdout);
-    }
-    printf("\nkvps-vshard, n -> n + n/10 one server at a time (one reshard each): max/mean at the end and at the worst step;\n"
-           "bytes moved summed over the steps (ideal: sum of 1/(k+1)) and net, start to end (ideal: 1 - n/m)\n");
-    printf("%5s %5s %8s %8s %8s %8s | %9s %6s | %7s %6s\n", "n", "m", "shards", "end m/m", "min/mean", "worst", "summed",
-           "ideal", "net", "ideal");
-    for (int a = 0; a < nv; a++) {
-        const vres *o = &VR[a];
-        add_row("grow10", "kvps-vshard", 0, o->slices, o->n, o->gmm, o->gsum, o->gnet);
-        row *r = &R[nr - 1];
-        r->jmm = o->gworst;
-        r->minmm = o->gmin;
-        r->n_end = o->m;
-        r->join_ideal = o->gsum_ideal;
-        r->leave_ideal = 1.0 - (double)o->n / o->m;
-        printf("%5d %5d %8.3f %8.3f %8.3f %8.3f | %8.2f%% %5.2f%% | %6.2f%% %5.2f%%\n", o->n, o->m, o->gcmm, o->gmm, o->gmin,
-               o->gworst,
-               100 * o->gsum, 100 * r->join_ideal, 100 * o->gnet, 100 * r->leave_ideal);
+    for (int sc = 0; sc < NVS; sc++) {
+        printf("\n%s (%s): V = 256 n0 virtual shards, vmap[v] = v mod n0 at first; tensors keep the\n"
+               "slices cut for n0 = n; the join appends server n, the LEAVE REMOVES THE LAST server, n-1; max/mean after;\n"
+               "'shards' = max/mean of the virtual-shard counts; new/mean = the newcomer's bytes / the mean;\n"
+               "newcomer's shards: how many, in which range of 0..V-1; bound: the least max/mean of any leave that deals\n"
+               "the last server's whole shards and keeps the others')\n",
+               VS[sc].label, VS[sc].counts ? "kvps.h's RESHARD before: kvps__vmap_change" : "kvps.h's RESHARD: kvps__vmap_plan");
+        printf("%5s %7s %7s %8s | %7s %9s %9s %9s %6s %21s | %7s %9s %6s %9s %6s\n", "n", "V", "slices", "before", "shards",
+               "join m/m", "new/mean", "moved", "ideal", "newcomer's shards", "shards", "leave m/m", "bound", "moved",
+               "ideal");
+        int nv = 0;
+        for (int a = 0; a < NNSET && NSET[a] <= nmax; a++, nv++) {
+            int n = NSET[a];
+            make_lists(L, n);
+            kvps_loads(L->base, n, KVPS_MIN_SLICE, KVPS_MAX_SLICE, load, NULL);
+            if (run_vshard(n, load, tf + rawf, VS[sc].counts, &VR[a])) return 1;
+            const vres *o = &VR[a];
+            add_row("table", VS[sc].scheme, 0, o->slices, n, o->mm0, o->jmoved, o->lmoved);
+            R[nr - 1].jmm = o->jmm;
+            R[nr - 1].lmm = o->lmm;
+            R[nr - 1].lbound = o->lbound;
+            char rng[48];
+            snprintf(rng, sizeof rng, "%u in %u..%u", o->jcnt, o->jlo, o->jhi);
+            printf("%5d %7d %7llu %8.3f | %7.3f %9.3f %9.3f %8.3f%% %5.2f%% %21s | %7.3f %9.3f %6.3f %8.3f%% %5.2f%%\n", n,
+                   256 * n, (unsigned long long)o->slices, o->mm0, o->jcmm, o->jmm, o->jnew, 100 * o->jmoved, 100.0 / (n + 1),
+                   rng, o->lcmm, o->lmm, o->lbound, 100 * o->lmoved, 100.0 / n);
+            fflush(stdout);
+        }
+        printf("\n%s, n -> n + n/10 one server at a time (one reshard each): max/mean at the end and at the worst\n"
+               "step; bytes moved summed over the steps (ideal: sum of 1/(k+1)) and net, start to end (ideal: 1 - n/m)\n",
+               VS[sc].label);
+        printf("%5s %5s %8s %8s %8s %8s | %9s %6s | %7s %6s\n", "n", "m", "shards", "end m/m", "min/mean", "worst", "summed",
+               "ideal", "net", "ideal");
+        for (int a = 0; a < nv; a++) {
+            const vres *o = &VR[a];
+            add_row("grow10", VS[sc].scheme, 0, o->slices, o->n, o->gmm, o->gsum, o->gnet);
+            row *r = &R[nr - 1];
+            r->jmm = o->gworst;
+            r->minmm = o->gmin;
+            r->n_end = o->m;
+            r->join_ideal = o->gsum_ideal;
+            r->leave_ideal = 1.0 - (double)o->n / o->m;
+            printf("%5d %5d %8.3f %8.3f %8.3f %8.3f | %8.2f%% %5.2f%% | %6.2f%% %5.2f%%\n", o->n, o->m, o->gcmm, o->gmm,
+                   o->gmin, o->gworst, 100 * o->gsum, 100 * r->join_ideal, 100 * o->gnet, 100 * r->leave_ideal);
+        }
     }
     free(VR);
 
@@ -1009,7 +1285,7 @@ int main(int argc, char **argv) {
     size_t maxitems = 0;
     uint64_t minp = 256;
     for (int p = 0; p < npieces; p++) if (pieces[p] < minp) minp = pieces[p];
-    for (int i = 0; i < nt; i++) maxitems += (size_t)((T[i].len + minp - 1) / minp);
+    for (int i = 0; i < nt; i++) maxitems += (size_t)((TS[i].len + minp - 1) / minp);
     maxitems += NRAW;
     ringbuf B;
     B.o0 = (int *)xmalloc(maxitems * sizeof(int));
@@ -1086,7 +1362,7 @@ int main(int argc, char **argv) {
             printf("  %-13s min_slice %llu floats (%llu B): %llu slices at n = %d\n", names[k], (unsigned long long)need[k],
                    (unsigned long long)need[k] * 4, (unsigned long long)np, n);
         } else {
-            for (int i = 0; i < nt; i++) np += (T[i].len + need[k] - 1) / need[k];
+            for (int i = 0; i < nt; i++) np += (TS[i].len + need[k] - 1) / need[k];
             uint64_t fc6 = (102760448 + need[k] - 1) / need[k];
             printf("  %-13s %llu floats (%llu B): %llu pieces, %.0f a server; VGG-16 fc6 alone %llu pieces%s\n", names[k],
                    (unsigned long long)need[k], (unsigned long long)need[k] * 4, (unsigned long long)np,
@@ -1101,7 +1377,7 @@ int main(int argc, char **argv) {
     FILE *f = fopen(csv, "w");
     if (!f) { perror(csv); return 1; }
     fprintf(f, "kind,scheme,piece_floats,n,pieces,max_mean,join_moved,join_ideal,leave_moved,leave_ideal,join_max_mean,"
-               "leave_max_mean,n_end,min_mean\n");
+               "leave_max_mean,n_end,min_mean,leave_bound\n");
     for (int i = 0; i < nr; i++) {
         const row *r = &R[i];
         fprintf(f, "%s,%s,%llu,%d,%llu,%.4f,", r->kind, r->scheme, (unsigned long long)r->piece, r->n,
@@ -1114,13 +1390,15 @@ int main(int argc, char **argv) {
         else fprintf(f, "%.4f,", r->lmm);
         if (r->n_end) fprintf(f, "%d,", r->n_end);
         else fprintf(f, ",");
-        if (isnan(r->minmm)) fprintf(f, "\n");
-        else fprintf(f, "%.4f\n", r->minmm);
+        if (isnan(r->minmm)) fprintf(f, ",");
+        else fprintf(f, "%.4f,", r->minmm);
+        if (isnan(r->lbound)) fprintf(f, "\n");
+        else fprintf(f, "%.4f\n", r->lbound);
     }
     fclose(f);
     printf("\nwrote %s (%d rows); %.1f s CPU\n", csv, nr, now_s() - t0);
     free(load); free(L); free(best);
     free(B.o0); free(B.o1); free(B.o2); free(B.start); free(B.vj); free(B.vb); free(B.vl); free(B.tload);
-    free(T); free(R);
+    free(TS); free(R);
     return 0;
 }
