@@ -24,8 +24,9 @@
                              again with credit for 6000 bytes in flight per server
      test_ps_priority        a fused push's first message to each server carries the
                              higher-priority tensor's slices
-     test_ps_credit_order    credit for one message: a priority-5 pull made after a fused push
-                             of 64 messages is done while most of them still wait
+     test_ps_credit_order    credit for one message: a priority-5 pushpull made after a fused
+                             push of 64 messages is applied by the server second, before 63
+                             of them
      test_ps_bad_args        empty or NULL lists, a tensor twice, an unregistered one, a NULL
                              gradient: refused, named */
 #define KVPS_IMPLEMENTATION
