@@ -80,7 +80,7 @@ fuzz-corpus: deps
 # one shares the parent's symbolizer process and can hang (run.sh's timeout ends it): with no
 # false reports left, that does not happen.
 TSAN_CC    ?= clang
-TSAN_TESTS ?= $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+TSAN_TESTS ?= $(filter-out test_examples,$(patsubst tests/%.c,%,$(wildcard tests/test_*.c))) # (see SAN_TESTS)
 TSAN_FLAGS := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
 build-tsan/tsan_zmq.o: tests/fuzz/tsan_zmq.c | deps fuzz-cc
 	@mkdir -p build-tsan
@@ -89,5 +89,6 @@ $(addprefix build-tsan/,$(TSAN_TESTS)): build-tsan/tsan_zmq.o
 tsan-test: deps fuzz-cc build-tsan/tsan_zmq.o
 	$(MAKE) --no-print-directory B=build-tsan CC=$(TSAN_CC) CFLAGS="$(TSAN_FLAGS)" \
 	  LDLIBS="$(CURDIR)/build-tsan/tsan_zmq.o $(LDLIBS) -ldl" $(addprefix build-tsan/,$(TSAN_TESTS))
+	@rm -f $(filter-out $(addprefix build-tsan/,$(TSAN_TESTS)),$(wildcard build-tsan/test_*))
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66 die_after_fork=0 $(TSAN_EXTRA)" \
 	  KVPS_TEST_QUICK=1 tests/run.sh build-tsan
