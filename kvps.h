@@ -415,7 +415,9 @@
    is not detected (there is no quorum: a backup takes over once it has lost the primary's
    connection and a worker comes); parked barrier waits are not in a snapshot (a replacement
    that takes over before a barrier completes answers its re-sent entries at once); tensor
-   names (NAME) are not in a snapshot. The server set cannot grow or shrink yet.
+   names (NAME) are not in a snapshot. Growing or shrinking the server set is RESHARD's: with
+   replicated shards its moves are requests to each shard's primary, which forwards them as any
+   other (untested with replicas so far).
    Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
    connection is not reported lost.
 
