@@ -417,7 +417,7 @@
    that takes over before a barrier completes answers its re-sent entries at once); tensor
    names (NAME) are not in a snapshot. Growing or shrinking the server set is RESHARD's: with
    replicated shards its moves are requests to each shard's primary, which forwards them as any
-   other (untested with replicas so far).
+   other (test_replicas grows 2 -> 3 chains and kills the new shard's primary: sums exact).
    Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
    connection is not reported lost.
 

@@ -19,7 +19,10 @@
      test_wrong_shard_refused    a server of another shard placed in a chain refuses the snapshot
                                  (another layout); the primary goes on without it
      test_env_replicas           kvps_env_read with chains: kvps-run's KVPS_REPLICA, mpirun's
-                                 mapping (process p: shard p % n, replica p / n), uneven chains */
+                                 mapping (process p: shard p % n, replica p / n), uneven chains
+     test_grow_then_kill         BSP + SUM on 2 shards x 2 replicas grows to 3 (kvps_worker_reshard
+                                 with a third chain); then the new shard's primary is killed: the
+                                 keys moved to it had reached its backup, every sum is exact */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -42,6 +45,9 @@ typedef struct job {
     kvps_result err[NW];
     char errtext[NW][400];
     float final[NW][NKEY * 3];
+    int grow_at;                 /* BSP: the step before which every worker grows to servers3 */
+    char ep2[NREP][96], chain2[200], servers3[800]; /* the third shard that grow adds */
+    pid_t pid2[NREP];
 } job;
 
 static void job_init(job *j, const char *name, kvps_consistency cons, kvps_update upd, int steps) {
@@ -137,6 +143,7 @@ static void *worker_main(void *arg) {
     kvps_req q[4] = {0};
     int inflight = j->cons == KVPS_BSP ? 1 : 4;
     for (int t = 0; t < j->steps && rc == KVPS_OK && !__atomic_load_n(&j->stop, __ATOMIC_ACQUIRE); t++) {
+        if (j->grow_at && t == j->grow_at && (rc = kvps_worker_reshard(w, j->servers3, 20000)) != KVPS_OK) break;
         int slot = t % inflight;
         if (q[slot]) {
             rc = kvps_worker_wait(w, q[slot], -1);
@@ -203,10 +210,11 @@ static void check_sums(const job *j, const char *what) {
 
 /* The server processes end by themselves (every worker finished); killed ones are reaped. */
 static void reap(job *j, const char *what) {
-    for (int s = 0; s < NSH; s++)
+    for (int s = 0; s < NSH + 1; s++)
         for (int r = 0; r < NREP; r++) {
-            if (j->pid[s][r] <= 0) continue;
-            int st = kt_wait_pid(j->pid[s][r], kt_now_ms() + 10000);
+            pid_t pid = s < NSH ? j->pid[s][r] : j->pid2[r];
+            if (pid <= 0) continue;
+            int st = kt_wait_pid(pid, kt_now_ms() + 10000);
             KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: server %d replica %d did not end by itself (%d)",
                      what, s, r, st);
         }
@@ -257,6 +265,35 @@ static void test_bsp_primary_killed(void) {
             KT_CHECK(J.final[r][i] == wv, "worker %d element %d: %.9g, the oracle %.9g", r, i, (double)J.final[r][i], (double)wv);
     }
     reap(&J, "bsp");
+}
+
+/* 2 -> 3 shards, each of 2 replicas, while BSP (SUM) goes on; then the new shard's primary is
+   killed. The 6 keys' 72 bytes: the planner gives the new shard the 2 keys that fit under the
+   mean (24 bytes), through its primary, which forwards the IMPORT to its backup as any request:
+   after the kill the backup serves them, and every sum is exact. */
+static void test_grow_then_kill(void) {
+    int steps = kt_quick() ? 30 : 60;
+    job_init(&J, "grow", KVPS_BSP, KVPS_UPDATE_SUM, steps);
+    for (int r = 0; r < NREP; r++) snprintf(J.ep2[r], sizeof J.ep2[r], "ipc://@kvps-test-grow-%d-2-%d", (int)getpid(), r);
+    snprintf(J.chain2, sizeof J.chain2, "%s|%s", J.ep2[0], J.ep2[1]);
+    snprintf(J.servers3, sizeof J.servers3, "%s,%s", J.servers, J.chain2);
+    J.grow_at = steps / 3;
+    job_start(&J);
+    for (int r = 0; r < NREP; r++) {
+        kvps_server_desc d = job_desc(&J, 0, r, 0);
+        d.endpoint = J.ep2[r];
+        d.rank = NSH;
+        d.replicas = J.chain2;
+        J.pid2[r] = server_proc(&d, NULL);
+    }
+    workers_start(&J);
+    wait_steps(&J, steps / 2); /* after the grow */
+    kill(J.pid2[0], SIGKILL);
+    waitpid(J.pid2[0], NULL, 0);
+    J.pid2[0] = 0;
+    workers_join();
+    check_sums(&J, "grown to 3 shards, the new primary killed");
+    reap(&J, "grow");
 }
 
 static void test_replacement_then_kill(void) {
@@ -445,6 +482,7 @@ int main(void) {
     RUN(test_async_backup_killed, 120);
     RUN(test_bsp_primary_killed, 120);
     RUN(test_replacement_then_kill, 120);
+    RUN(test_grow_then_kill, 120);
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
