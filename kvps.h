@@ -3254,6 +3254,16 @@ static const char *kvps__place_dec(kvps__place *p, const unsigned char *v, size_
     }
     if ((uint64_t)p->V != 256ull * p->n[0]) return "V is not 256 x its first server count";
     if (p->m[0] != 0) return "moves before the first change";
+    /* what replaying it takes (kvps__vmap_of): a change by counts about V x (the servers it adds
+       or removes + a sort's 16), a shrink by moves V (its check), a grow by moves only its moves;
+       a placement from real reshards takes far fewer than 2^27 steps, a forged one must not take
+       minutes */
+    uint64_t cost = 0;
+    for (uint32_t i = 1; i < p->count; i++) {
+        uint32_t dn = p->n[i] > p->n[i - 1] ? p->n[i] - p->n[i - 1] : p->n[i - 1] - p->n[i];
+        cost += (uint64_t)p->V * (p->m[i] ? p->n[i] < p->n[i - 1] : dn + 16u);
+    }
+    if (cost > (1ull << 27)) { p->nmv = 0; return "too large to replay (over 2^27 steps)"; }
     if ((nb - 8 - 8 * (size_t)w[1]) / 8 != p->nmv || (nb - 8 - 8 * (size_t)w[1]) % 8)
         return "its length does not match its moves";
     const unsigned char *mv = v + 8 + 8 * (size_t)w[1];
@@ -3358,7 +3368,7 @@ static uint32_t *kvps__vmap_of(const kvps__place *p, const char **why) {
     for (uint32_t i = 1; i < p->count; i++) {
         if (p->m[i] == 0 && kvps__vmap_change(vm, p->V, (int)p->n[i - 1], (int)p->n[i]) != 0) { free(vm); return NULL; }
         for (uint32_t j = 0; j < p->m[i]; j++, mv += 2) vm[mv[0]] = mv[1];
-        for (uint32_t v = 0; v < p->V; v++)
+        for (uint32_t v = 0; p->n[i] < p->n[i - 1] && v < p->V; v++) /* (a grow cannot leave one past n[i]) */
             if (vm[v] >= p->n[i]) {
                 *why = "a change leaves a virtual shard on a server past its count";
                 free(vm);
@@ -4703,6 +4713,8 @@ static int kvps__parse(kvps_server *s, kvps__rq *q) {
         return kvps__refuse(s, q, KVPS_ERR_VERSION, "version %u, this server speaks %d", h->version, KVPS__VERSION);
     if (h->op < KVPS__OP_PUSH || h->op >= KVPS__OP_COUNT) return kvps__refuse(s, q, KVPS_ERR_OP, "op %u", h->op);
     q->op = &kvps__ops[h->op];
+    if (!q->op->serve) /* (REPL: only between replicas, never inside a request; a backup replaying saw one) */
+        return kvps__refuse(s, q, KVPS_ERR_OP, "op %u (%s) is not a request", h->op, q->op->name);
     if ((h->flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) || ((h->flags & KVPS__FLAG_CODED) && !q->op->coded) ||
         ((h->flags & KVPS__FLAG_CODED_REPLY) && !q->op->pulls))
         return kvps__refuse(s, q, KVPS_ERR_MALFORMED, "flags 0x%x not valid for op %u", h->flags, h->op);

@@ -25,7 +25,10 @@
                                      and back; after every step max/mean bytes <= 1.1 and the
                                      bytes moved at most 1.25x the ideal share, a new server has
                                      >= 0.9 V / n' shards; the recorded moves replay
-                                     (kvps__vmap_of) to the same map */
+                                     (kvps__vmap_of) to the same map
+     test_placement_refused          placements that are not one (V not 256 n0, a move to a
+                                     server past its change's count, a shrink that leaves a shard
+                                     behind, a forged one too large to replay): refused, named */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -371,11 +374,40 @@ static void test_plan_by_bytes(void) {
            worst_rule, worst_moved);
 }
 
+static const char *dec(const uint32_t *w, size_t n, kvps__place *p) {
+    return kvps__place_dec(p, (const unsigned char *)w, n * 4);
+}
+
+static void test_placement_refused(void) {
+    kvps__place p;
+    const char *why;
+    uint32_t bad_v[6] = {500, 2, 2, 3, 0, 0};
+    why = dec(bad_v, 6, &p);
+    KT_CHECK(why && strstr(why, "256"), "V 500 for 2 servers: %s", why ? why : "accepted");
+    uint32_t past[8] = {512, 2, 2, 3, 0, 1, 5, 3}; /* shard 5 to server 3 of a 3-server change */
+    why = dec(past, 8, &p);
+    KT_CHECK(why && strstr(why, "past its change's count"), "a move to server 3 of 3: %s", why ? why : "accepted");
+    uint32_t shrink[8] = {768, 2, 3, 2, 0, 1, 2, 0}; /* 3 -> 2 moving only shard 2: shard 5 stays on server 2 */
+    why = dec(shrink, 8, &p);
+    KT_CHECK(!why, "a well-formed shrink: %s", why ? why : "");
+    uint32_t *vm = why ? NULL : kvps__vmap_of(&p, &why);
+    KT_CHECK(!vm && why && strstr(why, "past its count"), "a shrink that leaves shards behind: %s", vm ? "replayed" : why);
+    free(vm);
+    kvps__place_free(&p);
+    uint32_t forged[6] = {256u * 65536u, 2, 65536, 1, 0, 0}; /* 65536 -> 1 by counts: 2^24 x 65551 steps */
+    int64_t t0 = kt_now_ms();
+    why = dec(forged, 6, &p);
+    KT_CHECK(why && strstr(why, "too large to replay"), "a forged placement: %s", why ? why : "accepted");
+    printf("  a forged placement (65536 -> 1 servers by counts) refused in %lld ms: %s\n", (long long)(kt_now_ms() - t0),
+           why ? why : "");
+}
+
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
     KT_RUN(test_grow_shrink_bit_identical, 120);
     KT_RUN(test_restart_after_grow, 120);
     KT_RUN(test_reshard_refused, 60);
     KT_RUN(test_plan_by_bytes, 60);
+    KT_RUN(test_placement_refused, 30);
     return kt_finish();
 }
