@@ -88,7 +88,17 @@
    4. WIRE FORMAT
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
-   about half rate through a shaped link). Sub-rings (section 9) use the same sockets. Messages:
+   about half rate through a shaped link). Sub-rings (section 9) use the same sockets.
+   Send buffers: a connection to a peer at a loopback address (tcp://127.x.x.x, localhost, [::1])
+   gets SO_SNDBUF 256 KiB (.sndbuf_bytes; the kernel doubles it), others keep the OS's
+   autotuning. On loopback the autotuned buffer grows to megabytes per connection, so a piece
+   waits in the kernel until it has left the cache and the receiver's copy reads it from memory;
+   with 256 KiB the sender stays a few segments ahead and the copies and the reduction read hot
+   data (BENCHMARKS.md, tensor fusion: ResNet-50's tensors among 4 ranks, a third less CPU time
+   and wall time). Not much smaller: with 32 KiB only one 64 KiB loopback
+   segment fits, each waits for the receiver's delayed ACK (40 ms), and a 100 MB all-reduce did
+   not end within a minute. A real link keeps the autotuning, which a long round trip needs.
+   Messages:
    [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
@@ -277,7 +287,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | groups      | NULL: one group (no HIER)                     |
    | zmq_ctx     | a context of its own; io_threads 1            |
    | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) |
-   | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) | */
+   | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) |
+   | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -293,6 +304,8 @@ typedef struct kvps_ring_desc {
     /* last, so that positional initialisers keep their meaning: */
     const char *timeline; /* a directory to write this rank's timeline into (kvps.h, TIMELINE); NULL:
                              the KVPS_TIMELINE environment variable, else none; "": none */
+    int sndbuf_bytes;     /* SO_SNDBUF of the connections to peers (section 4): 0: 256 KiB to loopback
+                             peers, the OS's autotuning to others; > 0: this to all; < 0: the OS's to all */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -2912,6 +2925,19 @@ KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->er
 KVPS_API int kvps_ring_rank(const kvps_ring *r) { return r ? r->rank : -1; }
 KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
+/* Whether a tcp:// endpoint names this host's loopback (its peer is on this machine, no link). */
+static int kvps_ring__loopback(const char *ep) {
+    if (strncmp(ep, "tcp://", 6) != 0) return 0;
+    const char *h = ep + 6;
+    return strncmp(h, "127.", 4) == 0 || strncmp(h, "localhost:", 10) == 0 || strncmp(h, "[::1]:", 6) == 0;
+}
+
+/* SO_SNDBUF for the connection to a peer at ep (manual section 4); 0: the OS's autotuning. */
+static int kvps_ring__sndbuf(const kvps_ring_desc *d, const char *ep) {
+    if (d->sndbuf_bytes) return d->sndbuf_bytes > 0 ? d->sndbuf_bytes : 0;
+    return kvps_ring__loopback(ep) ? 256 << 10 : 0;
+}
+
 KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     if (!r || !peers) return KVPS_ERR_INVALID_ARG;
     if (r->connected || r->id) return KVPS_ERR_STATE; /* (a sub-ring is connected from the start) */
@@ -2927,9 +2953,10 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         if (i == r->rank) continue;
         void *s = zmq_socket(r->fam->ctx, ZMQ_DEALER);
         if (!s) { rc = KVPS_ERR_ZMQ; break; }
-        int zero = 0;
+        int zero = 0, sndbuf = kvps_ring__sndbuf(&r->desc, eps[i]);
         zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        if (sndbuf > 0) zmq_setsockopt(s, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf);
         r->fam->dealers[i] = s;
         if (zmq_connect(s, eps[i]) != 0) {
             kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);
