@@ -484,10 +484,25 @@ typedef struct kvps_ring__stash {
 typedef struct kvps_ring__zc {
     int pending[2]; /* per ring phase */
     int refs;       /* 1 for the ring + 1 per frame held */
+    int waiting;    /* kvps_ring__zc_drain sleeps on cv: the frame that empties a phase wakes it */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 } kvps_ring__zc;
 
+static kvps_ring__zc *kvps_ring__zc_new(void) {
+    kvps_ring__zc *z = (kvps_ring__zc *)calloc(1, sizeof *z);
+    if (!z) return NULL;
+    z->refs = 1;
+    pthread_mutex_init(&z->mu, NULL);
+    pthread_cond_init(&z->cv, NULL);
+    return z;
+}
+
 static void kvps_ring__zc_unref(kvps_ring__zc *z) {
-    if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) == 0) free(z);
+    if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    pthread_mutex_destroy(&z->mu);
+    pthread_cond_destroy(&z->cv);
+    free(z);
 }
 
 /* Point-to-point messages carry coll = KVPS_RING__P2P (no kvps_coll has that value) and their
@@ -900,7 +915,13 @@ static void kvps_ring__zc_free(void *data, void *hint) {
     (void)data;
     uintptr_t h = (uintptr_t)hint;
     kvps_ring__zc *z = (kvps_ring__zc *)(h & ~(uintptr_t)1);
-    __atomic_sub_fetch(&z->pending[h & 1], 1, __ATOMIC_ACQ_REL);
+    /* seq_cst with the drain's store of waiting and load of pending: either the drain sees the
+       phase empty, or this sees it waiting and wakes it (it holds mu until it sleeps) */
+    if (__atomic_sub_fetch(&z->pending[h & 1], 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(&z->waiting, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&z->mu);
+        pthread_cond_broadcast(&z->cv);
+        pthread_mutex_unlock(&z->mu);
+    }
     kvps_ring__zc_unref(z);
 }
 
@@ -1263,12 +1284,15 @@ static const void *kvps_ring__data(kvps_ring *r, zmq_msg_t *m) {
 }
 
 static int kvps_ring__zc_busy(const kvps_ring *r, int i) {
-    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_ACQUIRE)
-                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_ACQUIRE);
+    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_SEQ_CST) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_SEQ_CST)
+                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_SEQ_CST);
 }
 
 /* Waits until ZeroMQ has let go of every zero-copy frame of phase i (-1: both). An inproc frame
-   is let go when the peer reads it, so a peer that stops reading shows up here. */
+   is let go when the peer reads it, so a peer that stops reading shows up here. It sleeps until
+   the I/O thread releases the last frame (kvps_ring__zc_free wakes it; 2 ms at most, as a
+   backstop): a yield loop here took CPU that the ranks sharing it needed, on a machine with
+   fewer CPUs than ranks (BENCHMARKS.md, tensor fusion). */
 static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
     for (;;) {
         int busy = kvps_ring__zc_busy(r, i);
@@ -1280,7 +1304,18 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
                                    r->rank, r->desc.timeout_ms, r->zc_dst, busy,
                                    kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
         }
-        sched_yield();
+        kvps_ring__zc *z = r->zc;
+        pthread_mutex_lock(&z->mu);
+        __atomic_store_n(&z->waiting, 1, __ATOMIC_SEQ_CST);
+        if (kvps_ring__zc_busy(r, i)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 2000000;
+            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            pthread_cond_timedwait(&z->cv, &z->mu, &ts);
+        }
+        __atomic_store_n(&z->waiting, 0, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&z->mu);
     }
 }
 
@@ -2813,8 +2848,7 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
    block, the views and blocks, p2p state; size and rank set, desc copied (groups: a copy). */
 static kvps_result kvps_ring__init_own(kvps_ring *r, const int *groups) {
     size_t k = (size_t)r->size;
-    r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
-    if (r->zc) r->zc->refs = 1;
+    r->zc = kvps_ring__zc_new();
     r->view_buf = (int *)calloc(k * 3, sizeof *r->view_buf);
     r->blocks = (size_t *)calloc(k * 4, sizeof *r->blocks);
     r->root_rank = (int *)calloc(k, sizeof *r->root_rank);
