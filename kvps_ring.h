@@ -453,6 +453,7 @@ enum {
     KVPS_RING__MAGIC = 0x5250564Bu,
     KVPS_RING__ZC_MIN = 32768,
     KVPS_RING__RHD_MAX = 16 << 20, /* AUTO: RHD up to here (power-of-two sizes from 4), RING above */
+    KVPS_RING__SPIN = 16,          /* a collective's receive: non-blocking polls, each after a yield, before it sleeps */
     /* tag phases */
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
@@ -1192,6 +1193,15 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                                        kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
             zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
+            /* a few yields before sleeping: a piece is often microseconds away, and waking
+               from a sleep costs more than that where ranks share CPUs (BENCHMARKS.md, tensor
+               fusion); yielding, the wait gives its CPU to whoever has work */
+            int got = 0;
+            for (int spin = 0; spin < KVPS_RING__SPIN && !got; spin++) {
+                sched_yield();
+                got = zmq_poll(&it, 1, 0) > 0;
+            }
+            if (got) continue;
             if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
             continue;
