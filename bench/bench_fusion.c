@@ -6,10 +6,12 @@
    usage: bench_fusion [--ranks N] [--servers S] [--iters I] [--repeat R] [--compute-ms F]
                        [--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES]
                        [--bucket BYTES] [--mpi PATH | --no-mpi] [--no-ps] [--no-ring] [--only MEASURE]
+                       [--sndbuf BYTES]
    (--threshold: kvps_fuse's bucket, default 4 MiB; --fusion-bytes: the worker's fusion_bytes,
    default 256 KiB; --bucket: the training step's gradient bucket, default 4 MiB; --credit: the
    priority step's credit_bytes, default 4 MiB; --only: run that ring measure alone, e.g. under
-   perf: bench/perf_fusion.sh)
+   perf: bench/perf_fusion.sh; --sndbuf: the ring's .sndbuf_bytes, default 0: 256 KiB on
+   loopback, -1 the OS's autotuning)
 
    Ring (N ranks, float32 sums), seconds per step (all 161 tensors), the slowest rank's:
      one_by_one     161 kvps_ring_allreduce calls
@@ -56,6 +58,7 @@ static const char *ps_names[P_NM] = {"one_by_one", "fused", "step_one_by_one", "
 
 typedef struct cfg {
     int ranks, servers, iters, repeat, ring, ps, only; /* only: -1, or the one ring measure to run */
+    int sndbuf;                                        /* the ring's .sndbuf_bytes (0: its default) */
     double compute_ms;
     size_t credit, threshold, fusion, bucket;
     char mpi[1024];
@@ -132,7 +135,8 @@ static float **alloc_model(void) {
 static void ring_rank(const cfg *c, int rank, int up, int down, const void *arg) {
     (void)arg;
     kvps_ring *r = NULL;
-    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = c->ranks, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000},
+    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = c->ranks, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000,
+                                           .sndbuf_bytes = c->sndbuf},
                          &r) != KVPS_OK)
         die("ring", "create");
     if (write_str(up, kvps_ring_endpoint(r)) != 0) die("pipe", "write");
@@ -354,7 +358,7 @@ static void range(const double *v, int n, double *lo, double *hi) {
 }
 
 int main(int argc, char **argv) {
-    cfg c = {4, 2, 5, 3, 1, 1, -1, 100.0, (size_t)4 << 20, 0, 0, (size_t)4 << 20, ""};
+    cfg c = {4, 2, 5, 3, 1, 1, -1, 0, 100.0, (size_t)4 << 20, 0, 0, (size_t)4 << 20, ""};
     int use_mpi = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -371,6 +375,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-mpi")) use_mpi = 0;
         else if (!strcmp(a, "--no-ps")) c.ps = 0;
         else if (!strcmp(a, "--no-ring")) c.ring = 0;
+        else if (!strcmp(a, "--sndbuf") && v) c.sndbuf = atoi(argv[++i]);
         else if (!strcmp(a, "--only") && v) {
             const char *w = argv[++i];
             for (int m = 0; m < R_NM; m++)
@@ -380,7 +385,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: bench_fusion [--ranks N] [--servers S] [--iters I] [--repeat R] [--compute-ms F] "
                             "[--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES] [--bucket BYTES] [--mpi PATH | --no-mpi] "
-                            "[--no-ps] [--no-ring] [--only MEASURE]\n");
+                            "[--no-ps] [--no-ring] [--only MEASURE] [--sndbuf BYTES]\n");
             return 2;
         }
     }
