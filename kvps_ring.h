@@ -94,10 +94,13 @@
    autotuning. On loopback the autotuned buffer grows to megabytes per connection, so a piece
    waits in the kernel until it has left the cache and the receiver's copy reads it from memory;
    with 256 KiB the sender stays a few segments ahead and the copies and the reduction read hot
-   data (BENCHMARKS.md, tensor fusion: ResNet-50's tensors among 4 ranks, a third less CPU time
-   and wall time). Not much smaller: with 32 KiB only one 64 KiB loopback
-   segment fits, each waits for the receiver's delayed ACK (40 ms), and a 100 MB all-reduce did
-   not end within a minute. A real link keeps the autotuning, which a long round trip needs.
+   data (BENCHMARKS.md, tensor fusion: ResNet-50's tensors among 4 ranks on 2 vCPUs, the kernel's
+   send and receive paths took half the CPU time, the fused step 0.83-0.85x the wall time). Not much
+   smaller: with 32 KiB only one 64 KiB loopback segment fits, each waits for the receiver's
+   delayed ACK (40 ms), and a 100 MB all-reduce did not end within a minute. A real link keeps
+   the autotuning, which a long round trip needs. Waiting for a piece, a collective polls up to
+   16 times, yielding the CPU between, before it sleeps in zmq_poll: on a machine with fewer
+   CPUs than ranks the wake-up from a sleep cost more than the piece's wait.
    Messages:
    [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
