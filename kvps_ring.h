@@ -88,7 +88,20 @@
    4. WIRE FORMAT
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
-   about half rate through a shaped link). Sub-rings (section 9) use the same sockets. Messages:
+   about half rate through a shaped link). Sub-rings (section 9) use the same sockets.
+   Send buffers: a connection to a peer at a loopback address (tcp://127.x.x.x, localhost, [::1])
+   gets SO_SNDBUF 256 KiB (.sndbuf_bytes; the kernel doubles it), others keep the OS's
+   autotuning. On loopback the autotuned buffer grows to megabytes per connection, so a piece
+   waits in the kernel until it has left the cache and the receiver's copy reads it from memory;
+   with 256 KiB the sender stays a few segments ahead and the copies and the reduction read hot
+   data (BENCHMARKS.md, tensor fusion: ResNet-50's tensors among 4 ranks on 2 vCPUs, the kernel's
+   send and receive paths took half the CPU time, the fused step 0.83-0.85x the wall time). Not much
+   smaller: with 32 KiB only one 64 KiB loopback segment fits, each waits for the receiver's
+   delayed ACK (40 ms), and a 100 MB all-reduce did not end within a minute. A real link keeps
+   the autotuning, which a long round trip needs. Waiting for a piece, a collective polls up to
+   16 times, yielding the CPU between, before it sleeps in zmq_poll: on a machine with fewer
+   CPUs than ranks the wake-up from a sleep cost more than the piece's wait.
+   Messages:
    [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
@@ -277,7 +290,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | groups      | NULL: one group (no HIER)                     |
    | zmq_ctx     | a context of its own; io_threads 1            |
    | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) |
-   | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) | */
+   | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) |
+   | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -293,6 +307,8 @@ typedef struct kvps_ring_desc {
     /* last, so that positional initialisers keep their meaning: */
     const char *timeline; /* a directory to write this rank's timeline into (kvps.h, TIMELINE); NULL:
                              the KVPS_TIMELINE environment variable, else none; "": none */
+    int sndbuf_bytes;     /* SO_SNDBUF of the connections to peers (section 4): 0: 256 KiB to loopback
+                             peers, the OS's autotuning to others; > 0: this to all; < 0: the OS's to all */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -440,6 +456,7 @@ enum {
     KVPS_RING__MAGIC = 0x5250564Bu,
     KVPS_RING__ZC_MIN = 32768,
     KVPS_RING__RHD_MAX = 16 << 20, /* AUTO: RHD up to here (power-of-two sizes from 4), RING above */
+    KVPS_RING__SPIN = 16,          /* a collective's receive: non-blocking polls, each after a yield, before it sleeps */
     /* tag phases */
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
@@ -471,10 +488,25 @@ typedef struct kvps_ring__stash {
 typedef struct kvps_ring__zc {
     int pending[2]; /* per ring phase */
     int refs;       /* 1 for the ring + 1 per frame held */
+    int waiting;    /* kvps_ring__zc_drain sleeps on cv: the frame that empties a phase wakes it */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 } kvps_ring__zc;
 
+static kvps_ring__zc *kvps_ring__zc_new(void) {
+    kvps_ring__zc *z = (kvps_ring__zc *)calloc(1, sizeof *z);
+    if (!z) return NULL;
+    z->refs = 1;
+    pthread_mutex_init(&z->mu, NULL);
+    pthread_cond_init(&z->cv, NULL);
+    return z;
+}
+
 static void kvps_ring__zc_unref(kvps_ring__zc *z) {
-    if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) == 0) free(z);
+    if (__atomic_sub_fetch(&z->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+    pthread_mutex_destroy(&z->mu);
+    pthread_cond_destroy(&z->cv);
+    free(z);
 }
 
 /* Point-to-point messages carry coll = KVPS_RING__P2P (no kvps_coll has that value) and their
@@ -887,7 +919,13 @@ static void kvps_ring__zc_free(void *data, void *hint) {
     (void)data;
     uintptr_t h = (uintptr_t)hint;
     kvps_ring__zc *z = (kvps_ring__zc *)(h & ~(uintptr_t)1);
-    __atomic_sub_fetch(&z->pending[h & 1], 1, __ATOMIC_ACQ_REL);
+    /* seq_cst with the drain's store of waiting and load of pending: either the drain sees the
+       phase empty, or this sees it waiting and wakes it (it holds mu until it sleeps) */
+    if (__atomic_sub_fetch(&z->pending[h & 1], 1, __ATOMIC_SEQ_CST) == 0 && __atomic_load_n(&z->waiting, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&z->mu);
+        pthread_cond_broadcast(&z->cv);
+        pthread_mutex_unlock(&z->mu);
+    }
     kvps_ring__zc_unref(z);
 }
 
@@ -1158,6 +1196,15 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                                        kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
             zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
+            /* a few yields before sleeping: a piece is often microseconds away, and waking
+               from a sleep costs more than that where ranks share CPUs (BENCHMARKS.md, tensor
+               fusion); yielding, the wait gives its CPU to whoever has work */
+            int got = 0;
+            for (int spin = 0; spin < KVPS_RING__SPIN && !got; spin++) {
+                sched_yield();
+                got = zmq_poll(&it, 1, 0) > 0;
+            }
+            if (got) continue;
             if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
             continue;
@@ -1250,12 +1297,15 @@ static const void *kvps_ring__data(kvps_ring *r, zmq_msg_t *m) {
 }
 
 static int kvps_ring__zc_busy(const kvps_ring *r, int i) {
-    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_ACQUIRE) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_ACQUIRE)
-                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_ACQUIRE);
+    return i < 0 ? __atomic_load_n(&r->zc->pending[0], __ATOMIC_SEQ_CST) + __atomic_load_n(&r->zc->pending[1], __ATOMIC_SEQ_CST)
+                 : __atomic_load_n(&r->zc->pending[i], __ATOMIC_SEQ_CST);
 }
 
 /* Waits until ZeroMQ has let go of every zero-copy frame of phase i (-1: both). An inproc frame
-   is let go when the peer reads it, so a peer that stops reading shows up here. */
+   is let go when the peer reads it, so a peer that stops reading shows up here. It sleeps until
+   the I/O thread releases the last frame (kvps_ring__zc_free wakes it; 2 ms at most, as a
+   backstop): a yield loop here took CPU that the ranks sharing it needed, on a machine with
+   fewer CPUs than ranks (BENCHMARKS.md, tensor fusion). */
 static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
     for (;;) {
         int busy = kvps_ring__zc_busy(r, i);
@@ -1267,7 +1317,18 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
                                    r->rank, r->desc.timeout_ms, r->zc_dst, busy,
                                    kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
         }
-        sched_yield();
+        kvps_ring__zc *z = r->zc;
+        pthread_mutex_lock(&z->mu);
+        __atomic_store_n(&z->waiting, 1, __ATOMIC_SEQ_CST);
+        if (kvps_ring__zc_busy(r, i)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 2000000;
+            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            pthread_cond_timedwait(&z->cv, &z->mu, &ts);
+        }
+        __atomic_store_n(&z->waiting, 0, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&z->mu);
     }
 }
 
@@ -2800,8 +2861,7 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
    block, the views and blocks, p2p state; size and rank set, desc copied (groups: a copy). */
 static kvps_result kvps_ring__init_own(kvps_ring *r, const int *groups) {
     size_t k = (size_t)r->size;
-    r->zc = (kvps_ring__zc *)calloc(1, sizeof *r->zc);
-    if (r->zc) r->zc->refs = 1;
+    r->zc = kvps_ring__zc_new();
     r->view_buf = (int *)calloc(k * 3, sizeof *r->view_buf);
     r->blocks = (size_t *)calloc(k * 4, sizeof *r->blocks);
     r->root_rank = (int *)calloc(k, sizeof *r->root_rank);
@@ -2912,6 +2972,19 @@ KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->er
 KVPS_API int kvps_ring_rank(const kvps_ring *r) { return r ? r->rank : -1; }
 KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
+/* Whether a tcp:// endpoint names this host's loopback (its peer is on this machine, no link). */
+static int kvps_ring__loopback(const char *ep) {
+    if (strncmp(ep, "tcp://", 6) != 0) return 0;
+    const char *h = ep + 6;
+    return strncmp(h, "127.", 4) == 0 || strncmp(h, "localhost:", 10) == 0 || strncmp(h, "[::1]:", 6) == 0;
+}
+
+/* SO_SNDBUF for the connection to a peer at ep (manual section 4); 0: the OS's autotuning. */
+static int kvps_ring__sndbuf(const kvps_ring_desc *d, const char *ep) {
+    if (d->sndbuf_bytes) return d->sndbuf_bytes > 0 ? d->sndbuf_bytes : 0;
+    return kvps_ring__loopback(ep) ? 256 << 10 : 0;
+}
+
 KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     if (!r || !peers) return KVPS_ERR_INVALID_ARG;
     if (r->connected || r->id) return KVPS_ERR_STATE; /* (a sub-ring is connected from the start) */
@@ -2927,9 +3000,10 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         if (i == r->rank) continue;
         void *s = zmq_socket(r->fam->ctx, ZMQ_DEALER);
         if (!s) { rc = KVPS_ERR_ZMQ; break; }
-        int zero = 0;
+        int zero = 0, sndbuf = kvps_ring__sndbuf(&r->desc, eps[i]);
         zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        if (sndbuf > 0) zmq_setsockopt(s, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf);
         r->fam->dealers[i] = s;
         if (zmq_connect(s, eps[i]) != 0) {
             kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);

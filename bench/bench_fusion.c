@@ -5,10 +5,13 @@
 
    usage: bench_fusion [--ranks N] [--servers S] [--iters I] [--repeat R] [--compute-ms F]
                        [--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES]
-                       [--bucket BYTES] [--mpi PATH | --no-mpi] [--no-ps] [--no-ring]
+                       [--bucket BYTES] [--mpi PATH | --no-mpi] [--no-ps] [--no-ring] [--only MEASURE]
+                       [--sndbuf BYTES]
    (--threshold: kvps_fuse's bucket, default 4 MiB; --fusion-bytes: the worker's fusion_bytes,
    default 256 KiB; --bucket: the training step's gradient bucket, default 4 MiB; --credit: the
-   priority step's credit_bytes, default 4 MiB)
+   priority step's credit_bytes, default 4 MiB; --only: run that ring measure alone, e.g. under
+   perf: bench/perf_fusion.sh; --sndbuf: the ring's .sndbuf_bytes, default 0: 256 KiB on
+   loopback, -1 the OS's autotuning)
 
    Ring (N ranks, float32 sums), seconds per step (all 161 tensors), the slowest rank's:
      one_by_one     161 kvps_ring_allreduce calls
@@ -31,7 +34,10 @@
      ring_step_overlap     the ring's: kvps_fuse_add per gradient during backward, flush, forward
    Every figure is the median over I iterations (after one warm-up) of the slowest rank's time;
    --repeat R runs kvps and MPI R times, alternating, and prints each run's figures and the
-   ranges, with ratios against OpenMPI from the same repeat. The machine has 2 vCPUs: N ranks
+   ranges, with ratios against OpenMPI from the same repeat. For the ring it also prints the CPU
+   time of a step (user + system, every thread of every rank, summed over the ranks: the mean over
+   the I iterations), which is what the ranks compete for on a machine with fewer CPUs than ranks;
+   OpenMPI's is not comparable (its ranks poll while they wait) and not printed. The machine has 2 vCPUs: N ranks
    and S servers share them (MPI's ranks poll while they wait, kvps's sleep in zmq_poll). */
 #define KVPS_IMPLEMENTATION
 #define BENCH_NAME "bench_fusion"
@@ -51,7 +57,8 @@ static const char *ring_names[R_NM] = {"one_by_one", "fused", "concatenated", "r
 static const char *ps_names[P_NM] = {"one_by_one", "fused", "step_one_by_one", "step_fused", "step_fused_priority"};
 
 typedef struct cfg {
-    int ranks, servers, iters, repeat, ring, ps;
+    int ranks, servers, iters, repeat, ring, ps, only; /* only: -1, or the one ring measure to run */
+    int sndbuf;                                        /* the ring's .sndbuf_bytes (0: its default) */
     double compute_ms;
     size_t credit, threshold, fusion, bucket;
     char mpi[1024];
@@ -128,7 +135,8 @@ static float **alloc_model(void) {
 static void ring_rank(const cfg *c, int rank, int up, int down, const void *arg) {
     (void)arg;
     kvps_ring *r = NULL;
-    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = c->ranks, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000},
+    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = c->ranks, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000,
+                                           .sndbuf_bytes = c->sndbuf},
                          &r) != KVPS_OK)
         die("ring", "create");
     if (write_str(up, kvps_ring_endpoint(r)) != 0) die("pipe", "write");
@@ -137,17 +145,20 @@ static void ring_rank(const cfg *c, int rank, int up, int down, const void *arg)
     free(peers);
     float **b = alloc_model(), *cat = (float *)malloc(total * sizeof(float));
     for (size_t i = 0; i < total; i++) cat[i] = 1.0f;
-    double res[R_NM];
+    double res[2 * R_NM]; /* seconds per step, then CPU seconds per step */
     int ok = 1;
     kvps_fuse *f = NULL;
     if (kvps_fuse_create(r, &(kvps_fuse_desc){.dtype = KVPS_FLOAT32, .op = KVPS_SUM, .threshold_bytes = c->threshold}, &f) !=
         KVPS_OK)
         die("fuse", "create");
     for (int m = 0; m < R_NM; m++) {
-        double t[64];
+        double t[64], c0 = 0;
+        res[m] = res[R_NM + m] = 0;
+        if (c->only >= 0 && m != c->only) continue;
         for (int it = 0; it <= c->iters && ok; it++) {
             for (int t2 = 0; t2 < NT; t2++) b[t2][0] = 1.0f; /* (values grow by N a step: keep the first checkable) */
             kvps_ring_barrier(r);
+            if (it == 1) c0 = cpu_s();
             double t0 = now_s();
             kvps_result rc = KVPS_OK;
             if (m == R_ONE)
@@ -169,24 +180,26 @@ static void ring_rank(const cfg *c, int rank, int up, int down, const void *arg)
             if (it) t[it - 1] = now_s() - t0;
         }
         res[m] = ok ? median(t, c->iters) : -1;
+        res[R_NM + m] = (cpu_s() - c0) / c->iters; /* (a barrier per iteration included) */
     }
     kvps_fuse_destroy(&f);
     if (write(up, res, sizeof res) != (ssize_t)sizeof res) die("pipe", "write");
     kvps_ring_destroy(&r);
 }
 
-static int run_ring(const cfg *c, double *out) {
+static int run_ring(const cfg *c, double *out, double *cpu) {
     pid_t pid[MAXR];
     int up[MAXR], down[MAXR];
     spawn(c, c->ranks, ring_rank, NULL, pid, up, down);
     char peers[MAXR * 64];
     gather_endpoints(up, c->ranks, peers, sizeof peers, "ring");
     for (int i = 0; i < c->ranks; i++) { write_str(down[i], peers); close(down[i]); }
-    for (int m = 0; m < R_NM; m++) out[m] = 0;
+    for (int m = 0; m < R_NM; m++) out[m] = cpu[m] = 0;
     for (int i = 0; i < c->ranks; i++) {
-        double res[R_NM];
+        double res[2 * R_NM];
         if (read_full(up[i], res, sizeof res) != 0) die("ring", "a rank died");
         for (int m = 0; m < R_NM; m++) out[m] = res[m] < 0 || out[m] < 0 ? -1 : (res[m] > out[m] ? res[m] : out[m]);
+        for (int m = 0; m < R_NM; m++) cpu[m] += res[R_NM + m];
         close(up[i]);
     }
     return reap(c->ranks, pid);
@@ -345,7 +358,7 @@ static void range(const double *v, int n, double *lo, double *hi) {
 }
 
 int main(int argc, char **argv) {
-    cfg c = {4, 2, 5, 3, 1, 1, 100.0, (size_t)4 << 20, 0, 0, (size_t)4 << 20, ""};
+    cfg c = {4, 2, 5, 3, 1, 1, -1, 0, 100.0, (size_t)4 << 20, 0, 0, (size_t)4 << 20, ""};
     int use_mpi = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -362,10 +375,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-mpi")) use_mpi = 0;
         else if (!strcmp(a, "--no-ps")) c.ps = 0;
         else if (!strcmp(a, "--no-ring")) c.ring = 0;
+        else if (!strcmp(a, "--sndbuf") && v) c.sndbuf = atoi(argv[++i]);
+        else if (!strcmp(a, "--only") && v) {
+            const char *w = argv[++i];
+            for (int m = 0; m < R_NM; m++)
+                if (!strcmp(w, ring_names[m])) c.only = m;
+            if (c.only < 0) { fprintf(stderr, "bench_fusion: --only one_by_one|fused|concatenated|ring_step_overlap\n"); return 2; }
+        }
         else {
             fprintf(stderr, "usage: bench_fusion [--ranks N] [--servers S] [--iters I] [--repeat R] [--compute-ms F] "
                             "[--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES] [--bucket BYTES] [--mpi PATH | --no-mpi] "
-                            "[--no-ps] [--no-ring]\n");
+                            "[--no-ps] [--no-ring] [--only MEASURE] [--sndbuf BYTES]\n");
             return 2;
         }
     }
@@ -391,14 +411,18 @@ int main(int argc, char **argv) {
     printf("# bench_fusion: ResNet-50, %d tensors, %zu floats (%.1f MB); %d ranks, %d servers; %d iterations (median), %d "
            "repeats; compute %.0f ms forward + %.0f ms backward (sleeps); credit %zu bytes\n",
            NT, total, (double)total * 4 / 1e6, c.ranks, c.servers, c.iters, c.repeat, c.compute_ms, 2 * c.compute_ms, c.credit);
-    double ring[32][R_NM], mpi1[32], mpic[32], ps[32][P_NM];
+    double ring[32][R_NM], rcpu[32][R_NM], mpi1[32], mpic[32], ps[32][P_NM];
     int fails = 0;
     for (int r = 0; r < c.repeat; r++) {
         if (c.ring) {
-            if (run_ring(&c, ring[r]) != 0) { fails++; fprintf(stderr, "bench_fusion: ring run %d failed\n", r); }
+            if (run_ring(&c, ring[r], rcpu[r]) != 0) { fails++; fprintf(stderr, "bench_fusion: ring run %d failed\n", r); }
             printf("repeat %d ring ms:", r);
-            for (int m = 0; m < R_NM; m++) printf(" %s %.1f", ring_names[m], ring[r][m] * 1e3);
-            if (use_mpi) {
+            for (int m = 0; m < R_NM; m++)
+                if (c.only < 0 || m == c.only) printf(" %s %.1f", ring_names[m], ring[r][m] * 1e3);
+            printf(" | cpu ms:");
+            for (int m = 0; m < R_NM; m++)
+                if (c.only < 0 || m == c.only) printf(" %s %.1f", ring_names[m], rcpu[r][m] * 1e3);
+            if (use_mpi && c.only < 0) {
                 if (run_mpi(&c, &mpi1[r], &mpic[r]) != 0) { fails++; mpi1[r] = mpic[r] = -1; fprintf(stderr, "bench_fusion: MPI failed\n"); }
                 printf(" | mpi one_by_one %.1f concatenated %.1f | fused/mpi_one_by_one %.2f, mpi_concatenated/fused %.2f",
                        mpi1[r] * 1e3, mpic[r] * 1e3, ring[r][R_FUSED] / mpi1[r], mpic[r] / ring[r][R_FUSED]);
@@ -416,11 +440,18 @@ int main(int argc, char **argv) {
     printf("# ranges over %d repeats (ms per step; x = ratio in the same repeat)\n", c.repeat);
     double v[32], lo, hi;
     for (int m = 0; c.ring && m < R_NM; m++) {
+        if (c.only >= 0 && m != c.only) continue;
         for (int r = 0; r < c.repeat; r++) v[r] = ring[r][m] * 1e3;
         range(v, c.repeat, &lo, &hi);
         printf("ring    %-20s %8.1f - %8.1f\n", ring_names[m], lo, hi);
     }
-    if (c.ring && use_mpi) {
+    for (int m = 0; c.ring && m < R_NM; m++) {
+        if (c.only >= 0 && m != c.only) continue;
+        for (int r = 0; r < c.repeat; r++) v[r] = rcpu[r][m] * 1e3;
+        range(v, c.repeat, &lo, &hi);
+        printf("cpu     %-20s %8.1f - %8.1f   (ms of CPU a step, all ranks)\n", ring_names[m], lo, hi);
+    }
+    if (c.ring && use_mpi && c.only < 0) {
         for (int r = 0; r < c.repeat; r++) v[r] = mpi1[r] * 1e3;
         range(v, c.repeat, &lo, &hi);
         printf("mpi     %-20s %8.1f - %8.1f\n", "one_by_one", lo, hi);

@@ -260,6 +260,33 @@ static void test_bad_desc(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
 }
 
+/* ---- .sndbuf_bytes: SO_SNDBUF of the connections to peers (manual section 4) ---------------- */
+
+/* Connects rank 0 of a 5-rank ring to peers that need not exist (ZeroMQ connects in the
+   background) and reads the SO_SNDBUF each connection's socket was given (-1: the OS's). */
+static void test_sndbuf(void) {
+    const char *peers = "tcp://127.0.0.1:*,tcp://127.0.0.1:1,tcp://localhost:2,tcp://[::1]:3,tcp://192.0.2.1:4";
+    struct { const char *name; int desc; int want[5]; } c[] = {
+        {"default: 256 KiB on loopback, the OS's autotuning to 192.0.2.1", 0, {0, 262144, 262144, 262144, -1}},
+        {"100000 to every peer", 100000, {0, 100000, 100000, 100000, 100000}},
+        {"-1: the OS's everywhere", -1, {0, -1, -1, -1, -1}},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        kvps_ring *r = NULL;
+        KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 5, .bind = "tcp://127.0.0.1:*",
+                                                 .sndbuf_bytes = c[i].desc}, &r));
+        if (!r) continue;
+        KT_OK(kvps_ring_connect(r, peers));
+        for (int k = 1; k < 5; k++) {
+            int v = -2;
+            size_t sz = sizeof v;
+            KT_CHECK(r->fam->dealers[k] && zmq_getsockopt(r->fam->dealers[k], ZMQ_SNDBUF, &v, &sz) == 0, "%s: no socket", c[i].name);
+            KT_CHECK(v == c[i].want[k], "%s: rank %d's connection has SO_SNDBUF %d, want %d", c[i].name, k, v, c[i].want[k]);
+        }
+        kvps_ring_destroy(&r);
+    }
+}
+
 /* ---- .io_cpus: the ring's ZeroMQ I/O threads pinned ------------------------------------------ */
 
 /* Thread ids of this process's ZeroMQ I/O threads (named "ZMQbg/IO/<n>" by libzmq). */
@@ -472,6 +499,7 @@ int main(void) {
     int64_t t0 = kvps__now_ms();
     KT_RUN(test_names, 60);
     KT_RUN(test_bad_desc, 60);
+    KT_RUN(test_sndbuf, 60);
     KT_RUN(test_env, 60);
     KT_RUN(test_io_cpus, 60);
     KT_RUN(test_bad_arguments, 60);
