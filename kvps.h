@@ -6028,6 +6028,23 @@ static void kvps__keys_forget(kvps_server *s, const uint8_t *drop) {
     kvps__keys_truncate(s, j); /* (rebuilds the index) */
 }
 
+/* Closes the memory stream f (open_memstream's *buf and *size are final then) and answers q
+   with its bytes, or refuses q (KVPS_ERR_NOMEM) when f could not be made or written (err). */
+static void kvps__reply_stream(kvps_server *s, kvps__rq *q, FILE *f, int err, char **buf, size_t *size) {
+    if (!f || fclose(f) != 0 || err) {
+        free(*buf);
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name);
+        return;
+    }
+    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t fr[3];
+    kvps__reply_start(fr, q->id, 0, &h);
+    kvps__msg_from_buf(&fr[2], *buf, *size);
+    free(*buf);
+    kvps__server_send(s, fr, 3);
+}
+
 /* ---- sparse tables' rows in a reshard: EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS ----
    Rows live in virtual shards (kvps__row_vshard) like keys; a reshard moves a shard's rows of
    every table. The tables a server changes are rebuilt apart and swapped in only when all are
@@ -6205,18 +6222,7 @@ static void kvps__serve_rows(kvps_server *s, kvps__rq *q, const unsigned char *v
     kvps__cw w = {f, 0, 0};
     for (const kvps__table *t = s->tables; f && t; t = t->next) kvps__table_put(&w, t, &sel);
     free(own);
-    if (!f || fclose(f) != 0 || w.err) {
-        free(buf);
-        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name);
-        return;
-    }
-    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
-    h.nkeys = 0;
-    zmq_msg_t fr[3];
-    kvps__reply_start(fr, q->id, 0, &h);
-    kvps__msg_from_buf(&fr[2], buf, size);
-    free(buf);
-    kvps__server_send(s, fr, 3);
+    kvps__reply_stream(s, q, f, w.err, &buf, &size);
 }
 
 static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
@@ -6319,18 +6325,7 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
         }
     }
     free(mark);
-    if (!f || fclose(f) != 0 || w.err) {
-        free(buf);
-        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name);
-        return;
-    }
-    kvps__hdr h = kvps__reply_hdr(&q->h, KVPS_OK);
-    h.nkeys = 0;
-    zmq_msg_t fr[3];
-    kvps__reply_start(fr, q->id, 0, &h);
-    kvps__msg_from_buf(&fr[2], buf, size);
-    free(buf);
-    kvps__server_send(s, fr, 3);
+    kvps__reply_stream(s, q, f, w.err, &buf, &size);
 }
 
 // >>replicas
