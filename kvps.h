@@ -1382,6 +1382,16 @@ static int64_t kvps__now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The wall-clock time ms milliseconds from now, as pthread_cond_timedwait takes it. */
+static struct timespec kvps__deadline_ts(int64_t ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t ns = (int64_t)ts.tv_nsec + ms * 1000000;
+    ts.tv_sec += (time_t)(ns / 1000000000);
+    ts.tv_nsec = (long)(ns % 1000000000);
+    return ts;
+}
+
 static void *kvps__alloc_floats(uint64_t n) {
     void *p = NULL;
     if (n > (SIZE_MAX - 63) / sizeof(float)) return NULL;
@@ -5790,11 +5800,7 @@ KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
     if (!s) return KVPS_ERR_INVALID_ARG;
     if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
     if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms < 0 ? 10000 : timeout_ms) * 1000000;
-    until.tv_sec += (time_t)(ns / 1000000000);
-    until.tv_nsec = (long)(ns % 1000000000);
+    struct timespec until = kvps__deadline_ts(timeout_ms < 0 ? 10000 : timeout_ms);
     pthread_mutex_lock(&s->ckpt_mu);
     uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
     char c = 'c';
@@ -7137,11 +7143,7 @@ static void *kvps__server_thread(void *arg) {
 KVPS_API kvps_result kvps_server_wait(kvps_server *s, int timeout_ms) {
     if (!s) return KVPS_ERR_INVALID_ARG;
     if (!s->started) return KVPS_ERR_STATE;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    struct timespec until = kvps__deadline_ts(timeout_ms < 0 ? 0 : timeout_ms); /* (< 0: not used) */
     int rc = 0;
     pthread_mutex_lock(&s->ckpt_mu);
     while (!s->stopped && rc == 0)
@@ -7951,28 +7953,22 @@ static int kvps__vshard_of(const kvps_worker *w, uint64_t key, uint32_t *v) {
     return 0;
 }
 
-/* Moves, from server s, every key whose server under vmap2 is another: records out (EXPORT), in
-   at their new servers (IMPORT), then forgotten at s (DROP). */
-static kvps_result kvps__move_from(kvps_worker *w, int s, const uint32_t *vmap2, int n2, int timeout_ms) {
-    kvps_result r = kvps__ctl_call(w, s, KVPS__OP_KEYS, NULL, 0, timeout_ms);
-    if (r != KVPS_OK) return r;
-    size_t nk = zmq_msg_size(&w->ctl_reply) / sizeof(kvps__kent);
-    kvps__kent *ents = (kvps__kent *)malloc(nk * sizeof *ents + 1);
+/* A key a server holds and its virtual shard (what rank 0's reshard learns from op KEYS). */
+typedef struct kvps__heldkey { uint64_t key; uint32_t v; } kvps__heldkey;
+
+/* Moves, from server s, every key of held (its nk keys) whose server under vmap2 is another:
+   records out (EXPORT), in at their new servers (IMPORT), then forgotten at s (DROP). */
+static kvps_result kvps__move_from(kvps_worker *w, int s, const kvps__heldkey *held, size_t nk, const uint32_t *vmap2, int n2,
+                                   int timeout_ms) {
+    kvps_result r = KVPS_OK;
     uint64_t *mv = (uint64_t *)malloc(nk * sizeof *mv + 1);
-    if (!ents || !mv) { free(ents); free(mv); return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %zu keys", nk); }
-    if (nk) memcpy(ents, zmq_msg_data(&w->ctl_reply), nk * sizeof *ents);
+    if (!mv) return kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %zu keys", nk);
     for (int to = 0; to < n2 && r == KVPS_OK; to++) {
         if (to == s) continue;
         size_t nm = 0;
-        for (size_t i = 0; i < nk && r == KVPS_OK; i++) {
-            uint32_t v;
-            if (!kvps__vshard_of(w, ents[i].key, &v))
-                r = kvps__wfail(w, KVPS_ERR_TENSOR, "reshard: server %d holds key %016llx, a slice of a tensor this worker "
-                                "has not registered (every tensor must be registered before a reshard)", s,
-                                (unsigned long long)ents[i].key);
-            else if ((int)vmap2[v] == to) mv[nm++] = ents[i].key;
-        }
-        if (r != KVPS_OK || nm == 0) continue;
+        for (size_t i = 0; i < nk; i++)
+            if ((int)vmap2[held[i].v] == to) mv[nm++] = held[i].key;
+        if (nm == 0) continue;
         r = kvps__ctl_call(w, s, KVPS__OP_EXPORT, mv, nm * 8, timeout_ms);
         if (r == KVPS_OK) {
             zmq_msg_t rec;
@@ -7985,7 +7981,6 @@ static kvps_result kvps__move_from(kvps_worker *w, int s, const uint32_t *vmap2,
         if (r == KVPS_OK)
             kvps__log(KVPS_LOG_INFO, "worker %d: reshard: %zu keys moved from server %d to server %d", w->desc.rank, nm, s, to);
     }
-    free(ents);
     free(mv);
     return r;
 }
@@ -8131,9 +8126,11 @@ KVPS_API kvps_result kvps_worker_reshard(kvps_worker *w, const char *servers, in
     return kvps_worker_reshard_keys(w, servers, NULL, timeout_ms);
 }
 
-/* Rank 0: the bytes each virtual shard holds (every old server's keys, op KEYS), the new map
-   planned by them (kvps__vmap_plan) into vmap2, and the placement after the change into *p2. */
-static kvps_result kvps__reshard_plan(kvps_worker *w, int n, int n2, uint32_t *vmap2, kvps__place *p2, int timeout_ms) {
+/* Rank 0: every old server's keys and their virtual shards (op KEYS) into held[s] / nheld[s]
+   (the caller frees them), the bytes each shard holds, the new map planned by them
+   (kvps__vmap_plan) into vmap2, and the placement after the change into *p2. */
+static kvps_result kvps__reshard_plan(kvps_worker *w, int n, int n2, uint32_t *vmap2, kvps__place *p2, kvps__heldkey **held,
+                                      size_t *nheld, int timeout_ms) {
     uint64_t *bytes = (uint64_t *)calloc((size_t)w->V + 1, sizeof *bytes);
     if (!bytes || kvps__place_copy(p2, &w->place) != 0) {
         free(bytes);
@@ -8144,16 +8141,19 @@ static kvps_result kvps__reshard_plan(kvps_worker *w, int n, int n2, uint32_t *v
         r = kvps__ctl_call(w, s, KVPS__OP_KEYS, NULL, 0, timeout_ms);
         size_t nk = r == KVPS_OK ? zmq_msg_size(&w->ctl_reply) / sizeof(kvps__kent) : 0;
         const unsigned char *e = (const unsigned char *)zmq_msg_data(&w->ctl_reply);
+        if (r == KVPS_OK && !(held[s] = (kvps__heldkey *)malloc(nk * sizeof **held + 1)))
+            r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory for %zu keys", nk);
         for (size_t i = 0; i < nk && r == KVPS_OK; i++) {
             kvps__kent ent;
-            uint32_t v;
             memcpy(&ent, e + i * sizeof ent, sizeof ent);
-            if (!kvps__vshard_of(w, ent.key, &v))
+            held[s][i].key = ent.key;
+            if (!kvps__vshard_of(w, ent.key, &held[s][i].v))
                 r = kvps__wfail(w, KVPS_ERR_TENSOR, "reshard: server %d holds key %016llx, a slice of a tensor this worker "
                                 "has not registered (every tensor must be registered before a reshard)", s,
                                 (unsigned long long)ent.key);
-            else bytes[v] += ent.len * sizeof(float);
+            else bytes[held[s][i].v] += ent.len * sizeof(float);
         }
+        nheld[s] = nk;
     }
     uint64_t before = p2->nmv;
     if (r == KVPS_OK && kvps__vmap_plan(vmap2, w->V, n, n2, bytes, &p2->mv, &p2->nmv) != 0)
@@ -8275,11 +8275,17 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
     }
     /* 3. rank 0 plans the new map by the bytes each virtual shard holds, moves the keys and rows,
           and tells every server the new placement; the others wait at a second barrier */
-    if (r == KVPS_OK && w->desc.rank == 0) r = kvps__reshard_plan(w, n, n2, vmap2, &p2, timeout_ms);
+    kvps__heldkey **held = w->desc.rank == 0 ? (kvps__heldkey **)calloc((size_t)n, sizeof *held) : NULL;
+    size_t *nheld = w->desc.rank == 0 ? (size_t *)calloc((size_t)n, sizeof *nheld) : NULL;
+    if (r == KVPS_OK && w->desc.rank == 0 && (!held || !nheld)) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+    if (r == KVPS_OK && w->desc.rank == 0) r = kvps__reshard_plan(w, n, n2, vmap2, &p2, held, nheld, timeout_ms);
     for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) {
-        r = kvps__move_from(w, s, vmap2, n2, timeout_ms);
+        r = kvps__move_from(w, s, held[s], nheld[s], vmap2, n2, timeout_ms);
         if (r == KVPS_OK) r = kvps__move_rows_from(w, s, vmap2, n2, timeout_ms);
     }
+    for (int s = 0; held && s < n; s++) free(held[s]);
+    free(held);
+    free(nheld);
     if (r == KVPS_OK && w->desc.rank == 0) { /* the servers record it: checkpoints say how their keys were placed */
         unsigned char *pb = (unsigned char *)malloc(kvps__place_size(&p2));
         if (!pb) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");

@@ -1321,10 +1321,7 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
         pthread_mutex_lock(&z->mu);
         __atomic_store_n(&z->waiting, 1, __ATOMIC_SEQ_CST);
         if (kvps_ring__zc_busy(r, i)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 2000000;
-            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            struct timespec ts = kvps__deadline_ts(2);
             pthread_cond_timedwait(&z->cv, &z->mu, &ts);
         }
         __atomic_store_n(&z->waiting, 0, __ATOMIC_SEQ_CST);
