@@ -200,8 +200,10 @@
                            13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
                            bytes, the name), 14 REPL (primary -> backup, REPLICAS: rank = 0
                            a worker's request follows as [routing id][meta][values?], 1 a
-                           snapshot [checkpoint bytes][session], 2 worker u32 lost; nkeys =
-                           epoch, req_id = sequence, aux = sender's place), RESHARD
+                           snapshot [checkpoint bytes][session], 2 worker u32 lost, 3 the
+                           rounds a request completed under BSP [done][records] (layout in
+                           kvps__round_note); nkeys = epoch, req_id = sequence, aux = sender's
+                           place), RESHARD
                            (nkeys 0; the values frame holds the rest): 15 KEYS (answered
                            with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
                            their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
@@ -391,14 +393,23 @@
    replicas; workers take the list as it is). Each server of a chain is created with .endpoint
    its own, .replicas its shard's entry and .replica its place in it (kvps_env gives all three:
    KVPS_REPLICA, or under mpirun/srun process p is shard p % n, replica p / n; kvps-run
-   --replicas R starts them). Place 0 starts as the primary. The primary sends every request
-   that can change state (all but pulls and STATUS) to each backup in the order it serves it,
-   and each backup serves it through the same code, its replies going nowhere: BSP sums in
-   rank order, async pushes in arrival order, optimizer state, sparse tables, SSP counters,
+   --replicas R starts them). Place 0 starts as the primary. Under BSP (not elastic) the
+   primary sends each round it applies, as one record: the round's sum and which workers'
+   requests it holds, so a backup receives 1 / num_workers of the pushed bytes and applies the
+   same sum through the same code (the same bits, optimizer state and round counters); a push
+   is answered once every round it is in has been applied and sent (as a pushpull's pull is:
+   under BSP with replicas, a worker that waits for its push's answer waits for the round). A
+   push in flight when the primary dies is re-sent to the backup that takes over, which applies
+   the parts whose rounds it does not hold (a request of several keys may have been half
+   replicated) and nothing twice. Every other request that can change state (all but pulls and
+   STATUS), and every request under async, SSP, adaptive or elastic (where a push is its own
+   round, or is answered before its round completes), goes to each backup as it is, in the
+   order the primary serves it, and each backup serves it through the same code, its replies
+   going nowhere: async pushes in arrival order, optimizer state, sparse tables, SSP counters,
    the exactly-once windows and the sessions all come out the same bits. A reply is held until
-   every live backup has acknowledged every request served before it, so whatever a worker was
-   told survives the primary (a push's bytes cross the link to each backup once more; pulls
-   are not sent). A backup joins with a snapshot (a checkpoint's bytes and the session state)
+   every live backup has acknowledged every message sent before it, so whatever a worker was
+   told survives the primary (pulls are not sent; stats repl_bytes counts what is). A backup
+   joins with a snapshot (a checkpoint's bytes and the session state)
    taken when no round is half summed, then the requests served after it, while training goes
    on; that is also how a replacement catches up (a server started with .replacement = 1,
    KVPS_REPLACEMENT=1, on a lost replica's endpoint: it waits for its snapshot, then holds the
@@ -489,7 +500,8 @@
         never reached is KVPS_ERR_PEER_LOST "never connected" at the wait's timeout, as one
         that was lost, rather than KVPS_ERR_TIMEOUT.
         Replicated shards (FAULTS, REPLICAS): '|' in a server list entry, desc fields
-        .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL,
+        .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL (kinds FWD,
+        SNAP, LOST, ROUND: under BSP each round's sum, not the pushes), stats repl_bytes,
         KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
         programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
         FUSION: kvps_worker_push_tensors / pull_tensors / pushpull_tensors,
@@ -740,6 +752,7 @@ typedef struct kvps_server_stats {
                                backup: 1 once it holds the shard (its snapshot came), else 0 */
     uint64_t takeovers;     /* times this server took over as primary */
     uint64_t snapshots;     /* snapshots sent (a primary) or loaded (a backup) */
+    uint64_t repl_bytes;    /* a primary: bytes sent down the chain, to all backups together */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -3038,7 +3051,7 @@ enum {
     KVPS__OP_DROP_ROWS = 22,   /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */
     KVPS__OP_PLACE_GET = 23,   /* RESHARD: answered with the server's placement (kvps__place_enc) */
     KVPS__OP_COUNT = 24,
-    KVPS__PROTO = 4,      /* the protocol release a HELLO names: both sides must speak the same (4: table rows move in a reshard) */
+    KVPS__PROTO = 5,      /* the protocol release a HELLO names: both sides must speak the same (5: BSP replicas send rounds) */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
@@ -3591,6 +3604,7 @@ static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, flo
    push, and the server itself (its fields grouped by concern). */
 typedef struct kvps__pend { /* a contribution buffered until its rank's turn (BSP) */
     struct kvps__pend *next;
+    uint32_t tag, pad;       /* REPLICAS under BSP: its request (kvps__preq index + 1) */
     float data[];
 } kvps__pend;
 
@@ -3628,6 +3642,10 @@ typedef struct kvps__key {
     float *state;        /* optimizer state: v, h, or m then v (2 x len) */
     float b1t, b2t;      /* Adam: beta1^t, beta2^t */
     struct kvps__tl_key *tl; /* timeline on: when this round's and the next's contributions came */
+    uint32_t *ctag;      /* REPLICAS under BSP, a primary: per worker, the request (kvps__preq index + 1)
+                            whose contribution is in accum this round; 0: none */
+    uint64_t *dtag;      /* REPLICAS under BSP, a backup: per worker, the incarnation and sequence of
+                            its request whose contribution the last applied round held */
 } kvps__key;
 
 struct kvps_server {
@@ -3718,10 +3736,36 @@ struct kvps_server {
     int synced;               /* backup: holds the shard (a snapshot of this epoch) */
     int64_t repl_look;        /* primary: when to read the links even if nothing woke it (ms) */
     zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
+    /* REPLICAS under BSP (not elastic): the primary sends each round's sum, not the pushes */
+    int rmode;
+    struct kvps__preq *preq;  /* primary: pushes not yet in applied rounds (index + 1 is a tag) */
+    uint32_t npreq, cap_preq, preq_free; /* preq_free: a free list through the unused (index + 1) */
+    uint32_t cur_preq;        /* the push being served (its tag; 0: none) */
+    struct kvps__gbuf { unsigned char *p; size_t len, cap; } rb, rd; /* rounds applied and pushes
+                                 completed since the last ROUND message (rb_keys, rb_done of them) */
+    uint32_t rb_keys, rb_done;
 };
 
 enum { KVPS__ROLE_NONE, KVPS__ROLE_PRIMARY, KVPS__ROLE_BACKUP };
-enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_KINDS };
+enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_ROUND, KVPS__REPL_KINDS };
+/* REPLICAS under BSP: a push whose contributions are not all in applied rounds yet. left
+   counts them, plus one while the request is served; at 0 it is recorded as applied (the
+   backups mark it in their re-send windows) and a PUSH is answered. */
+typedef struct kvps__preq {
+    uint32_t left, next_free;
+    uint8_t ack;       /* a PUSH: answered here (a PUSHPULL's pull answers it) */
+    uint8_t answered;  /* answered already (a refusal, or KVPS_ERR_PEER_LOST) */
+    uint8_t refused;   /* refused part way: not recorded as applied */
+    zmq_msg_t id;
+    kvps__hdr hdr;
+} kvps__preq;
+struct kvps__rq;
+static uint32_t kvps__preq_new(kvps_server *s, const struct kvps__rq *q);
+static void kvps__preq_drop(kvps_server *s, uint32_t tag);
+static void kvps__round_note(kvps_server *s, kvps__key *k, int count);
+static void kvps__round_send(kvps_server *s);
+static int kvps__preq_pending(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id);
+static void kvps__preq_fail(kvps_server *s, kvps__key *k, const char *why);
 static void kvps__repl_event(kvps_server *s, int kind, uint32_t r);
 static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n);
 static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n);
@@ -3787,8 +3831,9 @@ static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
         return;
     }
-    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || kvps__repl_floor(s) < s->fwd_seq) && kvps__repl_hold(s, frames, n) == 0)
-        return; /* held until the backups have what it depends on */
+    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || s->rb_keys || s->rb_done || kvps__repl_floor(s) < s->fwd_seq) &&
+        kvps__repl_hold(s, frames, n) == 0)
+        return; /* held until the backups have what it depends on (rounds not yet sent: the next message) */
     if (kvps__send_frames(s->router, frames, n) == 0) return;
     KVPS__STAT_ADD(s, replies_dropped, 1);
     kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
@@ -3944,7 +3989,8 @@ static void kvps__key_free(kvps__key *k, int m) {
     kvps__vbuf_unref(k->spare);
     for (uint32_t i = 0; i < k->ndef; i++) kvps__defer_close(&k->def[i]);
     free(k->def);
-    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k->tl); free(k);
+    free(k->qhead); free(k->qtail); free(k->recv); free(k->accum); free(k->state); free(k->tl);
+    free(k->ctag); free(k->dtag); free(k);
 }
 
 /* Creates a key; returns its index or UINT32_MAX when out of memory. */
@@ -4094,12 +4140,16 @@ static void kvps__wake(kvps_server *s, kvps__key *k) {
    Contribution c of a rank belongs to round c (one push per key per round). */
 static int kvps__bsp_advance(kvps_server *s, kvps__key *k);
 static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contrib *g) {
-    uint64_t c = k->recv[r]++;
-    if (s->tl) kvps__tl_arrive(s, k, c);
     size_t bytes = (size_t)k->len * sizeof(float);
     if (!k->accum && !(k->accum = (float *)kvps__alloc_floats(k->len))) return -1;
+    uint32_t tag = s->cur_preq; /* REPLICAS: which request the round's sum will hold */
+    if (tag && !k->ctag && !(k->ctag = (uint32_t *)calloc((size_t)s->m, sizeof *k->ctag))) return -1;
+    uint64_t c = k->recv[r]++;
+    if (s->tl) kvps__tl_arrive(s, k, c);
     if ((uint32_t)r == k->summed && c == k->round) {
+        if (tag) s->preq[tag - 1].left++;
         kvps__contrib_into(s, k, g, k->accum, k->nin != 0);
+        if (k->ctag) k->ctag[r] = tag;
         k->summed++;
         k->nin++;
     } else {
@@ -4111,6 +4161,8 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
         kvps__pend *p = (kvps__pend *)malloc(sizeof *p + bytes);
         if (!p) return -1;
         p->next = NULL;
+        p->tag = tag;
+        if (tag) s->preq[tag - 1].left++;
         kvps__contrib_into(s, k, g, p->data, 0);
         if (k->qtail[r]) k->qtail[r]->next = p; else k->qhead[r] = p;
         k->qtail[r] = p;
@@ -4127,6 +4179,7 @@ static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
         if (k->summed == (uint32_t)s->m) {
             if (k->nin == 0) break; /* everyone left: no round */
             if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
+            if (s->rmode && s->role == KVPS__ROLE_PRIMARY) kvps__round_note(s, k, (int)k->nin); /* down the chain */
             k->summed = 0;
             k->nin = 0;
             advanced = 1;
@@ -4139,6 +4192,7 @@ static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
         if (!p->next) k->qtail[nr] = NULL;
         kvps__contrib c2 = {p->data, NULL, NULL, 0};
         kvps__contrib_into(s, k, &c2, k->accum, k->nin != 0);
+        if (k->ctag) k->ctag[nr] = p->tag;
         free(p);
         k->summed++;
         k->nin++;
@@ -4449,6 +4503,7 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
     char text[160];
     snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
              s->desc.peer_timeout_ms);
+    kvps__preq_fail(s, NULL, text); /* REPLICAS under BSP: pushes waiting for their rounds */
     kvps__parked *all = s->barrier_waiters;
     s->barrier_waiters = NULL;
     for (uint32_t i = 0; i < s->nkeys; i++) {
@@ -4776,6 +4831,7 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
                             (unsigned long long)(h->req_id >> 24), h->rank, (unsigned long long)KVPS__SEEN_WIN);
     if (fresh) return 1;
     KVPS__STAT_ADD(s, duplicates, 1);
+    if (h->op == KVPS__OP_PUSH && kvps__preq_pending(s, h, q->id)) return 0; /* answered when its rounds are replicated */
     if (h->op != KVPS__OP_PUSHPULL) {
         if (h->op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
         return 0; /* (a barrier still open answers the same routing id when it completes) */
@@ -4789,7 +4845,7 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
 }
 
 /* One request, whole: [id][meta][values?]. */
-static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
+static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
     kvps__rq q;
     memset(&q, 0, sizeof q);
     q.id = &fr[0];
@@ -4811,8 +4867,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     }
     if (!kvps__parse(s, &q)) return;
     if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
-    if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS)
-        kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order */
+    if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS &&
+        !(s->rmode && (q.h.op == KVPS__OP_PUSH || q.h.op == KVPS__OP_PUSHPULL)))
+        kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order
+                                                       (BSP pushes: their rounds' sums go instead, kvps__round_send) */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
         kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
         return;
@@ -4833,6 +4891,10 @@ static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     }
     if (!kvps__fresh(s, &q)) return;
     q.op->serve(s, &q);
+}
+static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
+    kvps__handle_one(s, fr, nfr);
+    if (s->rb_keys || s->rb_done) kvps__round_send(s); /* the rounds it completed, down the chain */
 }
 
 /* Keyed ops and the barrier: the frame count and a meta frame of nkeys entries. */
@@ -5013,6 +5075,9 @@ static int kvps__contrib_of(kvps_server *s, kvps__rq *q, kvps__blobs *it, const 
 static int kvps__push_key(kvps_server *s, kvps__rq *q, kvps__key *k, const kvps__contrib *g) {
     KVPS__STAT_ADD(s, pushes, 1);
     int advanced;
+    uint32_t r = q->h.rank;
+    if (k->dtag && q->h.status && k->dtag[2 * r] == (uint32_t)q->h.status && k->dtag[2 * r + 1] >= q->h.req_id >> 24)
+        return 1; /* REPLICAS: a re-send whose push of this key a round replicated from the old primary holds */
     if (s->desc.consistency != KVPS_ASYNC) { /* BSP, SSP, adaptive: rank-ordered rounds */
         advanced = kvps__bsp_push(s, k, (int)q->h.rank, g);
         if (advanced < 0) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "buffering a push");
@@ -5110,12 +5175,22 @@ static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
         for (uint32_t i = 0; i < q->h.nkeys; i++)
             if (q->idx[i] != UINT32_MAX && s->keys[q->idx[i]]->ndef) kvps__flush(s, s->keys[q->idx[i]]);
     if (!kvps__create_keys(s, q)) return;
+    /* REPLICAS under BSP: a push is answered once every round it is in has been applied and sent
+       down the chain (kvps__preq); its tag goes with each contribution */
+    int track = s->rmode && s->role == KVPS__ROLE_PRIMARY && (q->h.op == KVPS__OP_PUSH || q->h.op == KVPS__OP_PUSHPULL);
+    if (track && !(s->cur_preq = kvps__preq_new(s, q))) { kvps__refuse(s, q, KVPS_ERR_NOMEM, "push of %u keys", q->h.nkeys); return; }
     int applied = kvps__apply_values(s, q);
+    if (track) {
+        uint32_t t = s->cur_preq;
+        s->cur_preq = 0;
+        if (applied != 1) s->preq[t - 1].answered = s->preq[t - 1].refused = 1; /* (answered with the refusal) */
+        kvps__preq_drop(s, t); /* the request's own hold: answered now if its rounds are all applied */
+    }
     if (applied != 1) return; /* refused, or deferred: answered when applied */
     /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
     if (q->nfr == 3) { zmq_msg_close(&q->fr[2]); zmq_msg_init(&q->fr[2]); }
     if (q->op->pulls) kvps__answer_pull(s, q);
-    else kvps__reply_ack(s, q->id, &q->h);
+    else if (!track) kvps__reply_ack(s, q->id, &q->h);
 }
 
 /* ---- table ops: TABLE (configure), PUSH_ROWS, PULL_ROWS ----
@@ -5479,6 +5554,15 @@ static void kvps__serve_bye(kvps_server *s, kvps__rq *q) {
 
 /* A worker has finished: pulls and barriers waiting for a round it will not push are told. */
 static void kvps__fail_finished(kvps_server *s) {
+    for (uint32_t i = 0; s->npreq && i < s->nkeys; i++) { /* REPLICAS under BSP: pushes waiting for their rounds */
+        kvps__key *k = s->keys[i];
+        int fin = k->ctag ? kvps__needs_finished(s, k, k->round) : -1;
+        char text[300], what[200];
+        if (fin < 0) continue;
+        snprintf(text, sizeof text, "worker %d has finished (kvps_worker_finish or destroy), but round %llu of %s needs its "
+                 "push", fin, (unsigned long long)k->round + 1, kvps__key_text(s, k->key, what, sizeof what));
+        kvps__preq_fail(s, k, text);
+    }
     for (uint32_t i = 0; i < s->nkeys; i++)
         if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]); /* (kvps__try_pull answers those) */
     kvps__parked **pp = &s->barrier_waiters;
@@ -6336,7 +6420,8 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
 
 // >>replicas
 /* REPLICAS: each shard is a chain of servers (its entry of the server list, joined by '|').
-   The primary sends every request that can change state (all but pulls and STATUS), in the
+   The primary sends every request that can change state (all but pulls and STATUS; under BSP
+   not the pushes either, but each round's sum: see "rounds, not pushes" below), in the
    order it serves them, to each backup, which serves the same request through the same code
    (kvps__handle) with its replies going nowhere: the arithmetic is the same, so the backups
    hold the same bits. A reply the primary makes is held until every live backup has
@@ -6412,7 +6497,7 @@ static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n) {
     kvps__held *h = &s->held[(s->held_head + s->nheld) % s->cap_held];
     for (int i = 0; i < n; i++) h->f[i] = frames[i];
     h->n = n;
-    h->tag = s->fwd_seq;
+    h->tag = s->fwd_seq + (s->rb_keys || s->rb_done); /* a ROUND message still to go is the next */
     s->nheld++;
     return 0;
 }
@@ -6442,12 +6527,301 @@ static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n) 
         zmq_msg_t f[5];
         kvps__msg_from_buf(&f[0], &h, sizeof h);
         for (int i = 0; i < n; i++) { zmq_msg_init(&f[i + 1]); zmq_msg_copy(&f[i + 1], &frames[i]); }
+        size_t bytes = sizeof h;
+        for (int i = 0; i < n; i++) bytes += zmq_msg_size(&frames[i]);
+        KVPS__STAT_ADD(s, repl_bytes, bytes);
         if (kvps__send_frames(l->sock, f, n + 1) != 0) {
             kvps__log(KVPS_LOG_WARN, "server %d replica %d: sending to backup replica %d (%s) failed: %s; it must join again",
                       s->desc.rank, s->desc.replica, j, s->chain[j], zmq_strerror(zmq_errno()));
             l->state = KVPS__LINK_JOINING;
         }
     }
+}
+
+/* ---- REPLICAS under BSP: rounds, not pushes ----
+   Under BSP (not elastic) the primary does not send the pushes down the chain: each round it
+   applies goes as one record, its sum and who is in it, so a backup receives 1 / num_workers of
+   the pushed bytes and applies the same sum through the same code (kvps__apply: the same bits,
+   optimizer state and round counters). The rounds a request completes go in one ROUND message,
+   [done][records], after it is served:
+     done     u32 records, u32 pushes done; per push done: u32 worker, u32 incarnation, u64 sequence
+     record   u64 key, u64 len, u64 round (after it), u32 contributions, u32 0; per worker: u32
+              incarnation, u32 in it (0/1), u64 sequence; then the sum, len floats padded to 8 bytes
+   A push is answered (kvps__preq) once each round it is in has been applied and sent, and its
+   answer is held until the backups acknowledge that message, so an answered push survives the
+   primary. A push in flight when the primary dies is re-sent to the backup that takes over:
+   one not done is served again, except the keys whose round already reached the backup (the
+   record's sequence per worker, kept as the key's dtag). */
+
+/* Primary: the backups cannot follow (out of memory for what they need): each starts again
+   from a snapshot. */
+static void kvps__repl_resync(kvps_server *s, const char *why) {
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || !l->sock || (l->state != KVPS__LINK_SNAP && l->state != KVPS__LINK_LIVE)) continue;
+        l->state = KVPS__LINK_JOINING;
+        kvps__log(KVPS_LOG_WARN, "server %d replica %d: %s; replica %d (%s) gets a snapshot", s->desc.rank, s->desc.replica,
+                  why, j, s->chain[j]);
+    }
+}
+
+/* n more bytes at the end of b (NULL when out of memory). */
+static unsigned char *kvps__gbuf_add(struct kvps__gbuf *b, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < b->len + n) nc *= 2;
+        unsigned char *np = (unsigned char *)realloc(b->p, nc);
+        if (!np) return NULL;
+        b->p = np;
+        b->cap = nc;
+    }
+    b->len += n;
+    return b->p + b->len - n;
+}
+
+enum { KVPS__RREC = 32, KVPS__RTAG = 16, KVPS__RDONE = 16 };
+
+/* A push being served: its entry, tag = index + 1 (0 when out of memory). */
+static uint32_t kvps__preq_new(kvps_server *s, const kvps__rq *q) {
+    if (!s->preq_free) {
+        uint32_t nc = s->cap_preq ? 2 * s->cap_preq : 64;
+        kvps__preq *np = (kvps__preq *)realloc(s->preq, nc * sizeof *np); /* (zmq_msg_t moves as bytes: the held ring does too) */
+        if (!np) return 0;
+        s->preq = np;
+        for (uint32_t i = s->cap_preq; i < nc; i++) { np[i].left = 0; np[i].next_free = i + 1 < nc ? i + 2 : s->preq_free; }
+        s->preq_free = s->cap_preq + 1;
+        s->cap_preq = nc;
+    }
+    uint32_t t = s->preq_free;
+    kvps__preq *p = &s->preq[t - 1];
+    s->preq_free = p->next_free;
+    p->left = 1;
+    p->ack = q->h.op == KVPS__OP_PUSH;
+    p->answered = p->refused = 0;
+    zmq_msg_init(&p->id);
+    zmq_msg_copy(&p->id, q->id);
+    p->hdr = q->h;
+    s->npreq++;
+    return t;
+}
+
+/* One of a push's contributions is in an applied round (or its hold ends): at 0 it is done. */
+static void kvps__preq_drop(kvps_server *s, uint32_t tag) {
+    kvps__preq *p = &s->preq[tag - 1];
+    if (--p->left) return;
+    if (!p->refused) {
+        unsigned char *d = kvps__gbuf_add(&s->rd, KVPS__RDONE);
+        if (d) {
+            uint64_t seq = p->hdr.req_id >> 24;
+            kvps__put32(d, p->hdr.rank);
+            kvps__put32(d + 4, p->hdr.status);
+            memcpy(d + 8, &seq, 8);
+            s->rb_done++;
+        } else {
+            kvps__repl_resync(s, "no memory to record a push as applied");
+        }
+        if (p->ack && !p->answered) kvps__reply_ack(s, &p->id, &p->hdr); /* held until the backups have its rounds */
+    }
+    zmq_msg_close(&p->id);
+    p->next_free = s->preq_free;
+    s->preq_free = tag;
+    s->npreq--;
+}
+
+/* A duplicate of a PUSH still waiting for its rounds: 1 (its answer will go to the new routing
+   id), else 0. */
+static int kvps__preq_pending(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) {
+    for (uint32_t i = 0; s->npreq && i < s->cap_preq; i++) {
+        kvps__preq *p = &s->preq[i];
+        if (!p->left || !p->ack || p->answered || p->hdr.rank != h->rank || p->hdr.req_id != h->req_id || p->hdr.status != h->status)
+            continue;
+        zmq_msg_close(&p->id);
+        zmq_msg_init(&p->id);
+        zmq_msg_copy(&p->id, id);
+        return 1;
+    }
+    return 0;
+}
+
+/* Answers a waiting PUSH with KVPS_ERR_PEER_LOST and why; it stays applied (in the re-send
+   window), as a pushpull whose pull fails. */
+static void kvps__preq_fail_one(kvps_server *s, uint32_t tag, const char *why) {
+    kvps__preq *p = &s->preq[tag - 1];
+    if (!p->ack || p->answered) return;
+    p->answered = 1;
+    kvps__hdr h = p->hdr;
+    h.status = 0; /* (an error reply to status 0 leaves the re-send window alone) */
+    kvps__reply_error(s, &p->id, &h, KVPS_ERR_PEER_LOST, "%s", why);
+}
+
+/* The waiting PUSHes in key k's round and buffers (k NULL: all of them) are told why their
+   rounds cannot complete. */
+static void kvps__preq_fail(kvps_server *s, kvps__key *k, const char *why) {
+    if (!k) {
+        for (uint32_t i = 0; s->npreq && i < s->cap_preq; i++)
+            if (s->preq[i].left) kvps__preq_fail_one(s, i + 1, why);
+        return;
+    }
+    for (int r = 0; r < s->m; r++) {
+        if (k->ctag && k->ctag[r]) kvps__preq_fail_one(s, k->ctag[r], why);
+        for (kvps__pend *p = k->qhead ? k->qhead[r] : NULL; p; p = p->next)
+            if (p->tag) kvps__preq_fail_one(s, p->tag, why);
+    }
+}
+
+/* Forgets every waiting push (a backup loading a snapshot, or taking over). */
+static void kvps__preq_clear(kvps_server *s) {
+    for (uint32_t i = 0; i < s->cap_preq; i++)
+        if (s->preq[i].left) zmq_msg_close(&s->preq[i].id);
+    free(s->preq);
+    s->preq = NULL;
+    s->npreq = s->cap_preq = s->preq_free = 0;
+    s->rb.len = s->rd.len = 0;
+    s->rb_keys = s->rb_done = 0;
+}
+
+/* Primary: key k's round is applied with the sum in accum of count contributions: its record. */
+static void kvps__round_note(kvps_server *s, kvps__key *k, int count) {
+    size_t fl = (size_t)k->len * sizeof(float), rec = KVPS__RREC + (size_t)s->m * KVPS__RTAG + ((fl + 7) & ~(size_t)7);
+    unsigned char *p = kvps__gbuf_add(&s->rb, rec);
+    if (!p) kvps__repl_resync(s, "no memory for a round's record");
+    else {
+        uint32_t c = (uint32_t)count, zero = 0;
+        memcpy(p, &k->key, 8);
+        memcpy(p + 8, &k->len, 8);
+        memcpy(p + 16, &k->round, 8);
+        memcpy(p + 24, &c, 4);
+        memcpy(p + 28, &zero, 4);
+        unsigned char *t = p + KVPS__RREC;
+        for (int r = 0; r < s->m; r++, t += KVPS__RTAG) {
+            uint32_t tag = k->ctag ? k->ctag[r] : 0, inc = tag ? s->preq[tag - 1].hdr.status : 0, in = tag != 0;
+            uint64_t seq = tag ? s->preq[tag - 1].hdr.req_id >> 24 : 0;
+            memcpy(t, &inc, 4);
+            memcpy(t + 4, &in, 4);
+            memcpy(t + 8, &seq, 8);
+        }
+        memcpy(t, k->accum, fl);
+        if (fl & 7) memset(t + fl, 0, 8 - (fl & 7));
+        s->rb_keys++;
+    }
+    for (int r = 0; k->ctag && r < s->m; r++)
+        if (k->ctag[r]) {
+            uint32_t tag = k->ctag[r];
+            k->ctag[r] = 0;
+            kvps__preq_drop(s, tag);
+        }
+}
+
+static void kvps__gbuf_free(void *data, void *hint) { (void)hint; free(data); }
+
+/* Primary: the rounds noted since the last message, down the chain as one ROUND message. */
+static void kvps__round_send(kvps_server *s) {
+    if (!s->rb_keys && !s->rb_done) return;
+    zmq_msg_t f[2];
+    size_t dn = 8 + s->rd.len;
+    zmq_msg_init_size(&f[0], dn); /* (a few bytes: zmq keeps small messages inline) */
+    unsigned char *d = (unsigned char *)zmq_msg_data(&f[0]);
+    kvps__put32(d, s->rb_keys);
+    kvps__put32(d + 4, s->rb_done);
+    if (s->rd.len) memcpy(d + 8, s->rd.p, s->rd.len);
+    if (s->rb.len && zmq_msg_init_data(&f[1], s->rb.p, s->rb.len, kvps__gbuf_free, NULL) == 0) {
+        s->rb.p = NULL; /* (the message owns it now) */
+        s->rb.cap = 0;
+    } else {
+        kvps__msg_from_buf(&f[1], s->rb.p, s->rb.len);
+    }
+    kvps__repl_send(s, KVPS__REPL_ROUND, f, 2);
+    zmq_msg_close(&f[0]);
+    zmq_msg_close(&f[1]);
+    s->rb.len = s->rd.len = 0;
+    s->rb_keys = s->rb_done = 0;
+    kvps__repl_release(s); /* (no backup waited for: what was held for this message goes) */
+}
+
+/* Backup: a ROUND message applied; NULL, or why not (then the primary sends a snapshot). */
+static const char *kvps__round_apply(kvps_server *s, zmq_msg_t *done, zmq_msg_t *recs, char *why, size_t nwhy) {
+    size_t dn = zmq_msg_size(done), rn = zmq_msg_size(recs), tags = (size_t)s->m * KVPS__RTAG;
+    const unsigned char *d = (const unsigned char *)zmq_msg_data(done), *r0 = (const unsigned char *)zmq_msg_data(recs);
+    uint32_t nk, nd;
+    if (dn < 8) return "a round message without its counts";
+    memcpy(&nk, d, 4);
+    memcpy(&nd, d + 4, 4);
+    if ((dn - 8) / KVPS__RDONE != nd || (dn - 8) % KVPS__RDONE) return "a round message whose done list is not its count";
+    /* checked whole first: sizes, lengths, counts, workers */
+    size_t off = 0;
+    for (uint32_t i = 0; i < nk; i++) {
+        uint64_t key, len;
+        uint32_t c;
+        if (rn - off < KVPS__RREC + tags) return "a round record cut short";
+        memcpy(&key, r0 + off, 8);
+        memcpy(&len, r0 + off + 8, 8);
+        memcpy(&c, r0 + off + 24, 4);
+        if (len == 0 || len > s->desc.max_value_len || c == 0 || c > (uint32_t)s->m) {
+            snprintf(why, nwhy, "round record of key %llu: length %llu, %u contributions", (unsigned long long)key,
+                     (unsigned long long)len, c);
+            return why;
+        }
+        uint32_t ix = kvps__find(s, key);
+        if (ix != UINT32_MAX && s->keys[ix]->len != len) {
+            snprintf(why, nwhy, "round record of key %llu: length %llu, held %llu", (unsigned long long)key,
+                     (unsigned long long)len, (unsigned long long)s->keys[ix]->len);
+            return why;
+        }
+        size_t fl = ((size_t)len * sizeof(float) + 7) & ~(size_t)7;
+        if (rn - off - KVPS__RREC - tags < fl) return "a round record cut short";
+        off += KVPS__RREC + tags + fl;
+    }
+    if (off != rn) return "bytes after the last round record";
+    off = 0;
+    for (uint32_t i = 0; i < nk; i++) {
+        const unsigned char *p = r0 + off;
+        uint64_t key, len, round;
+        uint32_t c;
+        memcpy(&key, p, 8);
+        memcpy(&len, p + 8, 8);
+        memcpy(&round, p + 16, 8);
+        memcpy(&c, p + 24, 4);
+        off += KVPS__RREC + tags + (((size_t)len * sizeof(float) + 7) & ~(size_t)7);
+        uint32_t ix = kvps__find(s, key);
+        if (ix == UINT32_MAX && (ix = kvps__key_create(s, key, len)) == UINT32_MAX) return "no memory for a key";
+        kvps__key *k = s->keys[ix];
+        if (round != k->round + 1) {
+            snprintf(why, nwhy, "round %llu of key %llu, but this replica holds round %llu", (unsigned long long)round,
+                     (unsigned long long)key, (unsigned long long)k->round);
+            return why;
+        }
+        const float *sum = (const float *)(const void *)(p + KVPS__RREC + tags);
+        if (!kvps__aligned(sum)) {
+            float *a = kvps__dscratch(s, len);
+            if (!a) return "no memory";
+            memcpy(a, sum, (size_t)len * sizeof(float));
+            sum = a;
+        }
+        if (kvps__apply(s, k, sum, (int)c) != 0) return "no memory to apply a round";
+        for (int r = 0; r < s->m; r++) {
+            const unsigned char *t = p + KVPS__RREC + (size_t)r * KVPS__RTAG;
+            uint32_t inc, in;
+            uint64_t seq;
+            memcpy(&inc, t, 4);
+            memcpy(&in, t + 4, 4);
+            memcpy(&seq, t + 8, 8);
+            if (!in) continue;
+            if (k->recv[r] < k->round) k->recv[r] = k->round;
+            if (!inc) continue;
+            if (!k->dtag && !(k->dtag = (uint64_t *)calloc(2 * (size_t)s->m, sizeof *k->dtag))) return "no memory";
+            k->dtag[2 * r] = inc;
+            k->dtag[2 * r + 1] = seq;
+        }
+    }
+    for (uint32_t i = 0; i < nd; i++) { /* pushes whose every round is here: a re-send is a duplicate */
+        uint32_t r, inc;
+        uint64_t seq;
+        memcpy(&r, d + 8 + (size_t)i * KVPS__RDONE, 4);
+        memcpy(&inc, d + 12 + (size_t)i * KVPS__RDONE, 4);
+        memcpy(&seq, d + 16 + (size_t)i * KVPS__RDONE, 8);
+        if (r < (uint32_t)s->m && inc) kvps__seen_check(&s->seen[r], inc, seq);
+    }
+    return NULL;
 }
 
 /* Primary: worker r is lost (the backups do what this server did). */
@@ -6493,6 +6867,7 @@ static void kvps__repl_snapshots(kvps_server *s) {
     for (int j = 0; j < s->nrep; j++) want |= j != s->desc.replica && s->links[j].state == KVPS__LINK_JOINING;
     if (!want) return;
     kvps__flush_all(s);
+    kvps__round_send(s); /* (before the snapshot, whose sequence follows it) */
     if (!kvps__quiescent(s)) return;
     char *buf = NULL;
     size_t size = 0;
@@ -6657,6 +7032,7 @@ static const char *kvps__repl_load(kvps_server *s, zmq_msg_t *ck, zmq_msg_t *ses
     memset(s->barrier_gen, 0, (size_t)s->m * sizeof *s->barrier_gen);
     memset(s->seen, 0, (size_t)s->m * sizeof *s->seen);
     memset(s->out, 0, (size_t)s->m);
+    kvps__preq_clear(s); /* (a primary that stepped down) */
     const char *why = kvps__ckpt_load(s, (const unsigned char *)zmq_msg_data(ck), zmq_msg_size(ck));
     if (!why) kvps__session_get(s, (const unsigned char *)zmq_msg_data(sess));
     return why;
@@ -6728,6 +7104,21 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
         for (int i = 0; i < ns; i++) { zmq_msg_init(&sub[i]); zmq_msg_move(&sub[i], &fr[i + 2]); }
         kvps__handle(s, sub, ns);
         for (int i = 0; i < ns; i++) zmq_msg_close(&sub[i]);
+    } else if (h.rank == KVPS__REPL_ROUND) {
+        char why[300];
+        const char *bad = !s->rmode ? "a round's sum, but this replica takes every push (its consistency is not BSP, or "
+                                      "it is elastic)"
+                          : nfr != 4 ? "a round message of the wrong shape"
+                                     : kvps__round_apply(s, &fr[2], &fr[3], why, sizeof why);
+        if (bad) { /* this replica no longer holds the shard: a snapshot must come before anything else */
+            s->synced = 0;
+            s->ack_now = 0;
+            kvps__repl_stats(s);
+            snprintf(text, sizeof text, "server %d replica %d (%s): message %llu refused: %s", s->desc.rank, s->desc.replica,
+                     s->endpoint, (unsigned long long)h.req_id, bad);
+            kvps__log(KVPS_LOG_ERROR, "%s", text);
+            kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+        }
     } else if (h.rank == KVPS__REPL_LOST && nfr == 3 && zmq_msg_size(&fr[2]) == 4) {
         uint32_t r;
         memcpy(&r, zmq_msg_data(&fr[2]), 4);
@@ -6762,6 +7153,15 @@ static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr) {
     s->role = KVPS__ROLE_PRIMARY;
     s->epoch++;
     s->fwd_seq = 0;
+    kvps__preq_clear(s);
+    for (uint32_t i = 0; s->rmode && i < s->nkeys; i++) { /* rounds start clean: what was not replicated comes again */
+        kvps__key *k = s->keys[i];
+        k->summed = k->nin = 0;
+        for (int r = 0; k->qhead && r < s->m; r++)
+            while (k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+        for (int r = 0; k->qtail && r < s->m; r++) k->qtail[r] = NULL;
+        if (k->ctag) memset(k->ctag, 0, (size_t)s->m * sizeof *k->ctag);
+    }
     kvps__log(KVPS_LOG_WARN, "server %d replica %d (%s): the primary is gone and a worker has come: taking over as primary of "
               "shard %d (epoch %u)", s->desc.rank, s->desc.replica, s->endpoint, s->desc.rank, s->epoch);
     for (int j = 0; j < s->nrep; j++) /* the others start again from a snapshot */
@@ -6802,6 +7202,7 @@ static int kvps__repl_setup(kvps_server *s) {
     if (!s->links) return -1;
     s->desc.replicas = NULL; /* (not kept: the chain is) */
     s->primary_fd = -1;
+    s->rmode = s->desc.consistency == KVPS_BSP && !s->desc.elastic; /* rounds go down the chain, not pushes */
     if (s->desc.replica == 0 && !s->desc.replacement) {
         s->role = KVPS__ROLE_PRIMARY;
         s->epoch = 1;
@@ -6828,6 +7229,9 @@ static void kvps__repl_free(kvps_server *s) {
     }
     free(s->held);
     free(s->links);
+    kvps__preq_clear(s);
+    free(s->rb.p);
+    free(s->rd.p);
     kvps__free_strv(s->chain, s->nrep);
 }
 

@@ -119,12 +119,12 @@ static kvps_result job_worker(const job *j, int rank, int failover_ms, kvps_work
                               w);
 }
 
-/* A raw key that lives on shard 0. */
-static uint64_t key_on_shard0(void) {
-    uint64_t k = 1;
+/* A raw key that lives on shard 0 (the first from `from` on). */
+static uint64_t key_on_shard0_from(uint64_t k) {
     while (kvps__mix64(k) % NSH != 0) k++;
     return k;
 }
+static uint64_t key_on_shard0(void) { return key_on_shard0_from(1); }
 
 typedef struct wctx { job *j; int rank; } wctx;
 
@@ -383,6 +383,140 @@ static void test_reply_waits_for_backup(void) {
         for (int rr = 0; rr < NREP; rr++) kill_server(&J, s, rr);
 }
 
+/* BSP sends rounds down the chain, not pushes, so a request of two keys can be half replicated
+   when the primary dies: worker 0 pushes keys a and b in one request, workers 1-3 push only a.
+   a's round completes and reaches the backup (workers 1-3 are answered); b's cannot, so worker 0
+   is not answered. The primary is SIGKILLed; workers 1-3 push b to the backup, which takes over,
+   and worker 0's request is re-sent there: its push of a must not be applied again (its round
+   is in the backup already), its push of b must. The oracle: a = b = 1 + 2 + 3 + 4 after one
+   round each, and worker 0's pull (which waits for the round its own pushes reach) answers. */
+/* Drives the workers (one thread, and their requests depend on each other's) until each of
+   q[0..n) is done: KVPS_OK, or the first error (*which: whose). */
+static kvps_result drive(kvps_worker **w, kvps_req *q, int n, int timeout_ms, int *which) {
+    int64_t end = kt_now_ms() + timeout_ms;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < n; i++) {
+            if (!q[i]) continue;
+            int done = 0;
+            kvps_result rc = kvps_worker_test(w[i], q[i], &done);
+            if (rc != KVPS_OK) { *which = i; return rc; }
+            if (done) q[i] = 0;
+            else left++;
+        }
+        if (!left) return KVPS_OK;
+        if (kt_now_ms() > end) { *which = -1; return KVPS_ERR_TIMEOUT; }
+        kt_sleep_ms(1);
+    }
+}
+
+static void test_bsp_half_replicated(void) {
+    job_init(&J, "half", KVPS_BSP, KVPS_UPDATE_SUM, 1);
+    job_start(&J);
+    kvps_worker *w[NW] = {0};
+    for (int r = 0; r < NW; r++) KT_OK(job_worker(&J, r, 300, &w[r]));
+    uint64_t ka = key_on_shard0_from(5000), kb = key_on_shard0_from(ka + 1), both[2] = {ka, kb};
+    size_t lens[2] = {4, 4};
+    float v[NW][8], got[8];
+    for (int r = 0; r < NW; r++)
+        for (int i = 0; i < 8; i++) v[r][i] = (float)(r + 1);
+    kvps_req q0, q[NW], qb[NW];
+    KT_OK(kvps_worker_push(w[0], both, v[0], lens, 2, &q0));
+    for (int r = 1; r < NW; r++) KT_OK(kvps_worker_push(w[r], &ka, v[r], lens, 1, &q[r]));
+    for (int r = 1; r < NW; r++) KT_OK(kvps_worker_wait(w[r], q[r], 10000)); /* a's round is on both replicas */
+    kvps_result r0 = kvps_worker_wait(w[0], q0, 300);
+    KT_CHECK(r0 == KVPS_ERR_TIMEOUT, "worker 0's push of a and b was answered (%s) before b's round was complete",
+             kvps_result_str(r0));
+    kill_server(&J, 0, 0);
+    qb[0] = q0;
+    for (int r = 1; r < NW; r++) KT_OK(kvps_worker_push(w[r], &kb, v[r], lens, 1, &qb[r]));
+    int who = -1;
+    kvps_result dr = drive(w, qb, NW, 20000, &who);
+    KT_CHECK(dr == KVPS_OK, "after the kill: worker %d: %s (%s)", who, kvps_result_str(dr), who >= 0 ? kvps_worker_last_error(w[who]) : "");
+    kvps_req pq;
+    KT_OK(kvps_worker_pull(w[0], both, got, lens, 2, &pq));
+    kvps_result pr = kvps_worker_wait(w[0], pq, 5000);
+    KT_CHECK(pr == KVPS_OK, "worker 0's pull: %s (%s): its push of a was applied again, as a second round's",
+             kvps_result_str(pr), kvps_worker_last_error(w[0]));
+    for (int i = 0; pr == KVPS_OK && i < 8; i++)
+        KT_CHECK(got[i] == 10.0f, "key %s element %d = %g, want 10 (a push %s)", i < 4 ? "a" : "b", i % 4, (double)got[i],
+                 got[i] < 10.0f ? "lost" : "applied twice");
+    for (int r = 0; r < NW; r++) kvps_worker_destroy(&w[r]);
+    reap(&J, "half replicated");
+}
+
+/* What goes down the chain under BSP: one sum per round, not every push. One shard of 2
+   replicas in this process, 4 workers pushpulling a tensor of 4096 floats with momentum for 20
+   steps: the primary sends its backup 1/4 of the pushed bytes (a round's sum and its record),
+   where forwarding the pushes would send all of them; and the backup ends holding the same
+   bits, momentum and round as the primary. */
+typedef struct trw { const char *servers; int rank; kvps_result rc; } trw;
+enum { TR_LEN = 4096, TR_STEPS = 20 };
+static void *traffic_worker(void *arg) {
+    trw *t = (trw *)arg;
+    kvps_worker *w = NULL;
+    t->rc = kvps_worker_create(&(kvps_worker_desc){.servers = t->servers, .rank = t->rank, .num_workers = NW,
+                                                   .timeout_ms = 20000}, &w);
+    static float g[NW][TR_LEN], out[NW][TR_LEN];
+    kvps_tensor ten;
+    kvps_req q;
+    if (t->rc == KVPS_OK) t->rc = kvps_worker_tensor(w, "w", TR_LEN, &ten);
+    if (t->rc == KVPS_OK && t->rank == 0) {
+        kvps_optim o = {.rule = KVPS_RULE_MOMENTUM, .lr = 0.1f, .momentum = 0.9f};
+        t->rc = kvps_worker_tensor_optim(w, ten, &o, &q);
+        if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
+    }
+    if (t->rc == KVPS_OK) t->rc = kvps_worker_barrier(w, &q);
+    if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
+    for (int s = 0; s < TR_STEPS && t->rc == KVPS_OK; s++) {
+        for (int i = 0; i < TR_LEN; i++) g[t->rank][i] = (float)((t->rank + 1) * (i % 7 + 1)) * 0.001f * (float)(s + 1);
+        t->rc = kvps_worker_pushpull_tensor(w, ten, g[t->rank], out[t->rank], &q);
+        if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
+    }
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+
+static void test_bsp_sends_rounds(void) {
+    char ep[2][96], chain[200];
+    for (int r = 0; r < 2; r++) snprintf(ep[r], sizeof ep[r], "ipc://@kvps-test-rounds-%d-%d", (int)getpid(), r);
+    snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
+    kvps_server *srv[2] = {0};
+    for (int r = 1; r >= 0; r--) { /* the backup first: the primary's first snapshot finds it */
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = NW, .consistency = KVPS_BSP, .update = KVPS_UPDATE_SGD,
+                              .lr = 0.1f, .replicas = chain, .replica = r};
+        KT_OK(kvps_server_create(&d, &srv[r]));
+        KT_OK(kvps_server_start(srv[r]));
+    }
+    pthread_t tw[NW];
+    trw t[NW];
+    for (int r = 0; r < NW; r++) {
+        t[r] = (trw){chain, r, KVPS_OK};
+        pthread_create(&tw[r], NULL, traffic_worker, &t[r]);
+    }
+    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
+    for (int r = 0; r < NW; r++) KT_CHECK(t[r].rc == KVPS_OK, "worker %d: %s", r, kvps_result_str(t[r].rc));
+    for (int r = 0; r < 2; r++) KT_OK(kvps_server_wait(srv[r], 10000)); /* every worker said goodbye */
+    kvps_server_stats st[2];
+    for (int r = 0; r < 2; r++) kvps_server_stats_get(srv[r], &st[r]);
+    double pushed = (double)TR_STEPS * NW * TR_LEN * sizeof(float), sent = (double)st[0].repl_bytes;
+    KT_CHECK(st[0].primary == 1 && st[1].primary == 0 && st[1].replicas_live == 1, "roles: primary %llu/%llu, backup holds %llu",
+             (unsigned long long)st[0].primary, (unsigned long long)st[1].primary, (unsigned long long)st[1].replicas_live);
+    KT_CHECK(sent >= pushed / NW && sent < pushed / NW * 1.1, "the primary sent its backup %.0f bytes for %.0f pushed: want "
+             "1/%d of them (one sum a round), up to 10%% more for the records", sent, pushed, NW);
+    KT_CHECK(srv[0]->nkeys == 1 && srv[1]->nkeys == 1, "keys: %u on the primary, %u on the backup, want the tensor's 1",
+             srv[0]->nkeys, srv[1]->nkeys);
+    if (srv[0]->nkeys == 1 && srv[1]->nkeys == 1) {
+        const kvps__key *a = srv[0]->keys[0], *b = srv[1]->keys[0];
+        KT_CHECK(a->round == TR_STEPS && b->round == TR_STEPS, "rounds %llu and %llu, want %d", (unsigned long long)a->round,
+                 (unsigned long long)b->round, TR_STEPS);
+        KT_CHECK(memcmp(a->value, b->value, TR_LEN * sizeof(float)) == 0, "the backup's value differs from the primary's");
+        KT_CHECK(a->state && b->state && memcmp(a->state, b->state, TR_LEN * sizeof(float)) == 0,
+                 "the backup's momentum differs from the primary's");
+    }
+    for (int r = 0; r < 2; r++) kvps_server_destroy(&srv[r]);
+}
+
 /* Logs of the servers in this process, for the refusal's words. */
 static char logbuf[8192];
 static size_t loglen;
@@ -483,6 +617,8 @@ int main(void) {
     RUN(test_bsp_primary_killed, 120);
     RUN(test_replacement_then_kill, 120);
     RUN(test_grow_then_kill, 120);
+    RUN(test_bsp_half_replicated, 60);
+    RUN(test_bsp_sends_rounds, 60);
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);

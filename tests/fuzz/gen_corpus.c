@@ -734,6 +734,42 @@ static void repl_seeds(void) {
     save("fuzz_repl", "snapshot_then_stream", &b);
     free(snap);
     kvps_server_destroy(&s);
+    /* BSP, 3 workers: two rounds of key 11 as the primary sends them (kvps__round_note), the
+       first completing worker 0's push 1, then worker 0 re-sends its push 2 (this backup takes
+       over: key 11's part of it is in round 2 already) */
+    cfg = 4; /* BSP, three workers */
+    begin(&b, &cfg, 1);
+    for (uint64_t round = 1; round <= 2; round++) {
+        repl_msg(&b, KVPS__REPL_ROUND, round);
+        uint8_t done[8 + KVPS__RDONE] = {0};
+        uint32_t nd = round == 1, one = 1, inc = 77, w0 = 0;
+        memcpy(done, &one, 4);
+        memcpy(done + 4, &nd, 4);
+        memcpy(done + 8, &w0, 4);
+        memcpy(done + 12, &inc, 4);
+        memcpy(done + 16, &round, 8);
+        frame(&b, done, 8 + nd * KVPS__RDONE);
+        uint8_t rec[KVPS__RREC + 3 * KVPS__RTAG + 16] = {0};
+        uint64_t key = 11, len = 4;
+        uint32_t count = 3;
+        memcpy(rec, &key, 8);
+        memcpy(rec + 8, &len, 8);
+        memcpy(rec + 16, &round, 8);
+        memcpy(rec + 24, &count, 4);
+        for (uint32_t r = 0; r < 3; r++) {
+            uint8_t *t = rec + KVPS__RREC + r * KVPS__RTAG;
+            uint64_t seq = round + r;
+            memcpy(t, &inc, 4);
+            memcpy(t + 4, &one, 4);
+            memcpy(t + 8, &seq, 8);
+        }
+        float sum[4] = {1.0f, 2.0f, 3.0f, (float)round};
+        memcpy(rec + KVPS__RREC + 3 * KVPS__RTAG, sum, sizeof sum);
+        frame(&b, rec, sizeof rec);
+    }
+    req_id = 1; /* the re-sent push is worker 0's request 2 */
+    msg(&b); push_frame(&b, k1[0], l1[0]); values(&b, 4, 3);
+    save("fuzz_repl", "bsp_rounds_then_takeover", &b);
 }
 
 /* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
