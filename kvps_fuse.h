@@ -301,9 +301,9 @@ KVPS_API void kvps_fuse_destroy(kvps_fuse **pf) {
     *pf = NULL;
 }
 
-KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n,
-                                              kvps_dtype dt, kvps_redop op, size_t threshold_bytes) {
-    if (!r || (n && (!bufs || !counts))) return KVPS_ERR_INVALID_ARG;
+/* Through buckets: create, add each buffer in order, flush, destroy. */
+static kvps_result kvps_fuse__many_buckets(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n, kvps_dtype dt,
+                                          kvps_redop op, size_t threshold_bytes) {
     kvps_fuse *f = NULL;
     kvps_fuse_desc d;
     memset(&d, 0, sizeof d);
@@ -315,6 +315,55 @@ KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, c
     if (rc == KVPS_OK) rc = kvps_fuse_flush(f);
     kvps_fuse_destroy(&f);
     return rc;
+}
+
+/* One all-reduce over the whole list (kvps_ring.h, >>list): its layout, a hash of the non-zero
+   counts in order (FNV-1a), goes in every piece's header, so ranks whose lists differ (even with
+   the same total) get KVPS_ERR_MISMATCH. */
+static kvps_result kvps_fuse__many_list(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n, size_t total,
+                                       kvps_dtype dt, kvps_redop op) {
+    kvps_ring__list l;
+    l.bufs = bufs;
+    l.counts = counts;
+    l.n = n;
+    l.start = (size_t *)malloc((n + 1) * sizeof *l.start);
+    if (!l.start) return KVPS_ERR_NOMEM;
+    uint32_t hash = 2166136261u;
+    l.start[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        l.start[i + 1] = l.start[i] + counts[i];
+        for (int b = 0; counts[i] && b < 64; b += 8) hash = (hash ^ (uint32_t)((uint64_t)counts[i] >> b & 255)) * 16777619u;
+    }
+    l.layout = hash ? hash : 1;
+    kvps_ring_op o;
+    memset(&o, 0, sizeof o);
+    o.coll = KVPS_COLL_ALLREDUCE;
+    o.count = total;
+    o.dtype = dt;
+    o.op = op;
+    kvps_result rc = kvps_ring__run_op(r, &o, &l);
+    free(l.start);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n,
+                                              kvps_dtype dt, kvps_redop op, size_t threshold_bytes) {
+    if (!r || (n && (!bufs || !counts))) return KVPS_ERR_INVALID_ARG;
+    size_t es = kvps_dtype_size(dt), total = 0, lim = es ? ((size_t)1 << 40) / es : 0;
+    if (!es || (unsigned)op >= KVPS_REDOP_COUNT)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: %s", !es ? "no such dtype" : "no such op");
+    for (size_t i = 0; i < n; i++) {
+        if (counts[i] && !bufs[i])
+            return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: buffer %zu is NULL with count %zu", i, counts[i]);
+        if (counts[i] > lim || (total += counts[i]) > lim / (size_t)kvps_ring_size(r))
+            return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: over 2^40 bytes of %s", kvps_dtype_name(dt));
+    }
+    if (!total) return KVPS_OK;
+    /* one collective over the list where the ring's algorithm runs on it in place (RING), or
+       where packing it costs little (small lists, RD; up to 16 MiB, RHD); else buckets */
+    kvps_ring_algo algo = kvps_ring__allreduce_algo(r, KVPS_ALGO_AUTO, total * es, 0);
+    if (algo == KVPS_ALGO_RING || total * es <= KVPS_RING__RHD_MAX) return kvps_fuse__many_list(r, bufs, counts, n, total, dt, op);
+    return kvps_fuse__many_buckets(r, bufs, counts, n, dt, op, threshold_bytes);
 }
 
 #endif /* KVPS_IMPLEMENTATION */
