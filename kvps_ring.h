@@ -105,7 +105,9 @@
    [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 spare (0)
+       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 layout (0; an
+       all-reduce over a list of buffers, kvps_fuse.h's kvps_ring_allreduce_many: a hash of the
+       list's non-zero counts, checked as count is, so lists that differ are a mismatch)
    src, seq, root are the numbers of the ring named by `ring`. A v-collective's header carries
    count 0; its first messages (tag phase 14) are each rank's counts as u64, counts[size]
    (alltoallv: send_counts[size] then recv_counts[size]), to every other rank. abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
@@ -437,6 +439,7 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
                   p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
+     list         the ring all-reduce over a list of buffers, in place (kvps_fuse.h's allreduce_many)
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
      small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
