@@ -36,8 +36,8 @@
    for a small list, RHD up to 16 MiB, HIER), the list is packed into the ring's work buffer for
    it (at most 16 MiB); a larger list on such a ring goes through buckets, as kvps_fuse_add does.
    Measured (bench/bench_fusion.c, ResNet-50's 161 tensors, 4 ranks on this project's 2 vCPUs,
-   BENCHMARKS.md, tensor fusion): 4 MiB buckets took 147.5-172.8 ms a step, the list 135.6-143.8,
-   level with one all-reduce of the concatenated model.
+   BENCHMARKS.md, tensor fusion; alternated runs): 4 MiB buckets took 145.7-159.4 ms a step, the
+   list 137.6-147.5, level with one all-reduce of the concatenated model.
    kvps_fuse_add / kvps_fuse_flush, which hand buffers over one at a time (to overlap with the
    backward pass), use buckets: added buffers are copied into a bucket of .threshold_bytes
    (default 4 MiB; Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB, plays the same part) in the order

@@ -1596,7 +1596,7 @@ static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, 
    KVPS_RING__ZC_MIN, which any send copies anyway (ResNet-50's batch norms), are packed together,
    up to a piece. A piece is at most 2 chunk_bytes: cut at the edges, ResNet-50's pieces then
    average 1.2 MB, as the concatenated model's 1 MiB pieces (with 1 chunk_bytes: 0.83 MB, and the
-   step was 3% slower; BENCHMARKS.md, tensor fusion). */
+   step a few per cent slower; BENCHMARKS.md, tensor fusion). */
 static size_t kvps_ring__list_at(const kvps_ring__list *l, size_t e) { /* the buffer of element e < start[n] */
     size_t lo = 0, hi = l->n; /* start[lo] <= e < start[hi] */
     while (hi - lo > 1) {
