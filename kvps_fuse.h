@@ -1,4 +1,4 @@
-/* kvps_fuse.h - v0.1 - tensor fusion for kvps_ring: many buffers all-reduced as a few - MIT licence
+/* kvps_fuse.h - v0.1 - tensor fusion for kvps_ring: many buffers all-reduced as one - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -26,27 +26,45 @@
 
    2. WHAT IT DOES, AND WHY
    A model has many small tensors (ResNet-50: 161, most under 1 MB) and each all-reduce of a
-   small buffer costs a few round trips whatever its size, so one by one they are slow. Added
-   buffers are copied into a bucket of .threshold_bytes (default 4 MiB; Horovod's
-   HOROVOD_FUSION_THRESHOLD, 64 MiB, plays the same part) in the order added; a full bucket is
-   all-reduced in place on the ring's background thread (kvps_ring_post) while the next one
-   fills, and its results are copied back into the buffers when a later bucket needs its place
-   or at kvps_fuse_flush. A buffer of .direct_bytes or more (default threshold / 4) is not copied:
-   it is all-reduced where it is, in its turn. The defaults were measured (bench/bench_fusion.c,
-   ResNet-50's 161 tensors, 4 ranks on this project's 2 vCPUs, thresholds alternated, two runs):
-   1, 4 and 16 MiB buckets took 179-209 ms a step, 64 MiB 340-367 ms: past a few MiB the copies
-   in and out of a bucket cost more than the round trips they save. Two buckets are kept (.buckets, at most 8): memory
-   is buckets x threshold. Every rank must add the same buffers (counts) in the same order with
-   the same dtype and op: the buckets are then the same collectives everywhere, and a rank that
-   differs gets the ring's KVPS_ERR_MISMATCH (a bucket of another count) on every rank.
-   The reductions are the ring's (kvps_ring.h, 2. and 3.), AUTO choosing the algorithm per
-   bucket. Integer results, and min and max, are exactly those of all-reducing each buffer
-   alone; float sums may differ in the last bits, as the ring adds the ranks' values in an order
-   that depends on the algorithm (chosen by size) and on the element's place in the buffer.
+   small buffer costs a few round trips whatever its size, so one by one they are slow.
+   kvps_ring_allreduce_many makes the whole list one all-reduce: where the ring runs RING on the
+   total (past .small_bytes, and past 16 MiB with 4, 8, ... ranks; kvps_ring.h, 3.), the
+   pipelined ring runs over the buffers taken as one, reducing into and copying out to the
+   buffers where they are (kvps_ring.h, >>list): no bucket, no copy in or out, one collective.
+   Pieces are cut at the buffers' edges and sent from where they lie; runs under 32 KiB (batch
+   norms) are packed together into one message. Where the ring would run another algorithm (RD
+   for a small list, RHD up to 16 MiB, HIER), the list is packed into the ring's work buffer for
+   it (at most 16 MiB); a larger list on such a ring goes through buckets, as kvps_fuse_add does.
+   Measured (bench/bench_fusion.c, ResNet-50's 161 tensors, 4 ranks on this project's 2 vCPUs,
+   BENCHMARKS.md, tensor fusion; alternated runs): 4 MiB buckets took 145.7-159.4 ms a step, the
+   list 137.6-147.5, level with one all-reduce of the concatenated model.
+   kvps_fuse_add / kvps_fuse_flush, which hand buffers over one at a time (to overlap with the
+   backward pass), use buckets: added buffers are copied into a bucket of .threshold_bytes
+   (default 4 MiB; Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB, plays the same part) in the order
+   added; a full bucket is all-reduced in place on the ring's background thread
+   (kvps_ring_post) while the next one fills, and its results are copied back into the buffers
+   when a later bucket needs its place or at kvps_fuse_flush. A buffer of .direct_bytes or more
+   (default threshold / 4) is not copied: it is all-reduced where it is, in its turn. The
+   defaults were measured (the same bench, thresholds alternated, two runs): 1, 4 and 16 MiB
+   buckets took 179-209 ms a step, 64 MiB 340-367 ms: past a few MiB the copies in and out of a
+   bucket cost more than the round trips they save. Two buckets are kept (.buckets, at most 8):
+   memory is buckets x threshold.
+   Every rank must pass (or add) the same buffers (counts) in the same order with the same dtype
+   and op. kvps_ring_allreduce_many puts a hash of the list's non-zero counts in every message
+   (kvps_ring.h, 4.), so a rank whose list differs, even with the same total, gets
+   KVPS_ERR_MISMATCH and the others an error; through kvps_fuse_add the buckets are then the
+   same collectives everywhere, and a rank that differs gets the ring's KVPS_ERR_MISMATCH (a
+   bucket of another count). The reductions are the ring's (kvps_ring.h, 2. and 3.). Integer
+   results, and min and max, are exactly those of all-reducing each buffer alone; float sums may
+   differ in the last bits, as the ring adds the ranks' values in an order that depends on the
+   algorithm (chosen by size) and on the element's place in the list.
 
    3. ERRORS, OWNERSHIP, THREADS
-   kvps_fuse_add returns an error at once for bad arguments (NULL buffer with count > 0, count
-   too large) and when an earlier bucket has failed; the all-reduce's own errors (a dead peer, a
+   kvps_ring_allreduce_many returns KVPS_ERR_INVALID_ARG at once for bad arguments (a NULL buffer
+   with a count > 0, no such dtype or op, over 2^40 bytes), with the reason in
+   kvps_ring_last_error, and leaves the ring as it was; its other errors are the ring's (a dead
+   peer, a mismatch), after which the ring is broken. kvps_fuse_add returns an error at once for
+   bad arguments (NULL buffer with count > 0, count too large) and when an earlier bucket has failed; the all-reduce's own errors (a dead peer, a
    mismatch) come from the add that had to wait for it or from kvps_fuse_flush, with the ring's
    text in kvps_fuse_last_error. After an error the ring is broken (kvps_ring.h, 5.): destroy
    both. Buffers handed to kvps_fuse_add are borrowed until the kvps_fuse_flush that follows
@@ -81,8 +99,8 @@ KVPS_API kvps_result kvps_fuse_add(kvps_fuse *f, void *buf, size_t count);
 KVPS_API kvps_result kvps_fuse_flush(kvps_fuse *f);
 KVPS_API const char *kvps_fuse_last_error(const kvps_fuse *f);
 KVPS_API void kvps_fuse_destroy(kvps_fuse **f);
-/* All of it at once: create, add each buffer in order, flush, destroy. threshold_bytes 0: the
-   default. */
+/* All of it at once, as one all-reduce over the list (section 2); threshold_bytes (0: the
+   default) is the buckets' size where a list goes through buckets. */
 KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n,
                                               kvps_dtype dt, kvps_redop op, size_t threshold_bytes);
 
@@ -301,9 +319,9 @@ KVPS_API void kvps_fuse_destroy(kvps_fuse **pf) {
     *pf = NULL;
 }
 
-KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n,
-                                              kvps_dtype dt, kvps_redop op, size_t threshold_bytes) {
-    if (!r || (n && (!bufs || !counts))) return KVPS_ERR_INVALID_ARG;
+/* Through buckets: create, add each buffer in order, flush, destroy. */
+static kvps_result kvps_fuse__many_buckets(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n, kvps_dtype dt,
+                                          kvps_redop op, size_t threshold_bytes) {
     kvps_fuse *f = NULL;
     kvps_fuse_desc d;
     memset(&d, 0, sizeof d);
@@ -315,6 +333,55 @@ KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, c
     if (rc == KVPS_OK) rc = kvps_fuse_flush(f);
     kvps_fuse_destroy(&f);
     return rc;
+}
+
+/* One all-reduce over the whole list (kvps_ring.h, >>list): its layout, a hash of the non-zero
+   counts in order (FNV-1a), goes in every piece's header, so ranks whose lists differ (even with
+   the same total) get KVPS_ERR_MISMATCH. */
+static kvps_result kvps_fuse__many_list(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n, size_t total,
+                                       kvps_dtype dt, kvps_redop op) {
+    kvps_ring__list l;
+    l.bufs = bufs;
+    l.counts = counts;
+    l.n = n;
+    l.start = (size_t *)malloc((n + 1) * sizeof *l.start);
+    if (!l.start) return KVPS_ERR_NOMEM;
+    uint32_t hash = 2166136261u;
+    l.start[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        l.start[i + 1] = l.start[i] + counts[i];
+        for (int b = 0; counts[i] && b < 64; b += 8) hash = (hash ^ (uint32_t)((uint64_t)counts[i] >> b & 255)) * 16777619u;
+    }
+    l.layout = hash ? hash : 1;
+    kvps_ring_op o;
+    memset(&o, 0, sizeof o);
+    o.coll = KVPS_COLL_ALLREDUCE;
+    o.count = total;
+    o.dtype = dt;
+    o.op = op;
+    kvps_result rc = kvps_ring__run_op(r, &o, &l);
+    free(l.start);
+    return rc;
+}
+
+KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, const size_t *counts, size_t n,
+                                              kvps_dtype dt, kvps_redop op, size_t threshold_bytes) {
+    if (!r || (n && (!bufs || !counts))) return KVPS_ERR_INVALID_ARG;
+    size_t es = kvps_dtype_size(dt), total = 0, lim = es ? ((size_t)1 << 40) / es : 0;
+    if (!es || (unsigned)op >= KVPS_REDOP_COUNT)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: %s", !es ? "no such dtype" : "no such op");
+    for (size_t i = 0; i < n; i++) {
+        if (counts[i] && !bufs[i])
+            return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: buffer %zu is NULL with count %zu", i, counts[i]);
+        if (counts[i] > lim || (total += counts[i]) > lim / (size_t)kvps_ring_size(r))
+            return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "allreduce_many: over 2^40 bytes of %s", kvps_dtype_name(dt));
+    }
+    if (!total) return KVPS_OK;
+    /* one collective over the list where the ring's algorithm runs on it in place (RING), or
+       where packing it costs little (small lists, RD; up to 16 MiB, RHD); else buckets */
+    kvps_ring_algo algo = kvps_ring__allreduce_algo(r, KVPS_ALGO_AUTO, total * es, 0);
+    if (algo == KVPS_ALGO_RING || total * es <= KVPS_RING__RHD_MAX) return kvps_fuse__many_list(r, bufs, counts, n, total, dt, op);
+    return kvps_fuse__many_buckets(r, bufs, counts, n, dt, op, threshold_bytes);
 }
 
 #endif /* KVPS_IMPLEMENTATION */

@@ -105,7 +105,9 @@
    [header 40 B][payload].
        u32 magic 0x5250564B "KVPR" | u32 seq (collective number) | u64 tag (phase, step, piece)
        u16 src | u8 coll | u8 dtype | u8 op | u8 abort | u16 root | u64 count
-       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 spare (0)
+       u32 ring (0: the ring kvps_ring_create made; else the sub-ring's id) | u32 layout (0; an
+       all-reduce over a list of buffers, kvps_fuse.h's kvps_ring_allreduce_many: a hash of the
+       list's non-zero counts, checked as count is, so lists that differ are a mismatch)
    src, seq, root are the numbers of the ring named by `ring`. A v-collective's header carries
    count 0; its first messages (tag phase 14) are each rank's counts as u64, counts[size]
    (alltoallv: send_counts[size] then recv_counts[size]), to every other rank. abort = 1 carries a kvps_result in count and a text payload. Point-to-point messages (section
@@ -437,6 +439,7 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
                   p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
+     list         the ring all-reduce over a list of buffers, in place (kvps_fuse.h's allreduce_many)
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
      small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
      views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
@@ -471,8 +474,8 @@ typedef struct kvps_ring__hdr {
     uint8_t coll, dtype, op, abort;
     uint16_t root;
     uint64_t count;
-    uint32_t ring;  /* which ring of the family: 0 the one kvps_ring_create made, else a sub-ring's id */
-    uint32_t spare; /* 0 */
+    uint32_t ring;   /* which ring of the family: 0 the one kvps_ring_create made, else a sub-ring's id */
+    uint32_t layout; /* 0; an all-reduce over a list of buffers: a hash of the list's counts (>>list) */
 } kvps_ring__hdr;
 typedef char kvps_ring__hdr_check[sizeof(kvps_ring__hdr) == 40 ? 1 : -1];
 
@@ -554,11 +557,23 @@ typedef struct kvps_ring__coll_row {
 } kvps_ring__coll_row;
 static const kvps_ring__coll_row *kvps_ring__row(int coll);
 
+/* An all-reduce over a list of buffers (>>list; kvps_fuse.h's kvps_ring_allreduce_many): the
+   buffers, borrowed, taken as one buffer of their summed count, element e of the list being
+   element e - start[i] of buffer i. */
+typedef struct kvps_ring__list {
+    void *const *bufs;
+    const size_t *counts;
+    size_t n;
+    size_t *start;   /* n + 1: start[i] is buffer i's first element in the list, start[n] the total */
+    uint32_t layout; /* a hash of the non-zero counts, in the header's layout field: lists that differ are a mismatch */
+} kvps_ring__list;
+
 typedef struct kvps_ring__job {
     struct kvps_ring__job *next;
     kvps_ring *ring; /* the ring of the family it runs on */
     uint64_t id;
     kvps_ring_op op;
+    const kvps_ring__list *list; /* non-NULL: op is an all-reduce over this list (>>list) */
     int done;
     kvps_result result;
     uint64_t tl_t0; /* timeline on: when it was posted (ns) */
@@ -984,9 +999,11 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
 /* A call as a header describes it: "allreduce of 100 float32 (sum, root 0)", and its wire format
    when it has one (the dtype byte's high half: KVPS_FLOAT16 or KVPS_BFLOAT16). */
 static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
+    char list[48] = "";
+    if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
+    snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
              kvps_dtype_name((kvps_dtype)(h->dtype & 15)), kvps_redop_name((kvps_redop)h->op), h->root,
-             h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "");
+             h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "", list);
     return buf;
 }
 
@@ -1002,7 +1019,8 @@ static kvps_result kvps_ring__check(kvps_ring *r, const kvps_ring__hdr *h, zmq_m
                                len ? ": " : "", len, len ? (const char *)zmq_msg_data(text) : "");
     }
     const kvps_ring__hdr *c = &r->cur;
-    if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root) {
+    if (h->coll != c->coll || h->dtype != c->dtype || h->op != c->op || h->count != c->count || h->root != c->root ||
+        h->layout != c->layout) {
         char theirs[128], ours[128];
         return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %u called %s; this rank (%d) called %s", h->src,
                                kvps_ring__call_text(h, theirs, sizeof theirs), r->rank, kvps_ring__call_text(c, ours, sizeof ours));
@@ -1570,6 +1588,150 @@ static kvps_result kvps_ring__bcast_chain(kvps_ring *r, const int *view, int k, 
     return rc;
 }
 
+// >>list
+/* The pipelined ring all-reduce over a list of buffers (kvps_ring__list): the ring of >>ring over
+   the list taken as one buffer, reducing into and copying out to the buffers themselves, so no
+   bucket is packed or unpacked and the whole list is one collective. Pieces are cut at the
+   buffers' edges, so that each goes out without a copy from where it lies; only runs shorter than
+   KVPS_RING__ZC_MIN, which any send copies anyway (ResNet-50's batch norms), are packed together,
+   up to a piece. A piece is at most 2 chunk_bytes: cut at the edges, ResNet-50's pieces then
+   average 1.2 MB, as the concatenated model's 1 MiB pieces (with 1 chunk_bytes: 0.83 MB, and the
+   step a few per cent slower; BENCHMARKS.md, tensor fusion). */
+static size_t kvps_ring__list_at(const kvps_ring__list *l, size_t e) { /* the buffer of element e < start[n] */
+    size_t lo = 0, hi = l->n; /* start[lo] <= e < start[hi] */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->start[mid] <= e) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static char *kvps_ring__list_ptr(const kvps_ring__list *l, size_t i, size_t e, size_t es) {
+    return (char *)l->bufs[i] + (e - l->start[i]) * es;
+}
+
+/* The end of the piece that starts at element e of [e, hi): one buffer's run of `small` elements
+   or more (or of `piece`) is a piece of its own, at most `piece` long; shorter runs are packed,
+   up to `piece`. Both sides of every link cut the same pieces from the same list. */
+static size_t kvps_ring__list_cut(const kvps_ring__list *l, size_t e, size_t hi, size_t piece, size_t small) {
+    size_t i = kvps_ring__list_at(l, e), end = l->start[i + 1] < hi ? l->start[i + 1] : hi;
+    if (end - e >= small || end - e >= piece) return end - e > piece ? e + piece : end;
+    while (end < hi) {
+        size_t j = kvps_ring__list_at(l, end), nx = l->start[j + 1] < hi ? l->start[j + 1] : hi;
+        if (nx - end >= small || nx - e > piece) break;
+        end = nx;
+    }
+    return end;
+}
+
+/* Sends the piece [e, end) of the list: without a copy when it lies in one buffer (and is long
+   enough: kvps_ring__send_hdr), else packed into one message. */
+static kvps_result kvps_ring__list_send(kvps_ring *r, const kvps_ring__list *l, int dst, uint64_t tag, size_t e,
+                                        size_t end, int zc) {
+    size_t es = kvps_dtype_size(kvps_ring__dt(r)), i = kvps_ring__list_at(l, e);
+    if (end <= l->start[i + 1]) return kvps_ring__send(r, dst, tag, kvps_ring__list_ptr(l, i, e, es), (end - e) * es, zc);
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, (end - e) * es) != 0) return KVPS_ERR_NOMEM;
+    char *d = (char *)zmq_msg_data(&m);
+    for (size_t at = e; at < end; i++) {
+        size_t to = l->start[i + 1] < end ? l->start[i + 1] : end;
+        if (to > at) memcpy(d + (at - e) * es, kvps_ring__list_ptr(l, i, at, es), (to - at) * es);
+        at = to > at ? to : at;
+    }
+    kvps_ring__hdr h = r->cur;
+    h.tag = tag + r->hier;
+    return kvps_ring__post(r, dst, &h, &m);
+}
+
+/* The piece [e, end) of the list op= src (reduce), or = src. */
+static void kvps_ring__list_apply(kvps_ring *r, const kvps_ring__list *l, size_t e, size_t end, const char *src, int reduce) {
+    kvps_dtype dt = kvps_ring__dt(r);
+    size_t es = kvps_dtype_size(dt);
+    for (size_t i = kvps_ring__list_at(l, e), at = e; at < end; i++) {
+        size_t to = l->start[i + 1] < end ? l->start[i + 1] : end;
+        if (to <= at) continue;
+        char *d = kvps_ring__list_ptr(l, i, at, es);
+        if (reduce) kvps_reduce_into(d, src, to - at, dt, (kvps_redop)r->cur.op);
+        else memcpy(d, src, (to - at) * es);
+        src += (to - at) * es;
+        at = to;
+    }
+}
+
+/* Block c (mod k) of a list of `total` elements: [total c / k, total (c + 1) / k), as >>ring cuts. */
+static size_t kvps_ring__list_blk(size_t total, int k, int c, size_t *hi) {
+    c = ((c % k) + k) % k;
+    *hi = (size_t)((uint64_t)total * (uint64_t)(c + 1) / (uint64_t)k);
+    return (size_t)((uint64_t)total * (uint64_t)c / (uint64_t)k);
+}
+
+/* Sends every piece of [lo, hi) to dst: phase / step tags, piece numbers from 0. */
+static kvps_result kvps_ring__list_send_range(kvps_ring *r, const kvps_ring__list *l, int dst, int phase, int step,
+                                              size_t lo, size_t hi, size_t piece, size_t small, int zc) {
+    kvps_result rc = KVPS_OK;
+    for (size_t e = lo, end, p = 0; e < hi && rc == KVPS_OK; e = end, p++) {
+        end = kvps_ring__list_cut(l, e, hi, piece, small);
+        rc = kvps_ring__list_send(r, l, dst, kvps_ring__tag(phase, 0, (uint64_t)step, p), e, end, zc);
+    }
+    return rc;
+}
+
+/* The ring all-reduce over the list among the ring's k ranks (k >= 2, the list not empty). As
+   kvps_ring__rings: block c is [total c / k, total (c+1) / k); reduce-scatter step s takes block
+   me - s - 2 from the left, reduces it and passes it on, and the block finished at the last step
+   (block me) opens the all-gather, whose step s takes block me - s - 1. */
+static kvps_result kvps_ring__list_ring(kvps_ring *r, const kvps_ring__list *l, int k, int me) {
+    size_t es = kvps_dtype_size(kvps_ring__dt(r)), piece = 2 * kvps_ring__piece(r, es);
+    size_t small = (KVPS_RING__ZC_MIN + es - 1) / es, total = l->start[l->n];
+    int left = (me - 1 + k) % k, right = (me + 1) % k;
+    kvps_result rc = KVPS_OK;
+    kvps_ring__ph(r, "reduce-scatter", -1);
+    size_t lo, hi;
+    lo = kvps_ring__list_blk(total, k, me - 1, &hi);
+    rc = kvps_ring__list_send_range(r, l, right, KVPS_RING__PH_RS, 0, lo, hi, piece, small, 0);
+    for (int s = 0; s < k - 1 && rc == KVPS_OK; s++) {
+        kvps_ring__ph(r, "reduce-scatter", s);
+        lo = kvps_ring__list_blk(total, k, me - s - 2, &hi);
+        for (size_t e = lo, end, p = 0; e < hi && rc == KVPS_OK; e = end, p++) {
+            end = kvps_ring__list_cut(l, e, hi, piece, small);
+            zmq_msg_t m;
+            rc = kvps_ring__recv_n(r, left, kvps_ring__tag(KVPS_RING__PH_RS, 0, (uint64_t)s, p), (end - e) * es, &m);
+            if (rc != KVPS_OK) break;
+            const char *d = (const char *)kvps_ring__data(r, &m);
+            if (d) kvps_ring__list_apply(r, l, e, end, d, 1);
+            zmq_msg_close(&m);
+            if (!d) rc = KVPS_ERR_NOMEM;
+            else if (s < k - 2) /* forward: it is the next step's block */
+                rc = kvps_ring__list_send(r, l, right, kvps_ring__tag(KVPS_RING__PH_RS, 0, (uint64_t)s + 1, p), e, end, 0);
+            else /* finished: it opens the all-gather */
+                rc = kvps_ring__list_send(r, l, right, kvps_ring__tag(KVPS_RING__PH_AG, 0, 0, p), e, end, 1);
+        }
+        kvps_ring__ph_end(r);
+    }
+    kvps_ring__ph_end(r);
+    kvps_ring__ph(r, "all-gather", -1);
+    /* the all-gather writes the blocks sent above: ZeroMQ must have let go of them */
+    if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, 0, r->deadline);
+    for (int s = 0; s < k - 1 && rc == KVPS_OK; s++) {
+        kvps_ring__ph(r, "all-gather", s);
+        lo = kvps_ring__list_blk(total, k, me - s - 1, &hi);
+        for (size_t e = lo, end, p = 0; e < hi && rc == KVPS_OK; e = end, p++) {
+            end = kvps_ring__list_cut(l, e, hi, piece, small);
+            zmq_msg_t m;
+            rc = kvps_ring__recv_n(r, left, kvps_ring__tag(KVPS_RING__PH_AG, 0, (uint64_t)s, p), (end - e) * es, &m);
+            if (rc != KVPS_OK) break;
+            kvps_ring__list_apply(r, l, e, end, (const char *)zmq_msg_data(&m), 0);
+            zmq_msg_close(&m);
+            if (s < k - 2) /* passed on from where it was copied to, while it is in the cache */
+                rc = kvps_ring__list_send(r, l, right, kvps_ring__tag(KVPS_RING__PH_AG, 0, (uint64_t)s + 1, p), e, end, 1);
+        }
+        kvps_ring__ph_end(r);
+    }
+    kvps_ring__ph_end(r);
+    return rc;
+}
+
 // >>rhd
 /* Sends [lo, hi) of base to peer in pieces (tags phase/step/piece from 0), without a copy. */
 static kvps_result kvps_ring__send_range(kvps_ring *r, int peer, int phase, int step, const char *base, size_t lo,
@@ -1835,23 +1997,31 @@ struct kvps_ring__exec {
        all-to-all) or of send (scatter); scnt, sdsp: all-to-all's send side. Even collectives:
        n each, packed; v-collectives: the op's, agreed across ranks first */
     const size_t *cnt, *dsp, *scnt, *sdsp;
+    const kvps_ring__list *list; /* an all-reduce over a list of buffers (>>list; send, recv NULL), else NULL */
 };
 
-static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec *x) {
+/* The algorithm an all-reduce of `bytes` per rank runs with on ring r: algo (0: the ring's) with
+   AUTO chosen by size; RHD where it cannot run (a size that is not a power of two, a 16-bit wire)
+   and HIER without groups are RING. */
+static kvps_ring_algo kvps_ring__allreduce_algo(const kvps_ring *r, kvps_ring_algo algo, size_t bytes, int wire) {
+    int k = r->size;
+    if (!algo) algo = r->desc.algo;
+    if (algo == KVPS_ALGO_AUTO)
+        algo = bytes <= r->desc.small_bytes              ? KVPS_ALGO_RD
+               : kvps_ring__multi_group(r)               ? KVPS_ALGO_HIER
+               : k >= 4 && bytes <= KVPS_RING__RHD_MAX   ? KVPS_ALGO_RHD
+                                                         : KVPS_ALGO_RING;
+    if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || wire)) algo = KVPS_ALGO_RING;
+    if (algo == KVPS_ALGO_HIER && !r->desc.groups) algo = KVPS_ALGO_RING;
+    return algo;
+}
+
+/* The all-reduce of x's n elements with algo, from send (NULL or recv: in place) into recv. */
+static kvps_result kvps_ring__allreduce_buf(kvps_ring *r, const kvps_ring__exec *x, kvps_ring_algo algo, const char *send,
+                                            char *recv) {
     int k = x->k, me = x->me, large = x->large;
     size_t n = x->n, bytes = x->bytes;
-    const char *send = x->send;
-    char *recv = x->recv;
-    kvps_ring_algo algo = x->op->algo ? x->op->algo : r->desc.algo;
     kvps_result rc;
-    if (algo == KVPS_ALGO_AUTO)
-        algo = !large                        ? KVPS_ALGO_RD
-               : kvps_ring__multi_group(r)   ? KVPS_ALGO_HIER
-               : k >= 4 && bytes <= KVPS_RING__RHD_MAX ? KVPS_ALGO_RHD
-                                             : KVPS_ALGO_RING;
-    /* RHD cannot run on a size that is not a power of two, nor with a 16-bit wire */
-    if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || r->wire)) algo = KVPS_ALGO_RING;
-    kvps_ring__tl_algo(r, algo == KVPS_ALGO_HIER && !r->desc.groups ? KVPS_ALGO_RING : algo);
     if (send && send != recv && k > 1 && n && !r->wire &&
         (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
         /* out of place: the algorithm reads send and writes every block of recv itself */
@@ -1859,12 +2029,36 @@ static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec
                                    : kvps_ring__allreduce_ring(r, x->all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
     } else {
         if (send && send != recv && bytes) memcpy(recv, send, bytes);
-        if (algo == KVPS_ALGO_HIER && r->desc.groups) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
-        else rc = kvps_ring__allreduce_view(r, x->all, k, recv, n, algo == KVPS_ALGO_HIER ? KVPS_ALGO_RING : algo);
+        if (algo == KVPS_ALGO_HIER) rc = kvps_ring__hier(r, recv, n, large ? KVPS_ALGO_RING : KVPS_ALGO_RD);
+        else rc = kvps_ring__allreduce_view(r, x->all, k, recv, n, algo);
     }
+    return rc;
+}
+
+/* An all-reduce over a list (>>list): the ring over the buffers themselves; another algorithm
+   (small lists: RD; RHD, HIER) over a copy of the list packed into the ring's work buffer. */
+static kvps_result kvps_ring__list_allreduce(kvps_ring *r, const kvps_ring__exec *x, kvps_ring_algo algo) {
+    const kvps_ring__list *l = x->list;
+    if (x->k == 1 || !x->n) return KVPS_OK;
+    if (algo == KVPS_ALGO_RING) return kvps_ring__list_ring(r, l, x->k, x->me);
+    char *w = (char *)kvps_ring__grow(&r->work, &r->work_cap, x->bytes);
+    if (!w) return KVPS_ERR_NOMEM;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->counts[i]) memcpy(w + l->start[i] * x->es, l->bufs[i], l->counts[i] * x->es);
+    kvps_result rc = kvps_ring__allreduce_buf(r, x, algo, NULL, w);
+    for (size_t i = 0; i < l->n && rc == KVPS_OK; i++)
+        if (l->counts[i]) memcpy(l->bufs[i], w + l->start[i] * x->es, l->counts[i] * x->es);
+    return rc;
+}
+
+static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec *x) {
+    kvps_ring_algo algo = kvps_ring__allreduce_algo(r, x->op->algo, x->bytes, r->wire);
+    kvps_ring__tl_algo(r, algo);
+    kvps_result rc = x->list ? kvps_ring__list_allreduce(r, x, algo) : kvps_ring__allreduce_buf(r, x, algo, x->send, x->recv);
     if (rc == KVPS_OK && x->op->op == KVPS_AVG) {
         rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
-        if (rc == KVPS_OK) kvps_ring__scale(recv, n, x->op->dtype, k);
+        for (size_t i = 0; rc == KVPS_OK && i < (x->list ? x->list->n : 1); i++)
+            kvps_ring__scale(x->list ? x->list->bufs[i] : x->recv, x->list ? x->list->counts[i] : x->n, x->op->dtype, x->k);
     }
     return rc;
 }
@@ -2091,7 +2285,7 @@ static const size_t *kvps_ring__displs(const size_t *counts, const size_t *displ
 }
 
 /* Runs a validated operation (kvps_ring__validate). */
-static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
+static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     kvps_ring__exec x;
     const kvps_ring__coll_row *row = kvps_ring__row(op->coll);
     int k = r->size;
@@ -2117,6 +2311,7 @@ static kvps_result kvps_ring__execute(kvps_ring *r, const kvps_ring_op *op) {
     x.send = (const char *)op->send;
     x.recv = (char *)op->recv;
     x.all = r->view_buf + 2 * r->size;
+    x.list = list;
     for (int i = 0; i < x.k; i++) x.all[i] = i;
     return row->run(r, &x);
 }
@@ -2190,7 +2385,7 @@ static void kvps_ring__close_dealers(kvps_ring *r) {
     f->broken = 1;
 }
 
-static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
+static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     r->seq++;
     memset(&r->cur, 0, sizeof r->cur);
@@ -2204,13 +2399,14 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op) {
     r->cur.root = (uint16_t)op->root;
     r->cur.count = kvps_ring__row(op->coll)->counts ? 0 : op->count; /* (the v-collectives agree on theirs first) */
     r->cur.ring = r->id;
+    r->cur.layout = list ? list->layout : 0;
     r->abort_rc = KVPS_OK;
     r->hier = 0;
     r->errmsg[0] = 0;
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
     if (r->tl) kvps_ring__tl_start(r);
     kvps_result rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
-    if (rc == KVPS_OK) rc = kvps_ring__execute(r, op);
+    if (rc == KVPS_OK) rc = kvps_ring__execute(r, op, list);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
     if (r->tl) kvps_ring__tl_finish(r, op, rc);
     r->prev = r->cur;
@@ -2250,7 +2446,7 @@ static void *kvps_ring__thread(void *arg) {
         f->running_id = j->id;
         pthread_mutex_unlock(&f->mu);
         if (j->ring->tl) j->ring->tl->posted = j->tl_t0;
-        kvps_result rc = kvps_ring__run_now(j->ring, &j->op);
+        kvps_result rc = kvps_ring__run_now(j->ring, &j->op, j->list);
         pthread_mutex_lock(&f->mu);
         f->busy = 0;
         f->running_id = 0;
@@ -2264,15 +2460,17 @@ static void *kvps_ring__thread(void *arg) {
     return NULL;
 }
 
-KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_ring_req *out) {
+/* kvps_ring_post, and (list non-NULL, checked by its maker) an all-reduce over a list of buffers. */
+static kvps_result kvps_ring__post_op(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list, kvps_ring_req *out) {
     if (!r || !out) return KVPS_ERR_INVALID_ARG;
     *out = 0;
-    kvps_result rc = kvps_ring__validate(r, op);
+    kvps_result rc = list ? KVPS_OK : kvps_ring__validate(r, op);
     if (rc != KVPS_OK) return rc;
     kvps_ring__job *j = (kvps_ring__job *)calloc(1, sizeof *j);
     if (!j) return KVPS_ERR_NOMEM;
     kvps_ring__fam *f = r->fam;
     j->op = *op;
+    j->list = list;
     j->ring = r;
     if (r->tl) j->tl_t0 = kvps__tl_now();
     pthread_mutex_lock(&f->mu);
@@ -2352,15 +2550,20 @@ KVPS_API kvps_result kvps_ring_test(kvps_ring *r, kvps_ring_req req, int *done) 
     return rc;
 }
 
-KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
+KVPS_API kvps_result kvps_ring_post(kvps_ring *r, const kvps_ring_op *op, kvps_ring_req *out) {
+    return kvps_ring__post_op(r, op, NULL, out);
+}
+
+/* kvps_ring_run, and (list non-NULL, checked by its maker) an all-reduce over a list of buffers. */
+static kvps_result kvps_ring__run_op(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     if (!r) return KVPS_ERR_INVALID_ARG;
-    kvps_result rc = kvps_ring__validate(r, op);
+    kvps_result rc = list ? KVPS_OK : kvps_ring__validate(r, op);
     if (rc != KVPS_OK) return rc;
     pthread_mutex_lock(&r->fam->mu);
     if (!r->fam->head && !r->fam->busy) { /* nothing queued: run here, no thread hand-off */
         r->fam->busy = 1;
         pthread_mutex_unlock(&r->fam->mu);
-        rc = kvps_ring__run_now(r, op);
+        rc = kvps_ring__run_now(r, op, list);
         pthread_mutex_lock(&r->fam->mu);
         r->fam->busy = 0;
         pthread_cond_broadcast(&r->fam->cv);
@@ -2369,9 +2572,11 @@ KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) {
     }
     pthread_mutex_unlock(&r->fam->mu);
     kvps_ring_req q;
-    rc = kvps_ring_post(r, op, &q);
+    rc = kvps_ring__post_op(r, op, list, &q);
     return rc == KVPS_OK ? kvps_ring_wait(r, q, -1) : rc;
 }
+
+KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op) { return kvps_ring__run_op(r, op, NULL); }
 
 // >>p2p
 /* Point-to-point (manual section 7). The ring's one ROUTER and its DEALERs carry it, so a p2p
@@ -3144,7 +3349,7 @@ KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_rin
     op.recv = all;
     op.count = 3;
     op.dtype = KVPS_INT64;
-    kvps_result rc = kvps_ring__run_now(r, &op);
+    kvps_result rc = kvps_ring__run_now(r, &op, NULL);
     uint64_t id = 0;
     for (int i = 0; rc == KVPS_OK && colour >= 0 && i < k; i++) {
         if (all[3 * i] != colour) continue;

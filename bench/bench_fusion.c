@@ -7,7 +7,7 @@
                        [--credit BYTES] [--threshold BYTES] [--fusion-bytes BYTES]
                        [--bucket BYTES] [--mpi PATH | --no-mpi] [--no-ps] [--no-ring] [--only MEASURE]
                        [--sndbuf BYTES]
-   (--threshold: kvps_fuse's bucket, default 4 MiB; --fusion-bytes: the worker's fusion_bytes,
+   (--threshold: kvps_fuse's bucket (the training step's, and allreduce_many's where it uses buckets), default 4 MiB; --fusion-bytes: the worker's fusion_bytes,
    default 256 KiB; --bucket: the training step's gradient bucket, default 4 MiB; --credit: the
    priority step's credit_bytes, default 4 MiB; --only: run that ring measure alone, e.g. under
    perf: bench/perf_fusion.sh; --sndbuf: the ring's .sndbuf_bytes, default 0: 256 KiB on
@@ -15,7 +15,7 @@
 
    Ring (N ranks, float32 sums), seconds per step (all 161 tensors), the slowest rank's:
      one_by_one     161 kvps_ring_allreduce calls
-     fused          kvps_ring_allreduce_many (kvps_fuse.h: 4 MiB buckets, 1 MiB and up in place)
+     fused          kvps_ring_allreduce_many (kvps_fuse.h: one all-reduce over the list of buffers)
      concatenated   one kvps_ring_allreduce of all 25.6 M floats (what fusion can at best reach)
      mpi one_by_one / mpi concatenated: the same with MPI_Allreduce (bench/mpi_fusion.c through
                     mpirun, pml ob1, btl tcp,self on lo, as bench_ring runs OpenMPI)

@@ -12,9 +12,18 @@
                              buffers refilled each step; one bucket and eight
      test_tcp                the same over TCP, 4 ranks, a 64 KiB threshold, ResNet-50's 161
                              tensor sizes scaled down by 64
+     test_list_ring          kvps_ring_allreduce_many as one all-reduce over the list (a ring
+                             forced to RING, 1000-byte chunks: pieces cut at the buffers' edges,
+                             short runs packed): every dtype and op, 1..8 ranks
+     test_tcp_list           the same over TCP with ResNet-50's sizes / 16 (pieces sent without
+                             a copy from the buffers), 3 ranks (AUTO) and 4 (RING), float and int64
+     test_layout_mismatch    rank 1 passes the same total in another list: every rank gets an
+                             error, one KVPS_ERR_MISMATCH naming the lists (packed path and ring)
      test_mismatch           rank 1 adds one element more: every rank gets an error, one of
                              them KVPS_ERR_MISMATCH; nothing hangs
-     test_bad_args           NULL buffer, bad dtype, too many buckets
+     test_bad_args           NULL buffer, bad dtype, too many buckets; allreduce_many: a NULL
+                             buffer in the list, bad dtype or op, 2^62 elements, named, the
+                             ring usable after
    Through servers (2 servers, 3 worker threads, BSP, server-side SGD), against the same job made
    of one request per tensor (kvps_worker_pushpull_tensor), whose BSP sums in rank order must give
    the same bits, and a naive sum:
@@ -127,6 +136,41 @@ static void tcp_main(kt_rk *x) {
 
 static void test_tcp(void) { kt_run_team("tcp, 4 ranks", tcp_main, 4, 1, 20000, NULL); }
 
+/* kvps_ring_allreduce_many on a ring that runs RING: one all-reduce over the list itself
+   (kvps_ring.h, >>list). 1000-byte chunks cut the 37 buffers into many pieces, at their edges,
+   the short runs packed together; every dtype and op, 1..8 ranks. */
+static void test_list_ring(void) {
+    for (int k = 1; k <= 8; k++) {
+        char label[48];
+        snprintf(label, sizeof label, "list ring, %d ranks", k);
+        kt_team t;
+        kt_team_init(&t, label, matrix_main, k, 0, kt_quick() ? 60000 : 20000);
+        t.base.algo = KVPS_ALGO_RING;
+        t.base.chunk_bytes = 1000;
+        kt_team_run(&t);
+    }
+}
+
+/* The same over TCP with ResNet-50's sizes / 16 (6.4 MB): pieces sent without a copy from the
+   buffers (the convolutions), the batch norms packed; 3 ranks (AUTO runs RING there) and 4 with
+   RING forced; float sums and exact int64 sums, two steps each. */
+static void tcp_list_main(kt_rk *x) {
+    size_t cnt[200];
+    size_t n = resnet50_sizes(cnt);
+    for (size_t i = 0; i < n; i++) cnt[i] = (cnt[i] + 15) / 16;
+    fcase f = {KVPS_FLOAT32, KVPS_SUM, 0, 2, 2, 0, 16}, g = {KVPS_INT64, KVPS_SUM, 0, 2, 2, 0, 16};
+    run_case(x, &f, cnt, n, NULL);
+    run_case(x, &g, cnt, n, NULL);
+}
+
+static void test_tcp_list(void) {
+    kt_run_team("list ring over tcp, 3 ranks", tcp_list_main, 3, 1, 20000, NULL);
+    kt_team t;
+    kt_team_init(&t, "list ring over tcp, 4 ranks", tcp_list_main, 4, 1, kt_quick() ? 60000 : 20000);
+    t.base.algo = KVPS_ALGO_RING;
+    kt_team_run(&t);
+}
+
 static void mismatch_main(kt_rk *x) {
     size_t cnt[4] = {10, 20, 30, 40};
     if (x->rank == 1) cnt[2]++;
@@ -136,6 +180,39 @@ static void mismatch_main(kt_rk *x) {
     x->rc1 = rc;
     snprintf(x->err1, sizeof x->err1, "%.300s", kvps_ring_last_error(x->r));
     for (int i = 0; i < 4; i++) free(b[i]);
+}
+
+/* Rank 1 passes the same total in another list (its first two counts swapped): every rank gets
+   an error, one of them KVPS_ERR_MISMATCH naming the lists; through the packed path (a small list:
+   RD) and the list ring (RING forced). */
+static void layout_main(kt_rk *x) {
+    size_t cnt[4] = {10, 20, 30, 40};
+    if (x->rank == 1) { cnt[0] = 20; cnt[1] = 10; }
+    float *b[4];
+    for (int i = 0; i < 4; i++) b[i] = (float *)calloc(cnt[i], sizeof(float));
+    x->rc1 = kvps_ring_allreduce_many(x->r, (void *const *)b, cnt, 4, KVPS_FLOAT32, KVPS_SUM, 0);
+    snprintf(x->err1, sizeof x->err1, "%.300s", kvps_ring_last_error(x->r));
+    for (int i = 0; i < 4; i++) free(b[i]);
+}
+
+static void test_layout_mismatch(void) {
+    for (int ring = 0; ring < 2; ring++) {
+        kt_team t;
+        kt_team_init(&t, ring ? "layout, ring" : "layout", layout_main, 3, 0, 3000);
+        if (ring) t.base.algo = KVPS_ALGO_RING;
+        kt_team_run(&t);
+        int mism = 0;
+        for (int i = 0; i < 3; i++) {
+            KT_CHECK(t.ranks[i].rc1 != KVPS_OK, "%s: rank %d: another list of the same total went through", t.label, i);
+            if (t.ranks[i].rc1 == KVPS_ERR_MISMATCH) {
+                mism++;
+                KT_CHECK(strstr(t.ranks[i].err1, "list of buffers") != NULL, "%s: rank %d: the error does not name the "
+                         "lists: %s", t.label, i, t.ranks[i].err1);
+            }
+            printf("  %s: rank %d: %s: %s\n", t.label, i, kvps_result_str(t.ranks[i].rc1), t.ranks[i].err1);
+        }
+        KT_CHECK(mism >= 1, "%s: no rank reported KVPS_ERR_MISMATCH", t.label);
+    }
 }
 
 static void test_mismatch(void) {
@@ -171,6 +248,17 @@ static void test_bad_args(void) {
     kvps_fuse_destroy(&f);
     KT_CHECK(kvps_ring_allreduce_many(r, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0) == KVPS_OK, "an empty list");
     KT_CHECK(kvps_ring_allreduce_many(r, NULL, NULL, 2, KVPS_FLOAT32, KVPS_SUM, 0) == KVPS_ERR_INVALID_ARG, "NULL lists");
+    void *bl[2] = {v, NULL};
+    size_t cl[2] = {3, 2}, huge = (size_t)1 << 62;
+    KT_CHECK(kvps_ring_allreduce_many(r, bl, cl, 2, KVPS_FLOAT32, KVPS_SUM, 0) == KVPS_ERR_INVALID_ARG &&
+             strstr(kvps_ring_last_error(r), "buffer 1 is NULL"), "a NULL buffer in the list: %s", kvps_ring_last_error(r));
+    KT_CHECK(kvps_ring_allreduce_many(r, bl, cl, 1, (kvps_dtype)9, KVPS_SUM, 0) == KVPS_ERR_INVALID_ARG, "bad dtype");
+    KT_CHECK(kvps_ring_allreduce_many(r, bl, cl, 1, KVPS_FLOAT32, (kvps_redop)7, 0) == KVPS_ERR_INVALID_ARG, "bad op");
+    KT_CHECK(kvps_ring_allreduce_many(r, bl, &huge, 1, KVPS_FLOAT32, KVPS_SUM, 0) == KVPS_ERR_INVALID_ARG &&
+             strstr(kvps_ring_last_error(r), "2^40"), "2^62 elements: %s", kvps_ring_last_error(r));
+    cl[1] = 0; /* (an empty buffer may be NULL) */
+    KT_OK(kvps_ring_allreduce_many(r, bl, cl, 2, KVPS_FLOAT32, KVPS_AVG, 0)); /* the bad calls left the ring usable */
+    KT_CHECK(v[0] == 1 && v[1] == 2 && v[2] == 3, "one rank's average changed the values");
     kvps_ring_destroy(&r);
 }
 
@@ -427,6 +515,9 @@ int main(void) {
     KT_RUN(test_many_matrix, 300);
     KT_RUN(test_incremental, 120);
     KT_RUN(test_tcp, 120);
+    KT_RUN(test_list_ring, 300);
+    KT_RUN(test_tcp_list, 120);
+    KT_RUN(test_layout_mismatch, 60);
     KT_RUN(test_mismatch, 60);
     KT_RUN(test_bad_args, 30);
     KT_RUN(test_ps_fused, 120);
