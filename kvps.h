@@ -3648,6 +3648,8 @@ typedef struct kvps__key {
                             its request whose contribution the last applied round held */
 } kvps__key;
 
+struct kvps__gbuf { unsigned char *p; size_t len, cap; }; /* a growing byte buffer */
+
 struct kvps_server {
     /* configuration and sockets */
     kvps_server_desc desc;    /* defaults resolved; the pointers it keeps: OWNERSHIP in the manual */
@@ -3741,8 +3743,8 @@ struct kvps_server {
     struct kvps__preq *preq;  /* primary: pushes not yet in applied rounds (index + 1 is a tag) */
     uint32_t npreq, cap_preq, preq_free; /* preq_free: a free list through the unused (index + 1) */
     uint32_t cur_preq;        /* the push being served (its tag; 0: none) */
-    struct kvps__gbuf { unsigned char *p; size_t len, cap; } rb, rd; /* rounds applied and pushes
-                                 completed since the last ROUND message (rb_keys, rb_done of them) */
+    struct kvps__gbuf rb, rd; /* rounds applied and pushes completed since the last ROUND
+                                 message (rb_keys, rb_done of them) */
     uint32_t rb_keys, rb_done;
 };
 
