@@ -567,16 +567,16 @@ elif want 6; then
     echo "run,replicas,sync_ms,min_ms,max_ms,ideal_ms,meas_over_ideal,T_ms,cpu_pct_ours_all,failover_ms,longest_step_ms,kill_to_resume_ms" >"$f"
     say "\n## Claim 6 (issue 18): replicated shards - r = 2 within 1.15x of r = 1, and a primary's kill\n"
     say "# claim 2's layout: a server and a worker on each of hosts 0..%s, %s shards, the model as %s tensors;\n" $((n - 1)) "$n" "$tensors"
-    say "# r = 2: shard i's backup on host i+1 mod %s (port 5556), which the primary sends every push to\n" "$n"
-    say "# before it answers. Ideal (every link direction full): r = 1 carries 2(n-1)/n S each way per host\n"
-    say "# = %s T; r = 2 adds each shard's m/n S of pushes (all workers') to its backup: (3n-2)/n T = %s T.\n" \
-        "$(pf "\"%.2f\", 2 * ($n - 1) / $n")" "$(pf "\"%.2f\", (3 * $n - 2) / $n")"
+    say "# r = 2: shard i's backup on host i+1 mod %s (port 5556), which the primary sends each round's sum\n" "$n"
+    say "# to before it answers (BSP). Ideal (every link direction full): r = 1 carries 2(n-1)/n S each way\n"
+    say "# per host = %s T; r = 2 adds each shard's S/n, one sum a round, to its backup: (2n-1)/n T = %s T.\n" \
+        "$(pf "\"%.2f\", 2 * ($n - 1) / $n")" "$(pf "\"%.2f\", (2 * $n - 1) / $n")"
     say "%-5s %4s %10s %19s %10s %10s %7s\n" run r sync_ms "[min..max]" ideal_ms meas/ideal cpu%
     for r in 1 2; do
         tg=c6_r$r
         run_rep "$tg" "$n" "$r" 0 --tensors "$tensors" --failover-ms "$failover_ms" || continue
         t=${R_MED[$tg]}
-        ideal=$(pf "\"%.1f\", ($r == 1 ? 2 * ($n - 1) / $n : (3 * $n - 2) / $n) * $T")
+        ideal=$(pf "\"%.1f\", ($r == 1 ? 2 * ($n - 1) / $n : (2 * $n - 1) / $n) * $T")
         say "%-5s %4s %10s %19s %10s %10s %7s%s\n" "r$r" "$r" "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "$ideal" \
             "$(pf "\"%.2f\", $t / $ideal")" "${R_CPU[$tg]}" "$(cpu_note "${R_CPU[$tg]}")"
         echo "r$r,$r,$t,${R_LO[$tg]},${R_HI[$tg]},$ideal,$(pf "\"%.3f\", $t / $ideal"),$T,${R_CPU[$tg]},$failover_ms,," >>"$f"
@@ -584,7 +584,7 @@ elif want 6; then
     ratio=nan
     case "${R_MED[c6_r1]:-nan}/${R_MED[c6_r2]:-nan}" in *nan*) ;; *) ratio=$(pf "\"%.2f\", ${R_MED[c6_r2]} / ${R_MED[c6_r1]}");; esac
     say "claim 6: sync time r = 2 / r = 1 = %sx <= 1.15x: %s   (link arithmetic: %sx)\n" "$ratio" "$(judge "$ratio" "<=" 1.15)" \
-        "$(pf "\"%.2f\", (3 * $n - 2) / (2 * ($n - 1))")"
+        "$(pf "\"%.2f\", (2 * $n - 1) / (2 * ($n - 1))")"
     # the kill: r = 2, shard 0's primary SIGKILLed halfway through; workers move to its backup
     tg=c6_kill
     say "# kill run: r = 2, SIGKILL to shard 0's primary once worker 0 has finished half the timed steps;\n"
