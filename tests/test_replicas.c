@@ -414,7 +414,11 @@ static void test_bsp_half_replicated(void) {
     job_init(&J, "half", KVPS_BSP, KVPS_UPDATE_SUM, 1);
     job_start(&J);
     kvps_worker *w[NW] = {0};
+    kvps_req qs[NW];
+    int who = -1;
     for (int r = 0; r < NW; r++) KT_OK(job_worker(&J, r, 300, &w[r]));
+    for (int r = 0; r < NW; r++) KT_OK(kvps_worker_barrier(w[r], &qs[r])); /* every hello answered: pushes go at once */
+    KT_OK(drive(w, qs, NW, 20000, &who));
     uint64_t ka = key_on_shard0_from(5000), kb = key_on_shard0_from(ka + 1), both[2] = {ka, kb};
     size_t lens[2] = {4, 4};
     float v[NW][8], got[8];
@@ -423,14 +427,14 @@ static void test_bsp_half_replicated(void) {
     kvps_req q0, q[NW], qb[NW];
     KT_OK(kvps_worker_push(w[0], both, v[0], lens, 2, &q0));
     for (int r = 1; r < NW; r++) KT_OK(kvps_worker_push(w[r], &ka, v[r], lens, 1, &q[r]));
-    for (int r = 1; r < NW; r++) KT_OK(kvps_worker_wait(w[r], q[r], 10000)); /* a's round is on both replicas */
+    q[0] = 0;
+    KT_OK(drive(w, q, NW, 20000, &who)); /* a's round is on both replicas */
     kvps_result r0 = kvps_worker_wait(w[0], q0, 300);
     KT_CHECK(r0 == KVPS_ERR_TIMEOUT, "worker 0's push of a and b was answered (%s) before b's round was complete",
              kvps_result_str(r0));
     kill_server(&J, 0, 0);
     qb[0] = q0;
     for (int r = 1; r < NW; r++) KT_OK(kvps_worker_push(w[r], &kb, v[r], lens, 1, &qb[r]));
-    int who = -1;
     kvps_result dr = drive(w, qb, NW, 20000, &who);
     KT_CHECK(dr == KVPS_OK, "after the kill: worker %d: %s (%s)", who, kvps_result_str(dr), who >= 0 ? kvps_worker_last_error(w[who]) : "");
     kvps_req pq;
