@@ -3743,9 +3743,9 @@ struct kvps_server {
     struct kvps__preq *preq;  /* primary: pushes not yet in applied rounds (index + 1 is a tag) */
     uint32_t npreq, cap_preq, preq_free; /* preq_free: a free list through the unused (index + 1) */
     uint32_t cur_preq;        /* the push being served (its tag; 0: none) */
-    struct kvps__gbuf rb, rd; /* rounds applied and pushes completed since the last ROUND
-                                 message (rb_keys, rb_done of them) */
-    uint32_t rb_keys, rb_done;
+    struct kvps__gbuf rb, rd; /* rounds applied (rb_keys of them) and pushes completed since
+                                 the last ROUND message */
+    uint32_t rb_keys;
 };
 
 enum { KVPS__ROLE_NONE, KVPS__ROLE_PRIMARY, KVPS__ROLE_BACKUP };
@@ -3765,6 +3765,8 @@ struct kvps__rq;
 static uint32_t kvps__preq_new(kvps_server *s, const struct kvps__rq *q);
 static void kvps__preq_drop(kvps_server *s, uint32_t tag);
 static void kvps__round_note(kvps_server *s, kvps__key *k, int count);
+/* A ROUND message is still to go (rounds applied or pushes completed since the last one). */
+static int kvps__round_pending(const kvps_server *s) { return s->rb.len || s->rd.len; }
 static void kvps__round_send(kvps_server *s);
 static int kvps__preq_pending(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id);
 static void kvps__preq_fail(kvps_server *s, kvps__key *k, const char *why);
@@ -3833,7 +3835,7 @@ static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
         return;
     }
-    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || s->rb_keys || s->rb_done || kvps__repl_floor(s) < s->fwd_seq) &&
+    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || kvps__round_pending(s) || kvps__repl_floor(s) < s->fwd_seq) &&
         kvps__repl_hold(s, frames, n) == 0)
         return; /* held until the backups have what it depends on (rounds not yet sent: the next message) */
     if (kvps__send_frames(s->router, frames, n) == 0) return;
@@ -4896,7 +4898,7 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
 }
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     kvps__handle_one(s, fr, nfr);
-    if (s->rb_keys || s->rb_done) kvps__round_send(s); /* the rounds it completed, down the chain */
+    if (kvps__round_pending(s)) kvps__round_send(s); /* the rounds it completed, down the chain */
 }
 
 /* Keyed ops and the barrier: the frame count and a meta frame of nkeys entries. */
@@ -6499,7 +6501,7 @@ static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n) {
     kvps__held *h = &s->held[(s->held_head + s->nheld) % s->cap_held];
     for (int i = 0; i < n; i++) h->f[i] = frames[i];
     h->n = n;
-    h->tag = s->fwd_seq + (s->rb_keys || s->rb_done); /* a ROUND message still to go is the next */
+    h->tag = s->fwd_seq + (uint64_t)kvps__round_pending(s); /* a ROUND message still to go is the next */
     s->nheld++;
     return 0;
 }
@@ -6618,7 +6620,6 @@ static void kvps__preq_drop(kvps_server *s, uint32_t tag) {
             kvps__put32(d, p->hdr.rank);
             kvps__put32(d + 4, p->hdr.status);
             memcpy(d + 8, &seq, 8);
-            s->rb_done++;
         } else {
             kvps__repl_resync(s, "no memory to record a push as applied");
         }
@@ -6679,7 +6680,7 @@ static void kvps__preq_clear(kvps_server *s) {
     s->preq = NULL;
     s->npreq = s->cap_preq = s->preq_free = 0;
     s->rb.len = s->rd.len = 0;
-    s->rb_keys = s->rb_done = 0;
+    s->rb_keys = 0;
 }
 
 /* Primary: key k's round is applied with the sum in accum of count contributions: its record. */
@@ -6718,13 +6719,13 @@ static void kvps__gbuf_free(void *data, void *hint) { (void)hint; free(data); }
 
 /* Primary: the rounds noted since the last message, down the chain as one ROUND message. */
 static void kvps__round_send(kvps_server *s) {
-    if (!s->rb_keys && !s->rb_done) return;
+    if (!kvps__round_pending(s)) return;
     zmq_msg_t f[2];
     size_t dn = 8 + s->rd.len;
     zmq_msg_init_size(&f[0], dn); /* (a few bytes: zmq keeps small messages inline) */
     unsigned char *d = (unsigned char *)zmq_msg_data(&f[0]);
     kvps__put32(d, s->rb_keys);
-    kvps__put32(d + 4, s->rb_done);
+    kvps__put32(d + 4, (uint32_t)(s->rd.len / KVPS__RDONE));
     if (s->rd.len) memcpy(d + 8, s->rd.p, s->rd.len);
     if (s->rb.len && zmq_msg_init_data(&f[1], s->rb.p, s->rb.len, kvps__gbuf_free, NULL) == 0) {
         s->rb.p = NULL; /* (the message owns it now) */
@@ -6736,7 +6737,7 @@ static void kvps__round_send(kvps_server *s) {
     zmq_msg_close(&f[0]);
     zmq_msg_close(&f[1]);
     s->rb.len = s->rd.len = 0;
-    s->rb_keys = s->rb_done = 0;
+    s->rb_keys = 0;
     kvps__repl_release(s); /* (no backup waited for: what was held for this message goes) */
 }
 
