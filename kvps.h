@@ -8424,6 +8424,39 @@ static kvps_result kvps__move_rows_from(kvps_worker *w, int s, const uint32_t *v
 }
 
 /* Every per-server array to n2 entries (new ones zeroed); 0, or -1 out of memory. */
+/* Request q, made for w->n servers, for n2 > w->n of them (a grow while it is in flight). */
+static int kvps__req_resize(kvps_worker *w, kvps__req *q, int n2) {
+    size_t n = (size_t)w->n, m = (size_t)n2;
+    uint32_t *db = (uint32_t *)realloc(q->dbegin, (m + 1) * sizeof *db);
+    if (db) { q->dbegin = db; memset(db + n + 1, 0, (m - n) * sizeof *db); }
+    uint8_t *st = (uint8_t *)realloc(q->state, m);
+    if (st) { q->state = st; memset(st + n, 0, m - n); }
+    uint8_t *nk = (uint8_t *)realloc(q->nkept, m);
+    if (nk) { q->nkept = nk; memset(nk + n, 0, m - n); }
+    zmq_msg_t(*kp)[2] = (zmq_msg_t(*)[2])malloc(m * sizeof *kp);
+    if (kp && nk) { /* (messages move, never copied as bytes) */
+        for (size_t s = 0; s < n; s++)
+            for (int j = 0; j < q->nkept[s]; j++) {
+                zmq_msg_init(&kp[s][j]);
+                zmq_msg_move(&kp[s][j], &q->kept[s][j]);
+                zmq_msg_close(&q->kept[s][j]);
+            }
+        free(q->kept);
+        q->kept = kp;
+    } else {
+        free(kp);
+        kp = NULL;
+    }
+    int ok = db && st && nk && kp;
+    if (ok && q->sbytes) {
+        uint64_t *sb = (uint64_t *)realloc(q->sbytes, m * sizeof *sb);
+        uint8_t *qu = sb ? (uint8_t *)realloc(q->queued, m) : NULL;
+        if (sb) { q->sbytes = sb; memset(sb + n, 0, (m - n) * sizeof *sb); }
+        if (qu) { q->queued = qu; memset(qu + n, 0, m - n); }
+        ok = sb && qu;
+    }
+    return ok ? 0 : -1;
+}
 static int kvps__worker_resize(kvps_worker *w, int n2) {
 #define KVPS__GROW(field, count)                                                                              \
     do {                                                                                                       \
@@ -8442,6 +8475,8 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     zmq_pollitem_t *ni = (zmq_pollitem_t *)realloc(w->items, 2 * (size_t)n2 * sizeof *ni);
     if (nc) w->count = nc;
     if (ni) w->items = ni;
+    for (uint32_t i = 0; nc && ni && i < w->nslots; i++) /* requests in flight (hellos, tensor names) */
+        if (w->slots[i] && kvps__req_resize(w, w->slots[i], n2) != 0) return -1;
     return nc && ni ? 0 : -1;
 }
 
@@ -8619,6 +8654,28 @@ static kvps_result kvps__reshard_keys(kvps_worker *w, const char *keys, char **l
     return KVPS_OK;
 }
 
+/* Waits up to timeout_ms until no hello of this worker waits for its answer (a refused one is
+   the worker's fatal error, named by the server). */
+static kvps_result kvps__hellos_answered(kvps_worker *w, int timeout_ms) {
+    int64_t deadline = kvps__now_ms() + timeout_ms;
+    for (;;) {
+        if (w->fatal) return kvps__wfail(w, w->fatal, "%s", w->fatal_text);
+        int srv = -1;
+        for (uint32_t i = 0; i < w->nslots && srv < 0; i++)
+            if (w->slots[i] && w->slots[i]->ctl == KVPS__OP_HELLO)
+                for (int s = 0; s < w->n && srv < 0; s++)
+                    if (w->slots[i]->state[s] == 1) srv = s;
+        if (srv < 0) return KVPS_OK;
+        int64_t now = kvps__now_ms();
+        if (now >= deadline)
+            return kvps__wfail(w, KVPS_ERR_TIMEOUT, "reshard: server %d (%s) did not answer this worker's hello within %d ms",
+                               srv, kvps__ep(w, srv), timeout_ms);
+        kvps_result pr = kvps__progress(w, (long)(deadline - now < 100 ? deadline - now : 100));
+        if (pr != KVPS_OK && !w->fatal) return pr;
+        kvps__watch(w);
+    }
+}
+
 KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *servers, const char *curve_server_keys,
                                               int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
@@ -8658,12 +8715,14 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
     memcpy(vmap2, w->vmap, (size_t)w->V * sizeof *vmap2);
     kvps__place p2; /* the placement after this change (rank 0 plans it, the others read it) */
     memset(&p2, 0, sizeof p2);
-    /* 1. every worker is here, nothing is in flight anywhere */
+    /* 1. a grow: connect to the new servers and say hello (the new list); then wait for the
+          answers to every hello this worker has sent, so that each is served before worker 0,
+          past the barrier, tells the servers the new placement (a hello served after that is
+          answered with a placement this worker does not hold yet; one still unanswered would be
+          re-sent after a failover, naming the old placement, and the server would refuse this
+          worker's keyed requests) */
     kvps_req b;
-    r = kvps_worker_barrier(w, &b);
-    if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
-    /* 2. a grow: connect to the new servers and say hello (the new list) */
-    if (r == KVPS_OK && n2 > n) {
+    if (n2 > n) {
         for (int i = n; i < n2 && r == KVPS_OK; i++) {
             w->endpoints[i] = list[i];
             list[i] = NULL;
@@ -8680,6 +8739,10 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
         if (r == KVPS_OK) r = kvps__hello_from(w, n);
         for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
     }
+    if (r == KVPS_OK) r = kvps__hellos_answered(w, timeout_ms);
+    /* 2. every worker is here, nothing is in flight anywhere */
+    if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
+    if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
     /* 3. rank 0 plans the new map by the bytes each virtual shard holds, moves the keys and rows,
           and tells every server the new placement; the others wait at a second barrier */
     kvps__heldkey **held = w->desc.rank == 0 ? (kvps__heldkey **)calloc((size_t)n, sizeof *held) : NULL;

@@ -20,6 +20,14 @@
      test_reshard_refused            a list that does not keep the old servers in order, and a
                                      reshard with a request in flight: refused, named, nothing
                                      moved
+     test_hello_before_place         a grow whose new server (a raw ROUTER standing in for one)
+                                     answers worker 1's hello only after 1.5 s, as a slow
+                                     connection would: no PLACE reaches it before that answer
+                                     (a hello served after the placement changed is answered
+                                     with one the worker does not hold yet, and made the server
+                                     refuse that worker's keyed requests: CI saw it under load);
+                                     the same with old server 1 holding worker 1's first hello,
+                                     still in flight when the reshard starts
      test_plan_by_bytes              kvps__vmap_plan on ResNet-50's 161 tensors cut for 10
                                      servers plus 10^4 raw keys: 10 -> 20 servers one at a time
                                      and back; after every step max/mean bytes <= 1.1 and the
@@ -308,6 +316,108 @@ static void test_reshard_refused(void) {
 }
 
 /* max/mean of the servers' bytes under vmap (n servers) */
+/* The stand-in third server: acknowledges every request at once, but worker 1's hello only
+   after hold_ms; counts PLACE requests that came while that hello waited. */
+typedef struct fake3 { char ep[96]; int hold_ms, stop, hellos, places, places_early; } fake3;
+static void *fake3_main(void *arg) {
+    fake3 *f = (fake3 *)arg;
+    void *ctx = zmq_ctx_new();
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0, to = 20;
+    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(r, ZMQ_RCVTIMEO, &to, sizeof to);
+    zmq_bind(r, f->ep);
+    zmq_msg_t held_id;
+    kvps__hdr held_h;
+    int64_t held_until = 0; /* 0: nothing held */
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+        if (held_until && kt_now_ms() >= held_until) {
+            kvps__hdr a = kvps__reply_hdr(&held_h, KVPS_OK);
+            a.nkeys = 0;
+            zmq_msg_send(&held_id, r, ZMQ_SNDMORE);
+            zmq_send(r, &a, sizeof a, 0);
+            held_until = 0;
+        }
+        zmq_msg_t fr[3];
+        int n = 0, more = 1;
+        while (more && n < 3) {
+            zmq_msg_init(&fr[n]);
+            if (zmq_msg_recv(&fr[n], r, 0) < 0) { zmq_msg_close(&fr[n]); break; }
+            more = zmq_msg_more(&fr[n]);
+            n++;
+        }
+        if (n >= 2 && zmq_msg_size(&fr[1]) >= sizeof(kvps__hdr)) {
+            kvps__hdr h;
+            memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
+            if (h.op == KVPS__OP_PLACE) { f->places++; f->places_early += held_until != 0; }
+            if (h.op == KVPS__OP_HELLO) f->hellos++;
+            if (h.op == KVPS__OP_HELLO && h.rank == 1 && !held_until && f->hellos <= 2) {
+                zmq_msg_init(&held_id);
+                zmq_msg_copy(&held_id, &fr[0]);
+                held_h = h;
+                held_until = kt_now_ms() + f->hold_ms;
+            } else {
+                kvps__hdr a = kvps__reply_hdr(&h, KVPS_OK);
+                a.nkeys = 0;
+                zmq_msg_send(&fr[0], r, ZMQ_SNDMORE);
+                zmq_send(r, &a, sizeof a, 0);
+            }
+        }
+        for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+    }
+    if (held_until) zmq_msg_close(&held_id);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+typedef struct lh { const char *list2, *list3; int rank; kvps_result rc; char err[300]; } lh;
+static void *late_hello_worker(void *arg) {
+    lh *c = (lh *)arg;
+    kvps_worker *w = NULL;
+    c->rc = kvps_worker_create(&(kvps_worker_desc){.servers = c->list2, .rank = c->rank, .num_workers = 2}, &w);
+    if (c->rc == KVPS_OK) c->rc = kvps_worker_reshard(w, c->list3, 20000);
+    if (c->rc != KVPS_OK) snprintf(c->err, sizeof c->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+
+/* Servers 0, 1, 2 (2 joins by the reshard), the one at fake_at the stand-in. */
+static void hello_before_place(int fake_at) {
+    char ep[3][96], list2[300], list3[400];
+    static fake3 f;
+    memset(&f, 0, sizeof f);
+    f.hold_ms = 1500;
+    for (int i = 0; i < 3; i++) snprintf(ep[i], sizeof ep[i], "ipc://@kvps-reshard-late-%d-%d-%d", (int)getpid(), fake_at, i);
+    snprintf(f.ep, sizeof f.ep, "%s", ep[fake_at]);
+    snprintf(list2, sizeof list2, "%s,%s", ep[0], ep[1]);
+    snprintf(list3, sizeof list3, "%s,%s", list2, ep[2]);
+    kvps_server *s[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        if (i == fake_at) continue;
+        KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[i], .rank = i, .num_workers = 2}, &s[i]));
+        KT_OK(kvps_server_start(s[i]));
+    }
+    pthread_t ft, wt[2];
+    pthread_create(&ft, NULL, fake3_main, &f);
+    lh c[2] = {{list2, list3, 0, KVPS_OK, ""}, {list2, list3, 1, KVPS_OK, ""}};
+    for (int r = 0; r < 2; r++) pthread_create(&wt[r], NULL, late_hello_worker, &c[r]);
+    for (int r = 0; r < 2; r++) pthread_join(wt[r], NULL);
+    __atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(ft, NULL);
+    for (int i = 0; i < 3; i++) kvps_server_destroy(&s[i]);
+    const char *what = fake_at == 2 ? "the new server held worker 1's hello" : "server 1 held worker 1's first hello";
+    for (int r = 0; r < 2; r++)
+        KT_CHECK(c[r].rc == KVPS_OK, "%s: worker %d: %s: %s", what, r, kvps_result_str(c[r].rc), c[r].err);
+    KT_CHECK(f.hellos == 2 && f.places == 1, "%s: it heard %d hellos and %d PLACE requests, want 2 and 1", what, f.hellos,
+             f.places);
+    KT_CHECK(f.places_early == 0, "%s: PLACE reached it while that hello waited for its answer", what);
+}
+static void test_hello_before_place(void) {
+    hello_before_place(2);
+    hello_before_place(1); /* the reshard grows the worker's tables while that hello is in flight */
+}
+
 static double max_mean(const uint32_t *vmap, uint32_t V, int n, const uint64_t *bytes) {
     uint64_t load[64] = {0}, tot = 0, mx = 0;
     for (uint32_t v = 0; v < V; v++) { load[vmap[v]] += bytes[v]; tot += bytes[v]; }
@@ -407,6 +517,7 @@ int main(void) {
     KT_RUN(test_grow_shrink_bit_identical, 120);
     KT_RUN(test_restart_after_grow, 120);
     KT_RUN(test_reshard_refused, 60);
+    KT_RUN(test_hello_before_place, 60);
     KT_RUN(test_plan_by_bytes, 60);
     KT_RUN(test_placement_refused, 30);
     return kt_finish();
