@@ -208,7 +208,11 @@
                            with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
                            their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
                            (n x u64 key), 19 PLACE (u32 V, u32 count, u32 server counts
-                           [count]: the placement, first to last); replies set 0x80
+                           [count]: the placement, first to last), 24 READ (REPLICAS under
+                           BSP, .read_local: a pull whose values frame is u64 the sequence of
+                           the worker's push it waits for; answered by any replica, a
+                           backup too, or KVPS_ERR_NOT_PRIMARY with aux 1 when it never
+                           will); replies set 0x80
      table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
      PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
      u64 seed } with no ids
@@ -420,7 +424,23 @@
    the windows the backup holds). A backup takes over as primary when a worker's request comes
    and its primary's connection is gone (epoch + 1, and the others get a snapshot from it);
    while the primary's connection is alive it answers KVPS_ERR_NOT_PRIMARY and the worker moves
-   on. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
+   on. READS FROM A LOCAL REPLICA: under BSP the round's sum reaches every backup anyway, so a
+   worker created with .read_local = 1 (or KVPS_READ_LOCAL=1; kvps-run passes the environment)
+   reads a pushpull's result from a replica of the shard on its own host (ipc, inproc, or a TCP
+   address the host can bind; the first such past place 0), and only sends the push to the
+   primary: the pull's bytes then stay off the link. The pushpull goes as a push and a READ
+   chained behind it (one handle); the READ names the push's sequence and the replica answers
+   it once the round holding that worker's push is applied there (each key keeps, per worker,
+   the request whose contribution the last applied round held): the same bits the primary
+   would answer with. A READ the replica cannot tell (the first step, just after a snapshot, a
+   key it does not hold, a shard that is not BSP: then the worker stops asking it) is answered
+   KVPS_ERR_NOT_PRIMARY and goes to the primary as a pull, after the push on the same
+   connection; so do the READs pending when the replica's connection drops, and every READ
+   while the worker speaks to that replica as its primary. The push is still answered only
+   once its round is replicated, so a wait means what it meant. Not with credit_bytes (a pull
+   could pass its push in the queue) nor CURVE (such a worker reads from the primaries).
+   test_replicas' test_bsp_read_local checks every step against the oracle; bench/ethernet.sh
+   claim 6's r2l run measures it. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
    snapshot from another shard or job (rank, number of workers) is refused and that replica
    stays out. Limits: a primary cut off from its backups while still reachable by some workers
    is not detected (there is no quorum: a backup takes over once it has lost the primary's
@@ -502,7 +522,8 @@
         Replicated shards (FAULTS, REPLICAS): '|' in a server list entry, desc fields
         .replicas/.replica/.replacement (server) and .failover_ms (worker), op REPL (kinds FWD,
         SNAP, LOST, ROUND: under BSP each round's sum, not the pushes), stats repl_bytes,
-        KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots. For existing
+        KVPS_ERR_NOT_PRIMARY, stats primary/replicas_live/takeovers/snapshots; .read_local
+        (last in the worker desc), op READ, stats reads, protocol release 6. For existing
         programs: a request of more than 2 frames is refused (KVPS_ERR_MALFORMED) by every op.
         FUSION: kvps_worker_push_tensors / pull_tensors / pushpull_tensors,
         kvps_worker_tensor_priority, desc fields fusion_bytes and credit_bytes (last in the
@@ -753,6 +774,7 @@ typedef struct kvps_server_stats {
     uint64_t takeovers;     /* times this server took over as primary */
     uint64_t snapshots;     /* snapshots sent (a primary) or loaded (a backup) */
     uint64_t repl_bytes;    /* a primary: bytes sent down the chain, to all backups together */
+    uint64_t reads;         /* READs answered: pushpulls' pulls from workers with .read_local */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -774,6 +796,7 @@ typedef struct kvps_server_stats {
    | failover_ms   | 1000: a shard's server unreachable this long: the next replica (REPLICAS) |
    | fusion_bytes  | 256 KiB: a fused request's message to one server carries slices up to this (FUSION) |
    | credit_bytes  | 0: every message goes at once; else the bytes in flight to one server, the rest wait, highest priority first (FUSION) |
+   | read_local    | 0: $KVPS_READ_LOCAL (1: on), else off; 1: a BSP pushpull reads from a replica on this host (REPLICAS) |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
@@ -801,6 +824,8 @@ typedef struct kvps_worker_desc {
                         (1000) */
     size_t fusion_bytes; /* FUSION: the most one message of a fused request carries (256 KiB) */
     size_t credit_bytes; /* FUSION: bytes in flight to one server (0: no limit); the rest wait, by priority */
+    int read_local; /* REPLICAS under BSP: 1: a pushpull reads its result from a replica of the shard on
+                       this host (READS FROM A LOCAL REPLICA); 0: $KVPS_READ_LOCAL, else off; -1: off */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -1274,6 +1299,8 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #include <limits.h>
 #include <sched.h>
 #include <math.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -3050,8 +3077,10 @@ enum {
                                   rows taken in (new row ids only) */
     KVPS__OP_DROP_ROWS = 22,   /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */
     KVPS__OP_PLACE_GET = 23,   /* RESHARD: answered with the server's placement (kvps__place_enc) */
-    KVPS__OP_COUNT = 24,
-    KVPS__PROTO = 5,      /* the protocol release a HELLO names: both sides must speak the same (5: BSP replicas send rounds) */
+    KVPS__OP_READ = 24,   /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the
+                             push's sequence; kvps__serve_read) */
+    KVPS__OP_COUNT = 25,
+    KVPS__PROTO = 6,      /* the protocol release a HELLO names: both sides must speak the same (6: READ) */
     KVPS__HELLO_BYTES = 48,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
@@ -3615,6 +3644,7 @@ typedef struct kvps__parked { /* a pull waiting for a key's round */
     zmq_msg_t id;
     kvps__hdr hdr;
     uint32_t *idx; /* key indices in request order */
+    uint64_t after; /* a READ: the sequence of the worker's push it waits for (0: a pull) */
 } kvps__parked;
 
 /* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
@@ -3830,8 +3860,12 @@ static int kvps__seen_check(kvps__seen *w, uint32_t inc, uint64_t q) {
 /* Checks one request whole, then applies it. frames: [id][meta][values?]. */
 /* Sends a reply; one that cannot be queued (the peer does not read its replies, or is gone)
    is dropped and counted. */
+static int kvps__read_reply(zmq_msg_t *frames, int n) { /* a READ's answer: a backup sends it */
+    return n >= 2 && zmq_msg_size(&frames[1]) >= KVPS__HDR &&
+           ((const kvps__hdr *)zmq_msg_data(&frames[1]))->op == (KVPS__OP_READ | KVPS__OP_REPLY);
+}
 static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
-    if (s->role == KVPS__ROLE_BACKUP) { /* serving the primary's copy: the primary answers */
+    if (s->role == KVPS__ROLE_BACKUP && !kvps__read_reply(frames, n)) { /* serving the primary's copy: the primary answers */
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
         return;
     }
@@ -4319,8 +4353,9 @@ static int kvps__needs_finished(const kvps_server *s, const kvps__key *k, uint64
 }
 
 /* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
+static kvps__key *kvps__read_blocker(const kvps_server *s, const kvps__parked *p);
 static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
-    kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
+    kvps__key *k = p->after ? kvps__read_blocker(s, p) : kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
         kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
                           s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
@@ -4342,6 +4377,7 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
         k->waiters = p;
         return;
     }
+    if (p->after) KVPS__STAT_ADD(s, reads, 1);
     kvps__pull_reply(s, &p->id, &p->hdr, p->idx);
     kvps__parked_free(p);
 }
@@ -4727,6 +4763,7 @@ static void kvps__serve_bye(kvps_server *s, kvps__rq *q);
 static void kvps__serve_status(kvps_server *s, kvps__rq *q);
 static void kvps__serve_name(kvps_server *s, kvps__rq *q);
 static void kvps__serve_move(kvps_server *s, kvps__rq *q);
+static void kvps__serve_read(kvps_server *s, kvps__rq *q);
 
 /* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
 static const kvps__op_spec kvps__ops[] = {
@@ -4754,6 +4791,7 @@ static const kvps__op_spec kvps__ops[] = {
     {"import_rows", 1, 0, 0, 1, kvps__serve_move},
     {"drop_rows", 1, 0, 0, 1, kvps__serve_move},
     {"place_get", 0, 0, 0, 0, kvps__serve_move},
+    {"read", 0, 0, 1, 0, kvps__serve_read}, /* (its values frame, the push's sequence, checked there) */
 };
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
 static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
@@ -4867,12 +4905,12 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
             if (nfr <= 5) kvps__repl_serve(s, fr, nfr);
             return;
         }
-        if (s->role == KVPS__ROLE_BACKUP && !kvps__repl_take_over(s, fr, nfr)) return;
+        if (s->role == KVPS__ROLE_BACKUP && h0.op != KVPS__OP_READ && !kvps__repl_take_over(s, fr, nfr)) return;
     }
     if (!kvps__parse(s, &q)) return;
     if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
     if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS &&
-        !(s->rmode && (q.h.op == KVPS__OP_PUSH || q.h.op == KVPS__OP_PUSHPULL)))
+        q.h.op != KVPS__OP_READ && !(s->rmode && (q.h.op == KVPS__OP_PUSH || q.h.op == KVPS__OP_PUSHPULL)))
         kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order
                                                        (BSP pushes: their rounds' sums go instead, kvps__round_send) */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
@@ -4883,9 +4921,10 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
         q.op->serve(s, &q);
         return;
     }
-    kvps__heard_from(s, &q);
+    if (q.h.op != KVPS__OP_READ || s->role != KVPS__ROLE_BACKUP) /* (a READ at a backup: the primary keeps the liveness) */
+        kvps__heard_from(s, &q);
     if (s->place_wait[q.h.rank] && (q.op->serve == kvps__serve_keys || q.op->serve == kvps__serve_table ||
-                                    q.op->serve == kvps__serve_move)) {
+                                    q.op->serve == kvps__serve_move || q.op->serve == kvps__serve_read)) {
         char pt[200];
         kvps__refuse(s, &q, KVPS_ERR_MISMATCH, "worker %u sent %s before it took this server's placement (%s; its keys "
                      "were placed by reshards): a worker waits for its first hello's answer before its first keyed "
@@ -5138,6 +5177,25 @@ static int kvps__apply_values(kvps_server *s, kvps__rq *q) {
 }
 
 /* A pull (or a pushpull's pull): answered now when its keys are ready, else parked. */
+/* Pull (or READ after request `after`) q, kept as a parked pull and answered when its keys are
+   ready (kvps__try_pull: now, or when a round wakes it). */
+static void kvps__park_pull(kvps_server *s, kvps__rq *q, uint64_t after) {
+    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
+    uint32_t *pidx = (uint32_t *)malloc((size_t)q->h.nkeys * sizeof *pidx);
+    if (!p || !pidx) {
+        free(p); free(pidx);
+        kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s of %u keys", q->op->name, q->h.nkeys);
+        return;
+    }
+    memcpy(pidx, q->idx, (size_t)q->h.nkeys * sizeof *pidx);
+    zmq_msg_init(&p->id);
+    zmq_msg_copy(&p->id, q->id);
+    p->hdr = q->h;
+    p->idx = pidx;
+    p->after = after;
+    p->since = kvps__now_ms();
+    kvps__try_pull(s, p);
+}
 static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
     /* A pushpull's push is applied now: an error its pull gets later (a lost worker, no memory
        for the reply) must leave it in the re-send window, or the worker's re-send would apply
@@ -5153,20 +5211,7 @@ static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
         zmq_msg_close(&rid);
         return;
     }
-    kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
-    uint32_t *pidx = (uint32_t *)malloc((size_t)q->h.nkeys * sizeof *pidx);
-    if (!p || !pidx) {
-        free(p); free(pidx);
-        kvps__refuse(s, q, KVPS_ERR_NOMEM, "pull of %u keys", q->h.nkeys);
-        return;
-    }
-    memcpy(pidx, q->idx, (size_t)q->h.nkeys * sizeof *pidx);
-    zmq_msg_init(&p->id);
-    zmq_msg_copy(&p->id, q->id);
-    p->hdr = q->h;
-    p->idx = pidx;
-    p->since = kvps__now_ms();
-    kvps__try_pull(s, p);
+    kvps__park_pull(s, q, 0);
 }
 
 /* PUSH, PULL, PUSHPULL, INIT, CONFIG: checked whole, then applied, then answered. */
@@ -6702,6 +6747,10 @@ static void kvps__round_note(kvps_server *s, kvps__key *k, int count) {
             memcpy(t, &inc, 4);
             memcpy(t + 4, &in, 4);
             memcpy(t + 8, &seq, 8);
+            if (inc && (k->dtag || (k->dtag = (uint64_t *)calloc(2 * (size_t)s->m, sizeof *k->dtag)))) {
+                k->dtag[2 * r] = inc; /* (as the backups keep it: a READ here waits on it too) */
+                k->dtag[2 * r + 1] = seq;
+            }
         }
         memcpy(t, k->accum, fl);
         if (fl & 7) memset(t + fl, 0, 8 - (fl & 7));
@@ -6815,6 +6864,7 @@ static const char *kvps__round_apply(kvps_server *s, zmq_msg_t *done, zmq_msg_t 
             k->dtag[2 * r] = inc;
             k->dtag[2 * r + 1] = seq;
         }
+        if (k->waiters) kvps__wake(s, k); /* READs that waited for this round */
     }
     for (uint32_t i = 0; i < nd; i++) { /* pushes whose every round is here: a re-send is a duplicate */
         uint32_t r, inc;
@@ -6825,6 +6875,97 @@ static const char *kvps__round_apply(kvps_server *s, zmq_msg_t *done, zmq_msg_t 
         if (r < (uint32_t)s->m && inc) kvps__seen_check(&s->seen[r], inc, seq);
     }
     return NULL;
+}
+
+/* ---- REPLICAS under BSP: reads from a replica on the worker's host ----
+   A worker with .read_local sends a pushpull's push to the primary and its pull, as READ, to a
+   replica of the shard on its own host, so the result does not cross the link a second time
+   (the round's sum already reached that replica down the chain). READ's values frame is u64 X,
+   the sequence of the push's first request. It is answered with the keys' values once every key
+   holds that worker's contribution from request X or later (the key's dtag, which the rounds
+   applied here set, on a backup and on a primary alike), and parked until then (kvps__try_pull,
+   woken by each round). Where this replica cannot tell, it answers KVPS_ERR_NOT_PRIMARY and the
+   worker pulls from the primary instead, after its push: not BSP with replicas, not holding the
+   shard yet, a key it does not hold, or one with no round of that worker's since it was made or
+   loaded (the worker's first step, a snapshot). A READ changes nothing and is not sent down the
+   chain; a backup answers it itself without taking over, and parked READs are refused when the
+   replica loads a snapshot. */
+
+/* The first key whose round with worker p->hdr.rank's request p->after is not applied here. */
+static kvps__key *kvps__read_blocker(const kvps_server *s, const kvps__parked *p) {
+    uint32_t r = p->hdr.rank;
+    for (uint32_t i = 0; i < p->hdr.nkeys; i++) {
+        kvps__key *k = s->keys[p->idx[i]];
+        if (!k->dtag || k->dtag[2 * r] != (uint32_t)p->hdr.status || k->dtag[2 * r + 1] < p->after) return k;
+    }
+    return NULL;
+}
+
+/* Answers READ with KVPS_ERR_NOT_PRIMARY (the worker reads from the primary); quietly (info):
+   it is how a worker's first step, or one after a snapshot, goes. */
+static void kvps__read_elsewhere(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, int never, const char *fmt, ...) {
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    kvps__log(KVPS_LOG_INFO, "server %d replica %d: a read from worker %u goes to the primary: %s", s->desc.rank,
+              s->desc.replica, req->rank, text);
+    kvps__hdr h = kvps__reply_hdr(req, KVPS_ERR_NOT_PRIMARY);
+    h.aux = (uint32_t)never; /* 1: no READ will be answered here (the worker stops asking) */
+    zmq_msg_t f[3];
+    kvps__reply_start(f, id, 0, &h);
+    kvps__msg_from_buf(&f[2], text, strlen(text));
+    kvps__server_send(s, f, 3);
+}
+
+/* Every parked READ answered KVPS_ERR_NOT_PRIMARY (this replica's keys are about to go). */
+static void kvps__reads_refuse(kvps_server *s, const char *why) {
+    for (uint32_t i = 0; i < s->nkeys; i++) {
+        kvps__parked **pp = &s->keys[i]->waiters;
+        while (*pp) {
+            kvps__parked *p = *pp;
+            if (!p->after) { pp = &p->next; continue; }
+            *pp = p->next;
+            kvps__read_elsewhere(s, &p->id, &p->hdr, 0, "%s", why);
+            kvps__parked_free(p);
+        }
+    }
+}
+
+static void kvps__serve_read(kvps_server *s, kvps__rq *q) {
+    if (q->nfr != 3 || zmq_msg_size(&q->fr[2]) != 8 || q->msz - KVPS__HDR != (size_t)q->h.nkeys * KVPS__KENT) {
+        kvps__refuse(s, q, q->nfr < 3 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "read: %d frames, meta of %zu bytes for %u "
+                     "keys, a values frame of %zu bytes (want 8)", q->nfr - 1, q->msz, q->h.nkeys,
+                     q->nfr == 3 ? zmq_msg_size(&q->fr[2]) : (size_t)0);
+        return;
+    }
+    if (!kvps__check_keys(s, q)) return;
+    uint64_t after;
+    memcpy(&after, zmq_msg_data(&q->fr[2]), 8);
+    uint32_t r = q->h.rank;
+    const char *why = !s->rmode ? "its shard is not BSP with replicas"
+                      : s->role == KVPS__ROLE_BACKUP && !s->synced ? "it does not hold the shard yet" : NULL;
+    uint64_t key = 0;
+    for (uint32_t i = 0; i < q->h.nkeys && !why; i++) {
+        kvps__key *k = q->idx[i] == UINT32_MAX ? NULL : s->keys[q->idx[i]];
+        key = kvps__ent(q, i).key;
+        if (!k) why = "it does not hold key";
+        else if (!k->dtag || k->dtag[2 * r] != (uint32_t)q->h.status) why = "no round of this worker's since it got key";
+    }
+    if (why || !after || !q->h.status) {
+        if (!why) why = "a read without its push's sequence or the worker's incarnation";
+        else if (strstr(why, "key")) {
+            char kt[160];
+            kvps__read_elsewhere(s, q->id, &q->h, 0, "server %d replica %d (%s): %s %s", s->desc.rank, s->desc.replica,
+                                 s->endpoint, why, kvps__key_text(s, key, kt, sizeof kt));
+            return;
+        }
+        kvps__read_elsewhere(s, q->id, &q->h, !s->rmode, "server %d replica %d (%s): %s", s->desc.rank, s->desc.replica,
+                             s->endpoint, why);
+        return;
+    }
+    kvps__park_pull(s, q, after);
 }
 
 /* Primary: worker r is lost (the backups do what this server did). */
@@ -7026,6 +7167,7 @@ static void kvps__repl_ack(kvps_server *s) {
    and deferred pushes of the previous state go: their workers re-send what was not answered). */
 static const char *kvps__repl_load(kvps_server *s, zmq_msg_t *ck, zmq_msg_t *sess) {
     if (zmq_msg_size(sess) != kvps__session_bytes(s)) return "session state of the wrong size (another number of workers)";
+    kvps__reads_refuse(s, "it is loading a snapshot");
     kvps__flush_all(s);
     kvps__keys_truncate(s, 0);
     while (s->tables) { kvps__table *t = s->tables; s->tables = t->next; kvps__table_free(t); }
@@ -7642,6 +7784,8 @@ typedef struct kvps__req {
                             slice per server, chained: the next round's request, 0 for the last */
     uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
     uint8_t ctl;         /* a request of the worker's own (KVPS__OP_HELLO, NAME, BYE), 0 for the caller's */
+    uint8_t read;        /* its messages are READs (kept as READs; sent to the shard's read replica, or as
+                            a pull to the primary: kvps__read_send) */
     int prio;            /* FUSION: its messages' priority (its tensor's; a fused round's highest) */
     uint64_t *sbytes;    /* credit_bytes set: per server, the bytes of its message in flight (0: none) */
     uint8_t *queued;     /* credit_bytes set: per server, its message waits in the worker's queue */
@@ -7718,6 +7862,15 @@ struct kvps_worker {
     int64_t last_watch; /* when connection events were last read (each read is a syscall) */
     int64_t *down_since;
     uint8_t *up_once;  /* per server: a connection was ever made (inproc: from the start) */
+    /* REPLICAS, .read_local: per shard, the replica on this host that READs go to (rj: its place in
+       the chain, -1: none), its socket and monitor, whether it is connected, and whether it said it
+       never answers READs (its shard is not BSP); the pushpull's push sequence a READ names */
+    int *rj;
+    void **rsocks, **rmons;
+    uint8_t *rup;
+    int64_t *rnot;
+    int nitems;
+    uint64_t read_after;
     int ready;         /* create succeeded: destroy says goodbye */
     int finished;      /* kvps_worker_finish was called */
     kvps_result fatal; /* a server refused this worker's hello: every wait says so */
@@ -7768,24 +7921,30 @@ static void kvps__zc_free(void *data, void *hint) {
 
 static kvps_result kvps__hello_all(kvps_worker *w);
 
-/* Server i's DEALER (CURVE when skey), its monitor and its connection to the current replica. */
-static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey, const uint8_t *cpub, const uint8_t *csec) {
+/* A DEALER to shard i, with a routing id that survives reconnects ('s': its server's socket,
+   'r': its read replica's), so the server's answers to requests it parked before a drop still
+   reach it (the server hands the id over); NULL when ZeroMQ cannot make one. */
+static void *kvps__worker_dealer(kvps_worker *w, int i, char kind) {
     void *s = zmq_socket(w->ctx, ZMQ_DEALER);
-    if (!s) return KVPS_ERR_ZMQ;
-    w->socks[i] = s;
+    if (!s) return NULL;
     int zero = 0;
     zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    /* a routing id that survives reconnects, so the server's answers to requests it parked
-       before a drop still reach this socket (the server hands the id over) */
-    unsigned char rid[16] = {'k', 'v', 'p', 's'};
+    unsigned char rid[16] = {'k', 'v', 'p', (unsigned char)kind};
     uint32_t rk = (uint32_t)w->desc.rank, si = (uint32_t)i;
     memcpy(rid + 4, &w->incarnation, 4);
     memcpy(rid + 8, &rk, 4);
     memcpy(rid + 12, &si, 4);
     zmq_setsockopt(s, ZMQ_ROUTING_ID, rid, sizeof rid);
     kvps__heartbeats(s, w->desc.heartbeat_ms, w->desc.peer_timeout_ms);
+    return s;
+}
+
+/* Server i's DEALER (CURVE when skey), its monitor and its connection to the current replica. */
+static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey, const uint8_t *cpub, const uint8_t *csec) {
+    void *s = w->socks[i] = kvps__worker_dealer(w, i, 's');
+    if (!s) return KVPS_ERR_ZMQ;
     if (skey) {
         zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, skey, 32);
         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, cpub, 32);
@@ -7803,6 +7962,117 @@ static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey,
     return KVPS_OK;
 }
 
+/* ---- REPLICAS, .read_local: READs from a replica on this host ----
+   A pushpull under BSP with replicas is sent as its push, to the primary, and a READ of the same
+   keys (kvps__serve_read), to the shard's replica on this host when there is one other than the
+   replica this worker speaks to: the result then does not cross the link, which the round's sum
+   already crossed on its way down the chain. A READ that replica cannot answer, or one pending
+   when its connection drops, goes to the primary as a pull (after the push, on the same socket,
+   so it sees it); so does every READ while the worker speaks to that replica itself. */
+
+/* 1 when endpoint ep is on this host: ipc, inproc, or a TCP address this host can bind. */
+static int kvps__ep_local(const char *ep) {
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0) return 1;
+    if (strncmp(ep, "tcp://", 6) != 0) return 0;
+    const char *h = ep + 6, *e = *h == '[' ? strchr(++h, ']') : strrchr(h, ':');
+    char host[256];
+    if (!e || e == h || (size_t)(e - h) >= sizeof host) return 0;
+    memcpy(host, h, (size_t)(e - h));
+    host[e - h] = 0;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0) return 0;
+    int local = 0;
+    for (struct addrinfo *a = res; a && !local; a = a->ai_next) { /* an address of this host binds (port 0) */
+        int fd = socket(a->ai_family, SOCK_DGRAM, 0);
+        if (fd < 0) continue;
+        local = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return local;
+}
+
+/* Shards from..n-1: the read replica (the first on this host past the primary's place) and its
+   socket. A CURVE worker reads from the primaries (its replicas' keys are not known apart). */
+static kvps_result kvps__reads_open(kvps_worker *w, int from) {
+    if (w->curve) return KVPS_OK;
+    if (!w->rj) {
+        w->rj = (int *)malloc((size_t)w->n * sizeof *w->rj);
+        w->rsocks = (void **)calloc((size_t)w->n, sizeof *w->rsocks);
+        w->rmons = (void **)calloc((size_t)w->n, sizeof *w->rmons);
+        w->rup = (uint8_t *)calloc((size_t)w->n, 1);
+        w->rnot = (int64_t *)calloc((size_t)w->n, sizeof *w->rnot);
+        if (!w->rj || !w->rsocks || !w->rmons || !w->rup || !w->rnot) return KVPS_ERR_NOMEM;
+        for (int i = 0; i < w->n; i++) w->rj[i] = -1;
+    }
+    for (int i = from; i < w->n; i++) {
+        w->rj[i] = -1;
+        for (int j = 1; j < w->nrep[i] && w->rj[i] < 0; j++)
+            if (kvps__ep_local(w->reps[i][j])) w->rj[i] = j;
+        if (w->rj[i] < 0) continue;
+        void *d = w->rsocks[i] = kvps__worker_dealer(w, i, 'r');
+        if (!d) return KVPS_ERR_ZMQ;
+        if (kvps__monitor(w->ctx, d, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED, &w->rmons[i]) != 0)
+            return KVPS_ERR_ZMQ;
+        if (zmq_connect(d, w->reps[i][w->rj[i]]) != 0) {
+            kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", w->desc.rank, w->reps[i][w->rj[i]],
+                      zmq_strerror(zmq_errno()));
+            return KVPS_ERR_CONNECT;
+        }
+        w->rup[i] = strncmp(w->reps[i][w->rj[i]], "inproc://", 9) == 0; /* (no handshake events there) */
+        kvps__log(KVPS_LOG_INFO, "worker %d: shard %d: pushpulls read from replica %d (%s), on this host", w->desc.rank, i,
+                  w->rj[i], w->reps[i][w->rj[i]]);
+    }
+    return KVPS_OK;
+}
+
+/* Shard s's read replica's socket when a READ goes there now, else NULL (a pull to the primary). */
+static void *kvps__read_via(const kvps_worker *w, int s) {
+    if (!w->rsocks || !w->rsocks[s] || !w->rup[s] || w->rj[s] == w->cur[s]) return NULL;
+    return w->rnot[s] ? NULL : w->rsocks[s];
+}
+
+/* Any shard's READs go to a read replica now: a pushpull is then sent as push + READ (not with
+   credit_bytes: a pull to the primary could pass its push waiting in the queue). */
+static int kvps__reads_on(const kvps_worker *w) {
+    for (int s = 0; w->rsocks && !w->desc.credit_bytes && s < w->n; s++)
+        if (kvps__read_via(w, s)) return 1;
+    return 0;
+}
+
+/* Sends READ request q's kept message for server srv: to the read replica, or as a pull (the
+   same keys, no values frame) to the shard's server. 0, or -1 when the send failed. */
+static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
+    zmq_msg_t f[2];
+    void *via = primary ? NULL : kvps__read_via(w, srv);
+    if (via) {
+        for (int j = 0; j < q->nkept[srv]; j++) {
+            zmq_msg_init(&f[j]);
+            zmq_msg_copy(&f[j], &q->kept[srv][j]);
+        }
+        return kvps__send_frames(via, f, q->nkept[srv]);
+    }
+    size_t n = zmq_msg_size(&q->kept[srv][0]);
+    if (kvps__msg_from_buf(&f[0], zmq_msg_data(&q->kept[srv][0]), n) != 0) return -1;
+    kvps__hdr h;
+    memcpy(&h, zmq_msg_data(&f[0]), sizeof h);
+    h.op = KVPS__OP_PULL;
+    memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
+    return kvps__send_frames(w->socks[srv], f, 1);
+}
+
+/* Shard s's read replica went away, or answered that it cannot tell: the READs waiting there go
+   to the primary as pulls (a late answer from the replica is dropped as a second one). */
+static void kvps__reads_reroute(kvps_worker *w, int s) {
+    for (uint32_t i = 0; i < w->nslots; i++) {
+        kvps__req *q = w->slots[i];
+        if (q && q->read && q->state[s] == 1 && q->nkept[s] && kvps__read_send(w, q, s, 0) != 0)
+            kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
+    }
+}
+
 /* The poll items: every server's socket, then every monitor. */
 static void kvps__worker_items(kvps_worker *w) {
     for (int i = 0; i < w->n; i++) {
@@ -7813,6 +8083,13 @@ static void kvps__worker_items(kvps_worker *w) {
         w->items[w->n + i].fd = 0;
         w->items[w->n + i].events = ZMQ_POLLIN;
     }
+    w->nitems = 2 * w->n;
+    for (int i = 0; w->rsocks && i < w->n; i++) /* then each read socket and its monitor */
+        if (w->rsocks[i]) {
+            zmq_pollitem_t a = {w->rsocks[i], 0, ZMQ_POLLIN, 0}, b = {w->rmons[i], 0, ZMQ_POLLIN, 0};
+            w->items[w->nitems++] = a;
+            w->items[w->nitems++] = b;
+        }
 }
 
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
@@ -7866,7 +8143,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     if (!w->vmap || !w->rstamp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
     for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
-    w->items = (zmq_pollitem_t *)calloc(2 * (size_t)w->n, sizeof *w->items); /* sockets, then monitors */
+    w->items = (zmq_pollitem_t *)calloc(4 * (size_t)w->n, sizeof *w->items); /* sockets, monitors, read sockets' */
     w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
     w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
     w->down = (uint8_t *)calloc((size_t)w->n, 1);
@@ -7918,6 +8195,8 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         memcpy(w->curve_sec, csec, 32);
     }
     kvps__free_strv(skeys, nskeys);
+    w->desc.read_local = desc->read_local ? desc->read_local : getenv("KVPS_READ_LOCAL") && atoi(getenv("KVPS_READ_LOCAL")) > 0;
+    if (r == KVPS_OK && w->desc.read_local > 0) r = kvps__reads_open(w, 0);
     if (r == KVPS_OK) kvps__worker_items(w);
     w->desc.curve_server_keys = w->desc.curve_public_key = w->desc.curve_secret_key = NULL; /* (the strings are not kept) */
     memset(csec, 0, sizeof csec);
@@ -7939,7 +8218,10 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     for (int i = 0; i < w->n; i++) {
         if (w->socks && w->socks[i]) zmq_close(w->socks[i]);
         if (w->mons && w->mons[i]) zmq_close(w->mons[i]);
+        if (w->rsocks && w->rsocks[i]) zmq_close(w->rsocks[i]);
+        if (w->rmons && w->rmons[i]) zmq_close(w->rmons[i]);
     }
+    free(w->rj); free(w->rsocks); free(w->rmons); free(w->rup); free(w->rnot);
     /* Requests that ZeroMQ still references are freed by the last free callback. */
     for (uint32_t i = 0; i < w->nslots; i++)
         if (w->slots[i]) {
@@ -8146,6 +8428,19 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
         zmq_msg_copy(&q->kept[srv][j], &f[j]);
     }
     q->nkept[srv] = (uint8_t)nf;
+    if (op == KVPS__OP_READ) { /* to the read replica, or as a pull to the primary */
+        q->read = 1;
+        for (int j = 0; j < nf; j++) zmq_msg_close(&f[j]);
+        if (kvps__read_send(w, q, srv, 0) != 0) {
+            kvps__req_drop_kept(q, srv);
+            return kvps__wfail(w, KVPS_ERR_ZMQ, "read from server %d (%s): send failed: %s", srv, kvps__ep(w, srv),
+                               zmq_strerror(zmq_errno()));
+        }
+        q->pending++;
+        q->sent++;
+        q->state[srv] = 1;
+        return KVPS_OK;
+    }
     if (q->sbytes && !q->ctl && kvps__credit_wait(w, q, srv, f, nf)) { /* waits for credit, in the queue */
         q->pending++;
         q->sent++;
@@ -8186,6 +8481,10 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u keys", kvps__ops[op].name, srv, nk);
     memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
     if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
+    if (op == KVPS__OP_READ && kvps__msg_from_buf(&f[nf++], &w->read_after, 8) != 0) { /* the push's sequence */
+        zmq_msg_close(&f[0]);
+        return kvps__wfail(w, KVPS_ERR_NOMEM, "read from server %d: out of memory", srv);
+    }
     if (kvps__op_has_values(op)) {
         uint64_t total = 0;
         for (uint32_t i = 0; i < nk; i++) total += ents[i].len;
@@ -8470,9 +8769,11 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     KVPS__GROW(hs_val, n2); KVPS__GROW(down_since, n2); KVPS__GROW(up_once, n2); KVPS__GROW(status_text, n2);
     KVPS__GROW(status_got, n2); KVPS__GROW(endpoints, n2); KVPS__GROW(reps, n2); KVPS__GROW(nrep, n2); KVPS__GROW(cur, n2);
     KVPS__GROW(rstamp, n2); KVPS__GROW(inflight, n2);
+    if (w->rj) { KVPS__GROW(rj, n2); KVPS__GROW(rsocks, n2); KVPS__GROW(rmons, n2); KVPS__GROW(rup, n2); KVPS__GROW(rnot, n2); }
 #undef KVPS__GROW
+    for (int i = w->n; w->rj && i < n2; i++) w->rj[i] = -1;
     uint32_t *nc = (uint32_t *)realloc(w->count, ((size_t)n2 + 1) * sizeof *nc);
-    zmq_pollitem_t *ni = (zmq_pollitem_t *)realloc(w->items, 2 * (size_t)n2 * sizeof *ni);
+    zmq_pollitem_t *ni = (zmq_pollitem_t *)realloc(w->items, 4 * (size_t)n2 * sizeof *ni);
     if (nc) w->count = nc;
     if (ni) w->items = ni;
     for (uint32_t i = 0; nc && ni && i < w->nslots; i++) /* requests in flight (hellos, tensor names) */
@@ -8735,6 +9036,8 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
                 kvps__wfail(w, r, "reshard: cannot connect to server %d (%s)", i, kvps__ep(w, i));
             w->n = i + 1;
         }
+        if (r == KVPS_OK && w->rj && (r = kvps__reads_open(w, n)) != KVPS_OK)
+            kvps__wfail(w, r, "reshard: cannot open the new shards' read replicas");
         kvps__worker_items(w);
         if (r == KVPS_OK) r = kvps__hello_from(w, n);
         for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
@@ -8780,6 +9083,12 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
                 zmq_close(w->socks[i]);
                 zmq_close(w->mons[i]);
                 w->socks[i] = w->mons[i] = NULL;
+                if (w->rsocks && w->rsocks[i]) {
+                    zmq_close(w->rsocks[i]);
+                    zmq_close(w->rmons[i]);
+                    w->rsocks[i] = w->rmons[i] = NULL;
+                    w->rj[i] = -1;
+                }
                 kvps__free_strv(w->reps[i], w->nrep[i]);
                 free(w->endpoints[i]);
                 w->reps[i] = NULL;
@@ -8877,8 +9186,34 @@ KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, floa
                                       const size_t *lens, size_t nkeys, kvps_req *out) {
     return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
 }
+/* REPLICAS, .read_local: a pushpull's READ (made by read, with w->read_after set to the push's
+   sequence) chained behind its push, request a, already out: one handle, a's, for both. */
+static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result (*read)(kvps_worker *, const void *, kvps_req *),
+                                     const void *arg, kvps_req *out) {
+    kvps_req b = 0;
+    w->read_after = a >> KVPS__SLOT_BITS;
+    kvps_result r = read(w, arg, &b);
+    w->read_after = 0;
+    kvps__req *qa = kvps__req_get(w, a), *last = qa;
+    while (last->next) last = kvps__req_get(w, last->next);
+    if (r == KVPS_OK) last->next = b;
+    else if (qa->status == KVPS_OK) qa->status = r; /* (the push is out: its handle reports it) */
+    *out = a;
+    return KVPS_OK;
+}
+typedef struct kvps__keys_args { const uint64_t *keys; float *vals; const size_t *lens; size_t nkeys; } kvps__keys_args;
+static kvps_result kvps__keys_read(kvps_worker *w, const void *arg, kvps_req *out) {
+    const kvps__keys_args *x = (const kvps__keys_args *)arg;
+    return kvps__keys_op(w, KVPS__OP_READ, x->keys, NULL, x->vals, x->lens, x->nkeys, out);
+}
 KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, const float *grads,
                                           float *vals, const size_t *lens, size_t nkeys, kvps_req *out) {
+    if (w && grads && vals && kvps__reads_on(w)) {
+        kvps_req a = 0;
+        kvps_result r = kvps__keys_op(w, KVPS__OP_PUSH, keys, grads, NULL, lens, nkeys, &a);
+        kvps__keys_args x = {keys, vals, lens, nkeys};
+        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__keys_read, &x, out);
+    }
     return kvps__keys_op(w, KVPS__OP_PUSHPULL, keys, grads, vals, lens, nkeys, out);
 }
 KVPS_API kvps_result kvps_worker_init(kvps_worker *w, const uint64_t *keys, const float *vals,
@@ -9221,8 +9556,19 @@ KVPS_API kvps_result kvps_worker_pull_tensors(kvps_worker *w, const kvps_tensor 
                                               kvps_req *out) {
     return kvps__tensors_op(w, KVPS__OP_PULL, ts, n, NULL, vals, out);
 }
+typedef struct kvps__tensors_args { const kvps_tensor *ts; size_t n; float *const *vals; } kvps__tensors_args;
+static kvps_result kvps__tensors_read(kvps_worker *w, const void *arg, kvps_req *out) {
+    const kvps__tensors_args *x = (const kvps__tensors_args *)arg;
+    return kvps__tensors_op(w, KVPS__OP_READ, x->ts, x->n, NULL, x->vals, out);
+}
 KVPS_API kvps_result kvps_worker_pushpull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
                                                   float *const *vals, kvps_req *out) {
+    if (w && grads && vals && kvps__reads_on(w)) {
+        kvps_req a = 0;
+        kvps_result r = kvps__tensors_op(w, KVPS__OP_PUSH, ts, n, grads, NULL, &a);
+        kvps__tensors_args x = {ts, n, vals};
+        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__tensors_read, &x, out);
+    }
     return kvps__tensors_op(w, KVPS__OP_PUSHPULL, ts, n, grads, vals, out);
 }
 KVPS_API kvps_result kvps_worker_tensor_priority(kvps_worker *w, kvps_tensor t, int priority) {
@@ -9235,8 +9581,19 @@ KVPS_API kvps_result kvps_worker_tensor_priority(kvps_worker *w, kvps_tensor t, 
 KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
     return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
 }
+typedef struct kvps__tensor_args { kvps_tensor t; float *vals; } kvps__tensor_args;
+static kvps_result kvps__tensor_read(kvps_worker *w, const void *arg, kvps_req *out) {
+    const kvps__tensor_args *x = (const kvps__tensor_args *)arg;
+    return kvps__tensor_op(w, KVPS__OP_READ, x->t, NULL, x->vals, NULL, out);
+}
 KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
                                                  float *vals, kvps_req *out) {
+    if (w && grad && vals && kvps__reads_on(w)) {
+        kvps_req a = 0;
+        kvps_result r = kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, &a);
+        kvps__tensor_args x = {t, vals};
+        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__tensor_read, &x, out);
+    }
     return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, NULL, out);
 }
 KVPS_API kvps_result kvps_worker_init_tensor(kvps_worker *w, kvps_tensor t, const float *vals, kvps_req *out) {
@@ -9636,6 +9993,17 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
                   (unsigned long long)h.req_id);
         return;
     }
+    if (h.status == KVPS_ERR_NOT_PRIMARY && h.op == (KVPS__OP_READ | KVPS__OP_REPLY)) { /* the read replica cannot tell */
+        if (h.aux == 1 && w->rnot && w->rnot[srv] != INT64_MAX) { /* nor ever will: not BSP with replicas */
+            w->rnot[srv] = INT64_MAX;
+            char text[256];
+            kvps__frame_text(fr, nfr, text, sizeof text);
+            kvps__log(KVPS_LOG_WARN, "worker %d: shard %d: pushpulls read from its primary: %s", w->desc.rank, srv, text);
+        }
+        if (q->read && kvps__read_send(w, q, srv, 1) != 0) /* a pull, to the primary, after the push */
+            kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
+        return;
+    }
     if (h.status == KVPS_ERR_NOT_PRIMARY && w->nrep[srv] > 1) { /* a backup: this request goes to the next replica */
         if (h.aux == (uint32_t)w->cur[srv])
             kvps__failover(w, srv, "is a backup whose primary is alive, or does not hold the shard yet");
@@ -9732,6 +10100,7 @@ static int kvps__cmp_req(const void *a, const void *b) {
 
 /* Sends the kept frames of q's message to server srv again (references, not copies). */
 static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
+    if (q->read) return kvps__read_send(w, q, srv, 0);
     zmq_msg_t f[2];
     int nf = q->nkept[srv];
     for (int j = 0; j < nf; j++) {
@@ -9815,6 +10184,20 @@ static void kvps__failover(kvps_worker *w, int s, const char *why) {
 
 /* Connection events: a drop marks the server down; its return re-sends what was in flight. */
 static void kvps__watch(kvps_worker *w) {
+    for (int s = 0; w->rmons && s < w->n; s++) { /* read replicas: up, or gone (their READs go to the primary) */
+        uint16_t ev = 0;
+        int32_t val = 0;
+        while (w->rmons[s] && kvps__monitor_event(w->rmons[s], &ev, &val)) {
+            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) w->rup[s] = 1;
+            else if (ev == ZMQ_EVENT_DISCONNECTED && w->rup[s]) {
+                w->rup[s] = 0;
+                if (!w->finished)
+                    kvps__log(KVPS_LOG_WARN, "worker %d: shard %d's read replica %d (%s) is gone; reading from its primary",
+                              w->desc.rank, s, w->rj[s], w->reps[s][w->rj[s]]);
+                kvps__reads_reroute(w, s);
+            }
+        }
+    }
     for (int s = 0; s < w->n; s++) {
         uint16_t ev = 0;
         int32_t val = 0;
@@ -9876,11 +10259,13 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
             w->last_watch = 0;
         }
     if (wait_ms > 0) {
-        int rc = zmq_poll(w->items, 2 * w->n, wait_ms);
+        int rc = zmq_poll(w->items, w->nitems, wait_ms);
         if (rc < 0 && zmq_errno() != EINTR) return kvps__wfail(w, KVPS_ERR_ZMQ, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         if (rc <= 0) return KVPS_OK;
         for (int s = 0; s < w->n; s++)
             if (w->items[w->n + s].revents & ZMQ_POLLIN) { w->last_watch = 0; break; }
+        for (int i = 2 * w->n + 1; i < w->nitems; i += 2) /* read replicas' monitors */
+            if (w->items[i].revents & ZMQ_POLLIN) w->last_watch = 0;
     }
     /* connection events change rarely; reading an empty monitor costs a syscall: every 10 ms */
     int64_t now = kvps__now_ms();
@@ -9894,6 +10279,15 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
             int extra;
             int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
             if (n < 0) return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d: %s", s, zmq_strerror(zmq_errno()));
+            if (n == 0) break;
+            kvps__on_reply(w, s, fr, n);
+            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+        }
+        for (; w->rsocks && w->rsocks[s];) { /* READ answers from shard s's read replica */
+            zmq_msg_t fr[2];
+            int extra;
+            int n = kvps__recv_msg(w->rsocks[s], fr, 2, &extra);
+            if (n < 0) return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d's read replica: %s", s, zmq_strerror(zmq_errno()));
             if (n == 0) break;
             kvps__on_reply(w, s, fr, n);
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);

@@ -32,9 +32,10 @@
 #   5. FP16 and top-k 1% cut sync time in proportion to bytes (1 server, 4 workers).
 #   6. (issue 18; not in the default run: --only 6) replicated shards: claim 2's layout on 4 hosts
 #      (4 shards, a server and a worker on each host) with r = 1 and r = 2 replicas per shard, the
-#      backup of shard i on host i+1 mod 4: r = 2 within 1.15x of r = 1; then r = 2 with shard 0's
-#      primary SIGKILLed in the middle of the timed steps: the time from the kill to training
-#      resuming (workers move to the backup after ps_peer --failover-ms, default 1000).
+#      backup of shard i on host i+1 mod 4, and r = 2 with the workers' .read_local (r2l: each reads
+#      its host's backup): r = 2 within 1.15x of r = 1; then r2l with shard 0's primary SIGKILLed in
+#      the middle of the timed steps: the time from the kill to training resuming (workers move to
+#      the backup after ps_peer --failover-ms, default 1000).
 # Results: DIR/ethernet_<rate>_claimN.csv, _steps.csv (every timed step), _ring_steps.csv,
 # _summary.txt (what was printed), _claim6_stamps.csv (claim 6: every timed step with its end on the
 # worker's wall clock, and the kill's time). bench/plot.sh turns claims 1-5 into PNGs.
@@ -301,7 +302,7 @@ run_rep() {
     done
     for k in $(seq 0 $((n - 1))); do
         start_on "$k" "$work/$t.w$k.out" "$work/$t.w$k.err" env KVPS_ROLE=worker KVPS_RANK=$k \
-            KVPS_SERVERS="$servers" KVPS_NUM_WORKERS=$n "$ps_bin" "${args[@]}"
+            KVPS_SERVERS="$servers" KVPS_NUM_WORKERS=$n KVPS_READ_LOCAL="${REP_READ_LOCAL:-0}" "$ps_bin" "${args[@]}"
         wpids+=("$LAST_PID"); errs+=("$work/$t.w$k.err")
     done
     if [ "$kill" = 1 ]; then
@@ -571,27 +572,32 @@ elif want 6; then
     say "# to before it answers (BSP). Ideal (every link direction full): r = 1 carries 2(n-1)/n S each way\n"
     say "# per host = %s T; r = 2 adds each shard's S/n, one sum a round, to its backup: (2n-1)/n T = %s T.\n" \
         "$(pf "\"%.2f\", 2 * ($n - 1) / $n")" "$(pf "\"%.2f\", (2 * $n - 1) / $n")"
+    say "# r2l: r = 2 with the workers' .read_local (KVPS_READ_LOCAL=1): worker i reads shard i-1's result from\n"
+    say "# its backup on host i, which the sum reached already; no link carries more than r = 1's: %s T.\n" \
+        "$(pf "\"%.2f\", 2 * ($n - 1) / $n")"
     say "%-5s %4s %10s %19s %10s %10s %7s\n" run r sync_ms "[min..max]" ideal_ms meas/ideal cpu%
-    for r in 1 2; do
-        tg=c6_r$r
-        run_rep "$tg" "$n" "$r" 0 --tensors "$tensors" --failover-ms "$failover_ms" || continue
+    for rr in 1 2 2l; do
+        tg=c6_r$rr r=${rr%l}
+        REP_READ_LOCAL=$([ "$rr" = 2l ] && echo 1 || echo 0) run_rep "$tg" "$n" "$r" 0 --tensors "$tensors" \
+            --failover-ms "$failover_ms" || continue
         t=${R_MED[$tg]}
-        ideal=$(pf "\"%.1f\", ($r == 1 ? 2 * ($n - 1) / $n : (2 * $n - 1) / $n) * $T")
-        say "%-5s %4s %10s %19s %10s %10s %7s%s\n" "r$r" "$r" "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "$ideal" \
+        ideal=$(pf "\"%.1f\", ($r == 1 || \"$rr\" == \"2l\" ? 2 * ($n - 1) / $n : (2 * $n - 1) / $n) * $T")
+        say "%-5s %4s %10s %19s %10s %10s %7s%s\n" "r$rr" "$r" "$t" "[${R_LO[$tg]}..${R_HI[$tg]}]" "$ideal" \
             "$(pf "\"%.2f\", $t / $ideal")" "${R_CPU[$tg]}" "$(cpu_note "${R_CPU[$tg]}")"
-        echo "r$r,$r,$t,${R_LO[$tg]},${R_HI[$tg]},$ideal,$(pf "\"%.3f\", $t / $ideal"),$T,${R_CPU[$tg]},$failover_ms,," >>"$f"
+        echo "r$rr,$r,$t,${R_LO[$tg]},${R_HI[$tg]},$ideal,$(pf "\"%.3f\", $t / $ideal"),$T,${R_CPU[$tg]},$failover_ms,," >>"$f"
     done
-    ratio=nan
+    ratio=nan ratiol=nan
     case "${R_MED[c6_r1]:-nan}/${R_MED[c6_r2]:-nan}" in *nan*) ;; *) ratio=$(pf "\"%.2f\", ${R_MED[c6_r2]} / ${R_MED[c6_r1]}");; esac
-    say "claim 6: sync time r = 2 / r = 1 = %sx <= 1.15x: %s   (link arithmetic: %sx)\n" "$ratio" "$(judge "$ratio" "<=" 1.15)" \
-        "$(pf "\"%.2f\", (2 * $n - 1) / (2 * ($n - 1))")"
+    case "${R_MED[c6_r1]:-nan}/${R_MED[c6_r2l]:-nan}" in *nan*) ;; *) ratiol=$(pf "\"%.2f\", ${R_MED[c6_r2l]} / ${R_MED[c6_r1]}");; esac
+    say "claim 6: sync time r = 2 / r = 1 = %sx (link arithmetic: %sx); with .read_local %sx <= 1.15x: %s\n" "$ratio" \
+        "$(pf "\"%.2f\", (2 * $n - 1) / (2 * ($n - 1))")" "$ratiol" "$(judge "$ratiol" "<=" 1.15)"
     # the kill: r = 2, shard 0's primary SIGKILLed halfway through; workers move to its backup
     tg=c6_kill
-    say "# kill run: r = 2, SIGKILL to shard 0's primary once worker 0 has finished half the timed steps;\n"
+    say "# kill run: r = 2 with .read_local, SIGKILL to shard 0's primary once worker 0 has finished half the timed steps;\n"
     say "# workers move to the backup after --failover-ms %s. kill->resume: from the kill to the end of the\n" "$failover_ms"
     say "# first step that every worker ended after the kill, by its last worker (this machine's wall clock%s).\n" \
         "$([ -n "$host_file" ] && echo '; over ssh: host 0'"'"'s clock against the workers'"'"', as synchronised as they are')"
-    if run_rep "$tg" "$n" 2 1 --tensors "$tensors" --failover-ms "$failover_ms" && [ -n "$KILL_US" ]; then
+    if REP_READ_LOCAL=1 run_rep "$tg" "$n" 2 1 --tensors "$tensors" --failover-ms "$failover_ms" && [ -n "$KILL_US" ]; then
         # rs: the first step that every worker ended after the kill; resume: its last end - the kill
         read -r resume rs longest lstep < <(awk -F, -v t="$tg" -v k="$KILL_US" '
             $1 == t { s = $3 + 0; if (!(s in mx) || $4 + 0 > mx[s]) mx[s] = $4 + 0
@@ -604,8 +610,8 @@ elif want 6; then
             "$(cpu_note "${R_CPU[$tg]}")"
         say "claim 6 kill: kill -> resume (timed step %s done by all) = %s ms; longest step %s ms (timed step %s),\n" \
             "$rs" "$resume" "$longest" "$lstep"
-        say "# %s ms more than the r = 2 median (%s ms); failover_ms = %s\n" \
-            "$(pf "\"%.1f\", $longest - ${R_MED[c6_r2]:-0}")" "${R_MED[c6_r2]:-nan}" "$failover_ms"
+        say "# %s ms more than the r2l median (%s ms); failover_ms = %s\n" \
+            "$(pf "\"%.1f\", $longest - ${R_MED[c6_r2l]:-0}")" "${R_MED[c6_r2l]:-nan}" "$failover_ms"
         echo "kill,2,$t,${R_LO[$tg]},${R_HI[$tg]},,,$T,${R_CPU[$tg]},$failover_ms,$longest,$resume" >>"$f"
     else
         [ -n "${KILL_US:-}" ] || say "  !! %s: the kill did not happen (no worker progress, or pkill found nothing)\n" "$tg"

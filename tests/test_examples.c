@@ -547,18 +547,20 @@ static void test_pipeline(void) {
    primary SIGKILLed mid-run (--kill-primary-at 700: with 2 shards shard 0 holds 3 of the MLP's
    slices, so it applies 3 rounds a step, 1404 in the epoch's 468 steps; round 700 is in step 234).
    Each exits 0 and prints the same "final weights crc32" line: replication and a failover must
-   not change the arithmetic (BSP sums in rank order: the run without replicas fixes the bits). */
+   not change the arithmetic (BSP sums in rank order: the run without replicas fixes the bits).
+   The kill run's workers read their pushpulls' results from the backups (KVPS_READ_LOCAL=1: every
+   replica is on this host), through the take-over too. */
 static void test_fmnist_replicas(void) {
     if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
     static const char *runs[3][2] = {
         {"without replicas", "-s 2 -w 4"},
         {"2 replicas per shard", "-s 2 --replicas 2 -w 4"},
-        {"2 replicas, shard 0's primary killed at round 700", "-s 2 --replicas 2 -w 4"}};
+        {"2 replicas, .read_local, shard 0's primary killed at round 700", "-s 2 --replicas 2 -w 4"}};
     char crc[3][9] = {"", "", ""};
     for (int i = 0; i < 3; i++) {
         char *out, line[512];
-        int rc = run(&out, "timeout 150 scripts/kvps-run %s --timeout 120 -- %s/fmnist --model mlp --epochs 1%s", runs[i][1],
-                     bdir, i == 2 ? " --kill-primary-at 700" : "");
+        int rc = run(&out, "%stimeout 150 scripts/kvps-run %s --timeout 120 -- %s/fmnist --model mlp --epochs 1%s",
+                     i == 2 ? "KVPS_READ_LOCAL=1 " : "", runs[i][1], bdir, i == 2 ? " --kill-primary-at 700" : "");
         KT_CHECK(rc == 0, "%s: exit %d", runs[i][0], rc);
         check_fmnist(out, "[worker 0] ", "bsp");
         KT_CHECK(fmnist_crc(out, "[worker 0] ", crc[i]), "%s: no line '[worker 0] final weights crc32 XXXXXXXX'", runs[i][0]);

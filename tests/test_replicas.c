@@ -48,6 +48,7 @@ typedef struct job {
     int grow_at;                 /* BSP: the step before which every worker grows to servers3 */
     char ep2[NREP][96], chain2[200], servers3[800]; /* the third shard that grow adds */
     pid_t pid2[NREP];
+    int read_local;              /* the workers' .read_local */
 } job;
 
 static void job_init(job *j, const char *name, kvps_consistency cons, kvps_update upd, int steps) {
@@ -115,7 +116,8 @@ static void job_start(job *j) {
 /* A worker of the job: heartbeats as the servers', the next replica after failover_ms. */
 static kvps_result job_worker(const job *j, int rank, int failover_ms, kvps_worker **w) {
     return kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = rank, .num_workers = NW, .timeout_ms = 20000,
-                                                  .heartbeat_ms = 200, .peer_timeout_ms = 1000, .failover_ms = failover_ms},
+                                                  .heartbeat_ms = 200, .peer_timeout_ms = 1000, .failover_ms = failover_ms,
+                                                  .read_local = j->read_local},
                               w);
 }
 
@@ -244,10 +246,12 @@ static void async_kill(int victim_replica) {
 static void test_async_primary_killed(void) { async_kill(0); }
 static void test_async_backup_killed(void) { async_kill(1); }
 
-/* BSP + SGD: w_{t+1} = w_t - lr * (sum / NW); the oracle runs the same float operations. */
-static void test_bsp_primary_killed(void) {
+/* BSP + SGD: w_{t+1} = w_t - lr * (sum / NW); the oracle runs the same float operations.
+   read_local: the workers' pulls are READs from the backup (all on this host), which takes over. */
+static void bsp_primary_killed(int read_local) {
     int steps = kt_quick() ? 40 : 100;
-    job_init(&J, "bsp", KVPS_BSP, KVPS_UPDATE_SGD, steps);
+    job_init(&J, read_local ? "bspr" : "bsp", KVPS_BSP, KVPS_UPDATE_SGD, steps);
+    J.read_local = read_local;
     job_start(&J);
     workers_start(&J);
     wait_steps(&J, steps / 2);
@@ -262,9 +266,14 @@ static void test_bsp_primary_killed(void) {
             wv -= J.lr * (sum / (float)NW);
         }
         for (int r = 0; r < NW; r++)
-            KT_CHECK(J.final[r][i] == wv, "worker %d element %d: %.9g, the oracle %.9g", r, i, (double)J.final[r][i], (double)wv);
+            KT_CHECK(J.final[r][i] == wv, "%sworker %d element %d: %.9g, the oracle %.9g", read_local ? ".read_local: " : "", r, i,
+                     (double)J.final[r][i], (double)wv);
     }
     reap(&J, "bsp");
+}
+static void test_bsp_primary_killed(void) {
+    bsp_primary_killed(0);
+    bsp_primary_killed(1);
 }
 
 /* 2 -> 3 shards, each of 2 replicas, while BSP (SUM) goes on; then the new shard's primary is
@@ -454,13 +463,17 @@ static void test_bsp_half_replicated(void) {
    steps: the primary sends its backup 1/4 of the pushed bytes (a round's sum and its record),
    where forwarding the pushes would send all of them; and the backup ends holding the same
    bits, momentum and round as the primary. */
-typedef struct trw { const char *servers; int rank; kvps_result rc; } trw;
+typedef struct trw { const char *servers; int rank; kvps_result rc; int read_local, bad_step; char err[300]; } trw;
 enum { TR_LEN = 4096, TR_STEPS = 20 };
+static float tr_want[TR_STEPS][TR_LEN]; /* test_bsp_read_local: the weights after each step, by the oracle */
+static int tr_steps[NW];                /* steps each worker has finished */
 static void *traffic_worker(void *arg) {
     trw *t = (trw *)arg;
     kvps_worker *w = NULL;
+    t->bad_step = -1;
     t->rc = kvps_worker_create(&(kvps_worker_desc){.servers = t->servers, .rank = t->rank, .num_workers = NW,
-                                                   .timeout_ms = 20000}, &w);
+                                                   .timeout_ms = 20000, .heartbeat_ms = 100, .peer_timeout_ms = 500,
+                                                   .read_local = t->read_local}, &w);
     static float g[NW][TR_LEN], out[NW][TR_LEN];
     kvps_tensor ten;
     kvps_req q;
@@ -476,7 +489,11 @@ static void *traffic_worker(void *arg) {
         for (int i = 0; i < TR_LEN; i++) g[t->rank][i] = (float)((t->rank + 1) * (i % 7 + 1)) * 0.001f * (float)(s + 1);
         t->rc = kvps_worker_pushpull_tensor(w, ten, g[t->rank], out[t->rank], &q);
         if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
+        if (t->rc == KVPS_OK && t->read_local && t->bad_step < 0 && memcmp(out[t->rank], tr_want[s], sizeof tr_want[s]) != 0)
+            t->bad_step = s;
+        __atomic_store_n(&tr_steps[t->rank], s + 1, __ATOMIC_RELEASE);
     }
+    if (t->rc != KVPS_OK) snprintf(t->err, sizeof t->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
     kvps_worker_destroy(&w);
     return NULL;
 }
@@ -495,7 +512,7 @@ static void test_bsp_sends_rounds(void) {
     pthread_t tw[NW];
     trw t[NW];
     for (int r = 0; r < NW; r++) {
-        t[r] = (trw){chain, r, KVPS_OK};
+        t[r] = (trw){chain, r, KVPS_OK, 0, -1, ""};
         pthread_create(&tw[r], NULL, traffic_worker, &t[r]);
     }
     for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
@@ -519,6 +536,78 @@ static void test_bsp_sends_rounds(void) {
                  "the backup's momentum differs from the primary's");
     }
     for (int r = 0; r < 2; r++) kvps_server_destroy(&srv[r]);
+}
+
+/* .read_local: 1 shard x 2 replicas in this process, on ipc (both "on this host"), 4 workers,
+   BSP + momentum; each pushpull's push goes to the primary and its pull, as READ, to the backup.
+   Every step's result is the oracle's, bit for bit (the update rule in float over rank-order
+   sums); the backup answered READs and the primary almost none of the pulls. stop_backup: the
+   backup is stopped after step 8 and the workers, whose READs then go to the primary, end with
+   the oracle's values too. */
+static void bsp_read_local(int stop_backup) {
+    kvps_optim o = {.rule = KVPS_RULE_MOMENTUM, .lr = 0.1f, .momentum = 0.9f};
+    static float wv[TR_LEN], mv[TR_LEN];
+    memset(wv, 0, sizeof wv);
+    memset(mv, 0, sizeof mv);
+    for (int s = 0; s < TR_STEPS; s++) {
+        for (int i = 0; i < TR_LEN; i++) {
+            float sum = 0.0f;
+            for (int r = 0; r < NW; r++) sum += (float)((r + 1) * (i % 7 + 1)) * 0.001f * (float)(s + 1);
+            kt_optim_apply(&o, &wv[i], &mv[i], NULL, sum, (float)NW, 1.0f, 1.0f);
+        }
+        memcpy(tr_want[s], wv, sizeof wv);
+    }
+    char ep[2][96], chain[200];
+    for (int r = 0; r < 2; r++) snprintf(ep[r], sizeof ep[r], "ipc://@kvps-test-reads-%d-%d-%d", (int)getpid(), stop_backup, r);
+    snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
+    kvps_server *srv[2] = {0};
+    for (int r = 1; r >= 0; r--) {
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = NW, .consistency = KVPS_BSP, .update = KVPS_UPDATE_SGD,
+                              .lr = 0.1f, .replicas = chain, .replica = r, .heartbeat_ms = 100, .peer_timeout_ms = 500};
+        KT_OK(kvps_server_create(&d, &srv[r]));
+        KT_OK(kvps_server_start(srv[r]));
+    }
+    pthread_t tw[NW];
+    trw t[NW];
+    memset(tr_steps, 0, sizeof tr_steps);
+    for (int r = 0; r < NW; r++) {
+        t[r] = (trw){chain, r, KVPS_OK, 1, -1, ""};
+        pthread_create(&tw[r], NULL, traffic_worker, &t[r]);
+    }
+    kvps_server_stats st[2];
+    memset(st, 0, sizeof st);
+    if (stop_backup) {
+        int64_t end = kt_now_ms() + 30000;
+        while (__atomic_load_n(&tr_steps[0], __ATOMIC_ACQUIRE) < 8 && kt_now_ms() < end) kt_sleep_ms(1);
+        kvps_server_stats_get(srv[1], &st[1]);
+        kvps_server_destroy(&srv[1]);
+    }
+    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
+    const char *what = stop_backup ? "backup stopped after step 8" : "both replicas up";
+    for (int r = 0; r < NW; r++) {
+        KT_CHECK(t[r].rc == KVPS_OK, "%s: worker %d: %s: %s", what, r, kvps_result_str(t[r].rc), t[r].err);
+        KT_CHECK(t[r].bad_step < 0, "%s: worker %d pulled other values than the oracle's at step %d", what, r, t[r].bad_step);
+    }
+    KT_OK(kvps_server_wait(srv[0], 10000));
+    kvps_server_stats_get(srv[0], &st[0]);
+    if (srv[1]) {
+        KT_OK(kvps_server_wait(srv[1], 10000));
+        kvps_server_stats_get(srv[1], &st[1]);
+    }
+    uint64_t pulls = (uint64_t)TR_STEPS * NW; /* one slice per pushpull */
+    KT_CHECK(st[1].reads >= pulls / 4, "%s: the backup answered %llu READs of %llu pulls", what, (unsigned long long)st[1].reads,
+             (unsigned long long)pulls);
+    if (!stop_backup)
+        KT_CHECK(st[0].pulls + st[1].reads == pulls && st[0].pulls <= NW * 2, "the primary answered %llu pulls, the backup %llu "
+                 "READs: want %llu in all, the primary's only the first steps'", (unsigned long long)st[0].pulls,
+                 (unsigned long long)st[1].reads, (unsigned long long)pulls);
+    printf("  .read_local, %s: the backup answered %llu of %llu pulls, the primary %llu\n", what,
+           (unsigned long long)st[1].reads, (unsigned long long)pulls, (unsigned long long)st[0].pulls);
+    for (int r = 0; r < 2; r++) kvps_server_destroy(&srv[r]);
+}
+static void test_bsp_read_local(void) {
+    bsp_read_local(0);
+    bsp_read_local(1);
 }
 
 /* Logs of the servers in this process, for the refusal's words. */
@@ -623,6 +712,7 @@ int main(void) {
     RUN(test_grow_then_kill, 120);
     RUN(test_bsp_half_replicated, 60);
     RUN(test_bsp_sends_rounds, 60);
+    RUN(test_bsp_read_local, 60);
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);

@@ -14,7 +14,8 @@
    Properties: no crash, leak or hang (destinations are exact-size allocations, so a write past
    a key, row or slice is caught); a request completes only when every server it went to has
    answered once; a completed request is OK only if each of those answers was a well-formed
-   success (a STATUS answer naming the request is not one of its answers); a request with an answer KVPS_ERR_PEER_LOST (a lost worker) stays valid, and a wait
+   success (a STATUS answer naming the request is not one of its answers, nor a READ's
+   KVPS_ERR_NOT_PRIMARY); a request with an answer KVPS_ERR_PEER_LOST (a lost worker) stays valid, and a wait
    on it re-sends those parts. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
@@ -177,6 +178,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvps__req *cur = kvps__req_get(w, q);
         /* a STATUS answer names a request but is not its reply: it only says what it waits for */
         int status_answer = hdr && h.magic == KVPS__MAGIC && h.op == (KVPS__OP_STATUS | KVPS__OP_REPLY);
+        /* nor is a read replica's "cannot tell" (READ, KVPS_ERR_NOT_PRIMARY): that part goes to the primary */
+        status_answer |= hdr && h.magic == KVPS__MAGIC && h.op == (KVPS__OP_READ | KVPS__OP_REPLY) &&
+                         h.status == KVPS_ERR_NOT_PRIMARY;
         if (cur && hdr && h.magic == KVPS__MAGIC && h.req_id == q && cur->state[srv] == 1 && !status_answer) {
             answered[srv]++;
             bad |= h.status != 0 || n < 1;

@@ -502,6 +502,11 @@ static void reply_seeds(void) {
     rbegin(&r, 0x80 | 0); /* raw pull, answered by each server it went to */
     for (int s = 0; s < 2; s++) if (per[s]) rmsg(&r, s, KVPS__OP_PULL, 0, v, per[s] * 4);
     rsave(&r, "pull_ok");
+    rbegin(&r, 0x80 | 0); /* a read replica's refusals (READ, KVPS_ERR_NOT_PRIMARY), then the pull's answers */
+    static const char cannot[] = "server 0 replica 1 (ipc://@b): no round of this worker's since it got key 1";
+    for (int s = 0; s < 2; s++) if (per[s]) rmsg(&r, s, KVPS__OP_READ, KVPS_ERR_NOT_PRIMARY, cannot, sizeof cannot - 1);
+    for (int s = 0; s < 2; s++) if (per[s]) rmsg(&r, s, KVPS__OP_PULL, 0, v, per[s] * 4);
+    rsave(&r, "read_refused_then_pull");
     rbegin(&r, 0x80 | 0); /* the same, one server twice and one with an error */
     for (int s = 0; s < 2; s++) if (per[s]) rmsg(&r, s, KVPS__OP_PULL, 0, v, per[s] * 4);
     for (int s = 0; s < 2; s++) if (per[s]) rmsg(&r, s, KVPS__OP_PULL, KVPS_ERR_LEN_MISMATCH, "key 1: length 3, registered 4", 30);
@@ -701,6 +706,48 @@ static void push_frame(buf *b, uint64_t key, uint64_t len) { /* a push's meta as
     memcpy(m + KVPS__HDR + 8, &len, 8);
     frame(b, m, sizeof m);
 }
+/* A ROUND message (REPL sequence seq) of key 11 (4 floats) at round `round`, all 3 workers in
+   it with incarnation 77, worker r's contribution from its request round + r; the done list
+   names worker 0's request `round` in round 1. */
+static void round_msg(buf *b, uint64_t round, uint64_t seq) {
+    repl_msg(b, KVPS__REPL_ROUND, seq);
+    uint8_t done[8 + KVPS__RDONE] = {0};
+    uint32_t nd = round == 1, one = 1, inc = 77, w0 = 0;
+    memcpy(done, &one, 4);
+    memcpy(done + 4, &nd, 4);
+    memcpy(done + 8, &w0, 4);
+    memcpy(done + 12, &inc, 4);
+    memcpy(done + 16, &round, 8);
+    frame(b, done, 8 + nd * KVPS__RDONE);
+    uint8_t rec[KVPS__RREC + 3 * KVPS__RTAG + 16] = {0};
+    uint64_t key = 11, len = 4;
+    uint32_t count = 3;
+    memcpy(rec, &key, 8);
+    memcpy(rec + 8, &len, 8);
+    memcpy(rec + 16, &round, 8);
+    memcpy(rec + 24, &count, 4);
+    for (uint32_t r = 0; r < 3; r++) {
+        uint8_t *t = rec + KVPS__RREC + r * KVPS__RTAG;
+        uint64_t q = round + r;
+        memcpy(t, &inc, 4);
+        memcpy(t + 4, &one, 4);
+        memcpy(t + 8, &q, 8);
+    }
+    float sum[4] = {1.0f, 2.0f, 3.0f, (float)round};
+    memcpy(rec + KVPS__RREC + 3 * KVPS__RTAG, sum, sizeof sum);
+    frame(b, rec, sizeof rec);
+}
+/* A worker's READ (incarnation 77) of one key, after its request `after`. */
+static void read_msg(buf *b, uint32_t rank, uint64_t key, uint64_t len, uint64_t after) {
+    kvps__hdr h = KT_HDR(.op = KVPS__OP_READ, .rank = rank, .nkeys = 1, .req_id = ++req_id << 24, .status = 77);
+    uint8_t m[KVPS__HDR + KVPS__KENT];
+    memcpy(m, &h, sizeof h);
+    memcpy(m + KVPS__HDR, &key, 8);
+    memcpy(m + KVPS__HDR + 8, &len, 8);
+    msg(b);
+    frame(b, m, sizeof m);
+    frame(b, &after, 8);
+}
 static void repl_seeds(void) {
     buf b;
     uint64_t k1[1] = {11}, l1[1] = {4};
@@ -739,37 +786,20 @@ static void repl_seeds(void) {
        over: key 11's part of it is in round 2 already) */
     cfg = 4; /* BSP, three workers */
     begin(&b, &cfg, 1);
-    for (uint64_t round = 1; round <= 2; round++) {
-        repl_msg(&b, KVPS__REPL_ROUND, round);
-        uint8_t done[8 + KVPS__RDONE] = {0};
-        uint32_t nd = round == 1, one = 1, inc = 77, w0 = 0;
-        memcpy(done, &one, 4);
-        memcpy(done + 4, &nd, 4);
-        memcpy(done + 8, &w0, 4);
-        memcpy(done + 12, &inc, 4);
-        memcpy(done + 16, &round, 8);
-        frame(&b, done, 8 + nd * KVPS__RDONE);
-        uint8_t rec[KVPS__RREC + 3 * KVPS__RTAG + 16] = {0};
-        uint64_t key = 11, len = 4;
-        uint32_t count = 3;
-        memcpy(rec, &key, 8);
-        memcpy(rec + 8, &len, 8);
-        memcpy(rec + 16, &round, 8);
-        memcpy(rec + 24, &count, 4);
-        for (uint32_t r = 0; r < 3; r++) {
-            uint8_t *t = rec + KVPS__RREC + r * KVPS__RTAG;
-            uint64_t seq = round + r;
-            memcpy(t, &inc, 4);
-            memcpy(t + 4, &one, 4);
-            memcpy(t + 8, &seq, 8);
-        }
-        float sum[4] = {1.0f, 2.0f, 3.0f, (float)round};
-        memcpy(rec + KVPS__RREC + 3 * KVPS__RTAG, sum, sizeof sum);
-        frame(&b, rec, sizeof rec);
-    }
+    for (uint64_t round = 1; round <= 2; round++) round_msg(&b, round, round);
     req_id = 1; /* the re-sent push is worker 0's request 2 */
     msg(&b); push_frame(&b, k1[0], l1[0]); values(&b, 4, 3);
     save("fuzz_repl", "bsp_rounds_then_takeover", &b);
+    /* READs (a worker's .read_local) at this backup: after round 1, worker 0's READ for its
+       request 2 waits, worker 1's for its request 2 is answered at once, one for a key this
+       replica does not hold is sent to the primary; round 2 then answers worker 0's */
+    begin(&b, &cfg, 1);
+    round_msg(&b, 1, 1);
+    read_msg(&b, 0, 11, 4, 2);
+    read_msg(&b, 1, 11, 4, 2);
+    read_msg(&b, 2, 12, 4, 2);
+    round_msg(&b, 2, 2);
+    save("fuzz_repl", "bsp_reads_wait_for_rounds", &b);
 }
 
 /* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
