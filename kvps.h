@@ -7868,7 +7868,7 @@ struct kvps_worker {
     int *rj;
     void **rsocks, **rmons;
     uint8_t *rup;
-    int64_t *rnot;
+    uint8_t *rnever;
     int nitems;
     uint64_t read_after;
     int ready;         /* create succeeded: destroy says goodbye */
@@ -8003,8 +8003,8 @@ static kvps_result kvps__reads_open(kvps_worker *w, int from) {
         w->rsocks = (void **)calloc((size_t)w->n, sizeof *w->rsocks);
         w->rmons = (void **)calloc((size_t)w->n, sizeof *w->rmons);
         w->rup = (uint8_t *)calloc((size_t)w->n, 1);
-        w->rnot = (int64_t *)calloc((size_t)w->n, sizeof *w->rnot);
-        if (!w->rj || !w->rsocks || !w->rmons || !w->rup || !w->rnot) return KVPS_ERR_NOMEM;
+        w->rnever = (uint8_t *)calloc((size_t)w->n, 1);
+        if (!w->rj || !w->rsocks || !w->rmons || !w->rup || !w->rnever) return KVPS_ERR_NOMEM;
         for (int i = 0; i < w->n; i++) w->rj[i] = -1;
     }
     for (int i = from; i < w->n; i++) {
@@ -8031,7 +8031,7 @@ static kvps_result kvps__reads_open(kvps_worker *w, int from) {
 /* Shard s's read replica's socket when a READ goes there now, else NULL (a pull to the primary). */
 static void *kvps__read_via(const kvps_worker *w, int s) {
     if (!w->rsocks || !w->rsocks[s] || !w->rup[s] || w->rj[s] == w->cur[s]) return NULL;
-    return w->rnot[s] ? NULL : w->rsocks[s];
+    return w->rnever[s] ? NULL : w->rsocks[s];
 }
 
 /* Any shard's READs go to a read replica now: a pushpull is then sent as push + READ (not with
@@ -8063,8 +8063,8 @@ static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
     return kvps__send_frames(w->socks[srv], f, 1);
 }
 
-/* Shard s's read replica went away, or answered that it cannot tell: the READs waiting there go
-   to the primary as pulls (a late answer from the replica is dropped as a second one). */
+/* Shard s's read replica went away: the READs waiting there go to the primary as pulls (a late
+   answer from the replica is dropped as a second one). */
 static void kvps__reads_reroute(kvps_worker *w, int s) {
     for (uint32_t i = 0; i < w->nslots; i++) {
         kvps__req *q = w->slots[i];
@@ -8221,7 +8221,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         if (w->rsocks && w->rsocks[i]) zmq_close(w->rsocks[i]);
         if (w->rmons && w->rmons[i]) zmq_close(w->rmons[i]);
     }
-    free(w->rj); free(w->rsocks); free(w->rmons); free(w->rup); free(w->rnot);
+    free(w->rj); free(w->rsocks); free(w->rmons); free(w->rup); free(w->rnever);
     /* Requests that ZeroMQ still references are freed by the last free callback. */
     for (uint32_t i = 0; i < w->nslots; i++)
         if (w->slots[i]) {
@@ -8769,7 +8769,7 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     KVPS__GROW(hs_val, n2); KVPS__GROW(down_since, n2); KVPS__GROW(up_once, n2); KVPS__GROW(status_text, n2);
     KVPS__GROW(status_got, n2); KVPS__GROW(endpoints, n2); KVPS__GROW(reps, n2); KVPS__GROW(nrep, n2); KVPS__GROW(cur, n2);
     KVPS__GROW(rstamp, n2); KVPS__GROW(inflight, n2);
-    if (w->rj) { KVPS__GROW(rj, n2); KVPS__GROW(rsocks, n2); KVPS__GROW(rmons, n2); KVPS__GROW(rup, n2); KVPS__GROW(rnot, n2); }
+    if (w->rj) { KVPS__GROW(rj, n2); KVPS__GROW(rsocks, n2); KVPS__GROW(rmons, n2); KVPS__GROW(rup, n2); KVPS__GROW(rnever, n2); }
 #undef KVPS__GROW
     for (int i = w->n; w->rj && i < n2; i++) w->rj[i] = -1;
     uint32_t *nc = (uint32_t *)realloc(w->count, ((size_t)n2 + 1) * sizeof *nc);
@@ -9994,8 +9994,8 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     if (h.status == KVPS_ERR_NOT_PRIMARY && h.op == (KVPS__OP_READ | KVPS__OP_REPLY)) { /* the read replica cannot tell */
-        if (h.aux == 1 && w->rnot && w->rnot[srv] != INT64_MAX) { /* nor ever will: not BSP with replicas */
-            w->rnot[srv] = INT64_MAX;
+        if (h.aux == 1 && w->rnever && !w->rnever[srv]) { /* nor ever will: not BSP with replicas */
+            w->rnever[srv] = 1;
             char text[256];
             kvps__frame_text(fr, nfr, text, sizeof text);
             kvps__log(KVPS_LOG_WARN, "worker %d: shard %d: pushpulls read from its primary: %s", w->desc.rank, srv, text);

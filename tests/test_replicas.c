@@ -8,7 +8,8 @@
                                  every sum exact, the backup took over, the job ends by itself
      test_async_backup_killed    the same with shard 0's backup killed: the primary goes on alone
      test_bsp_primary_killed     BSP + SGD over 2 shards x 2 replicas; the primary killed: the
-                                 final weights equal the sequential oracle's, bit for bit
+                                 final weights equal the sequential oracle's, bit for bit; again
+                                 with the workers reading from the backups (.read_local)
      test_replacement_then_kill  the backup killed, a replacement started on its endpoint gets a
                                  snapshot and the stream while pushes go on; then the primary is
                                  killed too: the replacement takes over, every sum exact
@@ -22,7 +23,14 @@
                                  mapping (process p: shard p % n, replica p / n), uneven chains
      test_grow_then_kill         BSP + SUM on 2 shards x 2 replicas grows to 3 (kvps_worker_reshard
                                  with a third chain); then the new shard's primary is killed: the
-                                 keys moved to it had reached its backup, every sum is exact */
+                                 keys moved to it had reached its backup, every sum is exact
+     test_bsp_half_replicated,   (see each: BSP rounds down the chain, a request half replicated
+     test_bsp_sends_rounds       when the primary dies, 1/m of the pushed bytes)
+     test_bsp_read_local         .read_local in this process (1 x 2 on ipc, BSP + momentum): every
+                                 step's pulled values are the oracle's, the backup answered the
+                                 READs; with the backup stopped mid-run, the primary takes them
+     test_read_local_async       .read_local on an async shard: the backup says it never answers
+                                 READs, the worker reads from the primary, every sum exact */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -610,6 +618,41 @@ static void test_bsp_read_local(void) {
     bsp_read_local(1);
 }
 
+/* .read_local where the shard is not BSP (async, 1 x 2): the backup answers the first READ that
+   it never answers READs, the worker reads from the primary from then on, and every pushpull
+   still returns the sum so far. */
+static void test_read_local_async(void) {
+    char ep[2][96], chain[200];
+    for (int r = 0; r < 2; r++) snprintf(ep[r], sizeof ep[r], "ipc://@kvps-test-reada-%d-%d", (int)getpid(), r);
+    snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
+    kvps_server *srv[2] = {0};
+    for (int r = 1; r >= 0; r--) {
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+                              .replicas = chain, .replica = r};
+        KT_OK(kvps_server_create(&d, &srv[r]));
+        KT_OK(kvps_server_start(srv[r]));
+    }
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = chain, .rank = 0, .num_workers = 1, .timeout_ms = 10000,
+                                                 .read_local = 1}, &w));
+    uint64_t key = 5;
+    size_t len = 2;
+    float one[2] = {1.0f, 2.0f}, got[2] = {0, 0};
+    for (int t = 1; t <= 10; t++) {
+        kvps_req q;
+        KT_OK(kvps_worker_pushpull(w, &key, one, got, &len, 1, &q));
+        KT_OK(kvps_worker_wait(w, q, 10000));
+        KT_CHECK(got[0] == (float)t && got[1] == 2.0f * (float)t, "pushpull %d: %g %g, want %d %d", t, (double)got[0],
+                 (double)got[1], t, 2 * t);
+    }
+    KT_CHECK(w->rsocks && w->rsocks[0] && w->rnever[0] == 1, "the worker did not learn that the backup never answers READs");
+    kvps_worker_destroy(&w);
+    kvps_server_stats st;
+    kvps_server_stats_get(srv[1], &st);
+    KT_CHECK(st.reads == 0, "the async backup answered %llu READs", (unsigned long long)st.reads);
+    for (int r = 0; r < 2; r++) kvps_server_destroy(&srv[r]);
+}
+
 /* Logs of the servers in this process, for the refusal's words. */
 static char logbuf[8192];
 static size_t loglen;
@@ -713,6 +756,7 @@ int main(void) {
     RUN(test_bsp_half_replicated, 60);
     RUN(test_bsp_sends_rounds, 60);
     RUN(test_bsp_read_local, 60);
+    RUN(test_read_local_async, 60);
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
