@@ -10388,6 +10388,14 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
                          w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
         if (k < 0) break;
         used += (size_t)k;
+        if (c->read && w->rsocks[s] && w->rj[s] != w->cur[s] && !w->rnever[s] && used < sizeof w->errmsg) {
+            /* (the primary knows nothing of a READ at the replica) */
+            k = snprintf(w->errmsg + used, sizeof w->errmsg - used, " (this part is a pushpull's read, which may wait at its "
+                         "replica %d, %s%s, until the round holding this worker's push is applied there)", w->rj[s],
+                         w->reps[s][w->rj[s]], w->rup[s] ? "" : ", not connected now");
+            if (k < 0) break;
+            used += (size_t)k;
+        }
     }
 }
 
