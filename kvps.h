@@ -9198,6 +9198,7 @@ static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result (*r
     while (last->next) last = kvps__req_get(w, last->next);
     if (r == KVPS_OK) last->next = b;
     else if (qa->status == KVPS_OK) qa->status = r; /* (the push is out: its handle reports it) */
+    if (qa->tl_op) qa->tl_op = KVPS__OP_PUSHPULL; /* (the timeline draws the two as the caller's pushpull) */
     *out = a;
     return KVPS_OK;
 }
