@@ -6946,23 +6946,17 @@ static void kvps__serve_read(kvps_server *s, kvps__rq *q) {
     uint32_t r = q->h.rank;
     const char *why = !s->rmode ? "its shard is not BSP with replicas"
                       : s->role == KVPS__ROLE_BACKUP && !s->synced ? "it does not hold the shard yet" : NULL;
-    uint64_t key = 0;
+    if (!why && (!after || !q->h.status)) why = "a read without its push's sequence or the worker's incarnation";
+    char kt[160] = "";
     for (uint32_t i = 0; i < q->h.nkeys && !why; i++) {
         kvps__key *k = q->idx[i] == UINT32_MAX ? NULL : s->keys[q->idx[i]];
-        key = kvps__ent(q, i).key;
         if (!k) why = "it does not hold key";
         else if (!k->dtag || k->dtag[2 * r] != (uint32_t)q->h.status) why = "no round of this worker's since it got key";
+        if (why) kvps__key_text(s, kvps__ent(q, i).key, kt, sizeof kt);
     }
-    if (why || !after || !q->h.status) {
-        if (!why) why = "a read without its push's sequence or the worker's incarnation";
-        else if (strstr(why, "key")) {
-            char kt[160];
-            kvps__read_elsewhere(s, q->id, &q->h, 0, "server %d replica %d (%s): %s %s", s->desc.rank, s->desc.replica,
-                                 s->endpoint, why, kvps__key_text(s, key, kt, sizeof kt));
-            return;
-        }
-        kvps__read_elsewhere(s, q->id, &q->h, !s->rmode, "server %d replica %d (%s): %s", s->desc.rank, s->desc.replica,
-                             s->endpoint, why);
+    if (why) {
+        kvps__read_elsewhere(s, q->id, &q->h, !s->rmode, "server %d replica %d (%s): %s%s%s", s->desc.rank, s->desc.replica,
+                             s->endpoint, why, *kt ? " " : "", kt);
         return;
     }
     kvps__park_pull(s, q, after);
@@ -8042,18 +8036,23 @@ static int kvps__reads_on(const kvps_worker *w) {
     return 0;
 }
 
+/* Sends the frames kept of q's message to server srv on sock (references, not copies). */
+static int kvps__send_copies(void *sock, kvps__req *q, int srv) {
+    zmq_msg_t f[2];
+    int nf = q->nkept[srv];
+    for (int j = 0; j < nf; j++) {
+        zmq_msg_init(&f[j]);
+        zmq_msg_copy(&f[j], &q->kept[srv][j]);
+    }
+    return kvps__send_frames(sock, f, nf);
+}
+
 /* Sends READ request q's kept message for server srv: to the read replica, or as a pull (the
    same keys, no values frame) to the shard's server. 0, or -1 when the send failed. */
 static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
-    zmq_msg_t f[2];
     void *via = primary ? NULL : kvps__read_via(w, srv);
-    if (via) {
-        for (int j = 0; j < q->nkept[srv]; j++) {
-            zmq_msg_init(&f[j]);
-            zmq_msg_copy(&f[j], &q->kept[srv][j]);
-        }
-        return kvps__send_frames(via, f, q->nkept[srv]);
-    }
+    if (via) return kvps__send_copies(via, q, srv);
+    zmq_msg_t f[1];
     size_t n = zmq_msg_size(&q->kept[srv][0]);
     if (kvps__msg_from_buf(&f[0], zmq_msg_data(&q->kept[srv][0]), n) != 0) return -1;
     kvps__hdr h;
@@ -9186,13 +9185,10 @@ KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, floa
                                       const size_t *lens, size_t nkeys, kvps_req *out) {
     return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
 }
-/* REPLICAS, .read_local: a pushpull's READ (made by read, with w->read_after set to the push's
-   sequence) chained behind its push, request a, already out: one handle, a's, for both. */
-static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result (*read)(kvps_worker *, const void *, kvps_req *),
-                                     const void *arg, kvps_req *out) {
-    kvps_req b = 0;
-    w->read_after = a >> KVPS__SLOT_BITS;
-    kvps_result r = read(w, arg, &b);
+/* REPLICAS, .read_local: a pushpull is its push, request a, then a READ of the same keys made
+   with w->read_after = a's sequence (which this clears): b, or r, the READ call's error. One
+   handle, a's, for both: the READ is chained behind the push. */
+static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result r, kvps_req b, kvps_req *out) {
     w->read_after = 0;
     kvps__req *qa = kvps__req_get(w, a), *last = qa;
     while (last->next) last = kvps__req_get(w, last->next);
@@ -9202,18 +9198,15 @@ static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result (*r
     *out = a;
     return KVPS_OK;
 }
-typedef struct kvps__keys_args { const uint64_t *keys; float *vals; const size_t *lens; size_t nkeys; } kvps__keys_args;
-static kvps_result kvps__keys_read(kvps_worker *w, const void *arg, kvps_req *out) {
-    const kvps__keys_args *x = (const kvps__keys_args *)arg;
-    return kvps__keys_op(w, KVPS__OP_READ, x->keys, NULL, x->vals, x->lens, x->nkeys, out);
-}
 KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, const float *grads,
                                           float *vals, const size_t *lens, size_t nkeys, kvps_req *out) {
     if (w && grads && vals && kvps__reads_on(w)) {
-        kvps_req a = 0;
+        kvps_req a = 0, b = 0;
         kvps_result r = kvps__keys_op(w, KVPS__OP_PUSH, keys, grads, NULL, lens, nkeys, &a);
-        kvps__keys_args x = {keys, vals, lens, nkeys};
-        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__keys_read, &x, out);
+        if (r != KVPS_OK) return r;
+        w->read_after = a >> KVPS__SLOT_BITS;
+        r = kvps__keys_op(w, KVPS__OP_READ, keys, NULL, vals, lens, nkeys, &b);
+        return kvps__read_behind(w, a, r, b, out);
     }
     return kvps__keys_op(w, KVPS__OP_PUSHPULL, keys, grads, vals, lens, nkeys, out);
 }
@@ -9557,18 +9550,15 @@ KVPS_API kvps_result kvps_worker_pull_tensors(kvps_worker *w, const kvps_tensor 
                                               kvps_req *out) {
     return kvps__tensors_op(w, KVPS__OP_PULL, ts, n, NULL, vals, out);
 }
-typedef struct kvps__tensors_args { const kvps_tensor *ts; size_t n; float *const *vals; } kvps__tensors_args;
-static kvps_result kvps__tensors_read(kvps_worker *w, const void *arg, kvps_req *out) {
-    const kvps__tensors_args *x = (const kvps__tensors_args *)arg;
-    return kvps__tensors_op(w, KVPS__OP_READ, x->ts, x->n, NULL, x->vals, out);
-}
 KVPS_API kvps_result kvps_worker_pushpull_tensors(kvps_worker *w, const kvps_tensor *ts, size_t n, const float *const *grads,
                                                   float *const *vals, kvps_req *out) {
     if (w && grads && vals && kvps__reads_on(w)) {
-        kvps_req a = 0;
+        kvps_req a = 0, b = 0;
         kvps_result r = kvps__tensors_op(w, KVPS__OP_PUSH, ts, n, grads, NULL, &a);
-        kvps__tensors_args x = {ts, n, vals};
-        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__tensors_read, &x, out);
+        if (r != KVPS_OK) return r;
+        w->read_after = a >> KVPS__SLOT_BITS;
+        r = kvps__tensors_op(w, KVPS__OP_READ, ts, n, NULL, vals, &b);
+        return kvps__read_behind(w, a, r, b, out);
     }
     return kvps__tensors_op(w, KVPS__OP_PUSHPULL, ts, n, grads, vals, out);
 }
@@ -9582,18 +9572,15 @@ KVPS_API kvps_result kvps_worker_tensor_priority(kvps_worker *w, kvps_tensor t, 
 KVPS_API kvps_result kvps_worker_pull_tensor(kvps_worker *w, kvps_tensor t, float *vals, kvps_req *out) {
     return kvps__tensor_op(w, KVPS__OP_PULL, t, NULL, vals, NULL, out);
 }
-typedef struct kvps__tensor_args { kvps_tensor t; float *vals; } kvps__tensor_args;
-static kvps_result kvps__tensor_read(kvps_worker *w, const void *arg, kvps_req *out) {
-    const kvps__tensor_args *x = (const kvps__tensor_args *)arg;
-    return kvps__tensor_op(w, KVPS__OP_READ, x->t, NULL, x->vals, NULL, out);
-}
 KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, const float *grad,
                                                  float *vals, kvps_req *out) {
     if (w && grad && vals && kvps__reads_on(w)) {
-        kvps_req a = 0;
+        kvps_req a = 0, b = 0;
         kvps_result r = kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, &a);
-        kvps__tensor_args x = {t, vals};
-        return r != KVPS_OK ? r : kvps__read_behind(w, a, kvps__tensor_read, &x, out);
+        if (r != KVPS_OK) return r;
+        w->read_after = a >> KVPS__SLOT_BITS;
+        r = kvps__tensor_op(w, KVPS__OP_READ, t, NULL, vals, NULL, &b);
+        return kvps__read_behind(w, a, r, b, out);
     }
     return kvps__tensor_op(w, KVPS__OP_PUSHPULL, t, grad, vals, NULL, out);
 }
@@ -10101,14 +10088,7 @@ static int kvps__cmp_req(const void *a, const void *b) {
 
 /* Sends the kept frames of q's message to server srv again (references, not copies). */
 static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
-    if (q->read) return kvps__read_send(w, q, srv, 0);
-    zmq_msg_t f[2];
-    int nf = q->nkept[srv];
-    for (int j = 0; j < nf; j++) {
-        zmq_msg_init(&f[j]);
-        zmq_msg_copy(&f[j], &q->kept[srv][j]);
-    }
-    return kvps__send_frames(w->socks[srv], f, nf);
+    return q->read ? kvps__read_send(w, q, srv, 0) : kvps__send_copies(w->socks[srv], q, srv);
 }
 
 /* Re-sends, in the order first sent, every request still waiting for server srv (after its
@@ -10274,26 +10254,20 @@ static kvps_result kvps__progress(kvps_worker *w, long wait_ms) {
         kvps__watch(w);
         w->last_watch = now;
     }
-    for (int s = 0; s < w->n; s++) {
-        for (;;) {
-            zmq_msg_t fr[2];
-            int extra;
-            int n = kvps__recv_msg(w->socks[s], fr, 2, &extra);
-            if (n < 0) return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d: %s", s, zmq_strerror(zmq_errno()));
-            if (n == 0) break;
-            kvps__on_reply(w, s, fr, n);
-            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+    for (int s = 0; s < w->n; s++) /* each server's answers, and its read replica's (READs) */
+        for (int k = 0; k < 2; k++) {
+            void *sock = k ? (w->rsocks ? w->rsocks[s] : NULL) : w->socks[s];
+            for (int n = 1; sock && n > 0;) {
+                zmq_msg_t fr[2];
+                int extra;
+                n = kvps__recv_msg(sock, fr, 2, &extra);
+                if (n < 0)
+                    return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d%s: %s", s, k ? "'s read replica" : "",
+                                       zmq_strerror(zmq_errno()));
+                if (n > 0) kvps__on_reply(w, s, fr, n);
+                for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
+            }
         }
-        for (; w->rsocks && w->rsocks[s];) { /* READ answers from shard s's read replica */
-            zmq_msg_t fr[2];
-            int extra;
-            int n = kvps__recv_msg(w->rsocks[s], fr, 2, &extra);
-            if (n < 0) return kvps__wfail(w, KVPS_ERR_ZMQ, "receiving from server %d's read replica: %s", s, zmq_strerror(zmq_errno()));
-            if (n == 0) break;
-            kvps__on_reply(w, s, fr, n);
-            for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
-        }
-    }
     if (w->fatal) return kvps__wfail(w, w->fatal, "%s", w->fatal_text);
     return KVPS_OK;
 }
