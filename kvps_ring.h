@@ -2887,7 +2887,10 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
     kvps_ring__p2p_pump(r);
     rc = kvps_ring__p2p_progress(r);
     if (rc == KVPS_OK && is_send) rc = kvps_ring__p2p_send_now(r, q);
-    if (rc == KVPS_OK && !out) rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + r->desc.timeout_ms, 1);
+    /* an eager send is done here, and returns KVPS_OK: a refusal arriving from now on, however
+       soon, is its next call's (the manual says so; no race decides which call reports it) */
+    if (rc == KVPS_OK && !out && !(is_send && q->done))
+        rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + r->desc.timeout_ms, 1);
     if (rc != KVPS_OK) {
         if (q->why[0]) kvps_ring__fail(r, rc, "%s", q->why);
         kvps_ring__p2p_break(r, rc);
