@@ -560,6 +560,21 @@ static inline void kt_die_now(void) {
     for (;;) pause();
 }
 
+/* Called by every rank of ring r after a collective: returns on rank `who` once every other
+   rank has said, by a send on a tag of its own, that it is past that collective (the others
+   return at once: their sends are eager). Before a rank dies: a SIGKILL can beat ZeroMQ's I/O
+   thread to the wire, and without this the collective's last pieces from the dying rank may
+   never leave it, so that a peer fails in the collective, not after it. Returns 0 when a call
+   failed (recorded on x). */
+static inline int kt_all_past(kt_rk *x, kvps_ring *r, int who) {
+    int64_t past = 1;
+    int me = kvps_ring_rank(r), n = kvps_ring_size(r);
+    if (me != who) return kt_rk_call(x, kvps_ring_send(r, &past, 1, KVPS_INT64, who, 0x7ffffff0u), "past (send)");
+    for (int j = 0; j < n; j++)
+        if (j != me && !kt_rk_call(x, kvps_ring_recv(r, &past, 1, KVPS_INT64, j, 0x7ffffff0u), "past (recv)")) return 0;
+    return 1;
+}
+
 /* A rank process: worker for the rendezvous, ring on an ephemeral port, then `fn`. */
 typedef struct kt_proc_cfg {
     const char *server;

@@ -88,7 +88,7 @@ static int g_die_before;
    done). The others must fail within 5 timeouts: with a timeout this short the all-reduce may
    time out on its own on a slow machine, which is also an error in time. */
 static void dead_proc_main(kt_rk *x) {
-    if (!kt_rk_call(x, kvps_ring_barrier(x->r), "barrier")) return;
+    if (!kt_rk_call(x, kvps_ring_barrier(x->r), "barrier") || !kt_all_past(x, x->r, x->k - 1)) return;
     size_t n = (size_t)4 << 20;
     float *b = (float *)kt_xmalloc(n * sizeof *b);
     for (size_t i = 0; i < n; i++) b[i] = 1.0f;

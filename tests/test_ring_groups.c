@@ -408,14 +408,9 @@ static void dead_main(kt_rk *x) {
     float b[1000];
     for (int i = 0; i < 1000; i++) b[i] = 1;
     if (!kt_rk_call(x, kvps_ring_allreduce(s, b, b, 1000, KVPS_FLOAT32, KVPS_SUM), "first sub-ring allreduce")) return;
-    /* rank 3 dies only once rank 1 has its last piece of the first all-reduce (a SIGKILL can
-       beat ZeroMQ's I/O thread to the wire): rank 1 says so first */
-    int64_t ack = 1;
-    if (me == 1) kt_rk_call(x, kvps_ring_send(s, &ack, 1, KVPS_INT64, 1, 9), "ack");
-    if (me == 3) {
-        kt_rk_call(x, kvps_ring_recv(s, &ack, 1, KVPS_INT64, 0, 9), "ack");
-        kt_die_now(); /* the odd sub-ring (1, 3) loses its rank 1 */
-    }
+    /* rank 3 dies only once rank 1 has its last piece of the first all-reduce */
+    if (me % 2 && !kt_all_past(x, s, 1)) return;
+    if (me == 3) kt_die_now(); /* the odd sub-ring (1, 3) loses its rank 1 */
     int64_t t0 = kvps__now_ms();
     kvps_result rc = kvps_ring_allreduce(s, b, b, 1000, KVPS_FLOAT32, KVPS_SUM);
     int64_t ms = kvps__now_ms() - t0;
