@@ -460,6 +460,7 @@ enum {
     KVPS_RING__ZC_MIN = 32768,
     KVPS_RING__RHD_MAX = 16 << 20, /* AUTO: RHD up to here (power-of-two sizes from 4), RING above */
     KVPS_RING__SPIN = 16,          /* a collective's receive: non-blocking polls, each after a yield, before it sleeps */
+    KVPS_RING__SPIN_US = 200,      /* ... or fewer: until this long has passed (a busy CPU: a yield costs a time slice) */
     /* tag phases */
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
@@ -1186,6 +1187,12 @@ static kvps_result kvps_ring__p2p_refused(kvps_ring *r) {
     return KVPS_OK;
 }
 
+static int64_t kvps_ring__now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* Receives the piece (src, tag) of the running collective into *out (a payload to close).
    p2p messages met on the way are kept for the p2p calls. */
 static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_t *out) {
@@ -1216,9 +1223,12 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
             zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
             /* a few yields before sleeping: a piece is often microseconds away, and waking
                from a sleep costs more than that where ranks share CPUs (BENCHMARKS.md, tensor
-               fusion); yielding, the wait gives its CPU to whoever has work */
+               fusion); yielding, the wait gives its CPU to whoever has work. Not for long:
+               where another process keeps the CPU busy each yield gives it a whole time slice,
+               while a sleeper is woken at once (BENCHMARKS.md, a busy machine) */
             int got = 0;
-            for (int spin = 0; spin < KVPS_RING__SPIN && !got; spin++) {
+            int64_t spin_end = kvps_ring__now_us() + KVPS_RING__SPIN_US;
+            for (int spin = 0; spin < KVPS_RING__SPIN && !got && kvps_ring__now_us() < spin_end; spin++) {
                 sched_yield();
                 got = zmq_poll(&it, 1, 0) > 0;
             }
