@@ -1416,11 +1416,12 @@ static uint64_t kvps__fnv1a(const char *s) {
     return h;
 }
 
-static int64_t kvps__now_ms(void) {
+static int64_t kvps__now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
+static int64_t kvps__now_ms(void) { return kvps__now_us() / 1000; }
 
 /* The wall-clock time ms milliseconds from now, as pthread_cond_timedwait takes it. */
 static struct timespec kvps__deadline_ts(int64_t ms) {

@@ -1187,12 +1187,6 @@ static kvps_result kvps_ring__p2p_refused(kvps_ring *r) {
     return KVPS_OK;
 }
 
-static int64_t kvps_ring__now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* Receives the piece (src, tag) of the running collective into *out (a payload to close).
    p2p messages met on the way are kept for the p2p calls. */
 static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_t *out) {
@@ -1227,8 +1221,8 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                where another process keeps the CPU busy each yield gives it a whole time slice,
                while a sleeper is woken at once (BENCHMARKS.md, a busy machine) */
             int got = 0;
-            int64_t spin_end = kvps_ring__now_us() + KVPS_RING__SPIN_US;
-            for (int spin = 0; spin < KVPS_RING__SPIN && !got && kvps_ring__now_us() < spin_end; spin++) {
+            int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
+            for (int spin = 0; spin < KVPS_RING__SPIN && !got && kvps__now_us() < spin_end; spin++) {
                 sched_yield();
                 got = zmq_poll(&it, 1, 0) > 0;
             }

@@ -488,8 +488,9 @@ static void dead_main(kt_rk *x) {
 static void test_dead_peer_during_recv(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
     if (pipe(kt_die_pipe) != 0) { KT_CHECK(0, "pipe"); return; }
-    /* (the barrier before the death must not time out on a busy machine: CI saw 2 s pass between
-       the ranks' starts; dead_main shortens the timeout for the receives after it) */
+    /* (the barrier before the death must not time out on a busy machine, where the rank
+       processes may start seconds apart; dead_main shortens the timeout for the receives after
+       it, and kills its rank only once the others are past the barrier: kt_all_past) */
     kt_run_procs(3, dead_main, 10000, 60, 2);
     close(kt_die_pipe[0]);
     close(kt_die_pipe[1]);
