@@ -4353,13 +4353,20 @@ static int kvps__needs_finished(const kvps_server *s, const kvps__key *k, uint64
     return -1;
 }
 
+/* The first worker declared lost (for the refusals that name it); -1 when none. */
+static int kvps__first_lost(const kvps_server *s) {
+    for (int r = 0; r < s->m; r++)
+        if (s->lost[r]) return r;
+    return -1;
+}
+
 /* Replies to a parked pull if every key is ready, else parks it on the first key that is not. */
 static kvps__key *kvps__read_blocker(const kvps_server *s, const kvps__parked *p);
 static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = p->after ? kvps__read_blocker(s, p) : kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
-        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (no connection for %d ms): round %llu of key %llu cannot complete",
-                          s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+        kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d: no connection for %d ms): round %llu of key %llu "
+                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
         kvps__parked_free(p);
         return;
     }
@@ -4386,7 +4393,8 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
 static void kvps__barrier_check(kvps_server *s, uint64_t gen);
 static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     if (s->nlost) {
-        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost: the barrier cannot complete");
+        kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d): the barrier cannot complete",
+                          kvps__first_lost(s));
         return;
     }
     int fin = kvps__needs_finished(s, NULL, s->barrier_gen[h->rank]);

@@ -38,7 +38,10 @@
             -lcudart -lnccl -lzmq -lstdc++ -pthread -lm       # app.c: KVPS_IMPLEMENTATION
    `make gpu` does this (mk/gpu.mk: sm_80, sm_90 and the toolkit's default architecture), builds
    the tests, the bench and a C99 program using this API, and runs the tests; without nvcc it
-   says so and succeeds. Do not build the implementation with --use_fast_math (refused with
+   says so and succeeds. `make gpu-kit` (mk/gpukit.mk) packs them, with the CUDA runtime linked
+   statically and libzmq and what it links beside them, into build/gpu-kit for a GPU box that
+   has only the driver, a toolkit and PyTorch's NCCL: build/gpu-kit/device_check.sh OUTDIR runs
+   every device check there. Do not build the implementation with --use_fast_math (refused with
    #error), -ftz=true or -prec-div=false: the kernels must round like the CPU (see 6).
 
    3. STEP BY STEP: KERNELS (all asynchronous on the stream; errors of the launch are returned,

@@ -3,7 +3,12 @@
         calls: through kvps_gpu_allreduce next to raw ncclAllReduce on the same communicators,
         nccl-tests style (size, count, type, time, algbw, busbw), and the ratio;
      2. the kernels: GB/s of memory traffic (bytes read + written) next to a device-to-device
-        cudaMemcpy of the same number of bytes, and the ratio.
+        cudaMemcpy of the same number of bytes, and the ratio;
+     3. the hierarchical step on device 0 alone (kvps_gpu_hier_step through a kvps server in this
+        process over inproc://, 1 Mi-float pieces) for 1 Mi floats and ResNet-50's 25 557 032, next
+        to its two parts measured alone: the copies (pinned device -> host -> device, cudaMemcpy)
+        and one pushpull of the same floats from pinned memory; their sum is what a step without
+        overlap would take.
    usage: bench_gpu [max_bytes (default 256 MiB)] [iterations (default 20)]
    Without a CUDA device it says so and exits 0. */
 #include "kvps.h"
@@ -11,6 +16,7 @@
 #include "kvps_gpu.h"
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <zmq.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +117,82 @@ static kvps_result k_encode(void *p) {
     return kvps_gpu_encode(&k->codec, k->x, k->n, k->r, k->blob, k->cap, &b, streams[0]);
 }
 
+/* 3. the hierarchical step against its parts; milliseconds, best of iters after a warm-up */
+static double ms_since(double t0) { return (now_s() - t0) * 1e3; }
+static void bench_hier(int iters) {
+    void *ctx = zmq_ctx_new();
+    kvps_server_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.endpoint = "inproc://bench-gpu-hier";
+    sd.num_workers = 1;
+    sd.zmq_ctx = ctx;
+    sd.keep_serving = 1;
+    kvps_server *srv = NULL;
+    DIE_IF(kvps_server_create(&sd, &srv) != KVPS_OK || kvps_server_start(srv) != KVPS_OK, "kvps server");
+    kvps_worker_desc wd;
+    memset(&wd, 0, sizeof wd);
+    wd.servers = kvps_server_endpoint(srv);
+    wd.num_workers = 1;
+    wd.zmq_ctx = ctx;
+    kvps_worker *w = NULL;
+    DIE_IF(kvps_worker_create(&wd, &w) != KVPS_OK, "kvps worker");
+    printf("# hierarchical step, device 0 alone, kvps server in this process (inproc), 1 Mi-float pieces; ms, best of %d\n", iters);
+    printf("# %10s %9s | %9s | %9s %9s %9s | %11s\n", "floats", "MB", "step", "copies", "pushpull", "sum", "sum/step");
+    const size_t counts[] = {(size_t)1 << 20, 25557032};
+    for (int ci = 0; ci < 2; ci++) {
+        size_t count = counts[ci], bytes = count * 4;
+        char name[32];
+        snprintf(name, sizeof name, "bench%d", ci);
+        kvps_gpu_hier_desc hd;
+        memset(&hd, 0, sizeof hd);
+        hd.worker = w;
+        hd.name = name;
+        hd.count = count;
+        kvps_gpu_hier *h = NULL;
+        DIE_IF(kvps_gpu_hier_create(&hd, &h) != KVPS_OK, "kvps_gpu_hier_create: %s", kvps_gpu_last_error());
+        float *d_g = NULL, *h_a = NULL, *h_b = NULL;
+        CUDA_OK(cudaMalloc((void **)&d_g, bytes));
+        CUDA_OK(cudaMemset(d_g, 0, bytes));
+        CUDA_OK(cudaMallocHost((void **)&h_a, bytes));
+        CUDA_OK(cudaMallocHost((void **)&h_b, bytes));
+        memset(h_a, 0, bytes);
+        kvps_tensor t;
+        snprintf(name, sizeof name, "plain%d", ci);
+        DIE_IF(kvps_worker_tensor(w, name, count, &t) != KVPS_OK, "kvps_worker_tensor: %s", kvps_worker_last_error(w));
+        double best_step = 1e30, best_copy = 1e30, best_pp = 1e30;
+        for (int it = -1; it < iters; it++) { /* it -1: warm-up, not counted */
+            double t0 = now_s();
+            DIE_IF(kvps_gpu_hier_step(h, d_g, d_g, streams[0]) != KVPS_OK, "kvps_gpu_hier_step: %s", kvps_gpu_hier_last_error(h));
+            CUDA_OK(cudaStreamSynchronize(streams[0]));
+            double ts = ms_since(t0);
+            t0 = now_s();
+            CUDA_OK(cudaMemcpyAsync(h_a, d_g, bytes, cudaMemcpyDeviceToHost, streams[0]));
+            CUDA_OK(cudaMemcpyAsync(d_g, h_a, bytes, cudaMemcpyHostToDevice, streams[0]));
+            CUDA_OK(cudaStreamSynchronize(streams[0]));
+            double tc = ms_since(t0);
+            kvps_req q;
+            t0 = now_s();
+            DIE_IF(kvps_worker_pushpull_tensor(w, t, h_a, h_b, &q) != KVPS_OK || kvps_worker_wait(w, q, 60000) != KVPS_OK,
+                   "pushpull: %s", kvps_worker_last_error(w));
+            double tp = ms_since(t0);
+            if (it >= 0) {
+                best_step = ts < best_step ? ts : best_step;
+                best_copy = tc < best_copy ? tc : best_copy;
+                best_pp = tp < best_pp ? tp : best_pp;
+            }
+        }
+        printf("  %10zu %9.1f | %9.3f | %9.3f %9.3f %9.3f | %11.2f\n", count, bytes / 1e6, best_step, best_copy, best_pp,
+               best_copy + best_pp, (best_copy + best_pp) / best_step);
+        kvps_gpu_hier_destroy(&h);
+        cudaFree(d_g);
+        cudaFreeHost(h_a);
+        cudaFreeHost(h_b);
+    }
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&srv);
+    zmq_ctx_term(ctx);
+}
+
 int main(int argc, char **argv) {
     size_t max_bytes = (size_t)256 << 20;
     int iters = 20;
@@ -191,6 +273,7 @@ int main(int argc, char **argv) {
         double gbs = bpe * (double)k.n / t / 1e9;
         printf("  %-28s %12.1f %10.1f %10.3f\n", ks[i].name, t * 1e6, gbs, gbs / mem_gbs);
     }
+    bench_hier(iters < 5 ? iters : 5);
     for (int i = 0; i < n; i++) {
         cudaSetDevice(i);
         cudaFree(d_buf[i]);

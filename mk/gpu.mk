@@ -15,37 +15,47 @@ NVCCFLAGS ?= -O2 -std=c++17 -Xcompiler -Wall,-Wextra
 GPU_LIBS   = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
              -lcudart -lnccl -lstdc++ $(LDLIBS)
 GPU_HEADERS := kvps.h kvps_ring.h kvps_gpu.h
-GPU_BINS  := $(GPU_B)/test_gpu $(GPU_B)/test_gpu_host $(GPU_B)/bench_gpu $(GPU_B)/c_api
+GPU_O     := $(GPU_B)/obj
+GPU_TEST_DEPS := $(GPU_HEADERS) tests/kvps_test.h $(wildcard tests/gpu/*.h)
+GPU_BINS  := $(GPU_B)/test_gpu $(GPU_B)/test_gpu_host $(GPU_B)/bench_gpu $(GPU_B)/c_api $(GPU_B)/hier_procs
 
 .PHONY: gpu gpu-build gpu-bench
 gpu: deps
 	@if ! command -v $(NVCC) >/dev/null 2>&1; then \
 	  echo "make gpu: nvcc not found ($(NVCC)); set CUDA_HOME or NVCC. Nothing built."; exit 0; fi; \
-	$(MAKE) --no-print-directory gpu-build && $(GPU_B)/c_api && tests/run.sh $(GPU_B)
+	$(MAKE) --no-print-directory gpu-build && $(GPU_B)/c_api && $(GPU_B)/hier_procs && tests/run.sh $(GPU_B)
 
 gpu-build: $(GPU_B)/kvps_gpu.o $(GPU_BINS)
 
 gpu-bench: gpu-build
 	$(GPU_B)/bench_gpu
 
-$(GPU_B):
-	@mkdir -p $(GPU_B)
+# the objects are kept (make would delete them as intermediates of the pattern rules)
+.PRECIOUS: $(GPU_O)/%.o
+
+$(GPU_B) $(GPU_O):
+	@mkdir -p $@
 
 $(GPU_B)/kvps_gpu.o: kvps_gpu.cu $(GPU_HEADERS) | $(GPU_B)
 	$(NVCC) $(NVCCFLAGS) -I. $(GPU_ARCH) -c $< -o $@
 
-# the kvps.h + kvps_ring.h implementation as a C object, for the C++ bench
-$(GPU_B)/kvps_impl.o: tests/gpu/kvps_impl.c $(GPU_HEADERS) | $(GPU_B)
+# Objects, compiled once and linked twice: here against the toolkit's libraries (build/gpu) and
+# into the device kit (mk/gpukit.mk). The kvps.h + kvps_ring.h implementation is a C object of
+# its own for the C++ bench.
+$(GPU_O)/kvps_impl.o: tests/gpu/kvps_impl.c $(GPU_HEADERS) | $(GPU_O) deps
 	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -c $< -o $@
+$(GPU_O)/%.o: tests/gpu/%.c $(GPU_TEST_DEPS) | $(GPU_O) deps
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
+# The host API from plain C99, -pedantic -Werror.
+$(GPU_O)/c_api.o: tests/gpu/c_api.c $(GPU_HEADERS) | $(GPU_O) deps
+	$(CC) -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) -c $< -o $@
+$(GPU_O)/bench_gpu.o: bench/bench_gpu.cu $(GPU_HEADERS) | $(GPU_O) deps
+	$(NVCC) $(NVCCFLAGS) -I. $(PKG_CFLAGS) -c $< -o $@
 
-$(GPU_B)/test_%: tests/gpu/test_%.c $(GPU_B)/kvps_gpu.o $(GPU_HEADERS) tests/kvps_test.h $(wildcard tests/gpu/*.h) | $(GPU_B)
-	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(PKG_CFLAGS) -I$(CUDA_HOME)/include $< $(GPU_B)/kvps_gpu.o -o $@ $(GPU_LIBS)
-
-# The host API from plain C99, -pedantic -Werror, linked with the kernels' object.
-$(GPU_B)/c_api: tests/gpu/c_api.c $(GPU_B)/kvps_gpu.o $(GPU_HEADERS) | $(GPU_B)
-	$(CC) -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) $< \
-	  $(GPU_B)/kvps_gpu.o -o $@ $(GPU_LIBS)
-
-$(GPU_B)/bench_gpu: bench/bench_gpu.cu $(GPU_B)/kvps_gpu.o $(GPU_B)/kvps_impl.o $(GPU_HEADERS) | $(GPU_B)
-	$(NVCC) $(NVCCFLAGS) -I. $(PKG_CFLAGS) $< $(GPU_B)/kvps_gpu.o $(GPU_B)/kvps_impl.o -o $@ \
-	  -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib -lnccl $(PKG_LIBS) -lz -lm -lpthread
+# (static pattern rules: the Makefile's build/%: tests/%.c would otherwise compile them whole)
+GPU_C_BINS := $(GPU_B)/test_gpu $(GPU_B)/test_gpu_host $(GPU_B)/c_api $(GPU_B)/hier_procs
+$(GPU_C_BINS): $(GPU_B)/%: $(GPU_O)/%.o $(GPU_B)/kvps_gpu.o
+	$(CC) $^ -o $@ $(GPU_LIBS)
+$(GPU_B)/bench_gpu: $(GPU_O)/bench_gpu.o $(GPU_B)/kvps_gpu.o $(GPU_O)/kvps_impl.o
+	$(NVCC) $^ -o $@ -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 \
+	  -Xlinker -rpath,$(CUDA_HOME)/lib -lnccl $(PKG_LIBS) -lz -lm -lpthread

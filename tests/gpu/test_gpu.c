@@ -1,6 +1,7 @@
 /* test_gpu - kvps_gpu.h on a CUDA device: every kernel against the CPU codecs bit for bit
    (pack/unpack over all 2^32 floats and all 2^16 halves; encode, decode, top-k, sign, sum,
-   scale on hard data), malformed blobs get the CPU decoder's verdict, NCCL collectives against
+   scale on hard data: ties, zeros, infinities, subnormals, sparse inputs, NaN payloads where the
+   GPU keeps them; sizes 0, 1, odd and 2^24 + 3), malformed blobs get the CPU decoder's verdict, NCCL collectives against
    a naive sum for 1 and all visible GPUs (threads, each rank bootstrapped over a kvps_ring on
    inproc://, and one thread driving all GPUs with group calls), a collective one rank never
    joins times out and aborts, and the hierarchical step against kvps servers. Without a device:
@@ -51,14 +52,21 @@ static size_t first_diff(const void *a, const void *b, size_t n, int nan_ok) {
     return (size_t)-1;
 }
 
-/* Hard data without NaN: ties, both zeros, infinities, subnormals, huge and tiny values. */
+/* Inputs by kind: 0 random; 1 ties (quarters); 2 all equal; 3 hard: both zeros, infinities,
+   subnormals, huge and tiny values; 4 sparse: 99% zeros, the rest hard; 5 (KIND_NAN) hard with
+   quiet and signalling NaNs of many payloads, for the paths that keep NaNs as the CPU does. */
+enum { KIND_NAN = 5 };
 static void fill(float *x, size_t n, uint64_t seed, int kind) {
     uint64_t s = seed;
     for (size_t i = 0; i < n; i++) {
         float v = kt_randf(&s);
         if (kind == 1) v = (float)(int)(v * 4.0f) / 4.0f;
         else if (kind == 2) v = 0.5f;
-        else if (kind == 3) {
+        else if (kind == 4 && kt_rng(&s) % 100 != 0) v = 0.0f;
+        else if (kind == KIND_NAN && kt_rng(&s) % 8 == 0) {
+            uint32_t u = 0x7f800001u | (uint32_t)(kt_rng(&s) & 0x807fffffu); /* sign, payload; quiet or not */
+            memcpy(&v, &u, 4);
+        } else if (kind >= 3) {
             uint64_t r = kt_rng(&s) % 16;
             if (r == 0) v = 0.0f;
             else if (r == 1) v = -0.0f;
@@ -149,26 +157,42 @@ static kvps_codec make_codec(const codec_case *cc) {
     return c;
 }
 
-static void test_encode_decode_vs_cpu(void) {
-    size_t ns[] = {1, 7, 8, 255, 4095, 4096, 4097, 65541, (size_t)1 << 20, ((size_t)1 << 22) + 3};
-    size_t nn = kt_quick() ? 8 : sizeof ns / sizeof *ns;
-    size_t nmax = ns[nn - 1], cap = 8 + 4 + nmax * 8 + 64;
+/* Every case x size x kind x (with / without error feedback): the GPU's blob, bytes and residual
+   against kvps_codec_encode, then the CPU's blob decoded on the GPU (plain and accumulated)
+   against kvps_codec_decode. NaN inputs only where the GPU keeps NaNs bit for bit (NUMERICS):
+   NONE, FP16 and BF16 without a residual, decoded without accumulation. */
+static void encode_decode_run(const codec_case *cases, size_t ncases, const size_t *ns, size_t nn, const int *kinds,
+                              size_t nkinds) {
+    size_t nmax = 1, cap = 0;
+    for (size_t ni = 0; ni < nn; ni++) nmax = ns[ni] > nmax ? ns[ni] : nmax;
+    for (size_t ci = 0; ci < ncases; ci++) {
+        kvps_codec c = make_codec(&cases[ci]);
+        size_t b = kvps_codec_max_bytes(&c, nmax) + 64;
+        cap = b > cap ? b : cap;
+    }
     float *x = malloc(nmax * 4), *r0 = malloc(nmax * 4), *rc_ = malloc(nmax * 4), *rg = malloc(nmax * 4);
     float *dec_c = malloc(nmax * 4), *dec_g = malloc(nmax * 4);
     unsigned char *bc = malloc(cap), *bg = malloc(cap);
     float *d_x = dalloc(nmax * 4), *d_r = dalloc(nmax * 4), *d_dst = dalloc(nmax * 4);
     void *d_blob = dalloc(cap);
     int *d_status = dalloc(4);
-    if (!x || !r0 || !rc_ || !rg || !dec_c || !dec_g || !bc || !bg || !d_x || !d_r || !d_dst || !d_blob || !d_status) goto out;
-    for (size_t ci = 0; ci < sizeof codec_cases / sizeof *codec_cases; ci++)
+    if (!x || !r0 || !rc_ || !rg || !dec_c || !dec_g || !bc || !bg || !d_x || !d_r || !d_dst || !d_blob || !d_status) {
+        KT_CHECK(0, "encode/decode up to n=%zu: out of memory", nmax);
+        goto out;
+    }
+    for (size_t ci = 0; ci < ncases; ci++)
         for (size_t ni = 0; ni < nn; ni++)
-            for (int kind = 0; kind < 4; kind++)
+            for (size_t ki = 0; ki < nkinds; ki++)
                 for (int ef = 0; ef < 2; ef++) {
-                    const codec_case *cc = &codec_cases[ci];
+                    const codec_case *cc = &cases[ci];
                     kvps_codec c = make_codec(cc);
                     size_t n = ns[ni], bytes_c = 0, bytes_g = 0;
+                    int kind = kinds[ki];
+                    if (kind == KIND_NAN && (ef || (cc->id != KVPS_CODEC_NONE && cc->id != KVPS_CODEC_FP16 &&
+                                                    cc->id != KVPS_CODEC_BF16)))
+                        continue;
                     fill(x, n, 11 * ni + (uint64_t)kind, kind);
-                    fill(r0, n, 3 + ni, kind == 3 ? 0 : kind);
+                    fill(r0, n, 3 + ni, kind >= 3 ? 0 : kind);
                     for (size_t i = 0; i < n; i++) r0[i] *= 0.01f;
                     memcpy(rc_, r0, n * 4);
                     kvps_result a = kvps_codec_encode(&c, x, n, ef ? rc_ : NULL, bc, cap, &bytes_c);
@@ -192,7 +216,7 @@ static void test_encode_decode_vs_cpu(void) {
                                  (double)rg[i], (double)rc_[i]);
                     }
                     /* decode the CPU's blob on the device, plain and accumulated */
-                    for (int acc = 0; acc < 2; acc++) {
+                    for (int acc = 0; acc < (kind == KIND_NAN ? 1 : 2); acc++) {
                         fill(dec_c, n, 77, 0);
                         memcpy(dec_g, dec_c, n * 4);
                         kvps_result dc = kvps_codec_decode(&c, bc, bytes_c, dec_c, n, acc);
@@ -202,7 +226,7 @@ static void test_encode_decode_vs_cpu(void) {
                         if (!d2h(&st, d_status, 4) || !d2h(dec_g, d_dst, n * 4)) goto out;
                         KT_CHECK(dc == KVPS_OK && dg == KVPS_OK && st == KVPS_OK, "%s n=%zu decode: %s / %s / status %d",
                                  cc->name, n, kvps_result_str(dc), kvps_result_str(dg), st);
-                        size_t i = first_diff(dec_g, dec_c, n, 1);
+                        size_t i = first_diff(dec_g, dec_c, n, kind != KIND_NAN);
                         KT_CHECK(i == (size_t)-1, "%s n=%zu kind %d acc %d: decoded %zu: %a, CPU %a", cc->name, n, kind,
                                  acc, i, (double)dec_g[i], (double)dec_c[i]);
                     }
@@ -210,6 +234,12 @@ static void test_encode_decode_vs_cpu(void) {
 out:
     dfree(d_x); dfree(d_r); dfree(d_dst); dfree(d_blob); dfree(d_status);
     free(x); free(r0); free(rc_); free(rg); free(dec_c); free(dec_g); free(bc); free(bg);
+}
+
+static void test_encode_decode_vs_cpu(void) {
+    static const size_t ns[] = {1, 7, 8, 255, 4095, 4096, 4097, 65541, (size_t)1 << 20, ((size_t)1 << 22) + 3};
+    static const int kinds[] = {0, 1, 2, 3, 4, KIND_NAN};
+    encode_decode_run(codec_cases, sizeof codec_cases / sizeof *codec_cases, ns, kt_quick() ? 8 : 10, kinds, 6);
 }
 
 /* ---- decode of malformed blobs (decode_cases.h): the CPU decoder's verdict, and nothing written ---- */
@@ -256,22 +286,32 @@ out:
 }
 
 /* ---- kvps_gpu_topk against kvps_topk / kvps__topk_ef ---- */
-static void test_topk(void) {
-    size_t ns[] = {1, 2, 4097, 100003, (size_t)1 << 22};
-    size_t nn = kt_quick() ? 4 : 5, nmax = ns[nn - 1];
+/* every size x kind x (with / without error feedback) x k in {0, 1, n/1000, n/3, n} (those <= n) */
+static void topk_run(const size_t *ns, size_t nn, const int *kinds, size_t nkinds) {
+    size_t nmax = 1;
+    for (size_t ni = 0; ni < nn; ni++) nmax = ns[ni] > nmax ? ns[ni] : nmax;
     float *x = malloc(nmax * 4), *r1 = malloc(nmax * 4), *r2 = malloc(nmax * 4), *v1 = malloc(nmax * 4), *v2 = malloc(nmax * 4);
     uint32_t *i1 = malloc(nmax * 4), *i2 = malloc(nmax * 4);
     float *d_x = dalloc(nmax * 4), *d_r = dalloc(nmax * 4), *d_v = dalloc(nmax * 4);
     uint32_t *d_i = dalloc(nmax * 4);
-    if (!x || !r1 || !r2 || !v1 || !v2 || !i1 || !i2 || !d_x || !d_r || !d_v || !d_i) goto out;
+    if (!x || !r1 || !r2 || !v1 || !v2 || !i1 || !i2 || !d_x || !d_r || !d_v || !d_i) {
+        KT_CHECK(0, "top-k up to n=%zu: out of memory", nmax);
+        goto out;
+    }
     for (size_t ni = 0; ni < nn; ni++)
-        for (int kind = 0; kind < 4; kind++)
+        for (size_t kk = 0; kk < nkinds; kk++)
             for (int ef = 0; ef < 2; ef++) {
+                int kind = kinds[kk];
+                /* NaNs: only without error feedback (x + r would make the GPU's NaNs canonical,
+                   and their magnitude keys, so the pick among them, differ from the CPU's) */
+                if (kind == KIND_NAN && ef) continue;
                 size_t n = ns[ni], ks[] = {0, 1, n / 1000, n / 3, n};
                 for (size_t ki = 0; ki < 5; ki++) {
                     size_t k = ks[ki];
+                    if (k > n || (ki && k == ks[ki - 1])) continue;
                     fill(x, n, 5 * ni + (uint64_t)kind + 100 * ki, kind);
                     fill(r1, n, 9 + ni, kind);
+                    if (kind == 4) memset(r1, 0, n * 4); /* sparse stays sparse with error feedback */
                     memcpy(r2, r1, n * 4);
                     kvps_result a = kvps__topk_ef(x, ef ? r1 : NULL, n, k, i1, v1);
                     if (!h2d(d_x, x, n * 4) || !h2d(d_r, r2, n * 4)) goto out;
@@ -290,13 +330,18 @@ out:
     free(x); free(r1); free(r2); free(v1); free(v2); free(i1); free(i2);
 }
 
+static void test_topk(void) {
+    static const size_t ns[] = {1, 2, 4097, 100003, (size_t)1 << 22};
+    static const int kinds[] = {0, 1, 2, 3, 4, KIND_NAN};
+    topk_run(ns, kt_quick() ? 4 : 5, kinds, 6);
+}
+
 /* ---- sum and scale, three dtypes ---- */
-static void test_sum_scale(void) {
-    enum { N = 100003 };
-    static float a[N], b[N], fa[N], fb[N];
-    static uint16_t ha[N], hb[N], hg[N];
+static void sum_scale_run(size_t N) {
+    float *a = malloc(N * 4 + 4), *b = malloc(N * 4 + 4), *fa = malloc(N * 4 + 4), *fb = malloc(N * 4 + 4);
+    uint16_t *ha = malloc(N * 2 + 2), *hb = malloc(N * 2 + 2), *hg = malloc(N * 2 + 2), *want = malloc(N * 2 + 2);
     void *d_a = dalloc(N * 4), *d_b = dalloc(N * 4);
-    if (!d_a || !d_b) goto out;
+    if (!a || !b || !fa || !fb || !ha || !hb || !hg || !want || !d_a || !d_b) { KT_CHECK(0, "n=%zu: memory", N); goto out; }
     fill(fa, N, 1, 3);
     fill(fb, N, 2, 0);
     for (int dt = 0; dt < 3; dt++) {
@@ -313,36 +358,64 @@ static void test_sum_scale(void) {
             KT_CHECK(rc == KVPS_OK, "dt %d op %d: %s", dt, op, kvps_result_str(rc));
             /* the CPU: kvps_reduce_into for the sum, the element functions for the scale */
             if (dt == 0) {
-                memcpy(a, fa, sizeof a);
-                memcpy(b, fb, sizeof b);
+                memcpy(a, fa, N * 4);
+                memcpy(b, fb, N * 4);
                 if (op == 0) kvps_reduce_into(a, b, N, KVPS_FLOAT32, KVPS_SUM);
-                else for (int i = 0; i < N; i++) a[i] = (op == 1 ? b[i] : a[i]) * (op == 1 ? 0.375f : -3.0f);
+                else for (size_t i = 0; i < N; i++) a[i] = (op == 1 ? b[i] : a[i]) * (op == 1 ? 0.375f : -3.0f);
                 if (!d2h(b, d_a, N * 4)) goto out;
                 size_t i = first_diff(b, a, N, 1);
-                KT_CHECK(i == (size_t)-1, "float32 op %d: element %zu", op, i);
+                KT_CHECK(i == (size_t)-1, "n=%zu float32 op %d: element %zu", N, op, i);
             } else {
-                uint16_t want[N];
-                memcpy(want, ha, sizeof want);
+                memcpy(want, ha, N * 2);
                 if (op == 0) kvps_reduce_into(want, hb, N, t, KVPS_SUM);
-                for (int i = 0; op && i < N; i++) {
+                for (size_t i = 0; op && i < N; i++) {
                     float v = (op == 1 ? (dt == 1 ? kvps_f16_to_f32(hb[i]) : kvps_bf16_to_f32(hb[i]))
                                        : (dt == 1 ? kvps_f16_to_f32(ha[i]) : kvps_bf16_to_f32(ha[i]))) *
                               (op == 1 ? 0.375f : -3.0f);
                     want[i] = dt == 1 ? kvps_f32_to_f16(v) : kvps_f32_to_bf16(v);
                 }
                 if (!d2h(hg, d_a, N * 2)) goto out;
-                int bad = -1;
-                for (int i = 0; i < N && bad < 0; i++)
+                size_t bad = (size_t)-1;
+                for (size_t i = 0; i < N && bad == (size_t)-1; i++)
                     if (hg[i] != want[i] && !((hg[i] & 0x7fff) > (dt == 1 ? 0x7c00 : 0x7f80) &&
                                               (want[i] & 0x7fff) > (dt == 1 ? 0x7c00 : 0x7f80)))
                         bad = i;
-                KT_CHECK(bad < 0, "dt %d op %d: element %d: 0x%04x, CPU 0x%04x", dt, op, bad, hg[bad < 0 ? 0 : bad],
-                         want[bad < 0 ? 0 : bad]);
+                KT_CHECK(bad == (size_t)-1, "n=%zu dt %d op %d: element %zu: 0x%04x, CPU 0x%04x", N, dt, op, bad,
+                         hg[bad == (size_t)-1 ? 0 : bad], want[bad == (size_t)-1 ? 0 : bad]);
             }
         }
     }
 out:
     dfree(d_a); dfree(d_b);
+    free(a); free(b); free(fa); free(fb); free(ha); free(hb); free(hg); free(want);
+}
+
+static void test_sum_scale(void) { sum_scale_run(100003); }
+
+/* ---- sizes 0, 1, odd and 2^24 + 3 (counts and indices past float's exact integers) for every
+   kernel: the encoders and decoders of each codec, top-k with sparse and tied inputs, sum and
+   scale ---- */
+static void test_sizes(void) {
+    static const codec_case cases[] = {
+        {"none", KVPS_CODEC_NONE, 0, 0, 0, 0},
+        {"fp16", KVPS_CODEC_FP16, 0, 0, 0, 0},
+        {"bf16", KVPS_CODEC_BF16, 0, 0, 0, 0},
+        {"topk 0.1%", KVPS_CODEC_TOPK, 0.001, 0, 0, 0},
+        {"topk fp16 values", KVPS_CODEC_TOPK, 0.0005, 0, 1, 0},
+        {"sign 256", KVPS_CODEC_SIGN, 0, 0, 0, 0},
+        {"sign 100", KVPS_CODEC_SIGN, 0, 0, 0, 100},
+    };
+    const size_t big = ((size_t)1 << 24) + 3;
+    const size_t small[] = {0, 1, 3}, large[] = {big};
+    static const int all[] = {0, 1, 2, 3, 4, KIND_NAN}, hard[] = {3, 4, KIND_NAN}, sparse[] = {2, 4};
+    size_t nc = sizeof cases / sizeof *cases;
+    encode_decode_run(cases, nc, small, 3, all, 6);
+    topk_run(small, 3, all, 6);
+    for (size_t i = 0; i < 3; i++) sum_scale_run(small[i]);
+    if (kt_quick()) return;
+    encode_decode_run(cases, nc, large, 1, hard, 3);
+    topk_run(large, 1, sparse, 2);
+    sum_scale_run(big);
 }
 
 /* ---- NCCL: a team of threads, one per rank, bootstrapped over kvps rings on inproc ---- */
@@ -671,7 +744,7 @@ static void test_hier_step(void) {
 int main(void) {
     /* the list of device tests, for the skip line */
     static const char *const tests[] = {"pack_unpack_exhaustive", "encode_decode_vs_cpu", "decode_malformed", "topk",
-                                        "sum_scale", "nccl_collectives", "nccl_local_group", "nccl_timeout_aborts",
+                                        "sum_scale", "sizes", "nccl_collectives", "nccl_local_group", "nccl_timeout_aborts",
                                         "hier_step"};
     kvps_log_set_level(KVPS_LOG_NONE);
     if (kvps_gpu_device_count(&ndev) != KVPS_OK) {
@@ -685,6 +758,7 @@ int main(void) {
     KT_RUN(test_decode_malformed);
     KT_RUN(test_topk);
     KT_RUN(test_sum_scale);
+    KT_RUN(test_sizes);
     KT_RUN(test_nccl_collectives);
     KT_RUN(test_nccl_local_group);
     KT_RUN(test_nccl_timeout_aborts);
