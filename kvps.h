@@ -17,7 +17,7 @@
      9. Environment (launchers)
     10. Config macros
     11. Faults: heartbeats, re-sends, lost workers, checkpoints
-    12. Security: CURVE
+    12. Security: CURVE, only the job talks to the job
     13. Timeline
     14. Revision history
 
@@ -192,9 +192,10 @@
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
                            key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
                            8 PULL_ROWS, 9 TABLE (see below), 10 HELLO (values: u32 protocol
-                           3, u32 num_workers, u32 servers in the list, u32 this server's
+                           7, u32 num_workers, u32 servers in the list, u32 this server's
                            place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
-                           placement's hash, 0 before any reshard; answered with the server's
+                           placement's hash, 0 before any reshard, u64 the job token's
+                           digest, 0: none; answered with the server's
                            placement when the worker's is 0 and the server has one), 11 BYE,
                            12 STATUS (req_id: the request asked about; answered with text),
                            13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
@@ -202,8 +203,9 @@
                            a worker's request follows as [routing id][meta][values?], 1 a
                            snapshot [checkpoint bytes][session], 2 worker u32 lost, 3 the
                            rounds a request completed under BSP [done][records] (layout in
-                           kvps__round_note); nkeys = epoch, req_id = sequence, aux = sender's
-                           place), RESHARD
+                           kvps__round_note), 4 hello [u64 job token digest, u64 chain hash],
+                           first on each connection of a link (SECURITY); nkeys = epoch,
+                           req_id = sequence, aux = sender's place), RESHARD
                            (nkeys 0; the values frame holds the rest): 15 KEYS (answered
                            with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
                            their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
@@ -452,7 +454,7 @@
    Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
    connection is not reported lost.
 
-   12. SECURITY: CURVE
+   12. SECURITY: CURVE, ONLY THE JOB TALKS TO THE JOB
    Make certificates with `make certs` (or kvps-keygen NAME: NAME.cert is public, NAME.cert_secret
    is secret; CZMQ's zcert format). kvps_cert_load reads them. A server with .curve_secret_key
    encrypts every connection and admits only workers whose public key is in .curve_clients (its
@@ -462,6 +464,23 @@
    returns KVPS_ERR_AUTH. Size limits: the server sets ZMQ_MAXMSGSIZE to .max_msg_bytes (default
    max_value_len floats + 64 MiB), so no peer makes it allocate more for one frame (ZeroMQ drops
    that connection), and checks every length before allocating (KVPS_ERR_TOO_LARGE).
+   ONLY THE JOB TALKS TO THE JOB. With or without CURVE, a server serves a connection (tcp://,
+   ipc://; inproc:// is its own process) only once it has accepted a worker's hello on it, and
+   then only that worker's requests (its routing id names its rank and incarnation); replica
+   traffic (REPL of every kind: forwarded requests, snapshots, rounds, a later epoch) only from a
+   connection on which a replica of the same chain proved itself with a REPL hello. Everything
+   else (a stranger's push, BYE, DROP, PLACE, a forged epoch) is answered KVPS_ERR_AUTH, changes
+   nothing, is counted (stats.strangers) and logged once per connection with its address. A
+   server restored from a checkpoint admits the workers its re-send windows record.
+   JOB TOKEN: a secret shared by the job's processes (.job_token, else $KVPS_JOB_TOKEN; kvps-run
+   makes a fresh one per job, or passes on the one in its environment; under mpirun or srun set
+   it yourself, e.g. mpirun -x KVPS_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')).
+   Hellos and REPL hellos carry its digest, and a server refuses one that differs from its own
+   (KVPS_ERR_AUTH, naming KVPS_JOB_TOKEN). Without a token, a hello that matches the job's
+   configuration is all a process needs to join, and a replica link needs only the chain: set a
+   token wherever strangers can reach the servers' ports. The digest travels in plaintext:
+   against eavesdroppers, CURVE. The job's own processes are trusted (a worker holds the token,
+   so it could forge a replica's hello).
 
    13. TIMELINE
    KVPS_TIMELINE=DIR in the environment, or .timeline = "DIR" in a server's, worker's or ring's
@@ -576,7 +595,7 @@ extern "C" {
     X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
     X(KVPS_ERR_PEER, -204, "a peer aborted the operation")                                      \
     X(KVPS_ERR_PEER_LOST, -205, "a peer is unreachable: its connection or heartbeats stopped")  \
-    X(KVPS_ERR_AUTH, -206, "the server refused the connection (CURVE key not allowed or wrong)") \
+    X(KVPS_ERR_AUTH, -206, "the server refused: not of this job (no accepted hello on that connection, or another job token) or a CURVE key not allowed") \
     X(KVPS_ERR_MALFORMED, -300, "malformed message")                                            \
     X(KVPS_ERR_TRUNCATED, -301, "truncated message: a frame is shorter than its header says")  \
     X(KVPS_ERR_MAGIC, -302, "wrong magic number: not a kvps message")                           \
@@ -746,6 +765,9 @@ typedef struct kvps_server_desc {
     const char *replicas;
     int replica;
     int replacement;
+    /* JOB TOKEN (SECURITY): a secret every process of the job shares; a worker's hello and a
+       replica's link must carry it. NULL: $KVPS_JOB_TOKEN (kvps-run sets one), else none; "": none */
+    const char *job_token;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -775,6 +797,8 @@ typedef struct kvps_server_stats {
     uint64_t snapshots;     /* snapshots sent (a primary) or loaded (a backup) */
     uint64_t repl_bytes;    /* a primary: bytes sent down the chain, to all backups together */
     uint64_t reads;         /* READs answered: pushpulls' pulls from workers with .read_local */
+    uint64_t strangers;     /* messages refused as not from the job: no accepted hello on that
+                               connection, nor a replica link of this chain (SECURITY) */
 } kvps_server_stats;
 
 /* Worker configuration; zero means default.
@@ -826,6 +850,8 @@ typedef struct kvps_worker_desc {
     size_t credit_bytes; /* FUSION: bytes in flight to one server (0: no limit); the rest wait, by priority */
     int read_local; /* REPLICAS under BSP: 1: a pushpull reads its result from a replica of the shard on
                        this host (READS FROM A LOCAL REPLICA); 0: $KVPS_READ_LOCAL, else off; -1: off */
+    const char *job_token; /* JOB TOKEN (SECURITY): the job's secret, sent (digested) in the hello;
+                              NULL: $KVPS_JOB_TOKEN, else none; "": none */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -3081,8 +3107,9 @@ enum {
     KVPS__OP_READ = 24,   /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the
                              push's sequence; kvps__serve_read) */
     KVPS__OP_COUNT = 25,
-    KVPS__PROTO = 6,      /* the protocol release a HELLO names: both sides must speak the same (6: READ) */
-    KVPS__HELLO_BYTES = 48,
+    KVPS__PROTO = 7,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
+                             7: the job token in HELLO, REPL hellos) */
+    KVPS__HELLO_BYTES = 56,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
     KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
@@ -3160,6 +3187,23 @@ static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
     if (n > cap - 1) n = cap - 1;
     if (n) memcpy(buf, zmq_msg_data(&fr[1]), n);
     buf[n] = 0;
+}
+
+/* FNV-1a (64 bits) of bytes, continuing from h (start: 0xcbf29ce484222325). */
+static uint64_t kvps__fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = (const unsigned char *)p;
+    while (n--) h = (h ^ *c++) * 0x100000001b3ull;
+    return h;
+}
+
+/* The job token's digest (JOB TOKEN): the desc's token, else $KVPS_JOB_TOKEN; 0 when there is
+   none (NULL or ""), never 0 otherwise. What travels is the digest, never the token. */
+static uint64_t kvps__token_digest(const char *desc_token) {
+    const char *t = desc_token ? desc_token : getenv("KVPS_JOB_TOKEN");
+    if (!t || !*t) return 0;
+    uint64_t h = kvps__fnv(0xcbf29ce484222325ull, "kvps job token:", 15);
+    h = kvps__mix64(kvps__fnv(h, t, strlen(t)));
+    return h ? h : 1;
 }
 
 /* A random 32-bit number, never 0 (incarnations). */
@@ -3720,6 +3764,11 @@ struct kvps_server {
     uint8_t *out;             /* elastic: left the aggregation */
     /* sessions: who said hello (and with what), who finished, tensor names; the stall inspector */
     uint32_t *live_inc;       /* per worker: the incarnation whose hello was accepted (0: none) */
+    uint64_t token;           /* the job token's digest (0: none): hellos and REPL hellos must carry it */
+    uint64_t stranger_logged[16]; /* the last strangers logged (connection keys), so each is logged once */
+    unsigned nstranger_logged;
+    int gate;                 /* test hook: 0: connections are held to the job's rules (kvps__admit),
+                                 inproc is not; 1: inproc too; -1: nothing is */
     uint32_t *bad_inc;        /* per worker: an incarnation whose hello was refused, and why */
     char (*bad_text)[200];
     uint8_t *heard;           /* per worker: has spoken at all */
@@ -3766,6 +3815,9 @@ struct kvps_server {
     size_t held_head, nheld, cap_held;
     int replaying;            /* backup: serving the primary's copy of a request (no liveness from it) */
     int primary_fd;           /* backup: the connection the primary speaks from (-1: none) */
+    int *member_fd;           /* per replica of the chain: the connection whose REPL hello proved it a
+                                 member (-2: none; -1: inproc) */
+    uint64_t chain_hash;      /* FNV-1a of the chain, as REPL hellos name it */
     int synced;               /* backup: holds the shard (a snapshot of this epoch) */
     int64_t repl_look;        /* primary: when to read the links even if nothing woke it (ms) */
     zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
@@ -3780,7 +3832,9 @@ struct kvps_server {
 };
 
 enum { KVPS__ROLE_NONE, KVPS__ROLE_PRIMARY, KVPS__ROLE_BACKUP };
-enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_ROUND, KVPS__REPL_KINDS };
+/* REPL kinds (the header's rank). HELLO: a link's first message on each connection, [hdr][u64 job
+   token digest, u64 chain hash]: proves the sender a member of this chain (the rest is refused). */
+enum { KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_ROUND, KVPS__REPL_HELLO, KVPS__REPL_KINDS };
 /* REPLICAS under BSP: a push whose contributions are not all in applied rounds yet. left
    counts them, plus one while the request is served; at 0 it is recorded as applied (the
    backups mark it in their re-send windows) and a PUSH is answered. */
@@ -4577,6 +4631,8 @@ static void kvps__liveness_events(kvps_server *s) {
     int32_t fd = -1;
     while (s->mon && kvps__monitor_event(s->mon, &ev, &fd)) {
         if (ev != ZMQ_EVENT_DISCONNECTED) continue;
+        for (int j = 0; s->member_fd && j < s->nrep; j++) /* a later connection with that number proves itself anew */
+            if (s->member_fd[j] == fd) s->member_fd[j] = -2;
         if (s->primary_fd >= 0 && fd == s->primary_fd) {
             s->primary_fd = -1;
             kvps__log(KVPS_LOG_WARN, "server %d replica %d: the primary's connection closed; this backup takes over when a "
@@ -4895,6 +4951,99 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
     return 1;
 }
 
+/* ONLY THE JOB TALKS TO THE JOB (SECURITY). A message from a connection (tcp://, ipc://; inproc://
+   is this process) is served only when it comes from a worker whose hello this server accepted
+   and speaks for that worker, or, for REPL, from the connection a replica of this shard's chain
+   proved itself on (its REPL hello). A worker's routing id names it ("kvps" or, from its read-
+   replica socket, "kvpr"; u32 incarnation, u32 rank, u32 server: kvps__worker_dealer): its rank
+   must be the header's (and its incarnation the header's, where the header carries one), and
+   that incarnation the one whose hello was accepted
+   here (or, on a server restored from a checkpoint, the one its re-send window records). A
+   hello is always looked at (kvps__hello_ok checks the job token). Refusals are answered
+   (KVPS_ERR_AUTH), counted (stats.strangers) and logged once per connection, with its address. */
+static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_result rc, const char *text);
+
+static void kvps__stranger(kvps_server *s, zmq_msg_t *fr, const kvps__hdr *h0, int fd, const char *why) {
+    KVPS__STAT_ADD(s, strangers, 1);
+    uint64_t key = kvps__fnv(kvps__fnv(0xcbf29ce484222325ull, &fd, sizeof fd), zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
+    unsigned i, n = s->nstranger_logged < 16 ? s->nstranger_logged : 16;
+    for (i = 0; i < n && s->stranger_logged[i] != key; i++) {}
+    const char *addr = zmq_msg_gets(&fr[1], "Peer-Address");
+    char text[512];
+    snprintf(text, sizeof text, "server %d (%s) refuses %s (op %u, worker %u) from %s: %s", s->desc.rank, s->endpoint,
+             h0->op < KVPS__OP_COUNT ? kvps__ops[h0->op].name : "an op", h0->op, h0->rank,
+             addr && *addr ? addr : "a local connection", why);
+    if (i == n) {
+        s->stranger_logged[s->nstranger_logged++ % 16] = key;
+        kvps__log(KVPS_LOG_WARN, "%s (logged once for this connection)", text);
+    }
+    KVPS__STAT_ADD(s, errors, 1);
+    if (h0->op == KVPS__OP_REPL) {
+        kvps__repl_answer(s, &fr[0], h0->req_id, KVPS_ERR_AUTH, text);
+        return;
+    }
+    /* answered here, not by kvps__reply_error: nothing of the worker it names (its re-send
+       window) is touched, and a backup answers too */
+    kvps__hdr rh = kvps__reply_hdr(h0, KVPS_ERR_AUTH);
+    zmq_msg_t f[3];
+    kvps__reply_start(f, &fr[0], 0, &rh);
+    kvps__msg_from_buf(&f[2], text, strlen(text));
+    if (kvps__send_frames(s->router, f, 3) != 0) KVPS__STAT_ADD(s, replies_dropped, 1); /* (its queue is full) */
+}
+
+/* REPL hello, [id][hdr][u64 job token digest, u64 chain hash]: the connection it comes on is
+   replica h.aux's, when the chain and the token are this server's. */
+static void kvps__repl_hello(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h) {
+    uint64_t v[2] = {0, 0};
+    const char *bad = NULL;
+    if (nfr != 3 || zmq_msg_size(&fr[2]) != sizeof v) bad = "a REPL hello of the wrong shape";
+    else memcpy(v, zmq_msg_data(&fr[2]), sizeof v);
+    if (bad) {
+    } else if (!s->member_fd) bad = "this server is no replica of a chain";
+    else if (h->aux >= (uint32_t)s->nrep || h->aux == (uint32_t)s->desc.replica) bad = "the sender names no other replica of this chain";
+    else if (v[1] != s->chain_hash) bad = "the sender's chain is not this server's";
+    else if (v[0] != s->token) bad = "the sender does not carry this job's token (KVPS_JOB_TOKEN)";
+    if (bad) {
+        kvps__stranger(s, fr, h, fd, bad);
+        return;
+    }
+    s->member_fd[h->aux] = fd;
+}
+
+/* 1: the message may be served (see above); 0: it was refused, or it was a REPL hello. */
+static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *h0) {
+    int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
+    int gate = __atomic_load_n(&s->gate, __ATOMIC_RELAXED); /* (a test's thread may set it) */
+    if (gate < 0 || (fd < 0 && gate == 0)) return 1;
+    if (h0->op == KVPS__OP_REPL) {
+        if (h0->rank == KVPS__REPL_HELLO) {
+            kvps__repl_hello(s, fr, nfr, fd, h0);
+            return 0;
+        }
+        if (s->member_fd && h0->aux < (uint32_t)s->nrep && h0->aux != (uint32_t)s->desc.replica && s->member_fd[h0->aux] == fd)
+            return 1;
+        kvps__stranger(s, fr, h0, fd, "replica traffic from a connection that has not proved itself a replica of this "
+                       "shard's chain (no REPL hello with the job's token and chain)");
+        return 0;
+    }
+    if (h0->op == KVPS__OP_HELLO) return 1;
+    uint32_t r = h0->rank, inc = 0, rid = UINT32_MAX;
+    if (r < (uint32_t)s->m && h0->status && s->bad_inc[r] == (uint32_t)h0->status) return 1; /* refused in its hello's words */
+    const unsigned char *id = (const unsigned char *)zmq_msg_data(&fr[0]);
+    if (zmq_msg_size(&fr[0]) == 16 && id[0] == 'k' && id[1] == 'v' && id[2] == 'p' && (id[3] == 's' || id[3] == 'r')) {
+        memcpy(&inc, id + 4, 4);
+        memcpy(&rid, id + 8, 4);
+    }
+    int named = r < (uint32_t)s->m && rid == r && inc && (!h0->status || inc == (uint32_t)h0->status); /* (status 0: untracked) */
+    if (named && (s->live_inc[r] == inc || (!s->live_inc[r] && s->seen[r].inc == inc))) return 1;
+    kvps__stranger(s, fr, h0, fd, named
+                                      ? "that worker has not said hello to this server (a process of another job, or "
+                                        "this server restarted without its checkpoint)"
+                                      : "the connection is not one of a worker that said hello here, or speaks for "
+                                        "another worker");
+    return 0;
+}
+
 /* One request, whole: [id][meta][values?]. */
 static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
     kvps__rq q;
@@ -4910,8 +5059,10 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
     if (zmq_msg_size(&fr[1]) >= KVPS__HDR && !s->replaying) {
         kvps__hdr h0;
         memcpy(&h0, zmq_msg_data(&fr[1]), sizeof h0);
+        if (h0.magic == KVPS__MAGIC && h0.version == KVPS__VERSION && !kvps__admit(s, fr, nfr, &h0)) return;
         if (h0.magic == KVPS__MAGIC && h0.op == KVPS__OP_REPL) { /* from this shard's primary */
             if (nfr <= 5) kvps__repl_serve(s, fr, nfr);
+            else kvps__repl_answer(s, &fr[0], h0.req_id, KVPS_ERR_MALFORMED, "a REPL message of more than 4 frames");
             return;
         }
         if (s->role == KVPS__ROLE_BACKUP && h0.op != KVPS__OP_READ && !kvps__repl_take_over(s, fr, nfr)) return;
@@ -5503,7 +5654,8 @@ static int kvps__hello_refuse(kvps_server *s, kvps__rq *q, kvps_result rc, const
 
 /* HELLO: values = u32 protocol, u32 num_workers (0: unchecked), u32 servers in the worker's
    list, u32 this server's place in it, u64 the list's hash, u64 min_slice, u64 max_slice, u64
-   the worker's placement hash (0: it has not resharded nor heard of a reshard). The first hello
+   the worker's placement hash (0: it has not resharded nor heard of a reshard), u64 the job
+   token's digest (0: none), which must be this server's. The first hello
    accepted sets what later ones must match; 0 when refused. A server that records a placement
    (RESHARD) refuses a worker with another one, and one restored from a checkpoint written before
    any reshard refuses a worker that has resharded. */
@@ -5520,6 +5672,11 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     if (proto != KVPS__PROTO)
         return kvps__hello_refuse(s, q, KVPS_ERR_VERSION, "worker %u speaks kvps protocol %u, server %d (%s) speaks %d", r, proto,
                                   s->desc.rank, s->endpoint, KVPS__PROTO);
+    if (kvps__get64(v + 48) != s->token)
+        return kvps__hello_refuse(s, q, KVPS_ERR_AUTH, "worker %u %s, server %d (%s) %s: a process of another job, or one its "
+                                  "launcher did not give the job's token (KVPS_JOB_TOKEN; kvps-run sets it)", r,
+                                  kvps__get64(v + 48) ? "carries a job token" : "carries no job token", s->desc.rank,
+                                  s->endpoint, s->token ? "has another" : "has none");
     if (nw && nw != (uint32_t)s->m)
         return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u was told num_workers = %u, server %d (%s) was told %d", r, nw,
                                   s->desc.rank, s->endpoint, s->m);
@@ -7025,10 +7182,14 @@ static void kvps__repl_snapshots(kvps_server *s) {
     if (fclose(f) != 0 || w.err) { free(buf); return; }
     zmq_msg_t fr[3];
     size_t sb = kvps__session_bytes(s);
-    kvps__hdr h = kvps__repl_hdr(s, KVPS__REPL_SNAP, s->fwd_seq);
+    kvps__hdr h = kvps__repl_hdr(s, KVPS__REPL_SNAP, s->fwd_seq), hh = kvps__repl_hdr(s, KVPS__REPL_HELLO, 0);
+    uint64_t proof[2] = {s->token, s->chain_hash};
     for (int j = 0; j < s->nrep; j++) {
         kvps__link *l = &s->links[j];
         if (j == s->desc.replica || l->state != KVPS__LINK_JOINING) continue;
+        kvps__msg_from_buf(&fr[0], &hh, sizeof hh); /* first, on this connection: who sends the rest */
+        kvps__msg_from_buf(&fr[1], proof, sizeof proof);
+        if (kvps__send_frames(l->sock, fr, 2) != 0) continue;
         kvps__msg_from_buf(&fr[0], &h, sizeof h);
         kvps__msg_from_buf(&fr[1], buf, size);
         zmq_msg_init_size(&fr[2], sb);
@@ -7056,9 +7217,11 @@ static int kvps__repl_links(kvps_server *s, int first) {
         zmq_setsockopt(d, ZMQ_RCVHWM, &zero, sizeof zero);
         zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(d, ZMQ_IMMEDIATE, &one, sizeof one); /* nothing queued for a replica not connected */
-        unsigned char rid[12] = {'k', 'v', 'p', 's', 'r', 'e', 'p', 'l'};
-        uint32_t me = (uint32_t)s->desc.replica;
+        /* with a random part: a stranger cannot take this id over (ROUTER handover) at the backup */
+        unsigned char rid[16] = {'k', 'v', 'p', 's', 'r', 'e', 'p', 'l'};
+        uint32_t me = (uint32_t)s->desc.replica, nonce = kvps__random32();
         memcpy(rid + 8, &me, 4);
+        memcpy(rid + 12, &nonce, 4);
         zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
         kvps__heartbeats(d, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
         if (kvps__monitor(s->ctx, d, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &l->mon) != 0 ||
@@ -7191,6 +7354,7 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
     kvps__hdr h;
     memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
     char text[600];
+    if (h.rank == KVPS__REPL_HELLO) return; /* (proved in kvps__admit; over inproc there is nothing to prove) */
     if (s->role == KVPS__ROLE_NONE || h.aux >= (uint32_t)s->nrep || h.aux == (uint32_t)s->desc.replica) {
         snprintf(text, sizeof text, "server %d (%s) is not a replica of that chain (it has %d replicas, the sender says it is "
                  "replica %u)", s->desc.rank, s->endpoint, s->nrep, h.aux);
@@ -7347,7 +7511,13 @@ static int kvps__repl_setup(kvps_server *s) {
         return -1;
     }
     s->links = (kvps__link *)calloc((size_t)s->nrep, sizeof *s->links);
-    if (!s->links) return -1;
+    s->member_fd = (int *)malloc((size_t)s->nrep * sizeof *s->member_fd);
+    if (!s->links || !s->member_fd) return -1;
+    s->chain_hash = 0xcbf29ce484222325ull;
+    for (int j = 0; j < s->nrep; j++) {
+        s->member_fd[j] = -2;
+        s->chain_hash = kvps__fnv(s->chain_hash, s->chain[j], strlen(s->chain[j]) + 1); /* (with its NUL) */
+    }
     s->desc.replicas = NULL; /* (not kept: the chain is) */
     s->primary_fd = -1;
     s->rmode = s->desc.consistency == KVPS_BSP && !s->desc.elastic; /* rounds go down the chain, not pushes */
@@ -7377,6 +7547,7 @@ static void kvps__repl_free(kvps_server *s) {
     }
     free(s->held);
     free(s->links);
+    free(s->member_fd);
     kvps__preq_clear(s);
     free(s->rb.p);
     free(s->rd.p);
@@ -7518,6 +7689,8 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
     if (!s) return KVPS_ERR_NOMEM;
     s->desc = *desc;
+    s->token = kvps__token_digest(desc->job_token);
+    s->desc.job_token = NULL; /* (not kept: its digest is) */
     s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
     if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
     s->desc.lr = desc->lr != 0.0f ? desc->lr : KVPS_DEFAULT_LR;
@@ -7852,6 +8025,7 @@ struct kvps_worker {
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
     uint64_t seq;
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
+    uint64_t token;       /* the job token's digest (JOB TOKEN; 0: none), for every hello */
     void **mons;       /* per server: PAIR socket receiving its DEALER's connect events */
     uint8_t *down;     /* per server: connection lost, not back yet */
     uint8_t *refused;  /* per server: why its handshakes fail (KVPS__HS_*), 0 when they do not */
@@ -8114,6 +8288,8 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
     if (!w) return KVPS_ERR_NOMEM;
     w->desc = *desc;
+    w->token = kvps__token_digest(desc->job_token);
+    w->desc.job_token = NULL; /* (not kept: its digest is) */
     w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
@@ -8582,6 +8758,7 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from) {
     memcpy(v + 16, &hash, 8);
     memcpy(v + 24, &mins, 8);
     memcpy(v + 32, &maxs, 8);
+    memcpy(v + 48, &w->token, 8);
     for (int i = from; i < w->n; i++) {
         kvps__put32(v + 12, (uint32_t)i);
         uint64_t ph = kvps__place_hash(&w->place);

@@ -457,6 +457,9 @@ static int bi_up(const char *transport, kvps_consistency cons) {
         KT_CHECK(rc == KVPS_OK, "worker %d: %s", r, kvps_result_str(rc));
         if (rc != KVPS_OK) return -1;
     }
+    /* the cases below are the server's own checks: its door (ONLY THE JOB TALKS TO THE JOB) is
+       opened for them; test_strangers_refused closes it */
+    for (int s = 0; s < 2; s++) __atomic_store_n(&F.c.srv[s]->gate, -1, __ATOMIC_RELAXED);
     for (int s = 0; s < 2; s++) {
         int zero = 0;
         F.raw[s] = zmq_socket(F.c.ctx, ZMQ_DEALER);
@@ -903,6 +906,86 @@ static void test_raw_tcp(void) {
     bi_expect(0, &m, bi_cases[0].expect, "after raw TCP garbage");
 }
 
+/* ONLY THE JOB TALKS TO THE JOB (kvps.h, SECURITY), over tcp: with the door shut, messages from
+   connections that never said hello are refused (KVPS_ERR_AUTH) and change nothing: a valid push
+   to a raw key, BYE for every rank (which would stop the servers), DROP and PLACE (reshard), a
+   barrier, REPL of every kind claiming a later epoch, the same from a socket that forges worker
+   0's routing id with another incarnation, and a hello with a job token the servers do not have.
+   test_nothing_changed then finds every value and the servers serving. */
+static void test_strangers_refused(void) {
+    for (int s = 0; s < 2; s++) __atomic_store_n(&F.c.srv[s]->gate, 0, __ATOMIC_RELAXED);
+    uint64_t st0[2];
+    for (int s = 0; s < 2; s++) {
+        kvps_server_stats st;
+        kvps_server_stats_get(F.c.srv[s], &st);
+        st0[s] = st.strangers;
+    }
+    int sent[2] = {0, 0};
+    for (int forged = 0; forged < 2; forged++)
+        for (int s = 0; s < 2; s++) {
+            void *d = zmq_socket(F.c.ctx, ZMQ_DEALER);
+            int zero = 0;
+            zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+            uint32_t inc = F.w[0]->incarnation + 1 + (uint32_t)forged, rk = 0, si = (uint32_t)s; /* (a refused hello is remembered by incarnation) */
+            if (forged) { /* worker 0's socket's routing id, but not its incarnation */
+                unsigned char rid[16] = {'k', 'v', 'p', 's'};
+                memcpy(rid + 4, &inc, 4);
+                memcpy(rid + 8, &rk, 4);
+                memcpy(rid + 12, &si, 4);
+                zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
+            }
+            zmq_connect(d, kvps_server_endpoint(F.c.srv[s]));
+            unsigned char meta[KVPS__HDR + KVPS__KENT];
+            float vals[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+            struct { const char *what; int op; uint32_t rank, nkeys, aux; uint64_t req; size_t vbytes; } cs[] = {
+                {"a valid push", PUSH, 0, 1, 0, 1, F.el[s] * 4},
+                {"BYE of rank 0", KVPS__OP_BYE, 0, 0, 0, 2, 0},
+                {"BYE of rank 1", KVPS__OP_BYE, 1, 0, 0, 3, 0},
+                {"DROP", KVPS__OP_DROP, 0, 0, 0, 4, 8},
+                {"PLACE", KVPS__OP_PLACE, 1, 0, 0, 5, 8},
+                {"barrier", BARRIER, 1, 0, 0, 6, 0},
+                {"REPL forward, epoch 9", KVPS__OP_REPL, KVPS__REPL_FWD, 9, 1, 1, 8},
+                {"REPL snapshot, epoch 9", KVPS__OP_REPL, KVPS__REPL_SNAP, 9, 1, 1, 8},
+                {"REPL worker lost, epoch 9", KVPS__OP_REPL, KVPS__REPL_LOST, 9, 1, 1, 4},
+                {"REPL hello without the chain", KVPS__OP_REPL, KVPS__REPL_HELLO, 9, 1, 0, 16},
+            };
+            for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+                kt_raw_meta(meta, cs[i].op, F.ek[s], F.el[s]);
+                kvps__hdr h = KT_HDR(.op = (uint8_t)cs[i].op, .rank = cs[i].rank, .nkeys = cs[i].op == PUSH ? 1 : cs[i].nkeys,
+                                     .aux = cs[i].aux, .req_id = cs[i].req, .status = (int32_t)inc);
+                memcpy(meta, &h, sizeof h);
+                size_t msz = cs[i].op == PUSH ? sizeof meta : KVPS__HDR;
+                int32_t st = kt_raw_status(d, meta, msz, vals, cs[i].vbytes, BI_REPLY_MS);
+                KT_CHECK(st == KVPS_ERR_AUTH, "%s%s to server %d: status %d (%s), want KVPS_ERR_AUTH", cs[i].what,
+                         forged ? " (forged routing id)" : "", s, st, bi_str(st));
+                sent[s]++;
+            }
+            /* a hello carrying a job token these servers do not have */
+            unsigned char v[KVPS__HELLO_BYTES] = {0};
+            uint64_t tok = 0x1234567890abcdefull, hash = 0;
+            kvps__put32(v, KVPS__PROTO);
+            kvps__put32(v + 4, BI_M);
+            kvps__put32(v + 8, 2);
+            kvps__put32(v + 12, (uint32_t)s);
+            memcpy(v + 16, &hash, 8);
+            memcpy(v + 48, &tok, 8);
+            kvps__hdr h = KT_HDR(.op = KVPS__OP_HELLO, .rank = 1, .req_id = 9, .status = (int32_t)inc);
+            int32_t st = kt_raw_status(d, &h, sizeof h, v, sizeof v, BI_REPLY_MS);
+            KT_CHECK(st == KVPS_ERR_AUTH, "a hello with another job token to server %d: %d (%s)", s, st, bi_str(st));
+            sent[s]++;
+            zmq_close(d);
+        }
+    for (int s = 0; s < 2; s++) {
+        kvps_server_stats st;
+        kvps_server_stats_get(F.c.srv[s], &st);
+        /* (the hello is refused by kvps__hello_ok, not at the door: one fewer stranger) */
+        KT_CHECK(st.strangers - st0[s] == (uint64_t)sent[s] - 2, "server %d: %llu strangers counted, %d refused at the door",
+                 s, (unsigned long long)(st.strangers - st0[s]), sent[s] - 2);
+        F.bad[s] += (uint64_t)sent[s];
+    }
+    for (int s = 0; s < 2; s++) __atomic_store_n(&F.c.srv[s]->gate, -1, __ATOMIC_RELAXED);
+}
+
 /* Nothing changed: counters other than errors, and every stored value bit for bit. */
 static void bi_check_unchanged(int check_counters) {
     for (int s = 0; s < 2; s++) {
@@ -1075,6 +1158,7 @@ static void bi_suite(const char *transport, kvps_consistency cons) {
         KT_RUN(test_fuzz_known_faults);
         KT_RUN(test_req_socket);
         if (strcmp(transport, "tcp") == 0) KT_RUN(test_raw_tcp);
+        if (strcmp(transport, "tcp") == 0) KT_RUN(test_strangers_refused);
         KT_RUN(test_nothing_changed);
         KT_RUN(test_legit_workers_under_fire);
     }

@@ -882,6 +882,7 @@ static void test_unread_replies_bounded(void) {
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                   .update = KVPS_UPDATE_SUM, .max_queued_replies = 100},
                              &s));
+    s->gate = -1; /* (test hook) the raw client's pulls are served: the bound is on replies to a worker */
     KT_OK(kvps_server_start(s));
     enum { LEN = 4096, NPULL = 3000 };
     static float g[LEN], v[LEN];
@@ -905,6 +906,25 @@ static void test_unread_replies_bounded(void) {
     KT_OK(kvps_worker_pull_tensor(w, t, v, &q)); /* the well-behaved worker is unaffected */
     KT_OK(kvps_worker_wait(w, q, 5000));
     KT_CHECK(memcmp(v, g, sizeof v) == 0, "pull differs");
+    zmq_close(d);
+    /* a stranger (no hello: ONLY THE JOB TALKS TO THE JOB) that reads none of its refusals: they
+       are bounded by the same queue, and the worker is unaffected */
+    __atomic_store_n(&s->gate, 0, __ATOMIC_RELAXED);
+    kvps_server_stats_get(s, &st);
+    uint64_t dropped0 = st.replies_dropped, strangers0 = st.strangers;
+    d = kt_raw_dealer(ctx, kvps_server_endpoint(s), 10, 0);
+    for (int i = 0; i < NPULL; i++) zmq_send(d, meta, sizeof meta, 0);
+    for (int i = 0; i < 500; i++) {
+        kvps_server_stats_get(s, &st);
+        if (st.strangers - strangers0 >= NPULL) break;
+        usleep(10000);
+    }
+    KT_CHECK(st.strangers - strangers0 == NPULL, "%llu of %d strangers' pulls refused",
+             (unsigned long long)(st.strangers - strangers0), NPULL);
+    KT_CHECK(st.replies_dropped > dropped0, "no refusal dropped: the stranger's queue is unbounded");
+    KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    KT_CHECK(memcmp(v, g, sizeof v) == 0, "pull differs after the stranger");
     zmq_close(d);
     zmq_ctx_term(ctx);
     kvps_worker_destroy(&w);

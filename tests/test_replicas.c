@@ -30,7 +30,10 @@
                                  step's pulled values are the oracle's, the backup answered the
                                  READs; with the backup stopped mid-run, the primary takes them
      test_read_local_async       .read_local on an async shard: the backup says it never answers
-                                 READs, the worker reads from the primary, every sum exact */
+                                 READs, the worker reads from the primary, every sum exact
+     test_forged_repl_refused    a stranger process sends every replica REPL of every kind
+                                 (epoch 9), REPL hellos with another token and BYEs: all refused
+                                 (KVPS_ERR_AUTH), no failover, every sum exact */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -744,6 +747,97 @@ static void test_env_replicas(void) {
     unsetenv("KVPS_NUM_WORKERS");
 }
 
+/* ONLY THE JOB TALKS TO THE JOB (kvps.h, SECURITY): a stranger process, which knows the endpoints
+   and the header layout but not the job token, sends every replica of both shards REPL of every
+   kind claiming epoch 9 (to a primary: "replica 1 is primary of epoch 9"; to a backup: "replica 0
+   speaks for epoch 9"), REPL hellos with the right chain and another token, and BYE for every
+   rank, from plain sockets and from sockets that take the replica links' routing id, while four
+   workers push (async + SUM). Every reply is KVPS_ERR_AUTH; the workers go on without an error
+   (a primary that stepped down or a backup that raised its epoch would fail them, as the issue
+   saw), every sum is exact and the servers end by themselves (a forged BYE would end them early). */
+static uint64_t chain_hash(const char *chain) { /* as kvps__repl_setup computes it */
+    uint64_t h = 0xcbf29ce484222325ull;
+    char buf[200];
+    snprintf(buf, sizeof buf, "%s", chain);
+    for (char *e = strtok(buf, "|"); e; e = strtok(NULL, "|")) h = kvps__fnv(h, e, strlen(e) + 1);
+    return h;
+}
+static int stranger_main(const job *j) {
+    void *ctx = zmq_ctx_new();
+    int bad = 0;
+    for (int s = 0; s < NSH; s++)
+        for (int r = 0; r < NREP; r++)
+            for (int idmode = 0; idmode < 2; idmode++) {
+                void *d = zmq_socket(ctx, ZMQ_DEALER);
+                int zero = 0, tmo = 3000;
+                zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+                if (idmode) { /* the replica link's routing id (without its random part: unknowable) */
+                    unsigned char rid[12] = {'k', 'v', 'p', 's', 'r', 'e', 'p', 'l'};
+                    uint32_t other = (uint32_t)(1 - r);
+                    memcpy(rid + 8, &other, 4);
+                    zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
+                }
+                zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+                zmq_connect(d, j->ep[s][r]);
+                uint64_t proof[2] = {0x5eed5eed5eed5eedull, chain_hash(j->chain[s])};
+                for (int kind = 0; kind <= KVPS__REPL_HELLO + 1; kind++) {
+                    int bye = kind == KVPS__REPL_HELLO + 1;
+                    kvps__hdr h = KT_HDR(.op = bye ? KVPS__OP_BYE : KVPS__OP_REPL, .rank = bye ? (uint32_t)(s % NW) : (uint32_t)kind,
+                                         .nkeys = bye ? 0 : 9, .aux = (uint32_t)(1 - r), .req_id = 1);
+                    unsigned char body[16];
+                    memcpy(body, proof, 16);
+                    zmq_send(d, &h, sizeof h, ZMQ_SNDMORE);
+                    zmq_send(d, body, kind == KVPS__REPL_LOST ? 4 : 16, 0);
+                    kvps__hdr rh;
+                    memset(&rh, 0, sizeof rh);
+                    int got = (int)zmq_recv(d, &rh, sizeof rh, 0), more = 0;
+                    size_t ml = sizeof more;
+                    char text[600] = "";
+                    zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+                    while (more) {
+                        int n = (int)zmq_recv(d, text, sizeof text - 1, 0);
+                        if (n >= 0) text[n < (int)sizeof text - 1 ? n : (int)sizeof text - 1] = 0;
+                        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+                    }
+                    if (got < (int)sizeof rh || rh.status != KVPS_ERR_AUTH) {
+                        printf("  stranger: shard %d replica %d, %s kind %d%s: status %d (%s) %s\n", s, r, bye ? "BYE" : "REPL", kind,
+                               idmode ? " (link's routing id)" : "", got < 0 ? 1 : rh.status,
+                               got < 0 ? "no reply" : kvps_result_str((kvps_result)rh.status), text);
+                        bad++;
+                    }
+                }
+                zmq_close(d);
+            }
+    zmq_ctx_term(ctx);
+    return bad ? 1 : 0;
+}
+static void test_forged_repl_refused(void) {
+    int steps = kt_quick() ? 150 : 300;
+    setenv("KVPS_JOB_TOKEN", "the job's own token", 1); /* the servers (forked) and workers take it */
+    job_init(&J, "st", KVPS_ASYNC, KVPS_UPDATE_SUM, 1 << 30);
+    job_start(&J);
+    workers_start(&J);
+    wait_steps(&J, steps / 3);
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        unsetenv("KVPS_JOB_TOKEN"); /* a stranger has no token */
+        fflush(stdout);
+        int rc = stranger_main(&J);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int st = kt_wait_pid(p, kt_now_ms() + 60000);
+    KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the stranger's messages were not all refused (%d)", st);
+    int at = min_steps(&J);
+    wait_steps(&J, at + steps / 3); /* the job goes on after them */
+    __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
+    workers_join();
+    check_sums(&J, "after a stranger's REPL and BYE");
+    reap(&J, "after a stranger's REPL and BYE");
+    unsetenv("KVPS_JOB_TOKEN");
+}
+
 #define RUN(fn, s) do { if (!only || strstr(#fn, only)) KT_RUN(fn, s); } while (0)
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
@@ -761,5 +855,6 @@ int main(void) {
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
     RUN(test_env_replicas, 30);
+    RUN(test_forged_repl_refused, 120);
     return kt_finish();
 }

@@ -12,7 +12,8 @@
    differently (held-back pushes from 16384 floats, zero-copy replies from 32 KiB) fit in an
    input. Config byte: bits 0-1 consistency, bit 2 three workers (else one), bit 3 server rank 1
    (not the barrier server), bits 4-5 update rule (3: custom update_fn), bit 6 max_value_len
-   1 << 16 (else 64), bit 7 staleness 2.
+   1 << 16 (else 64), bit 7 staleness 2. "\xfeGATE" right after the config byte holds the messages
+   to the rules of a connection (ONLY THE JOB TALKS TO THE JOB): strangers' messages refused.
 
    Properties checked beyond "no crash, no leak, no hang":
    - every reply is a well-formed kvps reply (magic, version, op | 0x80, a known status <= 0,
@@ -206,6 +207,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     void *dealer = fz_peer(fz_ctx, s, kvps_server_endpoint(s), rid, sizeof rid - 1);
 
     fz_cut msgs = {data + 1, size - 1, 0};
+    /* "\xfeGATE" first: the harness's messages count as a connection's (kvps__admit, SECURITY):
+       only a hello opens the door, and everything else from strangers is refused unchanged */
+    static const uint8_t gate_mark[5] = {0xfe, 'G', 'A', 'T', 'E'};
+    if (msgs.n >= sizeof gate_mark && memcmp(msgs.p, gate_mark, sizeof gate_mark) == 0) {
+        s->gate = 1;
+        msgs.p += sizeof gate_mark;
+        msgs.n -= sizeof gate_mark;
+    }
     const uint8_t *mp;
     size_t mn;
     long owed = 0, replies = 0; /* replies due by the end of the batch, and received */

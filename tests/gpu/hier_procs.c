@@ -100,7 +100,11 @@ static int machine_main(const machine *x) {
     fails += rc != KVPS_OK;
     for (int s = 0; s < C.steps && rc == KVPS_OK; s++) {
         for (size_t i = 0; i < C.count; i++) g[i] = grad_of(x->m, s, i);
-        if (s == x->die_at) { /* the parent kills this process when it reads this byte */
+        /* the parent kills machine 1 once it has read both: machine 1 is at step die_at ('k'), and
+           machine 0 has all of step die_at - 1 ('p': a SIGKILL can beat ZeroMQ's I/O thread to the
+           wire, so machine 1 finishing its part of a step is not machine 0 having it) */
+        if (s == x->fail_from && write(x->tell_fd, "p", 1) != 1) SAY("cannot tell the parent: %s", strerror(errno));
+        if (s == x->die_at) {
             if (write(x->tell_fd, "k", 1) != 1) SAY("cannot tell the parent: %s", strerror(errno));
             if (x->die_mode == 1)
                 for (;;) pause();
@@ -213,13 +217,17 @@ static int run_case(int use_ring, int kill_one) {
                      kill_one == 1, fds[1]};
         pm[m] = spawn_machine(&x);
     }
-    int stm[2] = {0, 0}, sts = 0, left = 2, hung = 0, killed = 0;
+    int stm[2] = {0, 0}, sts = 0, left = 2, hung = 0, killed = 0, told_k = 0, told_p = 0;
     int64_t deadline = kvps__now_ms() + CASE_DEADLINE_MS;
     while (left > 0) {
         struct pollfd pf = {fds[0], POLLIN, 0};
         if (poll(&pf, 1, 10) > 0) {
             char b;
-            if (read(fds[0], &b, 1) == 1 && !killed) {
+            while (read(fds[0], &b, 1) == 1) {
+                told_k |= b == 'k';
+                told_p |= b == 'p';
+            }
+            if (told_k && told_p && !killed) {
                 if (kill_one == 1) sleep_ms(300); /* machine 0 is waiting in the step by then */
                 kill(pm[1], SIGKILL);
                 killed = 1;
