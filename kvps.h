@@ -434,15 +434,20 @@
    chained behind it (one handle); the READ names the push's sequence and the replica answers
    it once the round holding that worker's push is applied there (each key keeps, per worker,
    the request whose contribution the last applied round held): the same bits the primary
-   would answer with. A READ the replica cannot tell (the first step, just after a snapshot, a
-   key it does not hold, a shard that is not BSP: then the worker stops asking it) is answered
-   KVPS_ERR_NOT_PRIMARY and goes to the primary as a pull, after the push on the same
-   connection; so do the READs pending when the replica's connection drops, and every READ
-   while the worker speaks to that replica as its primary. The push is still answered only
-   once its round is replicated, so a wait means what it meant. Not with credit_bytes (a pull
-   could pass its push in the queue) nor CURVE (such a worker reads from the primaries).
-   test_replicas' test_bsp_read_local checks every step against the oracle; bench/ethernet.sh
-   claim 6's r2l run measures it. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
+   would answer with. The READs pending when the replica's connection drops, those made while
+   it is gone, and every READ while the worker speaks to that replica as its primary go to the
+   shard's server (where the push goes) as READs, answered there the same way, in whatever
+   order the push and the READ arrive. A READ that cannot be told (the first step, just after a
+   snapshot, a key not held, a shard that is not BSP: then the worker stops asking its replica)
+   is answered KVPS_ERR_NOT_PRIMARY and goes to the shard's server as a pull once the push has
+   been answered there, not before: a pull is served the rounds of the pushes its server has
+   received, and after a dropped connection a pull sent behind its push can arrive first (what
+   ZeroMQ queued while the connection was down goes before the re-sent push), which returned
+   the round before (issue 27). The push is still answered only once its round is replicated,
+   so a wait means what it meant. Not with credit_bytes (a pull could pass its push in the
+   queue) nor CURVE (such a worker reads from the primaries). test_replicas'
+   test_bsp_read_local checks every step against the oracle, test_read_local_cut too with the
+   connections cut under load; bench/ethernet.sh claim 6's r2l run measures it. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
    snapshot from another shard or job (rank, number of workers) is refused and that replica
    stays out. Limits: a primary cut off from its backups while still reachable by some workers
    is not detected (there is no quorum: a backup takes over once it has lost the primary's
@@ -7050,12 +7055,14 @@ static const char *kvps__round_apply(kvps_server *s, zmq_msg_t *done, zmq_msg_t 
    the sequence of the push's first request. It is answered with the keys' values once every key
    holds that worker's contribution from request X or later (the key's dtag, which the rounds
    applied here set, on a backup and on a primary alike), and parked until then (kvps__try_pull,
-   woken by each round). Where this replica cannot tell, it answers KVPS_ERR_NOT_PRIMARY and the
-   worker pulls from the primary instead, after its push: not BSP with replicas, not holding the
-   shard yet, a key it does not hold, or one with no round of that worker's since it was made or
-   loaded (the worker's first step, a snapshot). A READ changes nothing and is not sent down the
-   chain; a backup answers it itself without taking over, and parked READs are refused when the
-   replica loads a snapshot. */
+   woken by each round). A primary answers READs the same way (a worker sends them to the
+   shard's server while its read replica is gone). Where this replica cannot tell, it answers
+   KVPS_ERR_NOT_PRIMARY and the worker pulls from the shard's server instead, once its push has
+   been answered there (kvps__read_send): not BSP with replicas, not holding the shard yet, a key
+   it does not hold, or one with no round of that worker's since it was made or loaded (the
+   worker's first step, a snapshot). A READ changes nothing and is not sent down the chain; a
+   backup answers it itself without taking over, and parked READs are refused when the replica
+   loads a snapshot. */
 
 /* The first key whose round with worker p->hdr.rank's request p->after is not applied here. */
 static kvps__key *kvps__read_blocker(const kvps_server *s, const kvps__parked *p) {
@@ -7075,7 +7082,7 @@ static void kvps__read_elsewhere(kvps_server *s, zmq_msg_t *id, const kvps__hdr 
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    kvps__log(KVPS_LOG_INFO, "server %d replica %d: a read from worker %u goes to the primary: %s", s->desc.rank,
+    kvps__log(KVPS_LOG_INFO, "server %d replica %d: a read from worker %u goes to its server as a pull: %s", s->desc.rank,
               s->desc.replica, req->rank, text);
     kvps__hdr h = kvps__reply_hdr(req, KVPS_ERR_NOT_PRIMARY);
     h.aux = (uint32_t)never; /* 1: no READ will be answered here (the worker stops asking) */
@@ -7960,8 +7967,11 @@ typedef struct kvps__req {
                             slice per server, chained: the next round's request, 0 for the last */
     uint32_t vbase;      /* the tensor slice (view part) of dest[0] */
     uint8_t ctl;         /* a request of the worker's own (KVPS__OP_HELLO, NAME, BYE), 0 for the caller's */
-    uint8_t read;        /* its messages are READs (kept as READs; sent to the shard's read replica, or as
-                            a pull to the primary: kvps__read_send) */
+    uint8_t read;        /* its messages are READs (kept as READs; sent to the shard's read replica, or to
+                            its server as a READ or, once the push is answered there, a pull: kvps__read_send) */
+    uint64_t push;       /* a READ: the handle of the push it reads after (that chain's first round) */
+    uint8_t *rwait;      /* a READ, per server: refused before the push was answered there; its pull goes
+                            when it is (kvps__reads_release) */
     int prio;            /* FUSION: its messages' priority (its tensor's; a fused round's highest) */
     uint64_t *sbytes;    /* credit_bytes set: per server, the bytes of its message in flight (0: none) */
     uint8_t *queued;     /* credit_bytes set: per server, its message waits in the worker's queue */
@@ -8041,13 +8051,14 @@ struct kvps_worker {
     uint8_t *up_once;  /* per server: a connection was ever made (inproc: from the start) */
     /* REPLICAS, .read_local: per shard, the replica on this host that READs go to (rj: its place in
        the chain, -1: none), its socket and monitor, whether it is connected, and whether it said it
-       never answers READs (its shard is not BSP); the pushpull's push sequence a READ names */
+       never answers READs (its shard is not BSP); the pushpull's push (its handle) a READ being made
+       reads after */
     int *rj;
     void **rsocks, **rmons;
     uint8_t *rup;
     uint8_t *rnever;
     int nitems;
-    uint64_t read_after;
+    uint64_t read_push;
     int ready;         /* create succeeded: destroy says goodbye */
     int finished;      /* kvps_worker_finish was called */
     kvps_result fatal; /* a server refused this worker's hello: every wait says so */
@@ -8087,6 +8098,7 @@ static void kvps__req_unref(kvps__req *q) {
         free(q->dups);
         free(q->sbytes);
         free(q->queued);
+        free(q->rwait);
         free(q);
     }
 }
@@ -8143,9 +8155,17 @@ static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey,
    A pushpull under BSP with replicas is sent as its push, to the primary, and a READ of the same
    keys (kvps__serve_read), to the shard's replica on this host when there is one other than the
    replica this worker speaks to: the result then does not cross the link, which the round's sum
-   already crossed on its way down the chain. A READ that replica cannot answer, or one pending
-   when its connection drops, goes to the primary as a pull (after the push, on the same socket,
-   so it sees it); so does every READ while the worker speaks to that replica itself. */
+   already crossed on its way down the chain. A READ pending when that replica's connection
+   drops, every READ while it is gone, and every READ while the worker speaks to that replica
+   itself go to the shard's server (the one the push goes to) as they are, READs: any replica
+   answers one only once the round holding this worker's push is applied there, in whatever
+   order the two arrive. A READ refused (the replica or the server cannot tell: the first step,
+   just after a snapshot) goes to the shard's server as a pull, but only once the push has been
+   answered there (kvps__read_send). Never before: a pull is served with the rounds of the
+   pushes that server has received, and a push re-sent after a dropped connection can arrive
+   after a pull sent later; ZeroMQ sends what was queued for a connection that is down before
+   the re-sends, and the server reads an old connection's messages and a new one's in either
+   order. A pull sent behind the push returned the round before it (issue 27). */
 
 /* 1 when endpoint ep is on this host: ipc, inproc, or a TCP address this host can bind. */
 static int kvps__ep_local(const char *ep) {
@@ -8230,11 +8250,24 @@ static int kvps__send_copies(void *sock, kvps__req *q, int srv) {
     return kvps__send_frames(sock, f, nf);
 }
 
-/* Sends READ request q's kept message for server srv: to the read replica, or as a pull (the
-   same keys, no values frame) to the shard's server. 0, or -1 when the send failed. */
+static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h);
+/* 1 when every round of the push READ q reads after has its answer from server srv (or sent
+   it nothing): the push has reached srv, so a pull there waits for the push's round. */
+static int kvps__read_pushed(kvps_worker *w, const kvps__req *q, int srv) {
+    for (kvps__req *c = kvps__req_get(w, q->push); c && !c->read; c = c->next ? kvps__req_get(w, c->next) : NULL)
+        if (c->state[srv] == 1) return 0;
+    return 1;
+}
+
+/* Sends READ request q's kept message for server srv: to the read replica (not with primary
+   set), else to the shard's server: as a pull (the same keys, no values frame) once the push is
+   answered there, as the READ it is before that, and nothing while a refused READ waits for
+   that answer (kvps__reads_release sends its pull). 0, or -1 when the send failed. */
 static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
     void *via = primary ? NULL : kvps__read_via(w, srv);
     if (via) return kvps__send_copies(via, q, srv);
+    if (!kvps__read_pushed(w, q, srv)) return q->rwait[srv] ? 0 : kvps__send_copies(w->socks[srv], q, srv);
+    q->rwait[srv] = 0;
     zmq_msg_t f[1];
     size_t n = zmq_msg_size(&q->kept[srv][0]);
     if (kvps__msg_from_buf(&f[0], zmq_msg_data(&q->kept[srv][0]), n) != 0) return -1;
@@ -8245,7 +8278,7 @@ static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
     return kvps__send_frames(w->socks[srv], f, 1);
 }
 
-/* Shard s's read replica went away: the READs waiting there go to the primary as pulls (a late
+/* Shard s's read replica went away: the READs waiting there go to the shard's server (a late
    answer from the replica is dropped as a second one). */
 static void kvps__reads_reroute(kvps_worker *w, int s) {
     for (uint32_t i = 0; i < w->nslots; i++) {
@@ -8253,6 +8286,14 @@ static void kvps__reads_reroute(kvps_worker *w, int s) {
         if (q && q->read && q->state[s] == 1 && q->nkept[s] && kvps__read_send(w, q, s, 0) != 0)
             kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
     }
+}
+
+/* Round q of a push has its answer from server srv: the READs behind it that were refused and
+   wait for that (rwait) go to srv as pulls once every round of the push has it. */
+static void kvps__reads_release(kvps_worker *w, kvps__req *q, int srv) {
+    for (kvps__req *c = q->next ? kvps__req_get(w, q->next) : NULL; c; c = c->next ? kvps__req_get(w, c->next) : NULL)
+        if (c->read && c->rwait[srv] && c->state[srv] == 1 && kvps__read_pushed(w, c, srv) && kvps__read_send(w, c, srv, 1) != 0)
+            kvps__log(KVPS_LOG_WARN, "worker %d: read from server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
 }
 
 /* The poll items: every server's socket, then every monitor. */
@@ -8612,9 +8653,14 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
         zmq_msg_copy(&q->kept[srv][j], &f[j]);
     }
     q->nkept[srv] = (uint8_t)nf;
-    if (op == KVPS__OP_READ) { /* to the read replica, or as a pull to the primary */
+    if (op == KVPS__OP_READ) { /* to the read replica, or to the shard's server (kvps__read_send) */
         q->read = 1;
+        q->push = w->read_push;
         for (int j = 0; j < nf; j++) zmq_msg_close(&f[j]);
+        if (!q->rwait && !(q->rwait = (uint8_t *)calloc((size_t)w->n, 1))) {
+            kvps__req_drop_kept(q, srv);
+            return kvps__wfail(w, KVPS_ERR_NOMEM, "read from server %d: out of memory", srv);
+        }
         if (kvps__read_send(w, q, srv, 0) != 0) {
             kvps__req_drop_kept(q, srv);
             return kvps__wfail(w, KVPS_ERR_ZMQ, "read from server %d (%s): send failed: %s", srv, kvps__ep(w, srv),
@@ -8665,7 +8711,8 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
         return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u keys", kvps__ops[op].name, srv, nk);
     memcpy(zmq_msg_data(&f[0]), &h, sizeof h);
     if (nk) memcpy((char *)zmq_msg_data(&f[0]) + KVPS__HDR, ents, (size_t)nk * KVPS__KENT);
-    if (op == KVPS__OP_READ && kvps__msg_from_buf(&f[nf++], &w->read_after, 8) != 0) { /* the push's sequence */
+    uint64_t after = w->read_push >> KVPS__SLOT_BITS; /* a READ: the push's sequence */
+    if (op == KVPS__OP_READ && kvps__msg_from_buf(&f[nf++], &after, 8) != 0) {
         zmq_msg_close(&f[0]);
         return kvps__wfail(w, KVPS_ERR_NOMEM, "read from server %d: out of memory", srv);
     }
@@ -9372,10 +9419,10 @@ KVPS_API kvps_result kvps_worker_pull(kvps_worker *w, const uint64_t *keys, floa
     return kvps__keys_op(w, KVPS__OP_PULL, keys, NULL, vals, lens, nkeys, out);
 }
 /* REPLICAS, .read_local: a pushpull is its push, request a, then a READ of the same keys made
-   with w->read_after = a's sequence (which this clears): b, or r, the READ call's error. One
-   handle, a's, for both: the READ is chained behind the push. */
+   with w->read_push = a (which this clears): b, or r, the READ call's error. One handle, a's,
+   for both: the READ is chained behind the push. */
 static kvps_result kvps__read_behind(kvps_worker *w, kvps_req a, kvps_result r, kvps_req b, kvps_req *out) {
-    w->read_after = 0;
+    w->read_push = 0;
     kvps__req *qa = kvps__req_get(w, a), *last = qa;
     while (last->next) last = kvps__req_get(w, last->next);
     if (r == KVPS_OK) last->next = b;
@@ -9390,7 +9437,7 @@ KVPS_API kvps_result kvps_worker_pushpull(kvps_worker *w, const uint64_t *keys, 
         kvps_req a = 0, b = 0;
         kvps_result r = kvps__keys_op(w, KVPS__OP_PUSH, keys, grads, NULL, lens, nkeys, &a);
         if (r != KVPS_OK) return r;
-        w->read_after = a >> KVPS__SLOT_BITS;
+        w->read_push = a;
         r = kvps__keys_op(w, KVPS__OP_READ, keys, NULL, vals, lens, nkeys, &b);
         return kvps__read_behind(w, a, r, b, out);
     }
@@ -9742,7 +9789,7 @@ KVPS_API kvps_result kvps_worker_pushpull_tensors(kvps_worker *w, const kvps_ten
         kvps_req a = 0, b = 0;
         kvps_result r = kvps__tensors_op(w, KVPS__OP_PUSH, ts, n, grads, NULL, &a);
         if (r != KVPS_OK) return r;
-        w->read_after = a >> KVPS__SLOT_BITS;
+        w->read_push = a;
         r = kvps__tensors_op(w, KVPS__OP_READ, ts, n, NULL, vals, &b);
         return kvps__read_behind(w, a, r, b, out);
     }
@@ -9764,7 +9811,7 @@ KVPS_API kvps_result kvps_worker_pushpull_tensor(kvps_worker *w, kvps_tensor t, 
         kvps_req a = 0, b = 0;
         kvps_result r = kvps__tensor_op(w, KVPS__OP_PUSH, t, grad, NULL, NULL, &a);
         if (r != KVPS_OK) return r;
-        w->read_after = a >> KVPS__SLOT_BITS;
+        w->read_push = a;
         r = kvps__tensor_op(w, KVPS__OP_READ, t, NULL, vals, NULL, &b);
         return kvps__read_behind(w, a, r, b, out);
     }
@@ -10174,7 +10221,8 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
             kvps__frame_text(fr, nfr, text, sizeof text);
             kvps__log(KVPS_LOG_WARN, "worker %d: shard %d: pushpulls read from its primary: %s", w->desc.rank, srv, text);
         }
-        if (q->read && kvps__read_send(w, q, srv, 1) != 0) /* a pull, to the primary, after the push */
+        if (q->read && !kvps__read_pushed(w, q, srv)) q->rwait[srv] = 1; /* a pull, once the push is answered */
+        else if (q->read && kvps__read_send(w, q, srv, 1) != 0) /* a pull, to the shard's server */
             kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
         return;
     }
@@ -10199,10 +10247,12 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         q->lost++;
         q->lost_at = kvps__now_ms();
         kvps__reply_text(w, q, srv, fr, nfr);
+        if (w->rsocks && !q->read) kvps__reads_release(w, q, srv); /* (the push is applied) */
         return;
     }
     q->state[srv] = 2;
     kvps__req_drop_kept(q, srv);
+    if (w->rsocks && !q->read) kvps__reads_release(w, q, srv); /* READs refused before this answer */
     if (h.status > 0) { /* not a kvps_result: a broken server */
         snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
         if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;

@@ -31,6 +31,14 @@
                                  READs; with the backup stopped mid-run, the primary takes them
      test_read_local_async       .read_local on an async shard: the backup says it never answers
                                  READs, the worker reads from the primary, every sum exact
+     test_read_local_cut         .read_local with connections destroyed (issue 27: a pushpull got
+                                 the round before its own): 1 x 2 in this process, each replica
+                                 behind an ipc proxy that can hold, cut and refuse connections.
+                                 A push lost with the primary's connection while its READ waits
+                                 at the backup, whose connection is cut next (the READ goes to
+                                 the primary before the push is re-sent); a READ refused while
+                                 the push is lost; 2 workers with both connections cut every 4
+                                 steps. Every pushpull's value is the oracle's
      test_forged_repl_refused    a stranger process sends every replica REPL of every kind
                                  (epoch 9), REPL hellos with another token and BYEs: all refused
                                  (KVPS_ERR_AUTH), no failover, every sum exact */
@@ -39,6 +47,10 @@
 #include "tests/kvps_test.h"
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 enum { NW = 4, NSH = 2, NREP = 2, NKEY = 6 };
 
@@ -656,6 +668,378 @@ static void test_read_local_async(void) {
     for (int r = 0; r < 2; r++) kvps_server_destroy(&srv[r]);
 }
 
+/* ---- an ipc:// proxy whose connections can be cut (test_read_local_cut) ----------------------
+   Between the worker and one server, on abstract Unix sockets (ipc://@name): what one side
+   writes is passed to the other. cut closes every connection at once, bytes not yet passed on
+   included (they are lost, as on a connection destroyed under load); hold leaves what the
+   workers send unread in the socket (held counts it); shut accepts nothing (a worker's reconnect
+   waits in the backlog until shut is cleared). */
+typedef struct uproxy {
+    char name[96], up[96]; /* the abstract names it listens on and passes to (no '@') */
+    int lfd;
+    int stop, cut, cuts_done, hold, shut, held, turns; /* atomics (turns: rounds of its loop) */
+    pthread_t th;
+} uproxy;
+
+static socklen_t uproxy_addr(struct sockaddr_un *a, const char *name) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    size_t n = strlen(name);
+    memcpy(a->sun_path + 1, name, n); /* sun_path[0] = 0: the abstract namespace, as ZeroMQ's '@' */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static void *uproxy_main(void *arg) {
+    uproxy *p = (uproxy *)arg;
+    enum { MAXC = 16 };
+    int cfd[MAXC], ufd[MAXC], n = 0;
+    char buf[65536];
+    while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+        __atomic_add_fetch(&p->turns, 1, __ATOMIC_ACQ_REL);
+        if (__atomic_load_n(&p->cut, __ATOMIC_ACQUIRE)) {
+            for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
+            n = 0;
+            __atomic_store_n(&p->held, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->cut, 0, __ATOMIC_RELEASE);
+            __atomic_add_fetch(&p->cuts_done, 1, __ATOMIC_ACQ_REL);
+        }
+        int hold = __atomic_load_n(&p->hold, __ATOMIC_ACQUIRE), shut = __atomic_load_n(&p->shut, __ATOMIC_ACQUIRE);
+        if (hold) {
+            int held = 0;
+            for (int i = 0; i < n; i++) {
+                int b = 0;
+                if (ioctl(cfd[i], FIONREAD, &b) == 0) held += b;
+            }
+            __atomic_store_n(&p->held, held, __ATOMIC_RELEASE);
+        }
+        struct pollfd pf[1 + 2 * MAXC];
+        pf[0] = (struct pollfd){p->lfd, (short)(shut || n == MAXC ? 0 : POLLIN), 0};
+        for (int i = 0; i < n; i++) {
+            pf[1 + 2 * i] = (struct pollfd){cfd[i], (short)(hold ? 0 : POLLIN), 0};
+            pf[2 + 2 * i] = (struct pollfd){ufd[i], POLLIN, 0};
+        }
+        if (poll(pf, (nfds_t)(1 + 2 * n), 5) <= 0) continue;
+        int polled = n; /* a connection accepted now has no poll result yet */
+        if (pf[0].revents & POLLIN) {
+            int c = accept(p->lfd, NULL, NULL), u = c >= 0 ? socket(AF_UNIX, SOCK_STREAM, 0) : -1;
+            struct sockaddr_un a;
+            socklen_t al = uproxy_addr(&a, p->up);
+            if (u >= 0 && connect(u, (struct sockaddr *)&a, al) == 0) { cfd[n] = c; ufd[n] = u; n++; }
+            else { if (c >= 0) close(c); if (u >= 0) close(u); }
+        }
+        for (int i = 0; i < polled; i++) {
+            int dead = 0;
+            for (int d = 0; d < 2 && !dead; d++) {
+                if (!(pf[1 + 2 * i + d].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+                int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
+                ssize_t got = read(from, buf, sizeof buf);
+                if (got <= 0) { dead = 1; break; }
+                for (ssize_t off = 0; off < got;) {
+                    ssize_t w = write(to, buf + off, (size_t)(got - off));
+                    if (w <= 0) { dead = 1; break; }
+                    off += w;
+                }
+            }
+            if (dead) {
+                close(cfd[i]); close(ufd[i]);
+                cfd[i] = cfd[n - 1]; ufd[i] = ufd[n - 1];
+                n--;
+                break; /* pf indices are stale now */
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
+    return NULL;
+}
+
+static int uproxy_start(uproxy *p, const char *name, const char *up) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->up, sizeof p->up, "%s", up);
+    struct sockaddr_un a;
+    socklen_t al = uproxy_addr(&a, p->name);
+    p->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (p->lfd < 0 || bind(p->lfd, (struct sockaddr *)&a, al) != 0 || listen(p->lfd, 16) != 0) {
+        if (p->lfd >= 0) close(p->lfd);
+        p->lfd = -1;
+        return -1;
+    }
+    if (pthread_create(&p->th, NULL, uproxy_main, p) != 0) { close(p->lfd); p->lfd = -1; return -1; }
+    return 0;
+}
+static void uproxy_cut(uproxy *p) {
+    int want = __atomic_load_n(&p->cuts_done, __ATOMIC_ACQUIRE) + 1;
+    __atomic_store_n(&p->cut, 1, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&p->cuts_done, __ATOMIC_ACQUIRE) < want) kt_sleep_ms(1);
+}
+/* Sets p's hold or shut flag and returns once p's loop has begun a round with it. */
+static void uproxy_set(uproxy *p, int *flag, int on) {
+    __atomic_store_n(flag, on, __ATOMIC_RELEASE);
+    int want = __atomic_load_n(&p->turns, __ATOMIC_ACQUIRE) + 2; /* (the round under way may have read it before) */
+    while (__atomic_load_n(&p->turns, __ATOMIC_ACQUIRE) < want) kt_sleep_ms(1);
+}
+static void uproxy_stop(uproxy *p) {
+    if (p->lfd < 0) return;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(p->th, NULL);
+    close(p->lfd);
+    p->lfd = -1;
+}
+
+/* Calls test on worker w's request q (q 0: the worker's progress alone: replies, connection
+   events) until cond() holds (1), or q ends or ms pass (0). */
+static int drive_until(kvps_worker *w, kvps_req q, int (*cond)(void *), void *arg, int ms) {
+    int64_t end = kt_now_ms() + ms;
+    while (!cond(arg)) {
+        int done = 0;
+        kvps_result r = q ? kvps_worker_test(w, q, &done) : kvps__progress(w, 0);
+        if (r != KVPS_OK || done || kt_now_ms() > end) return 0;
+        kt_sleep_ms(1);
+    }
+    return 1;
+}
+
+/* Issue 27: with .read_local, a pushpull whose READ goes to the primary after a connection loss
+   must still get the round holding its own push, never the round before. 1 shard x 2 replicas in
+   this process, each reached through a uproxy; the worker reads from the backup (its "local"
+   replica) and pushes to the primary. Every value a pushpull returns is checked against the
+   oracle: each worker pushes exact integers c(step, rank, i) and SUM keeps their running total. */
+enum { CUT_LEN = 1024, CUT_NW = 2, CUT_STEPS = 120, CUT_EVERY = 4 };
+static float cut_c(int step, int rank, int i) { return (float)((rank + 1) * (i % 5 + 1) * (step % 4 + 1)); }
+/* The value after step t, when workers 0..nw-1 each pushed steps 0..t. */
+static float cut_want(int t, int nw, int i) {
+    float v = 0.0f;
+    for (int s = 0; s <= t; s++)
+        for (int r = 0; r < nw; r++) v += cut_c(s, r, i);
+    return v;
+}
+typedef struct cutjob {
+    char sname[2][96], pname[2][96], chain[220], list[220];
+    kvps_server *srv[2];
+    uproxy px[2];
+} cutjob;
+static int cutjob_start(cutjob *c, const char *tag, int nw) {
+    memset(c, 0, sizeof *c);
+    for (int r = 0; r < 2; r++) {
+        snprintf(c->sname[r], sizeof c->sname[r], "kvps-test-%s-%d-s%d", tag, (int)getpid(), r);
+        snprintf(c->pname[r], sizeof c->pname[r], "kvps-test-%s-%d-p%d", tag, (int)getpid(), r);
+        c->px[r].lfd = -1;
+    }
+    snprintf(c->chain, sizeof c->chain, "ipc://@%s|ipc://@%s", c->sname[0], c->sname[1]);
+    snprintf(c->list, sizeof c->list, "ipc://@%s|ipc://@%s", c->pname[0], c->pname[1]);
+    for (int r = 1; r >= 0; r--) { /* the backup first: the primary's first snapshot finds it */
+        char ep[120];
+        snprintf(ep, sizeof ep, "ipc://@%s", c->sname[r]);
+        kvps_server_desc d = {.endpoint = ep, .num_workers = nw, .consistency = KVPS_BSP, .update = KVPS_UPDATE_SUM,
+                              .replicas = c->chain, .replica = r, .heartbeat_ms = 200, .peer_timeout_ms = 5000};
+        if (kvps_server_create(&d, &c->srv[r]) != KVPS_OK || kvps_server_start(c->srv[r]) != KVPS_OK) return -1;
+    }
+    for (int r = 0; r < 2; r++)
+        if (uproxy_start(&c->px[r], c->pname[r], c->sname[r]) != 0) return -1;
+    return 0;
+}
+static void cutjob_end(cutjob *c) {
+    for (int r = 0; r < 2; r++) /* (every worker said goodbye: the servers end by themselves) */
+        if (c->srv[r]) KT_CHECK(kvps_server_wait(c->srv[r], 10000) == KVPS_OK, "server replica %d did not end by itself", r);
+    for (int r = 0; r < 2; r++) kvps_server_destroy(&c->srv[r]);
+    for (int r = 0; r < 2; r++) uproxy_stop(&c->px[r]);
+}
+static kvps_result cut_worker_create(const cutjob *c, int rank, int nw, int failover_ms, kvps_worker **w) {
+    return kvps_worker_create(&(kvps_worker_desc){.servers = c->list, .rank = rank, .num_workers = nw, .timeout_ms = 20000,
+                                                  .heartbeat_ms = 200, .peer_timeout_ms = 5000, .failover_ms = failover_ms,
+                                                  .read_local = 1}, w);
+}
+/* Checks values v after step t of nw workers against the oracle: -1 when right, else the first
+   element that is not (*got, *want). */
+static int cut_check(const float *v, int t, int nw, float *got, float *want) {
+    for (int i = 0; i < CUT_LEN; i++)
+        if (v[i] != cut_want(t, nw, i)) { *got = v[i]; *want = cut_want(t, nw, i); return i; }
+    return -1;
+}
+
+typedef struct cutstage { uproxy *p0; kvps_server *backup; uint64_t stalls; kvps_worker *w; kvps_req q; uproxy *p1; } cutstage;
+static int cut_push_held(void *a) { /* the push sits unread in front of the primary, the READ waits at the backup */
+    cutstage *x = (cutstage *)a;
+    kvps_server_stats st;
+    kvps_server_stats_get(x->backup, &st);
+    return __atomic_load_n(&x->p0->held, __ATOMIC_ACQUIRE) >= CUT_LEN * (int)sizeof(float) && st.stalls > x->stalls;
+}
+static int cut_both_held(void *a) { /* the push sits in front of the primary, the READ in front of the backup */
+    cutstage *x = (cutstage *)a;
+    return __atomic_load_n(&x->p0->held, __ATOMIC_ACQUIRE) >= CUT_LEN * (int)sizeof(float) &&
+           __atomic_load_n(&x->p1->held, __ATOMIC_ACQUIRE) >= KVPS__HDR + KVPS__KENT + 8;
+}
+static int cut_refusal_taken(void *a) { /* the worker took the backup's refusal of the READ: it waits for the push */
+    cutstage *x = (cutstage *)a;
+    kvps__req *qa = kvps__req_get(x->w, x->q), *qb = qa && qa->next ? kvps__req_get(x->w, qa->next) : NULL;
+    return qb && qb->read && qb->rwait && qb->rwait[0];
+}
+static int cut_primary_seen(void *a) { return ((cutstage *)a)->w->down[0]; } /* the worker has seen it go */
+static int cut_backup_seen(void *a) { return !((cutstage *)a)->w->rup[0]; }
+static int cut_backup_back(void *a) { return ((cutstage *)a)->w->rup[0]; }
+
+/* The bad moment, made on purpose (one worker): the push of step 4 is lost with the primary's
+   connection while its READ waits at the backup; once the worker has seen that drop, the
+   backup's connection is cut too, so the READ goes to the primary, whose connection is not
+   back yet (the proxies accept nothing until the worker has seen both drops). When it is, what
+   was queued for it goes first, then the re-sent push. The pushpull must return the round with
+   step 4's push (a pull sent there before the push was answered got step 3's), and so must
+   every step after. */
+static void read_local_cut_once(void) {
+    cutjob c;
+    int up = cutjob_start(&c, "cut1", 1) == 0;
+    KT_CHECK(up, "servers or proxies did not start");
+    kvps_worker *w = NULL;
+    if (up) KT_OK(cut_worker_create(&c, 0, 1, 60000, &w));
+    KT_CHECK(w && w->rj && w->rj[0] == 1, "the worker does not read from replica 1 (its proxy is on this host)");
+    if (!w || !w->rj || w->rj[0] != 1) {
+        kvps_worker_destroy(&w);
+        cutjob_end(&c);
+        return;
+    }
+    static float g[CUT_LEN], v[CUT_LEN];
+    uint64_t key = 7;
+    size_t len = CUT_LEN;
+    for (int t = 0; t < 8; t++) {
+        for (int i = 0; i < CUT_LEN; i++) g[i] = cut_c(t, 0, i);
+        kvps_req q;
+        cutstage x = {&c.px[0], c.srv[1], 0, w, 0, &c.px[1]};
+        if (t == 4) {
+            kvps_server_stats st;
+            kvps_server_stats_get(c.srv[1], &st);
+            x.stalls = st.stalls;
+            KT_CHECK(kvps__reads_on(w), "step 4: the worker does not read from the backup");
+            uproxy_set(&c.px[0], &c.px[0].hold, 1);
+        }
+        KT_OK(kvps_worker_pushpull(w, &key, g, v, &len, 1, &q));
+        if (t == 4) {
+            KT_CHECK(drive_until(w, q, cut_push_held, &x, 20000), "step 4: the push was not held (%d bytes) or the READ did not wait "
+                     "at the backup", __atomic_load_n(&c.px[0].held, __ATOMIC_ACQUIRE));
+            for (int r = 0; r < 2; r++) uproxy_set(&c.px[r], &c.px[r].shut, 1);
+            uproxy_cut(&c.px[0]); /* the held push is gone */
+            uproxy_set(&c.px[0], &c.px[0].hold, 0);
+            KT_CHECK(drive_until(w, q, cut_primary_seen, &x, 20000), "step 4: the worker did not see the primary's connection drop");
+            uproxy_cut(&c.px[1]); /* its READ goes to the primary now, whose connection is not back */
+            KT_CHECK(drive_until(w, q, cut_backup_seen, &x, 20000), "step 4: the worker did not see the backup's connection drop");
+            for (int r = 0; r < 2; r++) uproxy_set(&c.px[r], &c.px[r].shut, 0);
+        }
+        kvps_result rc = kvps_worker_wait(w, q, -1);
+        KT_CHECK(rc == KVPS_OK, "step %d: %s: %s", t, kvps_result_str(rc), kvps_worker_last_error(w));
+        float got = 0, want = 0;
+        int bad = rc == KVPS_OK ? cut_check(v, t, 1, &got, &want) : -1;
+        KT_CHECK(bad < 0, "step %d element %d: got %g want %g%s", t, bad, (double)got, (double)want,
+                 bad >= 0 && got == cut_want(t - 1, 1, bad) ? " (the step before's: a stale read)" : "");
+        if (rc != KVPS_OK || bad >= 0) break;
+    }
+    /* A READ the backup refuses (key 8 was only initialised: no round of this worker's on it
+       yet) while the push is lost with the primary's connection: its pull must wait for the
+       push's answer, not go out now into what is queued for that connection. */
+    uint64_t k2 = 8;
+    static float v0[CUT_LEN];
+    for (int i = 0; i < CUT_LEN; i++) { v0[i] = (float)(100 + i % 3); g[i] = cut_c(9, 0, i); }
+    kvps_req q;
+    KT_OK(kvps_worker_init(w, &k2, v0, &len, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, -1));
+    cutstage x = {&c.px[0], c.srv[1], 0, w, 0, &c.px[1]};
+    KT_CHECK(drive_until(w, 0, cut_backup_back, &x, 20000), "the worker's connection to the backup did not come back");
+    for (int r = 0; r < 2; r++) uproxy_set(&c.px[r], &c.px[r].hold, 1);
+    KT_OK(kvps_worker_pushpull(w, &k2, g, v, &len, 1, &q));
+    x.q = q;
+    KT_CHECK(drive_until(w, q, cut_both_held, &x, 20000), "key 8: the push (%d bytes) or the READ (%d bytes) was not held",
+             __atomic_load_n(&c.px[0].held, __ATOMIC_ACQUIRE), __atomic_load_n(&c.px[1].held, __ATOMIC_ACQUIRE));
+    uproxy_set(&c.px[0], &c.px[0].shut, 1);
+    uproxy_cut(&c.px[0]); /* the held push is gone */
+    uproxy_set(&c.px[0], &c.px[0].hold, 0);
+    KT_CHECK(drive_until(w, q, cut_primary_seen, &x, 20000), "key 8: the worker did not see the primary's connection drop");
+    uproxy_set(&c.px[1], &c.px[1].hold, 0); /* the READ reaches the backup, which refuses it */
+    drive_until(w, q, cut_refusal_taken, &x, 2000); /* (a worker that pulls at once does that meanwhile) */
+    uproxy_set(&c.px[0], &c.px[0].shut, 0);
+    kvps_result rc = kvps_worker_wait(w, q, -1);
+    KT_CHECK(rc == KVPS_OK, "key 8: %s: %s", kvps_result_str(rc), kvps_worker_last_error(w));
+    for (int i = 0; rc == KVPS_OK && i < CUT_LEN; i++)
+        if (v[i] != v0[i] + g[i]) {
+            KT_CHECK(v[i] == v0[i] + g[i], "key 8 element %d: got %g want %g%s", i, (double)v[i], (double)(v0[i] + g[i]),
+                     v[i] == v0[i] ? " (the value before the push: a stale read)" : "");
+            break;
+        }
+    kvps_server_stats st;
+    kvps_server_stats_get(c.srv[1], &st);
+    KT_CHECK(st.reads > 0, "the backup answered no READ");
+    kvps_worker_destroy(&w);
+    cutjob_end(&c);
+}
+
+/* The same under load: 2 workers in threads pushpull CUT_STEPS steps; every CUT_EVERY steps of
+   worker 0 the test holds what goes to the primary until a push is in it (or 200 ms pass), then
+   cuts the primary's connections and the backup's (the other order the next time). Each worker
+   checks every step's value. */
+typedef struct cutw { const cutjob *c; int rank, bad_step, bad_elem, steps; float got, want; kvps_result rc; char err[300]; } cutw;
+static void *cut_worker(void *arg) {
+    cutw *x = (cutw *)arg;
+    kvps_worker *w = NULL;
+    float *g = (float *)malloc(CUT_LEN * sizeof(float)), *v = (float *)malloc(CUT_LEN * sizeof(float));
+    uint64_t key = 7;
+    size_t len = CUT_LEN;
+    x->bad_step = -1;
+    x->rc = g && v ? cut_worker_create(x->c, x->rank, CUT_NW, 1000, &w) : KVPS_ERR_NOMEM;
+    for (int t = 0; t < CUT_STEPS && x->rc == KVPS_OK; t++) {
+        for (int i = 0; i < CUT_LEN; i++) g[i] = cut_c(t, x->rank, i);
+        kvps_req q;
+        x->rc = kvps_worker_pushpull(w, &key, g, v, &len, 1, &q);
+        if (x->rc == KVPS_OK) x->rc = kvps_worker_wait(w, q, -1);
+        if (x->rc == KVPS_OK && x->bad_step < 0 && (x->bad_elem = cut_check(v, t, CUT_NW, &x->got, &x->want)) >= 0)
+            x->bad_step = t;
+        __atomic_store_n(&x->steps, t + 1, __ATOMIC_RELEASE);
+    }
+    if (x->rc != KVPS_OK) snprintf(x->err, sizeof x->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
+    __atomic_store_n(&x->steps, CUT_STEPS, __ATOMIC_RELEASE);
+    kvps_worker_destroy(&w);
+    free(g);
+    free(v);
+    return NULL;
+}
+static void read_local_cuts_under_load(void) {
+    cutjob c;
+    int up = cutjob_start(&c, "cutn", CUT_NW) == 0;
+    KT_CHECK(up, "servers or proxies did not start");
+    if (!up) { cutjob_end(&c); return; }
+    pthread_t th2[CUT_NW];
+    cutw x[CUT_NW];
+    for (int r = 0; r < CUT_NW; r++) {
+        x[r] = (cutw){&c, r, -1, -1, 0, 0, 0, KVPS_OK, ""};
+        pthread_create(&th2[r], NULL, cut_worker, &x[r]);
+    }
+    int cuts = 0;
+    for (int next = CUT_EVERY; next < CUT_STEPS; next += CUT_EVERY) {
+        while (__atomic_load_n(&x[0].steps, __ATOMIC_ACQUIRE) < next) kt_sleep_ms(1);
+        if (__atomic_load_n(&x[0].steps, __ATOMIC_ACQUIRE) >= CUT_STEPS) break;
+        uproxy_set(&c.px[0], &c.px[0].hold, 1);
+        int64_t end = kt_now_ms() + 200;
+        while (__atomic_load_n(&c.px[0].held, __ATOMIC_ACQUIRE) < CUT_LEN * (int)sizeof(float) && kt_now_ms() < end)
+            kt_sleep_ms(1);
+        uproxy_cut(&c.px[cuts % 2]);
+        uproxy_cut(&c.px[1 - cuts % 2]);
+        uproxy_set(&c.px[0], &c.px[0].hold, 0);
+        cuts++;
+    }
+    for (int r = 0; r < CUT_NW; r++) pthread_join(th2[r], NULL);
+    for (int r = 0; r < CUT_NW; r++) {
+        KT_CHECK(x[r].rc == KVPS_OK, "under load: worker %d: %s: %s", r, kvps_result_str(x[r].rc), x[r].err);
+        KT_CHECK(x[r].bad_step < 0, "under load: worker %d step %d element %d: got %g want %g%s", r, x[r].bad_step,
+                 x[r].bad_elem, (double)x[r].got, (double)x[r].want,
+                 x[r].bad_step > 0 && x[r].got == cut_want(x[r].bad_step - 1, CUT_NW, x[r].bad_elem) ? " (the step before's: a stale read)" : "");
+    }
+    kvps_server_stats st;
+    kvps_server_stats_get(c.srv[1], &st);
+    printf("  .read_local under %d cuts: the backup answered %llu READs of %d pushpulls\n", cuts, (unsigned long long)st.reads,
+           CUT_STEPS * CUT_NW);
+    cutjob_end(&c);
+}
+static void test_read_local_cut(void) {
+    read_local_cut_once();
+    read_local_cuts_under_load();
+}
+
 /* Logs of the servers in this process, for the refusal's words. */
 static char logbuf[8192];
 static size_t loglen;
@@ -851,6 +1235,7 @@ int main(void) {
     RUN(test_bsp_sends_rounds, 60);
     RUN(test_bsp_read_local, 60);
     RUN(test_read_local_async, 60);
+    RUN(test_read_local_cut, 120);
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
