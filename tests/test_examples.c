@@ -703,7 +703,9 @@ static void test_launcher_port(void) {
    --port order (shard 0's replicas, shard 1's, then the workers' ring peers); a server gets its
    shard as KVPS_RANK and its place as KVPS_REPLICA, and its lines say [server I.J]. A replica that
    fails while another of its shard runs is named and the job goes on (exit 0); a shard with no
-   replica left fails the job with the code of the last one. */
+   replica left fails the job with the code of the last one (--respawn 0). With --respawn (3 by
+   default) a dead replica is started again with KVPS_REPLACEMENT=1, so that a shard survives one
+   kill after another: replica 0 killed, its replacement up, then replica 1 killed: exit 0. */
 static void test_launcher_replicas(void) {
     char *out, want[400];
     int base = 20000 + (int)(getpid() % 5000) * 2;
@@ -729,7 +731,7 @@ static void test_launcher_replicas(void) {
     if (kt_cur_failed) show(out);
     free(out);
     /* replica 0 dies (SIGKILL), replica 1 carries on: the job ends well */
-    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
                    "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 2.5; echo left ;; *) sleep 1; echo done ;; esac'");
     KT_CHECK(rc == 0, "one replica killed: exit %d, want 0", rc);
     KT_CHECK(strstr(out, "kvps-run: server 0.0 exited with code 137; shard 0 goes on with server 0.1 (--replicas)") != NULL,
@@ -739,11 +741,26 @@ static void test_launcher_replicas(void) {
     free(out);
     /* then replica 1 fails too: the shard is gone, the job stops with its code */
     double t0 = now_s();
-    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
                    "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 1; exit 5 ;; *) sleep 30 ;; esac'");
     KT_CHECK(rc == 5, "both replicas failed: exit %d, want 5", rc);
     KT_CHECK(now_s() - t0 < 20, "took %.1f s: the worker was not stopped", now_s() - t0);
     KT_CHECK(strstr(out, "kvps-run: server 0.1 exited with code 5; stopping the job") != NULL, "no message naming the failure");
+    if (kt_cur_failed) show(out);
+    free(out);
+    /* respawn (the default): replica 0 killed and started again as a replacement, then replica 1
+       killed: the replacement carries the shard, the job ends well */
+    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c "
+                   "'case \"$KVPS_ROLE ${KVPS_REPLICA:-} ${KVPS_REPLACEMENT:-0}\" in "
+                   "\"server 0 0\") sleep 0.2; kill -9 $$ ;; \"server 0 1\") echo replacement; sleep 3; echo left ;; "
+                   "\"server 1 0\") sleep 1.5; kill -9 $$ ;; \"server 1 1\") sleep 2; echo left ;; *) sleep 3.5; echo done ;; esac'");
+    KT_CHECK(rc == 0, "replica 0, then replica 1 killed, with a replacement between: exit %d, want 0", rc);
+    KT_CHECK(strstr(out, "kvps-run: started server 0.0 again as a replacement (1 of 3 for shard 0, --respawn)") != NULL,
+             "no message naming the replacement");
+    KT_CHECK(has_line(out, "[server 0.0] replacement") && has_line(out, "[server 0.0] left") &&
+             has_line(out, "[worker 0] done"), "the replacement did not carry the shard to the end");
+    KT_CHECK(strstr(out, "kvps-run: server 0.1 exited with code 137; shard 0 goes on with server 0.0 (--replicas)") != NULL,
+             "the second kill did not leave the shard to the replacement");
     if (kt_cur_failed) show(out);
     free(out);
 }
