@@ -61,6 +61,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++) { double t0 = now_s(); memcpy(y, x, n * 4); t[r] = now_s() - t0; }
     qsort(t, (size_t)reps, sizeof *t, cmp_d);
     double mc = (double)n * 4 / t[reps / 2] / 1e9;
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# bench_compress: %zu MB of float32, one thread, median of %d, path %s\n", mb, reps, isa_names[used]);
     printf("# GB/s = float32 bytes in (encode) or out (decode) per second; (x) = ratio to memcpy\n");
     printf("%-16s %9s %20s %20s %10s\n", "codec", "bytes", "encode GB/s", "decode GB/s", "ratio");

@@ -408,6 +408,7 @@ int main(int argc, char **argv) {
         printf("# OpenMPI peer not run: %s or mpirun missing (make builds it where mpicc is)\n", c.mpi);
         use_mpi = 0;
     }
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# bench_fusion: ResNet-50, %d tensors, %zu floats (%.1f MB); %d ranks, %d servers; %d iterations (median), %d "
            "repeats; compute %.0f ms forward + %.0f ms backward (sleeps); credit %zu bytes\n",
            NT, total, (double)total * 4 / 1e6, c.ranks, c.servers, c.iters, c.repeat, c.compute_ms, 2 * c.compute_ms, c.credit);

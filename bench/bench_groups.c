@@ -212,6 +212,7 @@ int main(int argc, char **argv) {
     mpi_ok = g_mpi;
     for (int rep = 0; g_mpi && mpi_ok && rep < g_repeat; rep++) run_mpi(rep);
 
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# bench_groups: 4 rank processes, tcp://127.0.0.1, float32, %d repeats\n", g_repeat);
     printf("# all-reduce on 2 ranks, both pairs at once: sub-ring of a 4-rank ring vs a 2-rank ring made directly\n");
     printf("%10s %26s %26s %22s\n", "bytes", "sub us (min-max)", "direct us (min-max)", "sub/direct (min-max)");

@@ -71,6 +71,7 @@ static void many_keys(int quick) {
         CHECK(kvps_worker_wait(w, q, -1));
     }
     double pull = (double)nk * reps / (now_s() - t0);
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("small_keys: %zu keys x 16 floats per request, 1 server, 1 worker\n", nk);
     printf("small_keys_push: %.2f M keys/s\n", push / 1e6);
     printf("small_keys_pull: %.2f M keys/s\n", pull / 1e6);
@@ -119,6 +120,7 @@ static void sparse_rows(int quick) {
     int iters = quick ? 200 : 2000;
     double pull = sparse_rate(w, t, 0, iters, table_rows, &seed, ids, rows);
     double push = sparse_rate(w, t, 1, iters, table_rows, &seed, ids, rows);
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("sparse: table of %llu rows x 64 floats, requests of %d random rows, %d in flight, 1 server\n",
            (unsigned long long)table_rows, R, W);
     printf("sparse_pull: %.2f M rows/s\n", pull / 1e6);

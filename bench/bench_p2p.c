@@ -275,6 +275,7 @@ int main(int argc, char **argv) {
     int mpi = want_mpi != 0 && in_path("mpirun") && access(mpi_prog, X_OK) == 0;
     if (want_mpi == 1 && !mpi) die("--mpi", "needs mpirun on PATH and an executable mpi_p2p (make bench-p2p)");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# bench_p2p: 2 processes on tcp://127.0.0.1, %ld CPUs online, %d repeats, %.2f s per size; int32 elements\n", ncpu,
            reps, cfg.time_s);
     printf("# MPI peer: %s\n", mpi ? mpi_prog : want_mpi == 0 ? "not run (--no-mpi)" : "not run (mpirun or mpi_p2p not found)");

@@ -676,6 +676,7 @@ typedef struct row { /* medians over g_reps */
 } row;
 
 static void print_header(int csv) {
+    bench_machine(csv ? stderr : stdout, kvps_isa_set(KVPS_ISA_AUTO)); /* (not in the CSV) */
     if (csv) {
         printf("peer,update,servers,workers,bytes,window,n_thr,n_rt,slices,push_gbs,pull_gbs,push_ops,rt_p50_us,rt_p99_us,"
                "pull0_gbs,push_x,pull_x,ops_x,p50_x,p99_x,pull0_x\n");

@@ -362,6 +362,7 @@ static const char *algo_of(const row *w) {
 
 static void print_table_head(const config *cf, const row *w) {
     if (cf->csv) return;
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     if (w->peer == 0)
         printf("#\n# kvps %s  ranks %d  float32 sum root 0%s\n", colls[w->coll].name, w->n,
                colls[w->coll].coll == KVPS_COLL_ALLREDUCE && cf->inplace ? "  in place" : "  out of place");
@@ -521,6 +522,7 @@ static void print_compare(const config *cf, int n, int have_mpi) {
         if (colls[cf->coll[k]].coll == KVPS_COLL_ALLREDUCE) ar = cf->coll[k];
     if (ar < 0) return;
     char cb[24], sb[16];
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("#\n# all-reduce busbw GB/s, %d ranks%s, kvps chunk %s; x = kvps / MPI (TCP, same run)\n", n,
            n > 2 ? " (oversubscribed: 2 CPUs)" : "", fmt_bytes(cf->chunk[0], cb, sizeof cb));
     printf("#%7s", "size");
@@ -573,7 +575,8 @@ static void print_chunks(const config *cf, int n) {
     if (ar < 0) return;
     char cb[24], sb[16];
     for (int a = 0; a < cf->nalgo; a++) {
-        printf("#\n# all-reduce busbw GB/s by chunk_bytes, %d ranks, algo %s\n#%7s", n, algo_names[cf->algo[a]], "size");
+        bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
+    printf("#\n# all-reduce busbw GB/s by chunk_bytes, %d ranks, algo %s\n#%7s", n, algo_names[cf->algo[a]], "size");
         for (int c = 0; c < cf->nchunk; c++) printf(" %8s", fmt_bytes(cf->chunk[c], cb, sizeof cb));
         printf("\n");
         for (int s = 0; s < cf->nsizes; s++) {

@@ -35,11 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench/bench_cpu.h" /* now_s, bench_machine */
 
 /* ---- gamma ---------------------------------------------------------------------------------- */
 
@@ -62,6 +58,7 @@ static double reduce_rate(size_t bytes, double target_s) {
 
 static int do_gamma(void) {
     double g1 = reduce_rate((size_t)1 << 20, 1.0), g64 = reduce_rate((size_t)64 << 20, 2.0);
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# costmodel --gamma: kvps_reduce_into float32 sum, dst += src, one thread, best of 5 x ~0.2-0.4 s\n");
     printf("gamma_1MiB_ns_per_byte: %.5f  (%.2f GB/s of src)\n", g1 * 1e9, 1e-9 / g1);
     printf("gamma_64MiB_ns_per_byte: %.5f  (%.2f GB/s of src)\n", g64 * 1e9, 1e-9 / g64);
@@ -200,6 +197,7 @@ static int do_fit(const char *dir) {
     fprintf(f, "c,%.0f,B,kvps_ring chunk_bytes default\n", k.c);
     fprintf(f, "small,%.0f,B,kvps_ring small_bytes default\n", k.small);
     fclose(f);
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# fitted constants (%s)\n", path);
     printf("#   lo : alpha %.1f us, beta %.4f ns/B (%.2f GB/s)      [2-rank RD 4 KiB, 2-rank RING 16 MiB]\n", k.lo_a * 1e6,
            k.lo_b * 1e9, 1e-9 / k.lo_b);
