@@ -430,7 +430,8 @@
    on; one of the first chain that has not connected within peer_timeout_ms is not waited for.
    A backup ends with the job as its primary does (CLEAN FINISH, FAULTS: every worker finished
    or lost), from the goodbyes and losses the primary sends it and its snapshot carries; a
-   primary that stops waits (up to 1 s) until its backups hold all it sent them.
+   primary that stops waits (up to 1 s) until its backups hold all it sent them. Replicas
+   leaving after the job has ended are no fault: nothing is logged above info.
    Failover: a worker whose shard's server has been unreachable for .failover_ms (1000) moves
    to the next replica, round the chain, and re-sends what was in flight there (exactly once, by
    the windows the backup holds). A backup takes over as primary when a worker's request comes
@@ -4610,9 +4611,9 @@ static void kvps__liveness_events(kvps_server *s) {
     while (s->mon && kvps__monitor_event(s->mon, &ev, &fd)) {
         if (ev != ZMQ_EVENT_DISCONNECTED) continue;
         if (s->primary_fd >= 0 && fd == s->primary_fd) {
-            s->primary_fd = -1;
-            kvps__log(KVPS_LOG_WARN, "server %d replica %d: the primary's connection closed; this backup takes over when a "
-                      "worker comes", s->desc.rank, s->desc.replica);
+            s->primary_fd = -1; /* (once the job has ended, the primary leaving is no fault: it ends with it) */
+            kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: the primary's connection "
+                      "closed; this backup takes over when a worker comes", s->desc.rank, s->desc.replica);
         }
         for (int r = 0; r < s->m; r++) {
             if (s->rank_fd[r] != fd) continue;
@@ -7183,9 +7184,10 @@ static void kvps__repl_links_poll(kvps_server *s) {
                 l->wait_for = 0;
                 int live = 1;
                 for (int k = 0; k < s->nrep; k++) live += k != s->desc.replica && s->links[k].state == KVPS__LINK_LIVE;
-                kvps__log(KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) is gone%s; shard %d goes on with %d of %d "
-                          "replicas", s->desc.rank, s->desc.replica, j, s->chain[j], was_live ? "" : " (it had not joined)",
-                          s->desc.rank, live, s->nrep);
+                /* once the job has ended a backup leaving is no fault: it ends with the job (CLEAN FINISH) */
+                kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) "
+                          "is gone%s; shard %d goes on with %d of %d replicas", s->desc.rank, s->desc.replica, j, s->chain[j],
+                          was_live ? "" : " (it had not joined)", s->desc.rank, live, s->nrep);
             }
         }
         if (l->wait_for && l->state == KVPS__LINK_DOWN && now - l->since >= s->desc.peer_timeout_ms) {
