@@ -398,7 +398,9 @@
    counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
-   k > 0 it can wait for a lull). kvps_server_restore loads it into a fresh server before
+   k > 0 it can wait for a lull). A write that fails (a full disk: logged as an error) is tried
+   again at the next checkpoint, checkpoint_every rounds on, not every round.
+   kvps_server_restore loads it into a fresh server before
    kvps_server_start; restart the server on the same endpoint and its workers carry on:
    requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
    REPLICAS. A shard may be a chain of r servers: its entry of the server list names them
@@ -557,7 +559,8 @@
         whose workers have all finished or are lost (one lost) stops by itself and
         kvps_server_run (and kvps_server_wait) returns KVPS_ERR_PEER_LOST where it served on
         before (.keep_serving = 1 keeps that); a snapshot's session bytes carry each worker's
-        loss (bit 1 of its finished byte).
+        loss (bit 1 of its finished byte). Checkpoints: a failed write is tried again at the
+        next checkpoint, not every round.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -742,7 +745,8 @@ typedef struct kvps_server_desc {
                                 2 x heartbeat_ms, else refused); under elastic, also how long a job
                                 whose workers have all finished or are lost waits for a lost one */
     const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
-    int checkpoint_every;    /* also write one every this many rounds (0: only on request) */
+    int checkpoint_every;    /* also write one every this many rounds (0: only on request); a failed
+                                write is tried again this many rounds later */
     /* CURVE (see SECURITY): this server's secret key (Z85, 40 characters) turns encryption on;
        only workers whose public key is in curve_clients get in. Needs a ZeroMQ context of the
        server's own (zmq_ctx NULL): the context's authentication handler is this server's. */
@@ -6012,6 +6016,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
                 s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
     if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
     kvps_result r = kvps__checkpoint_write(s);
+    if (r != KVPS_OK) s->ckpt_round = s->max_round; /* (a full disk, say): tried again at the next checkpoint, not every round */
     pthread_mutex_lock(&s->ckpt_mu);
     if (asked != s->ckpt_done) {
         s->ckpt_result = r;
