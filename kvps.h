@@ -399,7 +399,10 @@
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
    k > 0 it can wait for a lull). A write that fails (a full disk: logged as an error) is tried
-   again at the next checkpoint, checkpoint_every rounds on, not every round.
+   again at the next checkpoint, checkpoint_every rounds on, not every round. The temporary file
+   is PATH.tmp.PID; those a writer killed mid-write left (no process with that PID on this
+   machine) are removed at the next successful write and at start (kvps_server_create with that
+   checkpoint_path, kvps_server_restore from it); a live process's are not.
    kvps_server_restore loads it into a fresh server before
    kvps_server_start; restart the server on the same endpoint and its workers carry on:
    requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
@@ -560,7 +563,7 @@
         kvps_server_run (and kvps_server_wait) returns KVPS_ERR_PEER_LOST where it served on
         before (.keep_serving = 1 keeps that); a snapshot's session bytes carry each worker's
         loss (bit 1 of its finished byte). Checkpoints: a failed write is tried again at the
-        next checkpoint, not every round.
+        next checkpoint, not every round; dead writers' PATH.tmp.PID files are removed.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -744,7 +747,8 @@ typedef struct kvps_server_desc {
     int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 (at least
                                 2 x heartbeat_ms, else refused); under elastic, also how long a job
                                 whose workers have all finished or are lost waits for a lost one */
-    const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
+    const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write (via
+                                    PATH.tmp.PID; dead writers' are removed, FAULTS) */
     int checkpoint_every;    /* also write one every this many rounds (0: only on request); a failed
                                 write is tried again this many rounds later */
     /* CURVE (see SECURITY): this server's secret key (Z85, 40 characters) turns encryption on;
@@ -1329,6 +1333,8 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #include <unistd.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <signal.h>
 #include <time.h>
 #include <limits.h>
 #include <sched.h>
@@ -5965,6 +5971,46 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
     *wp = w;
 }
 
+/* Removes the temporary files that writers of checkpoint `path` left when they died mid-write:
+   PATH.tmp.PID (what kvps__checkpoint_write names them), PID a number and no process with that
+   pid on this machine (kill(PID, 0) says ESRCH). Never another path's files, this process's, or
+   one of a live process (it may be writing it; a pid reused since keeps its file until it ends). */
+static void kvps__ckpt_sweep(int rank, const char *path) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t dlen = slash ? (size_t)(slash - path) : 0, blen = strlen(base);
+    char *dir = (char *)malloc(dlen + 2);
+    if (!dir || !*base) { free(dir); return; }
+    if (!slash) memcpy(dir, ".", 2);
+    else if (!dlen) memcpy(dir, "/", 2);
+    else { memcpy(dir, path, dlen); dir[dlen] = 0; }
+    DIR *d = opendir(dir);
+    unsigned n = 0;
+    unsigned long long bytes = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        const char *nm = e->d_name, *q = nm + blen + 5;
+        if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".tmp.", 5) != 0) continue;
+        long pid = 0;
+        while (*q >= '0' && *q <= '9' && pid < 100000000L) pid = pid * 10 + (*q++ - '0');
+        if (*q || q == nm + blen + 5 || pid <= 0 || pid >= 100000000L || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to tell) */
+        size_t flen = strlen(dir) + 1 + strlen(nm) + 1;
+        char *full = (char *)malloc(flen);
+        if (!full) break;
+        snprintf(full, flen, "%s/%s", dir, nm);
+        struct stat st;
+        if (lstat(full, &st) == 0 && S_ISREG(st.st_mode) && unlink(full) == 0) {
+            n++;
+            bytes += (unsigned long long)st.st_size;
+        }
+        free(full);
+    }
+    if (d) closedir(d);
+    free(dir);
+    if (n)
+        kvps__log(KVPS_LOG_INFO, "server %d: removed %u temporary checkpoint file%s of %s (%llu bytes) left by writers that "
+                  "died mid-write", rank, n, n == 1 ? "" : "s", path, bytes);
+}
+
 static kvps_result kvps__checkpoint_write(kvps_server *s) {
     const char *path = s->desc.checkpoint_path;
     if (!path || !*path) return KVPS_ERR_CONFIG;
@@ -6000,6 +6046,7 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
         if (fd >= 0) { fsync(fd); close(fd); }
         free(dir);
     }
+    kvps__ckpt_sweep(s->desc.rank, path); /* what writers killed mid-write left */
     s->ckpt_round = s->max_round;
     KVPS__STAT_ADD(s, checkpoints, 1);
     kvps__log(KVPS_LOG_INFO, "server %d: checkpoint of %u keys at round %llu in %s", s->desc.rank, s->nkeys,
@@ -6217,6 +6264,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
 KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     if (!s || !path) return KVPS_ERR_INVALID_ARG;
     if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
+    kvps__ckpt_sweep(s->desc.rank, path);
     FILE *f = fopen(path, "rb");
     if (!f) {
         kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
@@ -7693,6 +7741,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (kvps__repl_setup(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "replicas");
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
               (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
+    if (desc->checkpoint_path && *desc->checkpoint_path) kvps__ckpt_sweep(desc->rank, desc->checkpoint_path);
     *out = s;
     return KVPS_OK;
 }

@@ -1,5 +1,6 @@
 /* test_faults - connections dropped mid-run (exactly-once pushes), checkpoints (round trip and
-   every kind of bad file; a full disk tried again at the next checkpoint, not every round), a server killed with SIGKILL and restarted
+   every kind of bad file; temporary files of writers killed mid-write removed; a full disk tried
+   again at the next checkpoint, not every round), a server killed with SIGKILL and restarted
    from its checkpoint, and a worker lost under BSP. Loopback TCP only; temporary files under
    $TMPDIR, removed. KT_ONLY=word runs the tests whose name has it. */
 #define _DEFAULT_SOURCE
@@ -920,6 +921,110 @@ static void test_unread_replies_bounded(void) {
 
 /* ---- checkpoint hygiene -------------------------------------------------------------------- */
 
+/* What a writer killed mid-checkpoint leaves: a child process writes part of PATH.tmp.<its pid>
+   and is SIGKILLed there (the parent reaps it: no process has that pid now). Returns the pid. */
+static pid_t dead_writer(const char *path) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char tmp[400];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+        int fd = open(tmp, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+        static char part[8192];
+        if (fd < 0 || write(fd, part, sizeof part) != (ssize_t)sizeof part) _exit(2);
+        raise(SIGKILL);
+        _exit(3);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    KT_CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the dead writer did not die mid-write (status %d)", st);
+    return pid;
+}
+static int file_there(const char *fmt, ...) {
+    char p[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p, sizeof p, fmt, ap);
+    va_end(ap);
+    return access(p, F_OK) == 0;
+}
+static void touch(const char *p) {
+    int fd = open(p, O_CREAT | O_WRONLY, 0600);
+    if (fd >= 0) close(fd);
+}
+
+/* Temporary files that writers killed mid-checkpoint left (PATH.tmp.PID) are removed at the
+   next start (create with that checkpoint_path, and restore from it) and at the next successful
+   write; files of a live writer (a child process that has its file open), of another path, or
+   that only look alike (no pid, not only digits, a suffix after the pid, another suffix) stay. */
+static void test_checkpoint_stale_tmp(void) {
+    char path[320], other[320], p[512];
+    path_in_tmp(path, sizeof path, "stale.ckpt");
+    path_in_tmp(other, sizeof other, "other.ckpt");
+    int go[2], ready[2];
+    if (pipe(go) != 0 || pipe(ready) != 0) return;
+    fflush(stdout);
+    pid_t live = fork();
+    if (live == 0) { /* a live writer: its file open, until the parent lets it go */
+        close(go[1]);
+        char tmp[400], c;
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+        int fd = open(tmp, O_CREAT | O_WRONLY, 0600);
+        if (fd < 0 || write(ready[1], "r", 1) != 1) _exit(2);
+        if (read(go[0], &c, 1) < 0) _exit(3);
+        _exit(0);
+    }
+    close(go[0]);
+    close(ready[1]);
+    char c;
+    KT_CHECK(read(ready[0], &c, 1) == 1, "the live writer did not start");
+    close(ready[0]);
+    pid_t d0 = dead_writer(path), d1 = dead_writer(path), d2 = dead_writer(path);
+    static const char *alike[] = {"%s.tmp.", "%s.tmp.12x", "%s.tmp.-5", "%s.old"};
+    for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++) {
+        snprintf(p, sizeof p, alike[i], path);
+        touch(p);
+    }
+    snprintf(p, sizeof p, "%s.tmp.%d.bak", path, (int)d0);
+    touch(p);
+    snprintf(p, sizeof p, "%s.tmp.%d", other, (int)d0);
+    touch(p);
+    KT_CHECK(file_there("%s.tmp.%d", path, (int)d0) && file_there("%s.tmp.%d", path, (int)d1), "the dead writers left no file");
+
+    /* at start: create with this checkpoint path */
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .checkpoint_path = path}, &s));
+    KT_CHECK(!file_there("%s.tmp.%d", path, (int)d0), "create: a dead writer's temporary file is still there");
+    KT_CHECK(file_there("%s.tmp.%d", path, (int)live), "create removed a live writer's temporary file");
+    KT_CHECK(file_there("%s.tmp.%d", other, (int)d0), "create removed another checkpoint path's file");
+    KT_CHECK(file_there("%s.tmp.%d.bak", path, (int)d0), "create removed a file that only starts like one");
+    for (size_t i = 0; i < sizeof alike / sizeof alike[0]; i++)
+        KT_CHECK(file_there(alike[i], path), "create removed '%s' (a file that only looks like one)", alike[i]);
+    /* at the next successful write */
+    d0 = dead_writer(path);
+    KT_OK(kvps_server_checkpoint(s, 5000));
+    KT_CHECK(!file_there("%s.tmp.%d", path, (int)d0) && !file_there("%s.tmp.%d", path, (int)d1),
+             "a checkpoint written: dead writers' temporary files are still there");
+    KT_CHECK(file_there("%s.tmp.%d", path, (int)live) && file_there("%s", path), "the write removed a live writer's file");
+    kvps_server_destroy(&s);
+    /* at start: restore from it */
+    d2 = dead_writer(path);
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1}, &s));
+    KT_OK(kvps_server_restore(s, path));
+    KT_CHECK(!file_there("%s.tmp.%d", path, (int)d2), "restore: a dead writer's temporary file is still there");
+    KT_CHECK(file_there("%s.tmp.%d", path, (int)live), "restore removed a live writer's temporary file");
+    kvps_server_destroy(&s);
+    close(go[1]); /* the live writer ends */
+    waitpid(live, NULL, 0);
+    DIR *d = opendir(tmpdir); /* every file this test made */
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, "stale.ckpt", 10) == 0 || strncmp(e->d_name, "other.ckpt", 10) == 0) {
+            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
+            unlink(p);
+        }
+    if (d) closedir(d);
+}
+
 /* A checkpoint that cannot be written (a full disk) is tried again at the next checkpoint, not
    every round. As root (in a private mount namespace, in a child process) the path is on a 64
    KiB tmpfs and the shard is 128 KiB: each write fails with ENOSPC; elsewhere the path's
@@ -1074,6 +1179,7 @@ int main(void) {
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
     RUN(test_checkpoint_round_trip);
     RUN(test_every_rule_checkpoints);
+    RUN(test_checkpoint_stale_tmp);
     RUN(test_checkpoint_full_disk);
     RUN(test_worker_lost_bsp);
     RUN(test_elastic);
