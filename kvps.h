@@ -39,8 +39,9 @@
        kvps_server_run(s);          // returns once all 4 workers have finished (CLEAN FINISH),
        kvps_server_destroy(&s);     // or at kvps_server_stop(s) (thread- and signal-safe)
    Or kvps_server_start(s) to serve from a background thread (kvps_server_wait(s, -1) waits
-   for it to stop and returns what kvps_server_run returned). Several servers may live in one process (on inproc:// they must share a
-   ZeroMQ context: set .zmq_ctx). examples/hello_ps.c is a whole program, server and worker.
+   for it to stop and returns what kvps_server_run returned). Several servers may live in one
+   process (on inproc:// they must share a ZeroMQ context: set .zmq_ctx). examples/hello_ps.c
+   is a whole program, server and worker.
    CLEAN FINISH. A worker says goodbye when it is done (kvps_worker_finish, or by itself in
    kvps_worker_destroy); once every one of num_workers workers has, the server stops by
    itself: a job under kvps-run, mpirun or srun ends with its last worker, exit 0, with no

@@ -108,7 +108,8 @@ static inline void launch_catch_signals(void (*fn)(int)) {
 
 /* A server leaves by itself: kvps_server_run returns once every worker has finished
    (kvps_worker_finish, or kvps_worker_destroy), so a job under a launcher ends when its workers
-   do (and with KVPS_ERR_PEER_LOST, exit code 1, once every worker has finished or is lost). What is left to watch for is a standalone parent that died without telling anyone. */
+   do (and with KVPS_ERR_PEER_LOST, exit code 1, once every worker has finished or is lost).
+   What is left to watch for is a standalone parent that died without telling anyone. */
 typedef struct launch_server_desc {
     const char *prog;        /* names the process in messages: "PROG: server RANK: ..." */
     kvps_server_desc server; /* what kvps_server_create gets */
