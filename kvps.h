@@ -39,8 +39,9 @@
        kvps_server_run(s);          // returns once all 4 workers have finished (CLEAN FINISH),
        kvps_server_destroy(&s);     // or at kvps_server_stop(s) (thread- and signal-safe)
    Or kvps_server_start(s) to serve from a background thread (kvps_server_wait(s, -1) waits
-   for it to stop). Several servers may live in one process (on inproc:// they must share a
-   ZeroMQ context: set .zmq_ctx). examples/hello_ps.c is a whole program, server and worker.
+   for it to stop and returns what kvps_server_run returned). Several servers may live in one
+   process (on inproc:// they must share a ZeroMQ context: set .zmq_ctx). examples/hello_ps.c
+   is a whole program, server and worker.
    CLEAN FINISH. A worker says goodbye when it is done (kvps_worker_finish, or by itself in
    kvps_worker_destroy); once every one of num_workers workers has, the server stops by
    itself: a job under kvps-run, mpirun or srun ends with its last worker, exit 0, with no
@@ -51,8 +52,13 @@
    and finish names one that never connected. A pull or barrier that needs
    a push from a worker that has finished is answered KVPS_ERR_PEER_LOST at once ("worker 1
    has finished ... but round 7 of tensor 'w' needs its push"); under .elastic the finished
-   worker leaves the aggregation instead. .keep_serving = 1: a long-lived server that serves
-   job after job until kvps_server_stop.
+   worker leaves the aggregation instead. A job that lost a worker (FAULTS) ends too: once
+   every worker has finished or is lost, the server stops by itself (under .elastic
+   peer_timeout_ms later, unless a lost one has come back by then) and kvps_server_run returns
+   KVPS_ERR_PEER_LOST, its log naming the lost and the finished ("server 0: the job has ended
+   with workers lost: lost 2, finished 0-1 (of 3); stopping"); until then a lost worker may come
+   back and nothing changes. A worker that never connected is neither: it is waited for.
+   .keep_serving = 1: a long-lived server that serves job after job until kvps_server_stop.
 
    3. STEP BY STEP: WORKER
        kvps_worker *w = NULL;
@@ -385,13 +391,22 @@
    and SGD divide by the contributions the round has), barriers complete without it, and a
    worker with its rank (a restart or a replacement) joins again from the next round and can
    pull the current weights first. Only tcp:// and ipc:// workers are watched (inproc has no
-   connections to lose). Workers cannot be added beyond num_workers.
+   connections to lose). Workers cannot be added beyond num_workers. The job has ended once
+   every worker has finished or is lost: the server stops by itself (at once; under .elastic
+   after peer_timeout_ms more, for a lost worker to come back, which starts the wait again)
+   and kvps_server_run returns KVPS_ERR_PEER_LOST, logging the lost and the finished workers'
+   ranks (CLEAN FINISH; not with .keep_serving). A backup ends with its primary's job (REPLICAS).
    Checkpoints: .checkpoint_path with .checkpoint_every = N writes the shard every N rounds
    (and kvps_server_checkpoint on request): values, optimizer state, rounds, per-worker round
    counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
-   k > 0 it can wait for a lull). kvps_server_restore loads it into a fresh server before
+   k > 0 it can wait for a lull). A write that fails (a full disk: logged as an error) is tried
+   again at the next checkpoint, checkpoint_every rounds on, not every round. The temporary file
+   is PATH.tmp.PID; those a writer killed mid-write left (no process with that PID on this
+   machine) are removed at the next successful write and at start (kvps_server_create with that
+   checkpoint_path, kvps_server_restore from it); a live process's are not.
+   kvps_server_restore loads it into a fresh server before
    kvps_server_start; restart the server on the same endpoint and its workers carry on:
    requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
    REPLICAS. A shard may be a chain of r servers: its entry of the server list names them
@@ -421,6 +436,10 @@
    KVPS_REPLACEMENT=1, on a lost replica's endpoint: it waits for its snapshot, then holds the
    shard). A backup that goes away is dropped from the chain with a warning and the shard goes
    on; one of the first chain that has not connected within peer_timeout_ms is not waited for.
+   A backup ends with the job as its primary does (CLEAN FINISH, FAULTS: every worker finished
+   or lost), from the goodbyes and losses the primary sends it and its snapshot carries; a
+   primary that stops waits (up to 1 s) until its backups hold all it sent them. Replicas
+   leaving after the job has ended are no fault: nothing is logged above info.
    Failover: a worker whose shard's server has been unreachable for .failover_ms (1000) moves
    to the next replica, round the chain, and re-sends what was in flight there (exactly once, by
    the windows the backup holds). A backup takes over as primary when a worker's request comes
@@ -457,7 +476,11 @@
    replicated shards its moves are requests to each shard's primary, which forwards them as any
    other (test_replicas grows 2 -> 3 chains and kills the new shard's primary: sums exact).
    Finished is not lost: a worker that said goodbye (CLEAN FINISH) and then closed its
-   connection is not reported lost.
+   connection is not reported lost. Limit: a backup that takes over knows a worker is lost only
+   from its old primary (LOST) or from a connection of the worker's to it (READs, or requests
+   after the failover): a worker that died before its old primary said so and never reached
+   the new one is not found lost, and keeps that shard's job from ending (kvps-run stops such
+   a server --server-wait seconds after the last worker).
 
    12. SECURITY: CURVE, ONLY THE JOB TALKS TO THE JOB
    Make certificates with `make certs` (or kvps-keygen NAME: NAME.cert is public, NAME.cert_secret
@@ -560,6 +583,12 @@
         worker's first keyed call waits for the first hello's answer. Protocol release 4
         (HELLO): reshards planned by bytes, sparse tables' rows move; a worker and a server of
         different releases refuse each other at the hello, with both named.
+        A job that lost a worker ends (CLEAN FINISH, FAULTS): for existing programs, a server
+        whose workers have all finished or are lost (one lost) stops by itself and
+        kvps_server_run (and kvps_server_wait) returns KVPS_ERR_PEER_LOST where it served on
+        before (.keep_serving = 1 keeps that); a snapshot's session bytes carry each worker's
+        loss (bit 1 of its finished byte). Checkpoints: a failed write is tried again at the
+        next checkpoint, not every round; dead writers' PATH.tmp.PID files are removed.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -741,23 +770,29 @@ typedef struct kvps_server_desc {
     void *switch_user;
     int heartbeat_ms;        /* ZMTP heartbeats: 1000 (-1: none) */
     int peer_timeout_ms;     /* a worker silent or disconnected this long is lost: 5000 (at least
-                                2 x heartbeat_ms, else refused) */
-    const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write */
-    int checkpoint_every;    /* also write one every this many rounds (0: only on request) */
+                                2 x heartbeat_ms, else refused); under elastic, also how long a job
+                                whose workers have all finished or are lost waits for a lost one */
+    const char *checkpoint_path; /* where kvps_server_checkpoint (and checkpoint_every) write (via
+                                    PATH.tmp.PID; dead writers' are removed, FAULTS) */
+    int checkpoint_every;    /* also write one every this many rounds (0: only on request); a failed
+                                write is tried again this many rounds later */
     /* CURVE (see SECURITY): this server's secret key (Z85, 40 characters) turns encryption on;
        only workers whose public key is in curve_clients get in. Needs a ZeroMQ context of the
        server's own (zmq_ctx NULL): the context's authentication handler is this server's. */
     const char *curve_secret_key;
     const char *const *curve_clients;
     int num_curve_clients;
-    int elastic; /* 1: a lost worker leaves the aggregation (means over those left) and may join again */
+    int elastic; /* 1: a lost worker leaves the aggregation (means over those left) and may join again
+                    (once every worker has finished or is lost, for peer_timeout_ms more) */
     int64_t max_msg_bytes; /* largest frame ZeroMQ accepts (a bigger one drops that connection):
                               max_value_len floats + 64 MiB */
     int max_queued_replies; /* per worker: replies waiting to be read (10000); more are dropped */
     const char *io_cpus;    /* CPUs for the I/O thread(s) of the server's own context (CPU PINNING) */
     int keep_serving; /* 0: kvps_server_run returns KVPS_OK by itself once every one of num_workers
-                         workers has finished (kvps_worker_finish or destroy: CLEAN FINISH);
-                         1: serves until kvps_server_stop (a long-lived server) */
+                         workers has finished (kvps_worker_finish or destroy: CLEAN FINISH), and
+                         KVPS_ERR_PEER_LOST once every one has finished or is lost, one lost
+                         (FAULTS; elastic: peer_timeout_ms later); 1: serves until
+                         kvps_server_stop (a long-lived server) */
     int stall_ms;     /* the stall inspector: a pull or barrier waiting this long is logged (warn)
                          with the workers it waits for, again every stall_ms: 60000 (-1: off) */
     /* last, so that positional initialisers keep their meaning: */
@@ -960,12 +995,16 @@ KVPS_API kvps_result kvps_zmq_ctx_pin(void *zmq_ctx, const char *cpus);
 
 KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out);
 KVPS_API const char *kvps_server_endpoint(const kvps_server *s); /* resolved, e.g. port of '*' */
-KVPS_API kvps_result kvps_server_run(kvps_server *s);   /* serves until every worker has finished (CLEAN FINISH) or kvps_server_stop */
+/* Serves until every worker has finished (CLEAN FINISH: KVPS_OK), or has finished or is lost
+   (FAULTS: KVPS_ERR_PEER_LOST), or kvps_server_stop (KVPS_OK). */
+KVPS_API kvps_result kvps_server_run(kvps_server *s);
 KVPS_API kvps_result kvps_server_start(kvps_server *s); /* serves from a background thread */
 KVPS_API void kvps_server_stop(kvps_server *s);
 /* For a server serving from kvps_server_start: waits until it has stopped, by itself (every
-   worker finished) or by kvps_server_stop. KVPS_OK, or KVPS_ERR_TIMEOUT after timeout_ms
-   (-1: no limit; the server's own stall inspector says meanwhile what it waits for). */
+   worker finished, or finished or lost) or by kvps_server_stop, and returns what
+   kvps_server_run returned (KVPS_OK; KVPS_ERR_PEER_LOST: the job ended with workers lost), or
+   KVPS_ERR_TIMEOUT after timeout_ms (-1: no limit; the server's own stall inspector says
+   meanwhile what it waits for). */
 KVPS_API kvps_result kvps_server_wait(kvps_server *s, int timeout_ms);
 KVPS_API void kvps_server_stats_get(const kvps_server *s, kvps_server_stats *out);
 KVPS_API void kvps_server_destroy(kvps_server **s);
@@ -1326,6 +1365,8 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
 #include <unistd.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <signal.h>
 #include <time.h>
 #include <limits.h>
 #include <sched.h>
@@ -3784,7 +3825,10 @@ struct kvps_server {
     char (*bad_text)[200];
     uint8_t *heard;           /* per worker: has spoken at all */
     uint8_t *done;            /* per worker: finished (BYE) */
-    int ndone, finish;        /* finish: every worker finished, the serving loop ends */
+    int ndone, finish;        /* finish: the serving loop ends (1: every worker finished; 2: the job has
+                                 ended with workers lost, kvps__job_end) */
+    int64_t end_at;           /* every worker finished or lost, one lost: when the loop ends (ms; 0: not so) */
+    kvps_result run_result;   /* what kvps_server_run returned in the background thread (kvps_server_wait) */
     int ref_rank;             /* the worker whose hello set ref (-1: none yet): later ones must agree */
     unsigned char ref[KVPS__HELLO_BYTES];
     kvps__place place;        /* RESHARD: how this shard's keys were placed (count 0: never resharded) */
@@ -4645,9 +4689,9 @@ static void kvps__liveness_events(kvps_server *s) {
         for (int j = 0; s->member_fd && j < s->nrep; j++) /* a later connection with that number proves itself anew */
             if (s->member_fd[j] == fd) s->member_fd[j] = -2;
         if (s->primary_fd >= 0 && fd == s->primary_fd) {
-            s->primary_fd = -1;
-            kvps__log(KVPS_LOG_WARN, "server %d replica %d: the primary's connection closed; this backup takes over when a "
-                      "worker comes", s->desc.rank, s->desc.replica);
+            s->primary_fd = -1; /* (once the job has ended, the primary leaving is no fault: it ends with it) */
+            kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: the primary's connection "
+                      "closed; this backup takes over when a worker comes", s->desc.rank, s->desc.replica);
         }
         for (int r = 0; r < s->m; r++) {
             if (s->rank_fd[r] != fd) continue;
@@ -4686,6 +4730,56 @@ static int kvps__liveness_pending(const kvps_server *s) {
     for (int r = 0; r < s->m; r++)
         if (s->gone_since[r] && !s->lost[r]) return 1;
     return 0;
+}
+
+/* The job has ended with workers lost (FAULTS): every worker has finished or is lost, and one
+   is lost (all finished is CLEAN FINISH's). Until then a lost worker may come back and nothing
+   changes. */
+static int kvps__job_lost(const kvps_server *s) {
+    int lost = 0;
+    for (int r = 0; r < s->m; r++) {
+        if (!s->done[r] && !s->lost[r]) return 0;
+        lost |= s->lost[r];
+    }
+    return lost;
+}
+
+/* Serving loop: ends it (finish 2) once the job has ended with workers lost; under .elastic,
+   where a lost worker may join again, peer_timeout_ms after that, unless one has come back by
+   then. A backup does the same from what its primary sends (goodbyes, LOST). */
+static void kvps__job_end(kvps_server *s) {
+    if (s->desc.keep_serving || s->finish) return;
+    if (!kvps__job_lost(s)) { s->end_at = 0; return; } /* (a lost worker came back: the wait starts again) */
+    int64_t now = kvps__now_ms();
+    if (!s->end_at) {
+        s->end_at = now + (s->desc.elastic ? s->desc.peer_timeout_ms : 0);
+        if (s->desc.elastic)
+            kvps__log(KVPS_LOG_INFO, "server %d: every worker has finished or is lost; stopping in %d ms unless a lost one "
+                      "comes back", s->desc.rank, s->desc.peer_timeout_ms);
+    }
+    if (now >= s->end_at) s->finish = 2;
+}
+
+/* The workers r with flag[r] set, as "1, 3-5, 9" ("..." at the end when the rest does not fit);
+   "none" when there are none. */
+static const char *kvps__ranks_text(const kvps_server *s, const uint8_t *flag, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int r = 0; r < s->m; r++) {
+        if (!flag[r]) continue;
+        int e = r;
+        while (e + 1 < s->m && flag[e + 1]) e++;
+        int w = e > r ? snprintf(buf + used, n - used, "%s%d-%d", used ? ", " : "", r, e)
+                      : snprintf(buf + used, n - used, "%s%d", used ? ", " : "", r);
+        if (w < 0 || (size_t)w >= n - used) {
+            if (n > 4) snprintf(buf + (used + 4 < n ? used : n - 4), 4, "...");
+            return buf;
+        }
+        used += (size_t)w;
+        r = e;
+    }
+    if (!used) snprintf(buf, n, "none");
+    return buf;
 }
 
 // >>tables
@@ -6046,6 +6140,46 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
     *wp = w;
 }
 
+/* Removes the temporary files that writers of checkpoint `path` left when they died mid-write:
+   PATH.tmp.PID (what kvps__checkpoint_write names them), PID a number and no process with that
+   pid on this machine (kill(PID, 0) says ESRCH). Never another path's files, this process's, or
+   one of a live process (it may be writing it; a pid reused since keeps its file until it ends). */
+static void kvps__ckpt_sweep(int rank, const char *path) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t dlen = slash ? (size_t)(slash - path) : 0, blen = strlen(base);
+    char *dir = (char *)malloc(dlen + 2);
+    if (!dir || !*base) { free(dir); return; }
+    if (!slash) memcpy(dir, ".", 2);
+    else if (!dlen) memcpy(dir, "/", 2);
+    else { memcpy(dir, path, dlen); dir[dlen] = 0; }
+    DIR *d = opendir(dir);
+    unsigned n = 0;
+    unsigned long long bytes = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        const char *nm = e->d_name, *q = nm + blen + 5;
+        if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".tmp.", 5) != 0) continue;
+        long pid = 0;
+        while (*q >= '0' && *q <= '9' && pid < 100000000L) pid = pid * 10 + (*q++ - '0');
+        if (*q || q == nm + blen + 5 || pid <= 0 || pid >= 100000000L || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to tell) */
+        size_t flen = strlen(dir) + 1 + strlen(nm) + 1;
+        char *full = (char *)malloc(flen);
+        if (!full) break;
+        snprintf(full, flen, "%s/%s", dir, nm);
+        struct stat st;
+        if (lstat(full, &st) == 0 && S_ISREG(st.st_mode) && unlink(full) == 0) {
+            n++;
+            bytes += (unsigned long long)st.st_size;
+        }
+        free(full);
+    }
+    if (d) closedir(d);
+    free(dir);
+    if (n)
+        kvps__log(KVPS_LOG_INFO, "server %d: removed %u temporary checkpoint file%s of %s (%llu bytes) left by writers that "
+                  "died mid-write", rank, n, n == 1 ? "" : "s", path, bytes);
+}
+
 static kvps_result kvps__checkpoint_write(kvps_server *s) {
     const char *path = s->desc.checkpoint_path;
     if (!path || !*path) return KVPS_ERR_CONFIG;
@@ -6081,6 +6215,7 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
         if (fd >= 0) { fsync(fd); close(fd); }
         free(dir);
     }
+    kvps__ckpt_sweep(s->desc.rank, path); /* what writers killed mid-write left */
     s->ckpt_round = s->max_round;
     KVPS__STAT_ADD(s, checkpoints, 1);
     kvps__log(KVPS_LOG_INFO, "server %d: checkpoint of %u keys at round %llu in %s", s->desc.rank, s->nkeys,
@@ -6097,6 +6232,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
                 s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
     if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
     kvps_result r = kvps__checkpoint_write(s);
+    if (r != KVPS_OK) s->ckpt_round = s->max_round; /* (a full disk, say): tried again at the next checkpoint, not every round */
     pthread_mutex_lock(&s->ckpt_mu);
     if (asked != s->ckpt_done) {
         s->ckpt_result = r;
@@ -6297,6 +6433,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
 KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     if (!s || !path) return KVPS_ERR_INVALID_ARG;
     if (s->started || s->nkeys || s->tables) return KVPS_ERR_STATE;
+    kvps__ckpt_sweep(s->desc.rank, path);
     FILE *f = fopen(path, "rb");
     if (!f) {
         kvps__log(KVPS_LOG_ERROR, "server %d: restore: cannot open %s: %s", s->desc.rank, path, strerror(errno));
@@ -7149,12 +7286,13 @@ static void kvps__repl_event(kvps_server *s, int kind, uint32_t r) {
     zmq_msg_close(&f[0]);
 }
 
-/* The session state a snapshot carries after the checkpoint's bytes: per worker finished,
-   heard, incarnation accepted; the reference hello. */
+/* The session state a snapshot carries after the checkpoint's bytes: per worker finished (bit
+   0) and lost (bit 1, so that a backup that joins after a loss sees the job end too), heard,
+   incarnation accepted; the reference hello. */
 static size_t kvps__session_bytes(const kvps_server *s) { return (size_t)s->m * 6 + 4 + KVPS__HELLO_BYTES; }
 static void kvps__session_put(const kvps_server *s, unsigned char *p) {
     for (int r = 0; r < s->m; r++) {
-        p[0] = s->done[r];
+        p[0] = (unsigned char)(s->done[r] | s->lost[r] << 1);
         p[1] = s->heard[r];
         memcpy(p + 2, &s->live_inc[r], 4);
         p += 6;
@@ -7164,12 +7302,14 @@ static void kvps__session_put(const kvps_server *s, unsigned char *p) {
     memcpy(p + 4, s->ref, KVPS__HELLO_BYTES);
 }
 static void kvps__session_get(kvps_server *s, const unsigned char *p) {
-    s->ndone = 0;
+    s->ndone = s->nlost = 0;
     for (int r = 0; r < s->m; r++) {
-        s->done[r] = p[0] != 0;
+        s->done[r] = p[0] & 1;
+        s->lost[r] = (p[0] >> 1) & 1;
         s->heard[r] = p[1] != 0;
         memcpy(&s->live_inc[r], p + 2, 4);
         s->ndone += s->done[r];
+        if (!s->desc.elastic) s->nlost += s->lost[r];
         p += 6;
     }
     int32_t rr;
@@ -7274,9 +7414,10 @@ static void kvps__repl_links_poll(kvps_server *s) {
                 l->wait_for = 0;
                 int live = 1;
                 for (int k = 0; k < s->nrep; k++) live += k != s->desc.replica && s->links[k].state == KVPS__LINK_LIVE;
-                kvps__log(KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) is gone%s; shard %d goes on with %d of %d "
-                          "replicas", s->desc.rank, s->desc.replica, j, s->chain[j], was_live ? "" : " (it had not joined)",
-                          s->desc.rank, live, s->nrep);
+                /* once the job has ended a backup leaving is no fault: it ends with the job (CLEAN FINISH) */
+                kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: backup replica %d (%s) "
+                          "is gone%s; shard %d goes on with %d of %d replicas", s->desc.rank, s->desc.replica, j, s->chain[j],
+                          was_live ? "" : " (it had not joined)", s->desc.rank, live, s->nrep);
             }
         }
         if (l->wait_for && l->state == KVPS__LINK_DOWN && now - l->since >= s->desc.peer_timeout_ms) {
@@ -7497,11 +7638,12 @@ static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr) {
     return 1;
 }
 
-/* Primary, stopping: the replies still held go once the backups have what they depend on,
-   for at most timeout_ms. */
+/* Primary, stopping: the replies still held go once the backups have what they depend on, and
+   the backups acknowledge everything sent down the chain (the last goodbyes, LOST: so that they
+   see the job end too), for at most timeout_ms. */
 static void kvps__repl_drain(kvps_server *s, int timeout_ms) {
     int64_t end = kvps__now_ms() + timeout_ms;
-    while (s->nheld && kvps__now_ms() < end) {
+    while ((s->nheld || kvps__repl_floor(s) < s->fwd_seq) && kvps__now_ms() < end) {
         zmq_pollitem_t it[8];
         int n = 0;
         for (int j = 0; j < s->nrep && n < 8; j++)
@@ -7786,6 +7928,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (kvps__repl_setup(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "replicas");
     kvps__log(KVPS_LOG_INFO, "server %d: bound %s, %d workers, %s", desc->rank, s->endpoint, s->m,
               (const char *[]){"BSP", "async", "SSP", "adaptive"}[desc->consistency]);
+    if (desc->checkpoint_path && *desc->checkpoint_path) kvps__ckpt_sweep(desc->rank, desc->checkpoint_path);
     *out = s;
     return KVPS_OK;
 }
@@ -7821,6 +7964,10 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
            with a backup not yet joined looks at its links every 100 ms */
         long tmo = kvps__liveness_pending(s) ? 100 : s->desc.stall_ms > 0 ? 1000 : -1;
         if (s->role == KVPS__ROLE_PRIMARY && (tmo < 0 || tmo > 100)) tmo = 100;
+        if (s->end_at) { /* an elastic job that has ended: its wait for a lost worker to come back */
+            int64_t left = s->end_at - kvps__now_ms();
+            if (tmo < 0 || tmo > left) tmo = left < 0 ? 0 : (long)left;
+        }
         if (zmq_poll(items, nitems, tmo) < 0) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
@@ -7853,8 +8000,17 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
         if (kvps__liveness_pending(s)) kvps__liveness(s);
         kvps__checkpoint_maybe(s);
+        kvps__job_end(s);
         if (s->finish) {
-            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_drain(s, 1000); /* the last goodbyes' answers */
+            /* the last goodbyes' answers; the backups hold every goodbye and LOST sent, so they end too */
+            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_drain(s, 1000);
+            if (s->finish == 2) {
+                char lost[200], fin[200];
+                kvps__log(KVPS_LOG_WARN, "server %d: the job has ended with workers lost: lost %s, finished %s (of %d); "
+                          "stopping", s->desc.rank, kvps__ranks_text(s, s->lost, lost, sizeof lost),
+                          kvps__ranks_text(s, s->done, fin, sizeof fin), s->m);
+                return KVPS_ERR_PEER_LOST;
+            }
             kvps__log(KVPS_LOG_INFO, "server %d: all %d workers finished; stopping", s->desc.rank, s->m);
             return KVPS_OK; /* (closing the socket flushes the last acknowledgements: ZMQ_LINGER) */
         }
@@ -7870,8 +8026,9 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
 
 static void *kvps__server_thread(void *arg) {
     kvps_server *s = (kvps_server *)arg;
-    kvps_server_run(s);
+    kvps_result r = kvps_server_run(s);
     pthread_mutex_lock(&s->ckpt_mu);
+    s->run_result = r;
     s->stopped = 1;
     pthread_cond_broadcast(&s->ckpt_cv);
     pthread_mutex_unlock(&s->ckpt_mu);
@@ -7887,8 +8044,9 @@ KVPS_API kvps_result kvps_server_wait(kvps_server *s, int timeout_ms) {
     while (!s->stopped && rc == 0)
         rc = timeout_ms < 0 ? pthread_cond_wait(&s->ckpt_cv, &s->ckpt_mu) : pthread_cond_timedwait(&s->ckpt_cv, &s->ckpt_mu, &until);
     int stopped = s->stopped;
+    kvps_result r = s->run_result;
     pthread_mutex_unlock(&s->ckpt_mu);
-    return stopped ? KVPS_OK : KVPS_ERR_TIMEOUT;
+    return stopped ? r : KVPS_ERR_TIMEOUT;
 }
 
 KVPS_API kvps_result kvps_server_start(kvps_server *s) {

@@ -108,7 +108,8 @@ static inline void launch_catch_signals(void (*fn)(int)) {
 
 /* A server leaves by itself: kvps_server_run returns once every worker has finished
    (kvps_worker_finish, or kvps_worker_destroy), so a job under a launcher ends when its workers
-   do. What is left to watch for is a standalone parent that died without telling anyone. */
+   do (and with KVPS_ERR_PEER_LOST, exit code 1, once every worker has finished or is lost).
+   What is left to watch for is a standalone parent that died without telling anyone. */
 typedef struct launch_server_desc {
     const char *prog;        /* names the process in messages: "PROG: server RANK: ..." */
     kvps_server_desc server; /* what kvps_server_create gets */
@@ -182,7 +183,8 @@ static inline int launch_server(const launch_server_desc *d) {
     int watching = d->parent > 0 && pthread_create(&th, NULL, launch__watch_main, &w) == 0;
     if (d->kill_at_rounds > 0) {
         r = kvps_server_start(s);
-        while (r == KVPS_OK && kvps_server_wait(s, 1) == KVPS_ERR_TIMEOUT) { /* not stopped: look every ms */
+        kvps_result wr = KVPS_ERR_TIMEOUT;
+        while (r == KVPS_OK && (wr = kvps_server_wait(s, 1)) == KVPS_ERR_TIMEOUT) { /* not stopped: look every ms */
             kvps_server_stats st;
             kvps_server_stats_get(s, &st);
             if (st.rounds >= d->kill_at_rounds) {
@@ -193,6 +195,7 @@ static inline int launch_server(const launch_server_desc *d) {
                 raise(SIGKILL);
             }
         }
+        if (r == KVPS_OK) r = wr; /* what kvps_server_run returned */
     } else {
         r = kvps_server_run(s);
     }

@@ -41,7 +41,12 @@
                                  steps. Every pushpull's value is the oracle's
      test_forged_repl_refused    a stranger process sends every replica REPL of every kind
                                  (epoch 9), REPL hellos with another token and BYEs: all refused
-                                 (KVPS_ERR_AUTH), no failover, every sum exact */
+                                 (KVPS_ERR_AUTH), no failover, every sum exact
+     test_worker_lost_ends_chains  a worker vanishes (BSP, elastic, and BSP with the loss the job's
+                                 last event): every server process, backups too, ends by itself
+                                 with KVPS_ERR_PEER_LOST; elastic sums exact
+     test_clean_finish_quiet     the primary finds its backup gone at a clean finish (held until
+                                 the backup has ended): nothing logged at warning level */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -72,6 +77,7 @@ typedef struct job {
     char ep2[NREP][96], chain2[200], servers3[800]; /* the third shard that grow adds */
     pid_t pid2[NREP];
     int read_local;              /* the workers' .read_local */
+    int elastic;                 /* the servers' .elastic */
 } job;
 
 static void job_init(job *j, const char *name, kvps_consistency cons, kvps_update upd, int steps) {
@@ -92,14 +98,16 @@ static void job_init(job *j, const char *name, kvps_consistency cons, kvps_updat
 static kvps_server_desc job_desc(const job *j, int s, int r, int replacement) {
     kvps_server_desc d = {.endpoint = j->ep[s][r], .num_workers = NW, .rank = s, .consistency = j->cons,
                           .update = j->update, .lr = j->update == KVPS_UPDATE_SGD ? j->lr : 0.0f,
-                          .heartbeat_ms = 200, .peer_timeout_ms = 1000};
+                          .heartbeat_ms = 200, .peer_timeout_ms = 1000, .elastic = j->elastic};
     d.replicas = j->chain[s];
     d.replica = r;
     d.replacement = replacement;
     return d;
 }
 
-/* A server process; with report_synced, it writes one byte to the pipe once it holds the shard. */
+/* A server process; with report_synced, it writes one byte to the pipe once it holds the shard.
+   It exits 0 when it stopped with KVPS_OK, 5 with KVPS_ERR_PEER_LOST (the job ended with a
+   worker lost), 6 with another result. */
 static pid_t server_proc(const kvps_server_desc *d, int *synced_fd) {
     int p[2];
     if (pipe(p) != 0) return -1;
@@ -109,18 +117,24 @@ static pid_t server_proc(const kvps_server_desc *d, int *synced_fd) {
         close(p[0]);
         signal(SIGTERM, kt_proc_on_term);
         if (kvps_server_create(d, &kt_proc_srv) != KVPS_OK) _exit(2);
+        kvps_result r;
+        if (!synced_fd) { /* as a launcher's server process does: run, destroy at once, exit */
+            r = kvps_server_run(kt_proc_srv);
+            kvps_server_destroy(&kt_proc_srv);
+            _exit(r == KVPS_OK ? 0 : r == KVPS_ERR_PEER_LOST ? 5 : 6);
+        }
         if (kvps_server_start(kt_proc_srv) != KVPS_OK) _exit(3);
         int told = 0;
-        while (kvps_server_wait(kt_proc_srv, 5) != KVPS_OK) {
+        while ((r = kvps_server_wait(kt_proc_srv, 5)) == KVPS_ERR_TIMEOUT) {
             kvps_server_stats st;
             kvps_server_stats_get(kt_proc_srv, &st);
-            if (synced_fd && !told && st.replicas_live >= 1 && !st.primary) {
+            if (!told && st.replicas_live >= 1 && !st.primary) {
                 if (write(p[1], "s", 1) != 1) _exit(4);
                 told = 1;
             }
         }
         kvps_server_destroy(&kt_proc_srv);
-        _exit(0);
+        _exit(r == KVPS_OK ? 0 : r == KVPS_ERR_PEER_LOST ? 5 : 6);
     }
     close(p[1]);
     if (synced_fd) *synced_fd = p[0];
@@ -233,17 +247,19 @@ static void check_sums(const job *j, const char *what) {
         }
 }
 
-/* The server processes end by themselves (every worker finished); killed ones are reaped. */
-static void reap(job *j, const char *what) {
+/* The server processes end by themselves with exit code `code` (0: every worker finished; 5:
+   the job ended with a worker lost); killed ones are reaped. */
+static void reap_code(job *j, const char *what, int code) {
     for (int s = 0; s < NSH + 1; s++)
         for (int r = 0; r < NREP; r++) {
             pid_t pid = s < NSH ? j->pid[s][r] : j->pid2[r];
             if (pid <= 0) continue;
             int st = kt_wait_pid(pid, kt_now_ms() + 10000);
-            KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: server %d replica %d did not end by itself (%d)",
-                     what, s, r, st);
+            KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == code, "%s: server %d replica %d did not end by itself "
+                     "with exit code %d (status %d%s)", what, s, r, code, st, st == -1 ? ": still running, killed" : "");
         }
 }
+static void reap(job *j, const char *what) { reap_code(j, what, 0); }
 static void kill_server(job *j, int s, int r) {
     kill(j->pid[s][r], SIGKILL);
     waitpid(j->pid[s][r], NULL, 0);
@@ -1088,6 +1104,159 @@ static void test_wrong_shard_refused(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
 }
 
+/* A job that loses a worker ends, backups included: 2 shards x 2 replicas (processes), 4 worker
+   threads pushpulling NKEY raw keys with SUM; worker 3 vanishes (no goodbye) after step LW_K.
+   BSP (rounds down the chain): the others' next waits say worker 3 is lost and they finish.
+   Elastic (pushes down the chain): they go on without it to the end, every key's value exact
+   (steps 0..LW_K of four workers, the rest of three). And BSP where the others finish after
+   step LW_K too, before worker 3 is found lost: the loss is the job's last event. Each time all
+   four server processes, the backups too, end by themselves with KVPS_ERR_PEER_LOST (exit
+   code 5): the primaries from their own liveness, the backups from the LOST and goodbyes the
+   primaries sent them. */
+enum { LW_K = 3, LW_STEPS = 10 };
+typedef struct lwc { job *j; int rank, stop_after; kvps_result rc; int steps; char err[400]; float v[NKEY * 3]; } lwc;
+static void *lost_worker_main(void *arg) {
+    lwc *c = (lwc *)arg;
+    kvps_worker *w = NULL;
+    c->rc = job_worker(c->j, c->rank, 300, &w);
+    uint64_t keys[NKEY];
+    size_t lens[NKEY];
+    float g[NKEY * 3];
+    for (int i = 0; i < NKEY; i++) { keys[i] = 1000 + (uint64_t)i; lens[i] = 3; }
+    for (int i = 0; i < NKEY * 3; i++) g[i] = (float)(c->rank + 1 + i % 3);
+    for (int t = 0; t < LW_STEPS && c->rc == KVPS_OK; t++) {
+        kvps_req q;
+        c->rc = kvps_worker_pushpull(w, keys, g, c->v, lens, NKEY, &q);
+        if (c->rc == KVPS_OK) c->rc = kvps_worker_wait(w, q, -1);
+        if (c->rc == KVPS_OK) c->steps = t + 1;
+        if (c->rank == NW - 1 && t == LW_K) {
+            kt_worker_vanish(&w);
+            return NULL;
+        }
+        if (t == c->stop_after) break;
+    }
+    if (c->rc != KVPS_OK) snprintf(c->err, sizeof c->err, "%.399s", kvps_worker_last_error(w));
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+static void worker_lost_ends_chains(int elastic, int lost_last) {
+    const char *what = elastic ? "elastic" : lost_last ? "BSP, the loss last" : "BSP";
+    job_init(&J, elastic ? "lwe" : lost_last ? "lwl" : "lwb", KVPS_BSP, KVPS_UPDATE_SUM, LW_STEPS);
+    J.elastic = elastic;
+    job_start(&J);
+    pthread_t tw[NW];
+    lwc c[NW];
+    for (int r = 0; r < NW; r++) {
+        c[r] = (lwc){&J, r, lost_last ? LW_K : -1, KVPS_OK, 0, "", {0}};
+        pthread_create(&tw[r], NULL, lost_worker_main, &c[r]);
+    }
+    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
+    KT_CHECK(c[NW - 1].rc == KVPS_OK && c[NW - 1].steps == LW_K + 1, "%s: worker %d: %d steps, %s", what, NW - 1,
+             c[NW - 1].steps, kvps_result_str(c[NW - 1].rc));
+    for (int r = 0; r < NW - 1; r++) {
+        if (lost_last) {
+            KT_CHECK(c[r].rc == KVPS_OK && c[r].steps == LW_K + 1, "%s: worker %d: %s after %d steps: '%s'", what, r,
+                     kvps_result_str(c[r].rc), c[r].steps, c[r].err);
+            continue;
+        }
+        if (!elastic) {
+            KT_CHECK(c[r].rc == KVPS_ERR_PEER_LOST && c[r].steps == LW_K + 1 && strstr(c[r].err, "worker 3"),
+                     "BSP: worker %d: %s after %d steps, want KVPS_ERR_PEER_LOST naming worker 3 after %d: '%s'", r,
+                     kvps_result_str(c[r].rc), c[r].steps, LW_K + 1, c[r].err);
+            continue;
+        }
+        KT_CHECK(c[r].rc == KVPS_OK && c[r].steps == LW_STEPS, "elastic: worker %d: %s after %d steps: '%s'", r,
+                 kvps_result_str(c[r].rc), c[r].steps, c[r].err);
+        for (int i = 0; i < NKEY * 3; i++) {
+            float want = 0.0f;
+            for (int t = 0; t < LW_STEPS; t++)
+                for (int x = 0; x < (t <= LW_K ? NW : NW - 1); x++) want += (float)(x + 1 + i % 3);
+            KT_CHECK(c[r].v[i] == want, "elastic: worker %d key %d element %d = %.1f, want %.1f", r, i / 3, i % 3,
+                     (double)c[r].v[i], (double)want);
+            if (c[r].v[i] != want) break;
+        }
+    }
+    reap_code(&J, what, 5);
+}
+static void test_worker_lost_ends_chains(void) {
+    worker_lost_ends_chains(0, 0);
+    worker_lost_ends_chains(1, 0);
+    worker_lost_ends_chains(0, 1);
+}
+
+/* A clean finish of a replicated shard warns of nothing, whichever replica leaves first. One
+   shard of 2 replicas in this process, one worker. The primary is held (in the log callback)
+   right after it has sent the worker's goodbye down the chain, until the backup, which ends
+   with that goodbye, is destroyed: the primary then finds its backup gone at the very end, as
+   a busy primary does (a fault run saw untouched shards' primaries warn "backup replica 1 ...
+   is gone" at the clean finish). Nothing at warning level or above may be logged. */
+static pthread_mutex_t quiet_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t quiet_cv = PTHREAD_COND_INITIALIZER;
+static pthread_t quiet_primary;
+static int quiet_known, quiet_gone, quiet_held;
+static void quiet_log(void *u, kvps_log_level lv, const char *msg) {
+    if (lv <= KVPS_LOG_WARN) log_keep(u, lv, msg);
+    pthread_mutex_lock(&quiet_mu);
+    if (!quiet_known && strstr(msg, "server 0 replica 0: replica 1") && strstr(msg, "holds the shard now")) {
+        quiet_primary = pthread_self(); /* the primary's serving thread */
+        quiet_known = 1;
+    }
+    if (quiet_known && pthread_equal(quiet_primary, pthread_self()) && strstr(msg, "worker 0 finished (1 of 1)")) {
+        quiet_held = 1;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 20; /* a hang bound */
+        while (!quiet_gone && pthread_cond_timedwait(&quiet_cv, &quiet_mu, &until) == 0) {}
+    }
+    pthread_mutex_unlock(&quiet_mu);
+}
+static void test_clean_finish_quiet(void) {
+    job_init(&J, "quiet", KVPS_BSP, KVPS_UPDATE_SUM, 1);
+    loglen = 0;
+    logbuf[0] = 0;
+    quiet_known = quiet_gone = quiet_held = 0;
+    kvps_log_set_fn(quiet_log, NULL);
+    kvps_log_set_level(KVPS_LOG_INFO);
+    kvps_server *srv[2] = {NULL, NULL};
+    for (int r = 1; r >= 0; r--) {
+        kvps_server_desc d = job_desc(&J, 0, r, 0);
+        d.num_workers = 1;
+        KT_OK(kvps_server_create(&d, &srv[r]));
+        KT_OK(kvps_server_start(srv[r]));
+    }
+    kvps_server_stats st = {0};
+    for (int64_t end = kt_now_ms() + 20000; st.replicas_live < 2 && kt_now_ms() < end; kt_sleep_ms(5))
+        kvps_server_stats_get(srv[0], &st);
+    KT_CHECK(st.replicas_live == 2, "the backup never joined");
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = J.chain[0], .rank = 0, .num_workers = 1, .timeout_ms = 10000}, &w));
+    uint64_t key = 3;
+    float v = 2.0f;
+    size_t len = 1;
+    kvps_req q;
+    KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, 10000));
+    kvps_worker_finish(w, 0); /* the goodbye goes; its answer is not waited for (the primary is held) */
+    kvps_result r = kvps_server_wait(srv[1], 20000);
+    KT_CHECK(r == KVPS_OK, "the backup: %s", kvps_result_str(r));
+    kvps_server_destroy(&srv[1]);
+    pthread_mutex_lock(&quiet_mu);
+    int held = quiet_held;
+    quiet_gone = 1;
+    pthread_cond_broadcast(&quiet_cv);
+    pthread_mutex_unlock(&quiet_mu);
+    KT_CHECK(held, "the primary was not held at the goodbye (the test did not do what it says)");
+    r = kvps_server_wait(srv[0], 20000);
+    KT_CHECK(r == KVPS_OK, "the primary: %s", kvps_result_str(r));
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&srv[0]);
+    kvps_log_set_fn(NULL, NULL);
+    kvps_log_set_level(KVPS_LOG_NONE);
+    pthread_mutex_lock(&logmu);
+    KT_CHECK(loglen == 0, "a clean finish logged warnings:\n%s", logbuf);
+    pthread_mutex_unlock(&logmu);
+}
+
 /* kvps_env_read with chains: KVPS_REPLICA under kvps-run, and mpirun's mapping (the first n x r
    processes serve, process p being shard p % n, replica p / n); uneven chains refused. */
 static void env_clear(void) {
@@ -1239,6 +1408,8 @@ int main(void) {
     RUN(test_reply_waits_for_backup, 60);
     RUN(test_all_replicas_gone, 60);
     RUN(test_wrong_shard_refused, 60);
+    RUN(test_worker_lost_ends_chains, 120);
+    RUN(test_clean_finish_quiet, 60);
     RUN(test_env_replicas, 30);
     RUN(test_forged_repl_refused, 120);
     return kt_finish();

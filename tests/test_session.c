@@ -2,11 +2,15 @@
    all have), a misconfiguration is refused at first contact with both values named, a stall
    names the workers it waits for (in the server's log and in the worker's error), and a
    server that was never reached is told apart from one that was lost, and a server that starts
-   after its worker's last request still hears the worker's goodbye. Launchers with real
-   processes: tests/launch_check.sh. */
+   after its worker's last request still hears the worker's goodbye. A job that lost a worker
+   ends too (issue 27): once every worker has finished or is lost (elastic: peer_timeout_ms
+   later) the servers return KVPS_ERR_PEER_LOST naming the lost, with threads and with real
+   processes (a worker SIGKILLed), BSP and elastic; a lost worker that comes back first changes
+   nothing; .keep_serving serves on. Launchers with real processes: tests/launch_check.sh. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
+#include <poll.h>
 
 /* ---- the log, captured ---------------------------------------------------------------------- */
 static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -348,6 +352,265 @@ static void test_late_server_hears_goodbye(void) {
     for (int i = 0; i < 2; i++) kvps_server_destroy(&s[i]);
 }
 
+/* ---- a job that lost a worker ends too ------------------------------------------------------ */
+
+/* Polls the server's stats until it has declared n workers lost (at most 10 s: a hang bound). */
+static int lost_reached(kvps_server *s, uint64_t n) {
+    for (int64_t end = kt_now_ms() + 10000; kt_now_ms() < end; kt_sleep_ms(5)) {
+        kvps_server_stats st;
+        kvps_server_stats_get(s, &st);
+        if (st.peers_lost >= n) return 1;
+    }
+    return 0;
+}
+
+/* BSP (not elastic), 3 workers. Worker 2 vanishes (no goodbye, as when its process is killed).
+   While another worker is still at work nothing changes: worker 0 finishes, worker 1 goes on,
+   the server serves on, worker 2 comes back (a restart) and everyone finishes: KVPS_OK, the
+   clean finish. Then a second job: worker 2 vanishes again, the others' waits say it is lost,
+   they finish, and the server stops by itself with KVPS_ERR_PEER_LOST, its log naming worker 2
+   lost and workers 0 and 1 finished. */
+static void test_lost_worker_ends_job(void) {
+    log_start();
+    kvps_server *s = server_up(3, 0, 0, 0);
+    if (!s) { log_stop(); return; }
+    const char *ep = kvps_server_endpoint(s);
+    kvps_worker *w[3];
+    for (int r = 0; r < 3; r++) w[r] = worker_up(ep, r, 3);
+    one_round(w, 3, 0);
+    kt_worker_vanish(&w[2]);
+    KT_CHECK(lost_reached(s, 1), "worker 2 was never declared lost");
+    KT_OK(kvps_worker_finish(w[0], -1)); /* finished 0 (acknowledged), lost 2, worker 1 still at work */
+    kvps_worker_destroy(&w[0]);
+    KT_CHECK(kvps_server_wait(s, 700) == KVPS_ERR_TIMEOUT, "the server stopped with worker 1 still at work");
+    w[2] = worker_up(ep, 2, 3); /* back: a barrier of 1 and 2 (worker 0 has finished: refused, naming it) */
+    kvps_req b;
+    KT_OK(kvps_worker_barrier(w[2], &b));
+    kvps_result r = kvps_worker_wait(w[2], b, 5000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST && strstr(kvps_worker_last_error(w[2]), "worker 0 has finished"),
+             "the returning worker's barrier: %s '%s'", kvps_result_str(r), kvps_worker_last_error(w[2]));
+    kvps_worker_destroy(&w[1]);
+    kvps_worker_destroy(&w[2]);
+    r = kvps_server_wait(s, 10000);
+    KT_CHECK(r == KVPS_OK, "a job whose lost worker came back: %s, want a clean finish", kvps_result_str(r));
+    kvps_server_destroy(&s);
+
+    /* the job ends with worker 2 lost */
+    log_start();
+    s = server_up(3, 0, 0, 0);
+    if (!s) { log_stop(); return; }
+    ep = kvps_server_endpoint(s);
+    for (int k = 0; k < 3; k++) w[k] = worker_up(ep, k, 3);
+    one_round(w, 3, 0);
+    kt_worker_vanish(&w[2]);
+    float g[16] = {0}, v[16];
+    kvps_tensor t;
+    kvps_req q;
+    for (int k = 0; k < 2; k++) {
+        KT_OK(kvps_worker_tensor(w[k], "next", 16, &t));
+        KT_OK(kvps_worker_pushpull_tensor(w[k], t, g, v, &q));
+        r = kvps_worker_wait(w[k], q, 10000);
+        const char *e = kvps_worker_last_error(w[k]);
+        KT_CHECK(r == KVPS_ERR_PEER_LOST && (strstr(e, "worker 2 lost") || strstr(e, "lost (worker 2")), "worker %d: %s '%s'",
+                 k, kvps_result_str(r), e);
+    }
+    KT_CHECK(kvps_server_wait(s, 100) == KVPS_ERR_TIMEOUT, "the server stopped with workers 0 and 1 still at work");
+    kvps_worker_destroy(&w[0]);
+    kvps_worker_destroy(&w[1]);
+    r = kvps_server_wait(s, 10000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "the job ended with worker 2 lost: kvps_server_wait says %s", kvps_result_str(r));
+    KT_CHECK(log_has("server 0: the job has ended with workers lost: lost 2, finished 0-1 (of 3); stopping"),
+             "the server's log does not name the lost worker:\n%s", g_log);
+    kvps_server_destroy(&s);
+    log_stop();
+}
+
+/* Elastic: worker 2 of 3 vanishes; the rounds go on as the mean of workers 0 and 1 (checked
+   against float arithmetic); they finish, and the server, having waited peer_timeout_ms for
+   worker 2 to come back, stops by itself with KVPS_ERR_PEER_LOST. */
+static void test_lost_worker_ends_elastic_job(void) {
+    log_start();
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 3, .update = KVPS_UPDATE_MEAN,
+                                                  .heartbeat_ms = 100, .peer_timeout_ms = 400, .elastic = 1},
+                             &s));
+    if (!s) { log_stop(); return; }
+    KT_OK(kvps_server_start(s));
+    kvps_worker *w[3];
+    kvps_tensor t[3];
+    float g[3][16], v[16];
+    kvps_req q[3];
+    for (int r = 0; r < 3; r++) {
+        w[r] = worker_up(kvps_server_endpoint(s), r, 3);
+        for (int i = 0; i < 16; i++) g[r][i] = (float)(r + 1) * 0.25f + (float)i;
+        KT_OK(kvps_worker_tensor(w[r], "w", 16, &t[r]));
+        KT_OK(kvps_worker_push_tensor(w[r], t[r], g[r], &q[r]));
+    }
+    for (int r = 0; r < 3; r++) KT_OK(kvps_worker_wait(w[r], q[r], 5000));
+    kt_worker_vanish(&w[2]);
+    for (int step = 0; step < 3; step++) {
+        for (int r = 0; r < 2; r++) KT_OK(kvps_worker_pushpull_tensor(w[r], t[r], g[r], v, &q[r]));
+        for (int r = 0; r < 2; r++) {
+            KT_OK(kvps_worker_wait(w[r], q[r], 10000));
+            for (int i = 0; i < 16; i++) {
+                float want = (g[0][i] + g[1][i]) / 2.0f;
+                KT_CHECK(v[i] == want, "step %d worker %d element %d: %g, want the mean of two, %g", step, r, i, (double)v[i],
+                         (double)want);
+                if (v[i] != want) break;
+            }
+        }
+    }
+    kvps_worker_destroy(&w[0]);
+    kvps_worker_destroy(&w[1]);
+    kvps_result r = kvps_server_wait(s, 10000);
+    KT_CHECK(r == KVPS_ERR_PEER_LOST, "the elastic job ended with worker 2 lost: kvps_server_wait says %s", kvps_result_str(r));
+    KT_CHECK(log_has("server 0: the job has ended with workers lost: lost 2, finished 0-1 (of 3); stopping"),
+             "the server's log does not name the lost worker:\n%s", g_log);
+    kvps_server_destroy(&s);
+    log_stop();
+}
+
+/* .keep_serving: a job that lost a worker leaves the server serving: after worker 1 is lost and
+   worker 0 has finished, a new worker 0 pulls the weights (the first job's sum, 1 + 2) and
+   finishes, and the server still serves. */
+static void test_lost_worker_keep_serving(void) {
+    kvps_server *s = server_up(2, 0, 0, 1);
+    if (!s) return;
+    kvps_worker *w[2] = {worker_up(kvps_server_endpoint(s), 0, 2), worker_up(kvps_server_endpoint(s), 1, 2)};
+    one_round(w, 2, 0);
+    kt_worker_vanish(&w[1]);
+    KT_CHECK(lost_reached(s, 1), "worker 1 was never declared lost");
+    KT_OK(kvps_worker_finish(w[0], -1));
+    kvps_worker_destroy(&w[0]);
+    KT_CHECK(kvps_server_wait(s, 700) == KVPS_ERR_TIMEOUT, "a keep_serving server stopped after a job that lost a worker");
+    w[0] = worker_up(kvps_server_endpoint(s), 0, 2);
+    float v[16] = {0};
+    kvps_tensor t;
+    kvps_req q;
+    KT_OK(kvps_worker_tensor(w[0], "w", 16, &t));
+    KT_OK(kvps_worker_pull_tensor(w[0], t, v, &q));
+    KT_OK(kvps_worker_wait(w[0], q, 5000));
+    KT_CHECK(v[0] == 3.0f && v[15] == 3.0f, "pulled %g, want 3", (double)v[0]);
+    kvps_worker_destroy(&w[0]);
+    KT_CHECK(kvps_server_wait(s, 300) == KVPS_ERR_TIMEOUT, "a keep_serving server stopped by itself");
+    kvps_server_destroy(&s);
+}
+
+/* Real processes: 2 server processes and 3 worker processes (ipc), BSP and elastic; worker 2's
+   process is SIGKILLed after round 2. BSP: the others' waits say worker 2 is lost, they finish
+   and exit 0. Elastic: rounds 3-7 are the mean of workers 0 and 1 (checked), they finish and
+   exit 0. Either way both server processes end by themselves within the hang bound, their
+   kvps_server_run having returned KVPS_ERR_PEER_LOST (exit code 5) and logged the loss. */
+enum { LP_STEPS = 8, LP_DIE_AFTER = 2, LP_LEN = 64 };
+static int lp_server(const char *ep, int rank, int elastic, int logfd) {
+    kvps_server *s = NULL;
+    kvps_log_set_fn(NULL, NULL);
+    kvps_log_set_level(KVPS_LOG_WARN);
+    if (dup2(logfd, 2) < 0) return 9; /* warnings go to the parent through the pipe */
+    if (kvps_server_create(&(kvps_server_desc){.endpoint = ep, .rank = rank, .num_workers = 3, .update = KVPS_UPDATE_MEAN,
+                                               .heartbeat_ms = 100, .peer_timeout_ms = 1000, .elastic = elastic},
+                           &s) != KVPS_OK)
+        return 8;
+    kvps_result r = kvps_server_run(s);
+    kvps_server_destroy(&s);
+    return r == KVPS_OK ? 0 : r == KVPS_ERR_PEER_LOST ? 5 : 7;
+}
+static int lp_worker(const char *servers, int rank, int elastic, int diefd) {
+    kvps_log_set_level(KVPS_LOG_NONE);
+    kvps_worker *w = NULL;
+    if (kvps_worker_create(&(kvps_worker_desc){.servers = servers, .rank = rank, .num_workers = 3, .timeout_ms = 20000,
+                                               .min_slice = 16, .heartbeat_ms = 100, .peer_timeout_ms = 1000},
+                           &w) != KVPS_OK)
+        return 10;
+    kvps_tensor t;
+    float g[LP_LEN], v[LP_LEN];
+    kvps_req q;
+    int rc = kvps_worker_tensor(w, "w", LP_LEN, &t) == KVPS_OK ? 0 : 11;
+    for (int step = 0; step < LP_STEPS && !rc; step++) {
+        for (int i = 0; i < LP_LEN; i++) g[i] = (float)((rank + 1) * (step + 1)) + (float)i;
+        kvps_result r = kvps_worker_pushpull_tensor(w, t, g, v, &q);
+        if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
+        if (r == KVPS_ERR_PEER_LOST && !elastic && step == LP_DIE_AFTER + 1) {
+            if (!strstr(kvps_worker_last_error(w), "worker 2 lost")) {
+                printf("  worker %d: '%s' does not name worker 2\n", rank, kvps_worker_last_error(w));
+                rc = 12;
+            }
+            break; /* the job cannot go on: it finishes */
+        }
+        if (r != KVPS_OK) {
+            printf("  worker %d step %d: %s '%s'\n", rank, step, kvps_result_str(r), kvps_worker_last_error(w));
+            rc = 13;
+            break;
+        }
+        int n = step <= LP_DIE_AFTER ? 3 : 2; /* the mean of those who pushed */
+        for (int i = 0; i < LP_LEN && !rc; i++) {
+            float sum = 0.0f;
+            for (int k = 0; k < n; k++) sum += (float)((k + 1) * (step + 1)) + (float)i;
+            if (v[i] != sum / (float)n) {
+                printf("  worker %d step %d element %d: %g, want %g\n", rank, step, i, (double)v[i], (double)(sum / (float)n));
+                rc = 14;
+            }
+        }
+        if (rank == 2 && step == LP_DIE_AFTER) { /* asks to be killed, and waits for it */
+            if (write(diefd, "x", 1) != 1) _exit(15);
+            for (;;) pause();
+        }
+    }
+    fflush(stdout);
+    kvps_worker_destroy(&w);
+    return rc;
+}
+static void lost_worker_processes(int elastic) {
+    char ep[2][96], servers[200];
+    for (int i = 0; i < 2; i++) snprintf(ep[i], sizeof ep[i], "ipc://@kvps-session-lp-%d-%d-%d", (int)getpid(), elastic, i);
+    snprintf(servers, sizeof servers, "%s,%s", ep[0], ep[1]);
+    int logp[2][2], die[2];
+    pid_t spid[2], wpid[3];
+    if (pipe(die) != 0) return;
+    fflush(stdout);
+    for (int i = 0; i < 2; i++) {
+        if (pipe(logp[i]) != 0) return;
+        spid[i] = fork();
+        if (spid[i] == 0) { close(logp[i][0]); _exit(lp_server(ep[i], i, elastic, logp[i][1])); }
+        close(logp[i][1]);
+    }
+    for (int r = 0; r < 3; r++) {
+        wpid[r] = fork();
+        if (wpid[r] == 0) _exit(lp_worker(servers, r, elastic, die[1]));
+    }
+    close(die[1]);
+    char c;
+    struct pollfd pf = {die[0], POLLIN, 0};
+    int asked = poll(&pf, 1, 30000) == 1 && read(die[0], &c, 1) == 1;
+    close(die[0]);
+    KT_CHECK(asked, "%s: worker 2 never reached round %d", elastic ? "elastic" : "BSP", LP_DIE_AFTER);
+    kill(wpid[2], SIGKILL);
+    int64_t deadline = kt_now_ms() + 60000; /* a hang bound */
+    for (int r = 0; r < 3; r++) {
+        int st = kt_wait_pid(wpid[r], deadline);
+        if (r < 2)
+            KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: worker %d: status %d", elastic ? "elastic" : "BSP", r, st);
+    }
+    for (int i = 0; i < 2; i++) {
+        int st = kt_wait_pid(spid[i], deadline);
+        KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 5, "%s: server %d did not end by itself with "
+                 "KVPS_ERR_PEER_LOST (status %d: %s)", elastic ? "elastic" : "BSP", i, st,
+                 st == -1 ? "still running: killed" : st >= 0 && WIFEXITED(st) ? "exit code" : "signalled");
+        char log[8192];
+        ssize_t n = 0, got;
+        while (n < (ssize_t)sizeof log - 1 && (got = read(logp[i][0], log + n, sizeof log - 1 - (size_t)n)) > 0) n += got;
+        log[n < 0 ? 0 : n] = 0;
+        close(logp[i][0]);
+        char want[160];
+        snprintf(want, sizeof want, "server %d: the job has ended with workers lost: lost 2, finished 0-1 (of 3); stopping", i);
+        KT_CHECK(strstr(log, want), "%s: server %d's log does not say '%s':\n%s", elastic ? "elastic" : "BSP", i, want, log);
+    }
+}
+static void test_lost_worker_processes(void) {
+    lost_worker_processes(0);
+    lost_worker_processes(1);
+}
+
 int main(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
     KT_RUN(test_clean_finish);
@@ -356,5 +619,9 @@ int main(void) {
     KT_RUN(test_stall_named);
     KT_RUN(test_never_connected);
     KT_RUN(test_late_server_hears_goodbye, 60);
+    KT_RUN(test_lost_worker_ends_job, 60);
+    KT_RUN(test_lost_worker_ends_elastic_job, 60);
+    KT_RUN(test_lost_worker_keep_serving, 60);
+    KT_RUN(test_lost_worker_processes, 150);
     return kt_finish();
 }
