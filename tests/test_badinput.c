@@ -909,8 +909,9 @@ static void test_raw_tcp(void) {
 /* ONLY THE JOB TALKS TO THE JOB (kvps.h, SECURITY), over tcp: with the door shut, messages from
    connections that never said hello are refused (KVPS_ERR_AUTH) and change nothing: a valid push
    to a raw key, BYE for every rank (which would stop the servers), DROP and PLACE (reshard), a
-   barrier, REPL of every kind claiming a later epoch, the same from a socket that forges worker
-   0's routing id with another incarnation, and a hello with a job token the servers do not have.
+   barrier, REPL of several kinds claiming a later epoch, then every op but HELLO with and without
+   a values frame; the same from a socket that forges worker 0's routing id with another
+   incarnation; and a hello with a job token the servers do not have.
    test_nothing_changed then finds every value and the servers serving. */
 static void test_strangers_refused(void) {
     for (int s = 0; s < 2; s++) __atomic_store_n(&F.c.srv[s]->gate, 0, __ATOMIC_RELAXED);
@@ -959,6 +960,36 @@ static void test_strangers_refused(void) {
                 KT_CHECK(st == KVPS_ERR_AUTH, "%s%s to server %d: status %d (%s), want KVPS_ERR_AUTH", cs[i].what,
                          forged ? " (forged routing id)" : "", s, st, bi_str(st));
                 sent[s]++;
+            }
+            /* every other op, header only and with a values frame */
+            for (int op = KVPS__OP_PUSH; op < KVPS__OP_COUNT; op++) {
+                if (op == KVPS__OP_HELLO) continue;
+                for (int withv = 0; withv < 2; withv++) {
+                    kvps__hdr h = KT_HDR(.op = (uint8_t)op, .rank = 1, .nkeys = op == KVPS__OP_REPL ? 9 : 0, .aux = 1,
+                                         .req_id = 100 + (uint64_t)op, .status = (int32_t)inc);
+                    int32_t st;
+                    if (withv) st = kt_raw_status(d, &h, sizeof h, vals, 8, BI_REPLY_MS);
+                    else {
+                        zmq_send(d, &h, sizeof h, 0);
+                        kvps__hdr rh;
+                        memset(&rh, 0, sizeof rh);
+                        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+                        if (zmq_poll(&it, 1, BI_REPLY_MS) == 1) zmq_recv(d, &rh, sizeof rh, 0);
+                        int more = 0;
+                        size_t ml = sizeof more;
+                        char text[600];
+                        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+                        while (more) {
+                            zmq_recv(d, text, sizeof text, 0);
+                            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+                        }
+                        st = rh.status;
+                    }
+                    KT_CHECK(st == KVPS_ERR_AUTH, "op %d (%s)%s%s to server %d: status %d (%s), want KVPS_ERR_AUTH", op,
+                             kvps__ops[op].name, withv ? " with values" : "", forged ? ", forged routing id" : "", s, st,
+                             bi_str(st));
+                    sent[s]++;
+                }
             }
             /* a hello carrying a job token these servers do not have */
             unsigned char v[KVPS__HELLO_BYTES] = {0};
