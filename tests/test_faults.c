@@ -927,7 +927,8 @@ static void test_unread_replies_bounded(void) {
         if (st.strangers - strangers0 >= NPULL) break;
         usleep(10000);
     }
-    KT_CHECK(st.strangers - strangers0 == NPULL, "%llu of %d strangers' pulls refused",
+    /* (>=: on a slow run the first client's last pulls may still be queued when the door shuts) */
+    KT_CHECK(st.strangers - strangers0 >= NPULL, "%llu of %d strangers' pulls refused",
              (unsigned long long)(st.strangers - strangers0), NPULL);
     KT_CHECK(st.replies_dropped > dropped0, "no refusal dropped: the stranger's queue is unbounded");
     KT_OK(kvps_worker_pull_tensor(w, t, v, &q));
