@@ -9918,6 +9918,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
         if (!q) { r = KVPS_ERR_NOMEM; break; }
         for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
             kvps__hdr h = kvps__req_hdr(w, q, KVPS__OP_CONFIG, 1);
+            h.status = (int32_t)w->incarnation; /* exactly once, and kept to be re-sent (FAULTS) */
             kvps__kent e = {t->keys[i], t->slen[i]};
             zmq_msg_t f2[2];
             unsigned char meta[KVPS__HDR + KVPS__KENT];
@@ -9925,10 +9926,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
             memcpy(meta + KVPS__HDR, &e, sizeof e);
             if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
             if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
-            if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
-            q->pending++;
-            q->sent++;
-            q->state[t->server[i]] = 1;
+            r = kvps__keep_send(w, q, t->server[i], KVPS__OP_CONFIG, f2, 2);
         }
         r = kvps__chain_link(w, &head, &last, q, r);
     }
@@ -9974,6 +9972,7 @@ static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
 static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
                                     const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
     kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
+    h.status = (int32_t)w->incarnation; /* exactly once, and kept to be re-sent (FAULTS) */
     zmq_msg_t f[2];
     if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0)
         return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u rows", kvps__ops[op].name, srv, nrows);
@@ -9992,12 +9991,7 @@ static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int o
         }
         nf = 2;
     }
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0)
-        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d: send failed: %s", kvps__ops[op].name, srv, zmq_strerror(zmq_errno()));
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
+    return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
 KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
