@@ -278,6 +278,7 @@ static void test_every_rule_checkpoints(void) {
         KT_CHECK(memcmp(a, b, NROWS * DIM * sizeof(float)) == 0, "rule %d: the restored table diverged", rule);
         for (int i = 0; i < 2; i++) { kvps_worker_destroy(&w[i]); kvps_server_destroy(&s[i]); }
     }
+    unlink(path); /* (left behind, it kept the temporary folder from going) */
 }
 
 /* A server with momentum and Adam keys after a few rounds, checkpointed, then restored into a
