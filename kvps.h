@@ -198,10 +198,12 @@
        5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
                            key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
                            8 PULL_ROWS, 9 TABLE (see below), 10 HELLO (values: u32 protocol
-                           7, u32 num_workers, u32 servers in the list, u32 this server's
+                           8, u32 num_workers, u32 servers in the list, u32 this server's
                            place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
                            placement's hash, 0 before any reshard, u64 the job token's
-                           digest, 0: none; answered with the server's
+                           digest, 0: none, u32 again (1: said again after a reconnect),
+                           u32 the last checkpoint stamp the worker heard from this server,
+                           0: none (FAULTS, checkpoints); answered with the server's
                            placement when the worker's is 0 and the server has one), 11 BYE,
                            12 STATUS (req_id: the request asked about; answered with text),
                            13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
@@ -233,7 +235,8 @@
                            per worker (what the server de-duplicates re-sends by)
        24     4    status  replies: a kvps_result (0 or negative); requests: the worker's
                            incarnation (random, nonzero; 0 = a raw client, not de-duplicated)
-       28     4    aux     CODED_REPLY: codec id; otherwise ignored
+       28     4    aux     CODED_REPLY: codec id; otherwise ignored. Replies that succeeded: the
+                           server's checkpoint stamp, 0 when it writes none (FAULTS, checkpoints)
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
    Anything else gets an error reply and changes nothing: a message is checked whole before
    any stored value is touched. A worker call that spans several servers sends one message to
@@ -407,8 +410,44 @@
    machine) are removed at the next successful write and at start (kvps_server_create with that
    checkpoint_path, kvps_server_restore from it); a live process's are not.
    kvps_server_restore loads it into a fresh server before
-   kvps_server_start; restart the server on the same endpoint and its workers carry on:
-   requests in flight are re-sent, and at most the rounds since the checkpoint are lost.
+   kvps_server_start; restart the server on the same endpoint and its workers carry on, and
+   lose nothing. Before its first checkpoint a server has nothing to restore from:
+   kvps_server_checkpoint(s, 0) before kvps_server_start writes the empty shard.
+   A RESTORE KEEPS ROUNDS ALIGNED. A checkpoint lacks what its server applied after it, and the
+   workers had been answered for some of that, each for a different amount (one worker's push of
+   step t + 1 is answered while another's of step t is still on its way): a restored shard that
+   took only the re-sent requests summed one worker's step t with another's t + 1, and the job
+   ended in KVPS_ERR_PEER_LOST (issue 27). So the workers send that again. Every reply that
+   succeeds carries the server's checkpoint stamp (1 + the checkpoints it has written, counted
+   on across restores; 0 from a server without checkpoint_path): a request answered with stamp
+   g was applied before checkpoint g was written, so that checkpoint and every later one hold
+   it. A worker keeps each request that changed a checkpointing server's state (push, pushpull
+   as the push it carried, init, config, push_rows, table, barrier) from its answer until that
+   server answers with a higher stamp: about checkpoint_every rounds of what it pushed there
+   (references to the frames it sent; a zero-copy push is copied when answered). When a
+   server's connection comes back, a worker whose hello it had accepted says hello again
+   (naming the last stamp it heard) and sends behind it, in the order it first sent them, what
+   it keeps for that server and every request still waiting for it. A restored server serves
+   each worker only from that hello on: what arrives before it (sent or queued before the
+   worker saw the connection come back) is dropped unanswered and comes again behind the
+   hello; the re-send windows drop what the checkpoint holds. THE GUARANTEE: a server restored
+   from its newest checkpoint applies every request its workers were answered for or still
+   wait for, each exactly once and each worker's in the order it made them. Under BSP (and
+   SSP) every round's sum after a restore holds exactly one push from every worker, the one of
+   that round's step, so the values are the bits a run without the fault computes, and shards
+   that checkpoint at different rounds need nothing from each other; under async each push is
+   applied once. The application is told nothing and rolls nothing back: its waits ride out the
+   restart (KVPS_ERR_PEER_LOST while the server is down: wait again). A hello naming a stamp
+   the server has not reached (it was restored from an older checkpoint, or restarted without
+   one) is refused, and every later wait of that worker returns KVPS_ERR_CHECKPOINT saying so:
+   what was applied after that checkpoint is lost and the rounds would not align. Limits: the
+   workers must outlive the restore (a worker process that dies takes what it kept along); at
+   most 65536 requests of a worker between two checkpoints of a server (the re-send window);
+   a worker that had finished is not sent again (nor its goodbye: the restored server waits
+   for it); a reshard's moves are not sent again (checkpoint every server after a reshard); a
+   server whose shard is never quiet writes no checkpoint, and its workers keep everything.
+   tests/test_faults.c test_restore_keeps_rounds: servers SIGKILLed at random points and
+   restarted from their checkpoints, every round of every worker checked.
    REPLICAS. A shard may be a chain of r servers: its entry of the server list names them
    joined by '|' ("tcp://a:5555|tcp://b:5555,tcp://c:5556|tcp://d:5556" is 2 shards x 2
    replicas; workers take the list as it is). Each server of a chain is created with .endpoint
@@ -499,7 +538,10 @@
    connection on which a replica of the same chain proved itself with a REPL hello. Everything
    else (a stranger's push, BYE, DROP, PLACE, a forged epoch) is answered KVPS_ERR_AUTH, changes
    nothing, is counted (stats.strangers) and logged once per connection with its address. A
-   server restored from a checkpoint admits the workers its re-send windows record.
+   server restored from a checkpoint admits the workers its re-send windows record, and serves
+   each worker only once it has said hello again on its new connection (FAULTS, checkpoints):
+   what it sends before is dropped, unanswered. A worker that says hello again to a server that
+   does not know it (restarted without its checkpoint) is refused (KVPS_ERR_AUTH).
    JOB TOKEN: a secret shared by the job's processes (.job_token, else $KVPS_JOB_TOKEN; kvps-run
    makes a fresh one per job, or passes on the one in its environment; under mpirun or srun set
    it yourself, e.g. mpirun -x KVPS_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')).
@@ -589,6 +631,14 @@
         before (.keep_serving = 1 keeps that); a snapshot's session bytes carry each worker's
         loss (bit 1 of its finished byte). Checkpoints: a failed write is tried again at the
         next checkpoint, not every round; dead writers' PATH.tmp.PID files are removed.
+        A restore keeps BSP rounds aligned (FAULTS, checkpoints; issue 27): replies that
+        succeed carry the server's checkpoint stamp in aux; a worker keeps what a server's
+        checkpoints may lack and sends it again, in order, behind a second hello (HELLO of 64
+        bytes: again, the stamp heard); a restored server serves a worker from that hello on,
+        and refuses one that heard of a newer checkpoint than it holds (KVPS_ERR_CHECKPOINT);
+        checkpoint version 4 records the server's checkpoint count (versions 3, 2, 1 still
+        read); tensor_optim's CONFIG and the table ops carry the worker's incarnation, so they
+        too are applied once and sent again after a reconnect. Protocol release 8.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
@@ -3159,9 +3209,10 @@ enum {
     KVPS__OP_READ = 24,   /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the
                              push's sequence; kvps__serve_read) */
     KVPS__OP_COUNT = 25,
-    KVPS__PROTO = 7,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
-                             7: the job token in HELLO, REPL hellos) */
-    KVPS__HELLO_BYTES = 56,
+    KVPS__PROTO = 8,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
+                             7: the job token in HELLO, REPL hellos; 8: replies carry the server's checkpoint
+                             stamp in aux, HELLO says whether it is sent again after a reconnect) */
+    KVPS__HELLO_BYTES = 64,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
     KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
@@ -3835,6 +3886,8 @@ struct kvps_server {
     uint8_t *place_wait;      /* per worker: said hello not knowing the placement: keyed requests are
                                  refused until its hello names it */
     int restored;             /* kvps_server_restore loaded a checkpoint */
+    uint8_t *rejoin;          /* per worker, on a restored server: 1 until its hello comes (what it sends before is
+                                 dropped unanswered: it sends it again after the hello), 2 once that was logged */
     struct kvps__tname *tnames; /* tensor names by base key: open addressing, grows at 1/2 load */
     uint32_t ntnames, cap_tnames;
     int64_t stall_next;       /* the stall inspector's next look (ms) */
@@ -3854,6 +3907,7 @@ struct kvps_server {
     pthread_mutex_t ckpt_mu;
     pthread_cond_t ckpt_cv;
     uint64_t ckpt_req, ckpt_done, max_round, ckpt_round;
+    uint32_t ckpt_gen;        /* checkpoints written (counted on from the restored file's): replies carry it + 1 */
     kvps_result ckpt_result;
     kvps_server_stats stats;  /* read by other threads: atomic adds */
     kvps__tl *tl;             /* the timeline, NULL when off */
@@ -3974,7 +4028,27 @@ static int kvps__read_reply(zmq_msg_t *frames, int n) { /* a READ's answer: a ba
     return n >= 2 && zmq_msg_size(&frames[1]) >= KVPS__HDR &&
            ((const kvps__hdr *)zmq_msg_data(&frames[1]))->op == (KVPS__OP_READ | KVPS__OP_REPLY);
 }
+/* The checkpoint stamp (FAULTS, checkpoints): 0 when this server writes no checkpoints, else 1 + the
+   checkpoints it has written, counted on across restores. A reply stamped g answers a request
+   applied before checkpoint g was written, so checkpoint g and every later one hold it: a worker
+   keeps what it must send again after a restore until it hears a higher stamp. */
+static uint32_t kvps__stamp(const kvps_server *s) {
+    return s->desc.checkpoint_path && *s->desc.checkpoint_path ? s->ckpt_gen + 1 : 0;
+}
+/* Every reply that succeeded carries the stamp in the header's aux (a READ's answer, from a
+   replica that is not the worker's server, does not). */
+static void kvps__stamp_reply(const kvps_server *s, zmq_msg_t *frames, int n) {
+    if (n < 2 || zmq_msg_size(&frames[1]) < KVPS__HDR) return;
+    unsigned char *p = (unsigned char *)zmq_msg_data(&frames[1]);
+    kvps__hdr h;
+    memcpy(&h, p, sizeof h);
+    if (h.magic != KVPS__MAGIC || !(h.op & KVPS__OP_REPLY) || h.op == (KVPS__OP_READ | KVPS__OP_REPLY) || h.status != KVPS_OK)
+        return;
+    h.aux = kvps__stamp(s);
+    memcpy(p + offsetof(kvps__hdr, aux), &h.aux, sizeof h.aux);
+}
 static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
+    kvps__stamp_reply(s, frames, n);
     if (s->role == KVPS__ROLE_BACKUP && !kvps__read_reply(frames, n)) { /* serving the primary's copy: the primary answers */
         for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
         return;
@@ -5140,6 +5214,18 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
         memcpy(&rid, id + 8, 4);
     }
     int named = r < (uint32_t)s->m && rid == r && inc && (!h0->status || inc == (uint32_t)h0->status); /* (status 0: untracked) */
+    if (named && s->rejoin[r] && h0->op != KVPS__OP_BYE && h0->op != KVPS__OP_STATUS) {
+        /* restored: what worker r sends before its hello on its new connection is dropped, unanswered. It
+           was sent before the worker saw the connection come back (queued while the server was down, or
+           in the moment before) and the worker sends it again behind that hello, in order with what it
+           sends again from before the restore: so the restored shard takes every worker's requests in the
+           order they were made (a push that overtook an older one would be summed into the wrong round) */
+        if (s->rejoin[r] == 1)
+            kvps__log(KVPS_LOG_INFO, "server %d: restored: worker %u's requests wait for its hello (it sends them again)",
+                      s->desc.rank, r);
+        s->rejoin[r] = 2;
+        return 0;
+    }
     if (named && (s->live_inc[r] == inc || (!s->live_inc[r] && s->seen[r].inc == inc))) return 1;
     kvps__stranger(s, fr, h0, fd, named
                                       ? "that worker has not said hello to this server (a process of another job, or "
@@ -5760,10 +5846,14 @@ static int kvps__hello_refuse(kvps_server *s, kvps__rq *q, kvps_result rc, const
 /* HELLO: values = u32 protocol, u32 num_workers (0: unchecked), u32 servers in the worker's
    list, u32 this server's place in it, u64 the list's hash, u64 min_slice, u64 max_slice, u64
    the worker's placement hash (0: it has not resharded nor heard of a reshard), u64 the job
-   token's digest (0: none), which must be this server's. The first hello
-   accepted sets what later ones must match; 0 when refused. A server that records a placement
-   (RESHARD) refuses a worker with another one, and one restored from a checkpoint written before
-   any reshard refuses a worker that has resharded. */
+   token's digest (0: none), which must be this server's, u32 again (1: sent after a reconnect
+   to a server that had accepted this worker's hello), u32 the last checkpoint stamp the worker
+   heard from this server (kvps__stamp; 0: none). The first hello accepted sets what later ones
+   must match; 0 when refused. A server that records a placement (RESHARD) refuses a worker with
+   another one, and one restored from a checkpoint written before any reshard refuses a worker
+   that has resharded. A hello sent again is refused when the server holds less than the worker
+   was told of (restored from an older checkpoint, or restarted without one): what it applied
+   since is lost, and BSP rounds would not align. */
 static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     uint32_t r = q->h.rank;
     if (q->nfr != 3 || zmq_msg_size(&q->fr[2]) != KVPS__HELLO_BYTES)
@@ -5812,6 +5902,22 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
         return kvps__hello_refuse(s, q, KVPS_ERR_MISMATCH, "worker %u has resharded, but this server (%s) was restored "
                                   "from a checkpoint written before any reshard: its keys are placed as the first list "
                                   "placed them", r, s->endpoint);
+    /* (a backup serving its primary's copy: the primary decided, by its own stamps) */
+    uint32_t again = s->replaying ? 0 : kvps__get32(v + 56), heard = kvps__get32(v + 60), have = kvps__stamp(s);
+    uint32_t inc = (uint32_t)q->h.status;
+    if (again && heard && (!have || (int32_t)(heard - have) > 0)) {
+        char now[64];
+        if (have) snprintf(now, sizeof now, "its checkpoint %u", have - 1);
+        else snprintf(now, sizeof now, "no checkpoint");
+        return kvps__hello_refuse(s, q, KVPS_ERR_CHECKPOINT, "worker %u was answered by this server (%s) after its checkpoint "
+                                  "%u, but the server now holds %s: it was restored from an older checkpoint (or started "
+                                  "without one), so what it applied after that is lost and the workers' rounds would not "
+                                  "align: restore it from its newest checkpoint", r, s->endpoint, heard - 1, now);
+    }
+    if (again && inc && !s->restored && s->live_inc[r] != inc && s->seen[r].inc != inc)
+        return kvps__hello_refuse(s, q, KVPS_ERR_AUTH, "worker %u was served by this server (%s) before, but the server "
+                                  "does not know it: it restarted without its checkpoint (kvps_server_restore), and what "
+                                  "it applied is lost", r, s->endpoint);
     kvps__liveness_events(s); /* a predecessor's drop may be waiting to be read */
     if (q->h.status && s->live_inc[r] && s->live_inc[r] != (uint32_t)q->h.status && !s->done[r] && !s->lost[r] &&
         !s->gone_since[r] && !s->replaying) /* (a backup: its primary, which sees the connections, decided) */
@@ -5843,6 +5949,7 @@ static void kvps__reply_place(kvps_server *s, kvps__rq *q) {
 static void kvps__serve_hello(kvps_server *s, kvps__rq *q) {
     if (!kvps__hello_ok(s, q)) return;
     if (q->h.status) s->live_inc[q->h.rank] = (uint32_t)q->h.status;
+    s->rejoin[q->h.rank] = 0; /* restored: it is served again, from here on in order (kvps__admit) */
     kvps__heard_from(s, q);
     int tell = kvps__place_hash(&s->place) && !kvps__get64((const unsigned char *)zmq_msg_data(&q->fr[2]) + 40);
     s->place_wait[q->h.rank] = (uint8_t)tell;
@@ -6023,16 +6130,19 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
 
 /* File layout, little-endian: "KVPSCKPT", u32 version, rank, workers, consistency, nkeys,
    ntables; (version 3) u32 placement bytes (0: never resharded), then the placement
-   (kvps__place_enc: RESHARD, how the keys were placed); per table: u64 id, u32 dim, state
-   floats per row, rule, f32 lr momentum beta1 beta2 eps init_scale, u64 seed, rows, then per
-   row u64 row id, f32 value[dim], f32 state[that];
+   (kvps__place_enc: RESHARD, how the keys were placed); (version 4) u32 generation: this file is
+   the server's generation-th checkpoint, counted on across restores (a replica's snapshot: the
+   checkpoints written before it), so that replies' stamps (kvps__stamp) go on rising; per
+   table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2 eps
+   init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
    per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
    floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
-   of everything before it and "KEND". Version 2 (its placement: u32 count, 0 or u32 V and
-   u32 server counts, changes by counts) and version 1 (no placement) are still read. */
-enum { KVPS__CKPT_VERSION = 3 };
+   of everything before it and "KEND". Version 3 (no generation: 0), version 2 (its placement:
+   u32 count, 0 or u32 V and u32 server counts, changes by counts) and version 1 (no placement)
+   are still read. */
+enum { KVPS__CKPT_VERSION = 4 };
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
 static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
     if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
@@ -6125,6 +6235,7 @@ static void kvps__ckpt_put(kvps_server *s, kvps__cw *wp) {
         else w.err = 1;
         free(pb);
     }
+    KVPS__CW(&w, s->ckpt_gen);
     for (const kvps__table *t = s->tables; t; t = t->next) kvps__table_put(&w, t, NULL);
     for (uint32_t i = 0; i < s->nkeys; i++) kvps__key_put(s, &w, s->keys[i]);
     for (int r = 0; r < s->m; r++) {
@@ -6193,11 +6304,13 @@ static kvps_result kvps__checkpoint_write(kvps_server *s) {
         free(tmp);
         return KVPS_ERR_CHECKPOINT;
     }
+    s->ckpt_gen++; /* this file's generation (replies stamped with it + 1 only once it is in place) */
     kvps__ckpt_put(s, &w);
     int bad = w.err || fflush(w.f) != 0 || fsync(fileno(w.f)) != 0;
     bad |= fclose(w.f) != 0;
     if (!bad && rename(tmp, path) != 0) bad = 1;
     if (bad) {
+        s->ckpt_gen--;
         kvps__log(KVPS_LOG_ERROR, "server %d: checkpoint: writing %s failed: %s", s->desc.rank, path, strerror(errno));
         unlink(tmp);
         free(tmp);
@@ -6395,6 +6508,8 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
         else if (pbytes && (kvps__place_dec(&pl, rd.p, pbytes) || pl.count < 2)) why = "invalid placement";
         else { rd.p += pbytes; rd.left -= pbytes; }
     }
+    uint32_t gen = 0;
+    if (!why && hdr[0] >= 4 && kvps__cr_get(&rd, &gen, 4)) why = "truncated generation";
     if (!why && pl.count) { /* a placement whose changes do not make a map is none */
         const char *bad = NULL;
         uint32_t *vm = kvps__vmap_of(&pl, &bad);
@@ -6417,6 +6532,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
     if (!why) {
         kvps__place_free(&s->place);
         s->place = pl;
+        s->ckpt_gen = gen;
     } else {
         kvps__place_free(&pl);
         kvps__keys_truncate(s, 0);
@@ -6453,8 +6569,9 @@ KVPS_API kvps_result kvps_server_restore(kvps_server *s, const char *path) {
     }
     s->ckpt_round = s->max_round;
     s->restored = 1;
-    kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s", s->desc.rank, s->nkeys,
-              (unsigned long long)s->max_round, path);
+    memset(s->rejoin, 1, (size_t)s->m); /* each worker is served again once it has said hello again (SECURITY) */
+    kvps__log(KVPS_LOG_INFO, "server %d: restored %u keys at round %llu from %s (its checkpoint %u)", s->desc.rank, s->nkeys,
+              (unsigned long long)s->max_round, path, s->ckpt_gen);
     return KVPS_OK;
 }
 
@@ -7870,10 +7987,12 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     s->heard = (uint8_t *)calloc((size_t)s->m, 1);
     s->done = (uint8_t *)calloc((size_t)s->m, 1);
     s->place_wait = (uint8_t *)calloc((size_t)s->m, 1);
+    s->rejoin = (uint8_t *)calloc((size_t)s->m, 1);
     if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->live_inc || !s->bad_inc ||
-        !s->bad_text || !s->heard || !s->done || !s->place_wait || kvps__table_grow(s) != 0) {
+        !s->bad_text || !s->heard || !s->done || !s->place_wait || !s->rejoin || kvps__table_grow(s) != 0) {
         free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait); free(s);
+        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
+        free(s->rejoin); free(s);
         return KVPS_ERR_NOMEM;
     }
     s->ref_rank = -1;
@@ -8090,6 +8209,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
     free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
+    free(s->rejoin);
     kvps__place_free(&s->place);
     for (uint32_t i = 0; i < s->cap_tnames; i++) free(s->tnames[i].name);
     free(s->tnames);
@@ -8137,6 +8257,7 @@ typedef struct kvps__req {
     uint8_t *rwait;      /* a READ, per server: refused before the push was answered there; its pull goes
                             when it is (kvps__reads_release) */
     int prio;            /* FUSION: its messages' priority (its tensor's; a fused round's highest) */
+    uint8_t zc;          /* a values frame is the caller's buffer (zero-copy): copied if it is kept for replay */
     uint64_t *sbytes;    /* credit_bytes set: per server, the bytes of its message in flight (0: none) */
     uint8_t *queued;     /* credit_bytes set: per server, its message waits in the worker's queue */
     int tl_op;           /* timeline on: the op (0: not drawn), when posted (ns), bytes, keys or rows */
@@ -8153,6 +8274,27 @@ struct kvps_view {
     size_t n;
     kvps__vpart *part;
 };
+
+/* FAULTS, checkpoints: what a worker keeps to send a restored server again. A request that changed
+   a shard's state (push, pushpull, init, config, push_rows, table, barrier) and was answered by a
+   server that writes checkpoints is kept, stamped with the reply's checkpoint stamp
+   (kvps__stamp), until the server says a higher one: its checkpoints hold the request from then
+   on. A server restored from its newest checkpoint gets, behind the worker's hello, every request
+   of the worker it may lack, in the order they were first sent; the re-send windows drop those it
+   holds. A pushpull is kept as the push it carried (its pull was answered). */
+typedef struct kvps__rent { /* one request kept: its id, its stamp, its frames (to the server) */
+    uint64_t id;
+    uint32_t stamp;
+    int nf;
+    zmq_msg_t f[2];
+} kvps__rent;
+typedef struct kvps__replay { /* per server */
+    kvps__rent *e;    /* in the order they were answered */
+    size_t n, cap;
+    uint32_t heard;   /* the highest stamp heard from the server (0: none, or it writes no checkpoints) */
+    uint8_t reset;    /* moved to another replica (stamps of its own): the next stamp heard restamps e */
+    uint8_t hello_ok; /* the server accepted this worker's hello: after a reconnect it says hello again */
+} kvps__replay;
 
 typedef struct kvps__tensor_info {
     char *name;
@@ -8196,6 +8338,7 @@ struct kvps_worker {
     uint64_t cq_seq;
     zmq_msg_t ctl_reply; /* the values of the last KEYS / EXPORT answer (a reshard's) */
     uint64_t *rstamp, round_stamp; /* per server: kvps__round_end's marks */
+    kvps__replay *rp;  /* per server: answered requests its checkpoints may not hold yet (FAULTS) */
     kvps__req **slots; /* request table: handle = (sequence << 24) | (slot + 1), rising */
     uint64_t seq;
     uint32_t incarnation; /* random per worker object: tells a restarted worker from a re-send */
@@ -8270,6 +8413,125 @@ static void kvps__req_unref(kvps__req *q) {
 static void kvps__zc_free(void *data, void *hint) {
     (void)data;
     kvps__req_unref((kvps__req *)hint);
+}
+
+/* ---- FAULTS, checkpoints: the replay log (kvps__replay) ---- */
+static void kvps__rent_close(kvps__rent *e) {
+    for (int j = 0; j < e->nf; j++) zmq_msg_close(&e->f[j]);
+    e->nf = 0;
+}
+static void kvps__replay_clear(kvps__replay *p) {
+    for (size_t i = 0; i < p->n; i++) kvps__rent_close(&p->e[i]);
+    free(p->e);
+    memset(p, 0, sizeof *p);
+}
+/* 1 when a stamp is older than another (stamps rise by one per checkpoint; compared round the circle). */
+static int kvps__stamp_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
+
+/* Server srv answered, with checkpoint stamp a (every reply that succeeded carries one, 0 from a
+   server that writes none): what it has checkpointed is no longer kept. */
+static void kvps__stamp_heard(kvps_worker *w, int srv, uint32_t a) {
+    kvps__replay *p = &w->rp[srv];
+    if (!a) { /* no checkpoints there: nothing to keep */
+        if (p->n) {
+            uint8_t ok = p->hello_ok;
+            kvps__replay_clear(p);
+            p->hello_ok = ok;
+        }
+        p->heard = 0;
+        p->reset = 0;
+        return;
+    }
+    if (p->reset) { /* another replica, whose checkpoints count apart: what is kept, it holds before its stamp a */
+        for (size_t i = 0; i < p->n; i++) p->e[i].stamp = a;
+        p->reset = 0;
+        p->heard = a;
+        return;
+    }
+    if (p->heard && !kvps__stamp_before(p->heard, a)) return;
+    p->heard = a;
+    size_t k = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (kvps__stamp_before(p->e[i].stamp, a)) { kvps__rent_close(&p->e[i]); continue; }
+        if (k != i) {
+            p->e[k] = p->e[i]; /* (ids and stamps; the frames move below) */
+            for (int j = 0; j < p->e[i].nf; j++) {
+                zmq_msg_init(&p->e[k].f[j]);
+                zmq_msg_move(&p->e[k].f[j], &p->e[i].f[j]);
+            }
+        }
+        k++;
+    }
+    p->n = k;
+}
+
+static void kvps__req_drop_kept(kvps__req *q, int srv);
+/* Request q's message to srv was answered KVPS_OK with stamp a: kept for a restore (above) when it
+   changed the shard and the server writes checkpoints, else its frames are let go. A pushpull is
+   kept as a push; a frame that is the caller's buffer is copied (the caller has it back after wait). */
+static void kvps__req_answered(kvps_worker *w, kvps__req *q, int srv, uint32_t a) {
+    kvps__replay *p = &w->rp[srv];
+    kvps__hdr h;
+    int op = 0, nf = q->nkept[srv];
+    if (a && !q->ctl && !q->read && nf && zmq_msg_size(&q->kept[srv][0]) >= sizeof h) {
+        memcpy(&h, zmq_msg_data(&q->kept[srv][0]), sizeof h);
+        op = h.op;
+    }
+    if (op != KVPS__OP_PUSH && op != KVPS__OP_PUSHPULL && op != KVPS__OP_INIT && op != KVPS__OP_CONFIG &&
+        op != KVPS__OP_PUSH_ROWS && op != KVPS__OP_TABLE && op != KVPS__OP_BARRIER) {
+        kvps__req_drop_kept(q, srv);
+        return;
+    }
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? 2 * p->cap : 64;
+        kvps__rent *ne = (kvps__rent *)malloc(nc * sizeof *ne);
+        if (!ne) {
+            kvps__log(KVPS_LOG_ERROR, "worker %d: out of memory keeping a request for server %d: a restore from its "
+                      "checkpoint would lose it", w->desc.rank, srv);
+            kvps__req_drop_kept(q, srv);
+            return;
+        }
+        for (size_t i = 0; i < p->n; i++) { /* (messages move by zmq_msg_move, never as bytes) */
+            ne[i] = p->e[i];
+            for (int j = 0; j < p->e[i].nf; j++) {
+                zmq_msg_init(&ne[i].f[j]);
+                zmq_msg_move(&ne[i].f[j], &p->e[i].f[j]);
+                zmq_msg_close(&p->e[i].f[j]);
+            }
+        }
+        free(p->e);
+        p->e = ne;
+        p->cap = nc;
+    }
+    kvps__rent *e = &p->e[p->n];
+    e->id = q->id;
+    e->stamp = a;
+    e->nf = 0;
+    int bad = 0;
+    if (op == KVPS__OP_PUSHPULL) { /* the push it carried: its pull was answered */
+        h.op = KVPS__OP_PUSH;
+        h.flags = (uint16_t)(h.flags & ~KVPS__FLAG_CODED_REPLY);
+        h.aux = 0;
+        bad = kvps__msg_from_buf(&e->f[0], zmq_msg_data(&q->kept[srv][0]), zmq_msg_size(&q->kept[srv][0])) != 0;
+        if (!bad) memcpy(zmq_msg_data(&e->f[0]), &h, sizeof h);
+    } else {
+        zmq_msg_init(&e->f[0]);
+        zmq_msg_move(&e->f[0], &q->kept[srv][0]);
+    }
+    if (!bad) e->nf = 1;
+    if (!bad && nf == 2) {
+        if (q->zc) bad = kvps__msg_from_buf(&e->f[1], zmq_msg_data(&q->kept[srv][1]), zmq_msg_size(&q->kept[srv][1])) != 0;
+        else { zmq_msg_init(&e->f[1]); zmq_msg_move(&e->f[1], &q->kept[srv][1]); }
+        if (!bad) e->nf = 2;
+    }
+    kvps__req_drop_kept(q, srv);
+    if (bad) {
+        kvps__rent_close(e);
+        kvps__log(KVPS_LOG_ERROR, "worker %d: out of memory keeping a request for server %d: a restore from its checkpoint "
+                  "would lose it", w->desc.rank, srv);
+        return;
+    }
+    p->n++;
 }
 
 static kvps_result kvps__hello_all(kvps_worker *w);
@@ -8529,7 +8791,8 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
     w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
     w->inflight = (uint64_t *)calloc((size_t)w->n, sizeof *w->inflight);
-    if (!w->vmap || !w->rstamp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
+    w->rp = (kvps__replay *)calloc((size_t)w->n, sizeof *w->rp);
+    if (!w->vmap || !w->rstamp || !w->inflight || !w->rp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
     for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
     w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
     w->items = (zmq_pollitem_t *)calloc(4 * (size_t)w->n, sizeof *w->items); /* sockets, monitors, read sockets' */
@@ -8629,6 +8892,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
         free(t->bad_text);
     }
     for (int i = 0; w->reps && i < w->n; i++) kvps__free_strv(w->reps[i], w->nrep[i]);
+    for (int i = 0; w->rp && i < w->n; i++) kvps__replay_clear(&w->rp[i]);
+    free(w->rp);
     free(w->reps); free(w->nrep); free(w->cur); free(w->vmap); free(w->rstamp); free(w->inflight); free(w->cq);
     zmq_msg_close(&w->ctl_reply);
     w->reps = NULL;
@@ -8913,6 +9178,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
                 zmq_msg_close(&f[0]);
                 return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory", kvps__ops[op].name, srv);
             }
+            q->zc = 1;
         } else {
             if (zmq_msg_init_size(&f[1], bytes) != 0) {
                 zmq_msg_close(&f[0]);
@@ -8950,8 +9216,9 @@ static kvps_result kvps__send_ctl(kvps_worker *w, kvps__req *q, int srv, int op,
     return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
-/* The hello to servers from..n-1 (queued until each connection is made): what must agree. */
-static kvps_result kvps__hello_from(kvps_worker *w, int from) {
+/* The hello to servers from..to-1 (queued until each connection is made): what must agree; again:
+   sent after a reconnect, with the last checkpoint stamp heard from each (FAULTS, checkpoints). */
+static kvps_result kvps__hello_to(kvps_worker *w, int from, int to, int again) {
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "create: out of memory");
     q->ctl = KVPS__OP_HELLO;
@@ -8970,15 +9237,18 @@ static kvps_result kvps__hello_from(kvps_worker *w, int from) {
     memcpy(v + 24, &mins, 8);
     memcpy(v + 32, &maxs, 8);
     memcpy(v + 48, &w->token, 8);
-    for (int i = from; i < w->n; i++) {
+    kvps__put32(v + 56, (uint32_t)again);
+    for (int i = from; i < to; i++) {
         kvps__put32(v + 12, (uint32_t)i);
         uint64_t ph = kvps__place_hash(&w->place);
         memcpy(v + 40, &ph, 8);
+        kvps__put32(v + 60, w->rp[i].heard);
         kvps_result r = kvps__send_ctl(w, q, i, KVPS__OP_HELLO, v, sizeof v);
         if (r != KVPS_OK) return r;
     }
     return KVPS_OK;
 }
+static kvps_result kvps__hello_from(kvps_worker *w, int from) { return kvps__hello_to(w, from, w->n, 0); }
 static kvps_result kvps__hello_all(kvps_worker *w) { return kvps__hello_from(w, 0); }
 
 /* Goodbye (BYE) to servers from..n-1, waiting up to timeout_ms for their acknowledgements;
@@ -9164,7 +9434,7 @@ static int kvps__worker_resize(kvps_worker *w, int n2) {
     KVPS__GROW(socks, n2); KVPS__GROW(mons, n2); KVPS__GROW(down, n2); KVPS__GROW(refused, n2); KVPS__GROW(hs_cuts, n2);
     KVPS__GROW(hs_val, n2); KVPS__GROW(down_since, n2); KVPS__GROW(up_once, n2); KVPS__GROW(status_text, n2);
     KVPS__GROW(status_got, n2); KVPS__GROW(endpoints, n2); KVPS__GROW(reps, n2); KVPS__GROW(nrep, n2); KVPS__GROW(cur, n2);
-    KVPS__GROW(rstamp, n2); KVPS__GROW(inflight, n2);
+    KVPS__GROW(rstamp, n2); KVPS__GROW(inflight, n2); KVPS__GROW(rp, n2);
     if (w->rj) { KVPS__GROW(rj, n2); KVPS__GROW(rsocks, n2); KVPS__GROW(rmons, n2); KVPS__GROW(rup, n2); KVPS__GROW(rnever, n2); }
 #undef KVPS__GROW
     for (int i = w->n; w->rj && i < n2; i++) w->rj[i] = -1;
@@ -9489,6 +9759,7 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
                 free(w->endpoints[i]);
                 w->reps[i] = NULL;
                 w->endpoints[i] = NULL;
+                kvps__replay_clear(&w->rp[i]);
             }
             w->n = n2;
             kvps__worker_items(w);
@@ -10082,6 +10353,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
         if (!q) { r = KVPS_ERR_NOMEM; break; }
         for (uint32_t i = i0; i < i1 && r == KVPS_OK; i++) {
             kvps__hdr h = kvps__req_hdr(w, q, KVPS__OP_CONFIG, 1);
+            h.status = (int32_t)w->incarnation; /* exactly once, and kept to be re-sent (FAULTS) */
             kvps__kent e = {t->keys[i], t->slen[i]};
             zmq_msg_t f2[2];
             unsigned char meta[KVPS__HDR + KVPS__KENT];
@@ -10089,10 +10361,7 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
             memcpy(meta + KVPS__HDR, &e, sizeof e);
             if (kvps__msg_from_buf(&f2[0], meta, sizeof meta) != 0) { r = KVPS_ERR_NOMEM; break; }
             if (kvps__msg_from_buf(&f2[1], rec, sizeof rec) != 0) { zmq_msg_close(&f2[0]); r = KVPS_ERR_NOMEM; break; }
-            if (kvps__send_frames(w->socks[t->server[i]], f2, 2) != 0) { r = KVPS_ERR_ZMQ; break; }
-            q->pending++;
-            q->sent++;
-            q->state[t->server[i]] = 1;
+            r = kvps__keep_send(w, q, t->server[i], KVPS__OP_CONFIG, f2, 2);
         }
         r = kvps__chain_link(w, &head, &last, q, r);
     }
@@ -10138,6 +10407,7 @@ static int kvps__row_server(const kvps_worker *w, uint64_t table, uint64_t id) {
 static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int op, uint64_t table, uint32_t dim,
                                     const uint64_t *ids, uint32_t nrows, const void *vals, size_t vbytes) {
     kvps__hdr h = kvps__req_hdr(w, q, op, nrows);
+    h.status = (int32_t)w->incarnation; /* exactly once, and kept to be re-sent (FAULTS) */
     zmq_msg_t f[2];
     if (zmq_msg_init_size(&f[0], KVPS__HDR + 16 + (size_t)nrows * 8) != 0)
         return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %u rows", kvps__ops[op].name, srv, nrows);
@@ -10156,12 +10426,7 @@ static kvps_result kvps__send_table(kvps_worker *w, kvps__req *q, int srv, int o
         }
         nf = 2;
     }
-    if (kvps__send_frames(w->socks[srv], f, nf) != 0)
-        return kvps__wfail(w, KVPS_ERR_ZMQ, "%s to server %d: send failed: %s", kvps__ops[op].name, srv, zmq_strerror(zmq_errno()));
-    q->pending++;
-    q->sent++;
-    q->state[srv] = 1;
-    return KVPS_OK;
+    return kvps__keep_send(w, q, srv, op, f, nf);
 }
 
 KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d, kvps_table *out, kvps_req *req) {
@@ -10330,6 +10595,7 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
     kvps__req_drop_kept(q, srv);
     if (q->ctl == KVPS__OP_HELLO) {
         w->hellos_heard++;
+        if (h->status == KVPS_OK) w->rp[srv].hello_ok = 1;
         if (h->status == KVPS_OK && nfr > 1) kvps__place_heard(w, srv, &fr[1]);
     }
     if (h->status < 0) {
@@ -10372,6 +10638,8 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         w->status_got[srv] = 1;
         return;
     }
+    if (h.magic == KVPS__MAGIC && h.status == KVPS_OK && h.op != (KVPS__OP_READ | KVPS__OP_REPLY))
+        kvps__stamp_heard(w, srv, h.aux); /* (any reply of the server's: one to a request sent again too) */
     kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
     if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
         kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
@@ -10415,7 +10683,8 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         return;
     }
     q->state[srv] = 2;
-    kvps__req_drop_kept(q, srv);
+    if (h.status == KVPS_OK) kvps__req_answered(w, q, srv, h.aux); /* kept for a restore, or let go */
+    else kvps__req_drop_kept(q, srv);
     if (w->rsocks && !q->read) kvps__reads_release(w, q, srv); /* READs refused before this answer */
     if (h.status > 0) { /* not a kvps_result: a broken server */
         snprintf(w->errmsg, sizeof w->errmsg, "server %d: reply with invalid status %d", srv, h.status);
@@ -10481,10 +10750,6 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     }
 }
 
-static int kvps__cmp_req(const void *a, const void *b) {
-    uint64_t x = (*(kvps__req *const *)a)->id, y = (*(kvps__req *const *)b)->id;
-    return (x > y) - (x < y);
-}
 
 /* Sends the kept frames of q's message to server srv again (references, not copies). */
 static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
@@ -10492,25 +10757,60 @@ static int kvps__send_kept(kvps_worker *w, kvps__req *q, int srv) {
 }
 
 /* Re-sends, in the order first sent, every request still waiting for server srv (after its
-   connection came back: what was in flight is lost; the server drops what it already has). */
+   connection came back: what was in flight is lost; the server drops what it already has).
+   A server that had accepted this worker's hello first gets the hello again, and, behind it and
+   in the same order, every request it answered that its checkpoints may not hold yet (kvps__replay)
+   and the parts answered KVPS_ERR_PEER_LOST, whose pushes were applied: a server restored from its
+   checkpoint serves this worker only from its hello on, so it takes the worker's requests in the
+   order they were made, and applies each once (FAULTS, checkpoints). */
+typedef struct kvps__resent { uint64_t id; kvps__req *q; kvps__rent *e; } kvps__resent;
+static int kvps__cmp_resent(const void *a, const void *b) {
+    uint64_t x = ((const kvps__resent *)a)->id >> KVPS__SLOT_BITS, y = ((const kvps__resent *)b)->id >> KVPS__SLOT_BITS;
+    return (x > y) - (x < y);
+}
 static void kvps__resend(kvps_worker *w, int srv) {
-    size_t n = 0;
-    for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv] &&
-            !(w->slots[i]->queued && w->slots[i]->queued[srv])) /* (a queued one goes when credit allows) */
-            n++;
-    if (!n) return;
-    kvps__req **v = (kvps__req **)malloc(n * sizeof *v);
-    if (!v) return; /* those requests time out instead */
+    kvps__replay *p = &w->rp[srv];
+    int again = p->hello_ok && !w->finished, ck = again && p->heard;
+    size_t n = ck ? p->n : 0;
+    for (uint32_t i = 0; i < w->nslots; i++) {
+        kvps__req *q = w->slots[i];
+        if (q && q->nkept[srv] && (q->state[srv] == 1 || (ck && q->state[srv] == 3)) && !(q->queued && q->queued[srv]))
+            n++; /* (a queued one goes when credit allows) */
+    }
+    kvps__resent *v = n ? (kvps__resent *)malloc(n * sizeof *v) : NULL;
+    if (n && !v) return; /* those requests time out instead */
     n = 0;
-    for (uint32_t i = 0; i < w->nslots; i++)
-        if (w->slots[i] && w->slots[i]->state[srv] == 1 && w->slots[i]->nkept[srv] &&
-            !(w->slots[i]->queued && w->slots[i]->queued[srv]))
-            v[n++] = w->slots[i];
-    qsort(v, n, sizeof *v, kvps__cmp_req);
-    for (size_t i = 0; i < n; i++)
-        if (kvps__send_kept(w, v[i], srv) != 0) break;
-    kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent", w->desc.rank, srv, n);
+    for (uint32_t i = 0; i < w->nslots; i++) {
+        kvps__req *q = w->slots[i];
+        if (q && q->nkept[srv] && (q->state[srv] == 1 || (ck && q->state[srv] == 3)) && !(q->queued && q->queued[srv])) {
+            kvps__resent r = {q->id, q, NULL};
+            v[n++] = r;
+        }
+    }
+    size_t nl = 0;
+    for (size_t i = 0; ck && i < p->n; i++, nl++) {
+        kvps__resent r = {p->e[i].id, NULL, &p->e[i]};
+        v[n++] = r;
+    }
+    if (again && kvps__hello_to(w, srv, srv + 1, 1) != KVPS_OK)
+        kvps__log(KVPS_LOG_WARN, "worker %d: hello to server %d: %s", w->desc.rank, srv, w->errmsg);
+    if (n) qsort(v, n, sizeof *v, kvps__cmp_resent);
+    for (size_t i = 0; i < n; i++) {
+        int rc;
+        if (v[i].q) rc = kvps__send_kept(w, v[i].q, srv);
+        else {
+            zmq_msg_t f[2];
+            for (int j = 0; j < v[i].e->nf; j++) {
+                zmq_msg_init(&f[j]);
+                zmq_msg_copy(&f[j], &v[i].e->f[j]);
+            }
+            rc = kvps__send_frames(w->socks[srv], f, v[i].e->nf);
+        }
+        if (rc != 0) break;
+    }
+    if (n)
+        kvps__log(KVPS_LOG_INFO, "worker %d: server %d is back; %zu requests re-sent (%zu of them answered before, which its "
+                  "checkpoint may not hold)", w->desc.rank, srv, n, nl);
     free(v);
 }
 
@@ -10549,6 +10849,8 @@ static void kvps__failover(kvps_worker *w, int s, const char *why) {
     int from = w->cur[s];
     zmq_disconnect(w->socks[s], kvps__ep(w, s));
     w->cur[s] = (from + 1) % w->nrep[s];
+    w->rp[s].reset = 1; /* the next replica's checkpoint stamps count apart (kvps__stamp_heard) */
+    w->rp[s].heard = 0;
     kvps__log(KVPS_LOG_WARN, "worker %d: shard %d replica %d (%s) %s; moving to replica %d (%s)", w->desc.rank, s, from,
               w->reps[s][from], why, w->cur[s], kvps__ep(w, s));
     w->down[s] = 1;
