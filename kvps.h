@@ -858,6 +858,14 @@ typedef struct kvps_server_desc {
     /* JOB TOKEN (SECURITY): a secret every process of the job shares; a worker's hello and a
        replica's link must carry it. NULL: $KVPS_JOB_TOKEN (kvps-run sets one), else none; "": none */
     const char *job_token;
+    /* CURVE with REPLICAS (SECURITY): the public keys (Z85) of the chain's servers, in chain order,
+       joined by '|' as .replicas is ("K0|K1"), or one key for all when the replicas share a key pair
+       (a CURVE worker's curve_server_keys has one key per shard, so its failover needs that). The
+       replica links speak CURVE with them (each server's own key pair, the target's public key),
+       and only they may send REPL; entry .replica must be this server's own public key. Required
+       when curve_secret_key and a chain of replicas are both set. NULL: $KVPS_CURVE_REPLICA_KEYS,
+       else none; "": none */
+    const char *curve_replica_keys;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -3896,6 +3904,9 @@ struct kvps_server {
     void *zap;                /* the ZAP handler (REP on inproc://zeromq.zap.01) */
     uint8_t (*curve_ok)[32];
     int ncurve_ok;
+    char (*curve_rep)[41];    /* CURVE with replicas: per place in the chain, its public key (Z85) */
+    int ncurve_rep;
+    uint8_t curve_pub[32], curve_sec[32]; /* this server's key pair (the replica links' client keys) */
     /* request scratch: key indices, unaligned values, decoded contributions */
     uint32_t *scratch_idx;
     size_t scratch_cap;
@@ -5194,6 +5205,22 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
     int gate = __atomic_load_n(&s->gate, __ATOMIC_RELAXED); /* (a test's thread may set it) */
     if (gate < 0 || (fd < 0 && gate == 0)) return 1;
+    if (s->zap && fd >= 0) { /* CURVE: the key the connection proved (kvps__zap_serve's User-Id) */
+        const char *uid = zmq_msg_gets(&fr[1], "User-Id");
+        int rep = uid && strncmp(uid, "replica ", 8) == 0;
+        if (h0->op == KVPS__OP_REPL &&
+            (!rep || !s->curve_rep || h0->aux >= (uint32_t)s->ncurve_rep || strcmp(uid + 8, s->curve_rep[h0->aux]) != 0)) {
+            kvps__stranger(s, fr, h0, fd, rep ? "replica traffic from a CURVE key that is not the key of the replica it "
+                                                "names (curve_replica_keys)"
+                                              : "replica traffic from a CURVE key that is not one of this chain's replicas' "
+                                                "(curve_replica_keys): a worker's key cannot speak for a replica");
+            return 0;
+        }
+        if (h0->op != KVPS__OP_REPL && rep) {
+            kvps__stranger(s, fr, h0, fd, "a replica's CURVE key (curve_replica_keys) is not a worker's");
+            return 0;
+        }
+    }
     if (h0->op == KVPS__OP_REPL) {
         if (h0->rank == KVPS__REPL_HELLO) {
             kvps__repl_hello(s, fr, nfr, fd, h0);
@@ -7493,6 +7520,13 @@ static int kvps__repl_links(kvps_server *s, int first) {
         memcpy(rid + 8, &me, 4);
         memcpy(rid + 12, &nonce, 4);
         zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
+        if (s->curve_rep) { /* CURVE: this server's key pair, replica j's public key (SECURITY) */
+            uint8_t tk[32];
+            zmq_z85_decode(tk, s->curve_rep[j]);
+            zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, tk, 32);
+            zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, s->curve_pub, 32);
+            zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, s->curve_sec, 32);
+        }
         kvps__heartbeats(d, s->desc.heartbeat_ms, s->desc.peer_timeout_ms);
         if (kvps__monitor(s->ctx, d, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &l->mon) != 0 ||
             zmq_connect(d, s->chain[j]) != 0) {
@@ -7832,7 +7866,65 @@ static int kvps__z85_key(const char *z85, uint8_t out[32]) {
     return z85 && strlen(z85) == 40 && zmq_z85_decode(out, z85) != NULL ? 0 : -1;
 }
 
-/* CURVE on the server socket, and a ZAP handler that lets in only the listed public keys. */
+/* CURVE with REPLICAS: the chain's public keys (curve_replica_keys, else
+   $KVPS_CURVE_REPLICA_KEYS: one per place joined by '|', or one for all), checked against this
+   server's own (derived from its secret sk) and against the workers' keys; this server's key
+   pair is kept for its replica links. 0, or -1 (logged). Nothing to do without a chain. */
+static int kvps__curve_replicas(kvps_server *s, const uint8_t sk[32]) {
+    const kvps_server_desc *d = &s->desc;
+    const char *list = d->curve_replica_keys ? d->curve_replica_keys : getenv("KVPS_CURVE_REPLICA_KEYS");
+    s->desc.curve_replica_keys = NULL; /* (not kept: the keys are) */
+    if (!d->replicas || !strchr(d->replicas, '|')) return 0;
+    int nrep = 1;
+    for (const char *p = d->replicas; *p; p++) nrep += *p == '|';
+    if (!list || !*list) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: CURVE with replicas needs curve_replica_keys (else $KVPS_CURVE_REPLICA_KEYS): "
+                  "the chain's public keys in chain order, joined by '|' as .replicas is (or one key for all), so that "
+                  "the replica links speak CURVE and only the chain's servers may send replica traffic", d->rank);
+        return -1;
+    }
+    char **keys = NULL;
+    int nk = kvps__split_by(list, '|', &keys), bad = nk != 1 && nk != nrep;
+    uint8_t k[32];
+    for (int i = 0; i < nk && !bad; i++) bad = kvps__z85_key(keys[i], k) != 0;
+    if (bad) {
+        kvps__log(KVPS_LOG_ERROR, "server %d: curve_replica_keys must be one 40-character Z85 public key, or one per replica "
+                  "of the chain (%d) joined by '|'; got %d", d->rank, nrep, nk);
+        kvps__free_strv(keys, nk);
+        return -1;
+    }
+    s->curve_rep = (char(*)[41])calloc((size_t)nrep, 41);
+    if (!s->curve_rep) { kvps__free_strv(keys, nk); return -1; }
+    for (int j = 0; j < nrep; j++) memcpy(s->curve_rep[j], keys[nk == 1 ? 0 : j], 41);
+    kvps__free_strv(keys, nk);
+    s->ncurve_rep = nrep;
+    char skz[41], pubz[41];
+    zmq_z85_encode(skz, sk, 32);
+    int rc = zmq_curve_public(pubz, skz);
+    memset(skz, 0, sizeof skz);
+    if (rc != 0) { kvps__log(KVPS_LOG_ERROR, "server %d: cannot derive the public key (zmq_curve_public)", d->rank); return -1; }
+    if (d->replica >= 0 && d->replica < nrep && strcmp(pubz, s->curve_rep[d->replica]) != 0) {
+        kvps__log(KVPS_LOG_ERROR, "server %d replica %d: curve_replica_keys entry %d (%s) is not this server's public key "
+                  "(%s, from its curve_secret_key)", d->rank, d->replica, d->replica, s->curve_rep[d->replica], pubz);
+        return -1;
+    }
+    for (int i = 0; i < s->ncurve_ok; i++)
+        for (int j = 0; j < nrep; j++) {
+            zmq_z85_decode(k, s->curve_rep[j]);
+            if (memcmp(k, s->curve_ok[i], 32) == 0) {
+                kvps__log(KVPS_LOG_ERROR, "server %d: curve_clients[%d] is also replica %d's key in curve_replica_keys: a "
+                          "worker's key cannot speak for a replica (give the workers keys of their own)", d->rank, i, j);
+                return -1;
+            }
+        }
+    zmq_z85_decode(s->curve_pub, pubz);
+    memcpy(s->curve_sec, sk, 32);
+    return 0;
+}
+
+/* CURVE on the server socket, and a ZAP handler that lets in only the listed public keys: the
+   workers' (User-Id "worker KEY") and, with replicas, the chain's ("replica KEY"; kvps__admit
+   tells them apart). */
 static int kvps__curve_server(kvps_server *s) {
     uint8_t sk[32];
     const kvps_server_desc *d = &s->desc;
@@ -7851,6 +7943,7 @@ static int kvps__curve_server(kvps_server *s) {
             return -1;
         }
     s->ncurve_ok = d->num_curve_clients;
+    if (kvps__curve_replicas(s, sk) != 0) return -1;
     s->zap = zmq_socket(s->ctx, ZMQ_REP);
     if (!s->zap || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0) return -1;
     int one = 1;
@@ -7881,9 +7974,16 @@ static void kvps__zap_serve(kvps_server *s) {
     }
     /* version, request id, domain, address, routing id, mechanism, credentials */
     int ok = 0;
+    char uid[64] = "";
     if (n == 7 && zmq_msg_size(&fr[5]) == 5 && memcmp(zmq_msg_data(&fr[5]), "CURVE", 5) == 0 &&
-        zmq_msg_size(&fr[6]) == 32)
+        zmq_msg_size(&fr[6]) == 32) {
+        char kz[41];
+        zmq_z85_encode(kz, (const uint8_t *)zmq_msg_data(&fr[6]), 32);
         for (int i = 0; i < s->ncurve_ok && !ok; i++) ok = memcmp(zmq_msg_data(&fr[6]), s->curve_ok[i], 32) == 0;
+        if (ok) snprintf(uid, sizeof uid, "worker %s", kz);
+        for (int j = 0; j < s->ncurve_rep && !ok; j++) ok = strcmp(kz, s->curve_rep[j]) == 0;
+        if (ok && !uid[0]) snprintf(uid, sizeof uid, "replica %s", kz); /* (a key is not both: kvps__curve_replicas) */
+    }
     if (!ok) {
         KVPS__STAT_ADD(s, errors, 1);
         kvps__log(KVPS_LOG_WARN, "server %d: refused a connection: %s", s->desc.rank,
@@ -7896,7 +7996,7 @@ static void kvps__zap_serve(kvps_server *s) {
     if (n >= 2) zmq_msg_copy(&out[1], &fr[1]);
     kvps__msg_from_buf(&out[2], status, 3);
     kvps__msg_from_buf(&out[3], text, strlen(text));
-    kvps__msg_from_buf(&out[4], "", 0);
+    kvps__msg_from_buf(&out[4], uid, strlen(uid)); /* the User-Id of every message of that connection */
     kvps__msg_from_buf(&out[5], "", 0);
     for (int i = 0; i < 6; i++) zmq_msg_send(&out[i], s->zap, i < 5 ? ZMQ_SNDMORE : 0);
     for (int i = 0; i < n && i < 7; i++) zmq_msg_close(&fr[i]);
@@ -8202,6 +8302,8 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
     if (s->mon) zmq_close(s->mon);
     if (s->zap) zmq_close(s->zap);
     free(s->curve_ok);
+    free(s->curve_rep);
+    memset(s->curve_sec, 0, sizeof s->curve_sec);
     if (s->router) zmq_close(s->router);
     if (s->own_ctx && s->ctx) zmq_ctx_term(s->ctx);
     for (int i = 0; i < 2; i++)

@@ -9,6 +9,9 @@
 #include "tests/kvps_test.h"
 
 #include <czmq.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 static char dir[256];
@@ -227,6 +230,263 @@ static void test_curve_grow(void) {
     grow_curve(0);
 }
 
+/* ---- CURVE with REPLICAS (kvps.h, SECURITY): a 1 shard x 2 replica chain of CURVE server
+   processes (the replicas share one key pair, as a worker's failover needs: its curve_server_keys
+   has one key per shard) and 2 CURVE workers pushing exact integers (ASYNC + SUM, 4 requests in
+   flight each). The replica link speaks CURVE with the chain's keys (curve_replica_keys). A
+   worker key listed in curve_clients, holding the job token, sends the backup a REPL hello with
+   the right token and chain hash and then REPL of every kind claiming epoch 9: every one is
+   refused (KVPS_ERR_AUTH), and a worker made with the replicas' key pair is refused too. The
+   primary is SIGKILLed: the backup takes over and every sum is exact. ---- */
+enum { CW = 2, CKEY = 4, CLEN = 3 };
+static keys c_srv, c_wk[CW], c_rogue;
+static char c_ep[2][96], c_chain[200], c_rkeys[100];
+static const char *c_allowed[CW + 1];
+static int c_stop, c_done[CW];
+static kvps_result c_err[CW];
+static char c_errtext[CW][400];
+static float c_final[CW][CKEY * CLEN];
+
+static kvps_server_desc chain_desc(int r) {
+    kvps_server_desc d = {.endpoint = c_ep[r], .num_workers = CW, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+                          .heartbeat_ms = 200, .peer_timeout_ms = 1000, .curve_secret_key = c_srv.sec,
+                          .curve_clients = c_allowed, .num_curve_clients = CW + 1};
+    d.replicas = c_chain;
+    d.replica = r;
+    d.curve_replica_keys = c_rkeys;
+    return d;
+}
+
+/* A server process: exits 0 when it stopped with KVPS_OK, 5 with PEER_LOST, 6 otherwise, 2 when
+   it could not be created. */
+static pid_t chain_proc(int r) {
+    kvps_server_desc d = chain_desc(r);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGTERM, kt_proc_on_term);
+        if (kvps_server_create(&d, &kt_proc_srv) != KVPS_OK) _exit(2);
+        kvps_result rc = kvps_server_run(kt_proc_srv);
+        kvps_server_destroy(&kt_proc_srv);
+        _exit(rc == KVPS_OK ? 0 : rc == KVPS_ERR_PEER_LOST ? 5 : 6);
+    }
+    return pid;
+}
+
+static void *chain_worker(void *arg) {
+    int rank = (int)(intptr_t)arg;
+    kvps_worker *w = NULL;
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = c_chain, .rank = rank, .num_workers = CW,
+                                                             .timeout_ms = 20000, .heartbeat_ms = 200, .peer_timeout_ms = 1000,
+                                                             .failover_ms = 300, .curve_server_keys = c_srv.pub,
+                                                             .curve_public_key = c_wk[rank].pub, .curve_secret_key = c_wk[rank].sec},
+                                        &w);
+    if (rc != KVPS_OK) { c_err[rank] = rc; snprintf(c_errtext[rank], sizeof c_errtext[rank], "create"); return NULL; }
+    uint64_t kk[CKEY];
+    size_t lens[CKEY];
+    static float vals[CW][4][CKEY * CLEN];
+    for (int i = 0; i < CKEY; i++) { kk[i] = 500 + (uint64_t)i; lens[i] = CLEN; }
+    kvps_req q[4] = {0};
+    for (int t = 0; rc == KVPS_OK && !__atomic_load_n(&c_stop, __ATOMIC_ACQUIRE); t++) {
+        int slot = t % 4;
+        if (q[slot]) {
+            rc = kvps_worker_wait(w, q[slot], -1);
+            q[slot] = 0;
+            if (rc != KVPS_OK) break;
+            __atomic_add_fetch(&c_done[rank], 1, __ATOMIC_RELEASE); /* counted once answered */
+        }
+        for (int i = 0; i < CKEY * CLEN; i++) vals[rank][slot][i] = (float)(rank + 1 + i % CLEN);
+        rc = kvps_worker_push(w, kk, vals[rank][slot], lens, CKEY, &q[slot]);
+    }
+    for (int i = 0; i < 4 && rc == KVPS_OK; i++)
+        if (q[i]) {
+            rc = kvps_worker_wait(w, q[i], -1);
+            if (rc == KVPS_OK) __atomic_add_fetch(&c_done[rank], 1, __ATOMIC_RELEASE);
+        }
+    kvps_req b;
+    if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &b);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
+    if (rc == KVPS_OK) rc = kvps_worker_pull(w, kk, c_final[rank], lens, CKEY, &b);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
+    c_err[rank] = rc;
+    if (rc != KVPS_OK) snprintf(c_errtext[rank], sizeof c_errtext[rank], "%.399s", kvps_worker_last_error(w));
+    kvps_worker_destroy(&w);
+    return NULL;
+}
+
+static int c_min_done(void) {
+    int m = INT_MAX;
+    for (int r = 0; r < CW; r++) {
+        int d = __atomic_load_n(&c_done[r], __ATOMIC_ACQUIRE);
+        if (d < m) m = d;
+    }
+    return m;
+}
+static void c_wait_done(int n) {
+    int64_t end = kt_now_ms() + 60000;
+    while (c_min_done() < n && kt_now_ms() < end) kt_sleep_ms(2);
+}
+
+static uint64_t c_chain_hash(void) { /* as kvps__repl_setup computes it */
+    uint64_t h = 0xcbf29ce484222325ull;
+    char buf[200];
+    snprintf(buf, sizeof buf, "%s", c_chain);
+    for (char *e = strtok(buf, "|"); e; e = strtok(NULL, "|")) h = kvps__fnv(h, e, strlen(e) + 1);
+    return h;
+}
+
+/* The rogue: a CURVE worker key the servers list, and the job's token. It sends the backup a REPL
+   hello (right token, right chain, naming replica 0), then REPL of every kind (epoch 9, replica
+   0) and the hello once more. Returns how many were not answered KVPS_ERR_AUTH. */
+static int rogue_repl(void) {
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 3000, bad = 0;
+    uint8_t sk[32], pk[32], ck[32];
+    zmq_z85_decode(sk, c_srv.pub);
+    zmq_z85_decode(pk, c_rogue.pub);
+    zmq_z85_decode(ck, c_rogue.sec);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, sk, 32);
+    zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, pk, 32);
+    zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, ck, 32);
+    zmq_connect(d, c_ep[1]);
+    uint64_t proof[2] = {kvps__token_digest(NULL), c_chain_hash()};
+    int order[KVPS__REPL_KINDS + 1] = {KVPS__REPL_HELLO, KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_ROUND,
+                                       KVPS__REPL_HELLO};
+    for (int i = 0; i < KVPS__REPL_KINDS + 1; i++) {
+        int kind = order[i];
+        kvps__hdr h = KT_HDR(.op = KVPS__OP_REPL, .rank = (uint32_t)kind, .nkeys = kind == KVPS__REPL_HELLO ? 1 : 9,
+                             .aux = 0, .req_id = (uint64_t)i + 1);
+        zmq_send(d, &h, sizeof h, ZMQ_SNDMORE);
+        zmq_send(d, proof, kind == KVPS__REPL_LOST ? 4 : sizeof proof, 0);
+        kvps__hdr rh;
+        memset(&rh, 0, sizeof rh);
+        int got = (int)zmq_recv(d, &rh, sizeof rh, 0), more = 0;
+        size_t ml = sizeof more;
+        char text[600] = "";
+        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+        while (got >= 0 && more) {
+            int n = (int)zmq_recv(d, text, sizeof text - 1, 0);
+            if (n >= 0) text[n < (int)sizeof text - 1 ? n : (int)sizeof text - 1] = 0;
+            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+        }
+        if (got < (int)sizeof rh || rh.status != KVPS_ERR_AUTH) {
+            printf("  rogue: REPL kind %d: %s %s\n", kind, got < 0 ? "no reply" : kvps_result_str((kvps_result)rh.status), text);
+            bad++;
+        } else if (i == 0) {
+            printf("  a worker key's REPL hello: %s\n", text);
+        }
+    }
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    return bad;
+}
+
+static void test_curve_replicas(void) {
+    c_srv = czmq_keys("chain");
+    c_rogue = czmq_keys("rogue");
+    for (int r = 0; r < CW; r++) c_wk[r] = czmq_keys(r ? "w1" : "w0");
+    for (int r = 0; r < CW; r++) c_allowed[r] = c_wk[r].pub;
+    c_allowed[CW] = c_rogue.pub;
+    for (int r = 0; r < 2; r++) snprintf(c_ep[r], sizeof c_ep[r], "ipc://@kvps-test-curve-%d-%d", (int)getpid(), r);
+    snprintf(c_chain, sizeof c_chain, "%s|%s", c_ep[0], c_ep[1]);
+    snprintf(c_rkeys, sizeof c_rkeys, "%s|%s", c_srv.pub, c_srv.pub);
+    setenv("KVPS_JOB_TOKEN", "the curve chain's token", 1); /* the servers (forked), the workers and the rogue */
+    memset(c_done, 0, sizeof c_done);
+    c_stop = 0;
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) pid[r] = chain_proc(r);
+    pthread_t th[CW];
+    for (int r = 0; r < CW; r++) pthread_create(&th[r], NULL, chain_worker, (void *)(intptr_t)r);
+    int steps = kt_quick() ? 60 : 150;
+    c_wait_done(steps);
+    KT_CHECK(c_min_done() >= steps, "the workers did %d pushes, not %d (the chain never went live?)", c_min_done(), steps);
+    /* a worker key cannot speak for a replica, with the token and the chain hash */
+    KT_CHECK(rogue_repl() == 0, "a worker key's REPL was not refused");
+    /* a replica key is not a worker's: a worker made with the replicas' key pair is refused */
+    kvps_result r = try_push(&(kvps_worker_desc){.servers = c_ep[0], .rank = 1, .num_workers = CW,
+                                                  .curve_server_keys = c_srv.pub, .curve_public_key = c_srv.pub,
+                                                  .curve_secret_key = c_srv.sec},
+                             (float[CLEN]){100, 100, 100}, CLEN);
+    KT_CHECK(r == KVPS_ERR_AUTH, "a worker with the replicas' key: %s (%s)", kvps_result_str(r), g_why);
+    printf("  a replica key as a worker: %s\n", g_why);
+    int at = c_min_done();
+    c_wait_done(at + steps / 2); /* the job goes on */
+    kill(pid[0], SIGKILL);
+    waitpid(pid[0], NULL, 0);
+    at = c_min_done();
+    c_wait_done(at + steps); /* on the backup now */
+    KT_CHECK(c_min_done() >= at + steps, "after the kill the workers did %d pushes, not %d", c_min_done(), at + steps);
+    __atomic_store_n(&c_stop, 1, __ATOMIC_RELEASE);
+    for (int w = 0; w < CW; w++) pthread_join(th[w], NULL);
+    for (int w = 0; w < CW; w++) KT_CHECK(c_err[w] == KVPS_OK, "worker %d: %s: %s", w, kvps_result_str(c_err[w]), c_errtext[w]);
+    int wrong = 0;
+    for (int w = 0; w < CW && !wrong; w++)
+        for (int i = 0; i < CKEY * CLEN && !wrong; i++) {
+            float want = 0.0f;
+            for (int x = 0; x < CW; x++) want += (float)c_done[x] * (float)(x + 1 + i % CLEN);
+            if (c_final[w][i] != want) {
+                wrong = 1;
+                KT_CHECK(0, "worker %d sees element %d = %.1f, want %.1f (a push %s)", w, i, (double)c_final[w][i], (double)want,
+                         c_final[w][i] < want ? "lost" : "applied twice");
+            }
+        }
+    printf("  %d + %d pushes, the primary killed after %d each: every sum exact on the backup\n", c_done[0], c_done[1], at);
+    int st = kt_wait_pid(pid[1], kt_now_ms() + 10000);
+    KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the backup did not end by itself with 0 (status %d)", st);
+    unsetenv("KVPS_JOB_TOKEN");
+}
+
+/* CURVE and replicas without the chain's keys, keys that do not fit, a worker key in the chain. */
+static char cfg_log[2048];
+static void cfg_keep(void *u, kvps_log_level lv, const char *msg) {
+    (void)u; (void)lv;
+    size_t n = strlen(cfg_log);
+    snprintf(cfg_log + n, sizeof cfg_log - n, "%s\n", msg);
+}
+static void test_curve_replicas_config(void) {
+    keys a = czmq_keys("ra"), b = czmq_keys("rb"), w = czmq_keys("rw");
+    const char *allowed[1] = {w.pub};
+    char two[100], wrong[100], withw[100];
+    snprintf(two, sizeof two, "%s|%s", a.pub, b.pub);
+    snprintf(wrong, sizeof wrong, "%s|%s", b.pub, a.pub);
+    snprintf(withw, sizeof withw, "%s|%s", a.pub, w.pub);
+    struct { const char *keys, *want; } cases[] = {
+        {NULL, "curve_replica_keys"},            /* none: refused, naming the field */
+        {"", "curve_replica_keys"},
+        {a.pub, "is not this server's public key"}, /* replica 1 given replica 0's key for all */
+        {wrong, "is not this server's public key"},
+        {"x|y", "curve_replica_keys must be"},
+        {withw, "a worker's key cannot speak for a replica"}};
+    unsetenv("KVPS_CURVE_REPLICA_KEYS");
+    kvps_log_set_fn(cfg_keep, NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvps_server *s = NULL;
+        cfg_log[0] = 0;
+        kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
+                                                                .curve_secret_key = i == 5 ? a.sec : b.sec,
+                                                                .curve_clients = allowed, .num_curve_clients = 1,
+                                                                .replicas = "tcp://127.0.0.1:1|tcp://127.0.0.1:2",
+                                                                .replica = i == 5 ? 0 : 1, .curve_replica_keys = cases[i].keys},
+                                           &s);
+        KT_CHECK(r == KVPS_ERR_CONFIG && !s, "case %zu: %s", i, kvps_result_str(r));
+        KT_CHECK(strstr(cfg_log, cases[i].want) != NULL, "case %zu: the error says '%s'", i, cfg_log);
+        if (i == 0) printf("  CURVE and replicas, no keys: %s", cfg_log);
+        if (s) kvps_server_destroy(&s);
+    }
+    /* the environment variable serves as the field */
+    setenv("KVPS_CURVE_REPLICA_KEYS", two, 1);
+    kvps_server *s = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .curve_secret_key = b.sec,
+                                                  .curve_clients = allowed, .num_curve_clients = 1,
+                                                  .replicas = "tcp://127.0.0.1:1|tcp://127.0.0.1:2", .replica = 1},
+                             &s));
+    kvps_server_destroy(&s);
+    unsetenv("KVPS_CURVE_REPLICA_KEYS");
+    kvps_log_set_fn(NULL, NULL);
+}
+
 /* kvps-keygen's files load in CZMQ (zcert_load) with the same keys. */
 static void test_keygen_files(void) {
     /* kvps-keygen: beside this test (make B=...), else the default build's (asan-test builds
@@ -258,12 +518,14 @@ int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kvps-curve-XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     if (!zmq_has("curve")) {
-        printf("skipped: libzmq without CURVE\n0 passed, 0 failed, 4 skipped\n");
+        printf("skipped: libzmq without CURVE\n0 passed, 0 failed, 6 skipped\n");
         return 0;
     }
     KT_RUN(test_curve_access);
     KT_RUN(test_curve_config);
     KT_RUN(test_curve_grow);
+    KT_RUN(test_curve_replicas_config);
+    KT_RUN(test_curve_replicas);
     KT_RUN(test_keygen_files);
     rmdir(dir);
     return kt_finish();
