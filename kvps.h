@@ -503,7 +503,8 @@
    ZeroMQ queued while the connection was down goes before the re-sent push), which returned
    the round before (issue 27). The push is still answered only once its round is replicated,
    so a wait means what it meant. Not with credit_bytes (a pull could pass its push in the
-   queue) nor CURVE (such a worker reads from the primaries). test_replicas'
+   queue) nor CURVE (such a worker reads from the primaries). A chain of CURVE servers
+   replicates over CURVE links with the chain's keys (.curve_replica_keys, SECURITY). test_replicas'
    test_bsp_read_local checks every step against the oracle, test_read_local_cut too with the
    connections cut under load; bench/ethernet.sh claim 6's r2l run measures it. No replica left: waits return KVPS_ERR_PEER_LOST naming the shard and its endpoints. A
    snapshot from another shard or job (rank, number of workers) is refused and that replica
@@ -528,7 +529,23 @@
    own ZAP handler; needs the server's own ZeroMQ context). A worker sets .curve_server_keys (the
    servers' public keys), .curve_public_key and .curve_secret_key. A client without a key, with
    an unlisted key, or expecting another server key gets no data and changes nothing; its wait
-   returns KVPS_ERR_AUTH. Size limits: the server sets ZMQ_MAXMSGSIZE to .max_msg_bytes (default
+   returns KVPS_ERR_AUTH. CURVE WITH REPLICAS: each server of a chain also sets
+   .curve_replica_keys (else $KVPS_CURVE_REPLICA_KEYS): the chain's public keys in chain order,
+   joined by '|' as .replicas is, or one key for all (a CURVE worker's curve_server_keys has one
+   key per shard, so for its failover the replicas of a shard share one key pair); entry
+   .replica must be the server's own public key (derived from its secret), and no key may be a
+   worker's too. The primary's link to each backup is then a CURVE client with the server's own
+   key pair and the backup's public key; the ZAP handler admits the chain's keys besides
+   .curve_clients and names each connection's key in its User-Id ("worker KEY" / "replica KEY"),
+   so that REPL of every kind (the REPL hello included) is served only from a connection whose
+   key is the key of the replica the message names (aux), and a replica's key is no worker (its
+   hello, push or BYE is refused): a worker holding the token and the chain cannot speak for a
+   replica. Refused as ONLY THE JOB TALKS TO THE JOB says (KVPS_ERR_AUTH, counted, logged once).
+   CURVE and a chain without the keys is KVPS_ERR_CONFIG at create, naming curve_replica_keys.
+   When the replicas share a key pair the key proves membership of the chain, not the place.
+   tests/test_curve.c test_curve_replicas: a 1 x 2 CURVE chain of server processes, 2 workers,
+   a worker key's REPL hello (right token and chain) and forged epoch refused, the primary
+   SIGKILLed, every sum exact on the backup. Size limits: the server sets ZMQ_MAXMSGSIZE to .max_msg_bytes (default
    max_value_len floats + 64 MiB), so no peer makes it allocate more for one frame (ZeroMQ drops
    that connection), and checks every length before allocating (KVPS_ERR_TOO_LARGE).
    ONLY THE JOB TALKS TO THE JOB. With or without CURVE, a server serves a connection (tcp://,
@@ -549,8 +566,9 @@
    (KVPS_ERR_AUTH, naming KVPS_JOB_TOKEN). Without a token, a hello that matches the job's
    configuration is all a process needs to join, and a replica link needs only the chain: set a
    token wherever strangers can reach the servers' ports. The digest travels in plaintext:
-   against eavesdroppers, CURVE. The job's own processes are trusted (a worker holds the token,
-   so it could forge a replica's hello).
+   against eavesdroppers, CURVE. Without CURVE the job's own processes are trusted (a worker
+   holds the token, so it could forge a replica's hello); with CURVE a replica's hello needs a
+   replica's key (CURVE WITH REPLICAS above).
 
    13. TIMELINE
    KVPS_TIMELINE=DIR in the environment, or .timeline = "DIR" in a server's, worker's or ring's
@@ -639,6 +657,11 @@
         checkpoint version 4 records the server's checkpoint count (versions 3, 2, 1 still
         read); tensor_optim's CONFIG and the table ops carry the worker's incarnation, so they
         too are applied once and sent again after a reconnect. Protocol release 8.
+        CURVE with REPLICAS (SECURITY; issue 27): server desc field curve_replica_keys (last;
+        else $KVPS_CURVE_REPLICA_KEYS); replica links are CURVE clients; REPL only from the
+        named replica's key, no worker op from a replica's key. For existing programs: a
+        server with curve_secret_key and a chain of replicas without the keys is now refused
+        at create (KVPS_ERR_CONFIG); before, such a chain could not replicate at all.
 */
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no

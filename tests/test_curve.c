@@ -2,7 +2,11 @@
    client, an unlisted key, and a worker holding the wrong server key get no data and change
    nothing. A CURVE worker grows the server set (kvps_worker_reshard with one server key for
    all; kvps_worker_reshard_keys with one per server) and its keys reach the new server. Certificates are made with CZMQ's zcert (the reference implementation of the file
-   format) and read back with kvps_cert_load, and the other way round with kvps-keygen's files. */
+   format) and read back with kvps_cert_load, and the other way round with kvps-keygen's files.
+   A CURVE chain of 2 replicas (server processes) replicates over CURVE links with the chain's
+   keys; a worker key cannot send REPL, a replica key is no worker; the primary SIGKILLed: sums
+   exact (test_curve_replicas); CURVE and replicas without curve_replica_keys, or with keys that
+   do not fit, refused at create (test_curve_replicas_config). */
 #define _DEFAULT_SOURCE
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
