@@ -484,7 +484,13 @@
    the windows the backup holds). A backup takes over as primary when a worker's request comes
    and its primary's connection is gone (epoch + 1, and the others get a snapshot from it);
    while the primary's connection is alive it answers KVPS_ERR_NOT_PRIMARY and the worker moves
-   on. READS FROM A LOCAL REPLICA: under BSP the round's sum reaches every backup anyway, so a
+   on. A primary that stood still past peer_timeout_ms (stopped, as by SIGSTOP, or starved) may
+   have been replaced meanwhile, with requests it never saw forwarded still in its socket: it
+   holds every reply until a backup takes a snapshot of its epoch from it again (then it is still
+   the primary), and a backup that answers with a later epoch makes it step down, answering the
+   replies it held KVPS_ERR_NOT_PRIMARY so that their workers send them to the new primary (a
+   backup unreachable for peer_timeout_ms is not waited for); no reply of a stale primary reaches
+   a worker (test_replicas' test_stopped_primary_steps_down). READS FROM A LOCAL REPLICA: under BSP the round's sum reaches every backup anyway, so a
    worker created with .read_local = 1 (or KVPS_READ_LOCAL=1; kvps-run passes the environment)
    reads a pushpull's result from a replica of the shard on its own host (ipc, inproc, or a TCP
    address the host can bind; the first such past place 0), and only sends the push to the
@@ -3961,6 +3967,9 @@ struct kvps_server {
     int *member_fd;           /* per replica of the chain: the connection whose REPL hello proved it a
                                  member (-2: none; -1: inproc) */
     uint64_t chain_hash;      /* FNV-1a of the chain, as REPL hellos name it */
+    int64_t loop_at;          /* primary: when the serving loop last went round (a stop shows as a gap) */
+    int fenced;               /* primary: it stood still past peer_timeout_ms; replies wait for a backup
+                                 to take a snapshot from it again (kvps__repl_fence) */
     int synced;               /* backup: holds the shard (a snapshot of this epoch) */
     int64_t repl_look;        /* primary: when to read the links even if nothing woke it (ms) */
     zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
@@ -7003,6 +7012,14 @@ static void kvps__repl_stats(kvps_server *s) {
 
 /* Sends the held replies that every live backup now covers. */
 static void kvps__repl_release(kvps_server *s) {
+    if (s->fenced) { /* every backup waited for has gone past peer_timeout_ms unreachable: alone, it goes on */
+        int waited = 0;
+        for (int j = 0; j < s->nrep; j++) waited |= j != s->desc.replica && s->links[j].sock && s->links[j].wait_for;
+        if (waited) return;
+        s->fenced = 0;
+        kvps__log(KVPS_LOG_WARN, "server %d replica %d: no backup answered within peer_timeout_ms: going on as the primary",
+                  s->desc.rank, s->desc.replica);
+    }
     uint64_t lo = kvps__repl_floor(s);
     while (s->nheld && s->held[s->held_head].tag <= lo) {
         kvps__held *h = &s->held[s->held_head];
@@ -7567,6 +7584,65 @@ static int kvps__repl_links(kvps_server *s, int first) {
     return 0;
 }
 
+/* A primary learns that replica `by` is the primary of a later epoch (its refusal on a link, or
+   its REPL): this server steps down. The replies it still holds (to requests its backups never
+   acknowledged: the job's new primary may lack them) are not sent: each is answered
+   KVPS_ERR_NOT_PRIMARY instead, so its worker sends the request to the primary. */
+static void kvps__repl_step_down(kvps_server *s, uint32_t by, uint32_t epoch) {
+    kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %u is primary of epoch %u (this one's is %u); this server "
+              "becomes its backup, and the %zu replies it held are refused (KVPS_ERR_NOT_PRIMARY): their workers send "
+              "them to the primary", s->desc.rank, s->desc.replica, by, epoch, s->epoch, (size_t)s->nheld);
+    s->role = KVPS__ROLE_BACKUP;
+    s->synced = 0;
+    s->fenced = 0;
+    static const char text[] = "this server stepped down before its backups had this request: send it to the primary";
+    while (s->nheld) {
+        kvps__held *h = &s->held[s->held_head];
+        if (h->n >= 2 && zmq_msg_size(&h->f[1]) >= sizeof(kvps__hdr)) {
+            kvps__hdr rh;
+            memcpy(&rh, zmq_msg_data(&h->f[1]), sizeof rh);
+            rh.status = KVPS_ERR_NOT_PRIMARY;
+            rh.aux = (uint32_t)s->desc.replica;
+            rh.flags = 0;
+            rh.nkeys = 0;
+            zmq_msg_t f[3];
+            kvps__reply_start(f, &h->f[0], 0, &rh);
+            kvps__msg_from_buf(&f[2], text, sizeof text - 1);
+            kvps__send_frames(s->router, f, 3);
+        }
+        for (int i = 0; i < h->n; i++) zmq_msg_close(&h->f[i]);
+        s->held_head = (s->held_head + 1) % s->cap_held;
+        s->nheld--;
+    }
+    kvps__preq_clear(s);
+    kvps__repl_stats(s);
+}
+
+/* A primary that stood still past peer_timeout_ms (stopped, as by SIGSTOP, or starved) may have
+   been replaced: a backup takes over when the primary's connection is gone and a worker comes.
+   Until a backup takes a snapshot from it again (it is still the primary) its replies wait, and
+   a backup that answers with a later epoch makes it step down (kvps__repl_step_down); a backup
+   unreachable for peer_timeout_ms is not waited for. The sequence moves past every message sent
+   before the stop, so that no acknowledgement of those passes for the snapshot's. */
+static void kvps__repl_fence(kvps_server *s, int64_t gap_ms) {
+    s->fenced = 1;
+    s->fwd_seq++;
+    int64_t now = kvps__now_ms();
+    for (int j = 0; j < s->nrep; j++) {
+        kvps__link *l = &s->links[j];
+        if (j == s->desc.replica || !l->sock || l->state == KVPS__LINK_DOWN) {
+            if (l->sock && j != s->desc.replica) { l->wait_for = 1; l->since = now; }
+            continue;
+        }
+        l->state = KVPS__LINK_JOINING;
+        l->wait_for = 1;
+        l->since = now;
+    }
+    kvps__log(KVPS_LOG_WARN, "server %d replica %d: this primary stood still for %lld ms (peer_timeout_ms is %d): a backup "
+              "may have taken over; its replies wait until a backup takes a snapshot of epoch %u from it", s->desc.rank,
+              s->desc.replica, (long long)gap_ms, s->desc.peer_timeout_ms, s->epoch);
+}
+
 /* Primary: connection events and acknowledgements from the backups. */
 static void kvps__repl_links_poll(kvps_server *s) {
     int64_t now = kvps__now_ms();
@@ -7585,7 +7661,7 @@ static void kvps__repl_links_poll(kvps_server *s) {
                 int was_live = l->state == KVPS__LINK_LIVE;
                 l->state = KVPS__LINK_DOWN;
                 l->since = now;
-                l->wait_for = 0;
+                if (!s->fenced) l->wait_for = 0; /* (fenced: waited for until peer_timeout_ms passes) */
                 int live = 1;
                 for (int k = 0; k < s->nrep; k++) live += k != s->desc.replica && s->links[k].state == KVPS__LINK_LIVE;
                 /* once the job has ended a backup leaving is no fault: it ends with the job (CLEAN FINISH) */
@@ -7608,6 +7684,11 @@ static void kvps__repl_links_poll(kvps_server *s) {
             if (zmq_msg_size(&fr[0]) >= sizeof h) {
                 memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
                 if (h.magic == KVPS__MAGIC && h.op == (KVPS__OP_REPL | KVPS__OP_REPLY)) {
+                    if (h.status != KVPS_OK && h.nkeys > s->epoch) { /* it is the primary of a later epoch */
+                        for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+                        kvps__repl_step_down(s, h.aux, h.nkeys);
+                        return;
+                    }
                     if (h.status != KVPS_OK) {
                         char text[256];
                         kvps__frame_text(fr, n, text, sizeof text);
@@ -7617,12 +7698,18 @@ static void kvps__repl_links_poll(kvps_server *s) {
                                                                                                    : "; it gets a snapshot");
                         l->state = h.status == KVPS_ERR_CHECKPOINT || h.status == KVPS_ERR_CONFIG ? KVPS__LINK_DOWN
                                                                                                    : KVPS__LINK_JOINING;
-                        l->wait_for = 0;
+                        if (!s->fenced) l->wait_for = 0; /* (fenced: its snapshot, or peer_timeout_ms, decides) */
                     } else if (l->state == KVPS__LINK_SNAP || l->state == KVPS__LINK_LIVE) {
                         l->acked = h.req_id;
                         if (l->state == KVPS__LINK_SNAP && h.req_id >= l->snap_seq) {
                             l->state = KVPS__LINK_LIVE;
                             l->wait_for = 0;
+                            if (s->fenced) {
+                                s->fenced = 0;
+                                kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %d took a snapshot of epoch %u: this "
+                                          "server is still the primary; its held replies go", s->desc.rank, s->desc.replica,
+                                          j, s->epoch);
+                            }
                             kvps__log(KVPS_LOG_INFO, "server %d replica %d: replica %d (%s) holds the shard now", s->desc.rank,
                                       s->desc.replica, j, s->chain[j]);
                         }
@@ -7695,13 +7782,7 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
         return;
     }
-    if (s->role == KVPS__ROLE_PRIMARY) { /* a primary of a later epoch: this one steps down */
-        kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %u is primary of epoch %u; this server becomes its backup",
-                  s->desc.rank, s->desc.replica, h.aux, h.nkeys);
-        s->role = KVPS__ROLE_BACKUP;
-        s->synced = 0;
-        kvps__repl_stats(s);
-    }
+    if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_step_down(s, h.aux, h.nkeys); /* a primary of a later epoch */
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
     if (fd >= 0) s->primary_fd = fd;
     s->epoch = h.nkeys;
@@ -8214,6 +8295,14 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             if (zmq_errno() == EINTR) continue;
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
+        }
+        if (s->role == KVPS__ROLE_PRIMARY && s->nrep > 1) { /* stood still (stopped) past peer_timeout_ms? */
+            int64_t now = kvps__now_ms();
+            if (s->loop_at && !s->fenced && now - s->loop_at > (tmo > 0 ? tmo : 0) + s->desc.peer_timeout_ms) {
+                kvps__repl_fence(s, now - s->loop_at);
+                kvps__repl_links_poll(s); /* what the backups said meanwhile, before any request is served */
+            }
+            s->loop_at = now;
         }
         if (items[1].revents & ZMQ_POLLIN) {
             char c;

@@ -46,7 +46,10 @@
                                  last event): every server process, backups too, ends by itself
                                  with KVPS_ERR_PEER_LOST; elastic sums exact
      test_clean_finish_quiet     the primary finds its backup gone at a clean finish (held until
-                                 the backup has ended): nothing logged at warning level */
+                                 the backup has ended): nothing logged at warning level
+     test_stopped_primary_steps_down  the primary SIGSTOPped past its backup's take-over, a push
+                                 sent to it during the stop: once resumed it answers nothing as
+                                 primary, steps down, and the push reaches the new primary */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
@@ -1391,6 +1394,62 @@ static void test_forged_repl_refused(void) {
     unsetenv("KVPS_JOB_TOKEN");
 }
 
+/* A primary stopped (SIGSTOP) past its backup's take-over, then resumed, with a request that a
+   worker sent it during the stop still in its socket (issue 27): it must not answer that request
+   as if it were still the primary (the job's truth is the new primary's, which never had it).
+   Async + SUM on 1 x 2 server processes; worker 0 fails over after 300 ms and brings the backup
+   to take over; worker 1 (failover only after 60 s) pushes 1000s to the stopped primary. Once
+   resumed, whatever the old primary answers, every push a worker was told is applied must be in
+   the sum the new primary holds: 1 + 10 + 2 + 1000 per element. */
+static void test_stopped_primary_steps_down(void) {
+    char ep[2][96], chain[200];
+    for (int r = 0; r < 2; r++) snprintf(ep[r], sizeof ep[r], "ipc://@kvps-test-sp-%d-%d", (int)getpid(), r);
+    snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 2, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+                              .heartbeat_ms = 200, .peer_timeout_ms = 1000};
+        d.replicas = chain;
+        d.replica = r;
+        pid[r] = server_proc(&d, NULL);
+    }
+    kvps_worker *w[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++)
+        KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = chain, .rank = r, .num_workers = 2, .timeout_ms = 20000,
+                                                     .heartbeat_ms = 200, .peer_timeout_ms = 1000,
+                                                     .failover_ms = r ? 60000 : 300}, &w[r]));
+    uint64_t key[1] = {7};
+    size_t len[1] = {3};
+    float a[3] = {1, 1, 1}, b[3] = {10, 10, 10}, c[3] = {2, 2, 2}, big[3] = {1000, 1000, 1000}, got[3] = {0, 0, 0};
+    kvps_req q, q1;
+    if (w[0] && w[1]) {
+        KT_OK(kvps_worker_push(w[0], key, a, len, 1, &q));
+        KT_OK(kvps_worker_wait(w[0], q, -1));
+        KT_OK(kvps_worker_push(w[1], key, b, len, 1, &q));
+        KT_OK(kvps_worker_wait(w[1], q, -1));
+        kill(pid[0], SIGSTOP);
+        KT_OK(kvps_worker_push(w[0], key, c, len, 1, &q));
+        kvps_result r0 = kvps_worker_wait(w[0], q, -1); /* through the backup, once it has taken over */
+        KT_CHECK(r0 == KVPS_OK, "worker 0's push after the stop: %s (%s)", kvps_result_str(r0), kvps_worker_last_error(w[0]));
+        KT_OK(kvps_worker_push(w[1], key, big, len, 1, &q1)); /* into the stopped primary's socket */
+        kt_sleep_ms(1500);
+        kill(pid[0], SIGCONT);
+        kvps_result r1 = kvps_worker_wait(w[1], q1, -1);
+        KT_CHECK(r1 == KVPS_OK, "worker 1's push sent during the stop: %s (%s)", kvps_result_str(r1),
+                 kvps_worker_last_error(w[1]));
+        KT_OK(kvps_worker_pull(w[0], key, got, len, 1, &q));
+        KT_OK(kvps_worker_wait(w[0], q, -1));
+        for (int i = 0; i < 3; i++)
+            KT_CHECK(got[i] == 1013.0f, "element %d: %g, want 1013 (%s)", i, (double)got[i],
+                     got[i] == 13.0f ? "a push answered OK is not in the new primary's sum" : "?");
+    }
+    for (int r = 0; r < 2; r++) kvps_worker_destroy(&w[r]);
+    for (int r = 0; r < 2; r++) {
+        int st = kt_wait_pid(pid[r], kt_now_ms() + 10000);
+        if (st < 0) { kill(pid[r], SIGKILL); waitpid(pid[r], NULL, 0); }
+    }
+}
+
 #define RUN(fn, s) do { if (!only || strstr(#fn, only)) KT_RUN(fn, s); } while (0)
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
@@ -1412,5 +1471,6 @@ int main(void) {
     RUN(test_clean_finish_quiet, 60);
     RUN(test_env_replicas, 30);
     RUN(test_forged_repl_refused, 120);
+    RUN(test_stopped_primary_steps_down, 90);
     return kt_finish();
 }
