@@ -17,16 +17,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <zmq.h>
+#include "bench/bench_cpu.h" /* bench_machine */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 #define DIE_IF(cond, ...) do { if (cond) { fprintf(stderr, "bench_gpu: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } } while (0)
 #define CUDA_OK(call) do { cudaError_t e_ = (call); DIE_IF(e_ != cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_)); } while (0)
@@ -215,6 +211,7 @@ int main(int argc, char **argv) {
     }
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
     printf("# bench_gpu: %d x %s, NCCL %d.%d.%d, %d iterations\n", n, prop.name, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, iters);
     printf("# all-reduce float32 sum, in place, %d ranks (busbw = algbw * 2(n-1)/n)\n", n);
     printf("# %12s %12s %6s | %10s %8s %8s | %10s %8s %8s | %9s\n", "size", "count", "type", "kvps(us)", "algbw", "busbw",
