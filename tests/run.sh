@@ -11,7 +11,9 @@ for t in "$dir"/test_*; do
   echo "== $name"
   t0=$(date +%s.%N)
   out=$(timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
-  printf '%s\n' "$out" | grep -v '^ok ' | tail -n 40
+  # every failure with what it said (it may be far from the end), then the end of the output
+  printf '%s\n' "$out" | grep -A 6 '^FAIL' | head -n 80
+  printf '%s\n' "$out" | grep -v '^ok ' | tail -n 30
   echo "   ($name: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s)"
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
   p=$(echo "$line" | awk '{print $1}'); f=$(echo "$line" | awk '{print $3}' | tr -d ,)
