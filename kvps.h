@@ -5926,11 +5926,16 @@ static int kvps__hello_ok(kvps_server *s, kvps__rq *q) {
     if (proto != KVPS__PROTO)
         return kvps__hello_refuse(s, q, KVPS_ERR_VERSION, "worker %u speaks kvps protocol %u, server %d (%s) speaks %d", r, proto,
                                   s->desc.rank, s->endpoint, KVPS__PROTO);
-    if (kvps__get64(v + 48) != s->token)
-        return kvps__hello_refuse(s, q, KVPS_ERR_AUTH, "worker %u %s, server %d (%s) %s: a process of another job, or one its "
-                                  "launcher did not give the job's token (KVPS_JOB_TOKEN; kvps-run sets it)", r,
-                                  kvps__get64(v + 48) ? "carries a job token" : "carries no job token", s->desc.rank,
-                                  s->endpoint, s->token ? "has another" : "has none");
+    if (kvps__get64(v + 48) != s->token) { /* a stranger: not remembered by incarnation as other refusals are
+                                              (it could name a worker's), nor in that worker's re-send window */
+        char why[300];
+        snprintf(why, sizeof why, "its hello %s, server %d %s: a process of another job, or one its launcher did not "
+                 "give the job's token (KVPS_JOB_TOKEN; kvps-run sets it)",
+                 kvps__get64(v + 48) ? "carries another job token" : "carries no job token", s->desc.rank,
+                 s->token ? "has another" : "has none");
+        kvps__stranger(s, q->fr, &q->h, zmq_msg_get(&q->fr[1], ZMQ_SRCFD), why);
+        return 0;
+    }
     if (nw && nw != (uint32_t)s->m)
         return kvps__hello_refuse(s, q, KVPS_ERR_CONFIG, "worker %u was told num_workers = %u, server %d (%s) was told %d", r, nw,
                                   s->desc.rank, s->endpoint, s->m);
