@@ -3970,6 +3970,7 @@ struct kvps_server {
     int64_t loop_at;          /* primary: when the serving loop last went round (a stop shows as a gap) */
     int fenced;               /* primary: it stood still past peer_timeout_ms; replies wait for a backup
                                  to take a snapshot from it again (kvps__repl_fence) */
+    int64_t fence_at;         /* when it fenced: at most 2 x peer_timeout_ms later it goes on as before */
     int synced;               /* backup: holds the shard (a snapshot of this epoch) */
     int64_t repl_look;        /* primary: when to read the links even if nothing woke it (ms) */
     zmq_msg_t primary_id;     /* backup: the primary's routing id (acknowledgements go there) */
@@ -7022,7 +7023,7 @@ static void kvps__repl_release(kvps_server *s) {
         for (int j = 0; j < s->nrep; j++) waited |= j != s->desc.replica && s->links[j].sock && s->links[j].wait_for;
         if (waited) return;
         s->fenced = 0;
-        kvps__log(KVPS_LOG_WARN, "server %d replica %d: no backup answered within peer_timeout_ms: going on as the primary",
+        kvps__log(KVPS_LOG_WARN, "server %d replica %d: no backup confirmed or replaced this primary in time: going on as the primary",
                   s->desc.rank, s->desc.replica);
     }
     uint64_t lo = kvps__repl_floor(s);
@@ -7627,10 +7628,13 @@ static void kvps__repl_step_down(kvps_server *s, uint32_t by, uint32_t epoch) {
    been replaced: a backup takes over when the primary's connection is gone and a worker comes.
    Until a backup takes a snapshot from it again (it is still the primary) its replies wait, and
    a backup that answers with a later epoch makes it step down (kvps__repl_step_down); a backup
-   unreachable for peer_timeout_ms is not waited for. The sequence moves past every message sent
+   unreachable for peer_timeout_ms is not waited for, and none is waited for past 2 x
+   peer_timeout_ms (a snapshot waits for no round to be half summed, and under BSP a round can
+   wait for a worker whose reply is held: a successor would have said so by then). The sequence moves past every message sent
    before the stop, so that no acknowledgement of those passes for the snapshot's. */
 static void kvps__repl_fence(kvps_server *s, int64_t gap_ms) {
     s->fenced = 1;
+    s->fence_at = kvps__now_ms();
     s->fwd_seq++;
     int64_t now = kvps__now_ms();
     for (int j = 0; j < s->nrep; j++) {
@@ -8306,6 +8310,9 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             if (s->loop_at && !s->fenced && now - s->loop_at > (tmo > 0 ? tmo : 0) + s->desc.peer_timeout_ms) {
                 kvps__repl_fence(s, now - s->loop_at);
                 kvps__repl_links_poll(s); /* what the backups said meanwhile, before any request is served */
+            } else if (s->fenced && now - s->fence_at > 2 * (int64_t)s->desc.peer_timeout_ms) {
+                for (int j = 0; j < s->nrep; j++) s->links[j].wait_for = 0; /* kvps__repl_release unfences */
+                kvps__repl_release(s);
             }
             s->loop_at = now;
         }
