@@ -489,8 +489,9 @@
    holds every reply until a backup takes a snapshot of its epoch from it again (then it is still
    the primary), and a backup that answers with a later epoch makes it step down, answering the
    replies it held KVPS_ERR_NOT_PRIMARY so that their workers send them to the new primary (a
-   backup unreachable for peer_timeout_ms is not waited for); no reply of a stale primary reaches
-   a worker (test_replicas' test_stopped_primary_steps_down). READS FROM A LOCAL REPLICA: under BSP the round's sum reaches every backup anyway, so a
+   backup unreachable for peer_timeout_ms is not waited for, and none past 2 x peer_timeout_ms,
+   by when a successor has said so); no reply of a stale primary reaches a worker (test_replicas'
+   test_stopped_primary_steps_down). READS FROM A LOCAL REPLICA: under BSP the round's sum reaches every backup anyway, so a
    worker created with .read_local = 1 (or KVPS_READ_LOCAL=1; kvps-run passes the environment)
    reads a pushpull's result from a replica of the shard on its own host (ipc, inproc, or a TCP
    address the host can bind; the first such past place 0), and only sends the push to the
