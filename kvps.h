@@ -1570,11 +1570,14 @@ static uint64_t kvps__mix64(uint64_t x) { /* splitmix64 finaliser */
     return x;
 }
 
-static uint64_t kvps__fnv1a(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
+/* FNV-1a (64 bits) of n bytes, continuing from h (a new hash starts from KVPS__FNV_BASIS). */
+#define KVPS__FNV_BASIS 0xcbf29ce484222325ull
+static uint64_t kvps__fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = (const unsigned char *)p;
+    while (n--) h = (h ^ *c++) * 0x100000001b3ull;
     return h;
 }
+static uint64_t kvps__fnv1a(const char *s) { return kvps__fnv(KVPS__FNV_BASIS, s, strlen(s)); }
 
 static int64_t kvps__now_us(void) {
     struct timespec ts;
@@ -3330,19 +3333,12 @@ static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
     buf[n] = 0;
 }
 
-/* FNV-1a (64 bits) of bytes, continuing from h (start: 0xcbf29ce484222325). */
-static uint64_t kvps__fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *c = (const unsigned char *)p;
-    while (n--) h = (h ^ *c++) * 0x100000001b3ull;
-    return h;
-}
-
 /* The job token's digest (JOB TOKEN): the desc's token, else $KVPS_JOB_TOKEN; 0 when there is
    none (NULL or ""), never 0 otherwise. What travels is the digest, never the token. */
 static uint64_t kvps__token_digest(const char *desc_token) {
     const char *t = desc_token ? desc_token : getenv("KVPS_JOB_TOKEN");
     if (!t || !*t) return 0;
-    uint64_t h = kvps__fnv(0xcbf29ce484222325ull, "kvps job token:", 15);
+    uint64_t h = kvps__fnv(KVPS__FNV_BASIS, "kvps job token:", 15);
     h = kvps__mix64(kvps__fnv(h, t, strlen(t)));
     return h ? h : 1;
 }
@@ -3523,13 +3519,12 @@ static const char *kvps__place_dec(kvps__place *p, const unsigned char *v, size_
    encoding, never 0. */
 static uint64_t kvps__place_hash(const kvps__place *p) {
     if (p->count < 2) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = KVPS__FNV_BASIS;
     uint32_t head[2] = {p->V, p->count};
     const unsigned char *parts[4] = {(const unsigned char *)head, (const unsigned char *)p->n, (const unsigned char *)p->m,
                                      (const unsigned char *)p->mv};
     size_t sizes[4] = {8, 4 * (size_t)p->count, 4 * (size_t)p->count, 8 * (size_t)p->nmv};
-    for (int k = 0; k < 4; k++)
-        for (size_t i = 0; i < sizes[k]; i++) h = (h ^ parts[k][i]) * 0x100000001b3ull;
+    for (int k = 0; k < 4; k++) h = kvps__fnv(h, parts[k], sizes[k]);
     return h ? h : 1;
 }
 
@@ -5189,7 +5184,7 @@ static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_
 
 static void kvps__stranger(kvps_server *s, zmq_msg_t *fr, const kvps__hdr *h0, int fd, const char *why) {
     KVPS__STAT_ADD(s, strangers, 1);
-    uint64_t key = kvps__fnv(kvps__fnv(0xcbf29ce484222325ull, &fd, sizeof fd), zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
+    uint64_t key = kvps__fnv(kvps__fnv(KVPS__FNV_BASIS, &fd, sizeof fd), zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
     unsigned i, n = s->nstranger_logged < 16 ? s->nstranger_logged : 16;
     for (i = 0; i < n && s->stranger_logged[i] != key; i++) {}
     const char *addr = zmq_msg_gets(&fr[1], "Peer-Address");
@@ -7933,7 +7928,7 @@ static int kvps__repl_setup(kvps_server *s) {
     s->links = (kvps__link *)calloc((size_t)s->nrep, sizeof *s->links);
     s->member_fd = (int *)malloc((size_t)s->nrep * sizeof *s->member_fd);
     if (!s->links || !s->member_fd) return -1;
-    s->chain_hash = 0xcbf29ce484222325ull;
+    s->chain_hash = KVPS__FNV_BASIS;
     for (int j = 0; j < s->nrep; j++) {
         s->member_fd[j] = -2;
         s->chain_hash = kvps__fnv(s->chain_hash, s->chain[j], strlen(s->chain[j]) + 1); /* (with its NUL) */
@@ -9449,12 +9444,8 @@ static kvps_result kvps__hello_to(kvps_worker *w, int from, int to, int again) {
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "create: out of memory");
     q->ctl = KVPS__OP_HELLO;
-    uint64_t hash = 0xcbf29ce484222325ull; /* FNV-1a over the list, a comma between entries */
-    for (int i = 0; i < w->n; i++)
-        for (const char *c = w->endpoints[i]; ; c++) {
-            hash = (hash ^ (unsigned char)(*c ? *c : ',')) * 0x100000001b3ull;
-            if (!*c) break;
-        }
+    uint64_t hash = KVPS__FNV_BASIS; /* FNV-1a over the list, a comma after each entry */
+    for (int i = 0; i < w->n; i++) hash = kvps__fnv(kvps__fnv(hash, w->endpoints[i], strlen(w->endpoints[i])), ",", 1);
     unsigned char v[KVPS__HELLO_BYTES] = {0};
     uint64_t mins = w->desc.min_slice, maxs = w->desc.max_slice;
     kvps__put32(v, KVPS__PROTO);

@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
+#include <poll.h>
 #include <zmq.h>
 
 /* ---- the runner ---------------------------------------------------------------------------- */
@@ -193,23 +194,44 @@ static inline void kt_raw_meta(unsigned char meta[KVPS__HDR + KVPS__KENT], int o
     memcpy(meta + KVPS__HDR, &e, sizeof e);
 }
 
-/* Sends [meta][vals] from raw DEALER d and returns the status in the reply's header (its text
-   frame, if any, read and dropped), or 0 when no reply came within timeout_ms. */
-static inline int32_t kt_raw_status(void *d, const void *meta, size_t msz, const void *vals, size_t vsz, int timeout_ms) {
-    zmq_send(d, meta, msz, ZMQ_SNDMORE);
-    zmq_send(d, vals, vsz, 0);
+/* Sends [meta][vals] from raw DEALER d ([meta] alone when vals is NULL) and returns the status in
+   the reply's header, or 1 when no reply came within timeout_ms; the reply's text frame, if any,
+   goes to text (cap bytes, NUL-terminated; NULL: read and dropped). */
+static inline int32_t kt_raw_reply(void *d, const void *meta, size_t msz, const void *vals, size_t vsz, int timeout_ms,
+                                   char *text, size_t cap) {
+    zmq_send(d, meta, msz, vals ? ZMQ_SNDMORE : 0);
+    if (vals) zmq_send(d, vals, vsz, 0);
+    if (text && cap) text[0] = 0;
     kvps__hdr rh;
     memset(&rh, 0, sizeof rh);
     zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) == 1) {
-        zmq_recv(d, &rh, sizeof rh, 0);
-        int more;
-        size_t ml = sizeof more;
+    if (zmq_poll(&it, 1, timeout_ms) != 1) return 1;
+    zmq_recv(d, &rh, sizeof rh, 0);
+    int more = 0;
+    size_t ml = sizeof more;
+    zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+    while (more) {
+        char buf[600];
+        int n = (int)zmq_recv(d, buf, sizeof buf - 1, 0);
+        if (n >= 0 && text && cap) snprintf(text, cap, "%.*s", n < (int)sizeof buf - 1 ? n : (int)sizeof buf - 1, buf);
         zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-        char text[300];
-        if (more) zmq_recv(d, text, sizeof text, 0);
     }
     return rh.status;
+}
+/* The chain hash a REPL hello must carry for chain "a|b|..." (kvps__repl_setup's, computed apart:
+   a stranger can compute it too; what it lacks is the job token). */
+static inline uint64_t kt_chain_hash(const char *chain) {
+    uint64_t h = KVPS__FNV_BASIS;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", chain);
+    for (char *e = strtok(buf, "|"); e; e = strtok(NULL, "|")) h = kvps__fnv(h, e, strlen(e) + 1);
+    return h;
+}
+
+/* The same, the text dropped; 0 when no reply came (what the tests that use it expect). */
+static inline int32_t kt_raw_status(void *d, const void *meta, size_t msz, const void *vals, size_t vsz, int timeout_ms) {
+    int32_t st = kt_raw_reply(d, meta, msz, vals, vsz, timeout_ms, NULL, 0);
+    return st == 1 ? 0 : st;
 }
 #endif
 
@@ -356,6 +378,36 @@ static inline void kt_server_proc_stop(pid_t pid) {
     KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
 }
 
+
+/* ---- a proxy's copying (the tests' TCP and ipc proxies, which cut connections) --------------- */
+
+/* One pass: pair i's client side cfd[i] was polled as pf[1 + 2i], its upstream side ufd[i] as
+   pf[2 + 2i]; what is readable on either side goes to the other (the upstream's not while
+   hold_up). A pair whose side closed or failed is closed and removed (the last pair takes its
+   place), and the pass ends there: the pf indices no longer match. */
+static inline void kt_proxy_copy(const struct pollfd *pf, int polled, int *cfd, int *ufd, int *n, int hold_up, char *buf,
+                                 size_t cap) {
+    for (int i = 0; i < polled; i++) {
+        int dead = 0;
+        for (int d = 0; d < 2 && !dead; d++) {
+            if (!(pf[1 + 2 * i + d].revents & (POLLIN | POLLHUP | POLLERR)) || (d && hold_up)) continue;
+            int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
+            ssize_t got = read(from, buf, cap);
+            if (got <= 0) { dead = 1; break; }
+            for (ssize_t off = 0; off < got;) {
+                ssize_t w = write(to, buf + off, (size_t)(got - off));
+                if (w <= 0) { dead = 1; break; }
+                off += w;
+            }
+        }
+        if (dead) {
+            close(cfd[i]); close(ufd[i]);
+            cfd[i] = cfd[*n - 1]; ufd[i] = ufd[*n - 1];
+            (*n)--;
+            return;
+        }
+    }
+}
 
 /* ---- rings (kvps_ring.h) ------------------------------------------------------------------- */
 #ifdef KVPS_RING_H

@@ -331,52 +331,32 @@ static void c_wait_done(int n) {
     while (c_min_done() < n && kt_now_ms() < end) kt_sleep_ms(2);
 }
 
-static uint64_t c_chain_hash(void) { /* as kvps__repl_setup computes it */
-    uint64_t h = 0xcbf29ce484222325ull;
-    char buf[200];
-    snprintf(buf, sizeof buf, "%s", c_chain);
-    for (char *e = strtok(buf, "|"); e; e = strtok(NULL, "|")) h = kvps__fnv(h, e, strlen(e) + 1);
-    return h;
-}
-
 /* The rogue: a CURVE worker key the servers list, and the job's token. It sends the backup a REPL
    hello (right token, right chain, naming replica 0), then REPL of every kind (epoch 9, replica
    0) and the hello once more. Returns how many were not answered KVPS_ERR_AUTH. */
 static int rogue_repl(void) {
     void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0, tmo = 3000, bad = 0;
+    int zero = 0, bad = 0;
     uint8_t sk[32], pk[32], ck[32];
     zmq_z85_decode(sk, c_srv.pub);
     zmq_z85_decode(pk, c_rogue.pub);
     zmq_z85_decode(ck, c_rogue.sec);
     zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
     zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, sk, 32);
     zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, pk, 32);
     zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, ck, 32);
     zmq_connect(d, c_ep[1]);
-    uint64_t proof[2] = {kvps__token_digest(NULL), c_chain_hash()};
+    uint64_t proof[2] = {kvps__token_digest(NULL), kt_chain_hash(c_chain)};
     int order[KVPS__REPL_KINDS + 1] = {KVPS__REPL_HELLO, KVPS__REPL_FWD, KVPS__REPL_SNAP, KVPS__REPL_LOST, KVPS__REPL_ROUND,
                                        KVPS__REPL_HELLO};
     for (int i = 0; i < KVPS__REPL_KINDS + 1; i++) {
         int kind = order[i];
         kvps__hdr h = KT_HDR(.op = KVPS__OP_REPL, .rank = (uint32_t)kind, .nkeys = kind == KVPS__REPL_HELLO ? 1 : 9,
                              .aux = 0, .req_id = (uint64_t)i + 1);
-        zmq_send(d, &h, sizeof h, ZMQ_SNDMORE);
-        zmq_send(d, proof, kind == KVPS__REPL_LOST ? 4 : sizeof proof, 0);
-        kvps__hdr rh;
-        memset(&rh, 0, sizeof rh);
-        int got = (int)zmq_recv(d, &rh, sizeof rh, 0), more = 0;
-        size_t ml = sizeof more;
-        char text[600] = "";
-        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-        while (got >= 0 && more) {
-            int n = (int)zmq_recv(d, text, sizeof text - 1, 0);
-            if (n >= 0) text[n < (int)sizeof text - 1 ? n : (int)sizeof text - 1] = 0;
-            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-        }
-        if (got < (int)sizeof rh || rh.status != KVPS_ERR_AUTH) {
-            printf("  rogue: REPL kind %d: %s %s\n", kind, got < 0 ? "no reply" : kvps_result_str((kvps_result)rh.status), text);
+        char text[600];
+        int32_t st = kt_raw_reply(d, &h, sizeof h, proof, kind == KVPS__REPL_LOST ? 4 : sizeof proof, 3000, text, sizeof text);
+        if (st != KVPS_ERR_AUTH) {
+            printf("  rogue: REPL kind %d: %s %s\n", kind, st == 1 ? "no reply" : kvps_result_str((kvps_result)st), text);
             bad++;
         } else if (i == 0) {
             printf("  a worker key's REPL hello: %s\n", text);

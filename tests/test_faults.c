@@ -97,27 +97,7 @@ static void *proxy_main(void *arg) {
             if (c >= 0 && u >= 0) { cfd[n] = c; ufd[n] = u; n++; }
             else { if (c >= 0) close(c); if (u >= 0) close(u); }
         }
-        for (int i = 0; i < polled; i++) {
-            int dead = 0;
-            for (int d = 0; d < 2 && !dead; d++) {
-                short re = pf[1 + 2 * i + d].revents;
-                if (!re || (d && __atomic_load_n(&p->hold, __ATOMIC_ACQUIRE))) continue;
-                int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
-                ssize_t got = read(from, buf, sizeof buf);
-                if (got <= 0) { dead = 1; break; }
-                for (ssize_t off = 0; off < got;) {
-                    ssize_t w = write(to, buf + off, (size_t)(got - off));
-                    if (w <= 0) { dead = 1; break; }
-                    off += w;
-                }
-            }
-            if (dead) {
-                close(cfd[i]); close(ufd[i]);
-                cfd[i] = cfd[n - 1]; ufd[i] = ufd[n - 1];
-                n--;
-                break; /* pf indices are stale now */
-            }
-        }
+        kt_proxy_copy(pf, polled, cfd, ufd, &n, __atomic_load_n(&p->hold, __ATOMIC_ACQUIRE), buf, sizeof buf);
     }
     for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
     return NULL;

@@ -746,26 +746,7 @@ static void *uproxy_main(void *arg) {
             if (u >= 0 && connect(u, (struct sockaddr *)&a, al) == 0) { cfd[n] = c; ufd[n] = u; n++; }
             else { if (c >= 0) close(c); if (u >= 0) close(u); }
         }
-        for (int i = 0; i < polled; i++) {
-            int dead = 0;
-            for (int d = 0; d < 2 && !dead; d++) {
-                if (!(pf[1 + 2 * i + d].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-                int from = d ? ufd[i] : cfd[i], to = d ? cfd[i] : ufd[i];
-                ssize_t got = read(from, buf, sizeof buf);
-                if (got <= 0) { dead = 1; break; }
-                for (ssize_t off = 0; off < got;) {
-                    ssize_t w = write(to, buf + off, (size_t)(got - off));
-                    if (w <= 0) { dead = 1; break; }
-                    off += w;
-                }
-            }
-            if (dead) {
-                close(cfd[i]); close(ufd[i]);
-                cfd[i] = cfd[n - 1]; ufd[i] = ufd[n - 1];
-                n--;
-                break; /* pf indices are stale now */
-            }
-        }
+        kt_proxy_copy(pf, polled, cfd, ufd, &n, 0, buf, sizeof buf);
     }
     for (int i = 0; i < n; i++) { close(cfd[i]); close(ufd[i]); }
     return NULL;
@@ -1311,13 +1292,6 @@ static void test_env_replicas(void) {
    workers push (async + SUM). Every reply is KVPS_ERR_AUTH; the workers go on without an error
    (a primary that stepped down or a backup that raised its epoch would fail them, as the issue
    saw), every sum is exact and the servers end by themselves (a forged BYE would end them early). */
-static uint64_t chain_hash(const char *chain) { /* as kvps__repl_setup computes it */
-    uint64_t h = 0xcbf29ce484222325ull;
-    char buf[200];
-    snprintf(buf, sizeof buf, "%s", chain);
-    for (char *e = strtok(buf, "|"); e; e = strtok(NULL, "|")) h = kvps__fnv(h, e, strlen(e) + 1);
-    return h;
-}
 static int stranger_main(const job *j) {
     void *ctx = zmq_ctx_new();
     int bad = 0;
@@ -1325,7 +1299,7 @@ static int stranger_main(const job *j) {
         for (int r = 0; r < NREP; r++)
             for (int idmode = 0; idmode < 2; idmode++) {
                 void *d = zmq_socket(ctx, ZMQ_DEALER);
-                int zero = 0, tmo = 3000;
+                int zero = 0;
                 zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
                 if (idmode) { /* the replica link's routing id (without its random part: unknowable) */
                     unsigned char rid[12] = {'k', 'v', 'p', 's', 'r', 'e', 'p', 'l'};
@@ -1333,32 +1307,17 @@ static int stranger_main(const job *j) {
                     memcpy(rid + 8, &other, 4);
                     zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
                 }
-                zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
                 zmq_connect(d, j->ep[s][r]);
-                uint64_t proof[2] = {0x5eed5eed5eed5eedull, chain_hash(j->chain[s])};
+                uint64_t proof[2] = {0x5eed5eed5eed5eedull, kt_chain_hash(j->chain[s])};
                 for (int kind = 0; kind <= KVPS__REPL_HELLO + 1; kind++) {
                     int bye = kind == KVPS__REPL_HELLO + 1;
                     kvps__hdr h = KT_HDR(.op = bye ? KVPS__OP_BYE : KVPS__OP_REPL, .rank = bye ? (uint32_t)(s % NW) : (uint32_t)kind,
                                          .nkeys = bye ? 0 : 9, .aux = (uint32_t)(1 - r), .req_id = 1);
-                    unsigned char body[16];
-                    memcpy(body, proof, 16);
-                    zmq_send(d, &h, sizeof h, ZMQ_SNDMORE);
-                    zmq_send(d, body, kind == KVPS__REPL_LOST ? 4 : 16, 0);
-                    kvps__hdr rh;
-                    memset(&rh, 0, sizeof rh);
-                    int got = (int)zmq_recv(d, &rh, sizeof rh, 0), more = 0;
-                    size_t ml = sizeof more;
-                    char text[600] = "";
-                    zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-                    while (more) {
-                        int n = (int)zmq_recv(d, text, sizeof text - 1, 0);
-                        if (n >= 0) text[n < (int)sizeof text - 1 ? n : (int)sizeof text - 1] = 0;
-                        zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
-                    }
-                    if (got < (int)sizeof rh || rh.status != KVPS_ERR_AUTH) {
+                    char text[600];
+                    int32_t st = kt_raw_reply(d, &h, sizeof h, proof, kind == KVPS__REPL_LOST ? 4 : 16, 3000, text, sizeof text);
+                    if (st != KVPS_ERR_AUTH) {
                         printf("  stranger: shard %d replica %d, %s kind %d%s: status %d (%s) %s\n", s, r, bye ? "BYE" : "REPL", kind,
-                               idmode ? " (link's routing id)" : "", got < 0 ? 1 : rh.status,
-                               got < 0 ? "no reply" : kvps_result_str((kvps_result)rh.status), text);
+                               idmode ? " (link's routing id)" : "", st, st == 1 ? "no reply" : kvps_result_str((kvps_result)st), text);
                         bad++;
                     }
                 }
