@@ -13,7 +13,7 @@ B       ?= build
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
-HEADERS  := kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
+HEADERS  := kvps_core.h kvps_codec.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
 
 .PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
 # The OpenMPI peers of bench_ring and bench_fusion, built where mpicc is (the benches run without
@@ -61,7 +61,8 @@ $(B):
 	@mkdir -p $(B)
 
 # Every header as C99 -pedantic (with and without a POSIX feature macro: the headers declare
-# what they use), as C++, and linked from two files.
+# what they use), as C++, and linked from two files; then each header alone with each switch,
+# kvps_codec.h without ZeroMQ, kvps_ring.h without the parameter server (tests/compile/layers.sh).
 compile-test: deps | $(B)
 	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) -c tests/compile/impl.c -o $(B)/ct_impl_plain.o
 	$(CC) -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -pedantic -Werror -I. $(PKG_CFLAGS) \
@@ -72,6 +73,7 @@ compile-test: deps | $(B)
 	@if command -v c++ >/dev/null; then \
 	  c++ -x c++ -std=c++11 -Wall -Wextra -I. $(PKG_CFLAGS) tests/compile/impl.c -c -o $(B)/ct_cxx.o && \
 	  echo "compile-test: C++ ok"; fi
+	@CC="$(CC)" tests/compile/layers.sh $(B) "$(PKG_CFLAGS)" "$(LDLIBS)"
 
 test: all compile-test
 	@tests/run.sh $(B)

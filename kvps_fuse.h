@@ -72,6 +72,9 @@
    while it holds buckets out (between an add and the flush) the ring must not be used for
    anything else from another thread. kvps_fuse_destroy without a flush waits for what is out.
 */
+#if defined(KVPS_FUSE_IMPLEMENTATION) && !defined(KVPS_RING_IMPLEMENTATION)
+#define KVPS_RING_IMPLEMENTATION
+#endif
 #ifndef KVPS_FUSE_H
 #define KVPS_FUSE_H
 #include "kvps_ring.h"
@@ -110,7 +113,7 @@ KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, c
 #endif /* KVPS_FUSE_H */
 
 /* ============================================================================================ */
-#if defined(KVPS_IMPLEMENTATION) && !defined(KVPS_FUSE_IMPLEMENTED)
+#if (defined(KVPS_IMPLEMENTATION) || defined(KVPS_FUSE_IMPLEMENTATION)) && !defined(KVPS_FUSE_IMPLEMENTED)
 #define KVPS_FUSE_IMPLEMENTED
 
 // >>state

@@ -2,7 +2,10 @@
 
    Do this:
        #define KVPS_IMPLEMENTATION
-   before you include this file (it includes kvps.h) in *one* C or C++ file. Link libzmq, -pthread.
+   before you include this file in *one* C or C++ file. Link libzmq, -pthread, -lm.
+   It includes kvps_core.h and kvps_codec.h, not the parameter server: a program that also uses
+   kvps.h (servers, workers, kvps_ring_rendezvous) includes it too. Its own switch,
+   KVPS_RING_IMPLEMENTATION, implements it and those two (kvps_core.h: IMPLEMENTATION SWITCHES).
 
    CONTENTS
      1. Step by step
@@ -25,7 +28,7 @@
        rc = kvps_ring_allreduce(r, grad, grad, n, KVPS_FLOAT32, KVPS_SUM);   // in place
        kvps_ring_destroy(&r);
    Ephemeral ports: create with .peers = NULL and .bind = "tcp://127.0.0.1:*", read
-   kvps_ring_endpoint(r), exchange the endpoints (kvps_ring_rendezvous does it through a kvps
+   kvps_ring_endpoint(r), exchange the endpoints (kvps.h's kvps_ring_rendezvous does it through a kvps
    server; or your own channel), then kvps_ring_connect(r, peers). From the environment:
    kvps_ring_env_read reads KVPS_RING_PEERS, KVPS_RANK / OMPI_COMM_WORLD_RANK / PMI_RANK /
    SLURM_PROCID and KVPS_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE / SLURM_NTASKS.
@@ -247,9 +250,19 @@
    ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
    the sockets (section 5) it breaks the whole family.
 */
+#if defined(KVPS_RING_IMPLEMENTATION) && !defined(KVPS_CODEC_IMPLEMENTATION)
+#define KVPS_CODEC_IMPLEMENTATION
+#endif
+#if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
+#define KVPS_CORE_IMPLEMENTATION
+#endif
+#ifndef KVPS__CORE_ZMQ
+#define KVPS__CORE_ZMQ
+#endif
+#include "kvps_core.h"
+#include "kvps_codec.h"
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
-#include "kvps.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -346,10 +359,6 @@ KVPS_API const char *kvps_redop_name(kvps_redop op);
 KVPS_API const char *kvps_coll_name(kvps_coll c);
 KVPS_API const char *kvps_algo_name(kvps_ring_algo a);
 
-/* Endpoint exchange through kvps server(s) whose num_workers == size: every rank calls it with
-   a worker of that rank; peers_out receives the comma-separated list. */
-KVPS_API kvps_result kvps_ring_rendezvous(kvps_worker *w, int rank, int size, const char *endpoint,
-                                          char *peers_out, size_t cap, int timeout_ms);
 KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers);
 
 KVPS_API kvps_result kvps_ring_run(kvps_ring *r, const kvps_ring_op *op);
@@ -429,11 +438,11 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 #endif /* KVPS_RING_H */
 
 /* ============================================================================================ */
-#ifdef KVPS_IMPLEMENTATION
+#if defined(KVPS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)
 /* Sections (grep "// >>name"), lowest layer first:
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the
                   collectives' row, the family (what a ring and its sub-rings share), the ring
-     timeline     a collective and its phases in the rank's timeline (kvps.h's writer)
+     timeline     a collective and its phases in the rank's timeline (kvps_core.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
                   p2p messages kept apart whoever reads them; a sub-ring's handed to it
@@ -450,7 +459,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
                   eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
      setup        create, connect, destroy; a family's sockets; kvps_ring_split
-     rendezvous   endpoint exchange through kvps servers; the environment */
+     environment  rank, size and peers from the launcher's variables (the rendezvous through
+                  kvps servers, kvps_ring_rendezvous, is kvps.h's) */
 #ifndef KVPS_RING__IMPLEMENTED
 #define KVPS_RING__IMPLEMENTED
 
@@ -648,7 +658,7 @@ struct kvps_ring {
 };
 
 // >>timeline
-/* A rank's timeline (kvps.h's writer, its // >>timeline; the manual: kvps.h, TIMELINE): one
+/* A rank's timeline (kvps_core.h's writer, its // >>timeline; the manual: kvps.h, TIMELINE): one
    event per collective from post (kvps_ring_post; the call itself for a blocking one) to
    completion, and its phases as events nested under it: reduce-scatter and all-gather and
    their steps, recursive halving and doubling, the binomial trees and chains, the stages of the
@@ -3382,45 +3392,7 @@ KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_rin
     return rc;
 }
 
-// >>rendezvous
-KVPS_API kvps_result kvps_ring_rendezvous(kvps_worker *w, int rank, int size, const char *endpoint, char *peers_out,
-                                          size_t cap, int timeout_ms) {
-    enum { SLOT = 64 }; /* floats per endpoint: 256 bytes, carried bit for bit by INIT and PULL */
-    if (!w || !endpoint || !peers_out || rank < 0 || rank >= size || strlen(endpoint) >= SLOT * 4) return KVPS_ERR_INVALID_ARG;
-    const uint64_t base = (1ull << 62) + 0x52494e47ull * 65536; /* "RING" */
-    float mine[SLOT];
-    memset(mine, 0, sizeof mine);
-    memcpy(mine, endpoint, strlen(endpoint));
-    uint64_t key = base + (uint64_t)rank;
-    size_t len = SLOT;
-    kvps_req q;
-    kvps_result rc = kvps_worker_init(w, &key, mine, &len, 1, &q);
-    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
-    if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &q);
-    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
-    if (rc != KVPS_OK) return rc;
-    uint64_t *keys = (uint64_t *)calloc((size_t)size, sizeof *keys);
-    size_t *lens = (size_t *)calloc((size_t)size, sizeof *lens);
-    float *all = (float *)malloc((size_t)size * SLOT * sizeof *all);
-    if (!keys || !lens || !all) rc = KVPS_ERR_NOMEM;
-    for (int i = 0; rc == KVPS_OK && i < size; i++) { keys[i] = base + (uint64_t)i; lens[i] = SLOT; }
-    if (rc == KVPS_OK) rc = kvps_worker_pull(w, keys, all, lens, (size_t)size, &q);
-    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, timeout_ms);
-    size_t used = 0;
-    for (int i = 0; rc == KVPS_OK && i < size; i++) {
-        char ep[SLOT * 4 + 1];
-        memcpy(ep, all + (size_t)i * SLOT, SLOT * 4);
-        ep[SLOT * 4] = 0;
-        size_t l = strlen(ep);
-        if (l == 0 || used + l + 2 > cap) { rc = l == 0 ? KVPS_ERR_MALFORMED : KVPS_ERR_INVALID_ARG; break; }
-        if (i) peers_out[used++] = ',';
-        memcpy(peers_out + used, ep, l + 1);
-        used += l;
-    }
-    free(keys); free(lens); free(all);
-    return rc;
-}
-
+// >>environment
 KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers) {
     if (!rank || !size || !peers) return KVPS_ERR_INVALID_ARG;
     static const char *rv[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};

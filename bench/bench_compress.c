@@ -5,7 +5,7 @@
    Input: uniform random floats; the "sparse" rows take a gradient with one non-zero in 2000
    (fewer than top-k's k: no sampled threshold fits, so top-k selects exactly over all of it). */
 #define KVPS_IMPLEMENTATION
-#include "kvps.h"
+#include "kvps_codec.h"
 #include "bench/bench_cpu.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -41,6 +41,7 @@
    and S servers share them (MPI's ranks poll while they wait, kvps's sleep in zmq_poll). */
 #define KVPS_IMPLEMENTATION
 #define BENCH_NAME "bench_fusion"
+#include "kvps.h" /* the parameter-server peer of the fused steps */
 #include "kvps_fuse.h"
 #include "bench/resnet50.h"
 #include "bench/bench_cpu.h"

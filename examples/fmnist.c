@@ -88,7 +88,8 @@
    Exit codes: 0 done, 1 a process failed or timed out, 2 bad usage or data, 3 test accuracy
    below --target, 4 --check found a difference, 128 + n after signal n (standalone parent). */
 #define KVPS_IMPLEMENTATION
-#include "kvps_ring.h" /* includes kvps.h */
+#include "kvps.h"      /* the parameter server (kvps_ring.h no longer includes it) */
+#include "kvps_ring.h"
 
 #include <errno.h>
 #include <math.h>

@@ -2,7 +2,7 @@
    processes on this machine), or one process per role under a launcher (scripts/kvps-run,
    mpirun, srun) that names the role in the KVPS_* environment (kvps_env_read).
 
-   Include it after kvps.h (or kvps_ring.h); POSIX. Every function is static inline, so a
+   Include it after kvps.h or kvps_ring.h (its server and environment parts only with kvps.h); POSIX. Every function is static inline, so a
    program takes what it uses and no more. Used by examples/fmnist.c, examples/pipeline.c,
    examples/ctr.c and bench/ps_peer.c. Not by examples/ring_allreduce.c: that one is the program a newcomer copies
    away from this repository and builds against the installed headers alone (make test checks
@@ -104,6 +104,7 @@ static inline void launch_catch_signals(void (*fn)(int)) {
     sigaction(SIGTERM, &sa, NULL);
 }
 
+#ifdef KVPS_H /* the parts for servers and workers need kvps.h (a ring-only program goes without) */
 /* ---- a server process --------------------------------------------------------------------- */
 
 /* A server leaves by itself: kvps_server_run returns once every worker has finished
@@ -227,6 +228,8 @@ static inline int launch_env_read(const char *prog, kvps_env *env, int *servers,
     *workers = env->num_workers;
     return 0;
 }
+
+#endif /* KVPS_H */
 
 /* ---- standalone --------------------------------------------------------------------------- */
 

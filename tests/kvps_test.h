@@ -1,5 +1,6 @@
-/* kvps_test.h - the tests' tiny harness and cluster helpers (include after kvps.h, and
-   kvps_ring.h where a test uses it, with KVPS_IMPLEMENTATION). Each test binary ends with
+/* kvps_test.h - the tests' tiny harness and cluster helpers (include after the kvps headers a
+   test uses, with KVPS_IMPLEMENTATION; the parts for servers need kvps.h, those for rings
+   kvps_ring.h, the rank processes both). Each test binary ends with
    "N passed, N failed[, N skipped]".
 
    What is here, in order:
@@ -186,7 +187,7 @@ static inline void *kt_raw_dealer(void *ctx, const char *endpoint, int rcvhwm, i
     zmq_connect(d, endpoint);
     return d;
 }
-#ifdef KVPS_IMPLEMENTATION
+#ifdef KVPS__IMPLEMENTED /* kvps.h's implementation: the wire's internals */
 static inline void kt_raw_meta(unsigned char meta[KVPS__HDR + KVPS__KENT], int op, uint64_t key, uint64_t len) {
     kvps__hdr h = KT_HDR(.op = (uint8_t)op, .nkeys = 1, .req_id = 1);
     kvps__kent e = {key, len};
@@ -235,6 +236,8 @@ static inline int32_t kt_raw_status(void *d, const void *meta, size_t msz, const
 }
 #endif
 
+/* ---- the parameter server (kvps.h) ------------------------------------------------------ */
+#ifdef KVPS_H
 /* ---- optimizers ---------------------------------------------------------------------------- */
 
 /* The server's update rules for one element, as the manual gives them, in float32 and in the
@@ -378,6 +381,8 @@ static inline void kt_server_proc_stop(pid_t pid) {
     KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
 }
 
+
+#endif /* KVPS_H */
 
 /* ---- a proxy's copying (the tests' TCP and ipc proxies, which cut connections) --------------- */
 
@@ -627,6 +632,7 @@ static inline int kt_all_past(kt_rk *x, kvps_ring *r, int who) {
     return 1;
 }
 
+#ifdef KVPS_H /* the rank processes meet through a kvps server */
 /* A rank process: worker for the rendezvous, ring on an ephemeral port, then `fn`. */
 typedef struct kt_proc_cfg {
     const char *server;
@@ -718,5 +724,6 @@ static inline void kt_isolated(void (*fn)(void), int limit_s) {
     if (st != -1) KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d (failures above)", st);
 }
 
+#endif /* KVPS_H */
 #endif /* KVPS_RING_H */
 #endif /* KVPS_TEST_H */

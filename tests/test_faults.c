@@ -521,7 +521,7 @@ static void *kill_worker(void *arg) {
         kvps_result r = kvps_worker_pushpull_tensor(w, t, g[j->rank], j->v, &q);
         if (r == KVPS_OK) r = wait_patiently(w, q, 30000, &j->lost_seen);
         if (r != KVPS_OK) {
-            snprintf(j->why, sizeof j->why, "rank %d step %d: %s %s", j->rank, k, kvps_result_str(r), kvps_worker_last_error(w));
+            snprintf(j->why, sizeof j->why, "rank %d step %d: %s %.200s", j->rank, k, kvps_result_str(r), kvps_worker_last_error(w));
             j->failures++;
         }
         /* this step's pushes, each once; nothing of later steps */

@@ -39,6 +39,7 @@
      test_ps_bad_args        empty or NULL lists, a tensor twice, an unregistered one, a NULL
                              gradient: refused, named */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* the fused tensors of a parameter server */
 #include "kvps_fuse.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

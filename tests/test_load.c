@@ -189,7 +189,7 @@ static void *push_worker(void *arg) {
         if (t >= WINDOW) { /* the buffer of push t - WINDOW is free once that push completed */
             r = kvps_worker_wait(w, q[slot], -1);
             if (r != KVPS_OK && j->failures++ == 0)
-                snprintf(j->why, sizeof j->why, "push %d: %s (%s)", t - WINDOW, kvps_result_str(r), kvps_worker_last_error(w));
+                snprintf(j->why, sizeof j->why, "push %d: %s (%.200s)", t - WINDOW, kvps_result_str(r), kvps_worker_last_error(w));
         }
         if (t >= P) continue;
         for (int i = 0; i < L; i++) vals[slot][i] = contrib(j->rank, t, i);
@@ -316,7 +316,7 @@ static void *bsp_worker(void *arg) {
         kvps_req q;
         r = kvps_worker_pushpull_tensor(w, t, g, v, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
-        if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "step %d: %s (%s)", s, kvps_result_str(r), kvps_worker_last_error(w)); break; }
+        if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "step %d: %s (%.200s)", s, kvps_result_str(r), kvps_worker_last_error(w)); break; }
         for (int i = 0; i < TLEN; i++) {
             want[i] += over_ranks[(3 * s + i) % 5];
             if ((double)v[i] != want[i] && j->failures++ == 0)

@@ -4,6 +4,7 @@
    threads it pinned (ring, server and worker), and kvps_ring_env_read. */
 #define _GNU_SOURCE /* sched_getaffinity of a thread: the oracle for .io_cpus */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h"
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

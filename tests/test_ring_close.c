@@ -8,6 +8,7 @@
    and all-reduces small and large, with and without a slow rank, with and without a collective
    before it (a ring whose connections are still being made). */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the ranks meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 

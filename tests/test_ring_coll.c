@@ -6,6 +6,7 @@
    test_ring_faults; API, descs and environment: test_ring_api; zero-copy and in-place forms:
    test_ring_zc. */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the ranks meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

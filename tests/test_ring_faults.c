@@ -6,6 +6,7 @@
    next call. Each scenario runs in a child process with a time limit, so a hang is reported as
    one. */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the ranks meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

@@ -8,6 +8,7 @@
    ranks and counts named); a sub-ring rank SIGKILLed during a sub-ring all-reduce (a bounded,
    named error); destroying in the wrong order; posted operations on parent and sub-ring. */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the ranks meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

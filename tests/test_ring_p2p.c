@@ -13,6 +13,7 @@
    call or a collective), a peer killed with SIGKILL during a receive (a named error, in
    bounded time), bad arguments (named, the ring still usable). No test asserts a time. */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the ranks meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"

@@ -22,6 +22,7 @@
    Ends with "N passed, N failed". */
 #define _XOPEN_SOURCE 700 /* realpath */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h"
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 #include <dirent.h>

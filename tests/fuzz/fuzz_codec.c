@@ -26,7 +26,7 @@
    error feedback decoded + residual == x + old residual exactly wherever that is finite
    (NONE, FP16, BF16, top-k). */
 #define KVPS_IMPLEMENTATION
-#include "kvps.h"
+#include "kvps_codec.h" /* the codecs alone: no ZeroMQ, no server */
 #include "tests/fuzz/fuzz_common.h"
 
 static int fz_isas[3], fz_nisa;

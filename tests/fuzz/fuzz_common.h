@@ -6,7 +6,7 @@
        message = [frame]("\xfeFRM"[frame])*
    Delimiters rather than length prefixes: a mutation that inserts or drops bytes inside one
    frame leaves the others where they were, so the fuzzer keeps its place in the protocol.
-   Include after kvps.h. */
+   Include after the kvps headers. */
 #ifndef KVPS_FUZZ_COMMON_H
 #define KVPS_FUZZ_COMMON_H
 #include <stdint.h>
