@@ -1297,37 +1297,74 @@ static void kvps__tl_req_end(kvps_worker *w, struct kvps__req *q);
 static uint64_t kvps__tl_floats(const size_t *lens, size_t n);
 
 // >>wire
+/* THE OPS, one row each, in op-number order: the number on the wire, the name, then what the op
+   is, as kvps__op_spec's fields by name (a field left out is 0; see kvps__op_spec in >>dispatch).
+   The enum KVPS__OP_*, kvps__ops (the dispatch table) and the names in messages all come from
+   here; a new op is a row here plus its handler, and KVPS__PROTO moves on (a peer of another
+   release is refused at the hello). The manual's WIRE FORMAT lists them (test_api checks it). */
+#define KVPS__OPS(X)                                                                                                   \
+    X(PUSH, 1, "push", .values = 1, .coded = 1, .mutates = 1, .kept = 1, .chain = KVPS__CHAIN_ROUNDS, .placed = 1,      \
+      .dup = KVPS__DUP_UNLESS_PENDING, .serve = kvps__serve_keys)                                                        \
+    X(PULL, 2, "pull", .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .placed = 1, .serve = kvps__serve_keys)                   \
+    X(PUSHPULL, 3, "pushpull", .values = 1, .coded = 1, .pulls = 1, .mutates = 1, .kept = 1,                            \
+      .chain = KVPS__CHAIN_ROUNDS, .placed = 1, .dup = KVPS__DUP_AS_PULL, .serve = kvps__serve_keys)                     \
+    X(INIT, 4, "init", .values = 1, .coded = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_keys)         \
+    X(BARRIER, 5, "barrier", .mutates = 1, .kept = 1, .dup = KVPS__DUP_UNLESS_OPEN, .serve = kvps__serve_barrier)      \
+    X(CONFIG, 6, "config", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_keys)                 \
+    X(PUSH_ROWS, 7, "push_rows", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_table)         \
+    X(PULL_ROWS, 8, "pull_rows", .chain = KVPS__CHAIN_LOCAL, .placed = 1, .serve = kvps__serve_table)                   \
+    X(TABLE, 9, "table", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_table)                  \
+    /* a worker's first message: what must agree (kvps__hello); served before it counts as alive */                    \
+    X(HELLO, 10, "hello", .values = 1, .hello = 1, .serve = kvps__serve_hello)                                           \
+    X(BYE, 11, "bye", .unordered = 1, .serve = kvps__serve_bye) /* the worker has finished */                            \
+    /* what is request req_id waiting for? answered with text */                                                        \
+    X(STATUS, 12, "status", .chain = KVPS__CHAIN_LOCAL, .unordered = 1, .serve = kvps__serve_status)                     \
+    X(NAME, 13, "name", .values = 1, .serve = kvps__serve_name) /* a tensor's name and layout (kvps__name_rec) */        \
+    /* primary -> backup replica (REPLICAS): rank = kind, req_id = sequence; never a worker's request */               \
+    X(REPL, 14, "repl", .chain = KVPS__CHAIN_LOCAL, .serve = NULL)                                                       \
+    /* RESHARD: which keys does this server hold? (answered: n x {u64 key, u64 len}) */                                 \
+    X(KEYS, 15, "keys", .placed = 1, .serve = kvps__serve_move)                                                          \
+    /* RESHARD: values = n x u64 key; answered with their key records */                                               \
+    X(EXPORT, 16, "export", .values = 1, .placed = 1, .serve = kvps__serve_move)                                         \
+    /* RESHARD: values = key records, taken in (new keys only) */                                                      \
+    X(IMPORT, 17, "import", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                           \
+    /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */                                                   \
+    X(DROP, 18, "drop", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                               \
+    /* RESHARD: values = the new placement (kvps__place), recorded */                                                  \
+    X(PLACE, 19, "place", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                             \
+    /* RESHARD: values = u32 V, u32 virtual shards[]; answered with the record of every table                          \
+       (kvps__table_put), only the rows in those shards */                                                             \
+    X(EXPORT_ROWS, 20, "export_rows", .values = 1, .placed = 1, .serve = kvps__serve_move)                               \
+    /* RESHARD: values = table records; tables made or found the same, rows taken in (new ids only) */                 \
+    X(IMPORT_ROWS, 21, "import_rows", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                 \
+    /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */                                           \
+    X(DROP_ROWS, 22, "drop_rows", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                     \
+    /* RESHARD: answered with the server's placement (kvps__place_enc) */                                              \
+    X(PLACE_GET, 23, "place_get", .placed = 1, .serve = kvps__serve_move)                                                \
+    /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the push's sequence, checked in         \
+       kvps__serve_read); served by a backup as it is */                                                               \
+    X(READ, 24, "read", .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1, .serve = kvps__serve_read)
+
+enum {
+#define KVPS__OP_ENUM(op, num, name, ...) KVPS__OP_##op = num,
+    KVPS__OPS(KVPS__OP_ENUM)
+#undef KVPS__OP_ENUM
+};
+/* The rows are in order with no gap (1, 2, 3, ...), so a row's place is its number (checked per
+   row) and KVPS__OP_COUNT is one more than the last. */
+enum {
+    KVPS__OPIX_NONE_,
+#define KVPS__OP_IX(op, num, name, ...) KVPS__OPIX_##op,
+    KVPS__OPS(KVPS__OP_IX)
+#undef KVPS__OP_IX
+    KVPS__OP_COUNT
+};
+#define KVPS__OP_PLACE_CHECK(op, num, name, ...) typedef char kvps__op_place_##op[KVPS__OPIX_##op == num ? 1 : -1];
+KVPS__OPS(KVPS__OP_PLACE_CHECK)
+#undef KVPS__OP_PLACE_CHECK
 enum {
     KVPS__MAGIC = 0x5350564Bu,
     KVPS__VERSION = 1,
-    KVPS__OP_PUSH = 1,
-    KVPS__OP_PULL = 2,
-    KVPS__OP_PUSHPULL = 3,
-    KVPS__OP_INIT = 4,
-    KVPS__OP_BARRIER = 5,
-    KVPS__OP_CONFIG = 6,
-    KVPS__OP_PUSH_ROWS = 7,
-    KVPS__OP_PULL_ROWS = 8,
-    KVPS__OP_TABLE = 9,
-    KVPS__OP_HELLO = 10,  /* a worker's first message: what must agree (kvps__hello) */
-    KVPS__OP_BYE = 11,    /* the worker has finished */
-    KVPS__OP_STATUS = 12, /* what is request req_id waiting for? answered with text */
-    KVPS__OP_NAME = 13,   /* a tensor's name and layout (kvps__name_rec + the name) */
-    KVPS__OP_REPL = 14,   /* primary -> backup replica (REPLICAS): rank = kind, req_id = sequence */
-    KVPS__OP_KEYS = 15,   /* RESHARD: which keys does this server hold? (values: n x {u64 key, u64 len}) */
-    KVPS__OP_EXPORT = 16, /* RESHARD: values = n x u64 key; answered with their key records */
-    KVPS__OP_IMPORT = 17, /* RESHARD: values = key records, taken in (new keys only) */
-    KVPS__OP_DROP = 18,   /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */
-    KVPS__OP_PLACE = 19,  /* RESHARD: values = the new placement (kvps__place), recorded */
-    KVPS__OP_EXPORT_ROWS = 20, /* RESHARD: values = u32 V, u32 virtual shards[]; answered with the
-                                  record of every table (kvps__table_put), only the rows in those shards */
-    KVPS__OP_IMPORT_ROWS = 21, /* RESHARD: values = table records; tables made or found the same,
-                                  rows taken in (new row ids only) */
-    KVPS__OP_DROP_ROWS = 22,   /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */
-    KVPS__OP_PLACE_GET = 23,   /* RESHARD: answered with the server's placement (kvps__place_enc) */
-    KVPS__OP_READ = 24,   /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the
-                             push's sequence; kvps__serve_read) */
-    KVPS__OP_COUNT = 25,
     KVPS__PROTO = 8,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
                              7: the job token in HELLO, REPL hellos; 8: replies carry the server's checkpoint
                              stamp in aux, HELLO says whether it is sent again after a reconnect) */
@@ -3074,12 +3111,32 @@ typedef struct kvps__rq { /* one request being served */
     int coded, defer;
 } kvps__rq;
 
+/* What an op is (a row of KVPS__OPS in >>wire; 0 is the default of every field). */
+typedef enum kvps__chain { /* what the primary of a chain of replicas does with the request */
+    KVPS__CHAIN_FWD = 0,   /* sends it down the chain first: the backups serve it in the same order */
+    KVPS__CHAIN_LOCAL,     /* serves it alone (it reads, or is not a request) */
+    KVPS__CHAIN_ROUNDS     /* as FWD, but where BSP rounds replicate (s->rmode) their sums go instead */
+} kvps__chain;
+typedef enum kvps__dup { /* what a re-send of a request applied before gets (kvps__fresh) */
+    KVPS__DUP_ACK = 0,          /* an ack */
+    KVPS__DUP_UNLESS_PENDING,   /* an ack, unless its answer waits for its rounds to replicate */
+    KVPS__DUP_AS_PULL,          /* served as its pull (the push is ignored) */
+    KVPS__DUP_UNLESS_OPEN       /* an ack, unless its barrier is still open (answered when it completes) */
+} kvps__dup;
 typedef struct kvps__op_spec {
     const char *name;
-    uint8_t values;   /* a values frame follows the meta frame */
-    uint8_t coded;    /* the values may be codec blobs (KVPS__FLAG_CODED) */
-    uint8_t pulls;    /* answered with the keys' values, which may be coded (KVPS__FLAG_CODED_REPLY) */
-    uint8_t mutates;  /* changes state: the exactly-once window sees it */
+    uint8_t values;    /* a values frame follows the meta frame */
+    uint8_t coded;     /* the values may be codec blobs (KVPS__FLAG_CODED) */
+    uint8_t pulls;     /* answered with the keys' values, which may be coded (KVPS__FLAG_CODED_REPLY) */
+    uint8_t mutates;   /* changes state: the exactly-once window sees it */
+    uint8_t kept;      /* the worker keeps it, answered, until the server's next checkpoint (a restore
+                          sends it again) */
+    uint8_t chain;     /* kvps__chain */
+    uint8_t backup;    /* a backup replica serves it as it is (not taking over) */
+    uint8_t hello;     /* opens a session: always looked at, served before the worker counts as alive */
+    uint8_t placed;    /* keyed: refused until the worker took this server's placement */
+    uint8_t unordered; /* may overtake what a restored server waits for behind a worker's hello */
+    uint8_t dup;       /* kvps__dup */
     void (*serve)(kvps_server *s, kvps__rq *q);
 } kvps__op_spec;
 
@@ -3093,37 +3150,25 @@ static void kvps__serve_name(kvps_server *s, kvps__rq *q);
 static void kvps__serve_move(kvps_server *s, kvps__rq *q);
 static void kvps__serve_read(kvps_server *s, kvps__rq *q);
 
-/* THE OPS, by op number (KVPS__OP_*): a new op is a row here plus its handler. */
+/* The ops by number (KVPS__OPS); row 0 is no op, every field 0. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* (C++: a row names only its own fields) */
+#endif
 static const kvps__op_spec kvps__ops[] = {
-    {"none", 0, 0, 0, 0, NULL},
-    {"push", 1, 1, 0, 1, kvps__serve_keys},
-    {"pull", 0, 0, 1, 0, kvps__serve_keys},
-    {"pushpull", 1, 1, 1, 1, kvps__serve_keys},
-    {"init", 1, 1, 0, 1, kvps__serve_keys},
-    {"barrier", 0, 0, 0, 1, kvps__serve_barrier},
-    {"config", 1, 0, 0, 1, kvps__serve_keys},
-    {"push_rows", 1, 0, 0, 1, kvps__serve_table},
-    {"pull_rows", 0, 0, 0, 0, kvps__serve_table},
-    {"table", 1, 0, 0, 1, kvps__serve_table},
-    {"hello", 1, 0, 0, 0, kvps__serve_hello},
-    {"bye", 0, 0, 0, 0, kvps__serve_bye},
-    {"status", 0, 0, 0, 0, kvps__serve_status},
-    {"name", 1, 0, 0, 0, kvps__serve_name},
-    {"repl", 0, 0, 0, 0, NULL}, /* between the replicas of a shard: kvps__repl_serve, never a worker's */
-    {"keys", 0, 0, 0, 0, kvps__serve_move},
-    {"export", 1, 0, 0, 0, kvps__serve_move},
-    {"import", 1, 0, 0, 1, kvps__serve_move},
-    {"drop", 1, 0, 0, 1, kvps__serve_move},
-    {"place", 1, 0, 0, 1, kvps__serve_move},
-    {"export_rows", 1, 0, 0, 0, kvps__serve_move},
-    {"import_rows", 1, 0, 0, 1, kvps__serve_move},
-    {"drop_rows", 1, 0, 0, 1, kvps__serve_move},
-    {"place_get", 0, 0, 0, 0, kvps__serve_move},
-    {"read", 0, 0, 1, 0, kvps__serve_read}, /* (its values frame, the push's sequence, checked there) */
+    {"none", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
+#define KVPS__OP_ROW(op, num, name_, ...) {.name = name_, __VA_ARGS__},
+    KVPS__OPS(KVPS__OP_ROW)
+#undef KVPS__OP_ROW
 };
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 typedef char kvps__ops_check[sizeof kvps__ops / sizeof kvps__ops[0] == KVPS__OP_COUNT ? 1 : -1]; /* a row per op */
-static int kvps__op_has_values(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].values; }
-static int kvps__op_pulls(int op) { return op > 0 && op < KVPS__OP_COUNT && kvps__ops[op].pulls; }
+/* The row of op, any number (out of range: row 0, which is nothing). */
+static const kvps__op_spec *kvps__op(unsigned op) { return &kvps__ops[op < KVPS__OP_COUNT ? op : 0]; }
+static int kvps__op_has_values(int op) { return kvps__op((unsigned)op)->values; }
+static int kvps__op_pulls(int op) { return kvps__op((unsigned)op)->pulls; }
 
 /* Answers the request with an error (see kvps__reply_error); returns 0, so a check can end with
    `return kvps__refuse(...)`. */
@@ -3201,10 +3246,19 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
                             (unsigned long long)(h->req_id >> 24), h->rank, (unsigned long long)KVPS__SEEN_WIN);
     if (fresh) return 1;
     KVPS__STAT_ADD(s, duplicates, 1);
-    if (h->op == KVPS__OP_PUSH && kvps__preq_pending(s, h, q->id)) return 0; /* answered when its rounds are replicated */
-    if (h->op != KVPS__OP_PUSHPULL) {
-        if (h->op != KVPS__OP_BARRIER || !kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
-        return 0; /* (a barrier still open answers the same routing id when it completes) */
+    switch ((kvps__dup)q->op->dup) {
+    case KVPS__DUP_UNLESS_PENDING:
+        if (kvps__preq_pending(s, h, q->id)) return 0; /* answered when its rounds are replicated */
+        kvps__reply_ack(s, q->id, h);
+        return 0;
+    case KVPS__DUP_UNLESS_OPEN: /* (a barrier still open answers the same routing id when it completes) */
+        if (!kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
+        return 0;
+    case KVPS__DUP_ACK:
+        kvps__reply_ack(s, q->id, h);
+        return 0;
+    case KVPS__DUP_AS_PULL:
+        break;
     }
     h->op = KVPS__OP_PULL; /* still owed its pull: serve that, ignore the values */
     h->flags &= (uint16_t)~KVPS__FLAG_CODED;
@@ -3234,7 +3288,7 @@ static void kvps__stranger(kvps_server *s, zmq_msg_t *fr, const kvps__hdr *h0, i
     const char *addr = zmq_msg_gets(&fr[1], "Peer-Address");
     char text[512];
     snprintf(text, sizeof text, "server %d (%s) refuses %s (op %u, worker %u) from %s: %s", s->desc.rank, s->endpoint,
-             h0->op < KVPS__OP_COUNT ? kvps__ops[h0->op].name : "an op", h0->op, h0->rank,
+             h0->op && h0->op < KVPS__OP_COUNT ? kvps__op(h0->op)->name : "an op", h0->op, h0->rank,
              addr && *addr ? addr : "a local connection", why);
     if (i == n) {
         s->stranger_logged[s->nstranger_logged++ % 16] = key;
@@ -3305,7 +3359,7 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
                        "shard's chain (no REPL hello with the job's token and chain)");
         return 0;
     }
-    if (h0->op == KVPS__OP_HELLO) return 1;
+    if (kvps__op(h0->op)->hello) return 1;
     uint32_t r = h0->rank, inc = 0, rid = UINT32_MAX;
     if (r < (uint32_t)s->m && h0->status && s->bad_inc[r] == (uint32_t)h0->status) return 1; /* refused in its hello's words */
     const unsigned char *id = (const unsigned char *)zmq_msg_data(&fr[0]);
@@ -3314,7 +3368,7 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
         memcpy(&rid, id + 8, 4);
     }
     int named = r < (uint32_t)s->m && rid == r && inc && (!h0->status || inc == (uint32_t)h0->status); /* (status 0: untracked) */
-    if (named && s->rejoin[r] && h0->op != KVPS__OP_BYE && h0->op != KVPS__OP_STATUS) {
+    if (named && s->rejoin[r] && !kvps__op(h0->op)->unordered) {
         /* restored: what worker r sends before its hello on its new connection is dropped, unanswered. It
            was sent before the worker saw the connection come back (queued while the server was down, or
            in the moment before) and the worker sends it again behind that hello, in order with what it
@@ -3356,26 +3410,24 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
             else kvps__repl_answer(s, &fr[0], h0.req_id, KVPS_ERR_MALFORMED, "a REPL message of more than 4 frames");
             return;
         }
-        if (s->role == KVPS__ROLE_BACKUP && h0.op != KVPS__OP_READ && !kvps__repl_take_over(s, fr, nfr)) return;
+        if (s->role == KVPS__ROLE_BACKUP && !kvps__op(h0.op)->backup && !kvps__repl_take_over(s, fr, nfr)) return;
     }
     if (!kvps__parse(s, &q)) return;
     if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
-    if (s->role == KVPS__ROLE_PRIMARY && q.h.op != KVPS__OP_PULL && q.h.op != KVPS__OP_PULL_ROWS && q.h.op != KVPS__OP_STATUS &&
-        q.h.op != KVPS__OP_READ && !(s->rmode && (q.h.op == KVPS__OP_PUSH || q.h.op == KVPS__OP_PUSHPULL)))
+    if (s->role == KVPS__ROLE_PRIMARY && q.op->chain != KVPS__CHAIN_LOCAL && !(s->rmode && q.op->chain == KVPS__CHAIN_ROUNDS))
         kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order
                                                        (BSP pushes: their rounds' sums go instead, kvps__round_send) */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
         kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
         return;
     }
-    if (q.h.op == KVPS__OP_HELLO) { /* checked before it counts as the rank's live connection */
+    if (q.op->hello) { /* checked before it counts as the rank's live connection */
         q.op->serve(s, &q);
         return;
     }
-    if (q.h.op != KVPS__OP_READ || s->role != KVPS__ROLE_BACKUP) /* (a READ at a backup: the primary keeps the liveness) */
+    if (!q.op->backup || s->role != KVPS__ROLE_BACKUP) /* (a READ at a backup: the primary keeps the liveness) */
         kvps__heard_from(s, &q);
-    if (s->place_wait[q.h.rank] && (q.op->serve == kvps__serve_keys || q.op->serve == kvps__serve_table ||
-                                    q.op->serve == kvps__serve_move || q.op->serve == kvps__serve_read)) {
+    if (s->place_wait[q.h.rank] && q.op->placed) {
         char pt[200];
         kvps__refuse(s, &q, KVPS_ERR_MISMATCH, "worker %u sent %s before it took this server's placement (%s; its keys "
                      "were placed by reshards): a worker waits for its first hello's answer before its first keyed "
@@ -3465,7 +3517,7 @@ static int kvps__check_blobs(kvps_server *s, kvps__rq *q) {
         if (!cd) return kvps__refuse(s, q, KVPS_ERR_CODEC, "key %u: codec id %u", i, blob[0]);
         kvps_result vr;
         if (cd == &tmp) {
-            vr = kvps__codec_decode_builtin(cd, blob, nb, NULL, (size_t)e.len, 2);
+            vr = kvps__codec_decode_builtin(cd, blob, nb, NULL, (size_t)e.len, KVPS__DEC_CHECK);
         } else { /* a user codec: decode for real to check it */
             float *d = kvps__dscratch(s, e.len);
             vr = d ? kvps_codec_decode(cd, blob, nb, d, (size_t)e.len, 0) : KVPS_ERR_NOMEM;
@@ -6743,8 +6795,7 @@ static void kvps__req_answered(kvps_worker *w, kvps__req *q, int srv, uint32_t a
         memcpy(&h, zmq_msg_data(&q->kept[srv][0]), sizeof h);
         op = h.op;
     }
-    if (op != KVPS__OP_PUSH && op != KVPS__OP_PUSHPULL && op != KVPS__OP_INIT && op != KVPS__OP_CONFIG &&
-        op != KVPS__OP_PUSH_ROWS && op != KVPS__OP_TABLE && op != KVPS__OP_BARRIER) {
+    if (!kvps__op((unsigned)op)->kept) {
         kvps__req_drop_kept(q, srv);
         return;
     }

@@ -71,11 +71,39 @@ KVPS_API kvps_result kvps_topk(const float *x, size_t n, size_t k, uint32_t *idx
    Error feedback: pass a residual (n floats, zero at first) to encode. The codec encodes
    x + residual and leaves in residual what was not sent, in the same pass over the data, so the
    sum of everything decoded plus the residual always equals the sum of the inputs. */
+/* THE BUILT-IN CODECS, one row each: the name after KVPS_CODEC_ (the enum constant); its id; its
+   name; dense (decodes to every element, so a pull may be answered with it; top-k is sparse); the
+   header flags it may carry; its payload size rule (above); its largest blob for a codec's
+   parameters. The enum kvps_codec_id, the blob verdict (CPU and GPU), kvps_codec_get and the CPU
+   and GPU dispatch all come from here: a new built-in codec is a row here plus its encode and
+   decode functions, kvps__enc_NAME / kvps__dec_NAME (kvps_codec.h, >>codecs) and
+   kvps_gpu__enc_NAME / kvps_gpu__dec_NAME (kvps_gpu.h, >>kernel-api), which the dispatch finds
+   by their names. Ids are 0, 1, 2, ... in row order (checked). */
+#define KVPS_CODEC_TABLE(X)                                                                     \
+    X(NONE, 0, "none", 1, 0, kvps_el_body_f32, kvps__max_f32)                                  \
+    X(FP16, 1, "fp16", 1, 0, kvps_el_body_half, kvps__max_half)                                \
+    X(BF16, 2, "bf16", 1, 0, kvps_el_body_half, kvps__max_half)                                \
+    X(TOPK, 3, "topk", 0, KVPS_CODEC_FLAG_FP16_VALUES, kvps_el_body_topk, kvps__max_topk)      \
+    X(SIGN, 4, "sign", 1, 0, kvps_el_body_sign, kvps__max_sign)
+
 typedef enum kvps_codec_id {
-    KVPS_CODEC_NONE = 0, KVPS_CODEC_FP16 = 1, KVPS_CODEC_BF16 = 2, KVPS_CODEC_TOPK = 3, KVPS_CODEC_SIGN = 4,
-    KVPS_CODEC_COUNT, /* the built-in codecs: KVPS_CODEC_TABLE */
+#define KVPS__CODEC_ENUM(cid, num, name, dense, fl, size_fn, max_fn) KVPS_CODEC_##cid = num,
+    KVPS_CODEC_TABLE(KVPS__CODEC_ENUM)
+#undef KVPS__CODEC_ENUM
+    KVPS_CODEC_COUNT,     /* one more than the last built-in codec (they are 0, 1, 2, ...) */
     KVPS_CODEC_USER = 128 /* ids from here on are yours */
 } kvps_codec_id;
+/* The built-in codecs' ids are their places in the table (so the table can be indexed by id). */
+enum {
+#define KVPS__CODEC_IX(cid, num, name, dense, fl, size_fn, max_fn) KVPS__CODEC_IX_##cid,
+    KVPS_CODEC_TABLE(KVPS__CODEC_IX)
+#undef KVPS__CODEC_IX
+    KVPS__CODEC_IX_COUNT
+};
+#define KVPS__CODEC_CHECK(cid, num, name, dense, fl, size_fn, max_fn) \
+    typedef char kvps__codec_place_##cid[KVPS__CODEC_IX_##cid == num ? 1 : -1];
+KVPS_CODEC_TABLE(KVPS__CODEC_CHECK)
+#undef KVPS__CODEC_CHECK
 enum { KVPS_CODEC_FLAG_FP16_VALUES = 1, KVPS_CODEC_HEADER = 8 };
 
 typedef struct kvps_codec kvps_codec;
@@ -229,17 +257,6 @@ static inline KVPS_HD int kvps_el_body_sign(const unsigned char *p, size_t body,
     return 0;
 }
 
-/* THE BUILT-IN CODECS, one row each: id; name; dense (decodes to every element, so a pull may be
-   answered with it; top-k is sparse); the header flags it may carry; its payload size rule
-   (above); its largest blob for a codec's parameters (kvps.h implementation). A new built-in
-   codec is a row here (and an id below KVPS_CODEC_COUNT) plus its encode and decode cases. */
-#define KVPS_CODEC_TABLE(X)                                                                     \
-    X(KVPS_CODEC_NONE, "none", 1, 0, kvps_el_body_f32, kvps__max_f32)                          \
-    X(KVPS_CODEC_FP16, "fp16", 1, 0, kvps_el_body_half, kvps__max_half)                        \
-    X(KVPS_CODEC_BF16, "bf16", 1, 0, kvps_el_body_half, kvps__max_half)                        \
-    X(KVPS_CODEC_TOPK, "topk", 0, KVPS_CODEC_FLAG_FP16_VALUES, kvps_el_body_topk, kvps__max_topk) \
-    X(KVPS_CODEC_SIGN, "sign", 1, 0, kvps_el_body_sign, kvps__max_sign)
-
 /* The verdict on a blob of codec id for n values, the same on CPU and GPU: its header, then its
    size, in this order (top-k's indices are checked by the decoder). KVPS_OK or the result. */
 static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t bytes, int id, size_t n) {
@@ -249,7 +266,7 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
     if (p[0] != (unsigned char)id) return KVPS_ERR_CODEC;
     body = bytes - KVPS_CODEC_HEADER;
     switch (id) {
-#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) case cid: flags = fl; break;
+#define KVPS__ROW(cid, num, name, dense, fl, size_fn, max_fn) case num: flags = fl; break;
         KVPS_CODEC_TABLE(KVPS__ROW)
 #undef KVPS__ROW
     default: break;
@@ -257,7 +274,7 @@ static inline KVPS_HD int kvps_el_blob_verdict(const unsigned char *p, size_t by
     if (p[2] || p[3] || (p[1] & ~flags)) return KVPS_ERR_MALFORMED;
     if ((size_t)kvps_el_get32(p + 4) != n) return KVPS_ERR_LEN_MISMATCH;
     switch (id) {
-#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) case cid: v = size_fn(p, body, n, &want); break;
+#define KVPS__ROW(cid, num, name, dense, fl, size_fn, max_fn) case num: v = size_fn(p, body, n, &want); break;
         KVPS_CODEC_TABLE(KVPS__ROW)
 #undef KVPS__ROW
     default: break;
@@ -956,19 +973,192 @@ static size_t kvps__max_sign(const kvps_codec *c, size_t n) {
     return KVPS_CODEC_HEADER + 4 + (n + ch - 1) / ch * 4 + (n + 7) / 8;
 }
 
-#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) +1
-typedef char kvps__codec_table_check[(0 KVPS_CODEC_TABLE(KVPS__ROW)) == KVPS_CODEC_COUNT ? 1 : -1];
-#undef KVPS__ROW
-/* A built-in codec's row of KVPS_CODEC_TABLE; NULL for any other id. */
+/* What a decode does with the values: dst = them, dst += them, or nothing (the blob is only
+   checked, whole: the server's check of a push before it changes anything). The public decode
+   takes 0 or 1 (its accumulate); KVPS__DEC_CHECK is kvps's own. */
+typedef enum kvps__dec_mode { KVPS__DEC_SET = 0, KVPS__DEC_ADD = 1, KVPS__DEC_CHECK = 2 } kvps__dec_mode;
+
+/* Each built-in codec's encode and decode, found by name from KVPS_CODEC_TABLE. An encode writes
+   the payload at p (after the header, which kvps__codec_encode_builtin wrote) from x + r, leaves
+   in r what was not sent, and may lower *need (top-k: the bytes it wrote). A decode gets the
+   blob p, its verdict already KVPS_OK, and its payload q. */
+static kvps_result kvps__enc_NONE(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need) {
+    (void)c; (void)need;
+    for (size_t i = 0; i < n; i++) {
+        float v = r ? x[i] + r[i] : x[i];
+        memcpy(p + i * 4, &v, 4);
+        if (r) r[i] = 0.0f;
+    }
+    return KVPS_OK;
+}
+static kvps_result kvps__dec_NONE(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode) {
+    (void)p;
+    for (size_t i = 0; i < n; i++) { float v; memcpy(&v, q + i * 4, 4); dst[i] = mode == KVPS__DEC_ADD ? dst[i] + v : v; }
+    return KVPS_OK;
+}
+
+/* FP16 and BF16: n x u16, straight into (out of) the blob where it is aligned for it. */
+static void kvps__enc_half(const float *x, size_t n, float *r, unsigned char *p, int f16) {
+    if (((uintptr_t)p & 1) == 0) {
+        uint16_t *h = (uint16_t *)(void *)p;
+        if (r) kvps__half_ef(x, r, h, n, f16);
+        else if (f16) kvps_f32_to_f16_n(h, x, n);
+        else kvps_f32_to_bf16_n(h, x, n);
+        return;
+    }
+    enum { B = 2048 };
+    uint16_t h[B];
+    for (size_t b = 0; b < n; b += B) {
+        size_t m = n - b < (size_t)B ? n - b : (size_t)B;
+        if (r) kvps__half_ef(x + b, r + b, h, m, f16);
+        else if (f16) kvps_f32_to_f16_n(h, x + b, m);
+        else kvps_f32_to_bf16_n(h, x + b, m);
+        memcpy(p + b * 2, h, m * 2);
+    }
+}
+static void kvps__dec_half(const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode, int f16) {
+    if (mode == KVPS__DEC_SET && ((uintptr_t)q & 1) == 0) {
+        if (f16) kvps_f16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
+        else kvps_bf16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
+        return;
+    }
+    enum { B = 2048 };
+    uint16_t h[B];
+    float tmp[B];
+    for (size_t b = 0; b < n; b += B) {
+        size_t m = n - b < (size_t)B ? n - b : (size_t)B;
+        memcpy(h, q + b * 2, m * 2);
+        float *o = mode == KVPS__DEC_ADD ? tmp : dst + b;
+        if (f16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
+        if (mode == KVPS__DEC_ADD) kvps__add(dst + b, tmp, m);
+    }
+}
+static kvps_result kvps__enc_FP16(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need) {
+    (void)c; (void)need;
+    kvps__enc_half(x, n, r, p, 1);
+    return KVPS_OK;
+}
+static kvps_result kvps__enc_BF16(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need) {
+    (void)c; (void)need;
+    kvps__enc_half(x, n, r, p, 0);
+    return KVPS_OK;
+}
+static kvps_result kvps__dec_FP16(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode) {
+    (void)p;
+    kvps__dec_half(q, dst, n, mode, 1);
+    return KVPS_OK;
+}
+static kvps_result kvps__dec_BF16(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode) {
+    (void)p;
+    kvps__dec_half(q, dst, n, mode, 0);
+    return KVPS_OK;
+}
+
+/* TOPK: u32 k; k indices; k values (f32, or fp16 with KVPS_CODEC_FLAG_FP16_VALUES). */
+static kvps_result kvps__enc_TOPK(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need) {
+    size_t k = kvps_el_topk_k(c, n);
+    /* select straight into the output when it is aligned for it */
+    int direct = ((uintptr_t)(p + 4) & 3) == 0 && !c->topk_fp16_values;
+    uint32_t *idx = direct ? (uint32_t *)(void *)(p + 4) : (uint32_t *)malloc((k ? k : 1) * sizeof *idx);
+    float *val = direct ? (float *)(void *)(p + 4 + k * 4) : (float *)malloc((k ? k : 1) * sizeof *val);
+    kvps_result rc = idx && val ? kvps__topk_ef(x, r, n, k, idx, val) : KVPS_ERR_NOMEM;
+    if (rc == KVPS_OK) {
+        kvps__put32(p, (uint32_t)k);
+        if (!direct) memcpy(p + 4, idx, k * 4);
+        if (direct) {
+            /* already in place */
+        } else if (c->topk_fp16_values) {
+            uint16_t *hv = (uint16_t *)malloc((k ? k : 1) * sizeof *hv);
+            if (!hv) rc = KVPS_ERR_NOMEM;
+            else {
+                kvps_f32_to_f16_n(hv, val, k);
+                memcpy(p + 4 + k * 4, hv, k * 2);
+                if (r) /* what fp16 rounding lost stays in the residual too */
+                    for (size_t j = 0; j < k; j++) r[idx[j]] = val[j] - kvps_el_f16_to_f32(hv[j]);
+                free(hv);
+            }
+        } else {
+            memcpy(p + 4 + k * 4, val, k * 4);
+        }
+    }
+    if (!direct) { free(idx); free(val); }
+    if (rc == KVPS_OK) *need = KVPS_CODEC_HEADER + 4 + k * (c->topk_fp16_values ? 6 : 8);
+    return rc;
+}
+static kvps_result kvps__dec_TOPK(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode) {
+    size_t k = kvps_el_get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
+    const unsigned char *ix = q + 4, *vv = q + 4 + k * 4;
+    for (size_t j = 0; j < k; j++) { /* check all before writing anything */
+        uint32_t i = kvps_el_get32(ix + j * 4);
+        if (i >= n || (j && i <= kvps_el_get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
+    }
+    if (mode == KVPS__DEC_CHECK) return KVPS_OK;
+    if (mode == KVPS__DEC_SET) memset(dst, 0, n * sizeof *dst);
+    for (size_t j = 0; j < k; j++) {
+        uint32_t i = kvps_el_get32(ix + j * 4);
+        float v;
+        if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_el_f16_to_f32(h); }
+        else memcpy(&v, vv + j * 4, 4);
+        dst[i] += v;
+    }
+    return KVPS_OK;
+}
+
+/* SIGN: u32 chunk; a scale per chunk; the sign bits. */
+static kvps_result kvps__enc_SIGN(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need) {
+    (void)need;
+    uint32_t ch = kvps__sign_chunk_len(c);
+    size_t nc = (n + ch - 1) / ch;
+    kvps__put32(p, ch);
+    unsigned char *scales = p + 4, *bits = p + 4 + nc * 4;
+    memset(bits, 0, (n + 7) / 8);
+    for (size_t b = 0, j = 0; b < n; b += ch, j++) {
+        size_t m = n - b < ch ? n - b : ch;
+        float sc;
+#ifdef KVPS__X86
+        if (m % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) /* whole bytes of sign bits */ kvps__sign_chunk_avx2(x + b, r ? r + b : NULL, m, &sc, bits, b);
+        else
+#endif
+        kvps__sign_chunk(x + b, r ? r + b : NULL, m, &sc, bits, b);
+        memcpy(scales + j * 4, &sc, 4);
+    }
+    return KVPS_OK;
+}
+static kvps_result kvps__dec_SIGN(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode) {
+    (void)p;
+    uint32_t ch = kvps_el_get32(q);
+    size_t nc = (n + ch - 1) / ch;
+    const unsigned char *scales = q + 4, *bits = q + 4 + nc * 4;
+    for (size_t b = 0, j = 0; b < n; b += ch, j++) {
+        float sc;
+        memcpy(&sc, scales + j * 4, 4);
+        size_t e = n - b < ch ? n : b + ch;
+#ifdef KVPS__X86
+        if ((e - b) % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) {
+            kvps__sign_decode_avx2(bits, b, sc, dst + b, e - b, mode == KVPS__DEC_ADD);
+            continue;
+        }
+#endif
+        for (size_t i = b; i < e; i++) {
+            float v = (bits[i >> 3] >> (i & 7) & 1) ? -sc : sc;
+            dst[i] = mode == KVPS__DEC_ADD ? dst[i] + v : v;
+        }
+    }
+    return KVPS_OK;
+}
+
+/* A built-in codec's row of KVPS_CODEC_TABLE with its functions; NULL for any other id. */
 typedef struct kvps__codec_row {
     int id;
     const char *name;
     int dense, flags;
     size_t (*max_bytes)(const kvps_codec *c, size_t n);
+    kvps_result (*enc)(const kvps_codec *c, const float *x, size_t n, float *r, unsigned char *p, size_t *need);
+    kvps_result (*dec)(const unsigned char *p, const unsigned char *q, float *dst, size_t n, kvps__dec_mode mode);
 } kvps__codec_row;
 static const kvps__codec_row *kvps__codec_info(int id) {
     static const kvps__codec_row rows[] = {
-#define KVPS__ROW(cid, name, dense, fl, size_fn, max_fn) {cid, name, dense, fl, max_fn},
+#define KVPS__ROW(cid, num, name, dense, fl, size_fn, max_fn) {num, name, dense, fl, max_fn, kvps__enc_##cid, kvps__dec_##cid},
         KVPS_CODEC_TABLE(KVPS__ROW)
 #undef KVPS__ROW
     };
@@ -983,173 +1173,31 @@ static size_t kvps__codec_max_builtin(const kvps_codec *c, size_t n) {
 static kvps_result kvps__codec_encode_builtin(const kvps_codec *c, const float *x, size_t n, float *r, void *out,
                                               size_t cap, size_t *out_bytes) {
     size_t need = kvps__codec_max_builtin(c, n);
+    const kvps__codec_row *row = kvps__codec_info(c->id);
     if ((!x && n) || !out || !out_bytes || n > UINT32_MAX) return KVPS_ERR_INVALID_ARG;
+    if (!row) return KVPS_ERR_CODEC;
     if (cap < need) return KVPS_ERR_TOO_LARGE;
     unsigned char *o = (unsigned char *)out;
     o[0] = (uint8_t)c->id;
-    const kvps__codec_row *row = kvps__codec_info(c->id); /* NULL: refused below */
-    o[1] = (uint8_t)(row && c->topk_fp16_values ? row->flags & KVPS_CODEC_FLAG_FP16_VALUES : 0);
+    o[1] = (uint8_t)(c->topk_fp16_values ? row->flags & KVPS_CODEC_FLAG_FP16_VALUES : 0);
     o[2] = o[3] = 0;
     kvps__put32(o + 4, (uint32_t)n);
-    unsigned char *p = o + KVPS_CODEC_HEADER;
-    switch (c->id) {
-    case KVPS_CODEC_NONE:
-        for (size_t i = 0; i < n; i++) {
-            float v = r ? x[i] + r[i] : x[i];
-            memcpy(p + i * 4, &v, 4);
-            if (r) r[i] = 0.0f;
-        }
-        break;
-    case KVPS_CODEC_FP16:
-    case KVPS_CODEC_BF16: {
-        int f16 = c->id == KVPS_CODEC_FP16;
-        if (((uintptr_t)p & 1) == 0) { /* straight into the output */
-            uint16_t *h = (uint16_t *)(void *)p;
-            if (r) kvps__half_ef(x, r, h, n, f16);
-            else if (f16) kvps_f32_to_f16_n(h, x, n);
-            else kvps_f32_to_bf16_n(h, x, n);
-            break;
-        }
-        enum { B = 2048 };
-        uint16_t h[B];
-        for (size_t b = 0; b < n; b += B) {
-            size_t m = n - b < (size_t)B ? n - b : (size_t)B;
-            if (r) kvps__half_ef(x + b, r + b, h, m, f16);
-            else if (f16) kvps_f32_to_f16_n(h, x + b, m);
-            else kvps_f32_to_bf16_n(h, x + b, m);
-            memcpy(p + b * 2, h, m * 2);
-        }
-        break;
-    }
-    case KVPS_CODEC_TOPK: {
-        size_t k = kvps_el_topk_k(c, n);
-        /* select straight into the output when it is aligned for it */
-        int direct = ((uintptr_t)(p + 4) & 3) == 0 && !c->topk_fp16_values;
-        uint32_t *idx = direct ? (uint32_t *)(void *)(p + 4) : (uint32_t *)malloc((k ? k : 1) * sizeof *idx);
-        float *val = direct ? (float *)(void *)(p + 4 + k * 4) : (float *)malloc((k ? k : 1) * sizeof *val);
-        kvps_result rc = idx && val ? kvps__topk_ef(x, r, n, k, idx, val) : KVPS_ERR_NOMEM;
-        if (rc == KVPS_OK) {
-            kvps__put32(p, (uint32_t)k);
-            if (!direct) memcpy(p + 4, idx, k * 4);
-            if (direct) {
-                /* already in place */
-            } else if (c->topk_fp16_values) {
-                uint16_t *hv = (uint16_t *)malloc((k ? k : 1) * sizeof *hv);
-                if (!hv) rc = KVPS_ERR_NOMEM;
-                else {
-                    kvps_f32_to_f16_n(hv, val, k);
-                    memcpy(p + 4 + k * 4, hv, k * 2);
-                    if (r) /* what fp16 rounding lost stays in the residual too */
-                        for (size_t j = 0; j < k; j++) r[idx[j]] = val[j] - kvps_el_f16_to_f32(hv[j]);
-                    free(hv);
-                }
-            } else {
-                memcpy(p + 4 + k * 4, val, k * 4);
-            }
-        }
-        if (!direct) { free(idx); free(val); }
-        if (rc != KVPS_OK) return rc;
-        need = KVPS_CODEC_HEADER + 4 + k * (c->topk_fp16_values ? 6 : 8);
-        break;
-    }
-    case KVPS_CODEC_SIGN: {
-        uint32_t ch = kvps__sign_chunk_len(c);
-        size_t nc = (n + ch - 1) / ch;
-        kvps__put32(p, ch);
-        unsigned char *scales = p + 4, *bits = p + 4 + nc * 4;
-        memset(bits, 0, (n + 7) / 8);
-        for (size_t b = 0, j = 0; b < n; b += ch, j++) {
-            size_t m = n - b < ch ? n - b : ch;
-            float sc;
-#ifdef KVPS__X86
-            if (m % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) /* whole bytes of sign bits */ kvps__sign_chunk_avx2(x + b, r ? r + b : NULL, m, &sc, bits, b);
-            else
-#endif
-            kvps__sign_chunk(x + b, r ? r + b : NULL, m, &sc, bits, b);
-            memcpy(scales + j * 4, &sc, 4);
-        }
-        break;
-    }
-    default:
-        return KVPS_ERR_CODEC;
-    }
-    *out_bytes = need;
-    return KVPS_OK;
+    kvps_result rc = row->enc(c, x, n, r, o + KVPS_CODEC_HEADER, &need);
+    if (rc == KVPS_OK) *out_bytes = need;
+    return rc;
 }
 
+/* accumulate: 0 sets, KVPS__DEC_CHECK only checks, any other value adds (as the public decode). */
 static kvps_result kvps__codec_decode_builtin(const kvps_codec *c, const void *in, size_t bytes, float *dst, size_t n,
                                               int accumulate) {
     const unsigned char *p = (const unsigned char *)in;
-    if (!in || (!dst && n && accumulate != 2)) return KVPS_ERR_INVALID_ARG; /* 2: check only (kvps internal) */
+    kvps__dec_mode mode = accumulate == KVPS__DEC_CHECK ? KVPS__DEC_CHECK : accumulate ? KVPS__DEC_ADD : KVPS__DEC_SET;
+    if (!in || (!dst && n && mode != KVPS__DEC_CHECK)) return KVPS_ERR_INVALID_ARG;
     int verdict = kvps_el_blob_verdict(p, bytes, c->id, n);
     if (verdict != KVPS_OK) return (kvps_result)verdict;
-    if (accumulate == 2 && kvps__codec_info(c->id)->dense) return KVPS_OK; /* a sparse codec's indices: below */
-    const unsigned char *q = p + KVPS_CODEC_HEADER;
-    switch (c->id) {
-    case KVPS_CODEC_NONE:
-        for (size_t i = 0; i < n; i++) { float v; memcpy(&v, q + i * 4, 4); dst[i] = accumulate ? dst[i] + v : v; }
-        return KVPS_OK;
-    case KVPS_CODEC_FP16:
-    case KVPS_CODEC_BF16: {
-        int f16 = c->id == KVPS_CODEC_FP16;
-        if (!accumulate && ((uintptr_t)q & 1) == 0) {
-            if (f16) kvps_f16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
-            else kvps_bf16_to_f32_n(dst, (const uint16_t *)(const void *)q, n);
-            return KVPS_OK;
-        }
-        enum { B = 2048 };
-        uint16_t h[B];
-        float tmp[B];
-        for (size_t b = 0; b < n; b += B) {
-            size_t m = n - b < (size_t)B ? n - b : (size_t)B;
-            memcpy(h, q + b * 2, m * 2);
-            float *o = accumulate ? tmp : dst + b;
-            if (f16) kvps_f16_to_f32_n(o, h, m); else kvps_bf16_to_f32_n(o, h, m);
-            if (accumulate) kvps__add(dst + b, tmp, m);
-        }
-        return KVPS_OK;
-    }
-    case KVPS_CODEC_TOPK: {
-        size_t k = kvps_el_get32(q), vs = (p[1] & KVPS_CODEC_FLAG_FP16_VALUES) ? 2 : 4;
-        const unsigned char *ix = q + 4, *vv = q + 4 + k * 4;
-        for (size_t j = 0; j < k; j++) { /* check all before writing anything */
-            uint32_t i = kvps_el_get32(ix + j * 4);
-            if (i >= n || (j && i <= kvps_el_get32(ix + (j - 1) * 4))) return KVPS_ERR_MALFORMED;
-        }
-        if (accumulate == 2) return KVPS_OK;
-        if (!accumulate) memset(dst, 0, n * sizeof *dst);
-        for (size_t j = 0; j < k; j++) {
-            uint32_t i = kvps_el_get32(ix + j * 4);
-            float v;
-            if (vs == 2) { uint16_t h; memcpy(&h, vv + j * 2, 2); v = kvps_el_f16_to_f32(h); }
-            else memcpy(&v, vv + j * 4, 4);
-            dst[i] += v;
-        }
-        return KVPS_OK;
-    }
-    case KVPS_CODEC_SIGN: {
-        uint32_t ch = kvps_el_get32(q);
-        size_t nc = (n + ch - 1) / ch;
-        const unsigned char *scales = q + 4, *bits = q + 4 + nc * 4;
-        for (size_t b = 0, j = 0; b < n; b += ch, j++) {
-            float sc;
-            memcpy(&sc, scales + j * 4, 4);
-            size_t e = n - b < ch ? n : b + ch;
-#ifdef KVPS__X86
-            if ((e - b) % 8 == 0 && b % 8 == 0 && kvps__isa() >= KVPS_ISA_AVX2) {
-                kvps__sign_decode_avx2(bits, b, sc, dst + b, e - b, accumulate);
-                continue;
-            }
-#endif
-            for (size_t i = b; i < e; i++) {
-                float v = (bits[i >> 3] >> (i & 7) & 1) ? -sc : sc;
-                dst[i] = accumulate ? dst[i] + v : v;
-            }
-        }
-        return KVPS_OK;
-    }
-    }
-    return KVPS_ERR_CODEC;
+    const kvps__codec_row *row = kvps__codec_info(c->id); /* (the verdict knew the id) */
+    if (mode == KVPS__DEC_CHECK && row->dense) return KVPS_OK; /* a sparse codec's indices: its decode checks them */
+    return row->dec(p, p + KVPS_CODEC_HEADER, dst, n, mode);
 }
 
 KVPS_API kvps_codec kvps_codec_get(kvps_codec_id id) {

@@ -550,8 +550,8 @@ enum { KVPS_GPU__ARRAYS = KVPS_CODEC_HEADER + 4 };
 static inline KVPS_HD uint32_t kvps_gpu__word(const unsigned char *blob) { return kvps_el_get32(blob + KVPS_CODEC_HEADER); }
 
 /* The GPU has kernels for the built-in codecs, the rows of KVPS_CODEC_TABLE: a new row needs its
-   cases in kvps_gpu_encode and kvps_gpu_decode (their checks and sizes come from kvps.h). */
-static_assert(KVPS_CODEC_COUNT == 5, "kvps_gpu.h: a new built-in codec needs its GPU encode and decode cases");
+   kvps_gpu__enc_NAME and kvps_gpu__dec_NAME (>>kernel-api; their checks and sizes come from
+   kvps_codec.h). */
 static int kvps_gpu__builtin(int id) { return id >= 0 && id < KVPS_CODEC_COUNT; }
 
 /* The 8-byte codec header, plus the u32 after it (top-k: k; sign: chunk) when word_too. */
@@ -975,6 +975,133 @@ KVPS_API size_t kvps_gpu_codec_bytes(const kvps_codec *c, size_t n) {
     return kvps_codec_max_bytes(&b, n);
 }
 
+/* Each built-in codec's GPU encode and decode, found by name from KVPS_CODEC_TABLE (as the CPU's
+   kvps__enc_NAME / kvps__dec_NAME). An encode writes the whole blob at o (kvps_gpu__head for the
+   header) from d_x + d_residual; a decode runs after kvps_gpu__dec_check_k on the same stream,
+   names the kernel it launched last in *what, and returns the launch's error. */
+static kvps_result kvps_gpu__head(unsigned char *o, const kvps_codec *c, size_t n, int flags, int word_too, uint32_t word,
+                                  cudaStream_t st) {
+    kvps_gpu__header_k<<<1, 1, 0, st>>>(o, c->id, flags, (uint32_t)n, word_too, word);
+    KVPS_GPU__LAUNCHED("kvps_gpu__header_k");
+    return KVPS_OK;
+}
+static kvps_result kvps_gpu__enc_NONE(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st) {
+    kvps_result rc = kvps_gpu__head(o, c, n, 0, 0, 0, st);
+    if (rc != KVPS_OK || !n) return rc;
+    kvps_gpu__none_enc_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>((float *)(void *)(o + KVPS_CODEC_HEADER), d_x, d_residual, n);
+    KVPS_GPU__LAUNCHED("kvps_gpu__none_enc_k");
+    return KVPS_OK;
+}
+static kvps_result kvps_gpu__enc_half(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st, int f16) {
+    kvps_result rc = kvps_gpu__head(o, c, n, 0, 0, 0, st);
+    if (rc != KVPS_OK || !n) return rc;
+    kvps_gpu__pack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>((uint16_t *)(void *)(o + KVPS_CODEC_HEADER), d_x, d_residual, n, f16);
+    KVPS_GPU__LAUNCHED("kvps_gpu__pack_k");
+    return KVPS_OK;
+}
+static kvps_result kvps_gpu__enc_FP16(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st) {
+    return kvps_gpu__enc_half(c, d_x, d_residual, n, o, st, 1);
+}
+static kvps_result kvps_gpu__enc_BF16(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st) {
+    return kvps_gpu__enc_half(c, d_x, d_residual, n, o, st, 0);
+}
+static kvps_result kvps_gpu__enc_TOPK(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st) {
+    int fp16v = c->topk_fp16_values != 0;
+    size_t k = kvps_el_topk_k(c, n);
+    kvps_result rc = kvps_gpu__head(o, c, n, fp16v ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0, 1, (uint32_t)k, st);
+    if (rc != KVPS_OK || !n) return rc;
+    uint32_t *idx = (uint32_t *)(void *)(o + KVPS_GPU__ARRAYS);
+    unsigned char *vals = o + KVPS_GPU__ARRAYS + k * 4;
+    return kvps_gpu__topk_run(d_x, d_residual, n, k, idx, fp16v ? NULL : (float *)(void *)vals,
+                              fp16v ? (uint16_t *)(void *)vals : NULL, st);
+}
+static kvps_result kvps_gpu__enc_SIGN(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o,
+                                      cudaStream_t st) {
+    uint32_t ch = c->sign_chunk ? c->sign_chunk : KVPS_DEFAULT_SIGN_CHUNK;
+    kvps_result rc = kvps_gpu__head(o, c, n, 0, 1, ch, st);
+    if (rc != KVPS_OK || !n) return rc;
+    size_t nc = (n + ch - 1) / ch;
+    float *scales = (float *)(void *)(o + KVPS_GPU__ARRAYS);
+    unsigned char *bits = o + KVPS_GPU__ARRAYS + nc * 4;
+    if (ch % 8 == 0) {
+        kvps_gpu__sign_k<<<kvps_gpu__grid(nc * 8, 1, 16384) /* 8 threads a chunk */, KVPS_GPU__T, 0, st>>>(
+            d_x, d_residual, n, ch, scales, bits);
+        KVPS_GPU__LAUNCHED("kvps_gpu__sign_k");
+        return KVPS_OK;
+    }
+    kvps_gpu__sign_scale_k<<<KVPS_GPU__GRID(nc), KVPS_GPU__T, 0, st>>>(d_x, d_residual, n, ch, scales);
+    KVPS_GPU__LAUNCHED("kvps_gpu__sign_scale_k");
+    kvps_gpu__sign_bits_k<<<KVPS_GPU__GRID((n + 7) / 8), KVPS_GPU__T, 0, st>>>(d_residual ? d_residual : d_x, n, bits);
+    KVPS_GPU__LAUNCHED("kvps_gpu__sign_bits_k");
+    if (d_residual) {
+        kvps_gpu__sign_resid_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_residual, n, ch, scales);
+        KVPS_GPU__LAUNCHED("kvps_gpu__sign_resid_k");
+    }
+    return KVPS_OK;
+}
+
+static cudaError_t kvps_gpu__dec_NONE(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what) {
+    kvps_gpu__none_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const float *)(const void *)(in + KVPS_CODEC_HEADER), n,
+                                                                   accumulate, status);
+    *what = "kvps_gpu__none_dec_k";
+    return cudaGetLastError();
+}
+static cudaError_t kvps_gpu__dec_half(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what, int f16) {
+    kvps_gpu__unpack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const uint16_t *)(const void *)(in + KVPS_CODEC_HEADER), n,
+                                                                 f16, accumulate, status);
+    *what = "kvps_gpu__unpack_k";
+    return cudaGetLastError();
+}
+static cudaError_t kvps_gpu__dec_FP16(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what) {
+    return kvps_gpu__dec_half(in, d_dst, n, accumulate, status, st, what, 1);
+}
+static cudaError_t kvps_gpu__dec_BF16(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what) {
+    return kvps_gpu__dec_half(in, d_dst, n, accumulate, status, st, what, 0);
+}
+static cudaError_t kvps_gpu__dec_TOPK(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what) {
+    cudaError_t e;
+    kvps_gpu__topk_check_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, n, status);
+    *what = "kvps_gpu__topk_check_k";
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (!accumulate) {
+        kvps_gpu__zero_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, n, status);
+        *what = "kvps_gpu__zero_k";
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    kvps_gpu__topk_scatter_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, d_dst, status);
+    *what = "kvps_gpu__topk_scatter_k";
+    return cudaGetLastError();
+}
+static cudaError_t kvps_gpu__dec_SIGN(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status,
+                                      cudaStream_t st, const char **what) {
+    kvps_gpu__sign_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, n, d_dst, accumulate, status);
+    *what = "kvps_gpu__sign_dec_k";
+    return cudaGetLastError();
+}
+
+/* The GPU's row of each built-in codec (KVPS_CODEC_TABLE): a new row there needs the two functions
+   above, or this does not compile. */
+typedef struct kvps_gpu__codec {
+    kvps_result (*enc)(const kvps_codec *c, const float *d_x, float *d_residual, size_t n, unsigned char *o, cudaStream_t st);
+    cudaError_t (*dec)(const unsigned char *in, float *d_dst, size_t n, int accumulate, int *status, cudaStream_t st,
+                       const char **what);
+} kvps_gpu__codec;
+static const kvps_gpu__codec kvps_gpu__codecs[] = {
+#define KVPS_GPU__ROW(cid, num, name, dense, fl, size_fn, max_fn) {kvps_gpu__enc_##cid, kvps_gpu__dec_##cid},
+    KVPS_CODEC_TABLE(KVPS_GPU__ROW)
+#undef KVPS_GPU__ROW
+};
+
 KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size_t n, float *d_residual, void *d_out,
                                      size_t cap, size_t *out_bytes, kvps_gpu_stream stream) {
     if (!c || (!d_x && n) || !d_out || !out_bytes || n > UINT32_MAX || ((uintptr_t)d_out & 3)) return KVPS_ERR_INVALID_ARG;
@@ -986,54 +1113,8 @@ KVPS_API kvps_result kvps_gpu_encode(const kvps_codec *c, const float *d_x, size
     if (cap < need) return KVPS_ERR_TOO_LARGE;
     kvps_result rc = kvps_gpu__ready();
     if (rc != KVPS_OK) return rc;
-    cudaStream_t st = (cudaStream_t)stream;
-    unsigned char *o = (unsigned char *)d_out, *p = o + KVPS_CODEC_HEADER;
-    int topk = c->id == KVPS_CODEC_TOPK, fp16v = topk && c->topk_fp16_values;
-    size_t k = topk ? kvps_el_topk_k(c, n) : 0;
-    uint32_t ch = c->sign_chunk ? c->sign_chunk : KVPS_DEFAULT_SIGN_CHUNK;
-    kvps_gpu__header_k<<<1, 1, 0, st>>>(o, c->id, fp16v ? (int)KVPS_CODEC_FLAG_FP16_VALUES : 0, (uint32_t)n,
-                                        topk || c->id == KVPS_CODEC_SIGN, topk ? (uint32_t)k : ch);
-    KVPS_GPU__LAUNCHED("kvps_gpu__header_k");
-    if (n) switch (c->id) {
-    case KVPS_CODEC_NONE:
-        kvps_gpu__none_enc_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>((float *)(void *)p, d_x, d_residual, n);
-        KVPS_GPU__LAUNCHED("kvps_gpu__none_enc_k");
-        break;
-    case KVPS_CODEC_FP16:
-    case KVPS_CODEC_BF16:
-        kvps_gpu__pack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>((uint16_t *)(void *)p, d_x, d_residual, n,
-                                                                   c->id == KVPS_CODEC_FP16);
-        KVPS_GPU__LAUNCHED("kvps_gpu__pack_k");
-        break;
-    case KVPS_CODEC_TOPK: {
-        uint32_t *idx = (uint32_t *)(void *)(o + KVPS_GPU__ARRAYS);
-        unsigned char *vals = o + KVPS_GPU__ARRAYS + k * 4;
-        rc = kvps_gpu__topk_run(d_x, d_residual, n, k, idx, fp16v ? NULL : (float *)(void *)vals,
-                                fp16v ? (uint16_t *)(void *)vals : NULL, st);
-        if (rc != KVPS_OK) return rc;
-        break;
-    }
-    case KVPS_CODEC_SIGN: {
-        size_t nc = (n + ch - 1) / ch;
-        float *scales = (float *)(void *)(o + KVPS_GPU__ARRAYS);
-        unsigned char *bits = o + KVPS_GPU__ARRAYS + nc * 4;
-        if (ch % 8 == 0) {
-            kvps_gpu__sign_k<<<kvps_gpu__grid(nc * 8, 1, 16384) /* 8 threads a chunk */, KVPS_GPU__T, 0, st>>>(
-                d_x, d_residual, n, ch, scales, bits);
-            KVPS_GPU__LAUNCHED("kvps_gpu__sign_k");
-        } else {
-            kvps_gpu__sign_scale_k<<<KVPS_GPU__GRID(nc), KVPS_GPU__T, 0, st>>>(d_x, d_residual, n, ch, scales);
-            KVPS_GPU__LAUNCHED("kvps_gpu__sign_scale_k");
-            kvps_gpu__sign_bits_k<<<KVPS_GPU__GRID((n + 7) / 8), KVPS_GPU__T, 0, st>>>(d_residual ? d_residual : d_x, n, bits);
-            KVPS_GPU__LAUNCHED("kvps_gpu__sign_bits_k");
-            if (d_residual) {
-                kvps_gpu__sign_resid_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_residual, n, ch, scales);
-                KVPS_GPU__LAUNCHED("kvps_gpu__sign_resid_k");
-            }
-        }
-        break;
-    }
-    }
+    rc = kvps_gpu__codecs[c->id].enc(c, d_x, d_residual, n, (unsigned char *)d_out, (cudaStream_t)stream);
+    if (rc != KVPS_OK) return rc;
     *out_bytes = need;
     return KVPS_OK;
 }
@@ -1061,39 +1142,7 @@ KVPS_API kvps_result kvps_gpu_decode(const kvps_codec *c, const void *d_in, size
     const char *what = "kvps_gpu__dec_check_k";
     kvps_gpu__dec_check_k<<<1, 1, 0, st>>>(in, bytes, c->id, n, status);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && n) switch (c->id) {
-    case KVPS_CODEC_NONE:
-        kvps_gpu__none_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const float *)(const void *)(in + KVPS_CODEC_HEADER), n,
-                                                                       accumulate, status);
-        what = "kvps_gpu__none_dec_k";
-        e = cudaGetLastError();
-        break;
-    case KVPS_CODEC_FP16:
-    case KVPS_CODEC_BF16:
-        kvps_gpu__unpack_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, (const uint16_t *)(const void *)(in + KVPS_CODEC_HEADER), n,
-                                                                     c->id == KVPS_CODEC_FP16, accumulate, status);
-        what = "kvps_gpu__unpack_k";
-        e = cudaGetLastError();
-        break;
-    case KVPS_CODEC_TOPK:
-        kvps_gpu__topk_check_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, n, status);
-        what = "kvps_gpu__topk_check_k";
-        if ((e = cudaGetLastError()) != cudaSuccess) break;
-        if (!accumulate) {
-            kvps_gpu__zero_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(d_dst, n, status);
-            what = "kvps_gpu__zero_k";
-            if ((e = cudaGetLastError()) != cudaSuccess) break;
-        }
-        kvps_gpu__topk_scatter_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, d_dst, status);
-        what = "kvps_gpu__topk_scatter_k";
-        e = cudaGetLastError();
-        break;
-    case KVPS_CODEC_SIGN:
-        kvps_gpu__sign_dec_k<<<KVPS_GPU__GRID(n), KVPS_GPU__T, 0, st>>>(in, n, d_dst, accumulate, status);
-        what = "kvps_gpu__sign_dec_k";
-        e = cudaGetLastError();
-        break;
-    }
+    if (e == cudaSuccess && n) e = kvps_gpu__codecs[c->id].dec(in, d_dst, n, accumulate, status, st, &what);
     kvps_gpu__scratch_put(&scr, st);
     return e == cudaSuccess ? KVPS_OK : kvps_gpu__cuda_fail(e, what);
 }

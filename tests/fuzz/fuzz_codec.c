@@ -18,7 +18,7 @@
    gradient, heavy ties); test_codec checks the same shapes at the real size.
 
    Properties: decode never reads outside the blob or writes outside n floats; the check-only
-   mode the server validates with (accumulate == 2) accepts exactly what decode accepts; a
+   mode the server validates with (KVPS__DEC_CHECK) accepts exactly what decode accepts; a
    rejected blob leaves the destination untouched; every SIMD path gives the same result and
    the same bits; and for a round trip: decode(encode(x)) is accepted, NONE is exact, FP16/BF16
    equal the scalar conversions, top-k sends the k largest magnitudes (ties to the lower index)
@@ -58,7 +58,7 @@ static void fz_decode(const kvps_codec *c, const uint8_t *blob, size_t bytes, si
     for (size_t i = 0; i < n; i++) init[i] = (float)(int)(i % 7) - 3.0f;
 
     kvps_isa_set((kvps_isa)fz_isas[0]);
-    kvps_result chk = kvps__codec_decode_builtin(c, b0, bytes, NULL, n, 2);
+    kvps_result chk = kvps__codec_decode_builtin(c, b0, bytes, NULL, n, KVPS__DEC_CHECK);
     memcpy(ref, init, n * sizeof(float));
     kvps_result r0 = kvps_codec_decode(c, b0, bytes, ref, n, acc);
     FZ_CHECK(chk == r0, "codec %d: check-only says %d, decode says %d (n %zu, %zu bytes)", c->id, chk, r0, n, bytes);
@@ -128,7 +128,7 @@ static void fz_roundtrip(kvps_codec *c, const float *x, size_t n, int ef) {
                      fz_bits(r_in[i]));
     }
     kvps_isa_set(KVPS_ISA_AUTO);
-    FZ_CHECK(kvps__codec_decode_builtin(c, ref, nb0, NULL, n, 2) == KVPS_OK, "codec %d: check-only rejects its own output", c->id);
+    FZ_CHECK(kvps__codec_decode_builtin(c, ref, nb0, NULL, n, KVPS__DEC_CHECK) == KVPS_OK, "codec %d: check-only rejects its own output", c->id);
     rc = kvps_codec_decode(c, ref, nb0, dec, n, 0);
     FZ_CHECK(rc == KVPS_OK, "codec %d: decode of its own output: %s", c->id, kvps_result_str(rc));
 
