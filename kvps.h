@@ -183,52 +183,24 @@
    accumulate, SGD, momentum, Nesterov, Adagrad, Adam) with its hyper-parameters; the formulas
    are at kvps_rule, computed in float32 in exactly that order.
    The update rule turns a round's sum into the stored value:
-     KVPS_UPDATE_MEAN  value = sum / count           (aggregate-only: pull returns mean gradient)
-     KVPS_UPDATE_SUM   value += sum                   (accumulating key-value store)
-     KVPS_UPDATE_SGD   value -= lr * (sum / count)    (the server holds the weights)
+     KVPS_UPDATE_MEAN        value = sum / count      (aggregate-only: pull returns mean gradient)
+     KVPS_UPDATE_ACCUMULATE  value += sum             (accumulating key-value store; its old name,
+                                                      KVPS_UPDATE_SUM, still works)
+     KVPS_UPDATE_SGD         value -= lr * (sum / count)  (the server holds the weights)
+   the same words as kvps_rule's (KVPS_RULE_SUM: value = sum of the round, is another rule).
      .update_fn        your own kvps_update_fn
    A key starts as zeros, or as .init_fn writes it, or as worker r sets it with kvps_worker_init
    (no summing; replaces the stored value).
 
    6. WIRE FORMAT (little-endian; one ZeroMQ multipart message per request)
-     worker -> server : [meta][values]        values only for PUSH, PUSHPULL and INIT
-     server -> worker : [meta][values]        values only for a successful PULL / PUSHPULL
+     worker -> server : [meta][values]        values only for the ops that take them (OPS)
+     server -> worker : [meta][values]        values only for a successful answer that has them
                         [meta][text]          when meta.status < 0: a message naming the problem
      meta = header (32 bytes) followed by nkeys entries of { u64 key; u64 len } (16 bytes each)
        offset size field
        0      4    magic   0x5350564B ("KVPS")
        4      1    version 1
-       5      1    op      1 PUSH, 2 PULL, 3 PUSHPULL, 4 INIT, 5 BARRIER, 6 CONFIG (values: per
-                           key { u32 rule; f32 lr, momentum, beta1, beta2, eps }), 7 PUSH_ROWS,
-                           8 PULL_ROWS, 9 TABLE (see below), 10 HELLO (values: u32 protocol
-                           8, u32 num_workers, u32 servers in the list, u32 this server's
-                           place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
-                           placement's hash, 0 before any reshard, u64 the job token's
-                           digest, 0: none, u32 again (1: said again after a reconnect),
-                           u32 the last checkpoint stamp the worker heard from this server,
-                           0: none (FAULTS, checkpoints); answered with the server's
-                           placement when the worker's is 0 and the server has one), 11 BYE,
-                           12 STATUS (req_id: the request asked about; answered with text),
-                           13 NAME (values: u64 base key, u64 length, u32 slices, u32 name
-                           bytes, the name), 14 REPL (primary -> backup, REPLICAS: rank = 0
-                           a worker's request follows as [routing id][meta][values?], 1 a
-                           snapshot [checkpoint bytes][session], 2 worker u32 lost, 3 the
-                           rounds a request completed under BSP [done][records] (layout in
-                           kvps__round_note), 4 hello [u64 job token digest, u64 chain hash],
-                           first on each connection of a link (SECURITY); nkeys = epoch,
-                           req_id = sequence, aux = sender's place), RESHARD
-                           (nkeys 0; the values frame holds the rest): 15 KEYS (answered
-                           with n x {u64 key, u64 len}), 16 EXPORT (n x u64 key; answered with
-                           their records, as in a checkpoint), 17 IMPORT (records), 18 DROP
-                           (n x u64 key), 19 PLACE (u32 V, u32 count, u32 server counts
-                           [count]: the placement, first to last), 24 READ (REPLICAS under
-                           BSP, .read_local: a pull whose values frame is u64 the sequence of
-                           the worker's push it waits for; answered by any replica, a
-                           backup too, or KVPS_ERR_NOT_PRIMARY with aux 1 when it never
-                           will); replies set 0x80
-     table ops: meta = header (nkeys = rows) + { u64 table; u32 dim; u32 0 } + rows x u64 id;
-     PUSH_ROWS values = rows x dim floats; TABLE values = CONFIG record + { f32 init_scale; u32 0;
-     u64 seed } with no ids
+       5      1    op      one of OPS below; replies set 0x80
        6      2    flags   1 CODED: the values frame holds, per key, [u32 bytes][codec blob]
                            2 CODED_REPLY: answer the pull coded with the codec whose id is aux
                            (in the reply, flags echo it); other bits are rejected
@@ -241,6 +213,50 @@
        28     4    aux     CODED_REPLY: codec id; otherwise ignored. Replies that succeeded: the
                            server's checkpoint stamp, 0 when it writes none (FAULTS, checkpoints)
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
+     OPS (protocol release 8: a HELLO names it and both sides must speak the same; test_api checks
+     this list against the code's). nkeys 0 where no keys are named.
+       op  name         values frame; answer
+        1  PUSH         the keys' values (maybe CODED)
+        2  PULL         none; answered with the keys' values (maybe CODED_REPLY)
+        3  PUSHPULL     as PUSH; answered as PULL, with the round's result
+        4  INIT         the keys' values, stored as they are (no summing)
+        5  BARRIER      none (server 0 only)
+        6  CONFIG       per key { u32 rule; f32 lr, momentum, beta1, beta2, eps }
+        7  PUSH_ROWS    rows x dim floats (table ops, below)
+        8  PULL_ROWS    none; answered with rows x dim floats
+        9  TABLE        CONFIG record + { f32 init_scale; u32 0; u64 seed }, no ids
+       10  HELLO        u32 protocol 8, u32 num_workers, u32 servers in the list, u32 this
+                        server's place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
+                        placement's hash (0 before any reshard), u64 the job token's digest
+                        (0: none), u32 again (1: said again after a reconnect), u32 the last
+                        checkpoint stamp the worker heard from this server (0: none; FAULTS,
+                        checkpoints); answered with the server's placement when the worker's
+                        is 0 and the server has one
+       11  BYE          none: the worker has finished
+       12  STATUS       none (req_id: the request asked about); answered with text
+       13  NAME         u64 base key, u64 length, u32 slices, u32 name bytes, the name
+       14  REPL         primary -> backup (REPLICAS): rank = kind: 0 a worker's request follows
+                        as [routing id][meta][values?], 1 a snapshot [checkpoint bytes][session],
+                        2 worker u32 lost, 3 the rounds a request completed under BSP
+                        [done][records] (kvps__round_note), 4 hello [u64 job token digest, u64
+                        chain hash], first on each connection of a link (SECURITY); nkeys =
+                        epoch, req_id = sequence, aux = sender's place
+       15  KEYS         none (RESHARD); answered with n x {u64 key, u64 len}
+       16  EXPORT       n x u64 key; answered with their records, as in a checkpoint
+       17  IMPORT       key records, taken in (new keys only)
+       18  DROP         n x u64 key, forgotten (moved elsewhere)
+       19  PLACE        u32 V, u32 count, u32 server counts[count], u32 moves[count], then the
+                        moves' (virtual shard, server) pairs: the placement, first to last
+       20  EXPORT_ROWS  u32 V, u32 virtual shards[]; answered with every table's record, only
+                        the rows in those shards
+       21  IMPORT_ROWS  table records; tables made or found the same, rows taken in (new ids)
+       22  DROP_ROWS    as EXPORT_ROWS: the rows in those shards forgotten
+       23  PLACE_GET    none; answered with the server's placement (as PLACE's values)
+       24  READ         REPLICAS under BSP, .read_local: a pull whose values frame is u64 the
+                        sequence of the worker's push it waits for; answered by any replica, a
+                        backup too, or KVPS_ERR_NOT_PRIMARY with aux 1 when it never will
+     table ops (PUSH_ROWS, PULL_ROWS, TABLE): meta = header (nkeys = rows) + { u64 table; u32 dim;
+     u32 0 } + rows x u64 id (TABLE: no ids)
    Anything else gets an error reply and changes nothing: a message is checked whole before
    any stored value is touched. A worker call that spans several servers sends one message to
    each; each server accepts or rejects its own part (so a push whose key on server 1 has the
@@ -743,12 +759,17 @@ typedef struct kvps_optim {
 #define KVPS_DEFAULT_HEARTBEAT_MS 1000
 #define KVPS_DEFAULT_PEER_TIMEOUT_MS 5000
 
+/* The server's update rule for every key without a rule of its own. The names are kvps_rule's
+   (one vocabulary): MEAN is KVPS_RULE_MEAN, ACCUMULATE is KVPS_RULE_ACCUMULATE, SGD is KVPS_RULE_SGD. */
 typedef enum kvps_update {
-    KVPS_UPDATE_MEAN = 0, /* value = sum / count */
-    KVPS_UPDATE_SUM = 1,  /* value += sum */
-    KVPS_UPDATE_SGD = 2,  /* value -= lr * (sum / count) */
+    KVPS_UPDATE_MEAN = 0,       /* value = sum / count */
+    KVPS_UPDATE_ACCUMULATE = 1, /* value += sum */
+    KVPS_UPDATE_SGD = 2,        /* value -= lr * (sum / count) */
     KVPS_UPDATE_CUSTOM = 3,
-    KVPS_UPDATE_COUNT
+    KVPS_UPDATE_COUNT,
+    /* The old name of ACCUMULATE, kept for programs that use it: it never meant KVPS_RULE_SUM
+       (value = sum of the round). */
+    KVPS_UPDATE_SUM = KVPS_UPDATE_ACCUMULATE
 } kvps_update;
 
 
@@ -6247,7 +6268,7 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
     if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "server")) return KVPS_ERR_CONFIG;
     if (desc->lr != 0.0f && desc->update != KVPS_UPDATE_SGD) {
-        static const char *const updates[] = {"KVPS_UPDATE_MEAN", "KVPS_UPDATE_SUM", "KVPS_UPDATE_SGD", "KVPS_UPDATE_CUSTOM"};
+        static const char *const updates[] = {"KVPS_UPDATE_MEAN", "KVPS_UPDATE_ACCUMULATE", "KVPS_UPDATE_SGD", "KVPS_UPDATE_CUSTOM"};
         kvps__log(KVPS_LOG_ERROR, "server desc: lr %g is set but update is %s, which has no learning rate: set .update = "
                                   "KVPS_UPDATE_SGD (or give tensors a rule of their own with kvps_worker_tensor_optim)",
                   (double)desc->lr, (unsigned)desc->update < KVPS_UPDATE_COUNT ? updates[desc->update] : "unknown");
@@ -6540,6 +6561,14 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
 // >>client
 typedef struct kvps__dest { float *ptr; uint64_t len; } kvps__dest;
 
+/* Where a request stands with one of its servers. */
+typedef enum kvps__rstate {
+    KVPS__RS_NONE = 0,  /* nothing sent to it */
+    KVPS__RS_SENT = 1,  /* sent, awaiting its reply */
+    KVPS__RS_DONE = 2,  /* answered */
+    KVPS__RS_LOST = 3   /* answered KVPS_ERR_PEER_LOST (a worker the server waits for is lost): sent again by
+                           the next wait or test */
+} kvps__rstate;
 typedef struct kvps__req {
     uint64_t id;
     int refs;            /* 1 for the worker + one per zero-copy frame ZeroMQ still holds */
@@ -6547,10 +6576,8 @@ typedef struct kvps__req {
     int sent;            /* messages sent */
     kvps_result status;
     uint32_t *dbegin;    /* per server: first index in dest (n + 1 entries) */
-    uint8_t *state;      /* per server: 0 nothing sent, 1 awaiting its reply, 2 answered, 3 answered
-                            KVPS_ERR_PEER_LOST (a worker the server waits for is lost): re-sent
-                            by the next wait or test */
-    int lost;            /* servers in state 3 */
+    uint8_t *state;      /* per server: a kvps__rstate */
+    int lost;            /* servers in KVPS__RS_LOST */
     int64_t lost_at;     /* when the last such answer came (ms): re-sent no sooner than 100 ms after */
     int lost_told;       /* (first round) the caller was told KVPS_ERR_PEER_LOST: later waits ride it out */
     int tensor;          /* tensor requests: its index + 1 (0: none), for stats and messages (an index:
@@ -6998,7 +7025,7 @@ static kvps__req *kvps__req_get(kvps_worker *w, kvps_req h);
    it nothing): the push has reached srv, so a pull there waits for the push's round. */
 static int kvps__read_pushed(kvps_worker *w, const kvps__req *q, int srv) {
     for (kvps__req *c = kvps__req_get(w, q->push); c && !c->read; c = c->next ? kvps__req_get(w, c->next) : NULL)
-        if (c->state[srv] == 1) return 0;
+        if (c->state[srv] == KVPS__RS_SENT) return 0;
     return 1;
 }
 
@@ -7026,7 +7053,7 @@ static int kvps__read_send(kvps_worker *w, kvps__req *q, int srv, int primary) {
 static void kvps__reads_reroute(kvps_worker *w, int s) {
     for (uint32_t i = 0; i < w->nslots; i++) {
         kvps__req *q = w->slots[i];
-        if (q && q->read && q->state[s] == 1 && q->nkept[s] && kvps__read_send(w, q, s, 0) != 0)
+        if (q && q->read && q->state[s] == KVPS__RS_SENT && q->nkept[s] && kvps__read_send(w, q, s, 0) != 0)
             kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, s, zmq_strerror(zmq_errno()));
     }
 }
@@ -7035,7 +7062,7 @@ static void kvps__reads_reroute(kvps_worker *w, int s) {
    wait for that (rwait) go to srv as pulls once every round of the push has it. */
 static void kvps__reads_release(kvps_worker *w, kvps__req *q, int srv) {
     for (kvps__req *c = q->next ? kvps__req_get(w, q->next) : NULL; c; c = c->next ? kvps__req_get(w, c->next) : NULL)
-        if (c->read && c->rwait[srv] && c->state[srv] == 1 && kvps__read_pushed(w, c, srv) && kvps__read_send(w, c, srv, 1) != 0)
+        if (c->read && c->rwait[srv] && c->state[srv] == KVPS__RS_SENT && kvps__read_pushed(w, c, srv) && kvps__read_send(w, c, srv, 1) != 0)
             kvps__log(KVPS_LOG_WARN, "worker %d: read from server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
 }
 
@@ -7414,13 +7441,13 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
         }
         q->pending++;
         q->sent++;
-        q->state[srv] = 1;
+        q->state[srv] = KVPS__RS_SENT;
         return KVPS_OK;
     }
     if (q->sbytes && !q->ctl && kvps__credit_wait(w, q, srv, f, nf)) { /* waits for credit, in the queue */
         q->pending++;
         q->sent++;
-        q->state[srv] = 1;
+        q->state[srv] = KVPS__RS_SENT;
         return KVPS_OK;
     }
     if (kvps__send_frames(w->socks[srv], f, nf) != 0) {
@@ -7435,7 +7462,7 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
     }
     q->pending++;
     q->sent++;
-    q->state[srv] = 1;
+    q->state[srv] = KVPS__RS_SENT;
     return KVPS_OK;
 }
 
@@ -7591,7 +7618,7 @@ static kvps_result kvps__finish(kvps_worker *w, int timeout_ms, int unreached) {
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
     if (r == KVPS_OK && q->pending > 0) {
         int s = 0;
-        while (q->state[s] != 1) s++;
+        while (q->state[s] != KVPS__RS_SENT) s++;
         r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)%s",
                         s, kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent,
                         w->up_once[s] ? "" : ": it never connected, so it will wait for this worker until it is stopped");
@@ -7944,7 +7971,7 @@ static kvps_result kvps__hellos_answered(kvps_worker *w, int timeout_ms) {
         for (uint32_t i = 0; i < w->nslots && srv < 0; i++)
             if (w->slots[i] && w->slots[i]->ctl == KVPS__OP_HELLO)
                 for (int s = 0; s < w->n && srv < 0; s++)
-                    if (w->slots[i]->state[s] == 1) srv = s;
+                    if (w->slots[i]->state[s] == KVPS__RS_SENT) srv = s;
         if (srv < 0) return KVPS_OK;
         int64_t now = kvps__now_ms();
         if (now >= deadline)
@@ -8851,7 +8878,7 @@ static kvps_result kvps__rows_op(kvps_worker *w, int op, kvps_table ti, const ui
     if (q) {
         q->dbegin[w->n] = (uint32_t)nu;
         for (int s2 = w->n - 1; s2 >= 0; s2--)
-            if (!q->state[s2]) q->dbegin[s2] = q->dbegin[s2 + 1];
+            if (q->state[s2] == KVPS__RS_NONE) q->dbegin[s2] = q->dbegin[s2 + 1];
     }
     free(v);
     free(uid);
@@ -8904,7 +8931,7 @@ static void kvps__reply_text(kvps_worker *w, const kvps__req *q, int srv, zmq_ms
 /* The answer to one of the worker's own requests. A refused hello makes every later wait fail
    with the server's words (both values named); a refused tensor name, that tensor's calls. */
 static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
-    q->state[srv] = 2;
+    q->state[srv] = KVPS__RS_DONE;
     kvps__req_drop_kept(q, srv);
     if (q->ctl == KVPS__OP_HELLO) {
         w->hellos_heard++;
@@ -8954,7 +8981,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     if (h.magic == KVPS__MAGIC && h.status == KVPS_OK && h.op != (KVPS__OP_READ | KVPS__OP_REPLY))
         kvps__stamp_heard(w, srv, h.aux); /* (any reply of the server's: one to a request sent again too) */
     kvps__req *q = h.magic == KVPS__MAGIC ? kvps__req_get(w, h.req_id) : NULL;
-    if (!q || q->state[srv] != 1) { /* stale, unknown, or a second reply from the same server */
+    if (!q || q->state[srv] != KVPS__RS_SENT) { /* stale, unknown, or a second reply from the same server */
         kvps__log(KVPS_LOG_DEBUG, "worker %d: reply for unknown request %llu dropped", w->desc.rank,
                   (unsigned long long)h.req_id);
         return;
@@ -8988,14 +9015,14 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
            is lost. What the request pushed is applied and stays so (the server keeps it in its
            re-send window): keep the frames, so that waiting again re-sends the same request
            and gets the rest, with no push applied twice */
-        q->state[srv] = 3;
+        q->state[srv] = KVPS__RS_LOST;
         q->lost++;
         q->lost_at = kvps__now_ms();
         kvps__reply_text(w, q, srv, fr, nfr);
         if (w->rsocks && !q->read) kvps__reads_release(w, q, srv); /* (the push is applied) */
         return;
     }
-    q->state[srv] = 2;
+    q->state[srv] = KVPS__RS_DONE;
     if (h.status == KVPS_OK) kvps__req_answered(w, q, srv, h.aux); /* kept for a restore, or let go */
     else kvps__req_drop_kept(q, srv);
     if (w->rsocks && !q->read) kvps__reads_release(w, q, srv); /* READs refused before this answer */
@@ -9087,7 +9114,7 @@ static void kvps__resend(kvps_worker *w, int srv) {
     size_t n = ck ? p->n : 0;
     for (uint32_t i = 0; i < w->nslots; i++) {
         kvps__req *q = w->slots[i];
-        if (q && q->nkept[srv] && (q->state[srv] == 1 || (ck && q->state[srv] == 3)) && !(q->queued && q->queued[srv]))
+        if (q && q->nkept[srv] && (q->state[srv] == KVPS__RS_SENT || (ck && q->state[srv] == KVPS__RS_LOST)) && !(q->queued && q->queued[srv]))
             n++; /* (a queued one goes when credit allows) */
     }
     kvps__resent *v = n ? (kvps__resent *)malloc(n * sizeof *v) : NULL;
@@ -9095,7 +9122,7 @@ static void kvps__resend(kvps_worker *w, int srv) {
     n = 0;
     for (uint32_t i = 0; i < w->nslots; i++) {
         kvps__req *q = w->slots[i];
-        if (q && q->nkept[srv] && (q->state[srv] == 1 || (ck && q->state[srv] == 3)) && !(q->queued && q->queued[srv])) {
+        if (q && q->nkept[srv] && (q->state[srv] == KVPS__RS_SENT || (ck && q->state[srv] == KVPS__RS_LOST)) && !(q->queued && q->queued[srv])) {
             kvps__resent r = {q->id, q, NULL};
             v[n++] = r;
         }
@@ -9339,8 +9366,8 @@ static kvps__req *kvps__chain_lost(kvps_worker *w, kvps__req *q) {
 static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
     for (; q; q = q->next ? kvps__req_get(w, q->next) : NULL)
         for (int s = 0; s < w->n && q->lost; s++) {
-            if (q->state[s] != 3) continue;
-            q->state[s] = 1; /* a send that fails is re-sent when the connection is back */
+            if (q->state[s] != KVPS__RS_LOST) continue;
+            q->state[s] = KVPS__RS_SENT; /* a send that fails is re-sent when the connection is back */
             q->lost--;
             q->pending++;
             if (kvps__send_kept(w, q, s) != 0)
@@ -9357,7 +9384,7 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
     int asked = 0;
     for (int s = 0; s < w->n; s++) {
         w->status_got[s] = 0;
-        if (c->state[s] != 1) continue;
+        if (c->state[s] != KVPS__RS_SENT) continue;
         kvps__hdr h = kvps__req_hdr(w, c, KVPS__OP_STATUS, 0);
         h.status = (int32_t)w->incarnation;
         zmq_msg_t f;
@@ -9373,7 +9400,7 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
     size_t used = (size_t)snprintf(w->errmsg, sizeof w->errmsg, "request timed out after %d ms with %d of %d replies missing",
                                    waited_ms, c->pending, c->sent);
     for (int s = 0; s < w->n && used < sizeof w->errmsg; s++) {
-        if (c->state[s] != 1) continue;
+        if (c->state[s] != KVPS__RS_SENT) continue;
         int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, kvps__ep(w, s),
                          w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
         if (k < 0) break;
@@ -9442,12 +9469,12 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
         if (left <= 0) {
             kvps__watch(w); /* the latest connection state decides which error this is */
             for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && w->refused[s]) {
+                if (c->state[s] == KVPS__RS_SENT && w->refused[s]) {
                     kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
                     return KVPS_ERR_AUTH;
                 }
             for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && !w->up_once[s]) {
+                if (c->state[s] == KVPS__RS_SENT && !w->up_once[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
                              "on that address?); the request stays valid and goes out when it does",
@@ -9455,13 +9482,13 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
                     return KVPS_ERR_PEER_LOST;
                 }
             for (int s = 0; s < w->n; s++)
-                if (c->state[s] == 1 && w->down[s] && w->nrep[s] > 1) {
+                if (c->state[s] == KVPS__RS_SENT && w->down[s] && w->nrep[s] > 1) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
                              "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
                              kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
                     return KVPS_ERR_PEER_LOST;
-                } else if (c->state[s] == 1 && w->down[s]) {
+                } else if (c->state[s] == KVPS__RS_SENT && w->down[s]) {
                     snprintf(w->errmsg, sizeof w->errmsg,
                              "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
                              s, kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
@@ -9676,7 +9703,7 @@ static void kvps__tl_req_end(kvps_worker *w, kvps__req *q) {
     int listed = 0;
     for (int s = 0; s < w->n; s++) {
         int used = 0;
-        for (kvps__req *c = q; c && !used; c = c->next ? kvps__req_get(w, c->next) : NULL) used = c->state[s] != 0;
+        for (kvps__req *c = q; c && !used; c = c->next ? kvps__req_get(w, c->next) : NULL) used = c->state[s] != KVPS__RS_NONE;
         if (!used) continue;
         if (listed == KVPS__TL_SERVERS) { p = KVPS__TL_LIT(p, "\"more\","); break; }
         p = kvps__tl_u64(p, (uint64_t)s);

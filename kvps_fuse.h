@@ -115,6 +115,10 @@ KVPS_API kvps_result kvps_ring_allreduce_many(kvps_ring *r, void *const *bufs, c
 /* ============================================================================================ */
 #if (defined(KVPS_IMPLEMENTATION) || defined(KVPS_FUSE_IMPLEMENTATION)) && !defined(KVPS_FUSE_IMPLEMENTED)
 #define KVPS_FUSE_IMPLEMENTED
+/* Sections (grep "// >>name"), lowest layer first:
+     state        pieces, buckets and the fuse itself
+     buckets      errors; filling a bucket, posting its all-reduce, copying it back
+     api          create, add, flush, destroy, the last error; kvps_ring_allreduce_many */
 
 // >>state
 enum { KVPS_FUSE__MAX_BUCKETS = 8 };

@@ -1,7 +1,7 @@
 /* ab_requests - a fixed, deterministic load for counting instructions (bench/ab.sh runs it under
    valgrind --tool=callgrind, built against two versions of the headers): "server" pushes and
    pulls a 4 KB tensor 3,000 times each and pushes a 1 MB tensor 100 times through an async
-   KVPS_UPDATE_SUM server thread over inproc; "ring" runs 3,000 broadcasts of 4 KB among 4 ranks
+   KVPS_UPDATE_ACCUMULATE server thread over inproc; "ring" runs 3,000 broadcasts of 4 KB among 4 ranks
    as threads over inproc. It prints the number of requests or collectives it made; it measures
    no time (speed is bench_pushpull's and bench_ring's). */
 #define KVPS_IMPLEMENTATION
@@ -22,7 +22,7 @@ static int server_load(void) {
     void *ctx = zmq_ctx_new();
     kvps_server *s = NULL;
     need(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://ab", .num_workers = 1, .consistency = KVPS_ASYNC,
-                                                .update = KVPS_UPDATE_SUM, .zmq_ctx = ctx, .no_malloc_tuning = 1}, &s), "server");
+                                                .update = KVPS_UPDATE_ACCUMULATE, .zmq_ctx = ctx, .no_malloc_tuning = 1}, &s), "server");
     need(kvps_server_start(s), "start");
     kvps_worker *w = NULL;
     need(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://ab", .zmq_ctx = ctx}, &w), "worker");

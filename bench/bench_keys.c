@@ -32,7 +32,7 @@ static void cluster(int n, kvps_consistency mode, int k, int kmin, int m, kvps_s
     for (int i = 0; i < n; i++) {
         CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = m,
                                                      .consistency = mode, .staleness = k, .staleness_min = kmin,
-                                                     .update = KVPS_UPDATE_SUM}, &srv[i]));
+                                                     .update = KVPS_UPDATE_ACCUMULATE}, &srv[i]));
         kvps_server_start(srv[i]);
         snprintf(servers + strlen(servers), cap - strlen(servers), "%s%s", i ? "," : "", kvps_server_endpoint(srv[i]));
     }

@@ -8,7 +8,7 @@
    DEALER, kvps workers) run in this process, each with a ZeroMQ context of its own. That is how a
    job is deployed. --one-process runs the servers as threads here instead: that layout favours
    the raw peer (its figures rise by up to a third while kvps's stay), so it is kept for comparison
-   only. Servers are async with KVPS_UPDATE_SUM, so a push never waits for a round.
+   only. Servers are async with KVPS_UPDATE_ACCUMULATE, so a push never waits for a round.
 
    The peer is raw ZeroMQ DEALER -> ROUTER on one connection, with kvps's socket options
    (no high-water marks, no linger), kvps's receive loops at both ends (wait in zmq_poll, then
@@ -26,21 +26,21 @@
    (default 5) repetitions; the repetitions of raw ZeroMQ and of each kvps configuration are interleaved so
    that drift on a shared machine hits them alike. Buffers are allocated and touched once.
 
-   The headline is 1 server x 1 worker with KVPS_UPDATE_SUM. A second 1x1 row uses an update_fn
+   The headline is 1 server x 1 worker with KVPS_UPDATE_ACCUMULATE. A second 1x1 row uses an update_fn
    that does nothing, so the cost of the update (a pass over the stored value) shows apart from
    transport and protocol. Rows for 2 and 4 servers (the tensor is cut into
    min(servers, len / 1024 floats) slices) are compared with the same 1x1 raw ZeroMQ figures.
    Values past kvps's max_slice (1 MiB: 16 and 64 MB here) go out from kvps as several slices,
    one message each, all in flight; a second raw ZeroMQ row then sends each value as the same
    pieces, so that the peer keeps kvps's message pattern, and the kvps rows compare to it.
-   --timeline DIR adds a sixth peer: the 1 server x 1 worker KVPS_UPDATE_SUM configuration again
+   --timeline DIR adds a sixth peer: the 1 server x 1 worker KVPS_UPDATE_ACCUMULATE configuration again
    with its timeline on (server and worker write into DIR; upd "tl"), measured in the same
    interleaved repetitions as the one with it off, and a line per size with the ratios on / off
    of each repetition (min..max, median): the timeline's cost. It is measured right after its
    twin, in every repetition. Every other peer has it off, even with KVPS_TIMELINE set;
    --timeline '' turns it off in the sixth as well: the same lines then show how far two equal
    configurations differ on this machine (the noise floor of the ratios).
-   --replicas adds a seventh peer: the 1 server x 1 worker KVPS_UPDATE_SUM configuration with its
+   --replicas adds a seventh peer: the 1 server x 1 worker KVPS_UPDATE_ACCUMULATE configuration with its
    shard replicated, r = 2 (REPLICAS in kvps.h): a primary and its backup, each in a process of
    its own (threads here with --one-process), the worker's server list the chain
    "tcp://127.0.0.1:A|tcp://127.0.0.1:B". The chain names both endpoints before either server
@@ -80,7 +80,7 @@ enum { MAX_REP = 15, MAX_SIZES = 5, NCONF = 6, META_REQ = 48, META_REP = 32 };
 
 static const size_t sizes[MAX_SIZES] = {4096, 65536, 1u << 20, 16u << 20, 64u << 20};
 static const int windows[MAX_SIZES] = {64, 32, 16, 4, 2};
-/* kvps configurations: servers, and whether the server applies KVPS_UPDATE_SUM or an update_fn
+/* kvps configurations: servers, and whether the server applies KVPS_UPDATE_ACCUMULATE or an update_fn
    that does nothing (what is left is transport and protocol: it tells the update's cost apart). */
 static const int conf_servers[NCONF] = {1, 1, 2, 4, 1, 1};
 static const int conf_noupdate[NCONF] = {0, 1, 0, 0, 0, 0};
@@ -389,7 +389,7 @@ static void kvps_servers_run(kcluster *k, int noupdate) {
     for (int i = 0; i < k->n; i++) {
         kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .rank = i, .consistency = KVPS_ASYNC,
-                                                      .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
+                                                      .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_ACCUMULATE,
                                                       .update_fn = noupdate ? update_nothing : NULL,
                                                       .io_cpus = g_srv_cpus, .timeline = tl},
                                   &k->srv[i]),
@@ -427,7 +427,7 @@ static void free_ports(int port[2]) {
 static void kvps_replica_run(kcluster *k, int r, int noupdate) {
     kcheck(kvps_server_create(&(kvps_server_desc){.endpoint = k->ep[r], .num_workers = 1, .rank = 0,
                                                   .consistency = KVPS_ASYNC,
-                                                  .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_SUM,
+                                                  .update = noupdate ? KVPS_UPDATE_CUSTOM : KVPS_UPDATE_ACCUMULATE,
                                                   .update_fn = noupdate ? update_nothing : NULL, .io_cpus = g_srv_cpus,
                                                   .timeline = k->tl ? g_timeline : "", .replicas = k->servers,
                                                   .replica = r},
@@ -917,7 +917,7 @@ int main(int argc, char **argv) {
         printf("# bench_pushpull: kvps push / pull / push+pull round trip vs raw ZeroMQ, same run\n");
         printf("# tcp loopback; %s; servers and worker have a ZeroMQ context (1 I/O thread) each;\n",
                g_procs ? "each server side in a process of its own, clients in this one" : "one process (--one-process)");
-        printf("# servers async + KVPS_UPDATE_SUM; 1 worker; libzmq %d.%d.%d; %ld CPUs; I/O threads %s\n", major, minor,
+        printf("# servers async + KVPS_UPDATE_ACCUMULATE; 1 worker; libzmq %d.%d.%d; %ld CPUs; I/O threads %s\n", major, minor,
                patch, sysconf(_SC_NPROCESSORS_ONLN),
                g_srv_cpus ? "pinned (--io-cpus split)" : "placed by the OS");
         if (g_srv_cpus)
@@ -927,7 +927,7 @@ int main(int argc, char **argv) {
         printf("#   reply carries the bytes; rt: pushpull one at a time, latency per op (p50, p99)\n");
         printf("# W = requests in flight, n_thr = pushes (and pulls) per repetition, n_rt = round trips,\n");
         printf("# sl = tensor slices (servers used); GB/s = 1e9 bytes/s of values; median of %d repetitions;\n", g_reps);
-        printf("# upd = server update: sum (KVPS_UPDATE_SUM, the headline) or none (an update_fn that does nothing:\n");
+        printf("# upd = server update: sum (KVPS_UPDATE_ACCUMULATE, the headline) or none (an update_fn that does nothing:\n");
         printf("#   transport and protocol only); (x) = kvps / zmq at the same size: above 1 is better for GB/s\n");
         printf("#   and ops/s, worse for latency. The zmq row is 1 server x 1 worker; every kvps row compares to it.\n");
         printf("# kvps cuts a tensor past max_slice (1 MiB) into slices (sl): there a second zmq row sends each value\n");
@@ -1066,7 +1066,7 @@ int main(int argc, char **argv) {
     if (g_r2_on) replicas_report(&kc[CONF_R2], csv);
 
     /* Targets from the issue, 1 server x 1 worker: information for the reader, not a test. */
-    printf("#\n# targets (1 server x 1 worker, KVPS_UPDATE_SUM, loopback; whole run %.0f s):\n", elapsed);
+    printf("#\n# targets (1 server x 1 worker, KVPS_UPDATE_ACCUMULATE, loopback; whole run %.0f s):\n", elapsed);
     for (int which = 0; which < 3; which++) {
         int pass = 1;
         char buf[256] = "";

@@ -5,6 +5,7 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
+#include <ctype.h>
 
 static void test_server_bad_desc(void) {
     static const struct { const char *name; kvps_server_desc d; kvps_result want; } cs[] = {
@@ -353,6 +354,120 @@ static void test_worker_last_error(void) {
     kvps_server_destroy(&s);
 }
 
+/* ---- the manuals agree with the code ------------------------------------------------------ */
+
+/* The repository's root: where kvps.h is, from the working directory or the program's (build/..). */
+static const char *repo_root(void) {
+    static char root[4096];
+    if (root[0]) return root;
+    if (access("kvps.h", R_OK) == 0) return strcpy(root, ".");
+    ssize_t n = readlink("/proc/self/exe", root, sizeof root - 8);
+    if (n <= 0) return strcpy(root, ".");
+    root[n] = 0;
+    for (int up = 0; up < 2; up++) { char *s = strrchr(root, '/'); if (s) *s = 0; }
+    return root;
+}
+
+static char *read_text(const char *name) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", repo_root(), name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = (char *)malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The manual's WIRE FORMAT (section 6, OPS) lists every op by number and name, as the code's ops
+   table (KVPS__OPS) has them, and names the protocol release the code sends in HELLO. */
+static void test_wire_format_lists_every_op(void) {
+    char *m = read_text("kvps.h");
+    KT_CHECK(m != NULL, "cannot read kvps.h");
+    if (!m) return;
+    const char *ops = strstr(m, "     OPS (protocol release ");
+    KT_CHECK(ops != NULL, "kvps.h's manual has no OPS list");
+    if (!ops) { free(m); return; }
+    int proto = atoi(ops + strlen("     OPS (protocol release "));
+    KT_CHECK(proto == KVPS__PROTO, "the manual says protocol release %d, the code sends %d", proto, KVPS__PROTO);
+    const char *hello = strstr(ops, " HELLO        u32 protocol ");
+    KT_CHECK(hello && atoi(hello + strlen(" HELLO        u32 protocol ")) == KVPS__PROTO,
+             "the manual's HELLO does not name protocol %d", KVPS__PROTO);
+    int seen[KVPS__OP_COUNT] = {0}, listed = 0;
+    const char *line = strchr(ops, '\n') + 1;
+    line = strchr(line, '\n') + 1; /* (the sentence after the heading) */
+    line = strchr(line, '\n') + 1; /* (the column names) */
+    for (; line && strncmp(line, "       ", 7) == 0; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        int num = 0, used = 0;
+        char name[32];
+        if (strspn(line, " ") > 9 || sscanf(line, " %d %31s%n", &num, name, &used) != 2) continue; /* a continuation line */
+        listed++;
+        KT_CHECK(num > 0 && num < KVPS__OP_COUNT, "the manual lists op %d (%s), which the code does not have", num, name);
+        if (num <= 0 || num >= KVPS__OP_COUNT) continue;
+        seen[num]++;
+        char want[32];
+        size_t i;
+        for (i = 0; kvps__ops[num].name[i] && i + 1 < sizeof want; i++)
+            want[i] = (char)toupper((unsigned char)kvps__ops[num].name[i]);
+        want[i] = 0;
+        KT_CHECK(strcmp(name, want) == 0, "the manual calls op %d %s, the code %s", num, name, want);
+    }
+    for (int op = 1; op < KVPS__OP_COUNT; op++)
+        KT_CHECK(seen[op] == 1, "op %d (%s) is listed %d times in the manual's OPS", op, kvps__ops[op].name, seen[op]);
+    KT_CHECK(listed == KVPS__OP_COUNT - 1, "the manual lists %d ops, the code has %d", listed, KVPS__OP_COUNT - 1);
+    free(m);
+}
+
+/* Each header's implementation map (the comment that says where to find `// >>name`) names
+   exactly the sections that header has, no more, no fewer. */
+static void test_maps_name_every_section(void) {
+    static const char *headers[] = {"kvps_core.h", "kvps_codec.h", "kvps.h", "kvps_ring.h", "kvps_fuse.h", "kvps_gpu.h"};
+    for (size_t h = 0; h < sizeof headers / sizeof headers[0]; h++) {
+        char *m = read_text(headers[h]);
+        KT_CHECK(m != NULL, "cannot read %s", headers[h]);
+        if (!m) continue;
+        char markers[64][40], mapped[64][40];
+        int nmark = 0, nmap = 0;
+        for (const char *p = m; (p = strstr(p, "\n// >>")) != NULL; p++) {
+            int l = 0;
+            p += 6;
+            while (p[l] && p[l] != '\n' && p[l] != ' ' && l < 39) l++;
+            if (nmark < 64) { memcpy(markers[nmark], p, (size_t)l); markers[nmark++][l] = 0; }
+        }
+        const char *map = strstr(m, ">>name`):");
+        if (!map) map = strstr(m, ">>name\"), lowest layer first:");
+        KT_CHECK(map != NULL, "%s has no implementation map", headers[h]);
+        if (!map) { free(m); continue; }
+        const char *end = strstr(map, "*/");
+        for (const char *line = strchr(map, '\n') + 1; line && line < end; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+            if (strncmp(line, "     ", 5) != 0 || line[5] == ' ') continue; /* a continuation */
+            const char *p = line + 5;
+            for (;;) { /* "name", or "a, b, c", then two spaces */
+                int l = 0;
+                while (p[l] && p[l] != ',' && p[l] != ' ' && p[l] != '\n' && l < 39) l++;
+                if (nmap < 64) { memcpy(mapped[nmap], p, (size_t)l); mapped[nmap++][l] = 0; }
+                if (p[l] != ',') break;
+                p += l + 2;
+            }
+        }
+        for (int i = 0; i < nmark; i++) {
+            int found = 0;
+            for (int j = 0; j < nmap; j++) found |= strcmp(markers[i], mapped[j]) == 0;
+            KT_CHECK(found, "%s: section >>%s is not in the map", headers[h], markers[i]);
+        }
+        for (int j = 0; j < nmap; j++) {
+            int found = 0;
+            for (int i = 0; i < nmark; i++) found |= strcmp(markers[i], mapped[j]) == 0;
+            KT_CHECK(found, "%s: the map names %s, which has no // >>%s", headers[h], mapped[j], mapped[j]);
+        }
+        free(m);
+    }
+}
+
 int main(void) {
     kvps_log_set_level(KVPS_LOG_NONE); /* the expected errors would flood the output */
     KT_RUN(test_server_bad_desc);
@@ -363,5 +478,7 @@ int main(void) {
     KT_RUN(test_worker_last_error);
     KT_RUN(test_tensor_requests_and_names);
     KT_RUN(test_desc_edges_accepted);
+    KT_RUN(test_wire_format_lists_every_op);
+    KT_RUN(test_maps_name_every_section);
     return kt_finish();
 }

@@ -12,6 +12,7 @@ int main(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
     if (kvps_server_create(&(kvps_server_desc){.endpoint = NULL}, &s) != KVPS_ERR_CONFIG || s) return 2;
     if (kvps_ring_allreduce_many(NULL, NULL, NULL, 0, KVPS_FLOAT32, KVPS_SUM, 0) != KVPS_ERR_INVALID_ARG) return 3;
+    if (KVPS_UPDATE_SUM != KVPS_UPDATE_ACCUMULATE) return 4; /* the old name of the update rule still works */
     puts("compile-test: C99 two-file link ok");
     return 0;
 }

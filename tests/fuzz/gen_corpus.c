@@ -762,7 +762,7 @@ static void repl_seeds(void) {
     /* a snapshot of a server holding one key, then a copy of a push after it, then a gap */
     kvps_server *s = NULL;
     kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-repl", .num_workers = 1,
-                                            .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM}, &s);
+                                            .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE}, &s);
     kvps__key_create(s, 11, 4);
     char *snap = NULL;
     size_t nsnap = 0;

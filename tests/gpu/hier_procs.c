@@ -1,6 +1,6 @@
 /* hier_procs - the hierarchical step across processes: two processes ("machines" 0 and 1) share
    device 0, each with its own NCCL communicator (size 1) and, between them, the kvps servers (a
-   third process, KVPS_UPDATE_SUM) or a kvps_ring over ipc://; every step of both against the
+   third process, KVPS_UPDATE_ACCUMULATE) or a kvps_ring over ipc://; every step of both against the
    CPU's sum. Then a peer is SIGKILLed, twice per transport: before its step, while the survivor
    waits in the same step for its pieces (that step must fail), and inside its own step, pieces
    on their way (that step or the next must fail). The failing step returns an error naming the
@@ -160,7 +160,7 @@ static int machine_main(const machine *x) {
 static int server_main(const char *ep) {
     kvps_server *s = NULL;
     /* a killed worker is lost after 1 s: the survivor's pulls are refused, naming it */
-    kvps_result rc = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 2, .update = KVPS_UPDATE_SUM,
+    kvps_result rc = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 2, .update = KVPS_UPDATE_ACCUMULATE,
                                                             .heartbeat_ms = 300, .peer_timeout_ms = 1000}, &s);
     if (rc == KVPS_OK) rc = kvps_server_run(s); /* until both workers have finished */
     if (rc != KVPS_OK) printf("  server: %s\n", kvps_result_str(rc));

@@ -633,7 +633,7 @@ static void test_nccl_timeout_aborts(void) {
     team_run(&t, 2, missing_rank, 3000);
 }
 
-/* ---- the hierarchical step: M machines x L GPUs, kvps servers with KVPS_UPDATE_SUM ---- */
+/* ---- the hierarchical step: M machines x L GPUs, kvps servers with KVPS_UPDATE_ACCUMULATE ---- */
 typedef struct gpuhier {
     int m, l, M, L, dev;
     const char *servers;
@@ -690,7 +690,7 @@ static void *gpuhier_thread(void *p) {
 static void hier_run(int M, int L, size_t count, size_t piece) {
     static int seq;
     kt_cluster cl;
-    if (kt_cluster_up(&cl, "inproc", 2, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_SUM}) != 0) {
+    if (kt_cluster_up(&cl, "inproc", 2, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_ACCUMULATE}) != 0) {
         KT_CHECK(0, "cluster");
         return;
     }

@@ -466,7 +466,7 @@ static void hier_case(int use_ring, int M, size_t count, size_t piece, float sca
     char peers[1024] = "";
     void *ctx = NULL;
     if (!use_ring) {
-        if (kt_cluster_up(&cl, "inproc", 2, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_SUM}) != 0) {
+        if (kt_cluster_up(&cl, "inproc", 2, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_ACCUMULATE}) != 0) {
             KT_CHECK(0, "cluster");
             return;
         }
@@ -490,7 +490,7 @@ static void hier_case(int use_ring, int M, size_t count, size_t piece, float sca
         KT_CHECK(ms[i].rc == KVPS_OK, "%s M=%d count=%zu piece=%zu machine %d: %s: %s", use_ring ? "ring" : "servers", M,
                  count, piece, i, kvps_result_str(ms[i].rc), ms[i].why);
     /* oracle: per step the sum over machines of grad * scale (small integers times a power of
-       two: exact in any order). KVPS_UPDATE_SUM accumulates over steps: value += round sum. */
+       two: exact in any order). KVPS_UPDATE_ACCUMULATE accumulates over steps: value += round sum. */
     int bad = 0;
     for (int i = 0; i < M && !bad; i++)
         for (int s = 0; s < steps && !bad; s++)
