@@ -2,16 +2,19 @@
    realistic workload sit, and how many of them move when one server joins or leaves, under
    kvps's placement today and under placements that do not depend on n?
 
-   C99 + libc/libm, single-threaded, no kvps.h (it simulates the placement only; the "kvps-mod"
-   scheme below copies kvps.h's kvps__server_of and kvps_worker_tensor line for line, and
-   "kvps-vshard" its RESHARD: kvps__vmap_plan, kvps__vshard_of, kvps__tensor_place; and
-   "kvps-vshard-counts" the rule kvps__vmap_change that planned RESHARD before).
+   C99, single-threaded. It includes kvps.h and runs kvps's own placement code where it can: the
+   hashes (kvps__mix64, kvps__fnv1a) and RESHARD's planners ("kvps-vshard": kvps__vmap_plan;
+   "kvps-vshard-counts": the rule kvps__vmap_change that planned RESHARD before). What lives in
+   a worker (kvps__server_of, kvps_worker_tensor's slicing, kvps__vshard_of) is modelled here
+   ("kvps-mod") and checked against a real worker by --check-kvps. (Issue 28: the planner was a
+   line-for-line copy while kvps.h could not be included; it links libzmq now, as every kvps
+   program does.)
 
      make placement-sim                           # builds, runs, writes bench/results/placement.csv
-     build/placement_sim [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick]
-     make placement-check   # built with kvps.h + ZeroMQ: kvps-mod's slices and servers == kvps's;
-                            # kvps-vshard's V, hv and shards' bytes == kvps's, and the maps (and
-                            # moves) of both rules == kvps__vmap_plan's and kvps__vmap_change's
+     build/placement_sim [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick] [--check-kvps]
+     make placement-check   # --check-kvps: kvps-mod's slices and servers == a kvps worker's;
+                            # kvps-vshard's V, hv and shards' bytes == kvps's, and every change of
+                            # both rules, recorded as a placement, replays (kvps__vmap_of) to its map
 
    WORKLOAD (fixed, deterministic)
    - 10^6 raw keys k = 0 .. 999999; length by k mod 4: 0,1 -> 1 float, 2 -> 16 floats, 3 -> 64
@@ -101,13 +104,11 @@
    bytes moved summed over the steps (join_ideal: the sum of 1/(k+1)), leave_moved the bytes on
    another server at the end than at the start (leave_ideal: 1 - n/n_end).
    No sampling anywhere: every key and piece is placed at every n (about 40 s on one core). */
-#ifdef PLACEMENT_SIM_KVPS /* make placement-check: kvps-mod and kvps-vshard against kvps.h itself */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
 #define KVPS_IMPLEMENTATION
-#include "kvps.h"
-#endif
+#include "kvps.h" /* its own hashes and RESHARD planners: kvps__mix64, kvps__fnv1a, kvps__vmap_plan, kvps__vmap_change */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -121,18 +122,8 @@
 #define KVPS_MIN_SLICE 1024u
 #define KVPS_MAX_SLICE 262144u
 
-static uint64_t mix64(uint64_t x) { /* splitmix64 finaliser, as kvps__mix64 */
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27; x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-static uint64_t fnv1a(const char *s) { /* as kvps__fnv1a */
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) { h ^= (unsigned char)*s; h *= 0x100000001b3ull; }
-    return h;
-}
+static uint64_t mix64(uint64_t x) { return kvps__mix64(x); }
+static uint64_t fnv1a(const char *s) { return kvps__fnv1a(s); }
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -145,7 +136,7 @@ static double now_s(void) { return (double)clock() / CLOCKS_PER_SEC; }
 /* ---------------------------------------------------------------- the tensors */
 
 typedef struct { char name[72]; uint64_t len; uint64_t h; } tensor;
-static tensor *TS; /* (not T: the copy of kvps__vmap_plan has a local T) */
+static tensor *TS;
 static int nt, cap_t;
 
 static void tadd(uint64_t len, const char *fmt, ...) {
@@ -384,177 +375,10 @@ static double kvps_moved(const int *a, int na, const int *b, int nb) {
 
 /* ---------------------------------------------------------------- kvps-vshard: kvps.h's RESHARD */
 
-/* kvps.h's kvps__vmap_change, line for line: the rule by shard COUNTS that kvps used before it
-   planned by bytes (kvps__vmap_of still replays it for changes recorded without moves, m[i] = 0);
-   here it is the "kvps-vshard-counts" scheme, the before of the tables. The map of V virtual
-   shards from n servers to n2 (servers are added or removed at the end of the list). A grow:
-   each new server takes V / n2 shards one at a time from the fullest server by shard count
-   (ties: the lowest index), that server's first shard in the order of mix64(v), highest first.
-   A shrink: the leaving servers' shards, ascending, each to the emptiest server left (ties: the
-   lowest index). */
-/* kvps__vshard_cmp: the order in which a grow takes virtual shards, by mix64(v), highest first. */
-static int vshard_cmp(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    uint64_t hx = mix64(x), hy = mix64(y);
-    return hx != hy ? (hx < hy) - (hx > hy) : (x > y) - (x < y);
-}
-
-static void vmap_change(uint32_t *vmap, uint32_t V, int n, int n2) {
-    int top = n > n2 ? n : n2;
-    uint64_t *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
-    if (!cnt) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
-    for (uint32_t v = 0; v < V; v++) cnt[vmap[v]]++;
-    if (n2 > n) { /* each new server takes V / n2 shards from the fullest servers, in a fixed
-                     pseudo-random order of shards (mix64), so that they come from all over the
-                     range and carry about their share of bytes, not a run of one tensor's slices */
-        uint32_t *perm = (uint32_t *)malloc((size_t)V * sizeof *perm);
-        uint32_t *curs = (uint32_t *)calloc((size_t)top, sizeof *curs);
-        if (!perm || !curs) { free(perm); free(curs); fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
-        for (uint32_t v = 0; v < V; v++) perm[v] = v;
-        qsort(perm, V, sizeof *perm, vshard_cmp);
-        for (int j = n; j < n2; j++)
-            while (cnt[j] < V / (uint32_t)n2) {
-                int from = 0;
-                for (int i = 1; i < n2; i++)
-                    if (cnt[i] > cnt[from]) from = i;
-                while (curs[from] < V && vmap[perm[curs[from]]] != (uint32_t)from) curs[from]++;
-                if (curs[from] == V) break;
-                vmap[perm[curs[from]]] = (uint32_t)j;
-                cnt[from]--;
-                cnt[j]++;
-            }
-        free(perm);
-        free(curs);
-    } else {
-        for (uint32_t v = 0; v < V; v++) {
-            if (vmap[v] < (uint32_t)n2) continue;
-            int to = 0;
-            for (int i = 1; i < n2; i++)
-                if (cnt[i] < cnt[to]) to = i;
-            cnt[vmap[v]]--;
-            vmap[v] = (uint32_t)to;
-            cnt[to]++;
-        }
-    }
-    free(cnt);
-}
-
-/* kvps.h's kvps__vmap_plan (with kvps__pshard, kvps__pshard_cmp), line for line: a reshard
-   planned by bytes (what kvps_worker_reshard does): vmap, V virtual shards over n
-   servers, becomes a map over n2, where bytes[v] is what shard v holds now. A grow fills each
-   new server in turn: first with shards, the smallest of the server with the most, until it
-   has V / n2 of them (keys made later fall evenly) or the next would pass the mean; then from
-   the fullest old server above the mean that has one, the largest shard that still fits under
-   the mean, until none fits. A
-   shrink deals the leaving servers' shards, largest first, each to the server left with the
-   fewest bytes (an empty shard: the fewest shards). Then, either way, while the fullest server
-   holds over 1.08 x the mean, its smallest shard goes to the emptiest server, when that lowers
-   the fullest (a shrink's largest leaving shards can otherwise land above 1.1 x the mean).
-   Ties go to the lowest index, shards of equal
-   bytes in a fixed pseudo-random order (mix64). Each shard that changes server is appended to
-   *mv as a (shard, server) pair (*nmv counts them). 0, or -1 out of memory. */
-typedef struct pshard { uint64_t b; uint32_t v; } pshard;
-static int pshard_cmp(const void *a, const void *b) { /* bytes, highest first */
-    const pshard *x = (const pshard *)a, *y = (const pshard *)b;
-    if (x->b != y->b) return x->b < y->b ? 1 : -1;
-    uint64_t hx = mix64(x->v), hy = mix64(y->v);
-    if (hx != hy) return hx < hy ? 1 : -1;
-    return (x->v > y->v) - (x->v < y->v);
-}
-
-static int vmap_plan(uint32_t *vmap, uint32_t V, int n, int n2, const uint64_t *bytes, uint32_t **mv, uint64_t *nmv) {
-    int top = n > n2 ? n : n2, rc = -1;
-    uint64_t *load = (uint64_t *)calloc((size_t)top, sizeof *load), *cnt = (uint64_t *)calloc((size_t)top, sizeof *cnt);
-    uint32_t *start = (uint32_t *)calloc((size_t)top + 1, sizeof *start), *cur = (uint32_t *)calloc((size_t)top + 1, sizeof *cur);
-    pshard *ps = (pshard *)malloc((size_t)V * sizeof *ps + 1);
-    uint8_t *gone = (uint8_t *)calloc((size_t)V + 1, 1), *ex = (uint8_t *)calloc((size_t)top, 1);
-    uint32_t *out = (uint32_t *)realloc(*mv, (*nmv + 2 * (uint64_t)V) * 8 + 8); /* every shard moves at most twice */
-    if (out) *mv = out;
-    if (load && cnt && start && cur && ps && gone && ex && out) {
-        uint64_t total = 0;
-        for (uint32_t v = 0; v < V; v++) {
-            load[vmap[v]] += bytes[v];
-            cnt[vmap[v]]++;
-            total += bytes[v];
-            start[vmap[v] + 1]++;
-        }
-        for (int i = 0; i < top; i++) start[i + 1] += start[i];
-        memcpy(cur, start, ((size_t)top + 1) * sizeof *cur);
-        for (uint32_t v = 0; v < V; v++) ps[cur[vmap[v]]++] = (pshard){bytes[v], v};
-        for (int i = 0; i < top; i++) qsort(ps + start[i], start[i + 1] - start[i], sizeof *ps, pshard_cmp);
-#define VMAP_MOVE(v_, to_)                                                                            \
-        do {                                                                                                 \
-            uint32_t mv_v = (v_), mv_to = (uint32_t)(to_);                                                   \
-            load[vmap[mv_v]] -= bytes[mv_v]; cnt[vmap[mv_v]]--;                                              \
-            load[mv_to] += bytes[mv_v]; cnt[mv_to]++;                                                        \
-            vmap[mv_v] = mv_to; gone[mv_v] = 1;                                                              \
-            out[2 * *nmv] = mv_v; out[2 * *nmv + 1] = mv_to; (*nmv)++;                                      \
-        } while (0)
-        if (n2 > n) {
-            uint64_t T = total / (uint64_t)n2; /* the mean */
-            for (int j = n; j < n2; j++) {
-                memset(ex, 0, (size_t)top);
-                while (cnt[j] < V / (uint32_t)n2) { /* shard count: the smallest shards that fit under the mean */
-                    int d = -1;
-                    for (int i = 0; i < n2; i++)
-                        if (i != j && !ex[i] && (d < 0 || cnt[i] > cnt[d])) d = i;
-                    if (d < 0 || cnt[d] <= cnt[j] + 1) break;
-                    uint32_t at = start[d + 1]; /* (a new server's group is empty: it gives nothing) */
-                    while (at > start[d] && gone[ps[at - 1].v]) at--;
-                    if (at == start[d] || load[j] + ps[at - 1].b > T) { ex[d] = 1; continue; }
-                    VMAP_MOVE(ps[at - 1].v, j);
-                }
-                memset(ex, 0, (size_t)top);
-                while (load[j] < T) { /* bytes */
-                    int d = -1;
-                    for (int i = 0; i < n; i++)
-                        if (!ex[i] && load[i] > T && (d < 0 || load[i] > load[d])) d = i;
-                    if (d < 0) break;
-                    uint64_t gap = T - load[j];
-                    uint32_t lo = start[d], hi = start[d + 1];
-                    while (lo < hi) { /* the first shard of d with at most gap bytes (sorted highest first) */
-                        uint32_t mid = lo + (hi - lo) / 2;
-                        if (ps[mid].b > gap) lo = mid + 1;
-                        else hi = mid;
-                    }
-                    while (lo < start[d + 1] && gone[ps[lo].v]) lo++;
-                    if (lo == start[d + 1] || ps[lo].b == 0) { ex[d] = 1; continue; }
-                    VMAP_MOVE(ps[lo].v, j);
-                }
-            }
-        } else {
-            uint32_t nl = 0; /* the leaving servers' shards, gathered at the front of ps */
-            for (int i = n2; i < n; i++)
-                for (uint32_t k = start[i]; k < start[i + 1]; k++) ps[nl++] = ps[k];
-            qsort(ps, nl, sizeof *ps, pshard_cmp);
-            for (uint32_t k = 0; k < nl; k++) {
-                int to = 0;
-                for (int i = 1; i < n2; i++)
-                    if (ps[k].b ? load[i] < load[to] : cnt[i] < cnt[to]) to = i;
-                VMAP_MOVE(ps[k].v, to);
-            }
-        }
-        /* then, while the fullest server holds over 1.08 x the mean, its smallest non-empty shard
-           goes to the emptiest server when that lowers the fullest (a few more bytes move) */
-        for (uint32_t it = 0; it < V; it++) {
-            int d = 0, e = 0;
-            for (int i = 1; i < n2; i++) {
-                if (load[i] > load[d]) d = i;
-                if (load[i] < load[e]) e = i;
-            }
-            if ((double)load[d] * n2 <= 1.08 * (double)total) break;
-            uint32_t best = UINT32_MAX;
-            for (uint32_t v = 0; v < V; v++)
-                if (vmap[v] == (uint32_t)d && bytes[v] && (best == UINT32_MAX || bytes[v] < bytes[best])) best = v;
-            if (best == UINT32_MAX || load[e] + bytes[best] >= load[d]) break;
-            VMAP_MOVE(best, e);
-        }
-#undef VMAP_MOVE
-        rc = 0;
-    }
-    free(load); free(cnt); free(start); free(cur); free(ps); free(gone); free(ex);
-    return rc;
-}
+/* The two rules are kvps.h's own: kvps__vmap_change, the rule by shard COUNTS that kvps used
+   before it planned by bytes (kvps__vmap_of still replays it for changes recorded without
+   moves), here the "kvps-vshard-counts" scheme, the before of the tables; and kvps__vmap_plan,
+   the plan by bytes that kvps_worker_reshard makes now. */
 
 /* floats in each virtual shard of a job begun on n0 servers (V = 256 n0, as kvps_worker_create):
    raw key k in mix64(k) mod V (kvps__vshard_of), slice i of a tensor, cut for n0 servers as
@@ -640,10 +464,12 @@ static void vshard_bytes(const double *vf, uint32_t V, uint64_t *bytes) {
 /* one reshard n -> n2 of vmap: by the rule by counts (kvps-vshard-counts, before) or planned by
    bytes (kvps-vshard, what kvps does now; its moves are dropped, vmap holds their result) */
 static void vmap_step(uint32_t *vmap, uint32_t V, int n, int n2, const uint64_t *bytes, int counts) {
-    if (counts) { vmap_change(vmap, V, n, n2); return; }
     uint32_t *mv = NULL;
     uint64_t nmv = 0;
-    if (vmap_plan(vmap, V, n, n2, bytes, &mv, &nmv) != 0) { fprintf(stderr, "placement_sim: out of memory\n"); exit(1); }
+    if (counts ? kvps__vmap_change(vmap, V, n, n2) != 0 : kvps__vmap_plan(vmap, V, n, n2, bytes, &mv, &nmv) != 0) {
+        fprintf(stderr, "placement_sim: out of memory\n");
+        exit(1);
+    }
     free(mv);
 }
 
@@ -1003,68 +829,41 @@ static void print_markdown_sweep(const char *const *names, int nn) {
     }
 }
 
-#ifdef PLACEMENT_SIM_KVPS
-/* The copy of one rule against kvps.h's on the same inputs, from v mod n over V shards with
-   bytes vb: the leave of the last server, then n -> n + n/10 one server at a time. The maps after
-   every change (counts: vmap_change against kvps__vmap_change; else vmap_plan against
-   kvps__vmap_plan, and each plan's moves; kvps.h's moves are recorded in a placement as
-   kvps__reshard_plan records them, and kvps__vmap_of must replay that placement into the planned
-   map: the leave's, and the steps' up to KVPS__PLACE_MAX server counts). Adds the differences
+/* One rule's changes recorded as kvps__reshard_plan records them (a placement: the server counts
+   and each change's moves, or none for the rule by counts) must replay (kvps__vmap_of) into the
+   maps the rule made: from v mod n over V shards with bytes vb, the leave of the last server, then
+   n -> n + n/10 one server at a time, up to KVPS__PLACE_MAX server counts. Adds the differences
    to *bad; returns the number of values compared. */
 static long check_vmap_rule(uint32_t V, int n, const uint64_t *vb, int counts, long *bad) {
-    uint32_t *ma = (uint32_t *)xmalloc(V * sizeof *ma), *mb = (uint32_t *)xmalloc(V * sizeof *mb),
-             *mr = (uint32_t *)xmalloc(V * sizeof *mr);
+    uint32_t *mb = (uint32_t *)xmalloc(V * sizeof *mb);
     long checked = 0;
-    kvps__place pk; /* kvps.h's moves, as a placement */
+    kvps__place pk; /* the changes, as a placement */
     memset(&pk, 0, sizeof pk);
-    for (int step = -1, k = n; step < (n + 9) / 10; step++) {
+    for (int step = -1, k = n; step < (n + 9) / 10 && (step < 0 || pk.count < KVPS__PLACE_MAX); step++) {
         int from = step < 0 ? n : k, to = step < 0 ? n - 1 : k + 1;
         if (step <= 0) {
-            for (uint32_t v = 0; v < V; v++) ma[v] = mb[v] = v % (uint32_t)n;
+            for (uint32_t v = 0; v < V; v++) mb[v] = v % (uint32_t)n;
             kvps__place_free(&pk);
             pk.V = V;
             pk.count = 1;
             pk.n[0] = (uint32_t)n;
         }
-        if (counts) {
-            vmap_change(ma, V, from, to);
-            if (kvps__vmap_change(mb, V, from, to) != 0) { fprintf(stderr, "check: out of memory\n"); exit(1); }
-        } else {
-            uint32_t *sm = NULL, *km = NULL;
-            uint64_t snm = 0, knm = 0, before = pk.nmv;
-            int rec = pk.count < KVPS__PLACE_MAX; /* record it in pk, or plan into km */
-            if (vmap_plan(ma, V, from, to, vb, &sm, &snm) != 0 ||
-                kvps__vmap_plan(mb, V, from, to, vb, rec ? &pk.mv : &km, rec ? &pk.nmv : &knm) != 0) {
-                fprintf(stderr, "check: out of memory\n");
-                exit(1);
-            }
-            const uint32_t *kmv = rec ? pk.mv + 2 * before : km;
-            uint64_t kn = rec ? pk.nmv - before : knm;
-            checked++;
-            *bad += snm != kn;
-            for (uint64_t i = 0; i < 2 * snm && i < 2 * kn; i++, checked++) *bad += sm[i] != kmv[i];
-            if (rec) {
-                pk.n[pk.count] = (uint32_t)to;
-                pk.m[pk.count++] = (uint32_t)kn;
-                memcpy(mr, mb, V * sizeof *mr);
-            }
-            free(sm);
-            free(km);
+        uint64_t before = pk.nmv;
+        if (counts ? kvps__vmap_change(mb, V, from, to) != 0 : kvps__vmap_plan(mb, V, from, to, vb, &pk.mv, &pk.nmv) != 0) {
+            fprintf(stderr, "check: out of memory\n");
+            exit(1);
         }
+        pk.n[pk.count] = (uint32_t)to;
+        pk.m[pk.count++] = (uint32_t)(pk.nmv - before);
         if (step >= 0) k++;
-        for (uint32_t v = 0; v < V; v++, checked++) *bad += ma[v] != mb[v];
-        if (!counts && (step < 0 || step + 1 == (n + 9) / 10)) { /* replay the leave, the steps */
-            const char *why;
-            uint32_t *rv = kvps__vmap_of(&pk, &why);
-            if (!rv) { fprintf(stderr, "check: kvps__vmap_of: %s\n", why); (*bad)++; continue; }
-            for (uint32_t v = 0; v < V; v++, checked++) *bad += rv[v] != mr[v];
-            free(rv);
-        }
+        const char *why;
+        uint32_t *rv = kvps__vmap_of(&pk, &why);
+        if (!rv) { fprintf(stderr, "check: kvps__vmap_of: %s\n", why); (*bad)++; continue; }
+        for (uint32_t v = 0; v < V; v++, checked++) *bad += rv[v] != mb[v];
+        free(rv);
     }
     kvps__place_free(&pk);
-    free(ma);
     free(mb);
-    free(mr);
     return checked;
 }
 
@@ -1101,9 +900,8 @@ static int check_kvps(void) {
         for (uint64_t k = 0; k < NRAW; k++, checked++) bad += kvps__server_of(w, k) != (int)(mix64(k) % (uint64_t)n);
         /* kvps-vshard: the worker's V, map and tensors' first virtual shards; each shard's bytes as
            kvps__reshard_plan adds them up (kvps__vshard_of of every key a server would list, its
-           length x 4) against vshard_bytes'; then the copies of both rules against kvps.h's on the
-           same maps and bytes, for the leave of the last server and n -> n + n/10 one server at a
-           time (the first step is the join) */
+           length x 4) against vshard_bytes'; then both rules' changes, recorded as a placement,
+           replayed (check_vmap_rule) */
         uint32_t V = 256u * (uint32_t)n;
         bad += w->V != V;
         for (uint32_t v = 0; v < V && w->V == V; v++, checked++) bad += w->vmap[v] != v % (uint32_t)n;
@@ -1133,17 +931,15 @@ static int check_kvps(void) {
         kvps_worker_destroy(&w);
         free(servers);
         printf("kvps.h, %4d servers: %d tensors and %u raw keys placed as kvps-mod places them; V, each virtual shard's\n"
-               "                     bytes, and the maps (and moves) of kvps-vshard's leave and +10%% steps as\n"
-               "                     kvps__vmap_change's and kvps__vmap_plan's: %s\n",
+               "                     bytes, and kvps-vshard's leave and +10%% steps replayed from their records: %s\n",
                n, nt, NRAW, bad > bad_n ? "NO" : "yes");
     }
     zmq_ctx_term(ctx);
     printf("%ld values checked: %ld of kvps-mod's slices and keys and kvps-vshard's V, first map and first shards,\n"
-           "%ld shards' bytes, %ld by the rule by counts (maps), %ld by the planner (maps, moves, replays); %ld differ\n",
+           "%ld shards' bytes, %ld replays of the rule by counts, %ld of the planner's moves; %ld differ\n",
            checked + nbytes + by_counts + by_bytes, checked, nbytes, by_counts, by_bytes, bad);
     return bad != 0;
 }
-#endif
 
 
 static int parse_list(const char *s, uint64_t *out, int max) {
@@ -1173,17 +969,9 @@ int main(int argc, char **argv) {
             sweep_n = atoi(argv[++i]);
             if (sweep_n < 2 || sweep_n >= NMAXS) { fprintf(stderr, "--sweep-n: 2..%d\n", NMAXS - 1); return 2; }
         } else if (!strcmp(argv[i], "--quick")) quick = 1; /* n <= 300 and a shorter sweep */
-#ifdef PLACEMENT_SIM_KVPS
         else if (!strcmp(argv[i], "--check-kvps")) check = 1;
-#endif
         else {
-            fprintf(stderr, "usage: %s [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick]%s\n", argv[0],
-#ifdef PLACEMENT_SIM_KVPS
-                    " [--check-kvps]"
-#else
-                    ""
-#endif
-            );
+            fprintf(stderr, "usage: %s [--csv FILE] [--pieces P1,P2,...] [--sweep-n N] [--quick] [--check-kvps]\n", argv[0]);
             return 2;
         }
     }
@@ -1197,11 +985,7 @@ int main(int argc, char **argv) {
     t = nt; gpt2_medium(); bad |= check_model("GPT-2 medium", t, 292, 354823168);
     t = nt; vgg16(); bad |= check_model("VGG-16", t, 32, 138357544);
     if (bad) return 1;
-    if (check) {
-#ifdef PLACEMENT_SIM_KVPS
-        return check_kvps();
-#endif
-    }
+    if (check) return check_kvps();
     for (int i = 0; i < nt; i++)
         for (int j = 0; j < i; j++)
             if (TS[i].h == TS[j].h) { fprintf(stderr, "placement_sim: name hash collision %s / %s\n", TS[i].name, TS[j].name); return 1; }
