@@ -1202,6 +1202,83 @@ static int kvps__heartbeat_ok(int heartbeat_ms, int peer_timeout_ms, const char 
     }
     return 1;
 }
+/* Replicas per shard ('|' in an entry of KVPS_SERVERS): the same for every shard (the mpirun
+   mapping needs it); -1 when they differ. */
+static int kvps__env_reps(char **eps, int n) {
+    int reps = 1;
+    for (int i = 0; i < n; i++) {
+        int c = 1;
+        for (const char *p = eps[i]; *p; p++) c += *p == '|';
+        if (i == 0) reps = c;
+        else if (c != reps) reps = -1;
+    }
+    return reps;
+}
+
+/* The process's role and rank: KVPS_ROLE and the launcher's rank (KVPS_RANK, MPI's, Slurm's);
+   without KVPS_ROLE (mpirun/srun) the first n x reps ranks serve. KVPS_OK, or KVPS_ERR_ENV logged. */
+static kvps_result kvps__env_role(kvps_env *env, int reps) {
+    static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+    int rank = -1, got = 0;
+    const char *role = getenv("KVPS_ROLE");
+    for (int i = 0; i < 4 && !got; i++) {
+        got = kvps__env_int(rank_vars[i], &rank);
+        if (got < 0) {
+            kvps__log(KVPS_LOG_ERROR, "%s is not a non-negative integer", rank_vars[i]);
+            return KVPS_ERR_ENV;
+        }
+    }
+    if (!got) {
+        kvps__log(KVPS_LOG_ERROR, "no rank: set KVPS_RANK (or run under mpirun/srun)");
+        return KVPS_ERR_ENV;
+    }
+    if (role && strcmp(role, "server") == 0) {
+        env->role = KVPS_ROLE_SERVER;
+    } else if (role && strcmp(role, "worker") == 0) {
+        env->role = KVPS_ROLE_WORKER;
+    } else if (role && *role) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_ROLE must be 'server' or 'worker', not '%s'", role);
+        return KVPS_ERR_ENV;
+    } else if (rank < env->num_servers * reps) { /* mpirun/srun: the first n x r ranks serve */
+        env->role = KVPS_ROLE_SERVER;
+        env->replica = rank / env->num_servers;
+        rank %= env->num_servers;
+    } else {
+        env->role = KVPS_ROLE_WORKER;
+        rank -= env->num_servers * reps;
+    }
+    env->rank = rank;
+    if (env->role == KVPS_ROLE_SERVER && role && *role && kvps__env_int("KVPS_REPLICA", &env->replica) < 0) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_REPLICA is not a non-negative integer");
+        return KVPS_ERR_ENV;
+    }
+    return KVPS_OK;
+}
+
+/* A server's own endpoint and its shard's chain, from its entry of KVPS_SERVERS (eps). */
+static kvps_result kvps__env_chain(kvps_env *env, char **eps) {
+    int rank = env->rank, rep_flag = 0;
+    if (kvps__env_int("KVPS_REPLACEMENT", &rep_flag) == 1) env->replacement = rep_flag != 0;
+    if (rank >= env->num_servers) {
+        kvps__log(KVPS_LOG_ERROR, "server rank %d but KVPS_SERVERS lists %d", rank, env->num_servers);
+        return KVPS_ERR_ENV;
+    }
+    char **chain = NULL;
+    int nchain = kvps__split_by(eps[rank], '|', &chain);
+    kvps_result r = KVPS_OK;
+    if (nchain < 1 || env->replica >= nchain || strlen(eps[rank]) >= sizeof env->replicas ||
+        strlen(chain[env->replica]) >= sizeof env->endpoint) {
+        kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS entry %d ('%s') is malformed, too long, or has no replica %d", rank,
+                  eps[rank], env->replica);
+        r = KVPS_ERR_ENV;
+    } else {
+        snprintf(env->endpoint, sizeof env->endpoint, "%s", chain[env->replica]);
+        snprintf(env->replicas, sizeof env->replicas, "%s", eps[rank]);
+    }
+    kvps__free_strv(chain, nchain);
+    return r;
+}
+
 KVPS_API kvps_result kvps_env_read(kvps_env *env) {
     if (!env) return KVPS_ERR_INVALID_ARG;
     memset(env, 0, sizeof *env);
@@ -1217,91 +1294,20 @@ KVPS_API kvps_result kvps_env_read(kvps_env *env) {
         return KVPS_ERR_ENV;
     }
     kvps_result r = KVPS_OK;
-    static const char *rank_vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-    int rank = -1, got = 0;
-    const char *role = getenv("KVPS_ROLE");
-    /* replicas per shard ('|' in an entry): the same for every shard, for the mpirun mapping */
-    int reps = 1;
-    for (int i = 0; i < env->num_servers; i++) {
-        int c = 1;
-        for (const char *p = eps[i]; *p; p++) c += *p == '|';
-        if (i == 0) reps = c;
-        else if (c != reps) reps = -1;
-    }
+    int reps = kvps__env_reps(eps, env->num_servers);
     if (reps < 1) {
         kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS: every shard must list the same number of replicas ('|'): '%s'", env->servers);
         r = KVPS_ERR_ENV;
-        goto done;
-    }
-    if (kvps__env_int("KVPS_NUM_WORKERS", &env->num_workers) != 1 || env->num_workers < 1) {
+    } else if (kvps__env_int("KVPS_NUM_WORKERS", &env->num_workers) != 1 || env->num_workers < 1) {
         kvps__log(KVPS_LOG_ERROR, "KVPS_NUM_WORKERS is missing or not a positive integer");
         r = KVPS_ERR_ENV;
-        goto done;
     }
-    for (int i = 0; i < 4 && !got; i++) {
-        got = kvps__env_int(rank_vars[i], &rank);
-        if (got < 0) {
-            kvps__log(KVPS_LOG_ERROR, "%s is not a non-negative integer", rank_vars[i]);
-            r = KVPS_ERR_ENV;
-            goto done;
-        }
-    }
-    if (!got) {
-        kvps__log(KVPS_LOG_ERROR, "no rank: set KVPS_RANK (or run under mpirun/srun)");
-        r = KVPS_ERR_ENV;
-        goto done;
-    }
-    if (role && strcmp(role, "server") == 0) {
-        env->role = KVPS_ROLE_SERVER;
-    } else if (role && strcmp(role, "worker") == 0) {
-        env->role = KVPS_ROLE_WORKER;
-    } else if (role && *role) {
-        kvps__log(KVPS_LOG_ERROR, "KVPS_ROLE must be 'server' or 'worker', not '%s'", role);
-        r = KVPS_ERR_ENV;
-        goto done;
-    } else if (rank < env->num_servers * reps) { /* mpirun/srun: the first n x r ranks serve */
-        env->role = KVPS_ROLE_SERVER;
-        env->replica = rank / env->num_servers;
-        rank %= env->num_servers;
-    } else {
-        env->role = KVPS_ROLE_WORKER;
-        rank -= env->num_servers * reps;
-    }
-    env->rank = rank;
-    if (env->role == KVPS_ROLE_SERVER && role && *role) {
-        int got_rep = kvps__env_int("KVPS_REPLICA", &env->replica);
-        if (got_rep < 0) {
-            kvps__log(KVPS_LOG_ERROR, "KVPS_REPLICA is not a non-negative integer");
-            r = KVPS_ERR_ENV;
-            goto done;
-        }
-    }
-    if (env->role == KVPS_ROLE_SERVER) {
-        int rep_flag = 0;
-        if (kvps__env_int("KVPS_REPLACEMENT", &rep_flag) == 1) env->replacement = rep_flag != 0;
-        if (rank >= env->num_servers) {
-            kvps__log(KVPS_LOG_ERROR, "server rank %d but KVPS_SERVERS lists %d", rank, env->num_servers);
-            r = KVPS_ERR_ENV;
-            goto done;
-        }
-        char **chain = NULL;
-        int nchain = kvps__split_by(eps[rank], '|', &chain);
-        if (nchain < 1 || env->replica >= nchain || strlen(eps[rank]) >= sizeof env->replicas ||
-            strlen(chain[env->replica]) >= sizeof env->endpoint) {
-            kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS entry %d ('%s') is malformed, too long, or has no replica %d", rank,
-                      eps[rank], env->replica);
-            kvps__free_strv(chain, nchain);
-            r = KVPS_ERR_ENV;
-            goto done;
-        }
-        snprintf(env->endpoint, sizeof env->endpoint, "%s", chain[env->replica]);
-        snprintf(env->replicas, sizeof env->replicas, "%s", eps[rank]);
-        kvps__free_strv(chain, nchain);
-    } else if (rank >= env->num_workers) {
-        kvps__log(KVPS_LOG_ERROR, "worker rank %d but KVPS_NUM_WORKERS=%d", rank, env->num_workers);
+    if (r == KVPS_OK) r = kvps__env_role(env, reps);
+    if (r == KVPS_OK && env->role == KVPS_ROLE_SERVER) r = kvps__env_chain(env, eps);
+    else if (r == KVPS_OK && env->rank >= env->num_workers) {
+        kvps__log(KVPS_LOG_ERROR, "worker rank %d but KVPS_NUM_WORKERS=%d", env->rank, env->num_workers);
         r = KVPS_ERR_ENV;
     }
-done:
     kvps__free_strv(eps, env->num_servers);
     return r;
 }
@@ -4973,65 +4979,49 @@ static void kvps__serve_rows(kvps_server *s, kvps__rq *q, const unsigned char *v
     kvps__reply_stream(s, q, f, w.err, &buf, &size);
 }
 
-static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
-    int op = q->h.op, want = q->op->values ? 3 : 2;
-    if (q->nfr != want || q->h.nkeys != 0 || q->msz != KVPS__HDR) {
-        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %d frames, %u keys in the meta frame", q->op->name, q->nfr - 1, q->h.nkeys);
+/* PLACE: the placement a reshard has made, for checkpoints and hellos. */
+static void kvps__move_place(kvps_server *s, kvps__rq *q, const unsigned char *v, size_t vb) {
+    kvps__place p;
+    const char *why = kvps__place_dec(&p, v, vb);
+    if (!why && p.count < 2) why = "a placement that never changed";
+    uint32_t *vm = why ? NULL : kvps__vmap_of(&p, &why); /* (its changes make a map) */
+    free(vm);
+    if (why) {
+        kvps__place_free(&p);
+        kvps__refuse(s, q, strcmp(why, "out of memory") ? KVPS_ERR_MALFORMED : KVPS_ERR_NOMEM, "place: %s", why);
         return;
     }
-    size_t vb = want == 3 ? zmq_msg_size(&q->fr[2]) : 0;
-    const unsigned char *v = want == 3 ? (const unsigned char *)zmq_msg_data(&q->fr[2]) : NULL;
-    if (op == KVPS__OP_EXPORT_ROWS || op == KVPS__OP_IMPORT_ROWS || op == KVPS__OP_DROP_ROWS) {
-        kvps__serve_rows(s, q, v, vb);
+    char text[200];
+    kvps__place_free(&s->place);
+    s->place = p;
+    kvps__log(KVPS_LOG_INFO, "server %d: keys now placed by %s", s->desc.rank, kvps__place_text(&p, text, sizeof text));
+    kvps__reply_ack(s, q->id, &q->h);
+}
+
+/* IMPORT: key records taken in, new keys only; all or none. */
+static void kvps__move_import(kvps_server *s, kvps__rq *q, const unsigned char *v, size_t vb) {
+    uint32_t n0 = s->nkeys;
+    kvps__cr rd = {v, vb};
+    const char *why = NULL;
+    while (!why && rd.left) {
+        uint64_t key;
+        if (rd.left >= 8) memcpy(&key, rd.p, 8);
+        if (rd.left >= 8 && kvps__find(s, key) != UINT32_MAX) why = "a key this server holds already";
+        else why = kvps__key_get(s, &rd);
+    }
+    if (why) {
+        kvps__keys_truncate(s, n0);
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "import: %s (after %u keys)", why, s->nkeys - n0);
         return;
     }
-    if ((op == KVPS__OP_EXPORT || op == KVPS__OP_DROP) && vb % 8) {
-        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %zu bytes of keys", q->op->name, vb);
-        return;
-    }
-    if (op == KVPS__OP_PLACE_GET) {
-        if (!s->place.count) kvps__refuse(s, q, KVPS_ERR_STATE, "place_get: this server's keys were never resharded");
-        else kvps__reply_place(s, q);
-        return;
-    }
-    if (op == KVPS__OP_PLACE) { /* the placement a reshard has made, for checkpoints and hellos */
-        kvps__place p;
-        const char *why = kvps__place_dec(&p, v, vb);
-        if (!why && p.count < 2) why = "a placement that never changed";
-        uint32_t *vm = why ? NULL : kvps__vmap_of(&p, &why); /* (its changes make a map) */
-        free(vm);
-        if (why) {
-            kvps__place_free(&p);
-            kvps__refuse(s, q, strcmp(why, "out of memory") ? KVPS_ERR_MALFORMED : KVPS_ERR_NOMEM, "place: %s", why);
-            return;
-        }
-        char text[200];
-        kvps__place_free(&s->place);
-        s->place = p;
-        kvps__log(KVPS_LOG_INFO, "server %d: keys now placed by %s", s->desc.rank, kvps__place_text(&p, text, sizeof text));
-        kvps__reply_ack(s, q->id, &q->h);
-        return;
-    }
-    kvps__flush_all(s);
-    if (op == KVPS__OP_IMPORT) {
-        uint32_t n0 = s->nkeys;
-        kvps__cr rd = {v, vb};
-        const char *why = NULL;
-        while (!why && rd.left) {
-            uint64_t key;
-            if (rd.left >= 8) memcpy(&key, rd.p, 8);
-            if (rd.left >= 8 && kvps__find(s, key) != UINT32_MAX) why = "a key this server holds already";
-            else why = kvps__key_get(s, &rd);
-        }
-        if (why) {
-            kvps__keys_truncate(s, n0);
-            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "import: %s (after %u keys)", why, s->nkeys - n0);
-            return;
-        }
-        kvps__log(KVPS_LOG_INFO, "server %d: %u keys moved in", s->desc.rank, s->nkeys - n0);
-        kvps__reply_ack(s, q->id, &q->h);
-        return;
-    }
+    kvps__log(KVPS_LOG_INFO, "server %d: %u keys moved in", s->desc.rank, s->nkeys - n0);
+    kvps__reply_ack(s, q->id, &q->h);
+}
+
+/* KEYS, EXPORT, DROP: the n keys named in v (KEYS: none, all are listed) are each held here,
+   named once and between rounds; DROP forgets them, the others answer with records. */
+static void kvps__move_keys(kvps_server *s, kvps__rq *q, const unsigned char *v, size_t vb) {
+    int op = q->h.op;
     size_t n = vb / 8;
     uint8_t *mark = (uint8_t *)calloc((size_t)s->nkeys + 1, 1);
     if (!mark) { kvps__refuse(s, q, KVPS_ERR_NOMEM, "%s", q->op->name); return; }
@@ -5074,6 +5064,37 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
     }
     free(mark);
     kvps__reply_stream(s, q, f, w.err, &buf, &size);
+}
+
+/* The RESHARD ops (KEYS ... PLACE_GET): the frame shape, then each op's own. */
+static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
+    int op = q->h.op, want = q->op->values ? 3 : 2;
+    if (q->nfr != want || q->h.nkeys != 0 || q->msz != KVPS__HDR) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %d frames, %u keys in the meta frame", q->op->name, q->nfr - 1, q->h.nkeys);
+        return;
+    }
+    size_t vb = want == 3 ? zmq_msg_size(&q->fr[2]) : 0;
+    const unsigned char *v = want == 3 ? (const unsigned char *)zmq_msg_data(&q->fr[2]) : NULL;
+    if (op == KVPS__OP_EXPORT_ROWS || op == KVPS__OP_IMPORT_ROWS || op == KVPS__OP_DROP_ROWS) {
+        kvps__serve_rows(s, q, v, vb);
+        return;
+    }
+    if ((op == KVPS__OP_EXPORT || op == KVPS__OP_DROP) && vb % 8) {
+        kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s: %zu bytes of keys", q->op->name, vb);
+        return;
+    }
+    if (op == KVPS__OP_PLACE_GET) {
+        if (!s->place.count) kvps__refuse(s, q, KVPS_ERR_STATE, "place_get: this server's keys were never resharded");
+        else kvps__reply_place(s, q);
+        return;
+    }
+    if (op == KVPS__OP_PLACE) {
+        kvps__move_place(s, q, v, vb);
+        return;
+    }
+    kvps__flush_all(s);
+    if (op == KVPS__OP_IMPORT) kvps__move_import(s, q, v, vb);
+    else kvps__move_keys(s, q, v, vb);
 }
 
 // >>replicas
@@ -6262,9 +6283,8 @@ static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
     return (kvps_result)rc;
 }
 
-KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out) {
-    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
-    *out = NULL;
+/* The desc's settings that the server cannot work with, each logged; KVPS_OK or KVPS_ERR_CONFIG. */
+static kvps_result kvps__server_desc_ok(const kvps_server_desc *desc) {
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
     if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "server")) return KVPS_ERR_CONFIG;
     if (desc->lr != 0.0f && desc->update != KVPS_UPDATE_SGD) {
@@ -6283,24 +6303,12 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
                                   "and update rule (CUSTOM needs update_fn)");
         return KVPS_ERR_CONFIG;
     }
-    kvps__tune_malloc(desc->no_malloc_tuning);
-    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
-    if (!s) return KVPS_ERR_NOMEM;
-    s->desc = *desc;
-    s->token = kvps__token_digest(desc->job_token);
-    s->desc.job_token = NULL; /* (not kept: its digest is) */
-    s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
-    if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
-    s->desc.lr = desc->lr != 0.0f ? desc->lr : KVPS_DEFAULT_LR;
-    s->m = desc->num_workers;
-    s->stop_pipe[0] = s->stop_pipe[1] = -1;
-    s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
-    s->stats.staleness = (uint64_t)s->cur_k;
-    /* the built-in update rules are the matching kvps_rule; update_fn is for your own */
-    s->update_fn = desc->update_fn;
-    static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
-    s->default_opt.rule = builtin[desc->update];
-    s->default_opt.lr = s->desc.lr;
+    return KVPS_OK;
+}
+
+/* The per-worker arrays (num_workers entries each) and the first table slots; 0, or -1 with
+   none of them left allocated. */
+static int kvps__server_arrays(kvps_server *s) {
     s->barrier_gen = (uint64_t *)calloc((size_t)s->m, sizeof *s->barrier_gen);
     s->seen = (kvps__seen *)calloc((size_t)s->m, sizeof *s->seen);
     s->rank_fd = (int *)malloc((size_t)s->m * sizeof *s->rank_fd);
@@ -6318,24 +6326,15 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
         !s->bad_text || !s->heard || !s->done || !s->place_wait || !s->rejoin || kvps__table_grow(s) != 0) {
         free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
         free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
-        free(s->rejoin); free(s);
-        return KVPS_ERR_NOMEM;
+        free(s->rejoin);
+        return -1;
     }
-    s->ref_rank = -1;
-    s->primary_fd = -1;
-    zmq_msg_init(&s->primary_id);
-    s->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
-    for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
-    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
-    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
-    s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
-    pthread_mutex_init(&s->ckpt_mu, NULL);
-    pthread_cond_init(&s->ckpt_cv, NULL);
-    if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
-    fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
-    fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
-    kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &s->desc.io_cpus, &s->ctx, &s->own_ctx);
-    if (crc != KVPS_OK) return kvps__server_fail(s, crc, "context");
+    return 0;
+}
+
+/* The server's ROUTER: its options, its monitor, CURVE, the bind and the endpoint it resolved.
+   KVPS_OK, or the result with s destroyed (kvps__server_fail). */
+static kvps_result kvps__server_socket(kvps_server *s, const kvps_server_desc *desc) {
     s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
     if (!s->router) return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket");
     /* A peer that does not read its replies loses those past max_queued_replies (counted in
@@ -6368,6 +6367,53 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &sz) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", desc->endpoint);
     s->desc.endpoint = s->endpoint;
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_server **out) {
+    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    *out = NULL;
+    kvps_result crc = kvps__server_desc_ok(desc);
+    if (crc != KVPS_OK) return crc;
+    kvps__tune_malloc(desc->no_malloc_tuning);
+    kvps_server *s = (kvps_server *)calloc(1, sizeof *s);
+    if (!s) return KVPS_ERR_NOMEM;
+    s->desc = *desc;
+    s->token = kvps__token_digest(desc->job_token);
+    s->desc.job_token = NULL; /* (not kept: its digest is) */
+    s->desc.max_value_len = kvps__def(desc->max_value_len, (uint64_t)1 << 28);
+    if (s->desc.max_value_len > (SIZE_MAX - 128) / sizeof(float)) s->desc.max_value_len = (SIZE_MAX - 128) / sizeof(float);
+    s->desc.lr = desc->lr != 0.0f ? desc->lr : KVPS_DEFAULT_LR;
+    s->m = desc->num_workers;
+    s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->cur_k = desc->consistency == KVPS_ADAPTIVE ? desc->staleness_min : desc->staleness;
+    s->stats.staleness = (uint64_t)s->cur_k;
+    /* the built-in update rules are the matching kvps_rule; update_fn is for your own */
+    s->update_fn = desc->update_fn;
+    static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
+    s->default_opt.rule = builtin[desc->update];
+    s->default_opt.lr = s->desc.lr;
+    if (kvps__server_arrays(s) != 0) {
+        free(s);
+        return KVPS_ERR_NOMEM;
+    }
+    s->ref_rank = -1;
+    s->primary_fd = -1;
+    zmq_msg_init(&s->primary_id);
+    s->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
+    for (int r = 0; r < s->m; r++) s->rank_fd[r] = -1;
+    s->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
+    s->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
+    s->desc.max_queued_replies = kvps__def(desc->max_queued_replies, 10000);
+    pthread_mutex_init(&s->ckpt_mu, NULL);
+    pthread_cond_init(&s->ckpt_cv, NULL);
+    if (pipe(s->stop_pipe) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "pipe");
+    fcntl(s->stop_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(s->stop_pipe[1], F_SETFL, O_NONBLOCK);
+    crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &s->desc.io_cpus, &s->ctx, &s->own_ctx);
+    if (crc != KVPS_OK) return kvps__server_fail(s, crc, "context");
+    crc = kvps__server_socket(s, desc);
+    if (crc != KVPS_OK) return crc; /* (s is gone) */
     crc = kvps__tl_open(&s->tl, desc->timeline, "server", "server", desc->rank, desc->rank);
     if (crc != KVPS_OK) return kvps__server_fail(s, crc, "timeline");
     if (kvps__repl_setup(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "replicas");
@@ -6724,7 +6770,7 @@ struct kvps_worker {
     struct { uint64_t id; uint32_t dim; } *tables;
     int ntables;
     /* per-call scratch: keys grouped by server */
-    uint32_t *order, *count;
+    uint32_t *order, *count, *bucket; /* raw keys by server (kvps__keys_op): the order, the servers' starts, each key's server */
     size_t order_cap;
     char errmsg[1024];
     char fatal_text[300];
@@ -7085,6 +7131,79 @@ static void kvps__worker_items(kvps_worker *w) {
         }
 }
 
+/* The worker's servers (desc->servers: shards, '|' between a shard's replicas), its first
+   placement (v mod n over 256 n virtual shards) and its per-server arrays. KVPS_OK or the result
+   (logged); the caller destroys w either way on failure. */
+static kvps_result kvps__worker_servers(kvps_worker *w, const kvps_worker_desc *desc) {
+    w->n = kvps__split(desc->servers, &w->endpoints);
+    if (w->n < 1) {
+        kvps__log(KVPS_LOG_ERROR, "worker: malformed server list '%s'", desc->servers);
+        w->n = 0;
+        return KVPS_ERR_CONFIG;
+    }
+    w->desc.servers = NULL;
+    w->reps = (char ***)calloc((size_t)w->n, sizeof *w->reps);
+    w->nrep = (int *)calloc((size_t)w->n, sizeof *w->nrep);
+    w->cur = (int *)calloc((size_t)w->n, sizeof *w->cur);
+    for (int i = 0; w->reps && w->nrep && w->cur && i < w->n; i++)
+        if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
+            kvps__log(KVPS_LOG_ERROR, "worker: malformed replica list '%s' of server %d", w->endpoints[i], i);
+            w->nrep[i] = 0;
+            return KVPS_ERR_CONFIG;
+        }
+    if (!w->reps || !w->nrep || !w->cur) return KVPS_ERR_NOMEM;
+    w->desc.failover_ms = kvps__def(desc->failover_ms, 1000);
+    zmq_msg_init(&w->ctl_reply);
+    w->V = (uint32_t)w->n * 256;
+    w->place.V = w->V;
+    w->place.count = 1;
+    w->place.n[0] = (uint32_t)w->n;
+    w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
+    w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
+    w->inflight = (uint64_t *)calloc((size_t)w->n, sizeof *w->inflight);
+    w->rp = (kvps__replay *)calloc((size_t)w->n, sizeof *w->rp);
+    if (!w->vmap || !w->rstamp || !w->inflight || !w->rp) return KVPS_ERR_NOMEM;
+    for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
+    w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
+    w->items = (zmq_pollitem_t *)calloc(4 * (size_t)w->n, sizeof *w->items); /* sockets, monitors, read sockets' */
+    w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
+    w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
+    w->down = (uint8_t *)calloc((size_t)w->n, 1);
+    w->refused = (uint8_t *)calloc((size_t)w->n, 1);
+    w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
+    w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
+    w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
+    w->up_once = (uint8_t *)calloc((size_t)w->n, 1);
+    w->status_text = (char(*)[400])calloc((size_t)w->n, sizeof *w->status_text);
+    w->status_got = (uint8_t *)calloc((size_t)w->n, 1);
+    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
+        !w->down_since || !w->up_once || !w->status_text || !w->status_got)
+        return KVPS_ERR_NOMEM;
+    return KVPS_OK;
+}
+
+/* CURVE's keys from the desc, checked: the servers' (*skeys, one or one per server of n), this
+   worker's pair (cpub, csec). KVPS_OK (no CURVE: *nskeys 0) or KVPS_ERR_CONFIG, logged. */
+static kvps_result kvps__worker_curve_keys(const kvps_worker_desc *desc, int n, char ***skeys, int *nskeys, uint8_t cpub[32],
+                                           uint8_t csec[32]) {
+    if (desc->curve_server_keys || desc->curve_public_key || desc->curve_secret_key) {
+        *nskeys = desc->curve_server_keys ? kvps__split(desc->curve_server_keys, skeys) : 0;
+        uint8_t tmp[32];
+        int bad = !zmq_has("curve") || kvps__z85_key(desc->curve_public_key, cpub) != 0 ||
+                  kvps__z85_key(desc->curve_secret_key, csec) != 0 || (*nskeys != 1 && *nskeys != n);
+        for (int i = 0; i < *nskeys && !bad; i++) bad = kvps__z85_key((*skeys)[i], tmp) != 0;
+        if (bad) {
+            kvps__log(KVPS_LOG_ERROR, "worker: CURVE needs curve_server_keys (one, or one per server), "
+                                      "curve_public_key and curve_secret_key, 40 Z85 characters each");
+            kvps__free_strv(*skeys, *nskeys);
+            *skeys = NULL;
+            *nskeys = 0;
+            return KVPS_ERR_CONFIG;
+        }
+    }
+    return KVPS_OK;
+}
+
 KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worker **out) {
     if (!desc || !out) return KVPS_ERR_INVALID_ARG;
     *out = NULL;
@@ -7106,73 +7225,14 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
     w->desc.fusion_bytes = kvps__def(desc->fusion_bytes, (size_t)256 << 10);
-    kvps_result r = KVPS_OK;
-    w->n = kvps__split(desc->servers, &w->endpoints);
-    if (w->n < 1) {
-        kvps__log(KVPS_LOG_ERROR, "worker: malformed server list '%s'", desc->servers);
-        w->n = 0;
-        kvps_worker_destroy(&w);
-        return KVPS_ERR_CONFIG;
-    }
-    w->desc.servers = NULL;
-    w->reps = (char ***)calloc((size_t)w->n, sizeof *w->reps);
-    w->nrep = (int *)calloc((size_t)w->n, sizeof *w->nrep);
-    w->cur = (int *)calloc((size_t)w->n, sizeof *w->cur);
-    for (int i = 0; w->reps && w->nrep && w->cur && i < w->n; i++)
-        if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
-            kvps__log(KVPS_LOG_ERROR, "worker: malformed replica list '%s' of server %d", w->endpoints[i], i);
-            w->nrep[i] = 0;
-            kvps_worker_destroy(&w);
-            return KVPS_ERR_CONFIG;
-        }
-    if (!w->reps || !w->nrep || !w->cur) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
-    w->desc.failover_ms = kvps__def(desc->failover_ms, 1000);
-    zmq_msg_init(&w->ctl_reply);
-    w->V = (uint32_t)w->n * 256;
-    w->place.V = w->V;
-    w->place.count = 1;
-    w->place.n[0] = (uint32_t)w->n;
-    w->vmap = (uint32_t *)malloc((size_t)w->V * sizeof *w->vmap);
-    w->rstamp = (uint64_t *)calloc((size_t)w->n, sizeof *w->rstamp);
-    w->inflight = (uint64_t *)calloc((size_t)w->n, sizeof *w->inflight);
-    w->rp = (kvps__replay *)calloc((size_t)w->n, sizeof *w->rp);
-    if (!w->vmap || !w->rstamp || !w->inflight || !w->rp) { kvps_worker_destroy(&w); return KVPS_ERR_NOMEM; }
-    for (uint32_t v = 0; v < w->V; v++) w->vmap[v] = v % (uint32_t)w->n;
-    w->socks = (void **)calloc((size_t)w->n, sizeof *w->socks);
-    w->items = (zmq_pollitem_t *)calloc(4 * (size_t)w->n, sizeof *w->items); /* sockets, monitors, read sockets' */
-    w->count = (uint32_t *)calloc((size_t)w->n + 1, sizeof *w->count);
-    w->mons = (void **)calloc((size_t)w->n, sizeof *w->mons);
-    w->down = (uint8_t *)calloc((size_t)w->n, 1);
-    w->refused = (uint8_t *)calloc((size_t)w->n, 1);
-    w->hs_cuts = (uint16_t *)calloc((size_t)w->n, sizeof *w->hs_cuts);
-    w->hs_val = (int32_t *)calloc((size_t)w->n, sizeof *w->hs_val);
-    w->down_since = (int64_t *)calloc((size_t)w->n, sizeof *w->down_since);
-    w->up_once = (uint8_t *)calloc((size_t)w->n, 1);
-    w->status_text = (char(*)[400])calloc((size_t)w->n, sizeof *w->status_text);
-    w->status_got = (uint8_t *)calloc((size_t)w->n, 1);
-    if (!w->socks || !w->items || !w->count || !w->mons || !w->down || !w->refused || !w->hs_cuts || !w->hs_val ||
-        !w->down_since || !w->up_once || !w->status_text || !w->status_got) {
-        kvps_worker_destroy(&w);
-        return KVPS_ERR_NOMEM;
-    }
+    kvps_result r = kvps__worker_servers(w, desc);
+    if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
     w->incarnation = kvps__random32();
     char **skeys = NULL;
     int nskeys = 0;
     uint8_t cpub[32], csec[32];
-    if (desc->curve_server_keys || desc->curve_public_key || desc->curve_secret_key) {
-        nskeys = desc->curve_server_keys ? kvps__split(desc->curve_server_keys, &skeys) : 0;
-        uint8_t tmp[32];
-        int bad = !zmq_has("curve") || kvps__z85_key(desc->curve_public_key, cpub) != 0 ||
-                  kvps__z85_key(desc->curve_secret_key, csec) != 0 || (nskeys != 1 && nskeys != w->n);
-        for (int i = 0; i < nskeys && !bad; i++) bad = kvps__z85_key(skeys[i], tmp) != 0;
-        if (bad) {
-            kvps__log(KVPS_LOG_ERROR, "worker: CURVE needs curve_server_keys (one, or one per server), "
-                                      "curve_public_key and curve_secret_key, 40 Z85 characters each");
-            kvps__free_strv(skeys, nskeys);
-            kvps_worker_destroy(&w);
-            return KVPS_ERR_CONFIG;
-        }
-    }
+    r = kvps__worker_curve_keys(desc, w->n, &skeys, &nskeys, cpub, csec);
+    if (r != KVPS_OK) { kvps_worker_destroy(&w); return r; }
     w->desc.heartbeat_ms = kvps__def(desc->heartbeat_ms, KVPS_DEFAULT_HEARTBEAT_MS);
     w->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, KVPS_DEFAULT_PEER_TIMEOUT_MS);
     kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &w->desc.io_cpus, &w->ctx, &w->own_ctx);
@@ -7244,7 +7304,7 @@ KVPS_API void kvps_worker_destroy(kvps_worker **wp) {
     kvps__free_strv(w->endpoints, w->n);
     free(w->tensors); free(w->socks); free(w->items); free(w->slots); free(w->mons); free(w->down); free(w->refused); free(w->hs_cuts); free(w->hs_val);
     free(w->down_since); free(w->up_once); free(w->status_text); free(w->status_got);
-    free(w->free_slots); free(w->order); free(w->count); free(w->tables);
+    free(w->free_slots); free(w->order); free(w->bucket); free(w->count); free(w->tables);
     free(w);
 }
 
@@ -7983,17 +8043,9 @@ static kvps_result kvps__hellos_answered(kvps_worker *w, int timeout_ms) {
     }
 }
 
-KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *servers, const char *curve_server_keys,
-                                              int timeout_ms) {
-    if (!w) return KVPS_ERR_INVALID_ARG;
-    KVPS__NEED(w, "reshard", servers);
-    kvps_result pr = kvps__place_ready(w);
-    if (pr != KVPS_OK) return pr;
-    if (w->place.count == KVPS__PLACE_MAX)
-        return kvps__wfail(w, KVPS_ERR_STATE, "reshard: %d reshards are recorded, the most a placement holds", KVPS__PLACE_MAX - 1);
-    char **list = NULL;
-    int n = w->n, n2 = kvps__split(servers, &list);
-    if (n2 < 1) return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed server list '%s'", servers);
+/* What a reshard to the list (n2 servers, this worker has n) must hold to begin: the old
+   servers kept in order, nothing in flight, CURVE keys only for a CURVE worker. */
+static kvps_result kvps__reshard_check(kvps_worker *w, char **list, int n, int n2, const char *curve_server_keys) {
     kvps_result r = KVPS_OK;
     for (int i = 0; i < n && i < n2 && r == KVPS_OK; i++)
         if (strcmp(list[i], w->endpoints[i]) != 0)
@@ -8005,6 +8057,96 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
                             (unsigned long long)w->slots[i]->id);
     if (r == KVPS_OK && curve_server_keys && !w->curve)
         r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: curve_server_keys given, but this worker does not speak CURVE");
+    return r;
+}
+
+/* A grow, step 1: connect to the new servers n..n2-1 (list's entries move into the worker; skeys:
+   their CURVE keys), open their read replicas, say hello and name every tensor to them. */
+static kvps_result kvps__reshard_connect(kvps_worker *w, char **list, int n, int n2, const uint8_t *skeys) {
+    kvps_result r = KVPS_OK;
+    for (int i = n; i < n2 && r == KVPS_OK; i++) {
+        w->endpoints[i] = list[i];
+        list[i] = NULL;
+        if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
+            w->nrep[i] = 0;
+            r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed replica list '%s'", w->endpoints[i]);
+        }
+        if (r == KVPS_OK &&
+            (r = kvps__worker_sock(w, i, skeys ? skeys + 32 * (i - n) : NULL, w->curve_pub, w->curve_sec)) != KVPS_OK)
+            kvps__wfail(w, r, "reshard: cannot connect to server %d (%s)", i, kvps__ep(w, i));
+        w->n = i + 1;
+    }
+    if (r == KVPS_OK && w->rj && (r = kvps__reads_open(w, n)) != KVPS_OK)
+        kvps__wfail(w, r, "reshard: cannot open the new shards' read replicas");
+    kvps__worker_items(w);
+    if (r == KVPS_OK) r = kvps__hello_from(w, n);
+    for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
+    return r;
+}
+
+/* Step 3, worker 0 only: plan the new map (vmap2, placement *p2) by the bytes each virtual shard
+   holds, move the keys and rows, and tell every server the new placement. */
+static kvps_result kvps__reshard_lead(kvps_worker *w, int n, int n2, uint32_t *vmap2, kvps__place *p2, int timeout_ms) {
+    kvps_result r = KVPS_OK;
+    kvps__heldkey **held = (kvps__heldkey **)calloc((size_t)n, sizeof *held);
+    size_t *nheld = (size_t *)calloc((size_t)n, sizeof *nheld);
+    if (!held || !nheld) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+    if (r == KVPS_OK) r = kvps__reshard_plan(w, n, n2, vmap2, p2, held, nheld, timeout_ms);
+    for (int s = 0; r == KVPS_OK && s < n; s++) {
+        r = kvps__move_from(w, s, held[s], nheld[s], vmap2, n2, timeout_ms);
+        if (r == KVPS_OK) r = kvps__move_rows_from(w, s, vmap2, n2, timeout_ms);
+    }
+    for (int s = 0; held && s < n; s++) free(held[s]);
+    free(held);
+    free(nheld);
+    if (r == KVPS_OK) { /* the servers record it: checkpoints say how their keys were placed */
+        unsigned char *pb = (unsigned char *)malloc(kvps__place_size(p2));
+        if (!pb) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
+        size_t pn = pb ? kvps__place_enc(p2, pb) : 0;
+        for (int s = 0; s < n2 && r == KVPS_OK; s++) r = kvps__ctl_call(w, s, KVPS__OP_PLACE, pb, pn, timeout_ms);
+        free(pb);
+    }
+    return r;
+}
+
+/* A shrink, done: goodbye to the servers n2..n-1 that leave (they stop by themselves), their
+   sockets closed and their entries freed. */
+static void kvps__reshard_leave(kvps_worker *w, int n, int n2) {
+    kvps_result br = KVPS_OK;
+    kvps__req *q = kvps__bye(w, n2, 1000, 0, &br);
+    if (q) kvps__req_end(w, q);
+    for (int i = n2; i < n; i++) {
+        zmq_close(w->socks[i]);
+        zmq_close(w->mons[i]);
+        w->socks[i] = w->mons[i] = NULL;
+        if (w->rsocks && w->rsocks[i]) {
+            zmq_close(w->rsocks[i]);
+            zmq_close(w->rmons[i]);
+            w->rsocks[i] = w->rmons[i] = NULL;
+            w->rj[i] = -1;
+        }
+        kvps__free_strv(w->reps[i], w->nrep[i]);
+        free(w->endpoints[i]);
+        w->reps[i] = NULL;
+        w->endpoints[i] = NULL;
+        kvps__replay_clear(&w->rp[i]);
+    }
+    w->n = n2;
+    kvps__worker_items(w);
+}
+
+KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *servers, const char *curve_server_keys,
+                                              int timeout_ms) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "reshard", servers);
+    kvps_result r = kvps__place_ready(w);
+    if (r != KVPS_OK) return r;
+    if (w->place.count == KVPS__PLACE_MAX)
+        return kvps__wfail(w, KVPS_ERR_STATE, "reshard: %d reshards are recorded, the most a placement holds", KVPS__PLACE_MAX - 1);
+    char **list = NULL;
+    int n = w->n, n2 = kvps__split(servers, &list);
+    if (n2 < 1) return kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed server list '%s'", servers);
+    r = kvps__reshard_check(w, list, n, n2, curve_server_keys);
     if (r != KVPS_OK || n2 == n) { kvps__free_strv(list, n2); return r; }
     uint8_t *skeys = NULL; /* a CURVE worker's keys of the new servers */
     if (w->curve && n2 > n) {
@@ -8029,49 +8171,13 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
           re-sent after a failover, naming the old placement, and the server would refuse this
           worker's keyed requests) */
     kvps_req b;
-    if (n2 > n) {
-        for (int i = n; i < n2 && r == KVPS_OK; i++) {
-            w->endpoints[i] = list[i];
-            list[i] = NULL;
-            if ((w->nrep[i] = kvps__split_by(w->endpoints[i], '|', &w->reps[i])) < 1) {
-                w->nrep[i] = 0;
-                r = kvps__wfail(w, KVPS_ERR_CONFIG, "reshard: malformed replica list '%s'", w->endpoints[i]);
-            }
-            if (r == KVPS_OK &&
-                (r = kvps__worker_sock(w, i, skeys ? skeys + 32 * (i - n) : NULL, w->curve_pub, w->curve_sec)) != KVPS_OK)
-                kvps__wfail(w, r, "reshard: cannot connect to server %d (%s)", i, kvps__ep(w, i));
-            w->n = i + 1;
-        }
-        if (r == KVPS_OK && w->rj && (r = kvps__reads_open(w, n)) != KVPS_OK)
-            kvps__wfail(w, r, "reshard: cannot open the new shards' read replicas");
-        kvps__worker_items(w);
-        if (r == KVPS_OK) r = kvps__hello_from(w, n);
-        for (int t = 0; t < w->ntensors && r == KVPS_OK; t++) kvps__name_all(w, t);
-    }
+    if (n2 > n) r = kvps__reshard_connect(w, list, n, n2, skeys);
     if (r == KVPS_OK) r = kvps__hellos_answered(w, timeout_ms);
     /* 2. every worker is here, nothing is in flight anywhere */
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
     if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
-    /* 3. rank 0 plans the new map by the bytes each virtual shard holds, moves the keys and rows,
-          and tells every server the new placement; the others wait at a second barrier */
-    kvps__heldkey **held = w->desc.rank == 0 ? (kvps__heldkey **)calloc((size_t)n, sizeof *held) : NULL;
-    size_t *nheld = w->desc.rank == 0 ? (size_t *)calloc((size_t)n, sizeof *nheld) : NULL;
-    if (r == KVPS_OK && w->desc.rank == 0 && (!held || !nheld)) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
-    if (r == KVPS_OK && w->desc.rank == 0) r = kvps__reshard_plan(w, n, n2, vmap2, &p2, held, nheld, timeout_ms);
-    for (int s = 0; r == KVPS_OK && w->desc.rank == 0 && s < n; s++) {
-        r = kvps__move_from(w, s, held[s], nheld[s], vmap2, n2, timeout_ms);
-        if (r == KVPS_OK) r = kvps__move_rows_from(w, s, vmap2, n2, timeout_ms);
-    }
-    for (int s = 0; held && s < n; s++) free(held[s]);
-    free(held);
-    free(nheld);
-    if (r == KVPS_OK && w->desc.rank == 0) { /* the servers record it: checkpoints say how their keys were placed */
-        unsigned char *pb = (unsigned char *)malloc(kvps__place_size(&p2));
-        if (!pb) r = kvps__wfail(w, KVPS_ERR_NOMEM, "reshard: out of memory");
-        size_t pn = pb ? kvps__place_enc(&p2, pb) : 0;
-        for (int s = 0; s < n2 && r == KVPS_OK; s++) r = kvps__ctl_call(w, s, KVPS__OP_PLACE, pb, pn, timeout_ms);
-        free(pb);
-    }
+    /* 3. rank 0 plans, moves and records; the others wait at a second barrier, then read it */
+    if (r == KVPS_OK && w->desc.rank == 0) r = kvps__reshard_lead(w, n, n2, vmap2, &p2, timeout_ms);
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &b);
     if (r == KVPS_OK) r = kvps_worker_wait(w, b, timeout_ms);
     if (r == KVPS_OK && w->desc.rank != 0) r = kvps__reshard_learn(w, n2, vmap2, &p2, timeout_ms);
@@ -8081,29 +8187,7 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
         w->place = p2;
         memset(&p2, 0, sizeof p2);
         for (int t = 0; t < w->ntensors; t++) kvps__tensor_place(w, &w->tensors[t]);
-        if (n2 < n) { /* a shrink: goodbye to the servers that leave (they stop by themselves) */
-            kvps_result br = KVPS_OK;
-            kvps__req *q = kvps__bye(w, n2, 1000, 0, &br);
-            if (q) kvps__req_end(w, q);
-            for (int i = n2; i < n; i++) {
-                zmq_close(w->socks[i]);
-                zmq_close(w->mons[i]);
-                w->socks[i] = w->mons[i] = NULL;
-                if (w->rsocks && w->rsocks[i]) {
-                    zmq_close(w->rsocks[i]);
-                    zmq_close(w->rmons[i]);
-                    w->rsocks[i] = w->rmons[i] = NULL;
-                    w->rj[i] = -1;
-                }
-                kvps__free_strv(w->reps[i], w->nrep[i]);
-                free(w->endpoints[i]);
-                w->reps[i] = NULL;
-                w->endpoints[i] = NULL;
-                kvps__replay_clear(&w->rp[i]);
-            }
-            w->n = n2;
-            kvps__worker_items(w);
-        }
+        if (n2 < n) kvps__reshard_leave(w, n, n2);
         kvps__log(KVPS_LOG_INFO, "worker %d: resharded from %d to %d servers", w->desc.rank, n, n2);
     }
     kvps__place_free(&p2);
@@ -8115,6 +8199,19 @@ KVPS_API kvps_result kvps_worker_reshard_keys(kvps_worker *w, const char *server
 
 static int kvps__server_of(const kvps_worker *w, uint64_t key) {
     return (int)w->vmap[kvps__mix64(key) % w->V];
+}
+
+/* A stable counting sort by bucket: item i (of n) is in bucket bucket[i] (< nb). start (nb + 1
+   entries) gets where each bucket's items begin, order the items bucket by bucket, each bucket's
+   in their own order. (Raw keys by server, kvps__keys_op; fused slices by server,
+   kvps__fused_slices.) */
+static void kvps__sort_by_bucket(const uint32_t *bucket, uint32_t n, int nb, uint32_t *start, uint32_t *order) {
+    memset(start, 0, ((size_t)nb + 1) * sizeof *start);
+    for (uint32_t i = 0; i < n; i++) start[bucket[i] + 1]++;
+    for (int b = 0; b < nb; b++) start[b + 1] += start[b];
+    for (uint32_t i = 0; i < n; i++) order[start[bucket[i]]++] = i;
+    for (int b = nb; b > 0; b--) start[b] = start[b - 1]; /* (each start moved to its bucket's end) */
+    start[0] = 0;
 }
 
 /* Raw keys: group by server, one message each. */
@@ -8134,20 +8231,21 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
     if (pr != KVPS_OK) return pr;
     if (w->order_cap < nkeys) {
         uint32_t *no = (uint32_t *)realloc(w->order, nkeys * sizeof *no);
-        if (!no) return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %zu keys", call, nkeys);
-        w->order = no;
+        if (no) w->order = no;
+        uint32_t *nb = no ? (uint32_t *)realloc(w->bucket, nkeys * sizeof *nb) : NULL;
+        if (nb) w->bucket = nb;
+        if (!no || !nb) return kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %zu keys", call, nkeys);
         w->order_cap = nkeys;
     }
-    /* Counting sort of key indices by server, keeping the caller's order within a server. */
-    memset(w->count, 0, ((size_t)w->n + 1) * sizeof *w->count);
     for (size_t i = 0; i < nkeys; i++) {
         if (keys[i] >> 63)
             return kvps__wfail(w, KVPS_ERR_KEY_RESERVED, "%s: keys[%zu] = %llu is 2^63 or more (those are tensor slices)", call, i,
                                (unsigned long long)keys[i]);
         if (lens[i] == 0) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: lens[%zu] is 0 (key %llu)", call, i, (unsigned long long)keys[i]);
-        w->count[kvps__server_of(w, keys[i]) + 1]++;
+        w->bucket[i] = (uint32_t)kvps__server_of(w, keys[i]);
     }
-    for (int s = 0; s < w->n; s++) w->count[s + 1] += w->count[s];
+    /* the keys by server, each server's in the caller's order */
+    kvps__sort_by_bucket(w->bucket, (uint32_t)nkeys, w->n, w->count, w->order);
     kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? nkeys : 0);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
     memcpy(q->dbegin, w->count, ((size_t)w->n + 1) * sizeof *q->dbegin);
@@ -8160,7 +8258,6 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
         for (size_t i = 0; i < nkeys; i++) {
             offs[i] = off;
             off += lens[i];
-            w->order[w->count[kvps__server_of(w, keys[i])]++] = (uint32_t)i;
         }
         for (int s = 0; s < w->n && r == KVPS_OK; s++) {
             uint32_t b = q->dbegin[s], e = q->dbegin[s + 1];
@@ -8432,6 +8529,94 @@ static int kvps__fused_coded(const kvps__tensor_info *t, int op) {
     return (t->has_push && kvps__op_has_values(op) && op != KVPS__OP_INIT) || (t->has_pull && kvps__op_pulls(op));
 }
 
+/* The list's tensors, each checked (known, not refused, once in the list, its buffers given);
+   *nplain: the slices that go out fused (those of tensors without a codec for op). */
+static kvps_result kvps__tensors_check(kvps_worker *w, const char *call, int op, const kvps_tensor *ts, size_t n,
+                                       const float *const *vals, float *const *dst, uint64_t *nplain) {
+    uint64_t stamp = ++w->round_stamp;
+    *nplain = 0;
+    for (size_t k = 0; k < n; k++) {
+        KVPS__TENSOR_OK(w, call, ts[k]);
+        kvps__tensor_info *t = &w->tensors[ts[k]];
+        if ((kvps__op_has_values(op) && !vals[k]) || (kvps__op_pulls(op) && !dst[k]))
+            return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: tensor '%s' (list entry %zu): its %s is NULL", call, t->name, k,
+                               kvps__op_has_values(op) && !vals[k] ? "values" : "destination");
+        if (t->bad) return kvps__wfail(w, t->bad, "%s of tensor '%s': %s", call, t->name, t->bad_text ? t->bad_text : "refused");
+        if (t->fstamp == stamp) return kvps__wfail(w, KVPS_ERR_DUP_KEY, "%s: tensor '%s' is in the list twice", call, t->name);
+        t->fstamp = stamp;
+        if (!kvps__fused_coded(t, op)) *nplain += t->nslices;
+    }
+    if (*nplain > UINT32_MAX) return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: %llu slices in one call", call, (unsigned long long)*nplain);
+    return KVPS_OK;
+}
+
+/* The plain slices of the list by server, each server's in (priority, list, slice) order: sl
+   (nplain entries) and at (each server's first, w->n + 1 entries). 0, or -1 out of memory. */
+static int kvps__fused_slices(kvps_worker *w, int op, const kvps_tensor *ts, size_t n, uint32_t nplain, kvps__fslice *sl,
+                              uint32_t *at) {
+    uint32_t *ord = (uint32_t *)malloc((n + 1) * sizeof *ord), *bucket = (uint32_t *)malloc(((size_t)nplain + 1) * sizeof *bucket),
+             *perm = (uint32_t *)malloc(((size_t)nplain + 1) * sizeof *perm);
+    kvps__fslice *items = (kvps__fslice *)malloc(((size_t)nplain + 1) * sizeof *items);
+    int rc = ord && bucket && perm && items ? 0 : -1;
+    if (rc == 0) {
+        for (uint32_t k = 0; k < (uint32_t)n; k++) ord[k] = k;
+        for (uint32_t k = 1; k < (uint32_t)n; k++) /* a stable insertion sort by priority, highest first */
+            for (uint32_t j = k; j > 0 && w->tensors[ts[ord[j - 1]]].prio < w->tensors[ts[ord[j]]].prio; j--) {
+                uint32_t x = ord[j];
+                ord[j] = ord[j - 1];
+                ord[j - 1] = x;
+            }
+        uint32_t m = 0;
+        for (size_t k = 0; k < n; k++) {
+            const kvps__tensor_info *t = &w->tensors[ts[ord[k]]];
+            if (kvps__fused_coded(t, op)) continue;
+            for (uint32_t i = 0; i < t->nslices; i++, m++) {
+                items[m].t = ord[k];
+                items[m].i = i;
+                bucket[m] = (uint32_t)t->server[i];
+            }
+        }
+        kvps__sort_by_bucket(bucket, nplain, w->n, at, perm);
+        for (uint32_t j = 0; j < nplain; j++) sl[j] = items[perm[j]];
+    }
+    free(ord); free(bucket); free(perm); free(items);
+    return rc;
+}
+
+/* One fused round, request q: each server's next slices from cur up to fusion_bytes (at least
+   one), one message each. */
+static kvps_result kvps__fused_round(kvps_worker *w, int op, const kvps_tensor *ts, const float *const *vals, float *const *dst,
+                                     const kvps__fslice *sl, const uint32_t *at, uint32_t *cur, kvps__kent *ents,
+                                     const float **vp, kvps__req *q) {
+    kvps_result r = KVPS_OK;
+    uint32_t d = 0;
+    q->prio = INT_MIN; /* the round's highest: a server's first slice is its highest */
+    for (int s = 0; s < w->n; s++)
+        if (cur[s] < at[s + 1] && w->tensors[ts[sl[cur[s]].t]].prio > q->prio) q->prio = w->tensors[ts[sl[cur[s]].t]].prio;
+    for (int s = 0; s < w->n && r == KVPS_OK; s++) {
+        q->dbegin[s] = d;
+        uint32_t b = d;
+        uint64_t mb = 0;
+        int contiguous = 1;
+        for (; cur[s] < at[s + 1]; cur[s]++) {
+            kvps__fslice f = sl[cur[s]];
+            const kvps__tensor_info *t = &w->tensors[ts[f.t]];
+            uint64_t sb = t->slen[f.i] * sizeof(float);
+            if (d > b && mb + sb > w->desc.fusion_bytes) break;
+            mb += sb;
+            ents[d].key = t->keys[f.i];
+            ents[d].len = t->slen[f.i];
+            vp[d] = vals ? vals[f.t] + t->off[f.i] : NULL;
+            if (d > b && vp[d] != vp[d - 1] + ents[d - 1].len) contiguous = 0;
+            if (q->dest) { q->dest[d].ptr = dst[f.t] + t->off[f.i]; q->dest[d].len = t->slen[f.i]; }
+            d++;
+        }
+        if (d > b) r = kvps__send_req(w, q, s, op, ents + b, d - b, vp + b, contiguous ? 1 : d - b, NULL, NULL, NULL, NULL);
+    }
+    q->dbegin[w->n] = d;
+    return r;
+}
+
 static kvps_result kvps__tensors_op(kvps_worker *w, int op, const kvps_tensor *ts, size_t n, const float *const *vals,
                                     float *const *dst, kvps_req *out) {
     const char *call = op == KVPS__OP_PUSH ? "push_tensors" : op == KVPS__OP_PULL ? "pull_tensors" : "pushpull_tensors";
@@ -8442,20 +8627,10 @@ static kvps_result kvps__tensors_op(kvps_worker *w, int op, const kvps_tensor *t
     KVPS__NEED(w, call, ts);
     if (kvps__op_has_values(op)) KVPS__NEED(w, call, vals);
     if (kvps__op_pulls(op)) KVPS__NEED(w, call, dst);
-    uint64_t stamp = ++w->round_stamp, nplain = 0;
-    for (size_t k = 0; k < n; k++) {
-        KVPS__TENSOR_OK(w, call, ts[k]);
-        kvps__tensor_info *t = &w->tensors[ts[k]];
-        if ((kvps__op_has_values(op) && !vals[k]) || (kvps__op_pulls(op) && !dst[k]))
-            return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: tensor '%s' (list entry %zu): its %s is NULL", call, t->name, k,
-                               kvps__op_has_values(op) && !vals[k] ? "values" : "destination");
-        if (t->bad) return kvps__wfail(w, t->bad, "%s of tensor '%s': %s", call, t->name, t->bad_text ? t->bad_text : "refused");
-        if (t->fstamp == stamp) return kvps__wfail(w, KVPS_ERR_DUP_KEY, "%s: tensor '%s' is in the list twice", call, t->name);
-        t->fstamp = stamp;
-        if (!kvps__fused_coded(t, op)) nplain += t->nslices;
-    }
+    uint64_t nplain = 0;
+    kvps_result r = kvps__tensors_check(w, call, op, ts, n, vals, dst, &nplain);
+    if (r != KVPS_OK) return r;
     kvps__req *head = NULL, *last = NULL;
-    kvps_result r = KVPS_OK;
     uint64_t bytes = 0;
     for (size_t k = 0; k < n && r == KVPS_OK; k++) { /* coded tensors: their own rounds */
         kvps__tensor_info *t = &w->tensors[ts[k]];
@@ -8468,73 +8643,24 @@ static kvps_result kvps__tensors_op(kvps_worker *w, int op, const kvps_tensor *t
             if (q) r = kvps__chain_link(w, &head, &last, q, r);
         }
     }
-    /* the plain slices by server, each server's in (priority, list, slice) order */
+    /* the plain slices by server, then rounds of each server's next slices */
     kvps__fslice *sl = (kvps__fslice *)malloc((nplain + 1) * sizeof *sl);
-    uint32_t *ord = (uint32_t *)malloc((n + 1) * sizeof *ord);
-    size_t *at = (size_t *)calloc((size_t)w->n + 1, sizeof *at), *cur = (size_t *)calloc((size_t)w->n + 1, sizeof *cur);
+    uint32_t *at = (uint32_t *)calloc((size_t)w->n + 1, sizeof *at), *cur = (uint32_t *)calloc((size_t)w->n + 1, sizeof *cur);
     kvps__kent *ents = (kvps__kent *)malloc((nplain + 1) * sizeof *ents);
     const float **vp = (const float **)malloc((nplain + 1) * sizeof *vp);
-    if (r == KVPS_OK && (!sl || !ord || !at || !cur || !ents || !vp))
+    if (r == KVPS_OK && (!sl || !at || !cur || !ents || !vp || kvps__fused_slices(w, op, ts, n, (uint32_t)nplain, sl, at) != 0))
         r = kvps__wfail(w, KVPS_ERR_NOMEM, "%s: out of memory for %llu slices", call, (unsigned long long)nplain);
-    if (r == KVPS_OK) {
-        for (uint32_t k = 0; k < (uint32_t)n; k++) ord[k] = k;
-        for (uint32_t k = 1; k < (uint32_t)n; k++) /* a stable insertion sort by priority, highest first */
-            for (uint32_t j = k; j > 0 && w->tensors[ts[ord[j - 1]]].prio < w->tensors[ts[ord[j]]].prio; j--) {
-                uint32_t x = ord[j];
-                ord[j] = ord[j - 1];
-                ord[j - 1] = x;
-            }
-        for (size_t k = 0; k < n; k++) { /* a counting sort by server */
-            const kvps__tensor_info *t = &w->tensors[ts[ord[k]]];
-            if (kvps__fused_coded(t, op)) continue;
-            for (uint32_t i = 0; i < t->nslices; i++) at[t->server[i] + 1]++;
-        }
-        for (int s = 0; s < w->n; s++) at[s + 1] += at[s];
-        memcpy(cur, at, ((size_t)w->n + 1) * sizeof *cur);
-        for (size_t k = 0; k < n; k++) {
-            const kvps__tensor_info *t = &w->tensors[ts[ord[k]]];
-            if (kvps__fused_coded(t, op)) continue;
-            for (uint32_t i = 0; i < t->nslices; i++) {
-                kvps__fslice f = {ord[k], i};
-                sl[cur[t->server[i]]++] = f;
-            }
-        }
-        memcpy(cur, at, ((size_t)w->n + 1) * sizeof *cur); /* from here: each server's next slice */
-    }
-    while (r == KVPS_OK) { /* rounds: each server's next slices up to fusion_bytes, one message each */
+    if (r == KVPS_OK) memcpy(cur, at, ((size_t)w->n + 1) * sizeof *cur); /* from here: each server's next slice */
+    while (r == KVPS_OK) {
         size_t left = 0;
         for (int s = 0; s < w->n; s++) left += at[s + 1] - cur[s];
         if (!left) break;
         kvps__req *q = kvps__req_new(w, kvps__op_pulls(op) ? left : 0);
         if (!q) { r = kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)"); break; }
-        uint32_t d = 0;
-        q->prio = INT_MIN; /* the round's highest: a server's first slice is its highest */
-        for (int s = 0; s < w->n; s++)
-            if (cur[s] < at[s + 1] && w->tensors[ts[sl[cur[s]].t]].prio > q->prio) q->prio = w->tensors[ts[sl[cur[s]].t]].prio;
-        for (int s = 0; s < w->n && r == KVPS_OK; s++) {
-            q->dbegin[s] = d;
-            uint32_t b = d;
-            uint64_t mb = 0;
-            int contiguous = 1;
-            for (; cur[s] < at[s + 1]; cur[s]++) {
-                kvps__fslice f = sl[cur[s]];
-                const kvps__tensor_info *t = &w->tensors[ts[f.t]];
-                uint64_t sb = t->slen[f.i] * sizeof(float);
-                if (d > b && mb + sb > w->desc.fusion_bytes) break;
-                mb += sb;
-                ents[d].key = t->keys[f.i];
-                ents[d].len = t->slen[f.i];
-                vp[d] = vals ? vals[f.t] + t->off[f.i] : NULL;
-                if (d > b && vp[d] != vp[d - 1] + ents[d - 1].len) contiguous = 0;
-                if (q->dest) { q->dest[d].ptr = dst[f.t] + t->off[f.i]; q->dest[d].len = t->slen[f.i]; }
-                d++;
-            }
-            if (d > b) r = kvps__send_req(w, q, s, op, ents + b, d - b, vp + b, contiguous ? 1 : d - b, NULL, NULL, NULL, NULL);
-        }
-        q->dbegin[w->n] = d;
+        r = kvps__fused_round(w, op, ts, vals, dst, sl, at, cur, ents, vp, q);
         r = kvps__chain_link(w, &head, &last, q, r);
     }
-    free(sl); free(ord); free(at); free(cur); free(ents); free(vp);
+    free(sl); free(at); free(cur); free(ents); free(vp);
     for (size_t k = 0; k < n; k++) {
         kvps__tensor_info *t = &w->tensors[ts[k]];
         if (kvps__op_has_values(op)) {
@@ -8966,6 +9092,91 @@ static void kvps__on_ctl_reply(kvps_worker *w, kvps__req *q, int srv, const kvps
 }
 
 static void kvps__failover(kvps_worker *w, int s, const char *why);
+/* KVPS_ERR_NOT_PRIMARY from a replica (REPLICAS): a read replica that cannot answer a READ yet
+   (or ever), or a backup whose primary is alive: the request goes elsewhere. 1 when it was that. */
+static int kvps__on_not_primary(kvps_worker *w, kvps__req *q, int srv, const kvps__hdr *h, zmq_msg_t *fr, int nfr) {
+    if (h->status == KVPS_ERR_NOT_PRIMARY && h->op == (KVPS__OP_READ | KVPS__OP_REPLY)) { /* the read replica cannot tell */
+        if (h->aux == 1 && w->rnever && !w->rnever[srv]) { /* nor ever will: not BSP with replicas */
+            w->rnever[srv] = 1;
+            char text[256];
+            kvps__frame_text(fr, nfr, text, sizeof text);
+            kvps__log(KVPS_LOG_WARN, "worker %d: shard %d: pushpulls read from its primary: %s", w->desc.rank, srv, text);
+        }
+        if (q->read && !kvps__read_pushed(w, q, srv)) q->rwait[srv] = 1; /* a pull, once the push is answered */
+        else if (q->read && kvps__read_send(w, q, srv, 1) != 0) /* a pull, to the shard's server */
+            kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
+        return 1;
+    }
+    if (h->status == KVPS_ERR_NOT_PRIMARY && w->nrep[srv] > 1) { /* a backup: this request goes to the next replica */
+        if (h->aux == (uint32_t)w->cur[srv])
+            kvps__failover(w, srv, "is a backup whose primary is alive, or does not hold the shard yet");
+        return 1;
+    }
+    return 0;
+}
+
+/* A coded pull's answer (per key [u32 bytes][blob]) decoded into q's destinations b..e-1. */
+static void kvps__reply_coded(kvps_worker *w, kvps__req *q, int srv, zmq_msg_t *fr, int nfr, kvps__tensor_info *tn, uint32_t b,
+                              uint32_t e) {
+    kvps__blobs it = {NULL, 0, 0};
+    if (nfr > 1) it = kvps__blobs_of(&fr[1]);
+    kvps_result dr = KVPS_OK;
+    for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
+        const unsigned char *blob;
+        uint32_t nb;
+        if (kvps__blob_next(&it, &blob, &nb) != 1) { dr = KVPS_ERR_TRUNCATED; break; }
+        dr = kvps_codec_decode(&q->pull_c, blob, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
+        if (tn) tn->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
+    }
+    if (dr == KVPS_OK && it.off != it.size) dr = KVPS_ERR_MALFORMED;
+    if (tn) tn->st.pull_wire_bytes += it.size;
+    if (dr != KVPS_OK) {
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
+        if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
+    }
+}
+
+/* A successful answer's values into q's destinations (or its view) for server srv's keys. */
+static void kvps__reply_values(kvps_worker *w, kvps__req *q, int srv, zmq_msg_t *fr, int nfr, kvps__tensor_info *tn) {
+    if (!q->dest) return;
+    uint32_t b, e;
+    if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
+    else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
+    if (q->coded_pull) {
+        kvps__reply_coded(w, q, srv, fr, nfr, tn, b, e);
+        return;
+    }
+    uint64_t total = 0;
+    for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
+    if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
+        snprintf(w->errmsg, sizeof w->errmsg, "server %d: pull reply of %zu bytes, expected %llu", srv,
+                 nfr < 2 ? (size_t)0 : zmq_msg_size(&fr[1]), (unsigned long long)(total * sizeof(float)));
+        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
+        return;
+    }
+    const char *src = (const char *)zmq_msg_data(&fr[1]);
+    if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
+        kvps__vpart *p = &q->view->part[q->vbase + b];
+        if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
+            zmq_msg_move(&p->msg, &fr[1]);
+            p->data = (const float *)zmq_msg_data(&p->msg);
+        } else if ((p->own = (float *)kvps__alloc_floats(total)) != NULL) {
+            memcpy(p->own, src, (size_t)total * sizeof(float));
+            p->data = p->own;
+        } else if (q->status == KVPS_OK) {
+            q->status = KVPS_ERR_NOMEM;
+        }
+    }
+    for (uint32_t j = b; j < e && !q->view; j++) {
+        memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
+        src += q->dest[j].len * sizeof(float);
+    }
+    if (tn) {
+        tn->st.pull_raw_bytes += total * sizeof(float);
+        tn->st.pull_wire_bytes += total * sizeof(float);
+    }
+}
+
 static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
     kvps__hdr h;
     if (zmq_msg_size(&fr[0]) < sizeof h) {
@@ -8986,23 +9197,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
                   (unsigned long long)h.req_id);
         return;
     }
-    if (h.status == KVPS_ERR_NOT_PRIMARY && h.op == (KVPS__OP_READ | KVPS__OP_REPLY)) { /* the read replica cannot tell */
-        if (h.aux == 1 && w->rnever && !w->rnever[srv]) { /* nor ever will: not BSP with replicas */
-            w->rnever[srv] = 1;
-            char text[256];
-            kvps__frame_text(fr, nfr, text, sizeof text);
-            kvps__log(KVPS_LOG_WARN, "worker %d: shard %d: pushpulls read from its primary: %s", w->desc.rank, srv, text);
-        }
-        if (q->read && !kvps__read_pushed(w, q, srv)) q->rwait[srv] = 1; /* a pull, once the push is answered */
-        else if (q->read && kvps__read_send(w, q, srv, 1) != 0) /* a pull, to the shard's server */
-            kvps__log(KVPS_LOG_WARN, "worker %d: re-send to server %d: %s", w->desc.rank, srv, zmq_strerror(zmq_errno()));
-        return;
-    }
-    if (h.status == KVPS_ERR_NOT_PRIMARY && w->nrep[srv] > 1) { /* a backup: this request goes to the next replica */
-        if (h.aux == (uint32_t)w->cur[srv])
-            kvps__failover(w, srv, "is a backup whose primary is alive, or does not hold the shard yet");
-        return;
-    }
+    if (h.status == KVPS_ERR_NOT_PRIMARY && kvps__on_not_primary(w, q, srv, &h, fr, nfr)) return;
     q->pending--;
     kvps__credit_back(w, q, srv);
     if (q->ctl) {
@@ -9036,58 +9231,7 @@ static void kvps__on_reply(kvps_worker *w, int srv, zmq_msg_t *fr, int nfr) {
         if (q->status == KVPS_OK) q->status = (kvps_result)h.status;
         return;
     }
-    if (!q->dest) return;
-    uint32_t b, e;
-    if (q->dbegin[w->n] == UINT32_MAX) { b = q->dbegin[srv]; e = b + 1; }
-    else { b = q->dbegin[srv]; e = q->dbegin[srv + 1]; }
-    if (q->coded_pull) { /* per key [u32 bytes][blob] */
-        kvps__blobs it = {NULL, 0, 0};
-        if (nfr > 1) it = kvps__blobs_of(&fr[1]);
-        kvps_result dr = KVPS_OK;
-        for (uint32_t j = b; j < e && dr == KVPS_OK; j++) {
-            const unsigned char *blob;
-            uint32_t nb;
-            if (kvps__blob_next(&it, &blob, &nb) != 1) { dr = KVPS_ERR_TRUNCATED; break; }
-            dr = kvps_codec_decode(&q->pull_c, blob, nb, q->dest[j].ptr, (size_t)q->dest[j].len, 0);
-            if (tn) tn->st.pull_raw_bytes += q->dest[j].len * sizeof(float);
-        }
-        if (dr == KVPS_OK && it.off != it.size) dr = KVPS_ERR_MALFORMED;
-        if (tn) tn->st.pull_wire_bytes += it.size;
-        if (dr != KVPS_OK) {
-            snprintf(w->errmsg, sizeof w->errmsg, "server %d: bad coded pull reply: %s", srv, kvps_result_str(dr));
-            if (q->status == KVPS_OK) q->status = dr == KVPS_ERR_TRUNCATED ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED;
-        }
-        return;
-    }
-    uint64_t total = 0;
-    for (uint32_t j = b; j < e; j++) total += q->dest[j].len;
-    if (nfr < 2 || zmq_msg_size(&fr[1]) != total * sizeof(float)) {
-        snprintf(w->errmsg, sizeof w->errmsg, "server %d: pull reply of %zu bytes, expected %llu", srv,
-                 nfr < 2 ? (size_t)0 : zmq_msg_size(&fr[1]), (unsigned long long)(total * sizeof(float)));
-        if (q->status == KVPS_OK) q->status = KVPS_ERR_MALFORMED;
-        return;
-    }
-    const char *src = (const char *)zmq_msg_data(&fr[1]);
-    if (q->view) { /* one slice per reply: keep the message; realign in the rare case it needs it */
-        kvps__vpart *p = &q->view->part[q->vbase + b];
-        if (((uintptr_t)src & (sizeof(float) - 1)) == 0 || total == 0) {
-            zmq_msg_move(&p->msg, &fr[1]);
-            p->data = (const float *)zmq_msg_data(&p->msg);
-        } else if ((p->own = (float *)kvps__alloc_floats(total)) != NULL) {
-            memcpy(p->own, src, (size_t)total * sizeof(float));
-            p->data = p->own;
-        } else if (q->status == KVPS_OK) {
-            q->status = KVPS_ERR_NOMEM;
-        }
-    }
-    for (uint32_t j = b; j < e && !q->view; j++) {
-        memcpy(q->dest[j].ptr, src, (size_t)q->dest[j].len * sizeof(float));
-        src += q->dest[j].len * sizeof(float);
-    }
-    if (tn) {
-        tn->st.pull_raw_bytes += total * sizeof(float);
-        tn->st.pull_wire_bytes += total * sizeof(float);
-    }
+    kvps__reply_values(w, q, srv, fr, nfr, tn);
 }
 
 
