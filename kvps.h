@@ -7526,13 +7526,27 @@ static kvps_result kvps__keep_send(kvps_worker *w, kvps__req *q, int srv, int op
     return KVPS_OK;
 }
 
-/* One message to server `srv`: keys ents[0..nk), values either zero-copy (one contiguous run)
-   or gathered from the runs given by vptr/vlen. */
-/* pc: encode the (single) key's values with it, keeping error feedback in resid; pull: the
-   codec to ask the answer in (NULL: plain floats). *wire += payload bytes sent. */
-static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__kent *ents,
-                                  uint32_t nk, const float *const *vptr, uint32_t nruns, const kvps_codec *pc,
-                                  float *resid, const kvps_codec *pull, uint64_t *wire) {
+/* What one keyed message to one server carries: keys ents[0..nk) and their values, zero-copy
+   (one contiguous run, nruns 1) or gathered from one pointer per key (nruns = nk); push: encode
+   the (single) key's values with it, keeping error feedback in resid; pull: the codec to ask the
+   answer in; wire: += the payload bytes sent. The last four NULL: plain floats. */
+typedef struct kvps__msg_spec {
+    const kvps__kent *ents;
+    uint32_t nk;
+    const float *const *vptr;
+    uint32_t nruns;
+    const kvps_codec *push;
+    float *resid;
+    const kvps_codec *pull;
+    uint64_t *wire;
+} kvps__msg_spec;
+
+/* One keyed message m of op to server srv, part of request q. */
+static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op, const kvps__msg_spec *m) {
+    const kvps__kent *ents = m->ents;
+    const float *const *vptr = m->vptr;
+    const kvps_codec *pc = m->push, *pull = m->pull;
+    uint32_t nk = m->nk, nruns = m->nruns;
     kvps__hdr h = kvps__req_hdr(w, q, op, nk);
     h.status = (int32_t)w->incarnation; /* requests carry the sender's incarnation here */
     if (pc && kvps__op_has_values(op)) h.flags |= KVPS__FLAG_CODED;
@@ -7561,7 +7575,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
                 return kvps__wfail(w, KVPS_ERR_NOMEM, "%s to server %d: out of memory for %zu coded bytes", kvps__ops[op].name, srv, cap);
             }
             unsigned char *d = (unsigned char *)zmq_msg_data(&f[1]);
-            kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, resid, d + 4, cap, &nb);
+            kvps_result er = kvps_codec_encode(pc, vptr[0], (size_t)total, m->resid, d + 4, cap, &nb);
             kvps__put32(d, (uint32_t)nb);
             if (er == KVPS_OK && nb < cap) { /* a user codec that used less than its bound */
                 zmq_msg_t exact;
@@ -7574,7 +7588,7 @@ static kvps_result kvps__send_req(kvps_worker *w, kvps__req *q, int srv, int op,
                 return kvps__wfail(w, er, "%s to server %d: codec '%s' could not encode: %s", kvps__ops[op].name, srv,
                                    pc->name ? pc->name : "?", kvps_result_str(er));
             }
-            if (wire) *wire += 4 + nb;
+            if (m->wire) *m->wire += 4 + nb;
         } else if (nruns == 1 && bytes >= w->desc.zerocopy_min) {
             __atomic_add_fetch(&q->refs, 1, __ATOMIC_ACQ_REL);
             if (zmq_msg_init_data(&f[1], (void *)(uintptr_t)vptr[0], bytes, kvps__zc_free, q) != 0) {
@@ -8271,7 +8285,8 @@ static kvps_result kvps__keys_op(kvps_worker *w, int op, const uint64_t *keys, c
                 if (q->dest) { q->dest[j].ptr = dst + offs[i]; q->dest[j].len = lens[i]; }
                 if (j > b && offs[i] != offs[w->order[j - 1]] + lens[w->order[j - 1]]) contiguous = 0;
             }
-            r = kvps__send_req(w, q, s, op, ents + b, e - b, vp + b, contiguous ? 1 : e - b, NULL, NULL, NULL, NULL);
+            kvps__msg_spec m = {ents + b, e - b, vp + b, contiguous ? 1 : e - b, NULL, NULL, NULL, NULL};
+            r = kvps__send_req(w, q, s, op, &m);
         }
     }
     free(offs); free(ents); free(vp);
@@ -8468,8 +8483,9 @@ static kvps_result kvps__tensor_round(kvps_worker *w, int op, kvps__tensor_info 
         kvps__kent e = {t->keys[i], t->slen[i]};
         const float *vp = vals ? vals + t->off[i] : NULL;
         uint64_t wire = coded ? 0 : (kvps__op_has_values(op) ? t->slen[i] * sizeof(float) : 0);
-        r = kvps__send_req(w, q, s, op, &e, 1, &vp, 1, coded ? &t->push_c : NULL, coded && t->resid ? t->resid[i] : NULL,
-                           q->coded_pull ? &t->pull_c : NULL, &wire);
+        kvps__msg_spec m = {&e, 1, &vp, 1, coded ? &t->push_c : NULL, coded && t->resid ? t->resid[i] : NULL,
+                            q->coded_pull ? &t->pull_c : NULL, &wire};
+        r = kvps__send_req(w, q, s, op, &m);
         if (r == KVPS_OK && kvps__op_has_values(op) && op != KVPS__OP_INIT) {
             t->st.push_raw_bytes += t->slen[i] * sizeof(float);
             t->st.push_wire_bytes += wire;
@@ -8611,7 +8627,8 @@ static kvps_result kvps__fused_round(kvps_worker *w, int op, const kvps_tensor *
             if (q->dest) { q->dest[d].ptr = dst[f.t] + t->off[f.i]; q->dest[d].len = t->slen[f.i]; }
             d++;
         }
-        if (d > b) r = kvps__send_req(w, q, s, op, ents + b, d - b, vp + b, contiguous ? 1 : d - b, NULL, NULL, NULL, NULL);
+        kvps__msg_spec m = {ents + b, d - b, vp + b, contiguous ? 1 : d - b, NULL, NULL, NULL, NULL};
+        if (d > b) r = kvps__send_req(w, q, s, op, &m);
     }
     q->dbegin[w->n] = d;
     return r;
@@ -9032,7 +9049,7 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     *out = 0;
     kvps__req *q = kvps__req_new(w, 0);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
-    kvps_result r = kvps__send_req(w, q, 0, KVPS__OP_BARRIER, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL);
+    kvps_result r = kvps__send_ctl(w, q, 0, KVPS__OP_BARRIER, NULL, 0);
     if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
     if (w->tl) kvps__tl_post(q, KVPS__OP_BARRIER, 0, 0);
     *out = q->id;
