@@ -8,6 +8,7 @@
                       kt_vnote: a thread's record of its failures (kt_wk_fail, kt_rk_fail)
      the watchdog     kt_alarm: a hang fails the test instead of stalling the suite
      inputs           kt_rng, kt_randf (deterministic), kt_quick (KVPS_TEST_QUICK), kt_sleep_ms
+     commands         kt_run_cmd: a shell command line's exit code and output
      the wire         KT_HDR (a request header by designated initialisers), a raw DEALER,
                       kt_raw_meta, kt_raw_status
      optimizers       kt_optim_tick, kt_optim_apply: the server's update rules, one element
@@ -31,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <poll.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 /* ---- the runner ---------------------------------------------------------------------------- */
@@ -180,6 +182,43 @@ static inline void *kt_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) { printf("out of memory (%zu bytes)\n", n); exit(2); }
     return p;
+}
+
+/* ---- commands ------------------------------------------------------------------------------ */
+
+/* Runs a shell command line (fmt, ...) in directory dir (NULL: this one); returns its exit code
+   (128 + the signal that ended it; -1: not run) and its stdout + stderr in *out (caller frees). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline int kt_run_cmd(const char *dir, char **out, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[sizeof cmd + 4096 + 32];
+    if (dir) snprintf(full, sizeof full, "cd '%.4095s' && { %s ; } 2>&1", dir, cmd);
+    else snprintf(full, sizeof full, "{ %s ; } 2>&1", cmd);
+    fflush(stdout);
+    FILE *p = popen(full, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = (char *)kt_xmalloc(cap);
+    buf[0] = 0;
+    if (!p) { *out = buf; return -1; }
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 4096) {
+            char *more = (char *)realloc(buf, cap *= 2);
+            if (!more) { printf("out of memory (%zu bytes)\n", cap); exit(2); }
+            buf = more;
+        }
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
 /* ---- the wire ------------------------------------------------------------------------------ */
