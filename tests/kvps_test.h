@@ -4,14 +4,18 @@
    "N passed, N failed[, N skipped]".
 
    What is here, in order:
-     the runner       KT_CHECK, KT_OK, KT_SKIP, KT_RUN(test_fn[, limit_s]), kt_finish()
+     the runner       KT_CHECK, KT_OK, KT_SKIP, KT_RUN(test_fn[, limit_s]), kt_finish();
+                      kt_vnote: a thread's record of its failures (kt_wk_fail, kt_rk_fail)
      the watchdog     kt_alarm: a hang fails the test instead of stalling the suite
      inputs           kt_rng, kt_randf (deterministic), kt_quick (KVPS_TEST_QUICK), kt_sleep_ms
+     commands         kt_run_cmd: a shell command line's exit code and output
      the wire         KT_HDR (a request header by designated initialisers), a raw DEALER,
                       kt_raw_meta, kt_raw_status
      optimizers       kt_optim_tick, kt_optim_apply: the server's update rules, one element
      servers          kt_cluster: n servers in background threads (inproc / ipc / tcp);
                       kt_server_proc: a server in a process of its own
+     workers          kt_workers: k worker threads running the same body (kt_wk), each
+                      worker's failures reported with its rank by kt_workers_join
      rings            (with kvps_ring.h) kt_team: one thread per rank, each with its own ring;
                       kt_run_procs: ranks as processes that meet through a kvps server;
                       kt_isolated: a scenario in a child process with a time limit */
@@ -28,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <poll.h>
+#include <sys/wait.h>
 #include <zmq.h>
 
 /* ---- the runner ---------------------------------------------------------------------------- */
@@ -113,6 +118,15 @@ static inline int kt_finish(void) {
     return kt_fail ? 1 : 0;
 }
 
+/* A thread's record of failures: adds one (fmt, ap) to why (cap bytes), the first three one per
+   line, and counts every one in *fails. */
+static inline void kt_vnote(char *why, size_t cap, int *fails, const char *fmt, va_list ap) {
+    if ((*fails)++ >= 3) return;
+    size_t len = strlen(why);
+    if (len && len + 8 < cap) { memcpy(why + len, "\n    ", 6); len += 5; why[len] = 0; }
+    vsnprintf(why + len, cap - len, fmt, ap);
+}
+
 /* ---- the watchdog -------------------------------------------------------------------------- */
 
 /* A watchdog for calls that must return: kt_alarm(s, fmt, ...) arms SIGALRM for s seconds; if the
@@ -168,6 +182,43 @@ static inline void *kt_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) { printf("out of memory (%zu bytes)\n", n); exit(2); }
     return p;
+}
+
+/* ---- commands ------------------------------------------------------------------------------ */
+
+/* Runs a shell command line (fmt, ...) in directory dir (NULL: this one); returns its exit code
+   (128 + the signal that ended it; -1: not run) and its stdout + stderr in *out (caller frees). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline int kt_run_cmd(const char *dir, char **out, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[sizeof cmd + 4096 + 32];
+    if (dir) snprintf(full, sizeof full, "cd '%.4095s' && { %s ; } 2>&1", dir, cmd);
+    else snprintf(full, sizeof full, "{ %s ; } 2>&1", cmd);
+    fflush(stdout);
+    FILE *p = popen(full, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = (char *)kt_xmalloc(cap);
+    buf[0] = 0;
+    if (!p) { *out = buf; return -1; }
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 4096) {
+            char *more = (char *)realloc(buf, cap *= 2);
+            if (!more) { printf("out of memory (%zu bytes)\n", cap); exit(2); }
+            buf = more;
+        }
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
 /* ---- the wire ------------------------------------------------------------------------------ */
@@ -381,6 +432,128 @@ static inline void kt_server_proc_stop(pid_t pid) {
     KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server process status %d", st);
 }
 
+/* ---- workers ------------------------------------------------------------------------------- */
+#include <pthread.h>
+
+/* k worker threads, each running the same body with its rank (what kt_team is for rings):
+       kt_workers ws;
+       kt_workers_init(&ws, "label", body, k, c.servers, c.ctx);
+       kt_workers_run(&ws);            (or kt_workers_start(&ws); ...; kt_workers_join(&ws))
+   The body, void body(kt_wk *x), makes its worker with rank x->rank of x->k from
+   x->ws->servers and x->ws->ctx (NULL: its own), finds what the workers share in x->ws->user,
+   and records what goes wrong with kt_wk_fail(x, fmt, ...). kt_workers_join reports every
+   worker that failed, naming the label and its rank, and returns how many did. What a test
+   examines after the workers (their values, an error it expects) goes to records of its own, one
+   per rank: with ws.each (k records of ws.each_size bytes), x->mine is rank x->rank's. */
+enum { KT_MAXW = 64 };
+typedef struct kt_workers kt_workers;
+
+typedef struct kt_wk {
+    kt_workers *ws;
+    int rank, k;
+    void *mine;     /* this rank's record in ws->each (NULL without) */
+    int fails;
+    int done;       /* the body has returned (atomic: kt_workers_done) */
+    int started;    /* a thread runs it (kt_workers_start) */
+    char why[1024]; /* the first three failures */
+} kt_wk;
+
+struct kt_workers {
+    const char *label; /* names the failures: "label: worker r of k ..." */
+    int k;
+    void (*fn)(kt_wk *);
+    const char *servers;
+    void *ctx;
+    void *user;        /* shared by every worker */
+    void *each;        /* k records of each_size bytes, one per rank (optional) */
+    size_t each_size;
+    kt_wk wk[KT_MAXW];
+    pthread_t th[KT_MAXW];
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static inline void kt_wk_fail(kt_wk *x, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kt_vnote(x->why, sizeof x->why, &x->fails, fmt, ap);
+    va_end(ap);
+}
+
+static inline void kt_workers_init(kt_workers *ws, const char *label, void (*fn)(kt_wk *), int k, const char *servers,
+                                   void *ctx) {
+    memset(ws, 0, sizeof *ws);
+    ws->label = label;
+    ws->fn = fn;
+    ws->k = k;
+    ws->servers = servers;
+    ws->ctx = ctx;
+    if (k < 1 || k > KT_MAXW) { printf("kt_workers %s: %d workers (1 to %d)\n", label, k, KT_MAXW); exit(2); }
+}
+
+static inline kt_wk *kt_wk_setup(kt_workers *ws, int rank) {
+    kt_wk *x = &ws->wk[rank];
+    memset(x, 0, sizeof *x);
+    x->ws = ws;
+    x->rank = rank;
+    x->k = ws->k;
+    x->mine = ws->each ? (char *)ws->each + (size_t)rank * ws->each_size : NULL;
+    return x;
+}
+
+static inline void *kt_wk_thread(void *arg) {
+    kt_wk *x = (kt_wk *)arg;
+    x->ws->fn(x);
+    __atomic_store_n(&x->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Starts every worker (every record is set before the first thread starts). */
+static inline void kt_workers_start(kt_workers *ws) {
+    for (int r = 0; r < ws->k; r++) kt_wk_setup(ws, r);
+    for (int r = 0; r < ws->k; r++) {
+        kt_wk *x = &ws->wk[r];
+        x->started = pthread_create(&ws->th[r], NULL, kt_wk_thread, x) == 0;
+        if (!x->started) { kt_wk_fail(x, "pthread_create failed"); __atomic_store_n(&x->done, 1, __ATOMIC_RELEASE); }
+    }
+}
+
+/* Whether every worker's body has returned. */
+static inline int kt_workers_done(kt_workers *ws) {
+    for (int r = 0; r < ws->k; r++)
+        if (!__atomic_load_n(&ws->wk[r].done, __ATOMIC_ACQUIRE)) return 0;
+    return 1;
+}
+
+/* Waits for every worker, then reports each one that failed; returns how many did. */
+static inline int kt_workers_join(kt_workers *ws) {
+    for (int r = 0; r < ws->k; r++)
+        if (ws->wk[r].started) pthread_join(ws->th[r], NULL);
+    int failed = 0;
+    for (int r = 0; r < ws->k; r++) {
+        kt_wk *x = &ws->wk[r];
+        if (x->fails) failed++;
+        KT_CHECK(x->fails == 0, "%s: worker %d of %d: %d failure%s: %s", ws->label, r, ws->k, x->fails, x->fails == 1 ? "" : "s",
+                 x->why);
+    }
+    return failed;
+}
+
+static inline int kt_workers_run(kt_workers *ws) {
+    kt_workers_start(ws);
+    return kt_workers_join(ws);
+}
+
+/* Runs rank `rank`'s body alone, in this thread (a worker process of its own); its record is
+   ws->wk[rank]. Returns its failures, reported by the caller. */
+static inline int kt_workers_run_one(kt_workers *ws, int rank) {
+    kt_wk *x = kt_wk_setup(ws, rank);
+    ws->fn(x);
+    x->done = 1;
+    return x->fails;
+}
+
 
 #endif /* KVPS_H */
 
@@ -472,15 +645,10 @@ struct kt_team {
 __attribute__((format(printf, 2, 3)))
 #endif
 static inline void kt_rk_fail(kt_rk *x, const char *fmt, ...) {
-    /* the first three failures, one per line */
-    if (x->fails++ < 3) {
-        size_t len = strlen(x->why);
-        if (len && len + 8 < sizeof x->why) { memcpy(x->why + len, "\n    ", 6); len += 5; x->why[len] = 0; }
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(x->why + len, sizeof x->why - len, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    kt_vnote(x->why, sizeof x->why, &x->fails, fmt, ap);
+    va_end(ap);
 }
 
 /* A collective's result: on error the ring is broken, so the rank stops. */

@@ -6,7 +6,6 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
-#include <pthread.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
@@ -1044,12 +1043,9 @@ static void test_nothing_changed(void) {
 }
 
 /* Two legit workers train while the raw DEALER keeps sending faulty messages, many of them
-   naming the very keys being trained, from the workers' own ranks. */
-typedef struct bi_job {
-    int rank, done, failures;
-    char why[256];
-    float *buf[4]; /* freed by the main thread, after the workers when a wait failed */
-} bi_job;
+   naming the very keys being trained, from the workers' own ranks. Each leaves its buffers in
+   its record, freed by the main thread (after the workers when a wait failed). */
+typedef struct bi_bufs { float *buf[4]; } bi_bufs;
 
 static float bi_mean(int k, size_t i) {
     float s = bi_grad(0, k, i, 0);
@@ -1057,70 +1053,57 @@ static float bi_mean(int k, size_t i) {
     return s / 2.0f;
 }
 
-static void *bi_legit_main(void *arg) {
-    bi_job *j = (bi_job *)arg;
-    kvps_worker *w = F.w[j->rank];
+static void bi_legit_main(kt_wk *x) {
+    bi_bufs *j = (bi_bufs *)x->mine;
+    kvps_worker *w = F.w[x->rank];
     float *g = (float *)malloc(F.ltot * sizeof(float)), *v = (float *)malloc(F.ltot * sizeof(float));
     float *gt = (float *)malloc(BI_LTLEN * sizeof(float)), *vt = (float *)malloc(BI_LTLEN * sizeof(float));
-    for (int k = 0; k < BI_ROUNDS && !j->failures; k++) {
-        for (size_t i = 0; i < F.ltot; i++) g[i] = bi_grad(j->rank, k, i, F.async);
-        for (size_t i = 0; i < BI_LTLEN; i++) gt[i] = bi_grad(j->rank, k, 100000 + i, F.async);
+    for (int k = 0; k < BI_ROUNDS && !x->fails; k++) {
+        for (size_t i = 0; i < F.ltot; i++) g[i] = bi_grad(x->rank, k, i, F.async);
+        for (size_t i = 0; i < BI_LTLEN; i++) gt[i] = bi_grad(x->rank, k, 100000 + i, F.async);
         kvps_req q[2];
         kvps_result r0 = kvps_worker_pushpull(w, F.lk, g, v, F.ll, BI_NLEGIT, &q[0]);
-        kvps_result r1 = kvps_worker_pushpull_tensor(w, F.lt[j->rank], gt, vt, &q[1]);
+        kvps_result r1 = kvps_worker_pushpull_tensor(w, F.lt[x->rank], gt, vt, &q[1]);
         if (r0 == KVPS_OK) r0 = kvps_worker_wait(w, q[0], BI_WAIT_MS);
         if (r1 == KVPS_OK) r1 = kvps_worker_wait(w, q[1], BI_WAIT_MS);
         if (r0 != KVPS_OK || r1 != KVPS_OK) {
-            snprintf(j->why, sizeof j->why, "rank %d round %d: %s / %s (%.100s)", j->rank, k, kvps_result_str(r0),
-                     kvps_result_str(r1), kvps_worker_last_error(w));
-            j->failures++;
+            kt_wk_fail(x, "round %d: %s / %s (%.100s)", k, kvps_result_str(r0), kvps_result_str(r1), kvps_worker_last_error(w));
             break;
         }
         if (F.async) continue; /* async: only the final sum is determined */
-        for (size_t i = 0; i < F.ltot + BI_LTLEN && !j->failures; i++) {
+        for (size_t i = 0; i < F.ltot + BI_LTLEN && !x->fails; i++) {
             float got = i < F.ltot ? v[i] : vt[i - F.ltot];
             float want = i < F.ltot ? bi_mean(k, i) : bi_mean(k, 100000 + i - F.ltot);
-            if (memcmp(&got, &want, sizeof got) != 0) {
-                snprintf(j->why, sizeof j->why, "rank %d round %d element %zu: %.9g, want %.9g", j->rank, k, i,
-                         got, want);
-                j->failures++;
-            }
+            if (memcmp(&got, &want, sizeof got) != 0) kt_wk_fail(x, "round %d element %zu: %.9g, want %.9g", k, i, got, want);
         }
     }
     j->buf[0] = g; j->buf[1] = v; j->buf[2] = gt; j->buf[3] = vt;
-    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
-    return NULL;
 }
 
 static void test_legit_workers_under_fire(void) {
-    bi_job jobs[BI_M];
-    pthread_t th[BI_M];
-    for (int r = 0; r < BI_M; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r].rank = r;
-        pthread_create(&th[r], NULL, bi_legit_main, &jobs[r]);
-    }
+    bi_bufs bufs[BI_M];
+    kt_workers ws;
+    kt_workers_init(&ws, "legit", bi_legit_main, BI_M, NULL, NULL); /* (the fixture's workers, F.w) */
+    ws.each = bufs;
+    ws.each_size = sizeof bufs[0];
+    kt_workers_start(&ws);
     uint64_t seed = 0xfeed;
     int sent = 0;
     char what[64];
     for (;;) {
-        int done = 1;
-        for (int r = 0; r < BI_M; r++) done &= __atomic_load_n(&jobs[r].done, __ATOMIC_ACQUIRE);
-        if (done && sent >= 100) break;
+        if (kt_workers_done(&ws) && sent >= 100) break;
         bi_msg m;
         int s = sent % 2, want = bi_fuzz_one(&seed, s, &m);
         snprintf(what, sizeof what, "under fire #%d", sent);
         bi_expect(s, &m, want, what);
         sent++;
     }
-    for (int r = 0; r < BI_M; r++) {
-        pthread_join(th[r], NULL);
-        KT_CHECK(jobs[r].failures == 0, "%s", jobs[r].why);
+    kt_workers_join(&ws); /* (each failure reported) */
+    for (int r = 0; r < BI_M; r++)
         for (int i = 0; i < 4; i++) {
-            if (jobs[r].failures) bi_defer_free(jobs[r].buf[i]);
-            else free(jobs[r].buf[i]);
+            if (ws.wk[r].fails) bi_defer_free(bufs[r].buf[i]);
+            else free(bufs[r].buf[i]);
         }
-    }
     /* The final values: the last round's mean (BSP) or the sum of everything pushed (async). */
     float *v = (float *)malloc(F.ltot * sizeof(float)), *vt = (float *)malloc(BI_LTLEN * sizeof(float));
     kvps_req q[2];

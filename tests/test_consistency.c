@@ -3,87 +3,96 @@
 #include "kvps.h"
 #include "tests/kvps_test.h"
 #include <math.h>
-#include <pthread.h>
 #include <time.h>
 
 /* ---- SSP: clocks recorded at every pull ---- */
 enum { SSP_STEPS = 40, MAXW = 4 };
-typedef struct ssp_job {
-    const char *servers;
-    void *ctx;
-    int rank, m, slow_ms;
-    int *clock;             /* every worker's pushes sent, shared */
-    int max_gap, fail;
-    int gaps_over;          /* pulls that saw a worker more than `bound` behind */
+typedef struct ssp_run {
+    const int *slow_ms;     /* per worker */
+    int clock[MAXW];        /* every worker's pushes sent, shared */
     int bound;
+} ssp_run;
+typedef struct ssp_res {
+    int max_gap;
+    int gaps_over;          /* pulls that saw a worker more than `bound` behind */
     float final[8];
-    kvps_server **srv;      /* for the adaptive bound */
-} ssp_job;
+} ssp_res;
 
-static void *ssp_worker(void *arg) {
-    ssp_job *j = (ssp_job *)arg;
+static void ssp_worker(kt_wk *x) {
+    ssp_run *j = (ssp_run *)x->ws->user;
+    ssp_res *me = (ssp_res *)x->mine;
     kvps_worker *w = NULL;
     kvps_tensor t = 0;
     kvps_req q = 0;
-    if (kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = j->m,
-                                               .zmq_ctx = j->ctx, .timeout_ms = 30000}, &w) != KVPS_OK) { j->fail = 1; return NULL; }
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = x->k,
+                                                            .zmq_ctx = x->ws->ctx, .timeout_ms = 30000}, &w);
+    if (r != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(r)); return; }
     kvps_worker_tensor(w, "ssp", 8, &t);
     float g[8], v[8];
-    for (int s = 0; s < SSP_STEPS && !j->fail; s++) {
-        if (j->slow_ms) kt_sleep_ms(j->slow_ms);
-        for (int i = 0; i < 8; i++) g[i] = (float)(j->rank + 1) * 0.25f + (float)s; /* exact sums */
+    for (int s = 0; s < SSP_STEPS && !x->fails; s++) {
+        if (j->slow_ms[x->rank]) kt_sleep_ms(j->slow_ms[x->rank]);
+        for (int i = 0; i < 8; i++) g[i] = (float)(x->rank + 1) * 0.25f + (float)s; /* exact sums */
         /* the clock moves before the push leaves, so a pull that sees a round also sees its clock */
-        __atomic_add_fetch(&j->clock[j->rank], 1, __ATOMIC_SEQ_CST);
-        if (kvps_worker_pushpull_tensor(w, t, g, v, &q) != KVPS_OK || kvps_worker_wait(w, q, -1) != KVPS_OK) { j->fail = 1; break; }
+        __atomic_add_fetch(&j->clock[x->rank], 1, __ATOMIC_SEQ_CST);
+        if ((r = kvps_worker_pushpull_tensor(w, t, g, v, &q)) != KVPS_OK || (r = kvps_worker_wait(w, q, -1)) != KVPS_OK) {
+            kt_wk_fail(x, "step %d: %s", s, kvps_result_str(r));
+            break;
+        }
         int mine = s + 1, slowest = mine;
-        for (int r = 0; r < j->m; r++) {
-            int c = __atomic_load_n(&j->clock[r], __ATOMIC_SEQ_CST);
+        for (int rr = 0; rr < x->k; rr++) {
+            int c = __atomic_load_n(&j->clock[rr], __ATOMIC_SEQ_CST);
             if (c < slowest) slowest = c;
         }
-        if (mine - slowest > j->max_gap) j->max_gap = mine - slowest;
-        if (mine - slowest > j->bound) j->gaps_over++;
+        if (mine - slowest > me->max_gap) me->max_gap = mine - slowest;
+        if (mine - slowest > j->bound) me->gaps_over++;
     }
-    memcpy(j->final, v, sizeof v);
+    memcpy(me->final, v, sizeof v);
     /* let the slow ones finish: the last rounds need everyone */
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
-static void run_ssp(kvps_consistency mode, int k, int kmin, int m, const int *slow_ms, ssp_job *jobs, kvps_server_stats *st) {
+/* m workers (slow_ms[r] of sleep before each step) against one server (on_switch: its
+   callback, or NULL); each one's results in res[r], the server's stats in *st (st not NULL). A
+   worker that failed is reported. */
+static void run_ssp(const char *label, kvps_consistency mode, int k, int kmin, int m, const int *slow_ms, ssp_res *res,
+                   kvps_server_stats *st, void (*on_switch)(void *, int, int)) {
     kt_cluster c;
     kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = m, .consistency = mode, .staleness = k,
-                                                       .staleness_min = kmin, .update = KVPS_UPDATE_SUM});
-    int clock[MAXW] = {0};
-    pthread_t th[MAXW];
-    for (int r = 0; r < m; r++) {
-        jobs[r] = (ssp_job){.servers = c.servers, .ctx = c.ctx, .rank = r, .m = m, .slow_ms = slow_ms[r], .clock = clock, .bound = k};
-        pthread_create(&th[r], NULL, ssp_worker, &jobs[r]);
-    }
-    for (int r = 0; r < m; r++) pthread_join(th[r], NULL);
+                                                       .staleness_min = kmin, .on_switch = on_switch,
+                                                       .update = KVPS_UPDATE_SUM});
+    ssp_run j = {.slow_ms = slow_ms, .bound = k};
+    memset(res, 0, (size_t)m * sizeof *res);
+    kt_workers ws;
+    kt_workers_init(&ws, label, ssp_worker, m, c.servers, c.ctx);
+    ws.user = &j;
+    ws.each = res;
+    ws.each_size = sizeof *res;
+    kt_workers_run(&ws);
     if (st) kvps_server_stats_get(c.srv[0], st);
     kt_cluster_down(&c);
 }
 
 static void test_ssp_bound_holds_and_is_used(void) {
     for (int k = 1; k <= 3; k++) {
-        ssp_job jobs[2];
+        ssp_res res[2];
         int slow[2] = {0, 3};
-        run_ssp(KVPS_SSP, k, 0, 2, slow, jobs, NULL);
-        KT_CHECK(!jobs[0].fail && !jobs[1].fail, "k=%d: a worker failed", k);
-        KT_CHECK(jobs[0].gaps_over == 0, "k=%d: the fast worker was %d steps ahead (bound %d)", k, jobs[0].max_gap, k);
-        KT_CHECK(jobs[0].max_gap == k, "k=%d: the fast worker got only %d ahead", k, jobs[0].max_gap);
+        char label[32];
+        snprintf(label, sizeof label, "SSP k=%d", k);
+        run_ssp(label, KVPS_SSP, k, 0, 2, slow, res, NULL, NULL);
+        KT_CHECK(res[0].gaps_over == 0, "k=%d: the fast worker was %d steps ahead (bound %d)", k, res[0].max_gap, k);
+        KT_CHECK(res[0].max_gap == k, "k=%d: the fast worker got only %d ahead", k, res[0].max_gap);
     }
-    ssp_job jobs[2];
+    ssp_res res[2];
     int slow[2] = {0, 3};
-    run_ssp(KVPS_BSP, 0, 0, 2, slow, jobs, NULL);
-    KT_CHECK(jobs[0].max_gap == 0, "BSP: the fast worker got %d ahead", jobs[0].max_gap);
+    run_ssp("BSP", KVPS_BSP, 0, 0, 2, slow, res, NULL, NULL);
+    KT_CHECK(res[0].max_gap == 0, "BSP: the fast worker got %d ahead", res[0].max_gap);
 }
 
 static void test_ssp0_equals_bsp(void) {
-    ssp_job a[3], b[3];
+    ssp_res a[3], b[3];
     int slow[3] = {0, 1, 2};
-    run_ssp(KVPS_BSP, 0, 0, 3, slow, a, NULL);
-    run_ssp(KVPS_SSP, 0, 0, 3, slow, b, NULL);
+    run_ssp("BSP", KVPS_BSP, 0, 0, 3, slow, a, NULL, NULL);
+    run_ssp("SSP k=0", KVPS_SSP, 0, 0, 3, slow, b, NULL, NULL);
     for (int r = 0; r < 3; r++) KT_CHECK(memcmp(a[r].final, b[r].final, sizeof a[r].final) == 0, "rank %d differs", r);
     /* and the value is the exact sum of every push */
     float want = 0;
@@ -103,25 +112,13 @@ static void on_switch(void *user, int old_k, int new_k) {
 static void test_adaptive_moves_within_bounds(void) {
     /* a persistent straggler: the server should raise k to its maximum, never past it */
     enum { M = 3 };
-    kt_cluster c;
     g_switches_seen = 0;
-    kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = M, .consistency = KVPS_ADAPTIVE, .staleness = 3,
-                                                       .staleness_min = 0, .on_switch = on_switch, .update = KVPS_UPDATE_SUM});
-    int clock[MAXW] = {0};
-    ssp_job jobs[M];
-    pthread_t th[M];
+    ssp_res res[M];
     int slow[M] = {0, 0, 4};
-    for (int r = 0; r < M; r++) {
-        jobs[r] = (ssp_job){.servers = c.servers, .ctx = c.ctx, .rank = r, .m = M, .slow_ms = slow[r], .clock = clock, .bound = 3};
-        pthread_create(&th[r], NULL, ssp_worker, &jobs[r]);
-    }
-    for (int r = 0; r < M; r++) pthread_join(th[r], NULL);
     kvps_server_stats st;
-    kvps_server_stats_get(c.srv[0], &st);
-    kt_cluster_down(&c);
-    for (int r = 0; r < M; r++) KT_CHECK(!jobs[r].fail, "worker %d failed", r);
-    KT_CHECK(jobs[0].gaps_over == 0 && jobs[1].gaps_over == 0, "a worker got past the largest bound (gaps %d %d)", jobs[0].max_gap,
-             jobs[1].max_gap);
+    run_ssp("adaptive", KVPS_ADAPTIVE, 3, 0, M, slow, res, &st, on_switch);
+    KT_CHECK(res[0].gaps_over == 0 && res[1].gaps_over == 0, "a worker got past the largest bound (gaps %d %d)", res[0].max_gap,
+             res[1].max_gap);
     KT_CHECK(st.switches >= 1 && (int)st.switches == g_switches_seen, "switches %llu, reported %d", (unsigned long long)st.switches,
              g_switches_seen);
     KT_CHECK(st.staleness <= 3, "k in force %llu", (unsigned long long)st.staleness);
@@ -151,28 +148,22 @@ static void reference(kvps_optim o, float *w) {
     }
 }
 
-typedef struct opt_job {
-    const char *servers;
-    void *ctx;
-    int rank;
-    kvps_optim o;
-    float w[ON];
-    int fail;
-} opt_job;
-
-static void *opt_worker(void *arg) {
-    opt_job *j = (opt_job *)arg;
+/* Worker x->rank's weights after every step, to its record (float[ON]); rank 0 sets the rule
+   (the kvps_optim in user) and the start. */
+static void opt_worker(kt_wk *x) {
+    const kvps_optim *o = (const kvps_optim *)x->ws->user;
+    float *wout = (float *)x->mine;
     kvps_worker *w = NULL;
     kvps_tensor t = 0;
     kvps_req q = 0;
     float g[ON];
-    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = OM,
-                                                            .zmq_ctx = j->ctx, .min_slice = 8}, &w);
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = OM,
+                                                            .zmq_ctx = x->ws->ctx, .min_slice = 8}, &w);
     if (r == KVPS_OK) r = kvps_worker_tensor(w, "opt", ON, &t);
-    if (r == KVPS_OK && j->rank == 0) {
+    if (r == KVPS_OK && x->rank == 0) {
         float w0[ON];
         for (int i = 0; i < ON; i++) w0[i] = 0.5f;
-        r = kvps_worker_tensor_optim(w, t, &j->o, &q);
+        r = kvps_worker_tensor_optim(w, t, o, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
         if (r == KVPS_OK) r = kvps_worker_init_tensor(w, t, w0, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
@@ -180,13 +171,12 @@ static void *opt_worker(void *arg) {
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &q);
     if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
     for (int s = 0; s < OSTEPS && r == KVPS_OK; s++) {
-        for (int i = 0; i < ON; i++) g[i] = ograd(j->rank, s, i);
-        r = kvps_worker_pushpull_tensor(w, t, g, j->w, &q);
+        for (int i = 0; i < ON; i++) g[i] = ograd(x->rank, s, i);
+        r = kvps_worker_pushpull_tensor(w, t, g, wout, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
     }
-    if (r != KVPS_OK) { j->fail = 1; printf("  worker %d: %s %s\n", j->rank, kvps_result_str(r), kvps_worker_last_error(w)); }
+    if (r != KVPS_OK) kt_wk_fail(x, "%s %s", kvps_result_str(r), kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static void test_optimizers_equal_reference(void) {
@@ -201,13 +191,14 @@ static void test_optimizers_equal_reference(void) {
     for (size_t c = 0; c < sizeof os / sizeof *os; c++) {
         kt_cluster cl;
         kt_cluster_up(&cl, "inproc", 2, &(kvps_server_desc){.num_workers = OM});
-        opt_job jobs[OM];
-        pthread_t th[OM];
-        for (int r = 0; r < OM; r++) {
-            jobs[r] = (opt_job){.servers = cl.servers, .ctx = cl.ctx, .rank = r, .o = os[c]};
-            pthread_create(&th[r], NULL, opt_worker, &jobs[r]);
-        }
-        for (int r = 0; r < OM; r++) pthread_join(th[r], NULL);
+        float got[OM][ON];
+        memset(got, 0, sizeof got);
+        kt_workers ws;
+        kt_workers_init(&ws, names[c], opt_worker, OM, cl.servers, cl.ctx); /* (a worker that failed is reported) */
+        ws.user = &os[c];
+        ws.each = got;
+        ws.each_size = sizeof got[0];
+        kt_workers_run(&ws);
         kt_cluster_down(&cl);
         kvps_optim o = os[c]; /* the documented defaults */
         if (o.lr == 0) o.lr = 0.01f;
@@ -219,11 +210,10 @@ static void test_optimizers_equal_reference(void) {
         for (int i = 0; i < ON; i++) ref[i] = 0.5f;
         reference(o, ref);
         for (int r = 0; r < OM; r++) {
-            KT_CHECK(!jobs[r].fail, "%s: worker %d failed", names[c], r);
             int bad = 0;
-            for (int i = 0; i < ON; i++) bad += memcmp(&jobs[r].w[i], &ref[i], 4) != 0;
+            for (int i = 0; i < ON; i++) bad += memcmp(&got[r][i], &ref[i], 4) != 0;
             KT_CHECK(bad == 0, "%s: worker %d: %d of %d values differ from the reference (w[0] %.9g vs %.9g)", names[c], r, bad, ON,
-                     jobs[r].w[0], ref[0]);
+                     got[r][0], ref[0]);
         }
     }
 }
@@ -341,23 +331,17 @@ static void make_data(void) {
     }
 }
 
-typedef struct ea_job {
-    const char *servers;
-    void *ctx;
-    int rank, fail;
-    float local[D];
-} ea_job;
-
-static void *ea_worker(void *arg) {
-    ea_job *j = (ea_job *)arg;
+/* Worker x->rank's local model to its record (float[D]). */
+static void ea_worker(kt_wk *x) {
+    float *local = (float *)x->mine;
     kvps_worker *w = NULL;
     kvps_tensor t = 0;
     kvps_req q = 0;
-    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = EW,
-                                                            .zmq_ctx = j->ctx}, &w);
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = EW,
+                                                            .zmq_ctx = x->ws->ctx}, &w);
     if (r == KVPS_OK) r = kvps_worker_tensor(w, "centre", D, &t);
-    memset(j->local, 0, sizeof j->local);
-    if (r == KVPS_OK && j->rank == 0) {
+    memset(local, 0, D * sizeof *local);
+    if (r == KVPS_OK && x->rank == 0) {
         kvps_optim acc = {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0};
         r = kvps_worker_tensor_optim(w, t, &acc, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
@@ -366,28 +350,26 @@ static void *ea_worker(void *arg) {
     if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
     for (int s = 0; s < ESTEPS && r == KVPS_OK; s++) {
         /* local SGD on this worker's shard */
-        int i = (j->rank * (NS / EW) + s % (NS / EW));
+        int i = (x->rank * (NS / EW) + s % (NS / EW));
         float err = -Y[i];
-        for (int k = 0; k < D; k++) err += X[i][k] * j->local[k];
-        for (int k = 0; k < D; k++) j->local[k] -= 0.05f * err * X[i][k];
-        if ((s + 1) % TAU == 0) r = kvps_worker_easgd(w, t, j->local, 0.2f, 10000);
+        for (int k = 0; k < D; k++) err += X[i][k] * local[k];
+        for (int k = 0; k < D; k++) local[k] -= 0.05f * err * X[i][k];
+        if ((s + 1) % TAU == 0) r = kvps_worker_easgd(w, t, local, 0.2f, 10000);
     }
-    if (r != KVPS_OK) { j->fail = 1; printf("  easgd worker %d: %s\n", j->rank, kvps_result_str(r)); }
+    if (r != KVPS_OK) kt_wk_fail(x, "%s", kvps_result_str(r));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static void test_easgd_least_squares(void) {
     make_data();
     kt_cluster c;
     kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = EW, .consistency = KVPS_ASYNC});
-    ea_job jobs[EW];
-    pthread_t th[EW];
-    for (int r = 0; r < EW; r++) {
-        jobs[r] = (ea_job){.servers = c.servers, .ctx = c.ctx, .rank = r};
-        pthread_create(&th[r], NULL, ea_worker, &jobs[r]);
-    }
-    for (int r = 0; r < EW; r++) pthread_join(th[r], NULL);
+    float local[EW][D];
+    kt_workers ws;
+    kt_workers_init(&ws, "easgd", ea_worker, EW, c.servers, c.ctx); /* (a worker that failed is reported) */
+    ws.each = local;
+    ws.each_size = sizeof local[0];
+    kt_workers_run(&ws);
     kvps_worker *w;
     kvps_tensor t;
     kvps_req q;
@@ -398,7 +380,6 @@ static void test_easgd_least_squares(void) {
     KT_OK(kvps_worker_wait(w, q, -1));
     double d = 0, d0 = 0;
     for (int j = 0; j < D; j++) { d += pow(centre[j] - WSTAR[j], 2); d0 += pow(WSTAR[j], 2); }
-    for (int r = 0; r < EW; r++) KT_CHECK(!jobs[r].fail, "worker %d failed", r);
     KT_CHECK(sqrt(d) < 0.05 * sqrt(d0), "centre is %.4f from w* (start %.4f)", sqrt(d), sqrt(d0));
     kvps_worker_destroy(&w);
     kt_cluster_down(&c);

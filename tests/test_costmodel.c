@@ -6,8 +6,6 @@
 #include "tests/kvps_test.h"
 #include "bench/costmodel.h"
 
-#include <pthread.h>
-
 static int near(double x, double y) { return fabs(x - y) <= 1e-9 * (fabs(y) > 1 ? fabs(y) : 1); }
 
 static cm_net unit_net(double a, double b, double g, double c) {
@@ -77,58 +75,41 @@ static void test_auto_rule(void) {
 
 /* ---- AUTO against kvps_ring.h ---------------------------------------------------------------- */
 
-typedef struct chk {
-    int rank, size, groups, algo;
-    size_t bytes, small;
-    const char *peers, *tl;
-    void *ctx;
-    kvps_result rc;
-} chk;
+/* Every rank all-reduces *(const size_t *)arg bytes once; the algorithm its ring ran, read from
+   its timeline state, goes to chk_algo[rank] (-2: the all-reduce failed, -3: no timeline). */
+static int chk_algo[KT_MAXR];
 
-static void *chk_main(void *arg) {
-    chk *c = (chk *)arg;
-    int grp[16];
-    for (int i = 0; i < c->size; i++) grp[i] = i / 2;
-    kvps_ring *r = NULL;
-    float *buf = (float *)calloc(c->bytes / 4 + 1, 4);
-    c->algo = -2;
-    c->rc = kvps_ring_create(&(kvps_ring_desc){.rank = c->rank, .size = c->size, .peers = c->peers, .zmq_ctx = c->ctx,
-                                               .small_bytes = c->small, .groups = c->groups ? grp : NULL,
-                                               .timeline = c->tl, .timeout_ms = 30000},
-                             &r);
-    if (c->rc == KVPS_OK) c->rc = kvps_ring_allreduce(r, buf, buf, c->bytes / 4, KVPS_FLOAT32, KVPS_SUM);
-    if (c->rc == KVPS_OK) c->algo = r->tl ? r->tl->algo : -3;
-    kvps_ring_destroy(&r);
+static void chk_main(kt_rk *x) {
+    size_t bytes = *(const size_t *)x->t->arg;
+    float *buf = (float *)calloc(bytes / 4 + 1, 4);
+    if (kt_rk_call(x, kvps_ring_allreduce(x->r, buf, buf, bytes / 4, KVPS_FLOAT32, KVPS_SUM), "allreduce"))
+        chk_algo[x->rank] = x->r->tl ? x->r->tl->algo : -3;
     free(buf);
-    return NULL;
 }
 
-static int kvps_choice(void *ctx, const char *tl, int size, size_t bytes, int groups, size_t small) {
-    static int run;
-    chk c[16];
-    pthread_t th[16];
-    char peers[16 * 48] = "";
-    run++;
-    for (int i = 0; i < size; i++)
-        snprintf(peers + strlen(peers), sizeof peers - strlen(peers), "%sinproc://tcm-%d-%d", i ? "," : "", run, i);
-    for (int i = 0; i < size; i++) {
-        c[i] = (chk){.rank = i, .size = size, .groups = groups, .bytes = bytes, .small = small, .peers = peers, .tl = tl, .ctx = ctx};
-        pthread_create(&th[i], NULL, chk_main, &c[i]);
-    }
-    int algo = -1;
-    for (int i = 0; i < size; i++) {
-        pthread_join(th[i], NULL);
-        KT_CHECK(c[i].rc == KVPS_OK, "rank %d of %d: %s", i, size, kvps_result_str(c[i].rc));
-        if (i == 0) algo = c[i].algo;
-        else if (c[i].algo != algo) algo = -1;
-    }
+/* The algorithm kvps_ring.h runs for one all-reduce of `bytes` on `size` ranks (groups of 2 or
+   none, small_bytes `small`), a team of rings as threads (kt_team): the one every rank ran, -1
+   when they differ (a rank that failed, reported by kt_team_run, has -2). */
+static int kvps_choice(const char *tl, int size, size_t bytes, int groups, size_t small) {
+    int grp[KT_MAXR];
+    for (int i = 0; i < size; i++) grp[i] = i / 2;
+    for (int i = 0; i < size; i++) chk_algo[i] = -2;
+    kt_team t;
+    kt_team_init(&t, "AUTO", chk_main, size, 0, 30000);
+    t.base.small_bytes = small;
+    t.base.groups = groups ? grp : NULL;
+    t.base.timeline = tl;
+    t.arg = &bytes;
+    kt_team_run(&t); /* (a rank that failed is reported) */
+    int algo = chk_algo[0];
+    for (int i = 1; i < size; i++)
+        if (chk_algo[i] != algo) algo = -1;
     return algo;
 }
 
 static void test_auto_matches_kvps(void) {
     char tl[] = "/tmp/test_costmodel-XXXXXX";
     KT_CHECK(mkdtemp(tl) != NULL, "mkdtemp");
-    void *ctx = zmq_ctx_new();
     int cases = 0;
     for (int si = 0; si < 2; si++) {
         size_t sm = si ? 64 << 10 : 512 << 10;
@@ -142,14 +123,13 @@ static void test_auto_matches_kvps(void) {
                     memset(&n, 0, sizeof n);
                     n.q = g ? 2 : 1;
                     n.small = (double)sm;
-                    int kv = kvps_choice(ctx, tl, size, sizes[j], g, sm), me = cm_runs(CM_AUTO, size, (double)sizes[j], &n);
+                    int kv = kvps_choice(tl, size, sizes[j], g, sm), me = cm_runs(CM_AUTO, size, (double)sizes[j], &n);
                     KT_CHECK(kv == me, "%d ranks, %zu B, groups %s, small_bytes %zu: kvps_ring.h %s, costmodel.h %s", size,
                              sizes[j], g ? "of 2" : "none", sm, kv >= 0 ? cm_algo_names[kv] : "?", cm_algo_names[me]);
                     cases++;
                 }
         }
     }
-    zmq_ctx_term(ctx);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tl);
     KT_CHECK(system(cmd) == 0, "rm %s", tl);

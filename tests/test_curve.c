@@ -14,7 +14,6 @@
 
 #include <czmq.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -247,8 +246,6 @@ static keys c_srv, c_wk[CW], c_rogue;
 static char c_ep[2][96], c_chain[200], c_rkeys[100];
 static const char *c_allowed[CW + 1];
 static int c_stop, c_done[CW];
-static kvps_result c_err[CW];
-static char c_errtext[CW][400];
 static float c_final[CW][CKEY * CLEN];
 
 static kvps_server_desc chain_desc(int r) {
@@ -277,15 +274,15 @@ static pid_t chain_proc(int r) {
     return pid;
 }
 
-static void *chain_worker(void *arg) {
-    int rank = (int)(intptr_t)arg;
+static void chain_worker(kt_wk *x) {
+    int rank = x->rank;
     kvps_worker *w = NULL;
-    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = c_chain, .rank = rank, .num_workers = CW,
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = rank, .num_workers = CW,
                                                              .timeout_ms = 20000, .heartbeat_ms = 200, .peer_timeout_ms = 1000,
                                                              .failover_ms = 300, .curve_server_keys = c_srv.pub,
                                                              .curve_public_key = c_wk[rank].pub, .curve_secret_key = c_wk[rank].sec},
                                         &w);
-    if (rc != KVPS_OK) { c_err[rank] = rc; snprintf(c_errtext[rank], sizeof c_errtext[rank], "create"); return NULL; }
+    if (rc != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(rc)); return; }
     uint64_t kk[CKEY];
     size_t lens[CKEY];
     static float vals[CW][4][CKEY * CLEN];
@@ -312,10 +309,8 @@ static void *chain_worker(void *arg) {
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
     if (rc == KVPS_OK) rc = kvps_worker_pull(w, kk, c_final[rank], lens, CKEY, &b);
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
-    c_err[rank] = rc;
-    if (rc != KVPS_OK) snprintf(c_errtext[rank], sizeof c_errtext[rank], "%.399s", kvps_worker_last_error(w));
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.399s", kvps_result_str(rc), kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static int c_min_done(void) {
@@ -381,8 +376,9 @@ static void test_curve_replicas(void) {
     c_stop = 0;
     pid_t pid[2];
     for (int r = 0; r < 2; r++) pid[r] = chain_proc(r);
-    pthread_t th[CW];
-    for (int r = 0; r < CW; r++) pthread_create(&th[r], NULL, chain_worker, (void *)(intptr_t)r);
+    kt_workers ws;
+    kt_workers_init(&ws, "CURVE chain", chain_worker, CW, c_chain, NULL);
+    kt_workers_start(&ws);
     int steps = kt_quick() ? 60 : 150;
     c_wait_done(steps);
     KT_CHECK(c_min_done() >= steps, "the workers did %d pushes, not %d (the chain never went live?)", c_min_done(), steps);
@@ -403,8 +399,7 @@ static void test_curve_replicas(void) {
     c_wait_done(at + steps); /* on the backup now */
     KT_CHECK(c_min_done() >= at + steps, "after the kill the workers did %d pushes, not %d", c_min_done(), at + steps);
     __atomic_store_n(&c_stop, 1, __ATOMIC_RELEASE);
-    for (int w = 0; w < CW; w++) pthread_join(th[w], NULL);
-    for (int w = 0; w < CW; w++) KT_CHECK(c_err[w] == KVPS_OK, "worker %d: %s: %s", w, kvps_result_str(c_err[w]), c_errtext[w]);
+    kt_workers_join(&ws); /* (each failure reported) */
     int wrong = 0;
     for (int w = 0; w < CW && !wrong; w++)
         for (int i = 0; i < CKEY * CLEN && !wrong; i++) {

@@ -61,33 +61,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Runs a shell command line from the repository root; returns its exit code (-1: not run) and
-   its stdout + stderr in *out (caller frees). */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char full[sizeof cmd + sizeof root + 32];
-    snprintf(full, sizeof full, "cd '%s' && { %s ; } 2>&1", root, cmd);
-    fflush(stdout);
-    FILE *p = popen(full, "r");
-    size_t cap = 1 << 16, len = 0;
-    char *buf = (char *)malloc(cap);
-    buf[0] = 0;
-    if (!p) { *out = buf; return -1; }
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (cap - len < 4096) buf = (char *)realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
-
 static void show(const char *out) { /* the tail of a failing command's output */
     size_t len = strlen(out);
     const char *p = len > 3000 ? out + len - 3000 : out;
@@ -148,7 +121,7 @@ static int file_exists(const char *path) { struct stat st; return stat(path, &st
    ring_allreduce */
 static void test_ring_allreduce_threads(void) {
     char *out;
-    int rc = run(&out, "timeout 60 %s/ring_allreduce --ranks 3 --count 1000", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 60 %s/ring_allreduce --ranks 3 --count 1000", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     /* rank r adds (r + 1) * (i % 8 + 1): 1 + 2 + 3 = 6, times 1 at i = 0 and 8 at i = 999 */
     for (int r = 0; r < 3; r++) {
@@ -163,7 +136,7 @@ static void test_ring_allreduce_threads(void) {
 
 static void test_ring_allreduce_processes(void) {
     char *out;
-    int rc = run(&out, "timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 -- %s/ring_allreduce", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 -- %s/ring_allreduce", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[200];
@@ -183,7 +156,7 @@ static void test_ring_allreduce_processes(void) {
    having to stop one ("stopping the servers"), and no process saying it lost a peer. */
 enum { HANG_S = 20 };
 
-/* run() that also times the command: *wall_s from start to exit, *tail_s from the last line
+/* kt_run_cmd (from the repository root) that also times the command: *wall_s from start to exit, *tail_s from the last line
    containing `last` to exit (-1: no such line). */
 static int run_timed(char **out, const char *last, double *wall_s, double *tail_s, const char *fmt, ...) {
     char cmd[8192], full[sizeof cmd + sizeof root + 32];
@@ -284,11 +257,11 @@ static void test_hello_under_kvps_run(void) {
    every worker holds the fitted line, every process exits 0, nobody says lost. */
 static void test_first_program(void) {
     char *out;
-    int rc = run(&out, "wc -l < examples/first_ps.c");
+    int rc = kt_run_cmd(root, &out, "wc -l < examples/first_ps.c");
     KT_CHECK(rc == 0 && atoi(out) > 0 && atoi(out) < 70, "examples/first_ps.c: %d lines", atoi(out));
     printf("  examples/first_ps.c: %d lines\n", atoi(out));
     free(out);
-    rc = run(&out, "timeout %d scripts/kvps-run -s 2 -w 3 %s/first_ps", HANG_S, bdir);
+    rc = kt_run_cmd(root, &out, "timeout %d scripts/kvps-run -s 2 -w 3 %s/first_ps", HANG_S, bdir);
     KT_CHECK(rc == 0, "kvps-run -s 2 -w 3 first_ps: exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[128];
@@ -305,7 +278,7 @@ static void test_first_program(void) {
 /* tests/mpi_check.sh: hello_ps and hello_ring under a real mpirun (exit 77: no Open MPI here). */
 static void test_hello_under_mpirun(void) {
     char *out;
-    int rc = run(&out, "tests/mpi_check.sh '%s'", bdir);
+    int rc = kt_run_cmd(root, &out, "tests/mpi_check.sh '%s'", bdir);
     if (rc == 77) {
         const char *why = strstr(out, "skipped: ");
         why = why ? why + 9 : "skipped";
@@ -339,8 +312,8 @@ static void check_ctr(const char *out, const char *prefix, double max_gap) {
 
 static void test_ctr_lr_bsp(void) {
     char *out;
-    int rc = run(&out, "timeout 120 %s/ctr --model lr --servers 2 --workers 2 --train 100000 --test 10000 --epochs 2 "
-                       "--target-gap 0.04", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 120 %s/ctr --model lr --servers 2 --workers 2 --train 100000 --test 10000 --epochs 2 "
+                                    "--target-gap 0.04", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, NULL, 0.04);
     if (kt_cur_failed) show(out);
@@ -349,8 +322,8 @@ static void test_ctr_lr_bsp(void) {
 
 static void test_ctr_fm_ssp(void) {
     char *out;
-    int rc = run(&out, "timeout 120 %s/ctr --model fm --mode ssp:2 --servers 2 --workers 2 --train 100000 --test 10000 "
-                       "--epochs 2", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 120 %s/ctr --model fm --mode ssp:2 --servers 2 --workers 2 --train 100000 --test 10000 "
+                                    "--epochs 2", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, NULL, 0.08);
     KT_CHECK(strstr(out, "SSP (k = 2)") != NULL, "mode not reported");
@@ -360,8 +333,8 @@ static void test_ctr_fm_ssp(void) {
 
 static void test_ctr_async_under_kvps_run(void) {
     char *out;
-    int rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 90 -- %s/ctr --mode async --train 60000 "
-                       "--test 10000 --epochs 2", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 90 -- %s/ctr --mode async --train 60000 "
+                                    "--test 10000 --epochs 2", bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_ctr(out, "[worker 0] ", 0.06);
     /* the servers left by themselves once every worker had finished, and said so */
@@ -397,8 +370,8 @@ static void test_fmnist_modes(void) {
     static const char *modes[] = {"ssp:1", "easgd", "allreduce"};
     for (int i = 0; i < 3; i++) {
         char *out;
-        int rc = run(&out, "timeout 120 %s/fmnist --model softmax --servers 2 --workers 2 --epochs 1 --mode %s --timeout 100",
-                     bdir, modes[i]);
+        int rc = kt_run_cmd(root, &out, "timeout 120 %s/fmnist --model softmax --servers 2 --workers 2 --epochs 1 --mode %s --timeout 100",
+                            bdir, modes[i]);
         KT_CHECK(rc == 0, "--mode %s: exit %d", modes[i], rc);
         check_fmnist(out, "", modes[i]);
         KT_CHECK(!strstr(out, "did not leave by itself"), "--mode %s: a server had to be stopped", modes[i]);
@@ -410,14 +383,14 @@ static void test_fmnist_modes(void) {
 static void test_fmnist_under_kvps_run(void) {
     if (!have_fmnist_data()) { KT_SKIP("no dataset-fashion-mnist"); return; }
     char *out;
-    int rc = run(&out, "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 "
-                       "--mode allreduce --codec fp16", bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 "
+                                    "--mode allreduce --codec fp16", bdir);
     KT_CHECK(rc == 0, "allreduce: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "allreduce");
     if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
-    rc = run(&out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 --mode bsp",
-             bdir);
+    rc = kt_run_cmd(root, &out, "timeout 120 scripts/kvps-run -s 2 -w 2 --timeout 100 -- %s/fmnist --model softmax --epochs 1 --mode bsp",
+                    bdir);
     KT_CHECK(rc == 0, "bsp: exit %d", rc);
     check_fmnist(out, "[worker 0] ", "bsp");
     KT_CHECK(!strstr(out, "stopping the servers"), "servers had to be stopped by kvps-run");
@@ -460,7 +433,7 @@ static int fmnist_mem(const char *out, long long *params, long long *state) {
 
 /* Runs one fmnist job; its output in *out, 0 or the exit code (the test failed). */
 static int run_fmnist_ring(char **out, const char *args) {
-    int rc = run(out, "timeout 120 %s/fmnist --model mlp --epochs 1 --timeout 100 --optim adam %s", bdir, args);
+    int rc = kt_run_cmd(root, out, "timeout 120 %s/fmnist --model mlp --epochs 1 --timeout 100 --optim adam %s", bdir, args);
     KT_CHECK(rc == 0, "fmnist %s: exit %d", args, rc);
     return rc;
 }
@@ -501,8 +474,8 @@ static void test_fmnist_fsdp(void) {
         KT_CHECK(ratio > 0.25 && ratio < 0.2501, "fsdp / allreduce bytes per rank %.5f, want 1/4 + padding", ratio);
     }
     if (!kt_cur_failed) { /* one process per rank under kvps-run: the same bits */
-        int rc = run(&out[4], "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model mlp --epochs 1 "
-                              "--mode fsdp --optim adam", bdir);
+        int rc = kt_run_cmd(root, &out[4], "timeout 120 scripts/kvps-run -s 0 -w 2 --timeout 100 -- %s/fmnist --model mlp --epochs 1 "
+                                           "--mode fsdp --optim adam", bdir);
         KT_CHECK(rc == 0, "fsdp under kvps-run: exit %d", rc);
         KT_CHECK(fmnist_crc(out[4], "[worker 0] ", crc[4]) && strcmp(crc[4], crc[1]) == 0,
                  "fsdp under kvps-run: crc32 %s, standalone %s", crc[4], crc[1]);
@@ -518,7 +491,7 @@ static void test_fmnist_fsdp(void) {
    1F1B; the test accuracy through the pipeline after one epoch; a memory line per stage. */
 static void check_pipeline(const char *args, int stages) {
     char *out;
-    int rc = run(&out, "timeout 150 %s/pipeline --epochs 1 --check --timeout 120 %s", bdir, args);
+    int rc = kt_run_cmd(root, &out, "timeout 150 %s/pipeline --epochs 1 --check --timeout 120 %s", bdir, args);
     KT_CHECK(rc == 0, "pipeline %s: exit %d", args, rc);
     const char *p = strstr(out, "check: one-process reference, ");
     double worst = 1, acc = 0;
@@ -559,8 +532,8 @@ static void test_fmnist_replicas(void) {
     char crc[3][9] = {"", "", ""};
     for (int i = 0; i < 3; i++) {
         char *out, line[512];
-        int rc = run(&out, "%stimeout 150 scripts/kvps-run %s --timeout 120 -- %s/fmnist --model mlp --epochs 1%s",
-                     i == 2 ? "KVPS_READ_LOCAL=1 " : "", runs[i][1], bdir, i == 2 ? " --kill-primary-at 700" : "");
+        int rc = kt_run_cmd(root, &out, "%stimeout 150 scripts/kvps-run %s --timeout 120 -- %s/fmnist --model mlp --epochs 1%s",
+                            i == 2 ? "KVPS_READ_LOCAL=1 " : "", runs[i][1], bdir, i == 2 ? " --kill-primary-at 700" : "");
         KT_CHECK(rc == 0, "%s: exit %d", runs[i][0], rc);
         check_fmnist(out, "[worker 0] ", "bsp");
         KT_CHECK(fmnist_crc(out, "[worker 0] ", crc[i]), "%s: no line '[worker 0] final weights crc32 XXXXXXXX'", runs[i][0]);
@@ -617,7 +590,7 @@ static void free_endpoints(char *buf, size_t cap, int n) {
    or fabric probing in a container). 0: not usable (skipped). */
 static int mpirun_cmd(char *buf, size_t cap) {
     char *out;
-    int rc = run(&out, "command -v mpirun >/dev/null && mpirun --version");
+    int rc = kt_run_cmd(root, &out, "command -v mpirun >/dev/null && mpirun --version");
     int openmpi = rc == 0 && (strstr(out, "Open MPI") || strstr(out, "OpenRTE"));
     free(out);
     if (rc != 0) { KT_SKIP("no mpirun"); return 0; }
@@ -630,7 +603,7 @@ static void test_ring_allreduce_mpirun(void) {
     char mpirun[200], peers[200], *out;
     if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
     free_endpoints(peers, sizeof peers, 3);
-    int rc = run(&out, "timeout 90 %s -n 3 -x KVPS_RING_PEERS=%s %s/ring_allreduce </dev/null", mpirun, peers, bdir);
+    int rc = kt_run_cmd(root, &out, "timeout 90 %s -n 3 -x KVPS_RING_PEERS=%s %s/ring_allreduce </dev/null", mpirun, peers, bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[200];
@@ -648,8 +621,8 @@ static void test_fmnist_mpirun(void) {
     if (!mpirun_cmd(mpirun, sizeof mpirun)) return;
     free_endpoints(servers, sizeof servers, 2);
     /* ranks 0 and 1 serve, 2 and 3 work; -x NAME passes the variable set here, as in the README */
-    int rc = run(&out, "export KVPS_SERVERS=%s KVPS_NUM_WORKERS=2 && timeout 120 %s -n 4 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "
-                       "%s/fmnist --model softmax --epochs 1 --mode bsp --timeout 100 </dev/null", servers, mpirun, bdir);
+    int rc = kt_run_cmd(root, &out, "export KVPS_SERVERS=%s KVPS_NUM_WORKERS=2 && timeout 120 %s -n 4 -x KVPS_SERVERS -x KVPS_NUM_WORKERS "
+                                    "%s/fmnist --model softmax --epochs 1 --mode bsp --timeout 100 </dev/null", servers, mpirun, bdir);
     KT_CHECK(rc == 0, "exit %d", rc);
     check_fmnist(out, "", "bsp");
     KT_CHECK(strstr(out, "bsp, 2 servers, 2 workers") != NULL, "not 2 servers and 2 workers from the environment");
@@ -664,9 +637,9 @@ static void test_fmnist_mpirun(void) {
    kvps-run */
 static void test_launcher_env_and_prefixes(void) {
     char *out;
-    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 3 --server-wait 1 -- sh -c "
-                       "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
-                       "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
+    int rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 2 -w 3 --server-wait 1 -- sh -c "
+                                    "'echo \"role=$KVPS_ROLE rank=$KVPS_RANK n=$KVPS_NUM_WORKERS size=${KVPS_SIZE:-}\"; "
+                                    "echo err >&2; [ \"$KVPS_ROLE\" = worker ] || sleep 30'");
     KT_CHECK(rc == 0, "exit %d", rc);
     /* these servers never leave by themselves: stopped after --server-wait, and named */
     KT_CHECK(strstr(out, "kvps-run: server 0, server 1 still running 1 s after the last worker (--server-wait): "
@@ -688,8 +661,8 @@ static void test_launcher_env_and_prefixes(void) {
 static void test_launcher_port(void) {
     char *out;
     int base = 20000 + (int)(getpid() % 10000) * 2;
-    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 -w 2 --port %d --server-wait 1 -- sh -c "
-                       "'echo \"$KVPS_SERVERS|$KVPS_RING_PEERS\"; [ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
+    int rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 2 -w 2 --port %d --server-wait 1 -- sh -c "
+                                    "'echo \"$KVPS_SERVERS|$KVPS_RING_PEERS\"; [ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
     KT_CHECK(rc == 0, "exit %d", rc);
     char want[300];
     snprintf(want, sizeof want, "[worker 0] tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", base,
@@ -709,9 +682,9 @@ static void test_launcher_port(void) {
 static void test_launcher_replicas(void) {
     char *out, want[400];
     int base = 20000 + (int)(getpid() % 5000) * 2;
-    int rc = run(&out, "timeout 60 scripts/kvps-run -s 2 --replicas 2 -w 2 --port %d --server-wait 1 -- sh -c "
-                       "'echo \"$KVPS_ROLE $KVPS_RANK ${KVPS_REPLICA:--} n=$KVPS_NUM_SERVERS $KVPS_SERVERS ${KVPS_RING_PEERS:--}\"; "
-                       "[ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
+    int rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 2 --replicas 2 -w 2 --port %d --server-wait 1 -- sh -c "
+                                    "'echo \"$KVPS_ROLE $KVPS_RANK ${KVPS_REPLICA:--} n=$KVPS_NUM_SERVERS $KVPS_SERVERS ${KVPS_RING_PEERS:--}\"; "
+                                    "[ \"$KVPS_ROLE\" = worker ] || sleep 30'", base);
     KT_CHECK(rc == 0, "exit %d", rc);
     char servers[300];
     snprintf(servers, sizeof servers, "tcp://127.0.0.1:%d|tcp://127.0.0.1:%d,tcp://127.0.0.1:%d|tcp://127.0.0.1:%d", base, base + 1,
@@ -731,8 +704,8 @@ static void test_launcher_replicas(void) {
     if (kt_cur_failed) show(out);
     free(out);
     /* replica 0 dies (SIGKILL), replica 1 carries on: the job ends well */
-    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
-                   "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 2.5; echo left ;; *) sleep 1; echo done ;; esac'");
+    rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+                                "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 2.5; echo left ;; *) sleep 1; echo done ;; esac'");
     KT_CHECK(rc == 0, "one replica killed: exit %d, want 0", rc);
     KT_CHECK(strstr(out, "kvps-run: server 0.0 exited with code 137; shard 0 goes on with server 0.1 (--replicas)") != NULL,
              "no message naming the dead replica");
@@ -741,8 +714,8 @@ static void test_launcher_replicas(void) {
     free(out);
     /* then replica 1 fails too: the shard is gone, the job stops with its code */
     double t0 = now_s();
-    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
-                   "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 1; exit 5 ;; *) sleep 30 ;; esac'");
+    rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 --respawn 0 -w 1 -- sh -c 'case \"$KVPS_ROLE ${KVPS_REPLICA:-}\" in "
+                                "\"server 0\") sleep 0.2; kill -9 $$ ;; \"server 1\") sleep 1; exit 5 ;; *) sleep 30 ;; esac'");
     KT_CHECK(rc == 5, "both replicas failed: exit %d, want 5", rc);
     KT_CHECK(now_s() - t0 < 20, "took %.1f s: the worker was not stopped", now_s() - t0);
     KT_CHECK(strstr(out, "kvps-run: server 0.1 exited with code 5; stopping the job") != NULL, "no message naming the failure");
@@ -750,10 +723,10 @@ static void test_launcher_replicas(void) {
     free(out);
     /* respawn (the default): replica 0 killed and started again as a replacement, then replica 1
        killed: the replacement carries the shard, the job ends well */
-    rc = run(&out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c "
-                   "'case \"$KVPS_ROLE ${KVPS_REPLICA:-} ${KVPS_REPLACEMENT:-0}\" in "
-                   "\"server 0 0\") sleep 0.2; kill -9 $$ ;; \"server 0 1\") echo replacement; sleep 3; echo left ;; "
-                   "\"server 1 0\") sleep 1.5; kill -9 $$ ;; \"server 1 1\") sleep 2; echo left ;; *) sleep 3.5; echo done ;; esac'");
+    rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 1 --replicas 2 -w 1 -- sh -c "
+                                "'case \"$KVPS_ROLE ${KVPS_REPLICA:-} ${KVPS_REPLACEMENT:-0}\" in "
+                                "\"server 0 0\") sleep 0.2; kill -9 $$ ;; \"server 0 1\") echo replacement; sleep 3; echo left ;; "
+                                "\"server 1 0\") sleep 1.5; kill -9 $$ ;; \"server 1 1\") sleep 2; echo left ;; *) sleep 3.5; echo done ;; esac'");
     KT_CHECK(rc == 0, "replica 0, then replica 1 killed, with a replacement between: exit %d, want 0", rc);
     KT_CHECK(strstr(out, "kvps-run: started server 0.0 again as a replacement (1 of 3 for shard 0, --respawn)") != NULL,
              "no message naming the replacement");
@@ -769,9 +742,9 @@ static void test_launcher_failure_stops_job(void) {
     char marker[64], *out;
     snprintf(marker, sizeof marker, "sleep 41.%d", (int)getpid() % 100000);
     double t0 = now_s();
-    int rc = run(&out, "timeout 60 scripts/kvps-run -s 1 -w 3 -- sh -c "
-                       "'if [ \"$KVPS_ROLE $KVPS_RANK\" = \"worker 1\" ]; then sleep 0.5; echo failing; exit 3; fi; "
-                       "%s & wait'", marker);
+    int rc = kt_run_cmd(root, &out, "timeout 60 scripts/kvps-run -s 1 -w 3 -- sh -c "
+                                    "'if [ \"$KVPS_ROLE $KVPS_RANK\" = \"worker 1\" ]; then sleep 0.5; echo failing; exit 3; fi; "
+                                    "%s & wait'", marker);
     double dt = now_s() - t0;
     KT_CHECK(rc == 3, "exit %d, want 3", rc);
     KT_CHECK(dt < 30, "took %.1f s: the others were not stopped", dt); /* they sleep 41 s */
@@ -847,16 +820,16 @@ static void test_launcher_host_file(void) {
     f = fopen(hosts, "w");
     fprintf(f, "# two hosts\n127.0.0.1\n127.0.0.2   slots=1\n\n");
     fclose(f);
-    int rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 "
-                       "--host-file '%s' -- %s/ring_allreduce", ssh, hosts, bdir);
+    int rc = kt_run_cmd(root, &out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 90 scripts/kvps-run -s 0 -w 3 --timeout 60 "
+                                    "--host-file '%s' -- %s/ring_allreduce", ssh, hosts, bdir);
     KT_CHECK(rc == 0, "ring over hosts: exit %d", rc);
     KT_CHECK(strstr(out, "[worker 1] rank 1 of 3: all-reduce of 1000000 floats: ok") != NULL, "no result of worker 1");
     if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
     /* arguments and KVPS_* variables reach the remote side intact */
-    rc = run(&out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 60 scripts/kvps-run -s 1 -w 2 --server-wait 1 "
-                   "--host-file '%s' -- sh -c 'echo \"[$1] [$KVPS_EXAMPLE_VAR] $KVPS_SERVERS\"' argv0 \"a b'c \\$HOME\"",
-             ssh, hosts);
+    rc = kt_run_cmd(root, &out, "KVPS_RUN_SSH='%s' KVPS_EXAMPLE_VAR='x y' timeout 60 scripts/kvps-run -s 1 -w 2 --server-wait 1 "
+                                "--host-file '%s' -- sh -c 'echo \"[$1] [$KVPS_EXAMPLE_VAR] $KVPS_SERVERS\"' argv0 \"a b'c \\$HOME\"",
+                    ssh, hosts);
     KT_CHECK(rc == 0, "quoting: exit %d", rc);
     KT_CHECK(strstr(out, "[worker 1] [a b'c $HOME] [x y] tcp://127.0.0.1:") != NULL, "arguments or environment mangled");
     if (kt_cur_failed) show(out);
@@ -918,7 +891,7 @@ static void test_readme_program(void) {
     KT_CHECK(shown >= 10, "the heart of hello_ps.c in README.md is %d lines", shown);
     char dir[4120], *out;
     snprintf(dir, sizeof dir, "%.4000s/readme", tmp);
-    int rc = run(&out, "mkdir -p '%s' && cp kvps_core.h kvps_codec.h kvps.h kvps_ring.h examples/hello_ps.c examples/hello_ring.c '%s/'", dir, dir);
+    int rc = kt_run_cmd(root, &out, "mkdir -p '%s' && cp kvps_core.h kvps_codec.h kvps.h kvps_ring.h examples/hello_ps.c examples/hello_ring.c '%s/'", dir, dir);
     free(out);
     KT_CHECK(rc == 0, "copying the programs to %s", dir);
     int builds = 0, runs = 0;
@@ -928,11 +901,11 @@ static void test_readme_program(void) {
         *nl = 0;
         if (strncmp(l, "cc ", 3) == 0) {
             builds++;
-            rc = run(&out, "cd '%s' && %s", dir, l);
+            rc = kt_run_cmd(root, &out, "cd '%s' && %s", dir, l);
             KT_CHECK(rc == 0, "the README's build line failed (exit %d): %s", rc, l);
             if (rc == 0) {
                 free(out);
-                rc = run(&out, "cd '%s' && %s -Wall -Wextra -Werror -o strict", dir, l);
+                rc = kt_run_cmd(root, &out, "cd '%s' && %s -Wall -Wextra -Werror -o strict", dir, l);
                 KT_CHECK(rc == 0, "the README's build line with -Wall -Wextra -Werror failed (exit %d): %s", rc, l);
             }
         } else if (strncmp(l, "./", 2) == 0) {
@@ -942,7 +915,7 @@ static void test_readme_program(void) {
             runs++;
             while (*want == ' ') want++;
             for (*hash = 0; hash > l && hash[-1] == ' ';) *--hash = 0;
-            rc = run(&out, "cd '%s' && timeout %d %s", dir, HANG_S, l);
+            rc = kt_run_cmd(root, &out, "cd '%s' && timeout %d %s", dir, HANG_S, l);
             KT_CHECK(rc == 0 && has_line(out, want), "%s: exit %d; the README says it prints '%s'", l, rc, want);
         } else {
             continue;
@@ -960,12 +933,12 @@ static void test_readme_program(void) {
    make install */
 static void test_install_and_pkg_config(void) {
     char *out;
-    int rc = run(&out, "command -v pkg-config >/dev/null");
+    int rc = kt_run_cmd(root, &out, "command -v pkg-config >/dev/null");
     free(out);
     if (rc != 0) { KT_SKIP("no pkg-config"); return; }
     /* not the jobserver of a `make test` that runs us */
-    rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s install DESTDIR='%s/dest' PREFIX=/usr/local B='%s/b'",
-             tmp, tmp);
+    rc = kt_run_cmd(root, &out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s install DESTDIR='%s/dest' PREFIX=/usr/local B='%s/b'",
+                    tmp, tmp);
     KT_CHECK(rc == 0, "make install: exit %d", rc);
     if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
@@ -980,21 +953,21 @@ static void test_install_and_pkg_config(void) {
     char p[4300];
     snprintf(p, sizeof p, "%s/dest/usr/local/bin/kvps-run", tmp);
     KT_CHECK(access(p, X_OK) == 0, "kvps-run is not executable");
-    rc = run(&out, "grep -qx 'prefix=/usr/local' '%s/dest/usr/local/lib/pkgconfig/kvps.pc'", tmp);
+    rc = kt_run_cmd(root, &out, "grep -qx 'prefix=/usr/local' '%s/dest/usr/local/lib/pkgconfig/kvps.pc'", tmp);
     KT_CHECK(rc == 0, "kvps.pc does not say prefix=/usr/local (DESTDIR leaked?)");
     free(out);
     /* a user's program, away from the repository, built against the installed copy only */
-    rc = run(&out, "mkdir -p '%s/user' && cp examples/ring_allreduce.c '%s/user/' && cd '%s/user' && "
-                   "export PKG_CONFIG_PATH='%s/dest/usr/local/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s/dest' && "
-                   "${CC:-cc} -std=c99 -D_POSIX_C_SOURCE=200809L ring_allreduce.c -o ring_allreduce "
-                   "$(pkg-config --cflags --libs kvps) && ./ring_allreduce --ranks 2 --count 100",
-             tmp, tmp, tmp, tmp, tmp);
+    rc = kt_run_cmd(root, &out, "mkdir -p '%s/user' && cp examples/ring_allreduce.c '%s/user/' && cd '%s/user' && "
+                                "export PKG_CONFIG_PATH='%s/dest/usr/local/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s/dest' && "
+                                "${CC:-cc} -std=c99 -D_POSIX_C_SOURCE=200809L ring_allreduce.c -o ring_allreduce "
+                                "$(pkg-config --cflags --libs kvps) && ./ring_allreduce --ranks 2 --count 100",
+                    tmp, tmp, tmp, tmp, tmp);
     KT_CHECK(rc == 0, "build with pkg-config: exit %d", rc);
     KT_CHECK(strstr(out, "ring_allreduce: 2 ranks, 100 floats: every rank holds the exact sum") != NULL, "wrong output");
     if (kt_cur_failed) show(out);
     free(out);
-    rc = run(&out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s uninstall DESTDIR='%s/dest' PREFIX=/usr/local "
-                   "B='%s/b'", tmp, tmp);
+    rc = kt_run_cmd(root, &out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s uninstall DESTDIR='%s/dest' PREFIX=/usr/local "
+                                "B='%s/b'", tmp, tmp);
     KT_CHECK(rc == 0, "make uninstall: exit %d", rc);
     free(out);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -1057,7 +1030,7 @@ int main(int argc, char **argv) {
     KT_RUN(test_readme_program);
 
     char *out;
-    run(&out, "rm -rf '%s'", tmp);
+    kt_run_cmd(root, &out, "rm -rf '%s'", tmp);
     free(out);
     return kt_finish();
 }

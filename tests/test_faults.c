@@ -488,52 +488,43 @@ static void kpause_move(int at) {
     pthread_mutex_unlock(&kpause.mu);
 }
 
-typedef struct kjob {
-    int rank, port;
-    int failures, lost_seen;
+/* A worker's record: the values it pulled last, and its waits that saw the server lost. */
+typedef struct kres {
+    int lost_seen;
     float v[KLEN];
-    char why[400];
-} kjob;
+} kres;
 
-static void *kill_worker(void *arg) {
-    kjob *j = (kjob *)arg;
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", j->port);
+static void kill_worker(kt_wk *x) {
+    kres *j = (kres *)x->mine;
     kvps_worker *w = NULL;
     /* peer_timeout 3 s: while the proxy holds the server's side (kill 1), a worker must still get
        its push of step K1 out on the connection it has; with 300 ms a slow moment (ASan, a busy
        machine) dropped that connection first, the new one could not finish its handshake through
        the hold, the round never completed and no checkpoint came (seen once in CI) */
-    if (kvps_worker_create(&(kvps_worker_desc){.servers = ep, .rank = j->rank, .heartbeat_ms = 100, .peer_timeout_ms = 3000},
-                           &w) != KVPS_OK) {
-        j->failures++;
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .heartbeat_ms = 100,
+                                                            .peer_timeout_ms = 3000}, &w);
+    if (r != KVPS_OK) {
+        kt_wk_fail(x, "create: %s", kvps_result_str(r));
         kpause_end();
-        return NULL;
+        return;
     }
     static float g[KM][KLEN];
     kvps_tensor t;
     kvps_worker_tensor(w, "w", KLEN, &t);
-    for (int k = 0; k < KSTEPS && !j->failures; k++) {
+    for (int k = 0; k < KSTEPS && !x->fails; k++) {
         kpause_here(k);
-        memset(g[j->rank], 0, sizeof g[j->rank]);
-        g[j->rank][k * KM + j->rank] = 1.0f;
+        memset(g[x->rank], 0, sizeof g[x->rank]);
+        g[x->rank][k * KM + x->rank] = 1.0f;
         kvps_req q;
-        kvps_result r = kvps_worker_pushpull_tensor(w, t, g[j->rank], j->v, &q);
+        r = kvps_worker_pushpull_tensor(w, t, g[x->rank], j->v, &q);
         if (r == KVPS_OK) r = wait_patiently(w, q, 30000, &j->lost_seen);
-        if (r != KVPS_OK) {
-            snprintf(j->why, sizeof j->why, "rank %d step %d: %s %.200s", j->rank, k, kvps_result_str(r), kvps_worker_last_error(w));
-            j->failures++;
-        }
+        if (r != KVPS_OK) kt_wk_fail(x, "step %d: %s %.200s", k, kvps_result_str(r), kvps_worker_last_error(w));
         /* this step's pushes, each once; nothing of later steps */
-        for (int i = k * KM; i < KLEN && !j->failures; i++)
-            if (j->v[i] != (i < (k + 1) * KM ? 1.0f : 0.0f)) {
-                snprintf(j->why, sizeof j->why, "rank %d step %d: element %d is %g", j->rank, k, i, (double)j->v[i]);
-                j->failures++;
-            }
+        for (int i = k * KM; i < KLEN && !x->fails; i++)
+            if (j->v[i] != (i < (k + 1) * KM ? 1.0f : 0.0f)) kt_wk_fail(x, "step %d: element %d is %g", k, i, (double)j->v[i]);
     }
     kvps_worker_destroy(&w);
     kpause_end();
-    return NULL;
 }
 
 static ino_t inode_of(const char *path) {
@@ -551,16 +542,17 @@ static void test_kill9_and_restart(void) {
     pid_t pid = spawn_server(port, path, 0, KEVERY);
     proxy px;
     KT_CHECK(proxy_start(&px, port) == 0, "proxy");
-    static kjob jobs[KM];
-    pthread_t th[KM];
+    static kres jobs[KM];
+    memset(jobs, 0, sizeof jobs);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", px.port);
+    static kt_workers ws;
+    kt_workers_init(&ws, "kill -9", kill_worker, KM, ep, NULL);
+    ws.each = jobs;
+    ws.each_size = sizeof jobs[0];
     kpause.ended = 0;
     kpause_move(K1);
-    for (int r = 0; r < KM; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r].rank = r;
-        jobs[r].port = px.port;
-        pthread_create(&th[r], NULL, kill_worker, &jobs[r]);
-    }
+    kt_workers_start(&ws);
     int status = 0, at1 = 0, at2 = 0, ckpt1 = 0;
     /* kill 1: step K1's round applied and checkpointed, its replies never delivered */
     if (kpause_wait_all() == 0) {
@@ -588,11 +580,7 @@ static void test_kill9_and_restart(void) {
     }
     KT_CHECK(at2, "the workers never reached step %d", K2);
     kpause_move(-1);
-    int failures = 0;
-    for (int r = 0; r < KM; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) { failures++; printf("  %s\n", jobs[r].why); }
-    }
+    int failures = kt_workers_join(&ws); /* (each reported) */
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     proxy_stop(&px);
@@ -642,10 +630,6 @@ static struct {
 } kr = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, 0, 0};
 static char kr_self[4096] = "/proc/self/exe"; /* this binary (main sets it from argv[0]) */
 
-typedef struct krjob {
-    int rank, failures;
-    char servers[128], why[1200];
-} krjob;
 
 /* "--kserver PORT RANK PATH RESTORE": one shard's server; with RESTORE 0 it writes its first
    checkpoint before it serves (so that a restart always finds one). Exits 0 once every worker
@@ -684,19 +668,17 @@ static float kr_agg(int r, int t, int i) { return (float)((r + 1) * (t + 1) + i 
 static float kr_acc(int r, int t, int i) { return (float)((r + 1) + t % 4 + i % 2); }
 static float kr_one(int r, int t, int i) { return (float)((r + 1) * (t + 2) + i % 5); }
 
-static void *kr_worker(void *arg) {
-    krjob *j = (krjob *)arg;
+static void kr_worker(kt_wk *x) {
     kvps_worker *w = NULL;
-    if (kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = KR_W,
+    if (kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = KR_W,
                                                .heartbeat_ms = 100, .peer_timeout_ms = 3000},
                            &w) != KVPS_OK) {
-        snprintf(j->why, sizeof j->why, "rank %d: create failed", j->rank);
-        j->failures++;
+        kt_wk_fail(x, "create failed");
         pthread_mutex_lock(&kr.mu);
         kr.failed = 1;
         pthread_cond_broadcast(&kr.cv);
         pthread_mutex_unlock(&kr.mu);
-        return NULL;
+        return;
     }
     static float g[KR_W][3][KR_AGG], v[KR_W][3][KR_AGG];
     const char *names[3] = {"agg", "acc", "one"};
@@ -706,64 +688,54 @@ static void *kr_worker(void *arg) {
     kvps_req q[3];
     kvps_result r = KVPS_OK;
     for (int k = 0; k < 3 && r == KVPS_OK; k++) r = kvps_worker_tensor(w, names[k], lens[k], &t[k]);
-    for (int k = 0; k < 3 && r == KVPS_OK && j->rank == 0; k++) {
+    for (int k = 0; k < 3 && r == KVPS_OK && x->rank == 0; k++) {
         r = kvps_worker_tensor_optim(w, t[k], &(kvps_optim){.rule = rules[k]}, &q[k]);
         if (r == KVPS_OK) r = wait_patiently(w, q[k], 60000, NULL);
     }
     if (r == KVPS_OK) r = kvps_worker_barrier(w, &q[0]);
     if (r == KVPS_OK) r = wait_patiently(w, q[0], 60000, NULL);
-    if (r != KVPS_OK) {
-        snprintf(j->why, sizeof j->why, "rank %d: setting up: %s %s", j->rank, kvps_result_str(r), kvps_worker_last_error(w));
-        j->failures++;
-    }
+    if (r != KVPS_OK) kt_wk_fail(x, "setting up: %s %s", kvps_result_str(r), kvps_worker_last_error(w));
     double acc_want[KR_ACC] = {0};
-    for (int step = 0; step < KR_STEPS && !j->failures; step++) {
-        for (size_t i = 0; i < KR_AGG; i++) g[j->rank][0][i] = kr_agg(j->rank, step, (int)i);
-        for (size_t i = 0; i < KR_ACC; i++) g[j->rank][1][i] = kr_acc(j->rank, step, (int)i);
-        for (size_t i = 0; i < KR_ONE; i++) g[j->rank][2][i] = kr_one(j->rank, step, (int)i);
-        for (int k = 0; k < 3 && r == KVPS_OK; k++) r = kvps_worker_pushpull_tensor(w, t[k], g[j->rank][k], v[j->rank][k], &q[k]);
+    for (int step = 0; step < KR_STEPS && !x->fails; step++) {
+        for (size_t i = 0; i < KR_AGG; i++) g[x->rank][0][i] = kr_agg(x->rank, step, (int)i);
+        for (size_t i = 0; i < KR_ACC; i++) g[x->rank][1][i] = kr_acc(x->rank, step, (int)i);
+        for (size_t i = 0; i < KR_ONE; i++) g[x->rank][2][i] = kr_one(x->rank, step, (int)i);
+        for (int k = 0; k < 3 && r == KVPS_OK; k++) r = kvps_worker_pushpull_tensor(w, t[k], g[x->rank][k], v[x->rank][k], &q[k]);
         for (int k = 0; k < 3 && r == KVPS_OK; k++) r = wait_patiently(w, q[k], 60000, NULL);
         if (r == KVPS_OK && step % 16 == 15) {
             r = kvps_worker_barrier(w, &q[0]);
             if (r == KVPS_OK) r = wait_patiently(w, q[0], 60000, NULL);
         }
         if (r != KVPS_OK) {
-            snprintf(j->why, sizeof j->why, "rank %d step %d: %s %s", j->rank, step, kvps_result_str(r), kvps_worker_last_error(w));
-            j->failures++;
+            kt_wk_fail(x, "step %d: %s %s", step, kvps_result_str(r), kvps_worker_last_error(w));
             break;
         }
         for (size_t i = 0; i < KR_ACC; i++)
             for (int o = 0; o < KR_W; o++) acc_want[i] += kr_acc(o, step, (int)i);
-        for (int k = 0; k < 3 && !j->failures; k++)
+        for (int k = 0; k < 3 && !x->fails; k++)
             for (size_t i = 0; i < lens[k]; i++) {
                 double want = 0;
                 for (int o = 0; o < KR_W; o++) want += k == 0 ? kr_agg(o, step, (int)i) : k == 2 ? kr_one(o, step, (int)i) : 0;
                 if (k == 1) want = acc_want[i];
-                if (v[j->rank][k][i] != (float)want) {
-                    snprintf(j->why, sizeof j->why, "rank %d step %d: tensor '%s' element %zu is %g, the oracle says %g "
-                             "(a round summed from other steps than this one)", j->rank, step, names[k], i,
-                             (double)v[j->rank][k][i], want);
-                    j->failures++;
+                if (v[x->rank][k][i] != (float)want) {
+                    kt_wk_fail(x, "step %d: tensor '%s' element %zu is %g, the oracle says %g (a round summed from other "
+                               "steps than this one)", step, names[k], i, (double)v[x->rank][k][i], want);
                     break;
                 }
             }
         pthread_mutex_lock(&kr.mu);
-        kr.done[j->rank] = step + 1;
+        kr.done[x->rank] = step + 1;
         pthread_cond_broadcast(&kr.cv);
         pthread_mutex_unlock(&kr.mu);
     }
     pthread_mutex_lock(&kr.mu);
-    if (j->failures) kr.failed = 1;
+    if (x->fails) kr.failed = 1;
     pthread_cond_broadcast(&kr.cv);
-    while (!kr.go && !j->failures) pthread_cond_wait(&kr.cv, &kr.mu);
+    while (!kr.go && !x->fails) pthread_cond_wait(&kr.cv, &kr.mu);
     pthread_mutex_unlock(&kr.mu);
     r = kvps_worker_finish(w, 30000);
-    if (r != KVPS_OK && !j->failures) {
-        snprintf(j->why, sizeof j->why, "rank %d: finish: %s %s", j->rank, kvps_result_str(r), kvps_worker_last_error(w));
-        j->failures++;
-    }
+    if (r != KVPS_OK && !x->fails) kt_wk_fail(x, "finish: %s %s", kvps_result_str(r), kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 /* The fewest steps any worker has completed; waits (up to 60 s) until that is at least `at`. */
@@ -812,16 +784,13 @@ static void test_restore_keeps_rounds(void) {
         close(listen_any(&port[s]));
     }
     for (int s = 0; s < 2; s++) pid[s] = kr_spawn(port[s], s, path[s], 0);
-    static krjob jobs[KR_W];
-    pthread_t th[KR_W];
+    char servers[128];
+    snprintf(servers, sizeof servers, "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", port[0], port[1]);
+    static kt_workers ws;
+    kt_workers_init(&ws, "restores", kr_worker, KR_W, servers, NULL);
     memset(&kr.done, 0, sizeof kr.done);
     kr.go = kr.failed = 0;
-    for (int r = 0; r < KR_W; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r].rank = r;
-        snprintf(jobs[r].servers, sizeof jobs[r].servers, "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", port[0], port[1]);
-        pthread_create(&th[r], NULL, kr_worker, &jobs[r]);
-    }
+    kt_workers_start(&ws);
     int kills = 0, replayed = 0, at = 0, spawn_bad = 0;
     while ((kills < KR_KILLS || replayed < KR_REPLAYED) && at < KR_STEPS - 20) {
         at += 4 + (int)(kt_rng(&seed) % (KR_STEPS / KR_KILLS - 10)); /* (spread over the run, barriers too) */
@@ -844,11 +813,7 @@ static void test_restore_keeps_rounds(void) {
     kr.go = 1;
     pthread_cond_broadcast(&kr.cv);
     pthread_mutex_unlock(&kr.mu);
-    int failures = 0;
-    for (int r = 0; r < KR_W; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) { failures++; printf("  %s\n", jobs[r].why); }
-    }
+    int failures = kt_workers_join(&ws); /* (each reported) */
     KT_CHECK(failures == 0, "%d of %d workers failed", failures, KR_W);
     KT_CHECK(spawn_bad == 0, "a server could not be started again");
     KT_CHECK(kills >= KR_KILLS && replayed >= KR_REPLAYED, "%d kills, %d of them restored without answered rounds", kills,

@@ -44,7 +44,6 @@
 #include "tests/kvps_test.h"
 #include "tests/kt_coll.h"
 #include "bench/resnet50.h"
-#include <pthread.h>
 
 enum { NB = 37 };
 static size_t counts_for(int i) { return i % 7 == 3 ? 0 : (size_t)((i * 37) % 300) + (i % 11 == 5 ? 900 : 0); }
@@ -271,19 +270,17 @@ typedef struct psjob {
     size_t credit; /* credit_bytes */
     size_t cnt[RESNET50_TENSORS];
     float *final[PS_NW][RESNET50_TENSORS];
-    kvps_result err[PS_NW];
-    char why[PS_NW][300];
 } psjob;
 
 static float ps_grad(int rank, int step, int t, size_t i) {
     return (float)((rank + 1) * (int)((i * 7 + (size_t)t * 3) % 11) - 5 * (step + 1)) * 0.01f;
 }
 
-static void *ps_worker(void *arg) {
-    psjob *j = (psjob *)((void **)arg)[0];
-    int rank = (int)(intptr_t)((void **)arg)[1];
+static void ps_worker(kt_wk *x) {
+    psjob *j = (psjob *)x->ws->user;
+    int rank = x->rank;
     kvps_worker *w = NULL;
-    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = j->list, .rank = rank, .num_workers = PS_NW,
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = rank, .num_workers = PS_NW,
                                                             .min_slice = 64, .max_slice = 512, .fusion_bytes = 4096,
                                                             .credit_bytes = j->credit}, &w);
     kvps_tensor t[RESNET50_TENSORS];
@@ -316,12 +313,10 @@ static void *ps_worker(void *arg) {
             if (rc == KVPS_OK) rc = kvps_worker_wait(w, q2, 20000);
         }
     }
-    j->err[rank] = rc;
-    if (rc != KVPS_OK) snprintf(j->why[rank], sizeof j->why[rank], "%.299s", kvps_worker_last_error(w));
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.299s", kvps_result_str(rc), kvps_worker_last_error(w));
     for (int i = 0; i < RESNET50_TENSORS; i++) free(g[i]);
     kvps_worker_finish(w, 5000);
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static void ps_run(psjob *j, int fused, size_t credit) {
@@ -338,17 +333,10 @@ static void ps_run(psjob *j, int fused, size_t credit) {
         KT_OK(kvps_server_start(srv[i]));
     }
     snprintf(j->list, sizeof j->list, "%.95s,%.95s", j->ep[0], j->ep[1]);
-    pthread_t th[PS_NW];
-    void *args[PS_NW][2];
-    for (int r = 0; r < PS_NW; r++) {
-        args[r][0] = j;
-        args[r][1] = (void *)(intptr_t)r;
-        pthread_create(&th[r], NULL, ps_worker, args[r]);
-    }
-    for (int r = 0; r < PS_NW; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < PS_NW; r++)
-        KT_CHECK(j->err[r] == KVPS_OK, "%s: worker %d: %s: %s", fused ? "fused" : "one by one", r, kvps_result_str(j->err[r]),
-                 j->why[r]);
+    kt_workers ws;
+    kt_workers_init(&ws, fused ? "fused" : "one by one", ps_worker, PS_NW, j->list, NULL); /* (each failure reported) */
+    ws.user = j;
+    kt_workers_run(&ws);
     for (int i = 0; i < 2; i++) {
         KT_CHECK(kvps_server_wait(srv[i], 10000) == KVPS_OK, "server %d did not stop by itself", i);
         kvps_server_destroy(&srv[i]);

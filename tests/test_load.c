@@ -10,7 +10,6 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
-#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -157,51 +156,39 @@ static uint64_t g_keys[NK]; /* one per server */
 static void *g_wctx;
 
 /* ---- async pushes ------------------------------------------------------------------------ */
-typedef struct wjob {
-    const char *servers;
-    int rank, failures;
-    char why[512];
-    double secs;
-} wjob;
-
-/* j's worker in g_wctx, or NULL with the failure recorded in j. */
-static kvps_worker *wjob_worker(wjob *j) {
+/* x's worker in the team's context (g_wctx), or NULL with the failure recorded. */
+static kvps_worker *load_worker(kt_wk *x) {
     kvps_worker *w = NULL;
-    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = NW,
-                                                           .timeout_ms = 60000, .zmq_ctx = g_wctx},
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = NW,
+                                                           .timeout_ms = 60000, .zmq_ctx = x->ws->ctx},
                                        &w);
-    if (r != KVPS_OK) { j->failures++; snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); return NULL; }
+    if (r != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(r)); return NULL; }
     return w;
 }
 
-static void *push_worker(void *arg) {
-    wjob *j = (wjob *)arg;
-    kvps_worker *w = wjob_worker(j);
-    if (!w) return NULL;
+static void push_worker(kt_wk *x) {
+    kvps_worker *w = load_worker(x);
+    if (!w) return;
     kvps_result r;
     static __thread float vals[WINDOW][L];
     kvps_req q[WINDOW];
-    int64_t t0 = kvps__now_ms();
     size_t len = L;
     int P = pushes_per_worker();
     for (int t = 0; t < P + WINDOW; t++) {
         int slot = t % WINDOW;
         if (t >= WINDOW) { /* the buffer of push t - WINDOW is free once that push completed */
             r = kvps_worker_wait(w, q[slot], -1);
-            if (r != KVPS_OK && j->failures++ == 0)
-                snprintf(j->why, sizeof j->why, "push %d: %s (%.200s)", t - WINDOW, kvps_result_str(r), kvps_worker_last_error(w));
+            if (r != KVPS_OK) kt_wk_fail(x, "push %d: %s (%.200s)", t - WINDOW, kvps_result_str(r), kvps_worker_last_error(w));
         }
         if (t >= P) continue;
-        for (int i = 0; i < L; i++) vals[slot][i] = contrib(j->rank, t, i);
-        r = kvps_worker_push(w, &g_keys[(j->rank + t) % NK], vals[slot], &len, 1, &q[slot]);
+        for (int i = 0; i < L; i++) vals[slot][i] = contrib(x->rank, t, i);
+        r = kvps_worker_push(w, &g_keys[(x->rank + t) % NK], vals[slot], &len, 1, &q[slot]);
         if (r != KVPS_OK) {
-            if (j->failures++ == 0) snprintf(j->why, sizeof j->why, "push %d: %s", t, kvps_result_str(r));
+            kt_wk_fail(x, "push %d: %s", t, kvps_result_str(r));
             break;
         }
     }
-    j->secs = (double)(kvps__now_ms() - t0) / 1000.0;
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 /* Picks NK raw keys, one on each server (a key's server is mix64(key) mod NS). */
@@ -216,20 +203,12 @@ static void pick_keys(void) {
 
 /* NW worker threads running fn against servers, in a context of 2 I/O threads (g_wctx, left for
    the caller to end); each failing worker is reported. Returns how many failed. */
-static int run_workers(const char *servers, void *(*fn)(void *), wjob *jobs) {
+static int run_workers(const char *label, const char *servers, void (*fn)(kt_wk *)) {
     g_wctx = zmq_ctx_new();
     zmq_ctx_set(g_wctx, ZMQ_IO_THREADS, 2);
-    pthread_t th[NW];
-    for (int r = 0; r < NW; r++) {
-        jobs[r] = (wjob){.servers = servers, .rank = r};
-        pthread_create(&th[r], NULL, fn, &jobs[r]);
-    }
-    int failures = 0;
-    for (int r = 0; r < NW; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) { failures++; KT_CHECK(0, "worker %d: %d failures, first: %s", r, jobs[r].failures, jobs[r].why); }
-    }
-    return failures;
+    static kt_workers ws;
+    kt_workers_init(&ws, label, fn, NW, servers, g_wctx);
+    return kt_workers_run(&ws);
 }
 
 /* Both server processes are forked first, while this process is small and has no threads. */
@@ -240,9 +219,8 @@ static void test_async_pushes(void) {
     cluster c = g_async;
     if (!g_async_up) { KT_CHECK(0, "server process did not start"); return; }
     pick_keys();
-    wjob jobs[NW];
     int64_t t0 = kvps__now_ms();
-    int failures = run_workers(c.servers, push_worker, jobs);
+    int failures = run_workers("async", c.servers, push_worker);
     double secs = (double)(kvps__now_ms() - t0) / 1000.0;
     int P = pushes_per_worker();
 
@@ -295,10 +273,9 @@ static void test_async_pushes(void) {
 }
 
 /* ---- BSP pushpull -------------------------------------------------------------------------- */
-static void *bsp_worker(void *arg) {
-    wjob *j = (wjob *)arg;
-    kvps_worker *w = wjob_worker(j);
-    if (!w) return NULL;
+static void bsp_worker(kt_wk *x) {
+    kvps_worker *w = load_worker(x);
+    if (!w) return;
     kvps_result r;
     kvps_tensor t;
     float *g = (float *)malloc(TLEN * sizeof(float)), *v = (float *)malloc(TLEN * sizeof(float));
@@ -311,32 +288,29 @@ static void *bsp_worker(void *arg) {
         over_ranks[c] = 0;
         for (int rr = 0; rr < NW; rr++) over_ranks[c] += contrib(rr, 0, c);
     }
+    if (r != KVPS_OK) kt_wk_fail(x, "tensor: %s", kvps_result_str(r));
     for (int s = 0; s < bsp_steps() && r == KVPS_OK; s++) {
-        for (int i = 0; i < TLEN; i++) g[i] = contrib(j->rank, s, i);
+        for (int i = 0; i < TLEN; i++) g[i] = contrib(x->rank, s, i);
         kvps_req q;
         r = kvps_worker_pushpull_tensor(w, t, g, v, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
-        if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "step %d: %s (%.200s)", s, kvps_result_str(r), kvps_worker_last_error(w)); break; }
+        if (r != KVPS_OK) { kt_wk_fail(x, "step %d: %s (%.200s)", s, kvps_result_str(r), kvps_worker_last_error(w)); break; }
         for (int i = 0; i < TLEN; i++) {
             want[i] += over_ranks[(3 * s + i) % 5];
-            if ((double)v[i] != want[i] && j->failures++ == 0)
-                snprintf(j->why, sizeof j->why, "step %d [%d]: %.1f, naive %.1f", s, i, (double)v[i], want[i]);
+            if ((double)v[i] != want[i]) kt_wk_fail(x, "step %d [%d]: %.1f, naive %.1f", s, i, (double)v[i], want[i]);
         }
     }
     free(want);
-    if (r != KVPS_OK && j->failures++ == 0 && !j->why[0]) snprintf(j->why, sizeof j->why, "%s", kvps_result_str(r));
     free(g);
     free(v);
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static void test_bsp_pushpull(void) {
     cluster c = g_bsp;
     if (!g_bsp_up) { KT_CHECK(0, "server process did not start"); return; }
-    wjob jobs[NW];
     int64_t t0 = kvps__now_ms();
-    run_workers(c.servers, bsp_worker, jobs);
+    run_workers("BSP", c.servers, bsp_worker);
     double secs = (double)(kvps__now_ms() - t0) / 1000.0;
     zmq_ctx_term(g_wctx);
     srv_report rep;

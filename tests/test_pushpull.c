@@ -3,7 +3,6 @@
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include "tests/kvps_test.h"
-#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -24,25 +23,22 @@ static float expected_at(int m, int rounds, int t, size_t i) {
     return acc;
 }
 
-typedef struct job {
-    const char *servers;
-    void *ctx;
-    int rank, m, rounds, ntensors;
+/* What every worker of a run does: `rounds` rounds of push then pull over `ntensors` tensors. */
+typedef struct pp_spec {
+    int rounds, ntensors;
     const size_t *lens;
     size_t min_slice, max_slice;
-    int failures;
-    char why[256];
-} job;
+} pp_spec;
 
-static void *worker_main(void *arg) {
-    job *j = (job *)arg;
+static void worker_main(kt_wk *x) {
+    const pp_spec *j = (const pp_spec *)x->ws->user;
     kvps_worker *w = NULL;
-    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank,
-                                                            .num_workers = j->m, .zmq_ctx = j->ctx,
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank,
+                                                            .num_workers = x->k, .zmq_ctx = x->ws->ctx,
                                                             .min_slice = j->min_slice, .max_slice = j->max_slice,
                                                             .timeout_ms = 30000},
                                        &w);
-    if (r != KVPS_OK) { snprintf(j->why, sizeof j->why, "create: %s", kvps_result_str(r)); j->failures++; return NULL; }
+    if (r != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(r)); return; }
     kvps_tensor t[16];
     float *g[16], *v[16];
     kvps_req q[32];
@@ -53,38 +49,33 @@ static void *worker_main(void *arg) {
         g[i] = (float *)malloc(j->lens[i] * sizeof(float));
         v[i] = (float *)malloc(j->lens[i] * sizeof(float));
     }
-    for (int k = 0; k < j->rounds && !j->failures; k++) {
+    for (int k = 0; k < j->rounds && !x->fails; k++) {
         for (int i = 0; i < j->ntensors; i++)
-            for (size_t e = 0; e < j->lens[i]; e++) g[i][e] = grad_at(j->rank, k, i, e);
+            for (size_t e = 0; e < j->lens[i]; e++) g[i][e] = grad_at(x->rank, k, i, e);
         /* all pushes in flight, then all pulls: a pull waits for its round under BSP */
         for (int i = 0; i < j->ntensors; i++) kvps_worker_push_tensor(w, t[i], g[i], &q[i]);
         for (int i = 0; i < j->ntensors; i++) kvps_worker_pull_tensor(w, t[i], v[i], &q[j->ntensors + i]);
         for (int i = 0; i < 2 * j->ntensors; i++) {
             r = kvps_worker_wait(w, q[i], -1);
-            if (r != KVPS_OK) {
-                snprintf(j->why, 200, "rank %d round %d wait: %s %.100s", j->rank, k, kvps_result_str(r),
-                         kvps_worker_last_error(w));
-                j->failures++;
-            }
+            if (r != KVPS_OK)
+                kt_wk_fail(x, "round %d wait: %s %.100s", k, kvps_result_str(r), kvps_worker_last_error(w));
         }
-        for (int i = 0; i < j->ntensors && !j->failures; i++)
+        for (int i = 0; i < j->ntensors && !x->fails; i++)
             for (size_t e = 0; e < j->lens[i]; e++) {
-                float want = expected_at(j->m, k + 1, i, e);
+                float want = expected_at(x->k, k + 1, i, e);
                 if (memcmp(&v[i][e], &want, sizeof want) != 0) {
-                    snprintf(j->why, sizeof j->why, "rank %d round %d tensor %d [%zu]: %.9g want %.9g", j->rank,
-                             k, i, e, v[i][e], want);
-                    j->failures++;
+                    kt_wk_fail(x, "round %d tensor %d [%zu]: %.9g want %.9g", k, i, e, v[i][e], want);
                     break;
                 }
             }
     }
     for (int i = 0; i < j->ntensors; i++) { free(g[i]); free(v[i]); }
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static size_t g_max_slice; /* 0: the default */
 
+/* n servers, m workers on `transport`; returns how many workers failed (each reported). */
 static int run_threads(const char *transport, int n, int m, const size_t *lens, int ntensors, int rounds,
                        size_t min_slice) {
     kt_cluster c;
@@ -93,19 +84,13 @@ static int run_threads(const char *transport, int n, int m, const size_t *lens, 
         kt_cluster_down(&c);
         return 1;
     }
-    job jobs[8];
-    pthread_t th[8];
-    for (int r = 0; r < m; r++) {
-        jobs[r] = (job){.servers = c.servers, .ctx = c.ctx, .rank = r, .m = m, .rounds = rounds,
-                        .ntensors = ntensors, .lens = lens, .min_slice = min_slice,
-                        .max_slice = g_max_slice};
-        pthread_create(&th[r], NULL, worker_main, &jobs[r]);
-    }
-    int fails = 0;
-    for (int r = 0; r < m; r++) {
-        pthread_join(th[r], NULL);
-        if (jobs[r].failures) { fails++; printf("  %s n=%d m=%d: %s\n", transport, n, m, jobs[r].why); }
-    }
+    pp_spec spec = {.rounds = rounds, .ntensors = ntensors, .lens = lens, .min_slice = min_slice, .max_slice = g_max_slice};
+    char label[64];
+    snprintf(label, sizeof label, "%s n=%d m=%d", transport, n, m);
+    kt_workers ws;
+    kt_workers_init(&ws, label, worker_main, m, c.servers, c.ctx);
+    ws.user = &spec;
+    int fails = kt_workers_run(&ws);
     /* Each server holds about 1/n of the bytes of the large tensors. */
     kt_cluster_down(&c);
     return fails;
@@ -455,11 +440,14 @@ static void test_processes(void) {
     for (int r = 0; r < M; r++) {
         wpid[r] = fork();
         if (wpid[r] == 0) {
-            job j = {.servers = servers, .rank = r, .m = M, .rounds = 3, .ntensors = 3, .lens = lens};
-            worker_main(&j);
-            if (j.failures) printf("  process worker %d: %s\n", r, j.why);
+            pp_spec spec = {.rounds = 3, .ntensors = 3, .lens = lens};
+            static kt_workers ws;
+            kt_workers_init(&ws, "process", worker_main, M, servers, NULL);
+            ws.user = &spec;
+            int fails = kt_workers_run_one(&ws, r);
+            if (fails) printf("  process worker %d: %s\n", r, ws.wk[r].why);
             fflush(stdout);
-            _exit(j.failures ? 1 : 0);
+            _exit(fails ? 1 : 0);
         }
     }
     for (int r = 0; r < M; r++) {

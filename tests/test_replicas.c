@@ -73,8 +73,6 @@ typedef struct job {
     int steps;                   /* BSP: every worker's; async: at most (the test says stop) */
     int stop;                    /* async: the workers stop pushing (atomic) */
     int done_steps[NW];          /* per worker: pushes completed (atomic) */
-    kvps_result err[NW];
-    char errtext[NW][400];
     float final[NW][NKEY * 3];
     int grow_at;                 /* BSP: the step before which every worker grows to servers3 */
     char ep2[NREP][96], chain2[200], servers3[800]; /* the third shard that grow adds */
@@ -168,16 +166,13 @@ static uint64_t key_on_shard0_from(uint64_t k) {
 }
 static uint64_t key_on_shard0(void) { return key_on_shard0_from(1); }
 
-typedef struct wctx { job *j; int rank; } wctx;
-
 /* Key i of this test: raw key 1000 + i, length 3. */
-static void *worker_main(void *arg) {
-    wctx *c = (wctx *)arg;
-    job *j = c->j;
-    int rank = c->rank;
+static void worker_main(kt_wk *x) {
+    job *j = (job *)x->ws->user;
+    int rank = x->rank;
     kvps_worker *w = NULL;
     kvps_result rc = job_worker(j, rank, 300, &w);
-    if (rc != KVPS_OK) { j->err[rank] = rc; snprintf(j->errtext[rank], sizeof j->errtext[rank], "create"); return NULL; }
+    if (rc != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(rc)); return; }
     uint64_t keys[NKEY];
     size_t lens[NKEY];
     float vals[4][NKEY * 3];
@@ -208,23 +203,20 @@ static void *worker_main(void *arg) {
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
     if (rc == KVPS_OK) rc = kvps_worker_pull(w, keys, j->final[rank], lens, NKEY, &b);
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, b, -1);
-    j->err[rank] = rc;
-    if (rc != KVPS_OK) snprintf(j->errtext[rank], sizeof j->errtext[rank], "%.399s", kvps_worker_last_error(w));
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.399s", kvps_result_str(rc), kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
-static pthread_t th[NW];
-static wctx wc[NW];
+/* The job's NW workers (worker_main); workers_join reports each one that failed, named by what. */
+static kt_workers jw;
 static void workers_start(job *j) {
-    for (int r = 0; r < NW; r++) {
-        wc[r].j = j;
-        wc[r].rank = r;
-        pthread_create(&th[r], NULL, worker_main, &wc[r]);
-    }
+    kt_workers_init(&jw, "", worker_main, NW, j->servers, NULL);
+    jw.user = j;
+    kt_workers_start(&jw);
 }
-static void workers_join(void) {
-    for (int r = 0; r < NW; r++) pthread_join(th[r], NULL);
+static void workers_join(const char *what) {
+    jw.label = what;
+    kt_workers_join(&jw);
 }
 static int min_steps(const job *j) {
     int m = j->steps;
@@ -237,9 +229,8 @@ static void wait_steps(const job *j, int n) {
     while (min_steps(j) < n && kt_now_ms() < end) kt_sleep_ms(1);
 }
 
-/* Every worker OK, every key's sum exact: worker r's pushes each add r + 1 + i % 3. */
+/* Every key's sum exact (every worker OK: workers_join): worker r's pushes each add r + 1 + i % 3. */
 static void check_sums(const job *j, const char *what) {
-    for (int r = 0; r < NW; r++) KT_CHECK(j->err[r] == KVPS_OK, "%s: worker %d: %s: %s", what, r, kvps_result_str(j->err[r]), j->errtext[r]);
     for (int r = 0; r < NW; r++)
         for (int i = 0; i < NKEY * 3; i++) {
             float want = 0.0f;
@@ -280,7 +271,7 @@ static void async_kill(int victim_replica) {
     kill_server(&J, 0, victim_replica);
     wait_steps(&J, steps); /* going on after the kill */
     __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
-    workers_join();
+    workers_join(victim_replica ? "backup killed" : "primary killed");
     check_sums(&J, victim_replica ? "backup killed" : "primary killed");
     reap(&J, "after the kill");
 }
@@ -298,8 +289,7 @@ static void bsp_primary_killed(int read_local) {
     workers_start(&J);
     wait_steps(&J, steps / 2);
     kill_server(&J, 0, 0);
-    workers_join();
-    for (int r = 0; r < NW; r++) KT_CHECK(J.err[r] == KVPS_OK, "worker %d: %s: %s", r, kvps_result_str(J.err[r]), J.errtext[r]);
+    workers_join(read_local ? "BSP, .read_local, the primary killed" : "BSP, the primary killed");
     for (int i = 0; i < NKEY * 3; i++) {
         float wv = 0.0f;
         for (int t = 0; t < steps; t++) {
@@ -342,7 +332,7 @@ static void test_grow_then_kill(void) {
     kill(J.pid2[0], SIGKILL);
     waitpid(J.pid2[0], NULL, 0);
     J.pid2[0] = 0;
-    workers_join();
+    workers_join("grown to 3 shards, the new primary killed");
     check_sums(&J, "grown to 3 shards, the new primary killed");
     reap(&J, "grow");
 }
@@ -367,7 +357,7 @@ static void test_replacement_then_kill(void) {
     kill_server(&J, 0, 0);
     wait_steps(&J, min_steps(&J) + steps); /* and after the primary's death */
     __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
-    workers_join();
+    workers_join("replacement, then the primary killed");
     check_sums(&J, "replacement, then the primary killed");
     reap(&J, "replacement");
 }
@@ -505,39 +495,38 @@ static void test_bsp_half_replicated(void) {
    steps: the primary sends its backup 1/4 of the pushed bytes (a round's sum and its record),
    where forwarding the pushes would send all of them; and the backup ends holding the same
    bits, momentum and round as the primary. */
-typedef struct trw { const char *servers; int rank; kvps_result rc; int read_local, bad_step; char err[300]; } trw;
 enum { TR_LEN = 4096, TR_STEPS = 20 };
 static float tr_want[TR_STEPS][TR_LEN]; /* test_bsp_read_local: the weights after each step, by the oracle */
 static int tr_steps[NW];                /* steps each worker has finished */
-static void *traffic_worker(void *arg) {
-    trw *t = (trw *)arg;
+/* A worker of chain x->ws->servers, .read_local when user points to a nonzero int; its record
+   (int) is the first step whose values were not the oracle's (-1: none; read_local only). */
+static void traffic_worker(kt_wk *x) {
+    int read_local = *(const int *)x->ws->user, *bad_step = (int *)x->mine, rank = x->rank;
     kvps_worker *w = NULL;
-    t->bad_step = -1;
-    t->rc = kvps_worker_create(&(kvps_worker_desc){.servers = t->servers, .rank = t->rank, .num_workers = NW,
-                                                   .timeout_ms = 20000, .heartbeat_ms = 100, .peer_timeout_ms = 500,
-                                                   .read_local = t->read_local}, &w);
+    *bad_step = -1;
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = rank, .num_workers = NW,
+                                                             .timeout_ms = 20000, .heartbeat_ms = 100, .peer_timeout_ms = 500,
+                                                             .read_local = read_local}, &w);
     static float g[NW][TR_LEN], out[NW][TR_LEN];
     kvps_tensor ten;
     kvps_req q;
-    if (t->rc == KVPS_OK) t->rc = kvps_worker_tensor(w, "w", TR_LEN, &ten);
-    if (t->rc == KVPS_OK && t->rank == 0) {
+    if (rc == KVPS_OK) rc = kvps_worker_tensor(w, "w", TR_LEN, &ten);
+    if (rc == KVPS_OK && rank == 0) {
         kvps_optim o = {.rule = KVPS_RULE_MOMENTUM, .lr = 0.1f, .momentum = 0.9f};
-        t->rc = kvps_worker_tensor_optim(w, ten, &o, &q);
-        if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
+        rc = kvps_worker_tensor_optim(w, ten, &o, &q);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, -1);
     }
-    if (t->rc == KVPS_OK) t->rc = kvps_worker_barrier(w, &q);
-    if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
-    for (int s = 0; s < TR_STEPS && t->rc == KVPS_OK; s++) {
-        for (int i = 0; i < TR_LEN; i++) g[t->rank][i] = (float)((t->rank + 1) * (i % 7 + 1)) * 0.001f * (float)(s + 1);
-        t->rc = kvps_worker_pushpull_tensor(w, ten, g[t->rank], out[t->rank], &q);
-        if (t->rc == KVPS_OK) t->rc = kvps_worker_wait(w, q, -1);
-        if (t->rc == KVPS_OK && t->read_local && t->bad_step < 0 && memcmp(out[t->rank], tr_want[s], sizeof tr_want[s]) != 0)
-            t->bad_step = s;
-        __atomic_store_n(&tr_steps[t->rank], s + 1, __ATOMIC_RELEASE);
+    if (rc == KVPS_OK) rc = kvps_worker_barrier(w, &q);
+    if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, -1);
+    for (int s = 0; s < TR_STEPS && rc == KVPS_OK; s++) {
+        for (int i = 0; i < TR_LEN; i++) g[rank][i] = (float)((rank + 1) * (i % 7 + 1)) * 0.001f * (float)(s + 1);
+        rc = kvps_worker_pushpull_tensor(w, ten, g[rank], out[rank], &q);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, -1);
+        if (rc == KVPS_OK && read_local && *bad_step < 0 && memcmp(out[rank], tr_want[s], sizeof tr_want[s]) != 0) *bad_step = s;
+        __atomic_store_n(&tr_steps[rank], s + 1, __ATOMIC_RELEASE);
     }
-    if (t->rc != KVPS_OK) snprintf(t->err, sizeof t->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.299s", kvps_result_str(rc), w ? kvps_worker_last_error(w) : "create");
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 static void test_bsp_sends_rounds(void) {
@@ -551,14 +540,13 @@ static void test_bsp_sends_rounds(void) {
         KT_OK(kvps_server_create(&d, &srv[r]));
         KT_OK(kvps_server_start(srv[r]));
     }
-    pthread_t tw[NW];
-    trw t[NW];
-    for (int r = 0; r < NW; r++) {
-        t[r] = (trw){chain, r, KVPS_OK, 0, -1, ""};
-        pthread_create(&tw[r], NULL, traffic_worker, &t[r]);
-    }
-    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
-    for (int r = 0; r < NW; r++) KT_CHECK(t[r].rc == KVPS_OK, "worker %d: %s", r, kvps_result_str(t[r].rc));
+    int read_local = 0, bad_step[NW];
+    kt_workers ws;
+    kt_workers_init(&ws, "rounds down the chain", traffic_worker, NW, chain, NULL); /* (each failure reported) */
+    ws.user = &read_local;
+    ws.each = bad_step;
+    ws.each_size = sizeof bad_step[0];
+    kt_workers_run(&ws);
     for (int r = 0; r < 2; r++) KT_OK(kvps_server_wait(srv[r], 10000)); /* every worker said goodbye */
     kvps_server_stats st[2];
     for (int r = 0; r < 2; r++) kvps_server_stats_get(srv[r], &st[r]);
@@ -609,13 +597,15 @@ static void bsp_read_local(int stop_backup) {
         KT_OK(kvps_server_create(&d, &srv[r]));
         KT_OK(kvps_server_start(srv[r]));
     }
-    pthread_t tw[NW];
-    trw t[NW];
+    const char *what = stop_backup ? "backup stopped after step 8" : "both replicas up";
+    int read_local = 1, bad_step[NW];
+    kt_workers ws;
+    kt_workers_init(&ws, what, traffic_worker, NW, chain, NULL);
+    ws.user = &read_local;
+    ws.each = bad_step;
+    ws.each_size = sizeof bad_step[0];
     memset(tr_steps, 0, sizeof tr_steps);
-    for (int r = 0; r < NW; r++) {
-        t[r] = (trw){chain, r, KVPS_OK, 1, -1, ""};
-        pthread_create(&tw[r], NULL, traffic_worker, &t[r]);
-    }
+    kt_workers_start(&ws);
     kvps_server_stats st[2];
     memset(st, 0, sizeof st);
     if (stop_backup) {
@@ -624,12 +614,9 @@ static void bsp_read_local(int stop_backup) {
         kvps_server_stats_get(srv[1], &st[1]);
         kvps_server_destroy(&srv[1]);
     }
-    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
-    const char *what = stop_backup ? "backup stopped after step 8" : "both replicas up";
-    for (int r = 0; r < NW; r++) {
-        KT_CHECK(t[r].rc == KVPS_OK, "%s: worker %d: %s: %s", what, r, kvps_result_str(t[r].rc), t[r].err);
-        KT_CHECK(t[r].bad_step < 0, "%s: worker %d pulled other values than the oracle's at step %d", what, r, t[r].bad_step);
-    }
+    kt_workers_join(&ws); /* (each failure reported) */
+    for (int r = 0; r < NW; r++)
+        KT_CHECK(bad_step[r] < 0, "%s: worker %d pulled other values than the oracle's at step %d", what, r, bad_step[r]);
     KT_OK(kvps_server_wait(srv[0], 10000));
     kvps_server_stats_get(srv[0], &st[0]);
     if (srv[1]) {
@@ -973,42 +960,45 @@ static void read_local_cut_once(void) {
    worker 0 the test holds what goes to the primary until a push is in it (or 200 ms pass), then
    cuts the primary's connections and the backup's (the other order the next time). Each worker
    checks every step's value. */
-typedef struct cutw { const cutjob *c; int rank, bad_step, bad_elem, steps; float got, want; kvps_result rc; char err[300]; } cutw;
-static void *cut_worker(void *arg) {
-    cutw *x = (cutw *)arg;
+/* A worker's record: steps done (atomic), the first step whose value was not the oracle's. */
+typedef struct cutw { int bad_step, bad_elem, steps; float got, want; } cutw;
+static void cut_worker(kt_wk *wk) {
+    const cutjob *c = (const cutjob *)wk->ws->user;
+    cutw *x = (cutw *)wk->mine;
     kvps_worker *w = NULL;
     float *g = (float *)malloc(CUT_LEN * sizeof(float)), *v = (float *)malloc(CUT_LEN * sizeof(float));
     uint64_t key = 7;
     size_t len = CUT_LEN;
     x->bad_step = -1;
-    x->rc = g && v ? cut_worker_create(x->c, x->rank, CUT_NW, 1000, &w) : KVPS_ERR_NOMEM;
-    for (int t = 0; t < CUT_STEPS && x->rc == KVPS_OK; t++) {
-        for (int i = 0; i < CUT_LEN; i++) g[i] = cut_c(t, x->rank, i);
+    kvps_result rc = g && v ? cut_worker_create(c, wk->rank, CUT_NW, 1000, &w) : KVPS_ERR_NOMEM;
+    for (int t = 0; t < CUT_STEPS && rc == KVPS_OK; t++) {
+        for (int i = 0; i < CUT_LEN; i++) g[i] = cut_c(t, wk->rank, i);
         kvps_req q;
-        x->rc = kvps_worker_pushpull(w, &key, g, v, &len, 1, &q);
-        if (x->rc == KVPS_OK) x->rc = kvps_worker_wait(w, q, -1);
-        if (x->rc == KVPS_OK && x->bad_step < 0 && (x->bad_elem = cut_check(v, t, CUT_NW, &x->got, &x->want)) >= 0)
+        rc = kvps_worker_pushpull(w, &key, g, v, &len, 1, &q);
+        if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, -1);
+        if (rc == KVPS_OK && x->bad_step < 0 && (x->bad_elem = cut_check(v, t, CUT_NW, &x->got, &x->want)) >= 0)
             x->bad_step = t;
         __atomic_store_n(&x->steps, t + 1, __ATOMIC_RELEASE);
     }
-    if (x->rc != KVPS_OK) snprintf(x->err, sizeof x->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
+    if (rc != KVPS_OK) kt_wk_fail(wk, "%s: %.299s", kvps_result_str(rc), w ? kvps_worker_last_error(w) : "create");
     __atomic_store_n(&x->steps, CUT_STEPS, __ATOMIC_RELEASE);
     kvps_worker_destroy(&w);
     free(g);
     free(v);
-    return NULL;
 }
 static void read_local_cuts_under_load(void) {
     cutjob c;
     int up = cutjob_start(&c, "cutn", CUT_NW) == 0;
     KT_CHECK(up, "servers or proxies did not start");
     if (!up) { cutjob_end(&c); return; }
-    pthread_t th2[CUT_NW];
     cutw x[CUT_NW];
-    for (int r = 0; r < CUT_NW; r++) {
-        x[r] = (cutw){&c, r, -1, -1, 0, 0, 0, KVPS_OK, ""};
-        pthread_create(&th2[r], NULL, cut_worker, &x[r]);
-    }
+    for (int r = 0; r < CUT_NW; r++) x[r] = (cutw){-1, -1, 0, 0, 0};
+    kt_workers ws;
+    kt_workers_init(&ws, "under load", cut_worker, CUT_NW, c.list, NULL);
+    ws.user = &c;
+    ws.each = x;
+    ws.each_size = sizeof x[0];
+    kt_workers_start(&ws);
     int cuts = 0;
     for (int next = CUT_EVERY; next < CUT_STEPS; next += CUT_EVERY) {
         while (__atomic_load_n(&x[0].steps, __ATOMIC_ACQUIRE) < next) kt_sleep_ms(1);
@@ -1022,9 +1012,8 @@ static void read_local_cuts_under_load(void) {
         uproxy_set(&c.px[0], &c.px[0].hold, 0);
         cuts++;
     }
-    for (int r = 0; r < CUT_NW; r++) pthread_join(th2[r], NULL);
+    kt_workers_join(&ws); /* (each failure reported) */
     for (int r = 0; r < CUT_NW; r++) {
-        KT_CHECK(x[r].rc == KVPS_OK, "under load: worker %d: %s: %s", r, kvps_result_str(x[r].rc), x[r].err);
         KT_CHECK(x[r].bad_step < 0, "under load: worker %d step %d element %d: got %g want %g%s", r, x[r].bad_step,
                  x[r].bad_elem, (double)x[r].got, (double)x[r].want,
                  x[r].bad_step > 0 && x[r].got == cut_want(x[r].bad_step - 1, CUT_NW, x[r].bad_elem) ? " (the step before's: a stale read)" : "");
@@ -1098,43 +1087,49 @@ static void test_wrong_shard_refused(void) {
    code 5): the primaries from their own liveness, the backups from the LOST and goodbyes the
    primaries sent them. */
 enum { LW_K = 3, LW_STEPS = 10 };
-typedef struct lwc { job *j; int rank, stop_after; kvps_result rc; int steps; char err[400]; float v[NKEY * 3]; } lwc;
-static void *lost_worker_main(void *arg) {
-    lwc *c = (lwc *)arg;
+/* What the workers share: the job, and the step after which they stop (-1: none). A worker's
+   record: how it ended (the result it expects depends on the case), the steps it did, its values. */
+typedef struct lwj { job *j; int stop_after; } lwj;
+typedef struct lwc { kvps_result rc; int steps; char err[400]; float v[NKEY * 3]; } lwc;
+static void lost_worker_main(kt_wk *x) {
+    const lwj *lj = (const lwj *)x->ws->user;
+    lwc *c = (lwc *)x->mine;
+    int rank = x->rank;
     kvps_worker *w = NULL;
-    c->rc = job_worker(c->j, c->rank, 300, &w);
+    c->rc = job_worker(lj->j, rank, 300, &w);
     uint64_t keys[NKEY];
     size_t lens[NKEY];
     float g[NKEY * 3];
     for (int i = 0; i < NKEY; i++) { keys[i] = 1000 + (uint64_t)i; lens[i] = 3; }
-    for (int i = 0; i < NKEY * 3; i++) g[i] = (float)(c->rank + 1 + i % 3);
+    for (int i = 0; i < NKEY * 3; i++) g[i] = (float)(rank + 1 + i % 3);
     for (int t = 0; t < LW_STEPS && c->rc == KVPS_OK; t++) {
         kvps_req q;
         c->rc = kvps_worker_pushpull(w, keys, g, c->v, lens, NKEY, &q);
         if (c->rc == KVPS_OK) c->rc = kvps_worker_wait(w, q, -1);
         if (c->rc == KVPS_OK) c->steps = t + 1;
-        if (c->rank == NW - 1 && t == LW_K) {
+        if (rank == NW - 1 && t == LW_K) {
             kt_worker_vanish(&w);
-            return NULL;
+            return;
         }
-        if (t == c->stop_after) break;
+        if (t == lj->stop_after) break;
     }
     if (c->rc != KVPS_OK) snprintf(c->err, sizeof c->err, "%.399s", kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 static void worker_lost_ends_chains(int elastic, int lost_last) {
     const char *what = elastic ? "elastic" : lost_last ? "BSP, the loss last" : "BSP";
     job_init(&J, elastic ? "lwe" : lost_last ? "lwl" : "lwb", KVPS_BSP, KVPS_UPDATE_SUM, LW_STEPS);
     J.elastic = elastic;
     job_start(&J);
-    pthread_t tw[NW];
+    lwj lj = {&J, lost_last ? LW_K : -1};
     lwc c[NW];
-    for (int r = 0; r < NW; r++) {
-        c[r] = (lwc){&J, r, lost_last ? LW_K : -1, KVPS_OK, 0, "", {0}};
-        pthread_create(&tw[r], NULL, lost_worker_main, &c[r]);
-    }
-    for (int r = 0; r < NW; r++) pthread_join(tw[r], NULL);
+    memset(c, 0, sizeof c);
+    kt_workers ws;
+    kt_workers_init(&ws, what, lost_worker_main, NW, J.servers, NULL); /* (their results are checked here) */
+    ws.user = &lj;
+    ws.each = c;
+    ws.each_size = sizeof c[0];
+    kt_workers_run(&ws);
     KT_CHECK(c[NW - 1].rc == KVPS_OK && c[NW - 1].steps == LW_K + 1, "%s: worker %d: %d steps, %s", what, NW - 1,
              c[NW - 1].steps, kvps_result_str(c[NW - 1].rc));
     for (int r = 0; r < NW - 1; r++) {
@@ -1347,7 +1342,7 @@ static void test_forged_repl_refused(void) {
     int at = min_steps(&J);
     wait_steps(&J, at + steps / 3); /* the job goes on after them */
     __atomic_store_n(&J.stop, 1, __ATOMIC_RELEASE);
-    workers_join();
+    workers_join("after a stranger's REPL and BYE");
     check_sums(&J, "after a stranger's REPL and BYE");
     reap(&J, "after a stranger's REPL and BYE");
     unsetenv("KVPS_JOB_TOKEN");
@@ -1370,7 +1365,8 @@ static void test_stopped_primary_steps_down(void) {
                               .heartbeat_ms = 200, .peer_timeout_ms = 1000};
         d.replicas = chain;
         d.replica = r;
-        pid[r] = server_proc(&d, NULL);
+        char bound[256]; /* (the endpoint, ep[r]) */
+        pid[r] = kt_server_proc(&d, bound, sizeof bound);
     }
     kvps_worker *w[2] = {NULL, NULL};
     for (int r = 0; r < 2; r++)

@@ -56,8 +56,6 @@ typedef struct job {
     int from, to;      /* steps [from, to) (0, STEPS when both 0); from > 0: optimizer state restored */
     kvps_worker *keep[NW]; /* to > 0: the workers stay, unfinished (a job stopped mid-run) */
     float final[NW][NV];
-    kvps_result err[NW];
-    char errtext[NW][300];
     uint64_t third_keys; /* keys the third server held after the grow (its stats, read by worker 0) */
     uint64_t third_rows; /* and table rows */
     uint64_t third_bytes; /* and bytes of keys */
@@ -66,12 +64,12 @@ static kvps_server *srv[3];
 
 static float grad(int rank, int t, size_t i) { return (float)(((rank + 1) * (int)(i % 7 + 1) * (t % 5 + 1)) % 13) * 0.01f - 0.05f; }
 
-static void *worker_main(void *arg) {
-    job *j = (job *)((void **)arg)[0];
-    int rank = (int)(intptr_t)((void **)arg)[1];
+static void worker_main(kt_wk *x) {
+    job *j = (job *)x->ws->user;
+    int rank = x->rank;
     kvps_worker *w = NULL;
     int from = j->from, to = j->to ? j->to : STEPS;
-    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = j->start ? j->start : j->list2, .rank = rank,
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = rank,
                                                             .num_workers = NW, .min_slice = 256}, &w);
     kvps_tensor t[NT];
     uint64_t keys[NRAW];
@@ -137,30 +135,25 @@ static void *worker_main(void *arg) {
         if (rc == KVPS_OK) rc = kvps_worker_pull_rows(w, emb, ids, out + 5000 + 300 + NRAW * 3, NROW + NPULLED, &tq);
         if (rc == KVPS_OK) rc = kvps_worker_wait(w, tq, 20000);
     }
-    j->err[rank] = rc;
-    if (rc != KVPS_OK) snprintf(j->errtext[rank], sizeof j->errtext[rank], "%.299s", kvps_worker_last_error(w));
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.299s", kvps_result_str(rc), kvps_worker_last_error(w));
     free(g);
     if (j->to && rc == KVPS_OK) { /* stopped mid-run: every round done, nobody finished */
         kvps_req bq2;
         rc = kvps_worker_barrier(w, &bq2);
         if (rc == KVPS_OK) rc = kvps_worker_wait(w, bq2, 20000);
-        j->err[rank] = rc;
+        if (rc != KVPS_OK) kt_wk_fail(x, "barrier: %s", kvps_result_str(rc));
         j->keep[rank] = w;
-        return NULL;
+        return;
     }
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
-static void run_workers(job *j) {
-    pthread_t th[NW];
-    void *args[NW][2];
-    for (int r = 0; r < NW; r++) {
-        args[r][0] = j;
-        args[r][1] = (void *)(intptr_t)r;
-        pthread_create(&th[r], NULL, worker_main, args[r]);
-    }
-    for (int r = 0; r < NW; r++) pthread_join(th[r], NULL);
+/* The job's NW workers; each one that failed is reported, named by `what`. */
+static void run_workers(job *j, const char *what) {
+    kt_workers ws;
+    kt_workers_init(&ws, what, worker_main, NW, j->start ? j->start : j->list2, NULL);
+    ws.user = j;
+    kt_workers_run(&ws);
 }
 
 static void run_job(job *j, const char *tag, int reshard) {
@@ -175,8 +168,7 @@ static void run_job(job *j, const char *tag, int reshard) {
         KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = j->ep[i], .rank = i, .num_workers = NW}, &srv[i]));
         if (srv[i]) KT_OK(kvps_server_start(srv[i]));
     }
-    run_workers(j);
-    for (int r = 0; r < NW; r++) KT_CHECK(j->err[r] == KVPS_OK, "%s: worker %d: %s: %s", tag, r, kvps_result_str(j->err[r]), j->errtext[r]);
+    run_workers(j, tag);
     for (int i = 0; i < 3; i++) {
         if (!srv[i]) continue;
         KT_CHECK(kvps_server_wait(srv[i], 10000) == KVPS_OK, "%s: server %d did not stop by itself", tag, i);
@@ -246,9 +238,7 @@ static void test_restart_after_grow(void) {
     }
     j->reshard = 1;
     j->to = 15;
-    run_workers(j);
-    for (int r = 0; r < NW; r++) KT_CHECK(j->err[r] == KVPS_OK, "first part: worker %d: %s: %s", r, kvps_result_str(j->err[r]),
-                                          j->errtext[r]);
+    run_workers(j, "first part");
     for (int i = 0; i < 3; i++) KT_OK(kvps_server_checkpoint(srv[i], 10000));
     for (int i = 0; i < 3; i++) kvps_server_destroy(&srv[i]);
     for (int r = 0; r < NW; r++) kvps_worker_destroy(&j->keep[r]);
@@ -274,9 +264,7 @@ static void test_restart_after_grow(void) {
     j->start = j->list3;
     j->from = 15;
     j->to = 0;
-    run_workers(j);
-    for (int r2 = 0; r2 < NW; r2++) KT_CHECK(j->err[r2] == KVPS_OK, "after the restart: worker %d: %s: %s", r2,
-                                             kvps_result_str(j->err[r2]), j->errtext[r2]);
+    run_workers(j, "after the restart");
     for (int i = 0; i < 3; i++) {
         KT_CHECK(kvps_server_wait(srv[i], 10000) == KVPS_OK, "server %d did not stop by itself", i);
         kvps_server_destroy(&srv[i]);
@@ -371,15 +359,13 @@ static void *fake3_main(void *arg) {
     return NULL;
 }
 
-typedef struct lh { const char *list2, *list3; int rank; kvps_result rc; char err[300]; } lh;
-static void *late_hello_worker(void *arg) {
-    lh *c = (lh *)arg;
+/* A worker of the 2-server list (servers) that grows to the 3-server list (user). */
+static void late_hello_worker(kt_wk *x) {
     kvps_worker *w = NULL;
-    c->rc = kvps_worker_create(&(kvps_worker_desc){.servers = c->list2, .rank = c->rank, .num_workers = 2}, &w);
-    if (c->rc == KVPS_OK) c->rc = kvps_worker_reshard(w, c->list3, 20000);
-    if (c->rc != KVPS_OK) snprintf(c->err, sizeof c->err, "%.299s", w ? kvps_worker_last_error(w) : "create");
+    kvps_result rc = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = 2}, &w);
+    if (rc == KVPS_OK) rc = kvps_worker_reshard(w, (const char *)x->ws->user, 20000);
+    if (rc != KVPS_OK) kt_wk_fail(x, "%s: %.299s", kvps_result_str(rc), w ? kvps_worker_last_error(w) : "create");
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
 /* Servers 0, 1, 2 (2 joins by the reshard), the one at fake_at the stand-in. */
@@ -398,17 +384,16 @@ static void hello_before_place(int fake_at) {
         KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[i], .rank = i, .num_workers = 2}, &s[i]));
         KT_OK(kvps_server_start(s[i]));
     }
-    pthread_t ft, wt[2];
-    pthread_create(&ft, NULL, fake3_main, &f);
-    lh c[2] = {{list2, list3, 0, KVPS_OK, ""}, {list2, list3, 1, KVPS_OK, ""}};
-    for (int r = 0; r < 2; r++) pthread_create(&wt[r], NULL, late_hello_worker, &c[r]);
-    for (int r = 0; r < 2; r++) pthread_join(wt[r], NULL);
+    const char *what = fake_at == 2 ? "the new server held worker 1's hello" : "server 1 held worker 1's first hello";
+    pthread_t ft;
+    pthread_create(&ft, NULL, fake3_main, &f); /* (the stand-in server's thread) */
+    kt_workers ws;
+    kt_workers_init(&ws, what, late_hello_worker, 2, list2, NULL); /* (each failure reported) */
+    ws.user = list3;
+    kt_workers_run(&ws);
     __atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
     pthread_join(ft, NULL);
     for (int i = 0; i < 3; i++) kvps_server_destroy(&s[i]);
-    const char *what = fake_at == 2 ? "the new server held worker 1's hello" : "server 1 held worker 1's first hello";
-    for (int r = 0; r < 2; r++)
-        KT_CHECK(c[r].rc == KVPS_OK, "%s: worker %d: %s: %s", what, r, kvps_result_str(c[r].rc), c[r].err);
     KT_CHECK(f.hellos == 2 && f.places == 1, "%s: it heard %d hellos and %d PLACE requests, want 2 and 1", what, f.hellos,
              f.places);
     KT_CHECK(f.places_early == 0, "%s: PLACE reached it while that hello waited for its answer", what);

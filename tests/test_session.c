@@ -316,11 +316,10 @@ static void test_never_connected(void) {
    for it (up to its timeout), and the server stops by itself. (ps_peer jobs on loopback, 4
    servers x 4 workers, left a late server running in 3-4 of 10 runs when finish skipped servers
    it had never reached.) */
-typedef struct finisher { kvps_worker *w; kvps_result rc; } finisher;
-static void *finish_main(void *arg) {
-    finisher *f = (finisher *)arg;
-    f->rc = kvps_worker_finish(f->w, 5000);
-    return NULL;
+static void finish_main(kt_wk *x) { /* the worker (user) finishes */
+    kvps_worker *w = (kvps_worker *)x->ws->user;
+    kvps_result rc = kvps_worker_finish(w, 5000);
+    if (rc != KVPS_OK) kt_wk_fail(x, "finish: %s: %s", kvps_result_str(rc), kvps_worker_last_error(w));
 }
 static void test_late_server_hears_goodbye(void) {
     char ep[2][96], list[200];
@@ -338,15 +337,15 @@ static void test_late_server_hears_goodbye(void) {
     kvps_req q;
     KT_OK(kvps_worker_push(w, &key, &v, &len, 1, &q));
     KT_OK(kvps_worker_wait(w, q, 5000));
-    finisher f = {w, KVPS_ERR_INVALID_ARG};
-    pthread_t th;
-    pthread_create(&th, NULL, finish_main, &f);
+    kt_workers ws;
+    kt_workers_init(&ws, "late server", finish_main, 1, list, NULL);
+    ws.user = w;
+    kt_workers_start(&ws);
     struct timespec ts = {0, 300 * 1000000L};
     nanosleep(&ts, NULL); /* the worker is in finish, server 1 not up yet */
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[1], .num_workers = 1, .rank = 1, .update = KVPS_UPDATE_SUM}, &s[1]));
     KT_OK(kvps_server_start(s[1]));
-    pthread_join(th, NULL);
-    KT_CHECK(f.rc == KVPS_OK, "finish: %s: %s", kvps_result_str(f.rc), kvps_worker_last_error(w));
+    kt_workers_join(&ws); /* (its failure reported) */
     for (int i = 0; i < 2; i++) KT_CHECK(kvps_server_wait(s[i], 5000) == KVPS_OK, "server %d did not stop by itself", i);
     kvps_worker_destroy(&w);
     for (int i = 0; i < 2; i++) kvps_server_destroy(&s[i]);

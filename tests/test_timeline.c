@@ -37,32 +37,6 @@ static char tmp[4096];  /* this run's scratch directory, removed at the end */
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-/* Runs a shell command line from the repository root; its exit code, and stdout + stderr in *out. */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char full[sizeof cmd + sizeof root + 32];
-    snprintf(full, sizeof full, "cd '%s' && { %s ; } 2>&1", root, cmd);
-    fflush(stdout);
-    FILE *p = popen(full, "r");
-    size_t cap = 1 << 16, len = 0;
-    char *buf = (char *)malloc(cap);
-    buf[0] = 0;
-    if (!p) { *out = buf; return -1; }
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (cap - len < 4096) buf = (char *)realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
-
 static void show(const char *out) {
     size_t len = strlen(out);
     const char *p = len > 4000 ? out + len - 4000 : out;
@@ -79,7 +53,7 @@ static void check_with(const char *mode, const char *what, const char *spec) {
     fputs(spec, f);
     fclose(f);
     char *out;
-    int rc = run(&out, "python3 tests/timeline_check.py %s '%s' '%s'", mode, what, path);
+    int rc = kt_run_cmd(root, &out, "python3 tests/timeline_check.py %s '%s' '%s'", mode, what, path);
     KT_CHECK(rc == 0 && strstr(out, "check: ok"), "timeline_check %s %s: exit %d", mode, what, rc);
     if (kt_cur_failed) show(out);
     free(out);
@@ -89,7 +63,7 @@ static void check_with(const char *mode, const char *what, const char *spec) {
 static void fresh_dir(char *buf, size_t cap, const char *name) {
     snprintf(buf, cap, "%s/%s", tmp, name);
     char *out;
-    run(&out, "rm -rf '%s' && mkdir -p '%s'", buf, buf);
+    kt_run_cmd(root, &out, "rm -rf '%s' && mkdir -p '%s'", buf, buf);
     free(out);
 }
 
@@ -264,8 +238,8 @@ static void ps_spec(char *buf, size_t cap) {
 static void test_ps_job_under_kvps_run(void) {
     char dir[4200], spec[4096], *out;
     fresh_dir(dir, sizeof dir, "ps");
-    int rc = run(&out, "env -u KVPS_TIMELINE timeout 120 scripts/kvps-run -s 2 -w 2 --server-wait 1 --timeout 90 --timeline '%s' -- '%s' --ps-job",
-                 dir, self);
+    int rc = kt_run_cmd(root, &out, "env -u KVPS_TIMELINE timeout 120 scripts/kvps-run -s 2 -w 2 --server-wait 1 --timeout 90 --timeline '%s' -- '%s' --ps-job",
+                        dir, self);
     KT_CHECK(rc == 0, "kvps-run: exit %d", rc);
     KT_CHECK(strstr(out, "[worker 0] ps-job worker 0 ok") && strstr(out, "[worker 1] ps-job worker 1 ok"), "the job's results");
     /* kvps-run merged and summarised at the end */
@@ -278,7 +252,7 @@ static void test_ps_job_under_kvps_run(void) {
     check_with("ps", dir, spec);
     char merged[4300];
     snprintf(merged, sizeof merged, "%s/timeline.json", dir);
-    rc = run(&out, "python3 tests/timeline_check.py merged '%s' 4", merged);
+    rc = kt_run_cmd(root, &out, "python3 tests/timeline_check.py merged '%s' 4", merged);
     KT_CHECK(rc == 0 && strstr(out, "check: ok"), "merged file: exit %d", rc);
     KT_CHECK(strstr(out, "processes: server 0, server 1, worker 0, worker 1"), "merged: processes not in order");
     /* rounds: 2 slices x 5 steps + 1 slice x 5 steps + 3 raw keys, every tensor slice named */
@@ -287,8 +261,8 @@ static void test_ps_job_under_kvps_run(void) {
     free(out);
     /* the picture, where gnuplot is */
     if (access("/usr/bin/gnuplot", X_OK) == 0) {
-        rc = run(&out, "scripts/kvps-timeline '%s' -o '%s/m2.json' --png '%s/t.png' --quiet && head -c 8 '%s/t.png' | od -An -c",
-                 dir, tmp, tmp, tmp);
+        rc = kt_run_cmd(root, &out, "scripts/kvps-timeline '%s' -o '%s/m2.json' --png '%s/t.png' --quiet && head -c 8 '%s/t.png' | od -An -c",
+                        dir, tmp, tmp, tmp);
         KT_CHECK(rc == 0 && strstr(out, "P   N   G"), "--png: exit %d, not a PNG", rc);
         if (kt_cur_failed) show(out);
         free(out);
@@ -298,7 +272,7 @@ static void test_ps_job_under_kvps_run(void) {
 static void test_ring_job_under_kvps_run(void) {
     char dir[4200], *out;
     fresh_dir(dir, sizeof dir, "ring");
-    int rc = run(&out, "env -u KVPS_TIMELINE timeout 120 scripts/kvps-run -s 0 -w 3 --timeout 90 --timeline '%s' -- '%s' --ring-job", dir, self);
+    int rc = kt_run_cmd(root, &out, "env -u KVPS_TIMELINE timeout 120 scripts/kvps-run -s 0 -w 3 --timeout 90 --timeline '%s' -- '%s' --ring-job", dir, self);
     KT_CHECK(rc == 0, "kvps-run: exit %d", rc);
     for (int r = 0; r < 3; r++) {
         char want[64];
@@ -336,7 +310,7 @@ static void test_ring_job_under_kvps_run(void) {
     check_with("ring", dir, spec);
     char merged[4300];
     snprintf(merged, sizeof merged, "%s/timeline.json", dir);
-    rc = run(&out, "python3 tests/timeline_check.py merged '%s' 3", merged);
+    rc = kt_run_cmd(root, &out, "python3 tests/timeline_check.py merged '%s' 3", merged);
     KT_CHECK(rc == 0 && strstr(out, "processes: ring rank 0, ring rank 1, ring rank 2"), "merged: exit %d", rc);
     if (kt_cur_failed) show(out);
     free(out);
@@ -347,8 +321,8 @@ static void test_ring_job_under_kvps_run(void) {
 static void test_off_under_kvps_run(void) {
     char dir[4200], *out;
     fresh_dir(dir, sizeof dir, "off");
-    int rc = run(&out, "cd '%s' && env -u KVPS_TIMELINE timeout 120 '%s/scripts/kvps-run' -s 2 -w 2 --server-wait 1 --timeout 90 -- '%s' --ps-job",
-                 dir, root, self);
+    int rc = kt_run_cmd(root, &out, "cd '%s' && env -u KVPS_TIMELINE timeout 120 '%s/scripts/kvps-run' -s 2 -w 2 --server-wait 1 --timeout 90 -- '%s' --ps-job",
+                        dir, root, self);
     KT_CHECK(rc == 0, "kvps-run: exit %d", rc);
     KT_CHECK(strstr(out, "ps-job worker 1 ok"), "the job's results");
     KT_CHECK(!strstr(out, "kvps-timeline"), "kvps-run merged a timeline that was not asked for");
@@ -417,8 +391,8 @@ static void test_strings_and_big_files(void) {
              (long long)st.st_size);
     /* Python's replacement decoding of the bytes is the oracle: the name as JSON must decode to it */
     char *out;
-    int rc = run(&out, "python3 -c \"import json,sys; b=bytes.fromhex(sys.argv[1]); print(json.dumps(b.decode('utf-8','replace')))\" %s",
-                 "6122625c630a6409650166ff67e282ac");
+    int rc = kt_run_cmd(root, &out, "python3 -c \"import json,sys; b=bytes.fromhex(sys.argv[1]); print(json.dumps(b.decode('utf-8','replace')))\" %s",
+                        "6122625c630a6409650166ff67e282ac");
     KT_CHECK(rc == 0, "python3: exit %d", rc);
     char want[256];
     snprintf(want, sizeof want, "%.*s", (int)strcspn(out, "\n") - 2, out + 1); /* without the quotes */
@@ -584,7 +558,7 @@ int main(int argc, char **argv) {
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
     signal(SIGPIPE, SIG_IGN);
     char *out;
-    if (run(&out, "python3 -c 'import json'") != 0) {
+    if (kt_run_cmd(root, &out, "python3 -c 'import json'") != 0) {
         printf("skip: no python3 (the timeline is read back with its json module)\n");
         free(out);
         printf("0 passed, 0 failed, 1 skipped\n");
@@ -600,7 +574,7 @@ int main(int argc, char **argv) {
     KT_RUN(test_ps_job_under_kvps_run, 150);
     KT_RUN(test_ring_job_under_kvps_run, 150);
     KT_RUN(test_off_under_kvps_run, 150);
-    run(&out, "rm -rf '%s'", tmp);
+    kt_run_cmd(root, &out, "rm -rf '%s'", tmp);
     free(out);
     return kt_finish();
 }

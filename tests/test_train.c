@@ -5,7 +5,6 @@
 #include "kvps.h"
 #include "tests/kvps_test.h"
 #include <math.h>
-#include <pthread.h>
 
 enum { D = 17, N = 512, M = 4, PART = 8, T = 60 };
 static float X[N][D], Y[N], WSTAR[D], W0[D];
@@ -45,69 +44,57 @@ static double loss(const float *w) {
     return l / N;
 }
 
-typedef struct job {
-    const char *servers;
-    void *ctx;
-    int rank, steps;
-    float traj[T][D];
-    int fail;
-    char why[200];
-} job;
-
-static void *bsp_worker(void *arg) {
-    job *j = (job *)arg;
+/* Worker x->rank: its weights after every step, traj[step] (its record, float[T][D]), for the
+   steps in user (int). */
+static void bsp_worker(kt_wk *x) {
+    int steps = *(const int *)x->ws->user;
+    float (*traj)[D] = (float (*)[D])x->mine;
     kvps_worker *w = NULL;
     kvps_req q = 0;
     kvps_tensor t = 0;
     float wt[D], g[D];
-    if (kvps_worker_create(&(kvps_worker_desc){.servers = j->servers, .rank = j->rank, .num_workers = M,
-                                               .zmq_ctx = j->ctx, .min_slice = 4},
-                           &w) != KVPS_OK) { j->fail = 1; return NULL; }
+    kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = M,
+                                                            .zmq_ctx = x->ws->ctx, .min_slice = 4},
+                                       &w);
+    if (r != KVPS_OK) { kt_wk_fail(x, "create: %s", kvps_result_str(r)); return; }
     kvps_worker_tensor(w, "lsq.w", D, &t);
-    kvps_result r = KVPS_OK;
-    if (j->rank == 0) {
+    if (x->rank == 0) {
         kvps_worker_init_tensor(w, t, W0, &q);
         r = kvps_worker_wait(w, q, -1);
     }
     if (r == KVPS_OK && (r = kvps_worker_barrier(w, &q)) == KVPS_OK) r = kvps_worker_wait(w, q, -1);
     if (r == KVPS_OK && (r = kvps_worker_pull_tensor(w, t, wt, &q)) == KVPS_OK) r = kvps_worker_wait(w, q, -1);
-    for (int s = 0; s < j->steps && r == KVPS_OK; s++) {
-        lsq_grad(wt, s * M * PART + j->rank * PART, PART, g);
+    for (int s = 0; s < steps && r == KVPS_OK; s++) {
+        lsq_grad(wt, s * M * PART + x->rank * PART, PART, g);
         if ((r = kvps_worker_pushpull_tensor(w, t, g, wt, &q)) == KVPS_OK) r = kvps_worker_wait(w, q, -1);
-        memcpy(j->traj[s], wt, sizeof wt);
+        memcpy(traj[s], wt, sizeof wt);
     }
-    if (r != KVPS_OK) {
-        j->fail = 1;
-        snprintf(j->why, sizeof j->why, "%s %.100s", kvps_result_str(r), kvps_worker_last_error(w));
-    }
+    if (r != KVPS_OK) kt_wk_fail(x, "%s %.100s", kvps_result_str(r), kvps_worker_last_error(w));
     kvps_worker_destroy(&w);
-    return NULL;
 }
 
-static void run_cluster(kvps_consistency mode, int steps, job *jobs) {
+/* M workers, `steps` steps each; worker r's trajectory to traj[r]. A worker that failed is
+   reported. */
+static void run_cluster(const char *label, kvps_consistency mode, int steps, float (*traj)[T][D]) {
     kt_cluster c;
     kt_cluster_up(&c, "inproc", 2,
                   &(kvps_server_desc){.num_workers = M, .consistency = mode, .update = KVPS_UPDATE_SGD, .lr = LR});
-    pthread_t th[M];
-    for (int r = 0; r < M; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r].servers = c.servers;
-        jobs[r].ctx = c.ctx;
-        jobs[r].rank = r;
-        jobs[r].steps = steps;
-        pthread_create(&th[r], NULL, bsp_worker, &jobs[r]);
-    }
-    for (int r = 0; r < M; r++) pthread_join(th[r], NULL);
+    memset(traj, 0, M * sizeof *traj);
+    kt_workers ws;
+    kt_workers_init(&ws, label, bsp_worker, M, c.servers, c.ctx);
+    ws.user = &steps;
+    ws.each = traj;
+    ws.each_size = sizeof *traj;
+    kt_workers_run(&ws);
     kt_cluster_down(&c);
 }
 
-static job g_jobs[M];
+static float g_traj[M][T][D];
 
 static void test_bsp_equals_sequential_sgd(void) {
     float w[D], g[D], sum[D];
     memcpy(w, W0, sizeof w);
-    run_cluster(KVPS_BSP, T, g_jobs);
-    for (int r = 0; r < M; r++) KT_CHECK(!g_jobs[r].fail, "worker %d: %s", r, g_jobs[r].why);
+    run_cluster("BSP", KVPS_BSP, T, g_traj);
     int mismatches = 0;
     for (int s = 0; s < T; s++) {
         /* the oracle: one process, the batch's four parts in rank order */
@@ -118,25 +105,24 @@ static void test_bsp_equals_sequential_sgd(void) {
         }
         for (int j = 0; j < D; j++) w[j] -= LR * (sum[j] / (float)M);
         for (int r = 0; r < M; r++)
-            if (memcmp(g_jobs[r].traj[s], w, sizeof w) != 0 && mismatches++ < 3)
-                printf("  step %d worker %d: w[0] %.9g, sequential %.9g\n", s, r, g_jobs[r].traj[s][0], w[0]);
+            if (memcmp(g_traj[r][s], w, sizeof w) != 0 && mismatches++ < 3)
+                printf("  step %d worker %d: w[0] %.9g, sequential %.9g\n", s, r, g_traj[r][s][0], w[0]);
     }
     KT_CHECK(mismatches == 0, "%d (step, worker) pairs differ from sequential SGD", mismatches);
     KT_CHECK(loss(w) < 0.5 * loss(W0), "SGD made progress: %g -> %g", loss(W0), loss(w));
 }
 
 static void test_async_converges(void) {
-    run_cluster(KVPS_ASYNC, T, g_jobs);
-    for (int r = 0; r < M; r++) KT_CHECK(!g_jobs[r].fail, "worker %d: %s", r, g_jobs[r].why);
+    run_cluster("async", KVPS_ASYNC, T, g_traj);
     /* every worker ends close to the true weights (noise 0.01): compare with the start */
     double d0 = 0;
     for (int j = 0; j < D; j++) d0 += (W0[j] - WSTAR[j]) * (W0[j] - WSTAR[j]);
     for (int r = 0; r < M; r++) {
         double d = 0;
-        for (int j = 0; j < D; j++) d += pow(g_jobs[r].traj[T - 1][j] - WSTAR[j], 2);
+        for (int j = 0; j < D; j++) d += pow(g_traj[r][T - 1][j] - WSTAR[j], 2);
         KT_CHECK(sqrt(d) < 0.1 * sqrt(d0), "worker %d: |w - w*| = %.4f, started at %.4f", r, sqrt(d), sqrt(d0));
     }
-    KT_CHECK(loss(g_jobs[0].traj[T - 1]) < 0.01 * loss(W0), "loss %g vs initial %g", loss(g_jobs[0].traj[T - 1]),
+    KT_CHECK(loss(g_traj[0][T - 1]) < 0.01 * loss(W0), "loss %g vs initial %g", loss(g_traj[0][T - 1]),
              loss(W0));
 }
 
