@@ -25,7 +25,7 @@ static void test_server_bad_desc(void) {
         /* what cannot work is refused at once (issue 17): a rate no rule reads, heartbeats that
            would drop idle connections */
         {"lr with MEAN", {.endpoint = "inproc://api-d", .num_workers = 1, .lr = 0.1f}, KVPS_ERR_CONFIG},
-        {"lr with SUM", {.endpoint = "inproc://api-d", .num_workers = 1, .update = KVPS_UPDATE_SUM, .lr = 0.1f}, KVPS_ERR_CONFIG},
+        {"lr with SUM", {.endpoint = "inproc://api-d", .num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE, .lr = 0.1f}, KVPS_ERR_CONFIG},
         {"peer_timeout = heartbeat", {.endpoint = "inproc://api-d", .num_workers = 1, .heartbeat_ms = 2000, .peer_timeout_ms = 2000},
          KVPS_ERR_CONFIG},
         {"peer_timeout under 2 default heartbeats", {.endpoint = "inproc://api-d", .num_workers = 1, .peer_timeout_ms = 1999},

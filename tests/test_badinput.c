@@ -445,7 +445,7 @@ static int bi_waitq(kvps_worker *w, kvps_req q, const char *what) {
 static int bi_up(const char *transport, kvps_consistency cons) {
     F.async = cons == KVPS_ASYNC;
     kvps_server_desc d = {.num_workers = BI_M, .consistency = cons,
-                          .update = F.async ? KVPS_UPDATE_SUM : KVPS_UPDATE_MEAN, .max_value_len = BI_MAXLEN};
+                          .update = F.async ? KVPS_UPDATE_ACCUMULATE : KVPS_UPDATE_MEAN, .max_value_len = BI_MAXLEN};
     F.up = 1;
     if (kt_cluster_up(&F.c, transport, 2, &d) != 0) return -1;
     for (int r = 0; r < BI_M; r++) {
@@ -1222,7 +1222,7 @@ typedef struct bi_api {
 static int bi_api_up(bi_api *a) {
     memset(a, 0, sizeof *a);
     if (kt_cluster_up(&a->c, "inproc", 2,
-                      &(kvps_server_desc){.num_workers = 2, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM}) != 0)
+                      &(kvps_server_desc){.num_workers = 2, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE}) != 0)
         return -1;
     return kvps_worker_create(&(kvps_worker_desc){.servers = a->c.servers, .num_workers = 2, .zmq_ctx = a->c.ctx,
                                                   .timeout_ms = 5000},

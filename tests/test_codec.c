@@ -426,7 +426,7 @@ static void test_paths_identical(void) {
 static void test_ps_mixed_codecs(void) {
     enum { M = 3, N = 5003, STEPS = 4 };
     kt_cluster c;
-    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_SUM});
+    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = M, .update = KVPS_UPDATE_ACCUMULATE});
     kvps_codec cs[M] = {kvps_codec_get(KVPS_CODEC_FP16), kvps_codec_get(KVPS_CODEC_NONE), kvps_codec_get(KVPS_CODEC_TOPK)};
     cs[2].topk_fraction = 0.05;
     kvps_worker *w[M];
@@ -482,7 +482,7 @@ static void test_ps_mixed_codecs(void) {
 static void test_ps_error_feedback_conserves(void) {
     enum { N = 2000, STEPS = 40 };
     kt_cluster c;
-    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM});
+    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE});
     kvps_worker *w;
     kvps_tensor t;
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .min_slice = 100}, &w));
@@ -562,7 +562,7 @@ static void test_ps_coded_pull(void) {
 /* Malformed coded pushes from a raw DEALER: rejected with their error, nothing stored changes. */
 static void test_ps_bad_coded_push(void) {
     kt_cluster c;
-    kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+    kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE});
     kvps_log_set_level(KVPS_LOG_NONE);
     kvps_worker *w;
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
@@ -654,7 +654,7 @@ static void test_ps_user_codec(void) {
     kvps_codec q8 = {.id = 200, .name = "q8", .max_bytes = q8_max, .encode = q8_encode, .decode = q8_decode};
     for (int known = 0; known < 2; known++) {
         kt_cluster c;
-        kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM,
+        kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE,
                                                            .codecs = known ? &q8 : NULL, .num_codecs = known});
         kvps_log_set_level(KVPS_LOG_NONE);
         kvps_worker *w;

@@ -59,7 +59,7 @@ static void run_ssp(const char *label, kvps_consistency mode, int k, int kmin, i
     kt_cluster c;
     kt_cluster_up(&c, "inproc", 1, &(kvps_server_desc){.num_workers = m, .consistency = mode, .staleness = k,
                                                        .staleness_min = kmin, .on_switch = on_switch,
-                                                       .update = KVPS_UPDATE_SUM});
+                                                       .update = KVPS_UPDATE_ACCUMULATE});
     ssp_run j = {.slow_ms = slow_ms, .bound = k};
     memset(res, 0, (size_t)m * sizeof *res);
     kt_workers ws;

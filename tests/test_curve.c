@@ -64,7 +64,7 @@ static void test_curve_access(void) {
     const char *allowed[1] = {good.pub};
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                  .update = KVPS_UPDATE_SUM, .keep_serving = 1, .curve_secret_key = srv.sec,
+                                                  .update = KVPS_UPDATE_ACCUMULATE, .keep_serving = 1, .curve_secret_key = srv.sec,
                                                   .curve_clients = allowed, .num_curve_clients = 1},
                              &s));
     if (!s) return;
@@ -159,7 +159,7 @@ static void grow_curve(int shared) {
     char list2[600], list3[900], keys2[100], keys3[150];
     for (int i = 0; i < 3; i++) {
         KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = 1,
-                                                      .update = KVPS_UPDATE_SUM, .curve_secret_key = sk[i].sec,
+                                                      .update = KVPS_UPDATE_ACCUMULATE, .curve_secret_key = sk[i].sec,
                                                       .curve_clients = allowed, .num_curve_clients = 1},
                                  &s[i]));
         if (!s[i]) return;
@@ -249,7 +249,7 @@ static int c_stop, c_done[CW];
 static float c_final[CW][CKEY * CLEN];
 
 static kvps_server_desc chain_desc(int r) {
-    kvps_server_desc d = {.endpoint = c_ep[r], .num_workers = CW, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+    kvps_server_desc d = {.endpoint = c_ep[r], .num_workers = CW, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE,
                           .heartbeat_ms = 200, .peer_timeout_ms = 1000, .curve_secret_key = c_srv.sec,
                           .curve_clients = c_allowed, .num_curve_clients = CW + 1};
     d.replicas = c_chain;

@@ -147,7 +147,7 @@ static void test_exactly_once_over_cuts(void) {
         kvps_server *s = NULL;
         KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                       .consistency = bsp ? KVPS_BSP : KVPS_ASYNC,
-                                                      .update = KVPS_UPDATE_SUM, .heartbeat_ms = 100,
+                                                      .update = KVPS_UPDATE_ACCUMULATE, .heartbeat_ms = 100,
                                                       .peer_timeout_ms = 60000},
                                  &s));
         KT_OK(kvps_server_start(s));
@@ -435,7 +435,7 @@ static pid_t spawn_server(int port, const char *path, int restore, int every) {
     char ep[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
     kvps_server *s = NULL;
-    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 2, .update = KVPS_UPDATE_SUM,
+    kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 2, .update = KVPS_UPDATE_ACCUMULATE,
                                                            .checkpoint_path = path, .checkpoint_every = every,
                                                            .heartbeat_ms = 100, .peer_timeout_ms = 30000},
                                        &s);
@@ -640,7 +640,7 @@ static int kr_server_main(char **argv) {
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%s", argv[2]);
     kvps_server *s = NULL;
     kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = ep, .rank = rank, .num_workers = KR_W,
-                                                           .update = KVPS_UPDATE_SUM, .checkpoint_path = argv[4],
+                                                           .update = KVPS_UPDATE_ACCUMULATE, .checkpoint_path = argv[4],
                                                            .checkpoint_every = kr_every[rank], .heartbeat_ms = 100,
                                                            .peer_timeout_ms = 30000},
                                        &s);
@@ -761,7 +761,7 @@ static uint64_t kr_ckpt_round(const char *path, int rank) {
     kvps_server *s = NULL;
     uint64_t round = UINT64_MAX;
     if (kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://kr-peek", .rank = rank, .num_workers = KR_W,
-                                                .update = KVPS_UPDATE_SUM}, &s) == KVPS_OK &&
+                                                .update = KVPS_UPDATE_ACCUMULATE}, &s) == KVPS_OK &&
         kvps_server_restore(s, path) == KVPS_OK)
         round = s->max_round;
     kvps_server_destroy(&s);
@@ -838,11 +838,11 @@ static void test_restore_keeps_rounds(void) {
 
 /* Under BSP a worker that disconnects is lost after peer_timeout_ms: the survivor's pull,
    waiting for a round that cannot complete, gets KVPS_ERR_PEER_LOST instead of hanging. */
-/* A BSP server (KVPS_UPDATE_SUM, heartbeats 50 ms, a worker lost after 300 ms) and its two
+/* A BSP server (KVPS_UPDATE_ACCUMULATE, heartbeats 50 ms, a worker lost after 300 ms) and its two
    workers over TCP. */
 static void bsp_pair_up(kvps_server **s, kvps_worker *w[2]) {
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2,
-                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 50, .peer_timeout_ms = 300},
+                                                  .update = KVPS_UPDATE_ACCUMULATE, .heartbeat_ms = 50, .peer_timeout_ms = 300},
                              s));
     KT_OK(kvps_server_start(*s));
     for (int r = 0; r < 2; r++)
@@ -957,7 +957,7 @@ static void capture_log(void *user, kvps_log_level level, const char *msg) {
 static void test_handshake_cut(void) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                  .update = KVPS_UPDATE_SUM},
+                                                  .update = KVPS_UPDATE_ACCUMULATE},
                              &s));
     KT_OK(kvps_server_start(s));
     proxy px;
@@ -1056,7 +1056,7 @@ static void worker_with_x(kvps_server *s, kvps_worker **w, kvps_tensor *t, const
 static void test_size_limit(void) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                  .update = KVPS_UPDATE_SUM, .max_msg_bytes = 1 << 20},
+                                                  .update = KVPS_UPDATE_ACCUMULATE, .max_msg_bytes = 1 << 20},
                              &s));
     KT_OK(kvps_server_start(s));
     enum { LEN = 1000 };
@@ -1094,7 +1094,7 @@ static void test_size_limit(void) {
 static void test_unread_replies_bounded(void) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                  .update = KVPS_UPDATE_SUM, .max_queued_replies = 100},
+                                                  .update = KVPS_UPDATE_ACCUMULATE, .max_queued_replies = 100},
                              &s));
     s->gate = -1; /* (test hook) the raw client's pulls are served: the bound is on replies to a worker */
     KT_OK(kvps_server_start(s));
@@ -1305,7 +1305,7 @@ static void full_disk_child(void) {
     snprintf(path, sizeof path, "%s/full.ckpt", sub);
     printf("  %s\n", tiny ? "a 64 KiB tmpfs in a private mount namespace" : "no private tmpfs here: the directory is missing");
     kvps_server *s = NULL;
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .update = KVPS_UPDATE_SUM,
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE,
                                                   .checkpoint_path = path, .checkpoint_every = FD_EVERY},
                              &s));
     if (!s) return;
@@ -1366,7 +1366,7 @@ static void full_disk_child(void) {
     kvps_log_set_fn(NULL, NULL);
     kvps_log_set_level(KVPS_LOG_NONE);
     uint64_t at = n > 0 && n <= FD_MAX ? g_fd_at[n - 1] : 0;
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .update = KVPS_UPDATE_SUM},
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE},
                              &s));
     KT_OK(kvps_server_restore(s, path));
     KT_OK(kvps_server_start(s));

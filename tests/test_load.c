@@ -46,7 +46,7 @@ static void server_process(int ep_fd, int cmd_fd, int rep_fd, kvps_consistency c
     char eps[1024] = "";
     for (int i = 0; i < NS; i++) {
         kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = NW,
-                                                                .consistency = cons, .update = KVPS_UPDATE_SUM, .zmq_ctx = ctx,
+                                                                .consistency = cons, .update = KVPS_UPDATE_ACCUMULATE, .zmq_ctx = ctx,
                                                                 .keep_serving = 1},
                                            &s[i]);
         if (r != KVPS_OK) _exit(2);

@@ -80,7 +80,7 @@ static int run_threads(const char *transport, int n, int m, const size_t *lens, 
                        size_t min_slice) {
     kt_cluster c;
     if (kt_cluster_up(&c, transport, n,
-                      &(kvps_server_desc){.num_workers = m, .update = KVPS_UPDATE_SUM}) != 0) {
+                      &(kvps_server_desc){.num_workers = m, .update = KVPS_UPDATE_ACCUMULATE}) != 0) {
         kt_cluster_down(&c);
         return 1;
     }
@@ -141,7 +141,7 @@ static void test_pieces_layout(void) {
     size_t maxs[3] = {1, 7, 1000}, lens[6] = {1, 5, 999, 1001, 2500, 10007};
     for (int n = 1; n <= 4; n++) {
         kt_cluster c;
-        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE});
         for (int mi = 0; mi < 3; mi++) {
             kvps_worker *w = NULL;
             KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx, .min_slice = 1,
@@ -229,7 +229,7 @@ static void test_balance(void) {
     static const size_t want[5] = {0, 4, 4, 6, 4};
     for (int n = 1; n <= 4; n++) {
         kt_cluster c;
-        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+        kt_cluster_up(&c, "inproc", n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE});
         kvps_worker *w = NULL;
         KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
         size_t len = 1000003;
@@ -261,7 +261,7 @@ static void test_pull_view(void) {
         for (int n = 1; n <= 4; n++)
             for (int coded = 0; coded <= 1; coded++) {
                 kt_cluster c;
-                if (kt_cluster_up(&c, transports[tr], n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM})) {
+                if (kt_cluster_up(&c, transports[tr], n, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE})) {
                     KT_CHECK(0, "cluster");
                     kt_cluster_down(&c);
                     return;
@@ -317,7 +317,7 @@ static void test_pull_view(void) {
 static void test_raw_keys(void) {
     /* Many raw keys of different lengths in one call, spread over 3 servers, 2 workers. */
     kt_cluster c;
-    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = 2, .update = KVPS_UPDATE_SUM});
+    kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = 2, .update = KVPS_UPDATE_ACCUMULATE});
     kvps_worker *w[2];
     enum { NK = 50 };
     uint64_t keys[NK];
@@ -358,7 +358,7 @@ static void test_raw_keys(void) {
    while later pushes update the key: each reply must still hold the value of its own step. */
 static void inflight(size_t len) {
     kt_cluster c;
-    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_SUM});
+    kt_cluster_up(&c, "tcp", 2, &(kvps_server_desc){.num_workers = 1, .update = KVPS_UPDATE_ACCUMULATE});
     kvps_worker *w = NULL;
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers}, &w));
     enum { NQ = 200 };
@@ -430,7 +430,7 @@ static void test_processes(void) {
     for (int i = 0; i < N; i++) {
         char ep[256];
         spid[i] = kt_server_proc(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .rank = i, .num_workers = M,
-                                                     .update = KVPS_UPDATE_SUM},
+                                                     .update = KVPS_UPDATE_ACCUMULATE},
                                  ep, sizeof ep);
         if (spid[i] < 0) { KT_CHECK(0, "pipe"); return; }
         KT_CHECK(ep[0], "server %d did not report an endpoint", i);

@@ -264,7 +264,7 @@ static job J;
 
 static void async_kill(int victim_replica) {
     int steps = kt_quick() ? 150 : 400;
-    job_init(&J, victim_replica ? "ab" : "ap", KVPS_ASYNC, KVPS_UPDATE_SUM, 1 << 30);
+    job_init(&J, victim_replica ? "ab" : "ap", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1 << 30);
     job_start(&J);
     workers_start(&J);
     wait_steps(&J, steps / 3);
@@ -314,7 +314,7 @@ static void test_bsp_primary_killed(void) {
    after the kill the backup serves them, and every sum is exact. */
 static void test_grow_then_kill(void) {
     int steps = kt_quick() ? 30 : 60;
-    job_init(&J, "grow", KVPS_BSP, KVPS_UPDATE_SUM, steps);
+    job_init(&J, "grow", KVPS_BSP, KVPS_UPDATE_ACCUMULATE, steps);
     for (int r = 0; r < NREP; r++) snprintf(J.ep2[r], sizeof J.ep2[r], "ipc://@kvps-test-grow-%d-2-%d", (int)getpid(), r);
     snprintf(J.chain2, sizeof J.chain2, "%s|%s", J.ep2[0], J.ep2[1]);
     snprintf(J.servers3, sizeof J.servers3, "%s,%s", J.servers, J.chain2);
@@ -339,7 +339,7 @@ static void test_grow_then_kill(void) {
 
 static void test_replacement_then_kill(void) {
     int steps = kt_quick() ? 100 : 200;
-    job_init(&J, "rep", KVPS_ASYNC, KVPS_UPDATE_SUM, 1 << 30);
+    job_init(&J, "rep", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1 << 30);
     job_start(&J);
     workers_start(&J);
     wait_steps(&J, steps / 6);
@@ -363,7 +363,7 @@ static void test_replacement_then_kill(void) {
 }
 
 static void test_all_replicas_gone(void) {
-    job_init(&J, "gone", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
+    job_init(&J, "gone", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1);
     job_start(&J);
     kvps_worker *w = NULL;
     KT_OK(job_worker(&J, 0, 200, &w));
@@ -391,7 +391,7 @@ static void test_all_replicas_gone(void) {
    hold); once heartbeats drop the stopped backup (peer_timeout_ms), the primary goes on alone and
    answers. Resumed, the backup rejoins with a snapshot, and every sum is exact. */
 static void test_reply_waits_for_backup(void) {
-    job_init(&J, "hold", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
+    job_init(&J, "hold", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1);
     job_start(&J);
     kvps_worker *w = NULL;
     KT_OK(job_worker(&J, 0, 300, &w));
@@ -452,7 +452,7 @@ static kvps_result drive(kvps_worker **w, kvps_req *q, int n, int timeout_ms, in
 }
 
 static void test_bsp_half_replicated(void) {
-    job_init(&J, "half", KVPS_BSP, KVPS_UPDATE_SUM, 1);
+    job_init(&J, "half", KVPS_BSP, KVPS_UPDATE_ACCUMULATE, 1);
     job_start(&J);
     kvps_worker *w[NW] = {0};
     kvps_req qs[NW];
@@ -648,7 +648,7 @@ static void test_read_local_async(void) {
     snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
     kvps_server *srv[2] = {0};
     for (int r = 1; r >= 0; r--) {
-        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 1, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE,
                               .replicas = chain, .replica = r};
         KT_OK(kvps_server_create(&d, &srv[r]));
         KT_OK(kvps_server_start(srv[r]));
@@ -817,7 +817,7 @@ static int cutjob_start(cutjob *c, const char *tag, int nw) {
     for (int r = 1; r >= 0; r--) { /* the backup first: the primary's first snapshot finds it */
         char ep[120];
         snprintf(ep, sizeof ep, "ipc://@%s", c->sname[r]);
-        kvps_server_desc d = {.endpoint = ep, .num_workers = nw, .consistency = KVPS_BSP, .update = KVPS_UPDATE_SUM,
+        kvps_server_desc d = {.endpoint = ep, .num_workers = nw, .consistency = KVPS_BSP, .update = KVPS_UPDATE_ACCUMULATE,
                               .replicas = c->chain, .replica = r, .heartbeat_ms = 200, .peer_timeout_ms = 5000};
         if (kvps_server_create(&d, &c->srv[r]) != KVPS_OK || kvps_server_start(c->srv[r]) != KVPS_OK) return -1;
     }
@@ -1042,7 +1042,7 @@ static void log_keep(void *u, kvps_log_level lv, const char *msg) {
 }
 
 static void test_wrong_shard_refused(void) {
-    job_init(&J, "wrong", KVPS_ASYNC, KVPS_UPDATE_SUM, 1);
+    job_init(&J, "wrong", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1);
     kvps_log_set_fn(log_keep, NULL);
     kvps_log_set_level(KVPS_LOG_WARN);
     loglen = 0;
@@ -1118,7 +1118,7 @@ static void lost_worker_main(kt_wk *x) {
 }
 static void worker_lost_ends_chains(int elastic, int lost_last) {
     const char *what = elastic ? "elastic" : lost_last ? "BSP, the loss last" : "BSP";
-    job_init(&J, elastic ? "lwe" : lost_last ? "lwl" : "lwb", KVPS_BSP, KVPS_UPDATE_SUM, LW_STEPS);
+    job_init(&J, elastic ? "lwe" : lost_last ? "lwl" : "lwb", KVPS_BSP, KVPS_UPDATE_ACCUMULATE, LW_STEPS);
     J.elastic = elastic;
     job_start(&J);
     lwj lj = {&J, lost_last ? LW_K : -1};
@@ -1190,7 +1190,7 @@ static void quiet_log(void *u, kvps_log_level lv, const char *msg) {
     pthread_mutex_unlock(&quiet_mu);
 }
 static void test_clean_finish_quiet(void) {
-    job_init(&J, "quiet", KVPS_BSP, KVPS_UPDATE_SUM, 1);
+    job_init(&J, "quiet", KVPS_BSP, KVPS_UPDATE_ACCUMULATE, 1);
     loglen = 0;
     logbuf[0] = 0;
     quiet_known = quiet_gone = quiet_held = 0;
@@ -1324,7 +1324,7 @@ static int stranger_main(const job *j) {
 static void test_forged_repl_refused(void) {
     int steps = kt_quick() ? 150 : 300;
     setenv("KVPS_JOB_TOKEN", "the job's own token", 1); /* the servers (forked) and workers take it */
-    job_init(&J, "st", KVPS_ASYNC, KVPS_UPDATE_SUM, 1 << 30);
+    job_init(&J, "st", KVPS_ASYNC, KVPS_UPDATE_ACCUMULATE, 1 << 30);
     job_start(&J);
     workers_start(&J);
     wait_steps(&J, steps / 3);
@@ -1361,7 +1361,7 @@ static void test_stopped_primary_steps_down(void) {
     snprintf(chain, sizeof chain, "%s|%s", ep[0], ep[1]);
     pid_t pid[2];
     for (int r = 0; r < 2; r++) {
-        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 2, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_SUM,
+        kvps_server_desc d = {.endpoint = ep[r], .num_workers = 2, .consistency = KVPS_ASYNC, .update = KVPS_UPDATE_ACCUMULATE,
                               .heartbeat_ms = 200, .peer_timeout_ms = 1000};
         d.replicas = chain;
         d.replica = r;

@@ -367,7 +367,7 @@ static void check_pinned_ps(const char *srv_cpus, const cpu_set_t *srv_want, con
     kvps_server *sv = NULL;
     kvps_worker *w = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
-                                                 .update = KVPS_UPDATE_SUM, .io_cpus = srv_cpus}, &sv));
+                                                 .update = KVPS_UPDATE_ACCUMULATE, .io_cpus = srv_cpus}, &sv));
     check_new_io_threads(&before, 1, srv_want, "server io_cpus");
     if (!sv) return;
     KT_OK(kvps_server_start(sv));

@@ -45,7 +45,7 @@ static void log_stop(void) {
 static kvps_server *server_up(int num_workers, int rank, int stall_ms, int keep) {
     kvps_server *s = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = num_workers, .rank = rank,
-                                                  .update = KVPS_UPDATE_SUM, .heartbeat_ms = 100, .peer_timeout_ms = 400,
+                                                  .update = KVPS_UPDATE_ACCUMULATE, .heartbeat_ms = 100, .peer_timeout_ms = 400,
                                                   .stall_ms = stall_ms, .keep_serving = keep},
                              &s));
     if (s) KT_OK(kvps_server_start(s));
@@ -326,7 +326,7 @@ static void test_late_server_hears_goodbye(void) {
     for (int i = 0; i < 2; i++) snprintf(ep[i], sizeof ep[i], "ipc://@kvps-session-late-%d-%d", (int)getpid(), i);
     snprintf(list, sizeof list, "%s,%s", ep[0], ep[1]);
     kvps_server *s[2] = {NULL, NULL};
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[0], .num_workers = 1, .rank = 0, .update = KVPS_UPDATE_SUM}, &s[0]));
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[0], .num_workers = 1, .rank = 0, .update = KVPS_UPDATE_ACCUMULATE}, &s[0]));
     KT_OK(kvps_server_start(s[0]));
     kvps_worker *w = worker_up(list, 0, 1);
     if (!w || !s[0]) return;
@@ -343,7 +343,7 @@ static void test_late_server_hears_goodbye(void) {
     kt_workers_start(&ws);
     struct timespec ts = {0, 300 * 1000000L};
     nanosleep(&ts, NULL); /* the worker is in finish, server 1 not up yet */
-    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[1], .num_workers = 1, .rank = 1, .update = KVPS_UPDATE_SUM}, &s[1]));
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = ep[1], .num_workers = 1, .rank = 1, .update = KVPS_UPDATE_ACCUMULATE}, &s[1]));
     KT_OK(kvps_server_start(s[1]));
     kt_workers_join(&ws); /* (its failure reported) */
     for (int i = 0; i < 2; i++) KT_CHECK(kvps_server_wait(s[i], 5000) == KVPS_OK, "server %d did not stop by itself", i);

@@ -448,7 +448,7 @@ static void test_async_windows(void) {
     kvps_server *s = NULL;
     kvps_worker *w = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .consistency = KVPS_ASYNC,
-                                                 .update = KVPS_UPDATE_SUM, .timeline = dir}, &s));
+                                                 .update = KVPS_UPDATE_ACCUMULATE, .timeline = dir}, &s));
     if (!s) return;
     kvps_server_start(s);
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .timeline = ""}, &w));
@@ -490,7 +490,7 @@ static void test_lanes_and_rows(void) {
     kvps_server *s = NULL;
     kvps_worker *w = NULL;
     KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1, .consistency = KVPS_ASYNC,
-                                                 .update = KVPS_UPDATE_SUM, .timeline = ""}, &s));
+                                                 .update = KVPS_UPDATE_ACCUMULATE, .timeline = ""}, &s));
     if (!s) return;
     kvps_server_start(s);
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = kvps_server_endpoint(s), .timeline = dir}, &w));
