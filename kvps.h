@@ -2104,20 +2104,32 @@ typedef struct kvps__preq {
     kvps__hdr hdr;
 } kvps__preq;
 struct kvps__rq;
-static uint32_t kvps__preq_new(kvps_server *s, const struct kvps__rq *q);
-static void kvps__preq_drop(kvps_server *s, uint32_t tag);
-static void kvps__round_note(kvps_server *s, kvps__key *k, int count);
-/* A ROUND message is still to go (rounds applied or pushes completed since the last one). */
-static int kvps__round_pending(const kvps_server *s) { return s->rb.len || s->rd.len; }
-static void kvps__round_send(kvps_server *s);
-static int kvps__preq_pending(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id);
-static void kvps__preq_fail(kvps_server *s, kvps__key *k, const char *why);
-static void kvps__repl_event(kvps_server *s, int kind, uint32_t r);
-static void kvps__repl_send(kvps_server *s, int kind, zmq_msg_t *frames, int n);
-static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n);
-static uint64_t kvps__repl_floor(const kvps_server *s);
-static int kvps__repl_take_over(kvps_server *s, zmq_msg_t *fr, int nfr);
-static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr);
+/* REPLICAS: what the rest of the server asks of replication, all of it (>>replicas has the rest).
+   The request path: */
+static int kvps__repl_admit(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h0, const char *uid);
+                                         /* replica traffic, or a replica's CURVE key: 1 serve it, 0 refused
+                                            (or a REPL hello taken), -1 no replication matter */
+static int kvps__repl_inbound(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *h0);
+                                         /* before parsing: a REPL served, or a backup that cannot take over:
+                                            1 when the message is done with */
+static void kvps__repl_forward(kvps_server *s, const struct kvps__rq *q, zmq_msg_t *fr, int nfr);
+                                         /* a primary: the request down the chain, before it is served */
+static int kvps__repl_track(kvps_server *s, const struct kvps__rq *q); /* a BSP push's rounds: 1 tracked, 0 not, -1 memory */
+static void kvps__repl_untrack(kvps_server *s, int applied);          /* ... its own hold released */
+static void kvps__repl_round(kvps_server *s, kvps__key *k, int count);  /* a BSP round applied: its sum goes down */
+static void kvps__repl_after(kvps_server *s);                           /* after each message: those sums, sent */
+static int kvps__repl_reply(kvps_server *s, zmq_msg_t *frames, int n);  /* a reply: 1 when replication took it */
+static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id); /* a re-sent push still held: 1 */
+static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why);     /* held pushes answered with why */
+static void kvps__repl_worker_lost(kvps_server *s, int r);  /* a primary tells its backups */
+static void kvps__repl_disconnected(kvps_server *s, int fd); /* a connection closed */
+static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_result rc, const char *text);
+/* The serving loop (kvps_server_run): */
+static int kvps__repl_poll_items(kvps_server *s, zmq_pollitem_t *items, int n, int cap); /* the links, after n items */
+static long kvps__repl_timeout(const kvps_server *s, long tmo);  /* a primary looks at its links 10 times a second */
+static void kvps__repl_woke(kvps_server *s, long tmo);           /* after each poll: the fence */
+static void kvps__repl_batch(kvps_server *s, const zmq_pollitem_t *links, int nlinks); /* after each batch */
+static void kvps__repl_finish(kvps_server *s);                   /* the job ended: the last answers, down the chain */
 static void kvps__worker_lost(kvps_server *s, int r);
 
 #define KVPS__STAT_ADD(s, field, v) __atomic_fetch_add(&(s)->stats.field, (uint64_t)(v), __ATOMIC_RELAXED)
@@ -2197,13 +2209,7 @@ static void kvps__stamp_reply(const kvps_server *s, zmq_msg_t *frames, int n) {
 }
 static void kvps__server_send(kvps_server *s, zmq_msg_t *frames, int n) {
     kvps__stamp_reply(s, frames, n);
-    if (s->role == KVPS__ROLE_BACKUP && !kvps__read_reply(frames, n)) { /* serving the primary's copy: the primary answers */
-        for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
-        return;
-    }
-    if (s->role == KVPS__ROLE_PRIMARY && (s->nheld || kvps__round_pending(s) || kvps__repl_floor(s) < s->fwd_seq) &&
-        kvps__repl_hold(s, frames, n) == 0)
-        return; /* held until the backups have what it depends on (rounds not yet sent: the next message) */
+    if (kvps__repl_reply(s, frames, n)) return; /* a backup's (the primary answers), or held for the backups */
     if (kvps__send_frames(s->router, frames, n) == 0) return;
     KVPS__STAT_ADD(s, replies_dropped, 1);
     kvps__log(KVPS_LOG_DEBUG, "server %d: reply dropped: %s", s->desc.rank, zmq_strerror(zmq_errno()));
@@ -2549,7 +2555,7 @@ static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
         if (k->summed == (uint32_t)s->m) {
             if (k->nin == 0) break; /* everyone left: no round */
             if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
-            if (s->rmode && s->role == KVPS__ROLE_PRIMARY) kvps__round_note(s, k, (int)k->nin); /* down the chain */
+            kvps__repl_round(s, k, (int)k->nin); /* down the chain */
             k->summed = 0;
             k->nin = 0;
             advanced = 1;
@@ -2883,7 +2889,7 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
     char text[160];
     snprintf(text, sizeof text, "worker %d lost (no connection for %d ms): the round cannot complete", rank,
              s->desc.peer_timeout_ms);
-    kvps__preq_fail(s, NULL, text); /* REPLICAS under BSP: pushes waiting for their rounds */
+    kvps__repl_fail(s, NULL, text); /* REPLICAS under BSP: pushes waiting for their rounds */
     kvps__parked *all = s->barrier_waiters;
     s->barrier_waiters = NULL;
     for (uint32_t i = 0; i < s->nkeys; i++) {
@@ -2908,13 +2914,7 @@ static void kvps__liveness_events(kvps_server *s) {
     int32_t fd = -1;
     while (s->mon && kvps__monitor_event(s->mon, &ev, &fd)) {
         if (ev != ZMQ_EVENT_DISCONNECTED) continue;
-        for (int j = 0; s->member_fd && j < s->nrep; j++) /* a later connection with that number proves itself anew */
-            if (s->member_fd[j] == fd) s->member_fd[j] = -2;
-        if (s->primary_fd >= 0 && fd == s->primary_fd) {
-            s->primary_fd = -1; /* (once the job has ended, the primary leaving is no fault: it ends with it) */
-            kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: the primary's connection "
-                      "closed; this backup takes over when a worker comes", s->desc.rank, s->desc.replica);
-        }
+        kvps__repl_disconnected(s, fd);
         for (int r = 0; r < s->m; r++) {
             if (s->rank_fd[r] != fd) continue;
             s->rank_fd[r] = -1;
@@ -2931,7 +2931,7 @@ static void kvps__liveness(kvps_server *s) {
     int64_t now = kvps__now_ms();
     for (int r = 0; r < s->m; r++)
         if (s->gone_since[r] && !s->lost[r] && now - s->gone_since[r] >= s->desc.peer_timeout_ms) {
-            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_event(s, KVPS__REPL_LOST, (uint32_t)r); /* the backups do the same */
+            kvps__repl_worker_lost(s, r); /* the backups do the same */
             kvps__worker_lost(s, r);
         }
 }
@@ -3275,7 +3275,7 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
     KVPS__STAT_ADD(s, duplicates, 1);
     switch ((kvps__dup)q->op->dup) {
     case KVPS__DUP_UNLESS_PENDING:
-        if (kvps__preq_pending(s, h, q->id)) return 0; /* answered when its rounds are replicated */
+        if (kvps__repl_resent(s, h, q->id)) return 0; /* answered when its rounds are replicated */
         kvps__reply_ack(s, q->id, h);
         return 0;
     case KVPS__DUP_UNLESS_OPEN: /* (a barrier still open answers the same routing id when it completes) */
@@ -3305,8 +3305,6 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
    here (or, on a server restored from a checkpoint, the one its re-send window records). A
    hello is always looked at (kvps__hello_ok checks the job token). Refusals are answered
    (KVPS_ERR_AUTH), counted (stats.strangers) and logged once per connection, with its address. */
-static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_result rc, const char *text);
-
 static void kvps__stranger(kvps_server *s, zmq_msg_t *fr, const kvps__hdr *h0, int fd, const char *why) {
     KVPS__STAT_ADD(s, strangers, 1);
     uint64_t key = kvps__fnv(kvps__fnv(KVPS__FNV_BASIS, &fd, sizeof fd), zmq_msg_data(&fr[0]), zmq_msg_size(&fr[0]));
@@ -3335,57 +3333,15 @@ static void kvps__stranger(kvps_server *s, zmq_msg_t *fr, const kvps__hdr *h0, i
     if (kvps__send_frames(s->router, f, 3) != 0) KVPS__STAT_ADD(s, replies_dropped, 1); /* (its queue is full) */
 }
 
-/* REPL hello, [id][hdr][u64 job token digest, u64 chain hash]: the connection it comes on is
-   replica h.aux's, when the chain and the token are this server's. */
-static void kvps__repl_hello(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h) {
-    uint64_t v[2] = {0, 0};
-    const char *bad = NULL;
-    if (nfr != 3 || zmq_msg_size(&fr[2]) != sizeof v) bad = "a REPL hello of the wrong shape";
-    else memcpy(v, zmq_msg_data(&fr[2]), sizeof v);
-    if (bad) {
-    } else if (!s->member_fd) bad = "this server is no replica of a chain";
-    else if (h->aux >= (uint32_t)s->nrep || h->aux == (uint32_t)s->desc.replica) bad = "the sender names no other replica of this chain";
-    else if (v[1] != s->chain_hash) bad = "the sender's chain is not this server's";
-    else if (v[0] != s->token) bad = "the sender does not carry this job's token (KVPS_JOB_TOKEN)";
-    if (bad) {
-        kvps__stranger(s, fr, h, fd, bad);
-        return;
-    }
-    s->member_fd[h->aux] = fd;
-}
-
 /* 1: the message may be served (see above); 0: it was refused, or it was a REPL hello. */
 static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *h0) {
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
     int gate = __atomic_load_n(&s->gate, __ATOMIC_RELAXED); /* (a test's thread may set it) */
     if (gate < 0 || (fd < 0 && gate == 0)) return 1;
-    if (s->zap && fd >= 0) { /* CURVE: the key the connection proved (kvps__zap_serve's User-Id) */
-        const char *uid = zmq_msg_gets(&fr[1], "User-Id");
-        int rep = uid && strncmp(uid, "replica ", 8) == 0;
-        if (h0->op == KVPS__OP_REPL &&
-            (!rep || !s->curve_rep || h0->aux >= (uint32_t)s->ncurve_rep || strcmp(uid + 8, s->curve_rep[h0->aux]) != 0)) {
-            kvps__stranger(s, fr, h0, fd, rep ? "replica traffic from a CURVE key that is not the key of the replica it "
-                                                "names (curve_replica_keys)"
-                                              : "replica traffic from a CURVE key that is not one of this chain's replicas' "
-                                                "(curve_replica_keys): a worker's key cannot speak for a replica");
-            return 0;
-        }
-        if (h0->op != KVPS__OP_REPL && rep) {
-            kvps__stranger(s, fr, h0, fd, "a replica's CURVE key (curve_replica_keys) is not a worker's");
-            return 0;
-        }
-    }
-    if (h0->op == KVPS__OP_REPL) {
-        if (h0->rank == KVPS__REPL_HELLO) {
-            kvps__repl_hello(s, fr, nfr, fd, h0);
-            return 0;
-        }
-        if (s->member_fd && h0->aux < (uint32_t)s->nrep && h0->aux != (uint32_t)s->desc.replica && s->member_fd[h0->aux] == fd)
-            return 1;
-        kvps__stranger(s, fr, h0, fd, "replica traffic from a connection that has not proved itself a replica of this "
-                       "shard's chain (no REPL hello with the job's token and chain)");
-        return 0;
-    }
+    /* CURVE: the key the connection proved (kvps__zap_serve's User-Id) */
+    const char *uid = s->zap && fd >= 0 ? zmq_msg_gets(&fr[1], "User-Id") : NULL;
+    int repl = kvps__repl_admit(s, fr, nfr, fd, h0, uid);
+    if (repl >= 0) return repl;
     if (kvps__op(h0->op)->hello) return 1;
     uint32_t r = h0->rank, inc = 0, rid = UINT32_MAX;
     if (r < (uint32_t)s->m && h0->status && s->bad_inc[r] == (uint32_t)h0->status) return 1; /* refused in its hello's words */
@@ -3432,18 +3388,11 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
         kvps__hdr h0;
         memcpy(&h0, zmq_msg_data(&fr[1]), sizeof h0);
         if (h0.magic == KVPS__MAGIC && h0.version == KVPS__VERSION && !kvps__admit(s, fr, nfr, &h0)) return;
-        if (h0.magic == KVPS__MAGIC && h0.op == KVPS__OP_REPL) { /* from this shard's primary */
-            if (nfr <= 5) kvps__repl_serve(s, fr, nfr);
-            else kvps__repl_answer(s, &fr[0], h0.req_id, KVPS_ERR_MALFORMED, "a REPL message of more than 4 frames");
-            return;
-        }
-        if (s->role == KVPS__ROLE_BACKUP && !kvps__op(h0.op)->backup && !kvps__repl_take_over(s, fr, nfr)) return;
+        if (kvps__repl_inbound(s, fr, nfr, &h0)) return;
     }
     if (!kvps__parse(s, &q)) return;
     if (nfr > 3) { kvps__refuse(s, &q, KVPS_ERR_MALFORMED, "%d frames: no request has more than 2", nfr - 1); return; }
-    if (s->role == KVPS__ROLE_PRIMARY && q.op->chain != KVPS__CHAIN_LOCAL && !(s->rmode && q.op->chain == KVPS__CHAIN_ROUNDS))
-        kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* down the chain first: the backups serve it in this same order
-                                                       (BSP pushes: their rounds' sums go instead, kvps__round_send) */
+    kvps__repl_forward(s, &q, fr, nfr); /* down the chain first: the backups serve it in this same order */
     if (q.h.status && s->bad_inc[q.h.rank] == (uint32_t)q.h.status) { /* its hello was refused */
         kvps__refuse(s, &q, KVPS_ERR_CONFIG, "%s", s->bad_text[q.h.rank]);
         return;
@@ -3467,7 +3416,7 @@ static void kvps__handle_one(kvps_server *s, zmq_msg_t *fr, int nfr) {
 }
 static void kvps__handle(kvps_server *s, zmq_msg_t *fr, int nfr) {
     kvps__handle_one(s, fr, nfr);
-    if (kvps__round_pending(s)) kvps__round_send(s); /* the rounds it completed, down the chain */
+    kvps__repl_after(s); /* the rounds it completed, down the chain */
 }
 
 /* Keyed ops and the barrier: the frame count and a meta frame of nkeys entries. */
@@ -3755,16 +3704,11 @@ static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
             if (q->idx[i] != UINT32_MAX && s->keys[q->idx[i]]->ndef) kvps__flush(s, s->keys[q->idx[i]]);
     if (!kvps__create_keys(s, q)) return;
     /* REPLICAS under BSP: a push is answered once every round it is in has been applied and sent
-       down the chain (kvps__preq); its tag goes with each contribution */
-    int track = s->rmode && s->role == KVPS__ROLE_PRIMARY && (q->h.op == KVPS__OP_PUSH || q->h.op == KVPS__OP_PUSHPULL);
-    if (track && !(s->cur_preq = kvps__preq_new(s, q))) { kvps__refuse(s, q, KVPS_ERR_NOMEM, "push of %u keys", q->h.nkeys); return; }
+       down the chain */
+    int track = kvps__repl_track(s, q); /* (a tracked push is answered when its rounds are down the chain) */
+    if (track < 0) { kvps__refuse(s, q, KVPS_ERR_NOMEM, "push of %u keys", q->h.nkeys); return; }
     int applied = kvps__apply_values(s, q);
-    if (track) {
-        uint32_t t = s->cur_preq;
-        s->cur_preq = 0;
-        if (applied != 1) s->preq[t - 1].answered = s->preq[t - 1].refused = 1; /* (answered with the refusal) */
-        kvps__preq_drop(s, t); /* the request's own hold: answered now if its rounds are all applied */
-    }
+    kvps__repl_untrack(s, applied);
     if (applied != 1) return; /* refused, or deferred: answered when applied */
     /* Release the pushed bytes (a zero-copy inproc sender waits for this) before replying. */
     if (q->nfr == 3) { zmq_msg_close(&q->fr[2]); zmq_msg_init(&q->fr[2]); }
@@ -4172,7 +4116,7 @@ static void kvps__fail_finished(kvps_server *s) {
         if (fin < 0) continue;
         snprintf(text, sizeof text, "worker %d has finished (kvps_worker_finish or destroy), but round %llu of %s needs its "
                  "push", fin, (unsigned long long)k->round + 1, kvps__key_text(s, k->key, what, sizeof what));
-        kvps__preq_fail(s, k, text);
+        kvps__repl_fail(s, k, text);
     }
     for (uint32_t i = 0; i < s->nkeys; i++)
         if (s->keys[i]->waiters) kvps__wake(s, s->keys[i]); /* (kvps__try_pull answers those) */
@@ -5098,6 +5042,8 @@ static void kvps__serve_move(kvps_server *s, kvps__rq *q) {
 }
 
 // >>replicas
+/* A ROUND message is still to go (rounds applied or pushes completed since the last one). */
+static int kvps__round_pending(const kvps_server *s) { return s->rb.len || s->rd.len; }
 /* REPLICAS: each shard is a chain of servers (its entry of the server list, joined by '|').
    The primary sends every request that can change state (all but pulls and STATUS; under BSP
    not the pushes either, but each round's sum: see "rounds, not pushes" below), in the
@@ -6107,6 +6053,155 @@ static void kvps__repl_free(kvps_server *s) {
     kvps__free_strv(s->chain, s->nrep);
 }
 
+/* ---- what the rest of the server asks of replication (the interface in >>state) ---- */
+
+/* REPL hello, [id][hdr][u64 job token digest, u64 chain hash]: the connection it comes on is
+   replica h.aux's, when the chain and the token are this server's. */
+static void kvps__repl_hello(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h) {
+    uint64_t v[2] = {0, 0};
+    const char *bad = NULL;
+    if (nfr != 3 || zmq_msg_size(&fr[2]) != sizeof v) bad = "a REPL hello of the wrong shape";
+    else memcpy(v, zmq_msg_data(&fr[2]), sizeof v);
+    if (bad) {
+    } else if (!s->member_fd) bad = "this server is no replica of a chain";
+    else if (h->aux >= (uint32_t)s->nrep || h->aux == (uint32_t)s->desc.replica) bad = "the sender names no other replica of this chain";
+    else if (v[1] != s->chain_hash) bad = "the sender's chain is not this server's";
+    else if (v[0] != s->token) bad = "the sender does not carry this job's token (KVPS_JOB_TOKEN)";
+    if (bad) {
+        kvps__stranger(s, fr, h, fd, bad);
+        return;
+    }
+    s->member_fd[h->aux] = fd;
+}
+
+/* ONLY THE JOB TALKS TO THE JOB, for replication: REPL only from a connection on which a replica
+   of this chain proved itself (its REPL hello), and with CURVE only from that replica's key; a
+   replica's key never speaks for a worker. -1: not replication's to judge. */
+static int kvps__repl_admit(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h0, const char *uid) {
+    int rep = uid && strncmp(uid, "replica ", 8) == 0;
+    if (uid && h0->op == KVPS__OP_REPL &&
+        (!rep || !s->curve_rep || h0->aux >= (uint32_t)s->ncurve_rep || strcmp(uid + 8, s->curve_rep[h0->aux]) != 0)) {
+        kvps__stranger(s, fr, h0, fd, rep ? "replica traffic from a CURVE key that is not the key of the replica it "
+                                            "names (curve_replica_keys)"
+                                          : "replica traffic from a CURVE key that is not one of this chain's replicas' "
+                                            "(curve_replica_keys): a worker's key cannot speak for a replica");
+        return 0;
+    }
+    if (h0->op != KVPS__OP_REPL && rep) {
+        kvps__stranger(s, fr, h0, fd, "a replica's CURVE key (curve_replica_keys) is not a worker's");
+        return 0;
+    }
+    if (h0->op != KVPS__OP_REPL) return -1;
+    if (h0->rank == KVPS__REPL_HELLO) {
+        kvps__repl_hello(s, fr, nfr, fd, h0);
+        return 0;
+    }
+    if (s->member_fd && h0->aux < (uint32_t)s->nrep && h0->aux != (uint32_t)s->desc.replica && s->member_fd[h0->aux] == fd)
+        return 1;
+    kvps__stranger(s, fr, h0, fd, "replica traffic from a connection that has not proved itself a replica of this "
+                   "shard's chain (no REPL hello with the job's token and chain)");
+    return 0;
+}
+
+static int kvps__repl_inbound(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *h0) {
+    if (h0->magic == KVPS__MAGIC && h0->op == KVPS__OP_REPL) { /* from this shard's primary */
+        if (nfr <= 5) kvps__repl_serve(s, fr, nfr);
+        else kvps__repl_answer(s, &fr[0], h0->req_id, KVPS_ERR_MALFORMED, "a REPL message of more than 4 frames");
+        return 1;
+    }
+    return s->role == KVPS__ROLE_BACKUP && !kvps__op(h0->op)->backup && !kvps__repl_take_over(s, fr, nfr);
+}
+
+static void kvps__repl_forward(kvps_server *s, const kvps__rq *q, zmq_msg_t *fr, int nfr) {
+    if (s->role == KVPS__ROLE_PRIMARY && q->op->chain != KVPS__CHAIN_LOCAL && !(s->rmode && q->op->chain == KVPS__CHAIN_ROUNDS))
+        kvps__repl_send(s, KVPS__REPL_FWD, fr, nfr); /* (BSP pushes: their rounds' sums go instead, kvps__round_send) */
+}
+
+/* A BSP push at a primary of a chain is answered once every round it is in has been applied and
+   sent down the chain (kvps__preq); its tag (s->cur_preq) goes with each contribution. */
+static int kvps__repl_track(kvps_server *s, const kvps__rq *q) {
+    if (!(s->rmode && s->role == KVPS__ROLE_PRIMARY && q->op->chain == KVPS__CHAIN_ROUNDS)) return 0;
+    return (s->cur_preq = kvps__preq_new(s, q)) ? 1 : -1;
+}
+static void kvps__repl_untrack(kvps_server *s, int applied) {
+    uint32_t t = s->cur_preq;
+    if (!t) return;
+    s->cur_preq = 0;
+    if (applied != 1) s->preq[t - 1].answered = s->preq[t - 1].refused = 1; /* (answered with the refusal) */
+    kvps__preq_drop(s, t); /* the request's own hold: answered now if its rounds are all applied */
+}
+
+static void kvps__repl_round(kvps_server *s, kvps__key *k, int count) {
+    if (s->rmode && s->role == KVPS__ROLE_PRIMARY) kvps__round_note(s, k, count);
+}
+static void kvps__repl_after(kvps_server *s) {
+    if (kvps__round_pending(s)) kvps__round_send(s);
+}
+
+static int kvps__repl_reply(kvps_server *s, zmq_msg_t *frames, int n) {
+    if (s->role == KVPS__ROLE_BACKUP && !kvps__read_reply(frames, n)) { /* serving the primary's copy: the primary answers */
+        for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+        return 1;
+    }
+    /* held until the backups have what it depends on (rounds not yet sent: the next message) */
+    return s->role == KVPS__ROLE_PRIMARY && (s->nheld || kvps__round_pending(s) || kvps__repl_floor(s) < s->fwd_seq) &&
+           kvps__repl_hold(s, frames, n) == 0;
+}
+
+static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) { return kvps__preq_pending(s, h, id); }
+static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why) { kvps__preq_fail(s, k, why); }
+static void kvps__repl_worker_lost(kvps_server *s, int r) {
+    if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_event(s, KVPS__REPL_LOST, (uint32_t)r);
+}
+
+static void kvps__repl_disconnected(kvps_server *s, int fd) {
+    for (int j = 0; s->member_fd && j < s->nrep; j++) /* a later connection with that number proves itself anew */
+        if (s->member_fd[j] == fd) s->member_fd[j] = -2;
+    if (s->primary_fd >= 0 && fd == s->primary_fd) {
+        s->primary_fd = -1; /* (once the job has ended, the primary leaving is no fault: it ends with it) */
+        kvps__log(s->finish || s->end_at ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d replica %d: the primary's connection "
+                  "closed; this backup takes over when a worker comes", s->desc.rank, s->desc.replica);
+    }
+}
+
+static int kvps__repl_poll_items(kvps_server *s, zmq_pollitem_t *items, int n, int cap) {
+    for (int j = 0; j < s->nrep && n + 2 <= cap; j++) {
+        if (j == s->desc.replica || !s->links || !s->links[j].sock) continue;
+        zmq_pollitem_t a = {s->links[j].sock, 0, ZMQ_POLLIN, 0}, b = {s->links[j].mon, 0, ZMQ_POLLIN, 0};
+        items[n++] = a;
+        items[n++] = b;
+    }
+    return n;
+}
+static long kvps__repl_timeout(const kvps_server *s, long tmo) {
+    return s->role == KVPS__ROLE_PRIMARY && (tmo < 0 || tmo > 100) ? 100 : tmo;
+}
+static void kvps__repl_woke(kvps_server *s, long tmo) {
+    if (s->role != KVPS__ROLE_PRIMARY || s->nrep < 2) return;
+    int64_t now = kvps__now_ms();
+    if (s->loop_at && !s->fenced && now - s->loop_at > (tmo > 0 ? tmo : 0) + s->desc.peer_timeout_ms) {
+        kvps__repl_fence(s, now - s->loop_at);
+        kvps__repl_links_poll(s); /* what the backups said meanwhile, before any request is served */
+    } else if (s->fenced && now - s->fence_at > 2 * (int64_t)s->desc.peer_timeout_ms) {
+        for (int j = 0; j < s->nrep; j++) s->links[j].wait_for = 0; /* kvps__repl_release unfences */
+        kvps__repl_release(s);
+    }
+    s->loop_at = now;
+}
+static void kvps__repl_batch(kvps_server *s, const zmq_pollitem_t *links, int nlinks) {
+    if (s->role == KVPS__ROLE_PRIMARY) { /* the links are read when they have something (or 10 times a second) */
+        int linked = 0;
+        for (int i = 0; i < nlinks; i++) linked |= links[i].revents & ZMQ_POLLIN;
+        if (linked || kvps__now_ms() >= s->repl_look) kvps__repl_links_poll(s); /* acknowledgements, connects, drops */
+        else kvps__repl_snapshots(s); /* one that waited for no round to be half summed */
+    }
+    if (s->ack_now) kvps__repl_ack(s); /* a backup: one acknowledgement per batch, of the last message applied */
+}
+static void kvps__repl_finish(kvps_server *s) {
+    /* the backups hold every goodbye and LOST sent, so they end too */
+    if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_drain(s, 1000);
+}
+
 // >>curve
 /* CURVE on the server socket and its ZAP handler; certificates. */
 static int kvps__z85_key(const char *z85, uint8_t out[32]) {
@@ -6445,16 +6540,11 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         memcpy(items, base, sizeof base);
         int nitems = 4;
         if (!s->zap) items[3].socket = s->mon, items[3].events = 0; /* (a slot that never fires) */
-        for (int j = 0; j < s->nrep && nitems + 2 <= (int)(sizeof items / sizeof items[0]); j++) {
-            if (j == s->desc.replica || !s->links || !s->links[j].sock) continue;
-            zmq_pollitem_t a = {s->links[j].sock, 0, ZMQ_POLLIN, 0}, b = {s->links[j].mon, 0, ZMQ_POLLIN, 0};
-            items[nitems++] = a;
-            items[nitems++] = b;
-        }
+        nitems = kvps__repl_poll_items(s, items, nitems, (int)(sizeof items / sizeof items[0]));
         /* the stall inspector looks once a second (an idle server wakes that often); a primary
            with a backup not yet joined looks at its links every 100 ms */
         long tmo = kvps__liveness_pending(s) ? 100 : s->desc.stall_ms > 0 ? 1000 : -1;
-        if (s->role == KVPS__ROLE_PRIMARY && (tmo < 0 || tmo > 100)) tmo = 100;
+        tmo = kvps__repl_timeout(s, tmo);
         if (s->end_at) { /* an elastic job that has ended: its wait for a lost worker to come back */
             int64_t left = s->end_at - kvps__now_ms();
             if (tmo < 0 || tmo > left) tmo = left < 0 ? 0 : (long)left;
@@ -6464,17 +6554,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             kvps__log(KVPS_LOG_ERROR, "server %d: zmq_poll: %s", s->desc.rank, zmq_strerror(zmq_errno()));
             return KVPS_ERR_ZMQ;
         }
-        if (s->role == KVPS__ROLE_PRIMARY && s->nrep > 1) { /* stood still (stopped) past peer_timeout_ms? */
-            int64_t now = kvps__now_ms();
-            if (s->loop_at && !s->fenced && now - s->loop_at > (tmo > 0 ? tmo : 0) + s->desc.peer_timeout_ms) {
-                kvps__repl_fence(s, now - s->loop_at);
-                kvps__repl_links_poll(s); /* what the backups said meanwhile, before any request is served */
-            } else if (s->fenced && now - s->fence_at > 2 * (int64_t)s->desc.peer_timeout_ms) {
-                for (int j = 0; j < s->nrep; j++) s->links[j].wait_for = 0; /* kvps__repl_release unfences */
-                kvps__repl_release(s);
-            }
-            s->loop_at = now;
-        }
+        kvps__repl_woke(s, tmo); /* a primary that stood still (stopped) past peer_timeout_ms is fenced */
         if (items[1].revents & ZMQ_POLLIN) {
             char c;
             int stop = 0;
@@ -6491,13 +6571,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
             for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         }
         kvps__flush_all(s); /* nothing more queued: apply what was held back */
-        if (s->role == KVPS__ROLE_PRIMARY) { /* the links are read when they have something (or 10 times a second) */
-            int linked = 0;
-            for (int i = 4; i < nitems; i++) linked |= items[i].revents & ZMQ_POLLIN;
-            if (linked || kvps__now_ms() >= s->repl_look) kvps__repl_links_poll(s); /* acknowledgements, connects, drops */
-            else kvps__repl_snapshots(s); /* one that waited for no round to be half summed */
-        }
-        if (s->ack_now) kvps__repl_ack(s); /* a backup: one acknowledgement per batch, of the last message applied */
+        kvps__repl_batch(s, items + 4, nitems - 4); /* the links' news; a backup's acknowledgement */
         if (s->zap && (items[3].revents & ZMQ_POLLIN)) kvps__zap_serve(s);
         if (items[2].revents & ZMQ_POLLIN) kvps__liveness_events(s);
         if (kvps__liveness_pending(s)) kvps__liveness(s);
@@ -6505,7 +6579,7 @@ KVPS_API kvps_result kvps_server_run(kvps_server *s) {
         kvps__job_end(s);
         if (s->finish) {
             /* the last goodbyes' answers; the backups hold every goodbye and LOST sent, so they end too */
-            if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_drain(s, 1000);
+            kvps__repl_finish(s);
             if (s->finish == 2) {
                 char lost[200], fin[200];
                 kvps__log(KVPS_LOG_WARN, "server %d: the job has ended with workers lost: lost %s, finished %s (of %d); "
