@@ -1424,6 +1424,27 @@ typedef struct kvps__kent {
 
 typedef char kvps__hdr_size_check[sizeof(kvps__hdr) == KVPS__HDR ? 1 : -1];
 typedef char kvps__kent_size_check[sizeof(kvps__kent) == KVPS__KENT ? 1 : -1];
+/* A REPL message's header (REPLICAS): kvps__hdr's bytes, named for what they carry there: the
+   kind of message in rank's place, the sender's epoch in nkeys', its sequence number in
+   req_id's, its place in the chain in aux's (kvps__rhdr_of, kvps__repl_hdr). */
+typedef struct kvps__rhdr {
+    uint32_t magic;
+    uint8_t version, op;
+    uint16_t flags;
+    uint32_t kind, epoch;
+    uint64_t seq;
+    int32_t status;
+    uint32_t place;
+} kvps__rhdr;
+typedef char kvps__rhdr_check[sizeof(kvps__rhdr) == sizeof(kvps__hdr) && offsetof(kvps__rhdr, kind) == offsetof(kvps__hdr, rank) &&
+                              offsetof(kvps__rhdr, epoch) == offsetof(kvps__hdr, nkeys) &&
+                              offsetof(kvps__rhdr, seq) == offsetof(kvps__hdr, req_id) &&
+                              offsetof(kvps__rhdr, place) == offsetof(kvps__hdr, aux) ? 1 : -1];
+static kvps__rhdr kvps__rhdr_of(const kvps__hdr *h) {
+    kvps__rhdr r;
+    memcpy(&r, h, sizeof r);
+    return r;
+}
 
 /* A coded values frame: per key [u32 bytes][codec blob], walked in key order. */
 typedef struct kvps__blobs {
@@ -5135,17 +5156,19 @@ static int kvps__repl_hold(kvps_server *s, zmq_msg_t *frames, int n) {
     return 0;
 }
 
-/* A REPL header: kind, sequence, epoch; the sender's place in the chain in aux. */
+/* A REPL header (kvps__rhdr): kind, this server's epoch, sequence seq, its place in the chain. */
 static kvps__hdr kvps__repl_hdr(const kvps_server *s, int kind, uint64_t seq) {
+    kvps__rhdr r;
     kvps__hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVPS__MAGIC;
-    h.version = KVPS__VERSION;
-    h.op = KVPS__OP_REPL;
-    h.rank = (uint32_t)kind;
-    h.nkeys = s->epoch;
-    h.req_id = seq;
-    h.aux = (uint32_t)s->desc.replica;
+    memset(&r, 0, sizeof r);
+    r.magic = KVPS__MAGIC;
+    r.version = KVPS__VERSION;
+    r.op = KVPS__OP_REPL;
+    r.kind = (uint32_t)kind;
+    r.epoch = s->epoch;
+    r.seq = seq;
+    r.place = (uint32_t)s->desc.replica;
+    memcpy(&h, &r, sizeof h);
     return h;
 }
 
@@ -5773,24 +5796,25 @@ static void kvps__repl_links_poll(kvps_server *s) {
             if (zmq_msg_size(&fr[0]) >= sizeof h) {
                 memcpy(&h, zmq_msg_data(&fr[0]), sizeof h);
                 if (h.magic == KVPS__MAGIC && h.op == (KVPS__OP_REPL | KVPS__OP_REPLY)) {
-                    if (h.status != KVPS_OK && h.nkeys > s->epoch) { /* it is the primary of a later epoch */
+                    kvps__rhdr rh = kvps__rhdr_of(&h);
+                    if (rh.status != KVPS_OK && rh.epoch > s->epoch) { /* it is the primary of a later epoch */
                         for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
-                        kvps__repl_step_down(s, h.aux, h.nkeys);
+                        kvps__repl_step_down(s, rh.place, rh.epoch);
                         return;
                     }
-                    if (h.status != KVPS_OK) {
+                    if (rh.status != KVPS_OK) {
                         char text[256];
                         kvps__frame_text(fr, n, text, sizeof text);
                         kvps__log(KVPS_LOG_WARN, "server %d replica %d: replica %d (%s) refused: %s (%s)%s", s->desc.rank,
-                                  s->desc.replica, j, s->chain[j], text, kvps_result_str((kvps_result)h.status),
-                                  h.status == KVPS_ERR_CHECKPOINT || h.status == KVPS_ERR_CONFIG ? "; it stays out of the chain"
+                                  s->desc.replica, j, s->chain[j], text, kvps_result_str((kvps_result)rh.status),
+                                  rh.status == KVPS_ERR_CHECKPOINT || rh.status == KVPS_ERR_CONFIG ? "; it stays out of the chain"
                                                                                                    : "; it gets a snapshot");
-                        l->state = h.status == KVPS_ERR_CHECKPOINT || h.status == KVPS_ERR_CONFIG ? KVPS__LINK_DOWN
+                        l->state = rh.status == KVPS_ERR_CHECKPOINT || rh.status == KVPS_ERR_CONFIG ? KVPS__LINK_DOWN
                                                                                                    : KVPS__LINK_JOINING;
                         if (!s->fenced) l->wait_for = 0; /* (fenced: its snapshot, or peer_timeout_ms, decides) */
                     } else if (l->state == KVPS__LINK_SNAP || l->state == KVPS__LINK_LIVE) {
-                        l->acked = h.req_id;
-                        if (l->state == KVPS__LINK_SNAP && h.req_id >= l->snap_seq) {
+                        l->acked = rh.seq;
+                        if (l->state == KVPS__LINK_SNAP && rh.seq >= l->snap_seq) {
                             l->state = KVPS__LINK_LIVE;
                             l->wait_for = 0;
                             if (s->fenced) {
@@ -5855,66 +5879,66 @@ static const char *kvps__repl_load(kvps_server *s, zmq_msg_t *ck, zmq_msg_t *ses
 
 /* Backup: one message from the primary, [id][repl hdr][...]. */
 static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
-    kvps__hdr h;
+    kvps__rhdr h;
     memcpy(&h, zmq_msg_data(&fr[1]), sizeof h);
     char text[600];
-    if (h.rank == KVPS__REPL_HELLO) return; /* (proved in kvps__admit; over inproc there is nothing to prove) */
-    if (s->role == KVPS__ROLE_NONE || h.aux >= (uint32_t)s->nrep || h.aux == (uint32_t)s->desc.replica) {
+    if (h.kind == KVPS__REPL_HELLO) return; /* (proved in kvps__admit; over inproc there is nothing to prove) */
+    if (s->role == KVPS__ROLE_NONE || h.place >= (uint32_t)s->nrep || h.place == (uint32_t)s->desc.replica) {
         snprintf(text, sizeof text, "server %d (%s) is not a replica of that chain (it has %d replicas, the sender says it is "
-                 "replica %u)", s->desc.rank, s->endpoint, s->nrep, h.aux);
-        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_CONFIG, text);
+                 "replica %u)", s->desc.rank, s->endpoint, s->nrep, h.place);
+        kvps__repl_answer(s, &fr[0], h.seq, KVPS_ERR_CONFIG, text);
         return;
     }
-    if (h.nkeys < s->epoch) {
-        snprintf(text, sizeof text, "replica %u speaks for epoch %u, but replica %d (%s) was promoted in epoch %u", h.aux,
-                 h.nkeys, s->desc.replica, s->endpoint, s->epoch);
-        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+    if (h.epoch < s->epoch) {
+        snprintf(text, sizeof text, "replica %u speaks for epoch %u, but replica %d (%s) was promoted in epoch %u", h.place,
+                 h.epoch, s->desc.replica, s->endpoint, s->epoch);
+        kvps__repl_answer(s, &fr[0], h.seq, KVPS_ERR_STATE, text);
         return;
     }
-    if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_step_down(s, h.aux, h.nkeys); /* a primary of a later epoch */
+    if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_step_down(s, h.place, h.epoch); /* a primary of a later epoch */
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
     if (fd >= 0) s->primary_fd = fd;
-    s->epoch = h.nkeys;
+    s->epoch = h.epoch;
     zmq_msg_close(&s->primary_id);
     zmq_msg_init(&s->primary_id);
     zmq_msg_copy(&s->primary_id, &fr[0]);
-    if (h.rank == KVPS__REPL_SNAP) {
+    if (h.kind == KVPS__REPL_SNAP) {
         const char *why = nfr == 4 ? kvps__repl_load(s, &fr[2], &fr[3]) : "a snapshot of the wrong shape";
         if (why) {
             s->synced = 0;
             snprintf(text, sizeof text, "server %d replica %d (%s) refused the snapshot: %s", s->desc.rank, s->desc.replica,
                      s->endpoint, why);
             kvps__log(KVPS_LOG_ERROR, "%s", text);
-            kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_CHECKPOINT, text);
+            kvps__repl_answer(s, &fr[0], h.seq, KVPS_ERR_CHECKPOINT, text);
             return;
         }
         s->synced = 1;
-        s->fwd_seq = h.req_id;
-        s->ack_due = h.req_id;
+        s->fwd_seq = h.seq;
+        s->ack_due = h.seq;
         s->ack_now = 1;
         KVPS__STAT_ADD(s, snapshots, 1);
         kvps__repl_stats(s);
         kvps__log(KVPS_LOG_INFO, "server %d replica %d: snapshot of %u keys at round %llu from replica %u (epoch %u)",
-                  s->desc.rank, s->desc.replica, s->nkeys, (unsigned long long)s->max_round, h.aux, h.nkeys);
+                  s->desc.rank, s->desc.replica, s->nkeys, (unsigned long long)s->max_round, h.place, h.epoch);
         return;
     }
-    if (!s->synced || h.req_id != s->fwd_seq + 1 || h.rank >= KVPS__REPL_KINDS) {
-        snprintf(text, sizeof text, "message %llu of kind %u after %llu%s", (unsigned long long)h.req_id, h.rank,
+    if (!s->synced || h.seq != s->fwd_seq + 1 || h.kind >= KVPS__REPL_KINDS) {
+        snprintf(text, sizeof text, "message %llu of kind %u after %llu%s", (unsigned long long)h.seq, h.kind,
                  (unsigned long long)s->fwd_seq, s->synced ? "" : " without a snapshot");
-        kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+        kvps__repl_answer(s, &fr[0], h.seq, KVPS_ERR_STATE, text);
         return;
     }
-    s->fwd_seq = h.req_id;
-    s->ack_due = h.req_id;
+    s->fwd_seq = h.seq;
+    s->ack_due = h.seq;
     s->ack_now = 1;
     s->replaying = 1;
-    if (h.rank == KVPS__REPL_FWD && nfr >= 4) { /* [id][repl][worker id][meta][values?] */
+    if (h.kind == KVPS__REPL_FWD && nfr >= 4) { /* [id][repl][worker id][meta][values?] */
         zmq_msg_t sub[3];
         int ns = nfr - 2 > 3 ? 3 : nfr - 2;
         for (int i = 0; i < ns; i++) { zmq_msg_init(&sub[i]); zmq_msg_move(&sub[i], &fr[i + 2]); }
         kvps__handle(s, sub, ns);
         for (int i = 0; i < ns; i++) zmq_msg_close(&sub[i]);
-    } else if (h.rank == KVPS__REPL_ROUND) {
+    } else if (h.kind == KVPS__REPL_ROUND) {
         char why[300];
         const char *bad = !s->rmode ? "a round's sum, but this replica takes every push (its consistency is not BSP, or "
                                       "it is elastic)"
@@ -5925,11 +5949,11 @@ static void kvps__repl_serve(kvps_server *s, zmq_msg_t *fr, int nfr) {
             s->ack_now = 0;
             kvps__repl_stats(s);
             snprintf(text, sizeof text, "server %d replica %d (%s): message %llu refused: %s", s->desc.rank, s->desc.replica,
-                     s->endpoint, (unsigned long long)h.req_id, bad);
+                     s->endpoint, (unsigned long long)h.seq, bad);
             kvps__log(KVPS_LOG_ERROR, "%s", text);
-            kvps__repl_answer(s, &fr[0], h.req_id, KVPS_ERR_STATE, text);
+            kvps__repl_answer(s, &fr[0], h.seq, KVPS_ERR_STATE, text);
         }
-    } else if (h.rank == KVPS__REPL_LOST && nfr == 3 && zmq_msg_size(&fr[2]) == 4) {
+    } else if (h.kind == KVPS__REPL_LOST && nfr == 3 && zmq_msg_size(&fr[2]) == 4) {
         uint32_t r;
         memcpy(&r, zmq_msg_data(&fr[2]), 4);
         if (r < (uint32_t)s->m && !s->lost[r]) kvps__worker_lost(s, (int)r);
@@ -6059,19 +6083,20 @@ static void kvps__repl_free(kvps_server *s) {
    replica h.aux's, when the chain and the token are this server's. */
 static void kvps__repl_hello(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h) {
     uint64_t v[2] = {0, 0};
+    kvps__rhdr rh = kvps__rhdr_of(h);
     const char *bad = NULL;
     if (nfr != 3 || zmq_msg_size(&fr[2]) != sizeof v) bad = "a REPL hello of the wrong shape";
     else memcpy(v, zmq_msg_data(&fr[2]), sizeof v);
     if (bad) {
     } else if (!s->member_fd) bad = "this server is no replica of a chain";
-    else if (h->aux >= (uint32_t)s->nrep || h->aux == (uint32_t)s->desc.replica) bad = "the sender names no other replica of this chain";
+    else if (rh.place >= (uint32_t)s->nrep || rh.place == (uint32_t)s->desc.replica) bad = "the sender names no other replica of this chain";
     else if (v[1] != s->chain_hash) bad = "the sender's chain is not this server's";
     else if (v[0] != s->token) bad = "the sender does not carry this job's token (KVPS_JOB_TOKEN)";
     if (bad) {
         kvps__stranger(s, fr, h, fd, bad);
         return;
     }
-    s->member_fd[h->aux] = fd;
+    s->member_fd[rh.place] = fd;
 }
 
 /* ONLY THE JOB TALKS TO THE JOB, for replication: REPL only from a connection on which a replica
@@ -6079,8 +6104,9 @@ static void kvps__repl_hello(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, con
    replica's key never speaks for a worker. -1: not replication's to judge. */
 static int kvps__repl_admit(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, const kvps__hdr *h0, const char *uid) {
     int rep = uid && strncmp(uid, "replica ", 8) == 0;
+    kvps__rhdr rh = kvps__rhdr_of(h0); /* (what it is if its op is REPL) */
     if (uid && h0->op == KVPS__OP_REPL &&
-        (!rep || !s->curve_rep || h0->aux >= (uint32_t)s->ncurve_rep || strcmp(uid + 8, s->curve_rep[h0->aux]) != 0)) {
+        (!rep || !s->curve_rep || rh.place >= (uint32_t)s->ncurve_rep || strcmp(uid + 8, s->curve_rep[rh.place]) != 0)) {
         kvps__stranger(s, fr, h0, fd, rep ? "replica traffic from a CURVE key that is not the key of the replica it "
                                             "names (curve_replica_keys)"
                                           : "replica traffic from a CURVE key that is not one of this chain's replicas' "
@@ -6092,11 +6118,11 @@ static int kvps__repl_admit(kvps_server *s, zmq_msg_t *fr, int nfr, int fd, cons
         return 0;
     }
     if (h0->op != KVPS__OP_REPL) return -1;
-    if (h0->rank == KVPS__REPL_HELLO) {
+    if (rh.kind == KVPS__REPL_HELLO) {
         kvps__repl_hello(s, fr, nfr, fd, h0);
         return 0;
     }
-    if (s->member_fd && h0->aux < (uint32_t)s->nrep && h0->aux != (uint32_t)s->desc.replica && s->member_fd[h0->aux] == fd)
+    if (s->member_fd && rh.place < (uint32_t)s->nrep && rh.place != (uint32_t)s->desc.replica && s->member_fd[rh.place] == fd)
         return 1;
     kvps__stranger(s, fr, h0, fd, "replica traffic from a connection that has not proved itself a replica of this "
                    "shard's chain (no REPL hello with the job's token and chain)");
