@@ -1324,53 +1324,54 @@ static void kvps__tl_req_end(kvps_worker *w, struct kvps__req *q);
 static uint64_t kvps__tl_floats(const size_t *lens, size_t n);
 
 // >>wire
-/* THE OPS, one row each, in op-number order: the number on the wire, the name, then what the op
-   is, as kvps__op_spec's fields by name (a field left out is 0; see kvps__op_spec in >>dispatch).
+/* THE OPS, one row each, in op-number order: the number on the wire, the name, the handler, then
+   what the op is, as kvps__op_spec's fields by name, in their order (a field left out is 0; see
+   kvps__op_spec in >>dispatch).
    The enum KVPS__OP_*, kvps__ops (the dispatch table) and the names in messages all come from
    here; a new op is a row here plus its handler, and KVPS__PROTO moves on (a peer of another
    release is refused at the hello). The manual's WIRE FORMAT lists them (test_api checks it). */
 #define KVPS__OPS(X)                                                                                                   \
-    X(PUSH, 1, "push", .values = 1, .coded = 1, .mutates = 1, .kept = 1, .chain = KVPS__CHAIN_ROUNDS, .placed = 1,      \
-      .dup = KVPS__DUP_UNLESS_PENDING, .serve = kvps__serve_keys)                                                        \
-    X(PULL, 2, "pull", .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .placed = 1, .serve = kvps__serve_keys)                   \
-    X(PUSHPULL, 3, "pushpull", .values = 1, .coded = 1, .pulls = 1, .mutates = 1, .kept = 1,                            \
-      .chain = KVPS__CHAIN_ROUNDS, .placed = 1, .dup = KVPS__DUP_AS_PULL, .serve = kvps__serve_keys)                     \
-    X(INIT, 4, "init", .values = 1, .coded = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_keys)         \
-    X(BARRIER, 5, "barrier", .mutates = 1, .kept = 1, .dup = KVPS__DUP_UNLESS_OPEN, .serve = kvps__serve_barrier)      \
-    X(CONFIG, 6, "config", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_keys)                 \
-    X(PUSH_ROWS, 7, "push_rows", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_table)         \
-    X(PULL_ROWS, 8, "pull_rows", .chain = KVPS__CHAIN_LOCAL, .placed = 1, .serve = kvps__serve_table)                   \
-    X(TABLE, 9, "table", .values = 1, .mutates = 1, .kept = 1, .placed = 1, .serve = kvps__serve_table)                  \
+    X(PUSH, 1, "push", kvps__serve_keys, .values = 1, .coded = 1, .mutates = 1, .kept = 1, .chain = KVPS__CHAIN_ROUNDS, .placed = 1, \
+      .dup = KVPS__DUP_UNLESS_PENDING)                                                                                 \
+    X(PULL, 2, "pull", kvps__serve_keys, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .placed = 1)                          \
+    X(PUSHPULL, 3, "pushpull", kvps__serve_keys, .values = 1, .coded = 1, .pulls = 1, .mutates = 1, .kept = 1,         \
+      .chain = KVPS__CHAIN_ROUNDS, .placed = 1, .dup = KVPS__DUP_AS_PULL)                                              \
+    X(INIT, 4, "init", kvps__serve_keys, .values = 1, .coded = 1, .mutates = 1, .kept = 1, .placed = 1)                \
+    X(BARRIER, 5, "barrier", kvps__serve_barrier, .mutates = 1, .kept = 1, .dup = KVPS__DUP_UNLESS_OPEN)               \
+    X(CONFIG, 6, "config", kvps__serve_keys, .values = 1, .mutates = 1, .kept = 1, .placed = 1)                        \
+    X(PUSH_ROWS, 7, "push_rows", kvps__serve_table, .values = 1, .mutates = 1, .kept = 1, .placed = 1)                 \
+    X(PULL_ROWS, 8, "pull_rows", kvps__serve_table, .chain = KVPS__CHAIN_LOCAL, .placed = 1)                           \
+    X(TABLE, 9, "table", kvps__serve_table, .values = 1, .mutates = 1, .kept = 1, .placed = 1)                         \
     /* a worker's first message: what must agree (kvps__hello); served before it counts as alive */                    \
-    X(HELLO, 10, "hello", .values = 1, .hello = 1, .serve = kvps__serve_hello)                                           \
-    X(BYE, 11, "bye", .unordered = 1, .serve = kvps__serve_bye) /* the worker has finished */                            \
-    /* what is request req_id waiting for? answered with text */                                                        \
-    X(STATUS, 12, "status", .chain = KVPS__CHAIN_LOCAL, .unordered = 1, .serve = kvps__serve_status)                     \
-    X(NAME, 13, "name", .values = 1, .serve = kvps__serve_name) /* a tensor's name and layout (kvps__name_rec) */        \
-    /* primary -> backup replica (REPLICAS): rank = kind, req_id = sequence; never a worker's request */               \
-    X(REPL, 14, "repl", .chain = KVPS__CHAIN_LOCAL, .serve = NULL)                                                       \
-    /* RESHARD: which keys does this server hold? (answered: n x {u64 key, u64 len}) */                                 \
-    X(KEYS, 15, "keys", .placed = 1, .serve = kvps__serve_move)                                                          \
+    X(HELLO, 10, "hello", kvps__serve_hello, .values = 1, .hello = 1)                                                  \
+    X(BYE, 11, "bye", kvps__serve_bye, .unordered = 1) /* the worker has finished */                                   \
+    /* what is request req_id waiting for? answered with text */                                                       \
+    X(STATUS, 12, "status", kvps__serve_status, .chain = KVPS__CHAIN_LOCAL, .unordered = 1)                            \
+    X(NAME, 13, "name", kvps__serve_name, .values = 1) /* a tensor's name and layout (kvps__name_rec) */               \
+    /* primary -> backup replica (REPLICAS; its header is a kvps__rhdr); never a worker's request */                   \
+    X(REPL, 14, "repl", kvps__serve_not_request, .chain = KVPS__CHAIN_LOCAL)                                           \
+    /* RESHARD: which keys does this server hold? (answered: n x {u64 key, u64 len}) */                                \
+    X(KEYS, 15, "keys", kvps__serve_move, .placed = 1)                                                                 \
     /* RESHARD: values = n x u64 key; answered with their key records */                                               \
-    X(EXPORT, 16, "export", .values = 1, .placed = 1, .serve = kvps__serve_move)                                         \
+    X(EXPORT, 16, "export", kvps__serve_move, .values = 1, .placed = 1)                                                \
     /* RESHARD: values = key records, taken in (new keys only) */                                                      \
-    X(IMPORT, 17, "import", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                           \
+    X(IMPORT, 17, "import", kvps__serve_move, .values = 1, .mutates = 1, .placed = 1)                                  \
     /* RESHARD: values = n x u64 key, forgotten (moved elsewhere) */                                                   \
-    X(DROP, 18, "drop", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                               \
+    X(DROP, 18, "drop", kvps__serve_move, .values = 1, .mutates = 1, .placed = 1)                                      \
     /* RESHARD: values = the new placement (kvps__place), recorded */                                                  \
-    X(PLACE, 19, "place", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                             \
+    X(PLACE, 19, "place", kvps__serve_move, .values = 1, .mutates = 1, .placed = 1)                                    \
     /* RESHARD: values = u32 V, u32 virtual shards[]; answered with the record of every table                          \
        (kvps__table_put), only the rows in those shards */                                                             \
-    X(EXPORT_ROWS, 20, "export_rows", .values = 1, .placed = 1, .serve = kvps__serve_move)                               \
+    X(EXPORT_ROWS, 20, "export_rows", kvps__serve_move, .values = 1, .placed = 1)                                      \
     /* RESHARD: values = table records; tables made or found the same, rows taken in (new ids only) */                 \
-    X(IMPORT_ROWS, 21, "import_rows", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                 \
+    X(IMPORT_ROWS, 21, "import_rows", kvps__serve_move, .values = 1, .mutates = 1, .placed = 1)                        \
     /* RESHARD: values as EXPORT_ROWS: the rows in those shards forgotten */                                           \
-    X(DROP_ROWS, 22, "drop_rows", .values = 1, .mutates = 1, .placed = 1, .serve = kvps__serve_move)                     \
+    X(DROP_ROWS, 22, "drop_rows", kvps__serve_move, .values = 1, .mutates = 1, .placed = 1)                            \
     /* RESHARD: answered with the server's placement (kvps__place_enc) */                                              \
-    X(PLACE_GET, 23, "place_get", .placed = 1, .serve = kvps__serve_move)                                                \
+    X(PLACE_GET, 23, "place_get", kvps__serve_move, .placed = 1)                                                       \
     /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the push's sequence, checked in         \
        kvps__serve_read); served by a backup as it is */                                                               \
-    X(READ, 24, "read", .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1, .serve = kvps__serve_read)
+    X(READ, 24, "read", kvps__serve_read, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1)
 
 enum {
 #define KVPS__OP_ENUM(op, num, name, ...) KVPS__OP_##op = num,
@@ -3173,6 +3174,7 @@ typedef enum kvps__dup { /* what a re-send of a request applied before gets (kvp
 } kvps__dup;
 typedef struct kvps__op_spec {
     const char *name;
+    void (*serve)(kvps_server *s, kvps__rq *q); /* the handler (the row's 4th column) */
     uint8_t values;    /* a values frame follows the meta frame */
     uint8_t coded;     /* the values may be codec blobs (KVPS__FLAG_CODED) */
     uint8_t pulls;     /* answered with the keys' values, which may be coded (KVPS__FLAG_CODED_REPLY) */
@@ -3185,18 +3187,12 @@ typedef struct kvps__op_spec {
     uint8_t placed;    /* keyed: refused until the worker took this server's placement */
     uint8_t unordered; /* may overtake what a restored server waits for behind a worker's hello */
     uint8_t dup;       /* kvps__dup */
-    void (*serve)(kvps_server *s, kvps__rq *q);
 } kvps__op_spec;
 
-static void kvps__serve_keys(kvps_server *s, kvps__rq *q);
-static void kvps__serve_barrier(kvps_server *s, kvps__rq *q);
-static void kvps__serve_table(kvps_server *s, kvps__rq *q);
-static void kvps__serve_hello(kvps_server *s, kvps__rq *q);
-static void kvps__serve_bye(kvps_server *s, kvps__rq *q);
-static void kvps__serve_status(kvps_server *s, kvps__rq *q);
-static void kvps__serve_name(kvps_server *s, kvps__rq *q);
-static void kvps__serve_move(kvps_server *s, kvps__rq *q);
-static void kvps__serve_read(kvps_server *s, kvps__rq *q);
+/* The handlers, declared from the table (a handler of several ops is declared once for each). */
+#define KVPS__OP_SERVE_DECL(op, num, name, serve, ...) static void serve(kvps_server *s, kvps__rq *q);
+KVPS__OPS(KVPS__OP_SERVE_DECL)
+#undef KVPS__OP_SERVE_DECL
 
 /* The ops by number (KVPS__OPS); row 0 is no op, every field 0. */
 #if defined(__GNUC__)
@@ -3204,8 +3200,8 @@ static void kvps__serve_read(kvps_server *s, kvps__rq *q);
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* (C++: a row names only its own fields) */
 #endif
 static const kvps__op_spec kvps__ops[] = {
-    {"none", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
-#define KVPS__OP_ROW(op, num, name_, ...) {.name = name_, __VA_ARGS__},
+    {"none", NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+#define KVPS__OP_ROW(op, num, name_, serve_, ...) {.name = name_, .serve = serve_, __VA_ARGS__},
     KVPS__OPS(KVPS__OP_ROW)
 #undef KVPS__OP_ROW
 };
@@ -3228,6 +3224,11 @@ static int kvps__refuse(kvps_server *s, const kvps__rq *q, kvps_result rc, const
     return 0;
 }
 
+/* REPL's "handler": never called (kvps__parse refuses the op first), as no worker may send it. */
+static void kvps__serve_not_request(kvps_server *s, kvps__rq *q) {
+    kvps__refuse(s, q, KVPS_ERR_OP, "op %u (%s) is not a request", q->h.op, q->op->name);
+}
+
 /* The header and what the op allows, read from the message alone; 0 when refused. */
 static int kvps__parse(kvps_server *s, kvps__rq *q) {
     size_t msz = q->msz = zmq_msg_size(&q->fr[1]);
@@ -3241,7 +3242,7 @@ static int kvps__parse(kvps_server *s, kvps__rq *q) {
         return kvps__refuse(s, q, KVPS_ERR_VERSION, "version %u, this server speaks %d", h->version, KVPS__VERSION);
     if (h->op < KVPS__OP_PUSH || h->op >= KVPS__OP_COUNT) return kvps__refuse(s, q, KVPS_ERR_OP, "op %u", h->op);
     q->op = &kvps__ops[h->op];
-    if (!q->op->serve) /* (REPL: only between replicas, never inside a request; a backup replaying saw one) */
+    if (q->op->serve == kvps__serve_not_request) /* (REPL: only between replicas, never inside a request; a backup replaying saw one) */
         return kvps__refuse(s, q, KVPS_ERR_OP, "op %u (%s) is not a request", h->op, q->op->name);
     if ((h->flags & ~(KVPS__FLAG_CODED | KVPS__FLAG_CODED_REPLY)) || ((h->flags & KVPS__FLAG_CODED) && !q->op->coded) ||
         ((h->flags & KVPS__FLAG_CODED_REPLY) && !q->op->pulls))
