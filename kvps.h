@@ -693,7 +693,11 @@
         switch, and KVPS_IMPLEMENTATION still implements every header included. For existing
         programs: kvps_ring.h no longer includes kvps.h, so a program that uses the parameter
         server (or kvps_ring_rendezvous, now declared here) having included only kvps_ring.h
-        adds `#include "kvps.h"`.
+        adds `#include "kvps.h"`. The update rule that adds a round's sum to the stored value is
+        KVPS_UPDATE_ACCUMULATE, kvps_rule's word for it (KVPS_UPDATE_SUM stays as its alias). The
+        server's ops are one table (KVPS__OPS); WIRE FORMAT lists them all (OPS) and test_api
+        holds the list to the code. kvps_codec.h's KVPS_CODEC_TABLE rows changed shape (see its
+        revision history).
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns

@@ -19,6 +19,13 @@
    The codecs on the wire and per tensor: kvps.h, section 4 (CODECS); kvps_ring.h, section 7.
    Every decoder rejects malformed input with a result, never reads past the buffer
    (tests/fuzz/fuzz_codec.c).
+
+   REVISION HISTORY
+   0.2  split from kvps.h (issue 28): every name as before. KVPS_CODEC_TABLE's rows are now
+        X(NAME, id, "name", dense, flags, size rule, size bound), NAME the part after KVPS_CODEC_
+        (they were X(KVPS_CODEC_NAME, "name", dense, flags, size rule, size bound)); the enum
+        kvps_codec_id is made from it, and the dispatch on CPU and GPU finds each codec's encode
+        and decode by NAME.
 */
 #if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
 #define KVPS_CORE_IMPLEMENTATION

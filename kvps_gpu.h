@@ -167,8 +167,9 @@
 */
 #ifndef KVPS_GPU_H
 #define KVPS_GPU_H
-#include "kvps.h"
-#include "kvps_ring.h"
+#include "kvps_codec.h" /* the codecs and element functions its kernels share */
+#include "kvps_ring.h"   /* the NCCL communicator's bootstrap */
+#include "kvps.h"        /* the hierarchical step's servers */
 
 #ifdef __cplusplus
 extern "C" {
