@@ -702,14 +702,8 @@
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
    on this header's implementation and theirs (KVPS_IMPLEMENTATION: of every kvps header). */
-#if defined(KVPS_PS_IMPLEMENTATION) && !defined(KVPS_CODEC_IMPLEMENTATION)
-#define KVPS_CODEC_IMPLEMENTATION
-#endif
-#if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
-#define KVPS_CORE_IMPLEMENTATION
-#endif
 #ifndef KVPS__CORE_ZMQ
-#define KVPS__CORE_ZMQ
+#define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
 #endif
 #include "kvps_core.h"
 #include "kvps_codec.h"

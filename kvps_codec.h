@@ -27,12 +27,9 @@
         kvps_codec_id is made from it, and the dispatch on CPU and GPU finds each codec's encode
         and decode by NAME.
 */
-#if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
-#define KVPS_CORE_IMPLEMENTATION
-#endif
+#include "kvps_core.h" /* (first: its table of implementation switches) */
 #ifndef KVPS_CODEC_H
 #define KVPS_CODEC_H
-#include "kvps_core.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -33,6 +33,19 @@
      KVPS_API     storage class of the public functions (default: extern)
      KVPS_ASSERT  the implementation's assert (default: assert.h's)
 */
+/* The implementation switches, one table for every header: each header's own switch implies
+   those of the headers under it (kvps_fuse.h > kvps_ring.h > kvps_codec.h > this; kvps.h >
+   kvps_codec.h). Every kvps header includes this file first, so this runs at each include. */
+#if defined(KVPS_FUSE_IMPLEMENTATION) && !defined(KVPS_RING_IMPLEMENTATION)
+#define KVPS_RING_IMPLEMENTATION
+#endif
+#if (defined(KVPS_PS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)) && !defined(KVPS_CODEC_IMPLEMENTATION)
+#define KVPS_CODEC_IMPLEMENTATION
+#endif
+#if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
+#define KVPS_CORE_IMPLEMENTATION
+#endif
+
 /* The implementation uses POSIX.1-2008 (clock_gettime, fileno, ...). A strict -std=c99 build
    declares none of it unless a feature macro asks: when nothing has asked yet (no macro, no
    system header seen), ask here. Only in strict mode, where it adds declarations and takes none

@@ -72,9 +72,7 @@
    while it holds buckets out (between an add and the flush) the ring must not be used for
    anything else from another thread. kvps_fuse_destroy without a flush waits for what is out.
 */
-#if defined(KVPS_FUSE_IMPLEMENTATION) && !defined(KVPS_RING_IMPLEMENTATION)
-#define KVPS_RING_IMPLEMENTATION
-#endif
+#include "kvps_core.h" /* (first: its table of implementation switches) */
 #ifndef KVPS_FUSE_H
 #define KVPS_FUSE_H
 #include "kvps_ring.h"

@@ -250,14 +250,8 @@
    ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
    the sockets (section 5) it breaks the whole family.
 */
-#if defined(KVPS_RING_IMPLEMENTATION) && !defined(KVPS_CODEC_IMPLEMENTATION)
-#define KVPS_CODEC_IMPLEMENTATION
-#endif
-#if defined(KVPS_CODEC_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
-#define KVPS_CORE_IMPLEMENTATION
-#endif
 #ifndef KVPS__CORE_ZMQ
-#define KVPS__CORE_ZMQ
+#define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
 #endif
 #include "kvps_core.h"
 #include "kvps_codec.h"
