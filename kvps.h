@@ -2143,6 +2143,7 @@ static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id);
 static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why);     /* held pushes answered with why */
 static void kvps__repl_worker_lost(kvps_server *s, int r);  /* a primary tells its backups */
 static void kvps__repl_disconnected(kvps_server *s, int fd); /* a connection closed */
+static int kvps__repl_declines(kvps_server *s); /* a backup that serves no request now: 1 */
 static void kvps__repl_answer(kvps_server *s, zmq_msg_t *id, uint64_t seq, kvps_result rc, const char *text);
 /* The serving loop (kvps_server_run): */
 static int kvps__repl_poll_items(kvps_server *s, zmq_pollitem_t *items, int n, int cap); /* the links, after n items */
@@ -3384,6 +3385,7 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
         return 0;
     }
     if (named && (s->live_inc[r] == inc || (!s->live_inc[r] && s->seen[r].inc == inc))) return 1;
+    if (named && kvps__repl_declines(s)) return 1; /* a backup that serves nothing: kvps__repl_inbound answers NOT_PRIMARY */
     kvps__stranger(s, fr, h0, fd, named
                                       ? "that worker has not said hello to this server (a process of another job, or "
                                         "this server restarted without its checkpoint)"
@@ -6177,6 +6179,21 @@ static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) 
 static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why) { kvps__preq_fail(s, k, why); }
 static void kvps__repl_worker_lost(kvps_server *s, int r) {
     if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_event(s, KVPS__REPL_LOST, (uint32_t)r);
+}
+
+/* A backup whose primary is alive, or that does not hold the shard yet, serves no worker request:
+   it sends each one on to another replica (KVPS_ERR_NOT_PRIMARY, kvps__repl_take_over), also one
+   from a connection that names a worker (kvps__admit's `named`) whose hello it has not accepted,
+   since answering it changes nothing and tells nothing but that. So a worker whose connection
+   came back to a replacement before its hello was answered there (kvps-run --respawn starts one
+   at the dead primary's endpoint) moves on to the next replica rather than being refused as a
+   stranger (KVPS_ERR_AUTH, which ends its request). A connection that names no worker is still
+   a stranger's; a backup that would take over is not one of these: it takes over only at a
+   hello, and serves a worker only after it. */
+static int kvps__repl_declines(kvps_server *s) {
+    if (s->role != KVPS__ROLE_BACKUP) return 0;
+    kvps__liveness_events(s); /* (the primary's drop may be waiting to be read) */
+    return s->primary_fd >= 0 || !s->synced;
 }
 
 static void kvps__repl_disconnected(kvps_server *s, int fd) {

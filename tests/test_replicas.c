@@ -1405,6 +1405,53 @@ static void test_stopped_primary_steps_down(void) {
     }
 }
 
+/* A backup that serves nothing now (here a replacement that holds no snapshot yet) sends every
+   worker request on with KVPS_ERR_NOT_PRIMARY, from a worker's connection that said no hello there
+   too (a connection that names no worker stays a stranger's: test_forged_repl_refused): a
+   worker whose connection came back to a replacement at the dead primary's endpoint (kvps-run
+   --respawn) before its hello was answered must move on to the next replica, not be refused as
+   a stranger (KVPS_ERR_AUTH ends its request: test_examples' fmnist under --replicas failed so
+   once). Nothing is applied, and it is not counted as a stranger. */
+static void test_backup_sends_unknown_on(void) {
+    job_init(&J, "decline", KVPS_BSP, KVPS_UPDATE_ACCUMULATE, 1);
+    kvps_server *b = NULL;
+    kvps_server_desc db = job_desc(&J, 0, 1, 1); /* replica 1, a replacement: waits for a snapshot */
+    KT_OK(kvps_server_create(&db, &b));
+    KT_OK(kvps_server_start(b));
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER); /* named as worker 1's connection is (kvps__worker_dealer) */
+    unsigned char rid[16] = {'k', 'v', 'p', 's'};
+    uint32_t inc = 12345, rank = 1, srv = 0;
+    memcpy(rid + 4, &inc, 4);
+    memcpy(rid + 8, &rank, 4);
+    memcpy(rid + 12, &srv, 4);
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, rid, sizeof rid);
+    int zero = 0, tmo = 3000;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_connect(d, J.ep[0][1]);
+    unsigned char meta[KVPS__HDR + KVPS__KENT];
+    kt_raw_meta(meta, KVPS__OP_PUSH, 3, 1);
+    kvps__hdr h;
+    memcpy(&h, meta, sizeof h);
+    h.rank = 1;
+    h.status = (int32_t)inc; /* a worker's incarnation that said no hello here */
+    memcpy(meta, &h, sizeof h);
+    float v = 1.0f;
+    char text[600];
+    int32_t st = kt_raw_reply(d, meta, sizeof meta, &v, sizeof v, 5000, text, sizeof text);
+    KT_CHECK(st == KVPS_ERR_NOT_PRIMARY, "the backup answered %d (%s), want KVPS_ERR_NOT_PRIMARY: %s", st,
+             kvps_result_str((kvps_result)st), text);
+    KT_CHECK(strstr(text, "does not hold the shard yet") != NULL, "text: %s", text);
+    kvps_server_stats ss;
+    kvps_server_stats_get(b, &ss);
+    KT_CHECK(ss.strangers == 0 && ss.keys == 0, "strangers %llu, keys %llu", (unsigned long long)ss.strangers,
+             (unsigned long long)ss.keys);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    kvps_server_destroy(&b);
+}
+
 #define RUN(fn, s) do { if (!only || strstr(#fn, only)) KT_RUN(fn, s); } while (0)
 int main(void) {
     kvps_log_set_level(getenv("KT_VERBOSE") ? KVPS_LOG_INFO : KVPS_LOG_NONE);
@@ -1427,5 +1474,6 @@ int main(void) {
     RUN(test_env_replicas, 30);
     RUN(test_forged_repl_refused, 120);
     RUN(test_stopped_primary_steps_down, 90);
+    RUN(test_backup_sends_unknown_on, 30);
     return kt_finish();
 }
