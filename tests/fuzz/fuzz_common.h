@@ -6,7 +6,7 @@
        message = [frame]("\xfeFRM"[frame])*
    Delimiters rather than length prefixes: a mutation that inserts or drops bytes inside one
    frame leaves the others where they were, so the fuzzer keeps its place in the protocol.
-   Include after the kvps headers. */
+   Include after the kvps headers (the server parts with kvps.h's implementation). */
 #ifndef KVPS_FUZZ_COMMON_H
 #define KVPS_FUZZ_COMMON_H
 #include <stdint.h>
@@ -65,6 +65,7 @@ static inline void fz_nolog(void *user, kvps_log_level level, const char *msg) {
     (void)n;
 }
 
+#ifdef KVPS__IMPLEMENTED /* the parameter server's (kvps.h): a peer socket, its replies */
 /* The peer a server's replies go to: a DEALER with routing id rid (rid_len bytes) connected to
    ep, the connection taken in by the server's ROUTER (s) before the harness hands it messages. */
 static inline void *fz_peer(void *ctx, kvps_server *s, const char *ep, const char *rid, size_t rid_len) {
@@ -110,6 +111,8 @@ static inline int fz_reply_next(void *dealer, zmq_msg_t f[4], int *nf, kvps__hdr
                  *nf > 1 ? zmq_msg_size(&f[1]) : 0);
     return 1;
 }
+
+#endif
 
 static inline uint32_t fz_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 #endif
