@@ -3359,8 +3359,10 @@ static int kvps__admit(kvps_server *s, zmq_msg_t *fr, int nfr, const kvps__hdr *
     int fd = zmq_msg_get(&fr[1], ZMQ_SRCFD);
     int gate = __atomic_load_n(&s->gate, __ATOMIC_RELAXED); /* (a test's thread may set it) */
     if (gate < 0 || (fd < 0 && gate == 0)) return 1;
-    /* CURVE: the key the connection proved (kvps__zap_serve's User-Id) */
+    /* CURVE: the key the connection proved (kvps__zap_serve's User-Id; "" when it has none); NULL
+       without CURVE */
     const char *uid = s->zap && fd >= 0 ? zmq_msg_gets(&fr[1], "User-Id") : NULL;
+    if (s->zap && fd >= 0 && !uid) uid = "";
     int repl = kvps__repl_admit(s, fr, nfr, fd, h0, uid);
     if (repl >= 0) return repl;
     if (kvps__op(h0->op)->hello) return 1;
