@@ -235,7 +235,7 @@
        11  BYE          none: the worker has finished
        12  STATUS       none (req_id: the request asked about); answered with text
        13  NAME         u64 base key, u64 length, u32 slices, u32 name bytes, the name
-       14  REPL         primary -> backup (REPLICAS): rank = kind: 0 a worker's request follows
+       14  REPL         primary -> backup (REPLICAS; kvps__rhdr): rank = kind: 0 a worker's request follows
                         as [routing id][meta][values?], 1 a snapshot [checkpoint bytes][session],
                         2 worker u32 lost, 3 the rounds a request completed under BSP
                         [done][records] (kvps__round_note), 4 hello [u64 job token digest, u64

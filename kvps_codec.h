@@ -16,7 +16,8 @@
                 so that CPU and GPU give the same bits
    A codec is one row of KVPS_CODEC_TABLE (its id, name, whether it is dense, the header flags it
    allows, its size check, its size bound) plus its encode and decode (>>codecs).
-   The codecs on the wire and per tensor: kvps.h, section 4 (CODECS); kvps_ring.h, section 7.
+   The codecs per tensor of a parameter server: kvps.h's kvps_worker_tensor_codec; a ring's 16-bit
+   wire and top-k all-reduce: kvps_ring.h (kvps_ring_allreduce_wire, kvps_ring_allreduce_topk).
    Every decoder rejects malformed input with a result, never reads past the buffer
    (tests/fuzz/fuzz_codec.c).
 
