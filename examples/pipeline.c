@@ -40,7 +40,7 @@
    Exit codes: 0 done, 1 a rank failed or timed out, 2 bad usage or data, 3 test accuracy below
    --target, 4 --check found a difference. */
 #define KVPS_IMPLEMENTATION
-#include "kvps_ring.h" /* includes kvps.h */
+#include "kvps_ring.h" /* the ring alone: no parameter server */
 
 #include <errno.h>
 #include <math.h>
