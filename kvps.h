@@ -5288,7 +5288,7 @@ static void kvps__preq_drop(kvps_server *s, uint32_t tag) {
 
 /* A duplicate of a PUSH still waiting for its rounds: 1 (its answer will go to the new routing
    id), else 0. */
-static int kvps__preq_pending(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) {
+static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) {
     for (uint32_t i = 0; s->npreq && i < s->cap_preq; i++) {
         kvps__preq *p = &s->preq[i];
         if (!p->left || !p->ack || p->answered || p->hdr.rank != h->rank || p->hdr.req_id != h->req_id || p->hdr.status != h->status)
@@ -5314,7 +5314,7 @@ static void kvps__preq_fail_one(kvps_server *s, uint32_t tag, const char *why) {
 
 /* The waiting PUSHes in key k's round and buffers (k NULL: all of them) are told why their
    rounds cannot complete. */
-static void kvps__preq_fail(kvps_server *s, kvps__key *k, const char *why) {
+static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why) {
     if (!k) {
         for (uint32_t i = 0; s->npreq && i < s->cap_preq; i++)
             if (s->preq[i].left) kvps__preq_fail_one(s, i + 1, why);
@@ -6177,8 +6177,6 @@ static int kvps__repl_reply(kvps_server *s, zmq_msg_t *frames, int n) {
            kvps__repl_hold(s, frames, n) == 0;
 }
 
-static int kvps__repl_resent(kvps_server *s, const kvps__hdr *h, zmq_msg_t *id) { return kvps__preq_pending(s, h, id); }
-static void kvps__repl_fail(kvps_server *s, kvps__key *k, const char *why) { kvps__preq_fail(s, k, why); }
 static void kvps__repl_worker_lost(kvps_server *s, int r) {
     if (s->role == KVPS__ROLE_PRIMARY) kvps__repl_event(s, KVPS__REPL_LOST, (uint32_t)r);
 }
