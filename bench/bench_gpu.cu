@@ -212,7 +212,10 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
-    printf("# bench_gpu: %d x %s, NCCL %d.%d.%d, %d iterations\n", n, prop.name, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, iters);
+    int nv = 0; /* the NCCL that runs (the box's), not the headers' it was built with */
+    if (ncclGetVersion(&nv) != ncclSuccess) nv = 0;
+    printf("# bench_gpu: %d x %s, NCCL %d.%d.%d (built with %d.%d.%d headers), %d iterations\n", n, prop.name, nv / 10000,
+           nv / 100 % 100, nv % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, iters);
     printf("# all-reduce float32 sum, in place, %d ranks (busbw = algbw * 2(n-1)/n)\n", n);
     printf("# %12s %12s %6s | %10s %8s %8s | %10s %8s %8s | %9s\n", "size", "count", "type", "kvps(us)", "algbw", "busbw",
            "nccl(us)", "algbw", "busbw", "kvps/nccl");
