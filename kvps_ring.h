@@ -318,6 +318,8 @@ typedef struct kvps_ring_desc {
                              the KVPS_TIMELINE environment variable, else none; "": none */
     int sndbuf_bytes;     /* SO_SNDBUF of the connections to peers (section 4): 0: 256 KiB to loopback
                              peers, the OS's autotuning to others; > 0: this to all; < 0: the OS's to all */
+    int shm;              /* shared memory to peers on this host (section 10): 0: on unless $KVPS_RING_SHM
+                             is 0; 1: on; -1: off (every peer over ZeroMQ) */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -401,6 +403,10 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
 KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_ring **out);
 KVPS_API int kvps_ring_rank(const kvps_ring *r); /* -1 for NULL */
 KVPS_API int kvps_ring_size(const kvps_ring *r); /* 0 for NULL */
+/* How this rank's messages reach rank `rank` of r (section 10): "shm" (shared memory), "zmq"
+   (ZeroMQ: another host, shared memory off or refused, or not decided yet: every peer's hello
+   is read by the first collective), "self", "?" (no such rank). */
+KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank);
 
 /* Float32 all-reduce (sum) with 16-bit floats on the wire: half the bytes; sums are formed in
    float32, and each rank's partial result is rounded to the wire format before it is sent, so
@@ -457,6 +463,286 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
                   kvps servers, kvps_ring_rendezvous, is kvps.h's) */
 #ifndef KVPS_RING__IMPLEMENTED
 #define KVPS_RING__IMPLEMENTED
+
+// >>shm
+/* Shared memory between ranks on one host (manual section 10). Each rank of a family's first
+   ring makes one segment at connect: a header page (its futex word, pid, whether its ring is
+   closed) and a queue per rank of the family, queue p carrying rank p's messages to the owner:
+   a control page (tail: bytes written, by p; head: bytes read, by the owner; want_room: p
+   sleeps for room) and cap bytes used as a byte stream. A message is [u64 length][40 B header]
+   [payload]. A writer that finds no room writes what fits and waits, reading its own queues
+   meanwhile (kept on the family's ready list), so two ranks sending to each other never wait on
+   each other; the owner copies a message out as it comes (a large one in parts). The segment is
+   sparse: only peers on this host touch their queue's pages, and each reserves them
+   (posix_fallocate) when it maps the segment, so a /dev/shm that is too small shows at once and
+   that pair keeps ZeroMQ. Everything read from a segment is checked before use: the indices
+   against cap, the length against KVPS_RING__SHM_MSG_MAX, the header's magic; the reader
+   (>>transport) checks the sender. Linux only; elsewhere every peer is reached over ZeroMQ. */
+#if defined(__linux__)
+#define KVPS_RING__HAS_SHM 1
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#ifndef __cplusplus
+long syscall(long number, ...); /* (<unistd.h> declares it only for _DEFAULT_SOURCE) */
+#endif
+#else
+#define KVPS_RING__HAS_SHM 0
+#endif
+
+enum { KVPS_RING__SHM_MAGIC = 0x4D48534Bu, KVPS_RING__SHM_PAGE = 4096, KVPS_RING__SHM_PRE = 8 + 40 }; /* PRE: length + header */
+#define KVPS_RING__SHM_MSG_MAX ((uint64_t)1 << 40)
+
+typedef struct kvps_ring__shm_head { /* a segment's first page */
+    uint32_t magic, size;     /* the family's size */
+    uint64_t cap;             /* data bytes per queue */
+    int32_t pid, closed;      /* the owner's process; closed: its ring is destroyed, writers drop what they send */
+    uint32_t pad0[10];
+    uint32_t bell, pad1[15];  /* futex word: bumped by whoever gives the owner something to do */
+    uint32_t sleeping, pad2[15];
+} kvps_ring__shm_head;
+
+typedef struct kvps_ring__shm_ctl { /* a queue's control page */
+    uint64_t tail, pad0[7];   /* bytes written, by the writer */
+    uint64_t head, pad1[7];   /* bytes read, by the owner */
+    uint32_t want_room, pad2[15]; /* the writer sleeps on its own bell until there is room */
+    uint32_t mapped, pad3[15];    /* the writer has mapped the segment (the owner may unlink it) */
+} kvps_ring__shm_ctl;
+
+/* The message being read from one queue: its 40-byte header, its payload as it comes. */
+typedef struct kvps_ring__shm_rd {
+    int on;
+    unsigned char h[40];
+    zmq_msg_t m;
+    uint64_t len, got;
+} kvps_ring__shm_rd;
+
+/* What a rank knows of each rank of its family's first ring (>>transport's hello). */
+typedef struct kvps_ring__peer {
+    int64_t looked;                           /* when its process was last looked at (kvps_ring__x_gone) */
+    int gone;
+    /* hello read; on this host; this rank's messages to it go through its segment; its come
+       through this rank's (1; 2: malformed, read no more); it said NOSHM (it will not map this
+       rank's segment); a message other than the hello went to it over ZeroMQ (destroy lingers) */
+    unsigned char hello, same, out, in, said, zsent;
+    int32_t pid;
+    uint64_t host;                            /* a hash of its host identity */
+    unsigned char *seg;                       /* its segment (out) */
+    size_t seg_bytes;
+    kvps_ring__shm_rd rd;                     /* its message being read from this rank's segment */
+} kvps_ring__peer;
+
+static size_t kvps_ring__shm_bytes(uint32_t size, uint64_t cap) {
+    return KVPS_RING__SHM_PAGE + (size_t)size * (KVPS_RING__SHM_PAGE + (size_t)cap);
+}
+static kvps_ring__shm_ctl *kvps_ring__shm_q(unsigned char *seg, uint64_t cap, int p) {
+    return (kvps_ring__shm_ctl *)(void *)(seg + KVPS_RING__SHM_PAGE + (size_t)p * (KVPS_RING__SHM_PAGE + (size_t)cap));
+}
+
+/* Copies n bytes at stream position pos of a queue's data (cap bytes, wrapping) out, or in. */
+static void kvps_ring__shm_get(const unsigned char *d, uint64_t cap, uint64_t pos, void *dst, size_t n) {
+    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : (size_t)(cap - at);
+    memcpy(dst, d + at, first);
+    if (n > first) memcpy((char *)dst + first, d, n - first);
+}
+static void kvps_ring__shm_put(unsigned char *d, uint64_t cap, uint64_t pos, const void *src, size_t n) {
+    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : (size_t)(cap - at);
+    memcpy(d + at, src, first);
+    if (n > first) memcpy(d, (const char *)src + first, n - first);
+}
+
+/* Takes what queue c (data d, cap bytes) holds toward the message being read, st: 1 when a
+   message is complete (st->h and st->m are the caller's), 0 when there is no more for now, -1
+   when the queue is malformed (*why says how; nothing more can be read from it), -2 no memory.
+   A header must start with magic (checked before anything is allocated).
+   The one decoder of a segment's contents (tests/fuzz/fuzz_shm.c). */
+static int kvps_ring__shm_take(kvps_ring__shm_ctl *c, const unsigned char *d, uint64_t cap, uint32_t magic,
+                               kvps_ring__shm_rd *st, const char **why) {
+    uint64_t head = __atomic_load_n(&c->head, __ATOMIC_RELAXED), tail = __atomic_load_n(&c->tail, __ATOMIC_ACQUIRE);
+    uint64_t avail = tail - head;
+    if (avail > cap) { *why = "its indices say it holds more than its capacity"; return -1; }
+    if (!st->on) {
+        unsigned char pre[KVPS_RING__SHM_PRE];
+        if (avail < sizeof pre) return 0;
+        kvps_ring__shm_get(d, cap, head, pre, sizeof pre);
+        memcpy(&st->len, pre, 8);
+        memcpy(st->h, pre + 8, sizeof st->h);
+        uint32_t m;
+        memcpy(&m, st->h, 4);
+        if (m != magic) { *why = "a message without the ring's magic"; return -1; }
+        if (st->len > KVPS_RING__SHM_MSG_MAX) { *why = "a message longer than 2^40 bytes"; return -1; }
+        if (zmq_msg_init_size(&st->m, (size_t)st->len) != 0) return -2;
+        st->on = 1;
+        st->got = 0;
+        head += sizeof pre;
+        avail -= sizeof pre;
+    }
+    uint64_t n = st->len - st->got < avail ? st->len - st->got : avail;
+    if (n) kvps_ring__shm_get(d, cap, head, (char *)zmq_msg_data(&st->m) + st->got, (size_t)n);
+    st->got += n;
+    __atomic_store_n(&c->head, head + n, __ATOMIC_RELEASE);
+    if (st->got < st->len) return 0;
+    st->on = 0;
+    return 1;
+}
+
+#if KVPS_RING__HAS_SHM
+static void kvps_ring__futex_wake(uint32_t *w) { syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+static void kvps_ring__futex_wait(uint32_t *w, uint32_t seen, int64_t ms) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ms / 1000);
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    syscall(SYS_futex, w, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+#else
+static void kvps_ring__futex_wake(uint32_t *w) { (void)w; }
+static void kvps_ring__futex_wait(uint32_t *w, uint32_t seen, int64_t ms) { (void)w; (void)seen; (void)ms; }
+#endif
+
+/* Gives a segment's owner something to do: its bell rung, and a sleeper woken. */
+static void kvps_ring__shm_ring(unsigned char *seg) {
+    kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)seg;
+    __atomic_add_fetch(&hd->bell, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&hd->sleeping, __ATOMIC_SEQ_CST)) kvps_ring__futex_wake(&hd->bell);
+}
+
+/* Whether process pid is gone (exited, or a zombie no one has reaped). */
+static int kvps_ring__pid_gone(int32_t pid) {
+    if (pid <= 0 || pid == (int32_t)getpid()) return 0;
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *fp = fopen(path, "r");
+    if (!fp) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and ')' */
+    return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+/* This host as the kernel separates hosts: the boot, and the network, IPC, mount and PID
+   namespaces and /dev/shm's device, so that two containers or two network namespaces of one
+   machine are two hosts; $KVPS_RING_HOST_ID appended (manual section 10). "" when /proc cannot
+   tell (no shared memory then). */
+static void kvps_ring__host_ident(char *buf, size_t cap) {
+    char boot[64] = "";
+    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (fp) { if (!fgets(boot, sizeof boot, fp)) boot[0] = 0; fclose(fp); }
+    boot[strcspn(boot, "\n")] = 0;
+    static const char *ns[] = {"net", "ipc", "mnt", "pid"};
+    unsigned long long ino[5] = {0, 0, 0, 0, 0};
+    struct stat st;
+    for (int i = 0; i < 4; i++) {
+        char p[32];
+        snprintf(p, sizeof p, "/proc/self/ns/%s", ns[i]);
+        if (stat(p, &st) == 0) ino[i] = (unsigned long long)st.st_ino;
+    }
+    if (stat("/dev/shm", &st) == 0) ino[4] = (unsigned long long)st.st_dev;
+    const char *extra = getenv("KVPS_RING_HOST_ID");
+    if (!boot[0] || !ino[0]) { buf[0] = 0; return; }
+    snprintf(buf, cap, "%s n%llx i%llx m%llx p%llx s%llx%s%.40s", boot, ino[0], ino[1], ino[2], ino[3], ino[4],
+             extra && *extra ? " " : "", extra ? extra : "");
+}
+
+/* Removes segments left by processes that are gone (killed before they could unlink theirs):
+   "/dev/shm/kvps-ring-PID-..." whose PID no longer runs. */
+static void kvps_ring__shm_sweep(void) {
+#if KVPS_RING__HAS_SHM
+    DIR *dir = opendir("/dev/shm");
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        int pid = 0;
+        if (strncmp(e->d_name, "kvps-ring-", 10) != 0 || sscanf(e->d_name + 10, "%d-", &pid) != 1) continue;
+        if (!kvps_ring__pid_gone(pid) || kill((pid_t)pid, 0) == 0) continue; /* (a zombie's is left to its reaping) */
+        char name[300];
+        snprintf(name, sizeof name, "/%.250s", e->d_name);
+        if (shm_unlink(name) == 0) kvps__log(KVPS_LOG_INFO, "ring: removed %s, left by process %d, which is gone", name, pid);
+    }
+    closedir(dir);
+#endif
+}
+
+/* Makes this rank's segment, name and mapping out; 0, or -1 with *why. */
+static int kvps_ring__shm_make(uint32_t size, uint64_t cap, char *name, size_t name_cap, unsigned char **out,
+                               const char **why) {
+#if KVPS_RING__HAS_SHM
+    static uint32_t counter;
+    uint64_t salt = kvps__mix64((uint64_t)kvps__now_us() ^ ((uint64_t)(uintptr_t)out << 17)) ^
+                    (uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    snprintf(name, name_cap, "/kvps-ring-%d-%016llx", (int)getpid(), (unsigned long long)salt);
+    size_t bytes = kvps_ring__shm_bytes(size, cap);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) { *why = "shm_open"; name[0] = 0; return -1; }
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) == 0 && posix_fallocate(fd, 0, KVPS_RING__SHM_PAGE) == 0)
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) { *why = "ftruncate, posix_fallocate or mmap"; shm_unlink(name); name[0] = 0; return -1; }
+    kvps_ring__shm_head *hd = (kvps_ring__shm_head *)p;
+    hd->size = size;
+    hd->cap = cap;
+    hd->pid = (int32_t)getpid();
+    __atomic_store_n(&hd->magic, KVPS_RING__SHM_MAGIC, __ATOMIC_RELEASE);
+    *out = (unsigned char *)p;
+    return 0;
+#else
+    (void)size; (void)cap; (void)name; (void)name_cap; (void)out;
+    *why = "not Linux";
+    return -1;
+#endif
+}
+
+/* Maps peer `me`'s view of another rank's segment `name` (its hello said size and cap) and
+   reserves queue `me`'s pages in it; 0, or -1 with *why. */
+static int kvps_ring__shm_map(const char *name, uint32_t size, uint64_t cap, int me, unsigned char **out, size_t *out_bytes,
+                              const char **why) {
+#if KVPS_RING__HAS_SHM
+    size_t bytes = kvps_ring__shm_bytes(size, cap);
+    int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) { *why = errno == ENOENT ? "it is gone (its ring was destroyed)" : "shm_open refused"; return -1; }
+    struct stat st;
+    size_t off = (size_t)((unsigned char *)kvps_ring__shm_q(NULL, cap, me) - (unsigned char *)NULL);
+    int e = fstat(fd, &st) != 0 || (size_t)st.st_size != bytes ? -1 : posix_fallocate(fd, (off_t)off, (off_t)(KVPS_RING__SHM_PAGE + cap));
+    void *p = MAP_FAILED;
+    if (e == 0) p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        *why = e == ENOSPC ? "/dev/shm is full (a container's default is 64 MB: docker run --shm-size)"
+               : e < 0     ? "its size is not what its hello said"
+                           : "posix_fallocate or mmap failed";
+        return -1;
+    }
+    const kvps_ring__shm_head *hd = (const kvps_ring__shm_head *)p;
+    if (__atomic_load_n(&hd->magic, __ATOMIC_ACQUIRE) != KVPS_RING__SHM_MAGIC || hd->size != size || hd->cap != cap) {
+        munmap(p, bytes);
+        *why = "its header is not what its hello said";
+        return -1;
+    }
+    *out = (unsigned char *)p;
+    *out_bytes = bytes;
+    return 0;
+#else
+    (void)name; (void)size; (void)cap; (void)me; (void)out; (void)out_bytes;
+    *why = "not Linux";
+    return -1;
+#endif
+}
+
+static void kvps_ring__shm_unmap(unsigned char *seg, size_t bytes) {
+#if KVPS_RING__HAS_SHM
+    if (seg) munmap(seg, bytes);
+#else
+    (void)seg; (void)bytes;
+#endif
+}
+static void kvps_ring__shm_unlink_name(char *name) {
+#if KVPS_RING__HAS_SHM
+    if (name[0]) shm_unlink(name);
+#endif
+    name[0] = 0;
+}
 
 // >>types
 enum {
@@ -605,6 +891,21 @@ typedef struct kvps_ring__fam {
     uint32_t next_ring, max_ring;  /* the least id this rank proposes for a new sub-ring; the largest made here */
     kvps_ring__stash *orphans, **orphans_tail; /* messages for sub-rings a peer has made and this rank not yet */
     struct kvps_ring__tl *tl;
+    /* transports (>>transport): me is this rank in the first ring; peers[size], what each said in
+       its hello; this rank's segment (>>shm) and its name until unlinked; counts of hellos read,
+       peers on this host, those that said SWITCH or NOSHM, those whose messages come through the
+       segment; messages read from the queues while a send waited for room; taking turns */
+    int me;
+    kvps_ring__peer *peers;
+    char host[256];
+    uint64_t host_hash, shm_cap;
+    unsigned char *shm;
+    size_t shm_bytes;
+    char shm_name[64];
+    int hellos, local, in_shm, topo;
+    kvps_ring__stash *ready, **ready_tail;
+    unsigned turn;
+    int rr;
 } kvps_ring__fam;
 
 struct kvps_ring {
@@ -934,6 +1235,358 @@ static void *kvps_ring__dealer(const kvps_ring *r, int dst) {
     return r->fam->dealers ? r->fam->dealers[r->root_rank[dst]] : NULL;
 }
 
+static int kvps_ring__fifo_put(kvps_ring__stash ***tail, const kvps_ring__hdr *h, zmq_msg_t *payload);
+static kvps_ring__stash *kvps_ring__fifo_cut(kvps_ring__stash **pp, kvps_ring__stash ***tail);
+static kvps_ring *kvps_ring__member(const kvps_ring__fam *f, uint32_t id);
+static void kvps_ring__fifo_free(kvps_ring__stash **head);
+/* ---- The transports under the algorithms: ZeroMQ for every peer, and a queue in shared
+   memory for each peer on this host (>>shm). Control messages (coll KVPS_RING__XPORT, ring 0,
+   src the sender's rank in the family's first ring) go over ZeroMQ and never reach a ring:
+   HELLO, sent by every rank at connect (its host, pid, segment), so the first message on every
+   connection; NOSHM, sent only by a rank on the same host that cannot use the segment a hello
+   offered. A rank sends a peer nothing before it has read the peer's hello (it waits for it,
+   within the call's deadline), and decides then, once: a peer on this host whose segment it
+   could map gets everything through it, any other everything over ZeroMQ; so no message of one
+   sender can overtake another on the way. The owner of a segment reads the queue of every peer
+   on this host, and unlinks the segment once each has marked its queue mapped or said NOSHM.
+   The algorithms see only kvps_ring__post and kvps_ring__read. */
+enum { KVPS_RING__XPORT = 0x51, KVPS_RING__X_HELLO = 1, KVPS_RING__X_NOSHM = 3 };
+typedef struct kvps_ring__hello {
+    uint32_t version, size;
+    int32_t pid, pad;
+    uint64_t cap;
+    char host[256]; /* kvps_ring__host_ident */
+    char seg[64];   /* its segment's name, "" for none */
+} kvps_ring__hello;
+
+static void kvps_ring__x_ctl(kvps_ring__fam *f, int dst, int kind, const void *payload, size_t bytes) {
+    kvps_ring__hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVPS_RING__MAGIC;
+    h.coll = KVPS_RING__XPORT;
+    h.op = (uint8_t)kind;
+    h.src = (uint16_t)f->me;
+    zmq_msg_t fr[2];
+    if (!f->dealers || !f->dealers[dst] || kvps__msg_from_buf(&fr[0], &h, sizeof h) != 0) return;
+    if (kvps__msg_from_buf(&fr[1], payload, bytes) != 0) { zmq_msg_close(&fr[0]); return; }
+    kvps__send_frames(f->dealers[dst], fr, 2);
+}
+
+/* Whether shared memory is asked for: the desc's shm (1 on, -1 off), else $KVPS_RING_SHM (0 off). */
+static int kvps_ring__shm_wanted(const kvps_ring_desc *d) {
+    if (d->shm) return d->shm > 0;
+    const char *e = getenv("KVPS_RING_SHM");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* At connect: this rank's segment (when asked for and possible) and its hello to every peer. */
+static void kvps_ring__x_hello(kvps_ring *r) {
+    kvps_ring__fam *f = r->fam;
+    kvps_ring__hello hl;
+    memset(&hl, 0, sizeof hl);
+    kvps_ring__host_ident(f->host, sizeof f->host);
+    f->host_hash = kvps__fnv1a(f->host);
+    f->shm_cap = r->size <= 8 ? (1u << 20) + KVPS_RING__SHM_PAGE : (256u << 10);
+    const char *why = NULL;
+    if (kvps_ring__shm_wanted(&r->desc) && f->host[0] && r->size > 1 && r->size <= 1024) {
+        kvps_ring__shm_sweep();
+        if (kvps_ring__shm_make((uint32_t)r->size, f->shm_cap, f->shm_name, sizeof f->shm_name, &f->shm, &why) != 0)
+            kvps__log(KVPS_LOG_WARN, "ring %d: no shared memory (%s: %s): every peer over ZeroMQ", r->rank, why, strerror(errno));
+        else f->shm_bytes = kvps_ring__shm_bytes((uint32_t)r->size, f->shm_cap);
+    }
+    hl.version = 1;
+    hl.size = (uint32_t)r->size;
+    hl.pid = (int32_t)getpid();
+    hl.cap = f->shm_cap;
+    memcpy(hl.host, f->host, sizeof hl.host);
+    if (f->shm) snprintf(hl.seg, sizeof hl.seg, "%s", f->shm_name);
+    f->peers[r->rank].host = f->host_hash;
+    f->peers[r->rank].same = f->peers[r->rank].hello = 1;
+    for (int i = 0; i < r->size; i++)
+        if (i != r->rank) kvps_ring__x_ctl(f, i, KVPS_RING__X_HELLO, &hl, sizeof hl);
+}
+
+/* Every local peer has mapped this rank's segment or said it will not: unlinked, so that a job
+   killed from now on leaves nothing in /dev/shm. */
+static void kvps_ring__x_maybe_unlink(kvps_ring__fam *f) {
+    if (!f->shm_name[0] || f->hellos < f->size - 1) return;
+    for (int p = 0; p < f->size; p++)
+        if (p != f->me && f->peers[p].same && !f->peers[p].said &&
+            !__atomic_load_n(&kvps_ring__shm_q(f->shm, f->shm_cap, p)->mapped, __ATOMIC_ACQUIRE))
+            return;
+    kvps_ring__shm_unlink_name(f->shm_name);
+}
+
+/* A peer's hello, checked: its host; a peer on this host gets this rank's messages through its
+   segment (its queue there marked mapped), or is told it will not (NOSHM) when it offered one. */
+static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
+    kvps_ring__hello hl;
+    kvps_ring__peer *p = &f->peers[src];
+    if (zmq_msg_size(pl) != sizeof hl || p->hello) {
+        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed or repeated hello from rank %d", f->me, src);
+        return;
+    }
+    memcpy(&hl, zmq_msg_data(pl), sizeof hl);
+    hl.host[sizeof hl.host - 1] = 0;
+    hl.seg[sizeof hl.seg - 1] = 0;
+    if (hl.size != (uint32_t)f->size) {
+        kvps__log(KVPS_LOG_WARN, "ring %d: rank %d's hello says %u ranks, this ring has %d: dropped", f->me, src, hl.size, f->size);
+        return;
+    }
+    p->hello = 1;
+    f->hellos++;
+    p->pid = hl.pid;
+    p->host = kvps__fnv1a(hl.host);
+    p->same = f->host[0] && strcmp(hl.host, f->host) == 0;
+    if (!p->same) return;
+    f->local++;
+    if (f->shm) { p->in = 1; f->in_shm++; }
+    const char *why = "this rank has no segment";
+    int ok = f->shm && hl.seg[0] && hl.cap == f->shm_cap && strncmp(hl.seg, "/kvps-ring-", 11) == 0 && !strchr(hl.seg + 1, '/') &&
+             kvps_ring__shm_map(hl.seg, hl.size, hl.cap, f->me, &p->seg, &p->seg_bytes, &why) == 0;
+    if (!ok && f->shm && hl.seg[0])
+        kvps__log(KVPS_LOG_WARN, "ring %d: rank %d is on this host, but its shared memory %s cannot be used (%s): ZeroMQ to it",
+                  f->me, src, hl.seg, why);
+    p->out = (unsigned char)ok;
+    if (ok) {
+        __atomic_store_n(&kvps_ring__shm_q(p->seg, f->shm_cap, f->me)->mapped, 1, __ATOMIC_RELEASE);
+        kvps_ring__shm_ring(p->seg);
+    } else if (hl.seg[0]) {
+        kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
+    }
+    kvps_ring__x_maybe_unlink(f);
+}
+
+/* A control message from rank src of the family's first ring. */
+static void kvps_ring__x_control(kvps_ring__fam *f, const kvps_ring__hdr *h, zmq_msg_t *pl) {
+    int src = h->src;
+    kvps_ring__peer *p = &f->peers[src];
+    if (h->op == KVPS_RING__X_HELLO) kvps_ring__x_on_hello(f, src, pl);
+    else if (h->op == KVPS_RING__X_NOSHM && p->same && !p->said) {
+        p->said = 1;
+        if (p->in == 1) { p->in = 0; f->in_shm--; } /* (it writes nothing there: its messages come over ZeroMQ) */
+        kvps_ring__x_maybe_unlink(f);
+    } else {
+        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a transport message of kind %d from rank %d", f->me, h->op, src);
+    }
+    zmq_msg_close(pl);
+}
+
+/* One message from peer p's queue in this rank's segment, if a whole one is there: 1 (h and
+   payload filled), else 0. A malformed queue is read no more (its writer is named). */
+static int kvps_ring__x_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    kvps_ring__peer *q = &f->peers[p];
+    const char *why = NULL;
+    kvps_ring__shm_ctl *c = kvps_ring__shm_q(f->shm, f->shm_cap, p);
+    int was = q->rd.on;
+    uint64_t before = __atomic_load_n(&c->head, __ATOMIC_RELAXED);
+    int got = kvps_ring__shm_take(c, (const unsigned char *)c + KVPS_RING__SHM_PAGE, f->shm_cap, KVPS_RING__MAGIC, &q->rd, &why);
+    if (__atomic_load_n(&c->head, __ATOMIC_RELAXED) != before) __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->head, __ATOMIC_RELAXED) != before && __atomic_load_n(&c->want_room, __ATOMIC_SEQ_CST) && q->seg)
+        kvps_ring__shm_ring(q->seg); /* room for a writer that waits for it */
+    if (got < 0) {
+        if (was || q->rd.on) zmq_msg_close(&q->rd.m);
+        q->rd.on = 0;
+        q->in = 2; /* read no more */
+        f->in_shm--;
+        kvps__log(KVPS_LOG_ERROR, "ring %d: rank %d's shared-memory queue is malformed (%s): nothing more is read from it",
+                  f->me, p, got == -2 ? "no memory for a message" : why);
+        return 0;
+    }
+    if (got == 0) return 0;
+    memcpy(h, q->rd.h, sizeof *h);
+    const kvps_ring *t = h->ring ? kvps_ring__member(f, h->ring) : NULL;
+    int from = h->ring == 0 ? h->src : t && h->src < t->size ? t->root_rank[h->src] : p;
+    if (from != p) { /* (a sub-ring not made here yet: its rank is checked when it is) */
+        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a message in rank %d's queue that names another sender", f->me, p);
+        zmq_msg_close(&q->rd.m);
+        return 0;
+    }
+    *payload = q->rd.m;
+    return 1;
+}
+
+/* Reads every whole message waiting in this rank's queues onto the ready list (a send waiting
+   for room does it, so that its peer, maybe waiting for room too, can go on). */
+static void kvps_ring__x_drain(kvps_ring__fam *f) {
+    for (int p = 0; f->in_shm > 0 && p < f->size; p++) {
+        kvps_ring__hdr h;
+        zmq_msg_t pl;
+        while (f->peers[p].in == 1 && kvps_ring__x_take(f, p, &h, &pl)) {
+            if (kvps_ring__fifo_put(&f->ready_tail, &h, &pl) != 0) break;
+        }
+    }
+}
+
+/* The next message from any transport, without waiting: 1 (*h, *payload), 0 none. Control
+   messages are handled here; malformed ZeroMQ messages are dropped. The ready list first, then,
+   taking turns, this rank's queues (from rank rr on) and the router. */
+static int kvps_ring__x_recv(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    if (f->ready) {
+        kvps_ring__stash *e = kvps_ring__fifo_cut(&f->ready, &f->ready_tail);
+        *h = e->h;
+        *payload = e->payload;
+        free(e);
+        return 1;
+    }
+    int shm_first = (f->turn++ & 1) == 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if ((pass == 0) == shm_first) {
+            for (int k = 0; f->in_shm > 0 && k < f->size; k++) {
+                int p = (f->rr + k) % f->size;
+                if (f->peers[p].in == 1 && kvps_ring__x_take(f, p, h, payload)) { f->rr = p + 1; return 1; }
+            }
+            continue;
+        }
+        for (;;) {
+            zmq_msg_t fr[3];
+            int extra, n = f->router ? kvps__recv_msg(f->router, fr, 3, &extra) : 0;
+            if (n <= 0) break;
+            int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof *h;
+            if (ok) memcpy(h, zmq_msg_data(&fr[1]), sizeof *h);
+            ok = ok && h->magic == KVPS_RING__MAGIC && (h->coll != KVPS_RING__XPORT || (h->src < f->size && h->src != f->me));
+            for (int i = 0; i < n && i < 2; i++) zmq_msg_close(&fr[i]);
+            if (!ok) {
+                kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", f->me);
+                if (n == 3) zmq_msg_close(&fr[2]);
+                continue;
+            }
+            if (h->coll == KVPS_RING__XPORT) { kvps_ring__x_control(f, h, &fr[2]); continue; }
+            *payload = fr[2];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether anything may be there to read (a peek: the router's poll, the queues' indices). */
+static int kvps_ring__x_ready(kvps_ring__fam *f) {
+    if (f->ready) return 1;
+    for (int p = 0; f->in_shm > 0 && p < f->size; p++) {
+        if (f->peers[p].in != 1) continue;
+        kvps_ring__shm_ctl *c = kvps_ring__shm_q(f->shm, f->shm_cap, p);
+        if (__atomic_load_n(&c->tail, __ATOMIC_ACQUIRE) != __atomic_load_n(&c->head, __ATOMIC_RELAXED)) return 1;
+    }
+    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+    return f->router && zmq_poll(&it, 1, 0) > 0;
+}
+
+/* Sleeps on this rank's bell for at most ms, unless something is there already (the order of
+   the flag, the bell and the look makes a writer's ring after the look wake it). */
+static void kvps_ring__x_sleep(kvps_ring__fam *f, int64_t ms, kvps_ring__shm_ctl *room_q, uint64_t tail) {
+    kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)f->shm;
+    uint32_t *want_room = room_q ? &room_q->want_room : NULL;
+    __atomic_store_n(&hd->sleeping, 1, __ATOMIC_SEQ_CST);
+    if (want_room) __atomic_store_n(want_room, 1, __ATOMIC_SEQ_CST);
+    uint32_t seen = __atomic_load_n(&hd->bell, __ATOMIC_SEQ_CST);
+    int room = want_room && __atomic_load_n(&room_q->head, __ATOMIC_SEQ_CST) != tail - f->shm_cap;
+    if (!room && !kvps_ring__x_ready(f)) kvps_ring__futex_wait(&hd->bell, seen, ms);
+    if (want_room) __atomic_store_n(want_room, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&hd->sleeping, 0, __ATOMIC_SEQ_CST);
+}
+
+/* Waits until a message may be there, at most left ms (a slice of it: the caller looks and
+   waits again). First a few yields (BENCHMARKS.md: a piece is often microseconds away, and
+   where ranks share CPUs waking from a sleep costs more; not for long: under another busy
+   process each yield gives away a time slice); then a sleep: on the bell when every peer's
+   messages come through shared memory, in zmq_poll when none do, and both in turns (1 ms each)
+   when some do. */
+static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
+    int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
+    for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
+        sched_yield();
+        if (kvps_ring__x_ready(f)) return KVPS_OK;
+    }
+    kvps_ring__x_maybe_unlink(f);
+    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+    if (f->in_shm == f->size - 1) kvps_ring__x_sleep(f, left < 100 ? left : 100, NULL, 0);
+    else if (f->in_shm == 0) { if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ; }
+    else {
+        if (zmq_poll(&it, 1, left < 1 ? (long)left : 1) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+        if (!kvps_ring__x_ready(f)) kvps_ring__x_sleep(f, 1, NULL, 0);
+    }
+    return KVPS_OK;
+}
+
+/* Whether root rank p, on this host, is gone (its process exited or was killed); looked at once
+   per 100 ms at most. */
+static int kvps_ring__x_gone(kvps_ring__fam *f, int p) {
+    kvps_ring__peer *q = &f->peers[p];
+    if (!q->same || !q->pid) return 0;
+    int64_t now = kvps__now_ms();
+    if (now - q->looked < 100) return q->gone;
+    q->looked = now;
+    return q->gone = kvps_ring__pid_gone(q->pid);
+}
+
+/* The first ring is destroyed: writers are told to drop what they send to this rank (its
+   segment closed), the segment unlinked if it was not yet, every mapping and message let go. */
+static void kvps_ring__x_close(kvps_ring__fam *f) {
+    if (f->shm) {
+        kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)f->shm;
+        __atomic_store_n(&hd->closed, 1, __ATOMIC_RELEASE);
+        kvps_ring__shm_unlink_name(f->shm_name);
+    }
+    for (int p = 0; p < f->size; p++) {
+        kvps_ring__peer *q = &f->peers[p];
+        if (q->seg) kvps_ring__shm_ring(q->seg); /* a peer asleep for room in this rank's segment wakes and sees it closed */
+        kvps_ring__shm_unmap(q->seg, q->seg_bytes);
+        q->seg = NULL;
+        q->out = 0;
+        if (q->rd.on) zmq_msg_close(&q->rd.m);
+        q->rd.on = 0;
+        q->in = 0;
+    }
+    kvps_ring__shm_unmap(f->shm, f->shm_bytes);
+    f->shm = NULL;
+    f->in_shm = 0;
+    kvps_ring__fifo_free(&f->ready);
+    f->ready_tail = &f->ready;
+}
+
+/* Sends [h][data] to root rank p through p's segment: what fits at once, the rest as p makes
+   room, reading this rank's own queues meanwhile. A peer whose ring is closed gets nothing (as
+   over ZeroMQ, what reaches a closed socket is dropped). 0 sent; 1 deadline passed; 2 the peer's
+   process is gone; 3 its queue's indices are malformed. */
+static int kvps_ring__x_shm_send(kvps_ring__fam *f, int p, const kvps_ring__hdr *h, const void *data, size_t bytes,
+                                 int64_t deadline) {
+    kvps_ring__peer *q = &f->peers[p];
+    kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)q->seg;
+    const uint64_t cap = f->shm_cap;
+    kvps_ring__shm_ctl *c = kvps_ring__shm_q(q->seg, cap, f->me);
+    unsigned char *d = (unsigned char *)c + KVPS_RING__SHM_PAGE, pre[KVPS_RING__SHM_PRE];
+    uint64_t len = bytes, tail = __atomic_load_n(&c->tail, __ATOMIC_RELAXED); /* (this rank is its only writer) */
+    memcpy(pre, &len, 8);
+    memcpy(pre + 8, h, sizeof *h);
+    size_t done = 0, total = sizeof pre + bytes;
+    for (int spins = 0; done < total;) {
+        if (__atomic_load_n(&hd->closed, __ATOMIC_ACQUIRE)) return 0;
+        uint64_t head = __atomic_load_n(&c->head, __ATOMIC_ACQUIRE);
+        if (tail - head > cap) return 3;
+        size_t room = (size_t)(cap - (tail - head));
+        if (room) {
+            size_t n = room < total - done ? room : total - done;
+            size_t a = done < sizeof pre ? (n < sizeof pre - done ? n : sizeof pre - done) : 0;
+            if (a) kvps_ring__shm_put(d, cap, tail, pre + done, a);
+            if (n > a) kvps_ring__shm_put(d, cap, tail + a, (const char *)data + (done + a - sizeof pre), n - a);
+            tail += n;
+            done += n;
+            __atomic_store_n(&c->tail, tail, __ATOMIC_RELEASE);
+            kvps_ring__shm_ring(q->seg);
+            spins = 0;
+            continue;
+        }
+        kvps_ring__x_drain(f);
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) return 1;
+        if (kvps_ring__x_gone(f, p)) return 2;
+        if (spins++ < KVPS_RING__SPIN) { sched_yield(); continue; }
+        kvps_ring__x_sleep(f, left < 10 ? left : 10, c, tail);
+    }
+    return 0;
+}
+
+
 static void kvps_ring__zc_free(void *data, void *hint) {
     /* hint encodes the block and the phase: the block pointer with the phase in bit 0 */
     (void)data;
@@ -949,14 +1602,79 @@ static void kvps_ring__zc_free(void *data, void *hint) {
     kvps_ring__zc_unref(z);
 }
 
+static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap);
+
+static int kvps_ring__read(kvps_ring *r, kvps_ring__hdr *h, zmq_msg_t *payload);
+static void kvps_ring__deliver(kvps_ring *t, const kvps_ring__hdr *h, zmq_msg_t *payload);
+
+/* How this rank reaches rank dst of r, for a message h: 1 through shared memory, 0 over ZeroMQ
+   (or the ring is closed: the send says so), -1 failed (recorded). Decided when dst's hello is
+   read: before the first message to dst this waits for it, within the call's deadline (a p2p
+   message: the ring's timeout; an abort notice does not wait), keeping what arrives meanwhile
+   for the rings it is for. */
+static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
+    kvps_ring__fam *f = r->fam;
+    kvps_ring__peer *q = &f->peers[r->root_rank[dst]];
+    if (!kvps_ring__dealer(r, dst)) return 0;
+    int64_t dl = h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
+    while (!q->hello && !h->abort) {
+        kvps_ring__hdr m;
+        zmq_msg_t pl;
+        if (kvps_ring__read(r, &m, &pl)) { kvps_ring__deliver(r, &m, &pl); continue; }
+        if (q->hello) break; /* (read with the rest: control messages are handled as they are read) */
+        int64_t left = dl - kvps__now_ms();
+        if (left <= 0) {
+            kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d's hello (the first "
+                            "message of a rank that connects) to send it a message: it never connected", r->rank,
+                            r->desc.timeout_ms, dst);
+            return -1;
+        }
+        if (kvps_ring__x_wait(f, left) != KVPS_OK) {
+            kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+            return -1;
+        }
+    }
+    return q->out;
+}
+
+/* Sends [h][data] to rank dst of r through shared memory, with the ring's words for a failure:
+   within the running collective's deadline (a p2p message: the ring's timeout; an abort notice:
+   200 ms, and no failure recorded). */
+static kvps_result kvps_ring__x_send(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data, size_t bytes) {
+    int64_t now = kvps__now_ms();
+    int64_t dl = h->abort ? now + 200 : h->coll == KVPS_RING__P2P ? now + r->desc.timeout_ms : r->deadline;
+    int p = r->root_rank[dst];
+    int e = kvps_ring__x_shm_send(r->fam, p, h, data, bytes, dl);
+    char call[128];
+    if (e == 0 || h->abort) return KVPS_OK;
+    if (h->coll != KVPS_RING__P2P) kvps_ring__call_text(&r->cur, call, sizeof call);
+    else snprintf(call, sizeof call, "a p2p message to it (tag %u)", (unsigned)h->tag);
+    if (e == 1)
+        return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d to make room in its "
+                               "shared-memory queue, in %s", r->rank, r->desc.timeout_ms, dst, call);
+    if (e == 2)
+        return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died before "
+                               "taking %s", r->rank, dst, (int)r->fam->peers[p].pid, call);
+    return kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: rank %d's shared-memory queue is malformed (its indices), in %s",
+                           r->rank, dst, call);
+}
+
 /* Sends [h][payload] to rank dst; the payload frame is consumed. */
 static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
+    int how = kvps_ring__x_route(r, dst, h);
+    if (how < 0) { zmq_msg_close(payload); return KVPS_ERR_TIMEOUT; }
+    if (how) {
+        kvps_result rc = kvps_ring__x_send(r, dst, h, zmq_msg_data(payload), zmq_msg_size(payload));
+        zmq_msg_close(payload);
+        return rc;
+    }
     zmq_msg_t f[2];
     kvps__msg_from_buf(&f[0], h, sizeof *h);
     f[1] = *payload;
     zmq_msg_init(payload);
     void *d = kvps_ring__dealer(r, dst);
     if (!d) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    r->fam->peers[r->root_rank[dst]].zsent = 1;
     if (kvps__send_frames(d, f, 2) != 0)
         return kvps_ring__fail(r, zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ, "%s: send to rank %d: %s",
                                kvps_coll_name((kvps_coll)r->cur.coll), dst,
@@ -967,6 +1685,9 @@ static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *
 static kvps_result kvps_ring__send_hdr(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data,
                                        size_t bytes, int phase_zc) {
     zmq_msg_t pl;
+    int how = kvps_ring__x_route(r, dst, h);
+    if (how < 0) return KVPS_ERR_TIMEOUT;
+    if (how) return kvps_ring__x_send(r, dst, h, data, bytes); /* straight into the queue */
     if (bytes >= KVPS_RING__ZC_MIN && phase_zc >= 0) {
         kvps_ring__zc *z = r->zc;
         r->zc_dst = dst;
@@ -1083,28 +1804,20 @@ static void kvps_ring__orphan(kvps_ring__fam *f, const kvps_ring__hdr *h, zmq_ms
     zmq_msg_close(payload);
 }
 
-/* A message for ring r waiting on the family's router, without waiting: 1 and *h and *payload
-   (to close) filled; 0: none. Malformed ones are dropped, other rings' handed to them. */
+/* A message for ring r from any transport, without waiting: 1 and *h and *payload (to close)
+   filled; 0: none. Malformed ones are dropped, other rings' handed to them. */
 static int kvps_ring__read(kvps_ring *r, kvps_ring__hdr *h, zmq_msg_t *payload) {
     for (;;) {
-        zmq_msg_t fr[3];
-        int extra;
-        int n = kvps__recv_msg(r->fam->router, fr, 3, &extra);
-        if (n <= 0) return 0;
-        int ok = n == 3 && !extra && zmq_msg_size(&fr[1]) == sizeof *h;
-        if (ok) memcpy(h, zmq_msg_data(&fr[1]), sizeof *h);
-        ok = ok && h->magic == KVPS_RING__MAGIC;
-        kvps_ring *t = !ok ? NULL : h->ring == r->id ? r : kvps_ring__member(r->fam, h->ring);
-        if (!ok || (t && h->src >= t->size)) {
+        if (!kvps_ring__x_recv(r->fam, h, payload)) return 0;
+        kvps_ring *t = h->ring == r->id ? r : kvps_ring__member(r->fam, h->ring);
+        if (t && h->src >= t->size) {
             kvps__log(KVPS_LOG_WARN, "ring %d: dropped a malformed message", r->rank);
-            for (int i = 0; i < n; i++) zmq_msg_close(&fr[i]);
+            zmq_msg_close(payload);
             continue;
         }
-        zmq_msg_close(&fr[0]);
-        zmq_msg_close(&fr[1]);
-        if (t == r) { *payload = fr[2]; return 1; }
-        if (t) kvps_ring__deliver(t, h, &fr[2]);
-        else kvps_ring__orphan(r->fam, h, &fr[2]);
+        if (t == r) return 1;
+        if (t) kvps_ring__deliver(t, h, payload);
+        else kvps_ring__orphan(r->fam, h, payload);
     }
 }
 
@@ -1218,21 +1931,15 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
                                        "ring's collective #%u)", r->rank, r->desc.timeout_ms, src,
                                        kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
-            zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
-            /* a few yields before sleeping: a piece is often microseconds away, and waking
-               from a sleep costs more than that where ranks share CPUs (BENCHMARKS.md, tensor
-               fusion); yielding, the wait gives its CPU to whoever has work. Not for long:
-               where another process keeps the CPU busy each yield gives it a whole time slice,
-               while a sleeper is woken at once (BENCHMARKS.md, a busy machine) */
-            int got = 0;
-            int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
-            for (int spin = 0; spin < KVPS_RING__SPIN && !got && kvps__now_us() < spin_end; spin++) {
-                sched_yield();
-                got = zmq_poll(&it, 1, 0) > 0;
-            }
-            if (got) continue;
-            if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
+            if (kvps_ring__x_wait(r->fam, left) != KVPS_OK)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+            if (kvps_ring__x_gone(r->fam, r->root_rank[src]) && !kvps_ring__x_ready(r->fam)) {
+                char call[128];
+                return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died "
+                                       "while this rank waited for it in %s (this ring's collective #%u)", r->rank, src,
+                                       (int)r->fam->peers[r->root_rank[src]].pid, kvps_ring__call_text(&r->cur, call, sizeof call),
+                                       r->seq);
+            }
             continue;
         }
         if (h.coll == KVPS_RING__P2P) {
@@ -2393,6 +3100,47 @@ static void kvps_ring__close_dealers(kvps_ring *r) {
     f->broken = 1;
 }
 
+/* The family's hosts, before its first collective (which runs on its first ring: a split is a
+   collective of its parent): every peer's hello read (each is the first message on its
+   connection), so that every rank sees the same hosts. A first ring given no groups gets one per
+   host (section 10), so AUTO runs HIER where the ranks span hosts and some share one. */
+static kvps_result kvps_ring__topology(kvps_ring *r) {
+    kvps_ring__fam *f = r->fam;
+    if (f->topo || r->id) return KVPS_OK;
+    for (;;) {
+        kvps_ring__hdr h;
+        zmq_msg_t pl;
+        while (f->hellos < f->size - 1 && kvps_ring__read(r, &h, &pl)) kvps_ring__deliver(r, &h, &pl);
+        if (f->hellos >= f->size - 1) break;
+        int64_t left = r->deadline - kvps__now_ms();
+        if (left <= 0) {
+            char missing[160] = "";
+            for (int i = 0, n = 0; i < f->size && n < 150; i++)
+                if (i != r->rank && !f->peers[i].hello) n += snprintf(missing + n, sizeof missing - (size_t)n, " %d", i);
+            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for the hello of rank(s)%s "
+                                   "(sent when a rank connects: they never connected, or cannot reach this rank)",
+                                   r->rank, r->desc.timeout_ms, missing);
+        }
+        if (kvps_ring__x_wait(f, left) != KVPS_OK) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+    }
+    f->topo = 1;
+    int hosts = 0;
+    for (int i = 0; i < f->size; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++) first = f->peers[j].host != f->peers[i].host;
+        hosts += first;
+    }
+    if (r->desc.groups || hosts < 2) return KVPS_OK;
+    int *g = (int *)malloc((size_t)f->size * sizeof *g);
+    if (!g) return KVPS_ERR_NOMEM;
+    for (int i = 0; i < f->size; i++) {
+        g[i] = i;
+        for (int j = 0; j < i; j++) if (f->peers[j].host == f->peers[i].host) { g[i] = g[j]; break; }
+    }
+    r->desc.groups = g;
+    return KVPS_OK;
+}
+
 static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     r->seq++;
@@ -2413,7 +3161,8 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
     r->errmsg[0] = 0;
     r->deadline = kvps__now_ms() + r->desc.timeout_ms;
     if (r->tl) kvps_ring__tl_start(r);
-    kvps_result rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
+    kvps_result rc = kvps_ring__topology(r); /* (it reads: a refusal may come with the hellos) */
+    if (rc == KVPS_OK) rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
     if (rc == KVPS_OK) rc = kvps_ring__execute(r, op, list);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
     if (r->tl) kvps_ring__tl_finish(r, op, rc);
@@ -2656,12 +3405,20 @@ static void kvps_ring__p2p_pump(kvps_ring *r) {
 /* Sends a p2p header and payload (consumed) to rank dst. */
 static kvps_result kvps_ring__p2p_post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
     if (dst == r->rank) return kvps_ring__p2p_keep(r, h, payload) ? KVPS_OK : KVPS_ERR_NOMEM; /* to itself: kept at once */
+    int how = kvps_ring__x_route(r, dst, h);
+    if (how < 0) { zmq_msg_close(payload); return KVPS_ERR_TIMEOUT; }
+    if (how) {
+        kvps_result rc = kvps_ring__x_send(r, dst, h, zmq_msg_data(payload), zmq_msg_size(payload));
+        zmq_msg_close(payload);
+        return rc;
+    }
     zmq_msg_t f[2];
     if (kvps__msg_from_buf(&f[0], h, sizeof *h) != 0) { zmq_msg_close(payload); return KVPS_ERR_NOMEM; }
     f[1] = *payload;
     zmq_msg_init(payload);
     void *d = kvps_ring__dealer(r, dst);
     if (!d) { zmq_msg_close(&f[0]); zmq_msg_close(&f[1]); return KVPS_ERR_STATE; }
+    r->fam->peers[r->root_rank[dst]].zsent = 1;
     if (kvps__send_frames(d, f, 2) != 0) return zmq_errno() == EAGAIN ? KVPS_ERR_PEER : KVPS_ERR_ZMQ;
     return KVPS_OK;
 }
@@ -2830,10 +3587,15 @@ static kvps_result kvps_ring__p2p_drive(kvps_ring *r, kvps_ring__p2p *q, int64_t
                                q->done ? " (for ZeroMQ to let go of the buffer)" : q->is_send ? " (for the receiver's answer)" : "");
             return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "%s", q->why);
         }
-        zmq_pollitem_t it = {r->fam->router, 0, ZMQ_POLLIN, 0};
         /* done but the frame not let go of: ZeroMQ's I/O thread is about to; look again soon */
-        if (zmq_poll(&it, 1, q->done ? 1 : (long)left) < 0 && zmq_errno() != EINTR)
+        if (kvps_ring__x_wait(r->fam, q->done ? 1 : left) != KVPS_OK)
             return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+        if (!q->done && q->peer != r->rank && kvps_ring__x_gone(r->fam, r->root_rank[q->peer]) && !kvps_ring__x_ready(r->fam)) {
+            kvps_ring__p2p_end(q, KVPS_ERR_PEER_LOST, "rank %d: %s: rank %d (process %d on this host) is gone", r->rank,
+                               kvps_ring__p2p_call_text(q, call, sizeof call), q->peer,
+                               (int)r->fam->peers[r->root_rank[q->peer]].pid);
+            return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "%s", q->why);
+        }
     }
 }
 
@@ -3097,11 +3859,14 @@ static kvps_result kvps_ring__init_own(kvps_ring *r, const int *groups) {
                : KVPS_OK;
 }
 
-static kvps_ring__fam *kvps_ring__fam_new(int size) {
+static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     kvps_ring__fam *f = (kvps_ring__fam *)calloc(1, sizeof *f);
     if (!f) return NULL;
     f->dealers = (void **)calloc((size_t)size, sizeof *f->dealers);
-    if (!f->dealers) { free(f); return NULL; }
+    f->peers = (kvps_ring__peer *)calloc((size_t)size, sizeof *f->peers);
+    if (!f->dealers || !f->peers) { free(f->dealers); free(f->peers); free(f); return NULL; }
+    f->me = me;
+    f->ready_tail = &f->ready;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->size = size;
@@ -3132,7 +3897,7 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)512 << 10);
     r->rank = desc->rank;
     r->size = desc->size;
-    r->fam = kvps_ring__fam_new(r->size);
+    r->fam = kvps_ring__fam_new(r->size, r->rank);
     if (!r->fam) { free(r); return KVPS_ERR_NOMEM; }
     r->fam->rings = r;
     r->fam->refs = 1;
@@ -3183,6 +3948,12 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
 KVPS_API const char *kvps_ring_endpoint(const kvps_ring *r) { return r ? r->endpoint : NULL; }
 KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->errmsg : ""; }
 KVPS_API int kvps_ring_rank(const kvps_ring *r) { return r ? r->rank : -1; }
+KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank) {
+    if (!r || rank < 0 || rank >= r->size) return "?";
+    if (rank == r->rank) return "self";
+    const kvps_ring__fam *f = r->fam;
+    return f->peers && f->peers[r->root_rank[rank]].out && !f->closed ? "shm" : "zmq";
+}
 KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
 /* Whether a tcp:// endpoint names this host's loopback (its peer is on this machine, no link). */
@@ -3225,6 +3996,7 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     }
     kvps__free_strv(eps, n);
     if (rc == KVPS_OK) r->connected = 1;
+    if (rc == KVPS_OK) kvps_ring__x_hello(r); /* its segment and its hello to every peer (>>transport) */
     return rc;
 }
 
@@ -3246,7 +4018,8 @@ static void kvps_ring__close_family(kvps_ring *r) {
        ring still gets its abort notices out, but does not wait long for peers that are gone) */
     for (int i = 0; i < f->size; i++)
         if (f->dealers[i]) {
-            zmq_setsockopt(f->dealers[i], ZMQ_LINGER, &linger, sizeof linger);
+            int zero = 0; /* a peer sent only the hello (and maybe NOSHM) needs none of it any more */
+            zmq_setsockopt(f->dealers[i], ZMQ_LINGER, f->peers[i].zsent ? &linger : &zero, sizeof linger);
             zmq_close(f->dealers[i]);
             f->dealers[i] = NULL;
         }
@@ -3255,6 +4028,7 @@ static void kvps_ring__close_family(kvps_ring *r) {
     if (f->own_ctx && f->ctx) zmq_ctx_term(f->ctx);
     f->ctx = NULL;
     f->closed = 1;
+    kvps_ring__x_close(f);
 }
 
 KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
@@ -3292,6 +4066,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     free(f->dealers);
+    free(f->peers);
     free(f);
 }
 
