@@ -3165,6 +3165,7 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
     if (rc == KVPS_OK) rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
     if (rc == KVPS_OK) rc = kvps_ring__execute(r, op, list);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
+    if (r->fam->shm_name[0]) kvps_ring__x_maybe_unlink(r->fam); /* (the peers that have mapped it by now) */
     if (r->tl) kvps_ring__tl_finish(r, op, rc);
     r->prev = r->cur;
     /* drop stashed pieces of this collective (none unless a peer sent extra) */
