@@ -491,7 +491,9 @@ long syscall(long number, ...); /* (<unistd.h> declares it only for _DEFAULT_SOU
 #endif
 
 enum { KVPS_RING__SHM_MAGIC = 0x4D48534Bu, KVPS_RING__SHM_PAGE = 4096, KVPS_RING__SHM_PRE = 8 + 40 }; /* PRE: length + header */
+#ifndef KVPS_RING__SHM_MSG_MAX /* (fuzz_shm.c sets a small one: the fuzzer's allocator refuses 2^40) */
 #define KVPS_RING__SHM_MSG_MAX ((uint64_t)1 << 40)
+#endif
 
 typedef struct kvps_ring__shm_head { /* a segment's first page */
     uint32_t magic, size;     /* the family's size */
@@ -535,8 +537,11 @@ typedef struct kvps_ring__peer {
 static size_t kvps_ring__shm_bytes(uint32_t size, uint64_t cap) {
     return KVPS_RING__SHM_PAGE + (size_t)size * (KVPS_RING__SHM_PAGE + (size_t)cap);
 }
+static size_t kvps_ring__shm_off(uint64_t cap, int p) { /* queue p's place in a segment */
+    return KVPS_RING__SHM_PAGE + (size_t)p * (KVPS_RING__SHM_PAGE + (size_t)cap);
+}
 static kvps_ring__shm_ctl *kvps_ring__shm_q(unsigned char *seg, uint64_t cap, int p) {
-    return (kvps_ring__shm_ctl *)(void *)(seg + KVPS_RING__SHM_PAGE + (size_t)p * (KVPS_RING__SHM_PAGE + (size_t)cap));
+    return (kvps_ring__shm_ctl *)(void *)(seg + kvps_ring__shm_off(cap, p));
 }
 
 /* Copies n bytes at stream position pos of a queue's data (cap bytes, wrapping) out, or in. */
@@ -570,7 +575,7 @@ static int kvps_ring__shm_take(kvps_ring__shm_ctl *c, const unsigned char *d, ui
         uint32_t m;
         memcpy(&m, st->h, 4);
         if (m != magic) { *why = "a message without the ring's magic"; return -1; }
-        if (st->len > KVPS_RING__SHM_MSG_MAX) { *why = "a message longer than 2^40 bytes"; return -1; }
+        if (st->len > KVPS_RING__SHM_MSG_MAX) { *why = "a message longer than the largest a ring sends"; return -1; }
         if (zmq_msg_init_size(&st->m, (size_t)st->len) != 0) return -2;
         st->on = 1;
         st->got = 0;
@@ -703,7 +708,7 @@ static int kvps_ring__shm_map(const char *name, uint32_t size, uint64_t cap, int
     int fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) { *why = errno == ENOENT ? "it is gone (its ring was destroyed)" : "shm_open refused"; return -1; }
     struct stat st;
-    size_t off = (size_t)((unsigned char *)kvps_ring__shm_q(NULL, cap, me) - (unsigned char *)NULL);
+    size_t off = kvps_ring__shm_off(cap, me);
     int e = fstat(fd, &st) != 0 || (size_t)st.st_size != bytes ? -1 : posix_fallocate(fd, (off_t)off, (off_t)(KVPS_RING__SHM_PAGE + cap));
     void *p = MAP_FAILED;
     if (e == 0) p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

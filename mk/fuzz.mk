@@ -19,6 +19,7 @@
 #   fuzz_ring    a ring rank's receive path for each collective
 #   fuzz_ckpt    kvps_server_restore on arbitrary files, then the restored server at work
 #   fuzz_repl    a backup replica: snapshots, the primary's copies of requests, lost workers, take-over
+#   fuzz_shm     the reader of a shared-memory queue (kvps_ring.h) on indices and bytes a peer wrote
 # Clang's libFuzzer, ASan and UBSan; -O1 keeps the SIMD paths and the stacks readable.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 30

@@ -11,6 +11,9 @@
    (a ring message is [40-byte header][payload]). Seeds are what a real rank 1 sends
    (gen_corpus).
 
+   Rank 1's hello (kvps_ring.h, >>transport) is sent first, from another host; the input's
+   messages may carry transport messages too (coll 0x51: a hello, NOSHM).
+
    Properties: no crash, leak or hang; every call returns within its timeout with a known result;
    a ring that failed refuses further calls (KVPS_ERR_STATE). */
 #define KVPS_IMPLEMENTATION
@@ -48,13 +51,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(zmq_bind(sink, strchr(peers, ',') + 1) == 0, "bind sink");
     kvps_ring *r = NULL;
     kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 2, .peers = peers, .timeout_ms = 2,
-                                                        .chunk_bytes = 64, .zmq_ctx = fz_ctx},
+                                                        .chunk_bytes = 64, .zmq_ctx = fz_ctx, .shm = -1},
                                       &r);
     FZ_CHECK(rc == KVPS_OK, "ring: %s", kvps_result_str(rc));
     void *peer = zmq_socket(fz_ctx, ZMQ_DEALER);
     zmq_setsockopt(peer, ZMQ_LINGER, &zero, sizeof zero);
     FZ_CHECK(zmq_connect(peer, ep0) == 0, "connect");
 
+    /* rank 1's hello first, as a real rank 1 sends it when it connects (from another host: ZeroMQ
+       carries everything); a rank sends nothing to a peer and runs no collective before it */
+    kvps_ring__hdr hh;
+    kvps_ring__hello hl;
+    memset(&hh, 0, sizeof hh);
+    memset(&hl, 0, sizeof hl);
+    hh.magic = KVPS_RING__MAGIC;
+    hh.coll = KVPS_RING__XPORT;
+    hh.op = KVPS_RING__X_HELLO;
+    hh.src = 1;
+    hl.version = 1;
+    hl.size = 2;
+    hl.pid = 1;
+    snprintf(hl.host, sizeof hl.host, "fuzz-peer");
+    zmq_send(peer, &hh, sizeof hh, ZMQ_DONTWAIT | ZMQ_SNDMORE);
+    zmq_send(peer, &hl, sizeof hl, ZMQ_DONTWAIT);
     fz_cut msgs = {data + 2, size - 2, 0};
     const uint8_t *mp;
     size_t mn;

@@ -802,11 +802,54 @@ static void repl_seeds(void) {
     save("fuzz_repl", "bsp_reads_wait_for_rounds", &b);
 }
 
+/* fuzz_shm: [cap byte][flags][u64 start] then writes [n byte][n % 128 + 1 bytes] of a queue's
+   byte stream, messages [u64 length][40-byte ring header][payload] as a peer writes them. */
+static void shm_write(buf *b, const uint8_t *p, size_t n) { /* in writes of at most 128 bytes */
+    for (size_t at = 0; at < n;) {
+        size_t m = n - at < 128 ? n - at : 128;
+        uint8_t nb = (uint8_t)(m - 1);
+        put(b, &nb, 1);
+        put(b, p + at, m);
+        at += m;
+    }
+}
+static void shm_msg(buf *b, uint32_t magic, uint64_t len, uint8_t fill) {
+    uint8_t m[8 + 40 + 200];
+    memset(m, fill, sizeof m);
+    memcpy(m, &len, 8);
+    memset(m + 8, 0, 40);
+    memcpy(m + 8, &magic, 4);
+    shm_write(b, m, 8 + 40 + (size_t)len);
+}
+static void shm_seeds(void) {
+    buf b;
+    uint8_t cfg[10] = {2, 0}; /* 256-byte queue */
+    uint64_t start = 0;
+    memcpy(cfg + 2, &start, 8);
+    begin(&b, cfg, sizeof cfg);
+    shm_msg(&b, 0x5250564Bu, 16, 1);
+    shm_msg(&b, 0x5250564Bu, 0, 2);
+    shm_msg(&b, 0x5250564Bu, 200, 3);
+    save("fuzz_shm", "three_messages", &b);
+    start = ~(uint64_t)0 - 100; /* the indices wrap at 2^64 within the stream */
+    cfg[0] = 0;                 /* 64 bytes: every message streams through in parts */
+    memcpy(cfg + 2, &start, 8);
+    begin(&b, cfg, sizeof cfg);
+    shm_msg(&b, 0x5250564Bu, 150, 4);
+    shm_msg(&b, 0x5250564Bu, 7, 5);
+    save("fuzz_shm", "wrapping_indices", &b);
+    cfg[1] = 1;
+    begin(&b, cfg, sizeof cfg);
+    shm_msg(&b, 0x12345678u, 100, 0xEE);
+    save("fuzz_shm", "bad_magic_bad_tail", &b);
+}
+
 /* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
 int main(int argc, char **argv) {
     static const struct { const char *target; void (*fn)(void); } gens[] = {
         {"fuzz_server", server_seeds}, {"fuzz_codec", codec_seeds}, {"fuzz_env", env_seeds}, {"fuzz_reply", reply_seeds},
-        {"fuzz_ring", ring_seeds},     {"fuzz_ckpt", ckpt_seeds},   {"fuzz_repl", repl_seeds}};
+        {"fuzz_ring", ring_seeds},     {"fuzz_ckpt", ckpt_seeds},   {"fuzz_repl", repl_seeds},
+        {"fuzz_shm", shm_seeds}};
     if (argc != 2 && argc != 3) { fprintf(stderr, "usage: gen_corpus <dir> [target]\n"); return 2; }
     root = argv[1];
     if (mkdir(root, 0755) != 0 && errno != EEXIST) { perror(root); return 1; }
