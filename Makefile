@@ -15,7 +15,7 @@ BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard be
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
 HEADERS  := kvps_core.h kvps_codec.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
 
-.PHONY: all deps deps-demo test asan-test valgrind-test bench demo compile-test clean
+.PHONY: all deps deps-demo test test-all asan-test valgrind-test bench demo compile-test clean
 # The OpenMPI peers of bench_ring and bench_fusion, built where mpicc is (the benches run without
 # them and say so).
 MPICC   ?= mpicc
@@ -71,8 +71,18 @@ compile-test: deps | $(B)
 	  echo "compile-test: C++ ok"; fi
 	@CC="$(CC)" tests/compile/layers.sh $(B) "$(PKG_CFLAGS)" "$(LDLIBS)"
 
+# The ring's tests run over shared memory (their ranks share a host); these run again over
+# ZeroMQ alone (KVPS_RING_SHM=0): a cross-section in make test, every ring test in make test-all.
+ZMQ_TESTS     := test_ring_coll test_ring_faults test_ring_p2p
+ZMQ_TESTS_ALL := $(patsubst tests/%.c,%,$(wildcard tests/test_ring_*.c)) test_fuse test_timeline
+# the hierarchical ring across two network namespaces (a script, among the tests: root only)
+test test-all: $(B)/test_ring_netns $(B)/ring_hier_rank
+$(B)/test_ring_netns: tests/test_ring_netns.sh | $(B)
+	cp $< $@ && chmod +x $@
 test: all compile-test
-	@tests/run.sh $(B)
+	@KVPS_TEST_ZMQ="$(ZMQ_TESTS)" tests/run.sh $(B)
+test-all: all compile-test
+	@KVPS_TEST_ZMQ="$(ZMQ_TESTS_ALL)" tests/run.sh $(B)
 
 # Every test but test_examples, which runs the examples of the normal build (make test runs it):
 # under a sanitizer it would only run the same unsanitized programs again (a minute of CI each).

@@ -626,27 +626,28 @@ static int kvps_ring__pid_gone(int32_t pid) {
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
-/* This host as the kernel separates hosts: the boot, and the network, IPC, mount and PID
-   namespaces and /dev/shm's device, so that two containers or two network namespaces of one
-   machine are two hosts; $KVPS_RING_HOST_ID appended (manual section 10). "" when /proc cannot
-   tell (no shared memory then). */
+/* This host as the kernel separates hosts: the boot, the network, IPC and PID namespaces, and
+   /dev/shm's file system (a container has its own; `ip netns exec` keeps the host's, though it
+   makes a mount namespace of its own for each command), so that two containers or two network
+   namespaces of one machine are two hosts; $KVPS_RING_HOST_ID appended (manual section 10). ""
+   when /proc cannot tell (no shared memory then). */
 static void kvps_ring__host_ident(char *buf, size_t cap) {
     char boot[64] = "";
     FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (fp) { if (!fgets(boot, sizeof boot, fp)) boot[0] = 0; fclose(fp); }
     boot[strcspn(boot, "\n")] = 0;
-    static const char *ns[] = {"net", "ipc", "mnt", "pid"};
+    static const char *ns[] = {"net", "ipc", "pid"};
     unsigned long long ino[5] = {0, 0, 0, 0, 0};
     struct stat st;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 3; i++) {
         char p[32];
         snprintf(p, sizeof p, "/proc/self/ns/%s", ns[i]);
         if (stat(p, &st) == 0) ino[i] = (unsigned long long)st.st_ino;
     }
-    if (stat("/dev/shm", &st) == 0) ino[4] = (unsigned long long)st.st_dev;
+    if (stat("/dev/shm", &st) == 0) { ino[3] = (unsigned long long)st.st_dev; ino[4] = (unsigned long long)st.st_ino; }
     const char *extra = getenv("KVPS_RING_HOST_ID");
     if (!boot[0] || !ino[0]) { buf[0] = 0; return; }
-    snprintf(buf, cap, "%s n%llx i%llx m%llx p%llx s%llx%s%.40s", boot, ino[0], ino[1], ino[2], ino[3], ino[4],
+    snprintf(buf, cap, "%s n%llx i%llx p%llx s%llx:%llx%s%.40s", boot, ino[0], ino[1], ino[2], ino[3], ino[4],
              extra && *extra ? " " : "", extra ? extra : "");
 }
 

@@ -2,15 +2,17 @@
 # Runs every test binary in DIR and sums their "N passed, N failed" lines.
 # A binary may add ", N skipped" (device tests on a machine without the device).
 # KVPS_TEST_WRAP (e.g. valgrind ...) prefixes each run.
+# KVPS_TEST_ZMQ: test names run a second time with KVPS_RING_SHM=0 (the ring over ZeroMQ
+# alone; the first run uses shared memory between its ranks, kvps_ring.h section 10), shown as
+# "name [zmq]": make test names a cross-section, make test-all every ring test.
 set -u
 dir=${1:-build}
 pass=0; fail=0; skip=0
-for t in "$dir"/test_*; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
+run_one() { # run_one PATH NAME [VAR=VALUE...]
+  local t=$1 name=$2; shift 2
   echo "== $name"
   t0=$(date +%s.%N)
-  out=$(timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
+  out=$(env "$@" timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
   # every failure with what it said (it may be far from the end), then the end of the output
   printf '%s\n' "$out" | grep -A 6 '^FAIL' | head -n 80
   printf '%s\n' "$out" | grep -v '^ok ' | tail -n 30
@@ -21,6 +23,14 @@ for t in "$dir"/test_*; do
   [ -n "$p" ] || { p=0; f=1; echo "$name: no result line (exit $rc)"; }
   [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { f=1; echo "$name: exit code $rc"; }
   pass=$((pass + p)); fail=$((fail + f))
+}
+for t in "$dir"/test_*; do
+  [ -x "$t" ] || continue
+  run_one "$t" "$(basename "$t")"
+done
+for name in ${KVPS_TEST_ZMQ:-}; do
+  [ -x "$dir/$name" ] || continue
+  run_one "$dir/$name" "$name [zmq]" KVPS_RING_SHM=0
 done
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ "$fail" -eq 0 ]
