@@ -1,12 +1,19 @@
-/* bench_ring - kvps_ring collectives, nccl-tests style, next to OpenMPI's MPI_Allreduce over TCP
-   measured in the same run.
+/* bench_ring - kvps_ring collectives, nccl-tests style, next to OpenMPI's MPI_Allreduce (its
+   default transport, shared memory on one host, and TCP) measured in the same run.
 
    usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]
                      [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]
-                     [--io-threads N] [--io-cpus rank|none] [--groups Q] [--mpi [PATH] | --no-mpi] [--quick] [--csv]
+                     [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1]
+                     [--mpi [PATH] | --no-mpi] [--mpi-btl tcp|default|both] [--quick] [--csv]
 
    Ranks are separate processes on one machine (fork; each makes its ZeroMQ context after the
-   fork), talking over tcp://127.0.0.1 on ephemeral ports. Each rank creates its ring with
+   fork). --shm 1 (the default) sets KVPS_RING_SHM=1 in every rank: kvps_ring carries the data
+   between ranks of one host through shared memory (ZeroMQ still connects them); --shm 0 sets
+   KVPS_RING_SHM=0: every peer over ZeroMQ on tcp://127.0.0.1, as before the shared-memory
+   transport. After its first collective (the barrier before anything is timed) rank 0 asks
+   kvps_ring_transport for every peer on every ring and sends the answer to the parent, which
+   prints it ("kvps transport: shm", or zmq, or each peer's where they differ) above the
+   rank count's tables, and in the CSV as a '#' line. Each rank creates its ring with
    .bind = "tcp://127.0.0.1:*" and no peers, sends kvps_ring_endpoint() to the parent through a
    pipe, gets the comma-separated list of all endpoints back through another and calls
    kvps_ring_connect. With several --chunk values each rank makes one ring per value, all on
@@ -39,12 +46,21 @@
 
    The peer: bench/mpi_allreduce.c (build it with `mpicc -O2 bench/mpi_allreduce.c -o
    build/mpi_allreduce`), which times MPI_Allreduce the same way. This program runs it through
-   mpirun with the same sizes and --time, over OpenMPI's TCP transport on loopback (pml ob1,
-   btl tcp,self, lo only), once with OpenMPI's default algorithm choice and once with its ring
-   forced (coll_tuned algorithm 4), after the kvps ranks of the same count have exited. It runs
-   when mpirun is on PATH and mpi_allreduce sits next to this program (or --mpi PATH); --no-mpi
-   skips it. Where there are fewer CPUs than ranks (4 and 8 on a 2-CPU machine) both kvps and
-   MPI are oversubscribed; OpenMPI's ranks poll while they wait, kvps's sleep in zmq_poll. */
+   mpirun with the same sizes and --time, after the kvps ranks of the same count have exited,
+   as up to three peers (--mpi-btl; default both):
+     MPI(shm)       (--mpi-btl default or both; CSV peer mpi_shm): OpenMPI's default transport
+                    selection, no --mca pml/btl given. On one host that is shared memory (where
+                    this was written, with UCX excluded by the system's openmpi-mca-params.conf:
+                    pml ob1, btl vader between the ranks); default algorithm choice.
+     MPI(tcp)       (--mpi-btl tcp or both; CSV peer mpi_tcp): OpenMPI's TCP transport on
+                    loopback (pml ob1, btl tcp,self, lo only); default algorithm choice.
+     MPI(tcp,ring)  (with MPI(tcp); CSV peer mpi_tcp_ring): the same with its ring forced
+                    (coll_tuned algorithm 4).
+   Every kvps/MPI ratio is printed against each of them that ran. It runs when mpirun is on
+   PATH and mpi_allreduce sits next to this program (or --mpi PATH); --no-mpi skips it. Where
+   there are fewer CPUs than ranks (4 and 8 on a 2-CPU machine) both kvps and MPI are
+   oversubscribed; OpenMPI's ranks poll while they wait, kvps's sleep in zmq_poll (and in a
+   futex, over shared memory). */
 #define _GNU_SOURCE /* sched_getaffinity (bench_cpu.h) */
 #define BENCH_NAME "bench_ring" /* die() (bench_cpu.h) */
 #define KVPS_IMPLEMENTATION
@@ -85,7 +101,12 @@ static double bus_factor(int busf, int n) {
     return busf == 2 ? 2.0 * (n - 1) / n : busf == 1 ? (double)(n - 1) / n : 1.0;
 }
 
-/* One measured row: kvps (peer 0), MPI default (1), MPI ring (2). */
+/* Who a row measures. The MPI peers' order is the order they run in and their columns'. */
+enum { P_KVPS = 0, P_MPI_SHM = 1, P_MPI_TCP = 2, P_MPI_TCP_RING = 3, NPEERS = 4 };
+static const char *peer_csv[NPEERS] = {"kvps", "mpi_shm", "mpi_tcp", "mpi_tcp_ring"};
+static const char *peer_label[NPEERS] = {"kvps", "MPI(shm)", "MPI(tcp)", "MPI(tcp,ring)"};
+
+/* One measured row: kvps or one of the MPI peers (P_*). */
 typedef struct row {
     int peer, n, coll, algo, ok;
     size_t chunk, bytes;
@@ -104,6 +125,8 @@ typedef struct config {
     double target;
     int inplace, csv, io_threads, io_cpus_none;
     int groups; /* --groups Q: ranks r / Q form a group (.groups, for HIER); 0: none */
+    int shm;    /* --shm: KVPS_RING_SHM for the ranks (1 default, 0: every peer over ZeroMQ) */
+    int mpi_shm, mpi_tcp; /* --mpi-btl: which MPI peers run (default both) */
 } config;
 
 /* ---- one rank ------------------------------------------------------------------------------ */
@@ -278,6 +301,8 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
     memset(&c, 0, sizeof c);
     c.rank = rank;
     c.n = n;
+    /* before any ring is made: kvps_ring_create reads it (.shm left 0 defers to it) */
+    if (setenv("KVPS_RING_SHM", cf->shm ? "1" : "0", 1) != 0) die("setenv", strerror(errno));
     /* One context for every ring, so the rings of all chunk sizes share the I/O thread(s) as one
        ring would: only one is busy at a time. */
     c.zctx = zmq_ctx_new();
@@ -318,6 +343,21 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
 
     for (int k = 0; k < cf->nchunk; k++) /* every connection up before anything is timed */
         kcheck(kvps_ring_barrier(c.rings[k]), "barrier", &c);
+    if (rank == 0) { /* how rank 0 reaches each peer, now that a collective has read every hello */
+        char tr[MAX_LIST * MAX_RANKS * 24] = "";
+        size_t used = 0;
+        int same = 1;
+        for (int k = 0; k < cf->nchunk; k++)
+            for (int j = 1; j < n; j++)
+                same &= strcmp(kvps_ring_transport(c.rings[k], j), kvps_ring_transport(c.rings[0], 1)) == 0;
+        if (same) snprintf(tr, sizeof tr, "%s", kvps_ring_transport(c.rings[0], 1));
+        else
+            for (int k = 0; k < cf->nchunk && used < sizeof tr; k++)
+                for (int j = 1; j < n && used < sizeof tr; j++)
+                    used += (size_t)snprintf(tr + used, sizeof tr - used, "%sring %d rank %d %s", used ? ", " : "",
+                                             k, j, kvps_ring_transport(c.rings[k], j));
+        if (write_str(up, tr) != 0) die("write", strerror(errno));
+    }
     for (int k = 0; k < cf->ncoll; k++) {
         int ci = cf->coll[k];
         static const int auto_only[1] = {KVPS_ALGO_AUTO};
@@ -349,7 +389,8 @@ static const char *fmt_bytes(size_t b, char *buf, size_t cap) {
     return buf;
 }
 
-static const char *peer_name(int p) { return p == 0 ? "kvps" : p == 1 ? "mpi" : "mpi_ring"; }
+/* How the kvps ranks of the latest run_kvps reached each other, as rank 0 reported it. */
+static char kvps_transport[MAX_LIST * MAX_RANKS * 24] = "?";
 
 static double busbw_of(const row *w) {
     double algbw = (double)w->bytes / (w->t_us * 1e-6) / 1e9;
@@ -357,19 +398,24 @@ static double busbw_of(const row *w) {
 }
 
 static const char *algo_of(const row *w) {
-    return w->peer == 0 ? algo_names[w->algo] : w->peer == 1 ? "default" : "ring";
+    return w->peer == P_KVPS ? algo_names[w->algo] : w->peer == P_MPI_TCP_RING ? "ring" : "default";
 }
 
 static void print_table_head(const config *cf, const row *w) {
     if (cf->csv) return;
     bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
-    if (w->peer == 0)
-        printf("#\n# kvps %s  ranks %d  float32 sum root 0%s\n", colls[w->coll].name, w->n,
-               colls[w->coll].coll == KVPS_COLL_ALLREDUCE && cf->inplace ? "  in place" : "  out of place");
+    if (w->peer == P_KVPS)
+        printf("#\n# kvps %s  ranks %d  float32 sum root 0%s  transport %s (--shm %d)\n", colls[w->coll].name, w->n,
+               colls[w->coll].coll == KVPS_COLL_ALLREDUCE && cf->inplace ? "  in place" : "  out of place",
+               kvps_transport, cf->shm);
+    else if (w->peer == P_MPI_SHM)
+        printf("#\n# %s: OpenMPI MPI_Allreduce, its default transport (shared memory on one host)  ranks %d  float32 sum%s"
+               "  (algo default: coll tuned's decision)\n",
+               peer_label[w->peer], w->n, cf->inplace ? "  in place" : "  out of place");
     else
-        printf("#\n# OpenMPI MPI_Allreduce over TCP  ranks %d  float32 sum%s  (algo default: coll tuned's decision;"
-               " ring: coll_tuned_allreduce_algorithm 4)\n",
-               w->n, cf->inplace ? "  in place" : "  out of place");
+        printf("#\n# %s and %s: OpenMPI MPI_Allreduce over TCP  ranks %d  float32 sum%s  (algo default: coll tuned's"
+               " decision; ring: coll_tuned_allreduce_algorithm 4)\n",
+               peer_label[P_MPI_TCP], peer_label[P_MPI_TCP_RING], w->n, cf->inplace ? "  in place" : "  out of place");
     printf("#%11s %12s %8s %7s %5s %6s %10s %10s %10s %8s %8s %5s\n", "size", "count", "type", "algo", "chunk",
            "iters", "time_us", "max_us", "cpu_us", "algbw", "busbw", "check");
 }
@@ -377,7 +423,7 @@ static void print_table_head(const config *cf, const row *w) {
 static void print_row(const config *cf, const row *w) {
     double algbw = (double)w->bytes / (w->t_us * 1e-6) / 1e9, busbw = busbw_of(w);
     if (cf->csv) {
-        printf("%s,%s,%s,%zu,%d,%zu,%zu,float32,%ld,%.2f,%.2f,%.2f,%.4f,%.4f,%d\n", peer_name(w->peer),
+        printf("%s,%s,%s,%zu,%d,%zu,%zu,float32,%ld,%.2f,%.2f,%.2f,%.4f,%.4f,%d\n", peer_csv[w->peer],
                colls[w->coll].name, algo_of(w), w->chunk, w->n, w->bytes, w->bytes / sizeof(float), w->iters, w->t_us,
                w->tmax_us, w->cpu_us, algbw, busbw, w->ok);
     } else {
@@ -424,6 +470,11 @@ static int run_kvps(const config *cf, int n) {
         close(down[i][1]);
     }
     for (int i = 1; i < n; i++) close(up[i][0]);
+    char *tr = read_str(up[0][0]); /* rank 0's kvps_ring_transport answers, after its first collective */
+    snprintf(kvps_transport, sizeof kvps_transport, "%s", tr ? tr : "? (rank 0 did not report it)");
+    free(tr);
+    printf("%s# kvps transport, %d ranks: %s (rank 0 to every peer, kvps_ring_transport; --shm %d: KVPS_RING_SHM=%d)\n",
+           cf->csv ? "" : "#\n", n, kvps_transport, cf->shm, cf->shm);
     row w, prev;
     int have_prev = 0;
     while (read_full(up[0][0], &w, sizeof w) == 0) {
@@ -459,21 +510,21 @@ static int find_in_path(const char *name) {
     return 0;
 }
 
-static void mpi_command(const config *cf, int n, int ring, char *cmd, size_t cap) {
+/* The mpirun line of MPI peer `peer` (P_MPI_*) at n ranks. */
+static void mpi_command(const config *cf, int n, int peer, char *cmd, size_t cap) {
     char sizes[MAX_SIZES * 16] = "";
     size_t used = 0;
     for (int i = 0; i < cf->nsizes; i++)
         used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%zu", i ? "," : "", cf->sizes[i]);
-    snprintf(cmd, cap,
-             "mpirun --allow-run-as-root --oversubscribe -np %d --bind-to none --mca pml ob1 --mca btl tcp,self "
-             "--mca btl_tcp_if_include lo%s %s --csv --time %g --sizes %s%s",
-             n, ring ? " --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4" : "", mpi_prog,
-             cf->target, sizes, cf->inplace ? " --inplace" : "");
+    snprintf(cmd, cap, "mpirun --allow-run-as-root --oversubscribe -np %d --bind-to none%s%s %s --csv --time %g --sizes %s%s",
+             n, peer == P_MPI_SHM ? "" : " --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo",
+             peer == P_MPI_TCP_RING ? " --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4" : "",
+             mpi_prog, cf->target, sizes, cf->inplace ? " --inplace" : "");
 }
 
-static int run_mpi(const config *cf, int n, int ring) {
+static int run_mpi(const config *cf, int n, int peer) {
     char cmd[4096];
-    mpi_command(cf, n, ring, cmd, sizeof cmd);
+    mpi_command(cf, n, peer, cmd, sizeof cmd);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
     if (!p) { fprintf(stderr, "bench_ring: cannot run %s\n", cmd); return -1; }
@@ -486,11 +537,11 @@ static int run_mpi(const config *cf, int n, int ring) {
         if (sscanf(line, "mpi,%d,%zu,%*d,%ld,%lf,%lf,%lf,%*f,%*f,%d", &pn, &w.bytes, &w.iters, &w.t_us, &w.tmax_us,
                    &w.cpu_us, &w.ok) != 7)
             continue;
-        w.peer = ring ? 2 : 1;
+        w.peer = peer;
         w.n = pn;
         w.coll = 0;
         w.algo = 0;
-        if (first && !ring) print_table_head(cf, &w);
+        if (first && peer != P_MPI_TCP_RING) print_table_head(cf, &w); /* the ring's rows continue MPI(tcp)'s table */
         first = 0;
         print_row(cf, &w);
         add_row(&w);
@@ -498,7 +549,8 @@ static int run_mpi(const config *cf, int n, int ring) {
     }
     int st = pclose(p);
     if (st != 0 || got != cf->nsizes) {
-        fprintf(stderr, "bench_ring: MPI run gave %d of %d sizes (status %d): %s\n", got, cf->nsizes, st, cmd);
+        fprintf(stderr, "bench_ring: %s run gave %d of %d sizes (status %d): %s\n", peer_label[peer], got, cf->nsizes, st,
+                cmd);
         return -1;
     }
     return 0;
@@ -514,8 +566,11 @@ static const row *find(int peer, int n, int coll, int algo, size_t chunk, size_t
     return NULL;
 }
 
-/* All-reduce at n ranks: kvps (every algorithm, chunk 0 of the list) against MPI. */
-static void print_compare(const config *cf, int n, int have_mpi) {
+static const char *ratio_name[NPEERS] = {"", "auto/shm", "auto/tcp", "auto/ring"};
+
+/* All-reduce at n ranks: kvps (every algorithm, chunk 0 of the list) against each MPI peer that
+   ran (ran[P_MPI_*]). */
+static void print_compare(const config *cf, int n, const int *ran) {
     if (cf->csv) return;
     int ar = -1;
     for (int k = 0; k < cf->ncoll; k++)
@@ -523,11 +578,13 @@ static void print_compare(const config *cf, int n, int have_mpi) {
     if (ar < 0) return;
     char cb[24], sb[16];
     bench_machine(stdout, kvps_isa_set(KVPS_ISA_AUTO));
-    printf("#\n# all-reduce busbw GB/s, %d ranks%s, kvps chunk %s; x = kvps / MPI (TCP, same run)\n", n,
-           n > 2 ? " (oversubscribed: 2 CPUs)" : "", fmt_bytes(cf->chunk[0], cb, sizeof cb));
+    printf("#\n# all-reduce busbw GB/s, %d ranks%s, kvps chunk %s, transport %s; x = kvps auto / each MPI peer"
+           " (same run)\n", n, n > 2 ? " (oversubscribed: 2 CPUs)" : "", fmt_bytes(cf->chunk[0], cb, sizeof cb),
+           kvps_transport);
     printf("#%7s", "size");
     for (int a = 0; a < cf->nalgo; a++) printf(" %8s", algo_names[cf->algo[a]]);
-    if (have_mpi) printf(" %8s %9s %10s %9s", "mpi", "auto/mpi", "mpi_ring", "auto/ring");
+    for (int p = P_MPI_SHM; p < NPEERS; p++)
+        if (ran[p]) printf(" %*s %9s", p == P_MPI_TCP_RING ? 13 : 8, peer_label[p], ratio_name[p]);
     printf("\n");
     for (int s = 0; s < cf->nsizes; s++) {
         printf(" %7s", fmt_bytes(cf->sizes[s], sb, sizeof sb));
@@ -538,11 +595,13 @@ static void print_compare(const config *cf, int n, int have_mpi) {
             if (cf->algo[a] == KVPS_ALGO_AUTO) kauto = b;
             printf(" %8.3f", b);
         }
-        if (have_mpi) {
-            const row *m = find(1, n, 0, 0, 0, cf->sizes[s]), *mr = find(2, n, 0, 0, 0, cf->sizes[s]);
-            double bm = m ? busbw_of(m) : 0, br = mr ? busbw_of(mr) : 0;
-            if (kauto > 0) printf(" %8.3f %8.2fx %10.3f %8.2fx", bm, bm > 0 ? kauto / bm : 0, br, br > 0 ? kauto / br : 0);
-            else printf(" %8.3f %9s %10.3f %9s", bm, "-", br, "-");
+        for (int p = P_MPI_SHM; p < NPEERS; p++) {
+            if (!ran[p]) continue;
+            const row *m = find(p, n, 0, 0, 0, cf->sizes[s]);
+            double bm = m ? busbw_of(m) : 0;
+            printf(" %*.3f", p == P_MPI_TCP_RING ? 13 : 8, bm);
+            if (kauto > 0 && bm > 0) printf(" %8.2fx", kauto / bm);
+            else printf(" %9s", "-");
         }
         printf("\n");
     }
@@ -590,6 +649,8 @@ static void print_chunks(const config *cf, int n) {
     }
 }
 
+/* kvps auto against each MPI peer measured: the targets were set against MPI over TCP; against
+   MPI(shm) the ratios are printed with no target. */
 static void print_targets(const config *cf, int have_mpi) {
     int ar = -1, has_auto = 0;
     for (int k = 0; k < cf->ncoll; k++)
@@ -597,9 +658,11 @@ static void print_targets(const config *cf, int have_mpi) {
     for (int a = 0; a < cf->nalgo; a++) has_auto |= cf->algo[a] == KVPS_ALGO_AUTO;
     if (ar < 0 || !has_auto || !have_mpi) return;
     char sb[24];
-    printf("#\n# targets (all-reduce busbw, kvps auto, chunk %s, 1 MB - 64 MB; information, not a test):\n",
-           fmt_bytes(cf->chunk[0], sb, sizeof sb));
-    for (int want = 1; want <= 2; want++) {
+    printf("#\n# targets (all-reduce busbw, kvps auto, chunk %s, --shm %d, 1 MB - 64 MB; information, not a test):\n",
+           fmt_bytes(cf->chunk[0], sb, sizeof sb), cf->shm);
+    static const struct { int peer; double min; const char *what; } tg[] = {
+        {P_MPI_TCP, 1.0, "default (target)"}, {P_MPI_TCP_RING, 0.8, "ring (stretch)"}, {P_MPI_SHM, 0, "default"}};
+    for (int t = 0; t < (int)(sizeof tg / sizeof tg[0]); t++) {
         for (int i = 0; i < cf->nranks; i++) {
             int n = cf->ranks[i];
             if (n != 2 && n != 4) continue;
@@ -609,16 +672,18 @@ static void print_targets(const config *cf, int have_mpi) {
             for (int s = 0; s < cf->nsizes; s++) {
                 if (cf->sizes[s] < (1u << 20) || cf->sizes[s] > (64u << 20)) continue;
                 const row *k = find(0, n, ar, KVPS_ALGO_AUTO, cf->chunk[0], cf->sizes[s]);
-                const row *m = find(want, n, 0, 0, 0, cf->sizes[s]);
+                const row *m = find(tg[t].peer, n, 0, 0, 0, cf->sizes[s]);
                 if (!k || !m) continue;
                 double x = busbw_of(k) / busbw_of(m);
-                pass &= x >= (want == 1 ? 1.0 : 0.8);
+                pass &= x >= tg[t].min;
                 any = 1;
                 used += (size_t)snprintf(buf + used, sizeof buf - used, " %s %.2fx", fmt_bytes(cf->sizes[s], sb, sizeof sb), x);
             }
-            if (any)
-                printf("#   %-4s %d ranks: >= %s MPI %s:%s\n", pass ? "PASS" : "MISS", n, want == 1 ? "1.0x" : "0.8x",
-                       want == 1 ? "default (target)" : "ring (stretch)", buf);
+            if (any && tg[t].min > 0)
+                printf("#   %-4s %d ranks: >= %.1fx %s %s:%s\n", pass ? "PASS" : "MISS", n, tg[t].min,
+                       peer_label[tg[t].peer], tg[t].what, buf);
+            else if (any)
+                printf("#   %-4s %d ranks: x %s %s (no target set):%s\n", "--", n, peer_label[tg[t].peer], tg[t].what, buf);
         }
     }
 }
@@ -664,7 +729,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]\n"
             "                  [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]\n"
-            "                  [--io-threads N] [--io-cpus rank|none] [--groups Q] [--mpi [PATH] | --no-mpi] [--quick] [--csv]\n"
+            "                  [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1]\n"
+            "                  [--mpi [PATH] | --no-mpi] [--mpi-btl tcp|default|both] [--quick] [--csv]\n"
             "  --ranks   rank counts (processes), each 2..%d\n"
             "  --sizes   MIN:MAX[:FACTOR] (default 4K:64M:4) or a list; K/M suffixes are 1024-based\n"
             "  --coll    allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall or all (default all)\n"
@@ -676,8 +742,12 @@ static void usage(void) {
             "  --io-threads N  ZeroMQ I/O threads per rank (kvps_ring_desc.io_threads; default 1)\n"
             "  --io-cpus  rank (default): rank r's I/O thread(s) on CPU r mod CPUs allowed (kvps_zmq_ctx_pin);\n"
             "             none: the OS places every thread\n"
+            "  --shm 0|1 KVPS_RING_SHM for the kvps ranks: 1 (default) shared memory between them, 0 every peer\n"
+            "            over ZeroMQ/TCP; the transport used is printed (kvps_ring_transport)\n"
             "  --mpi     run the OpenMPI peer (PATH: mpi_allreduce binary; default next to this program,\n"
             "            run when found); --no-mpi skips it\n"
+            "  --mpi-btl tcp: MPI(tcp) (btl tcp,self on lo) and MPI(tcp,ring); default: MPI(shm), OpenMPI's\n"
+            "            default transport (shared memory on one host); both (default): all three\n"
             "  --quick   2 and 4 ranks, 64K:16M, 0.15 s per size\n"
             "  --csv     CSV rows instead of tables\n",
             MAX_RANKS);
@@ -774,6 +844,8 @@ int main(int argc, char **argv) {
     config cf;
     memset(&cf, 0, sizeof cf);
     cf.target = 0.3;
+    cf.shm = 1;
+    cf.mpi_shm = cf.mpi_tcp = 1;
     int quick = 0, want_mpi = -1; /* -1: when found */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -805,6 +877,15 @@ int main(int argc, char **argv) {
             long q = strtol(v, &end, 10);
             if (*end || q < 1 || q > MAX_RANKS) usage();
             cf.groups = (int)q;
+            i++;
+        } else if (strcmp(a, "--shm") == 0) {
+            if (strcmp(v, "0") && strcmp(v, "1")) usage();
+            cf.shm = v[0] == '1';
+            i++;
+        } else if (strcmp(a, "--mpi-btl") == 0) {
+            if (strcmp(v, "tcp") && strcmp(v, "default") && strcmp(v, "both")) usage();
+            cf.mpi_tcp = strcmp(v, "default") != 0;
+            cf.mpi_shm = strcmp(v, "tcp") != 0;
             i++;
         } else if (strcmp(a, "--time") == 0) {
             char *end = NULL;
@@ -842,9 +923,14 @@ int main(int argc, char **argv) {
         printf("peer,coll,algo,chunk,ranks,bytes,count,type,iters,time_us,time_max_us,cpu_us,algbw,busbw,ok\n");
     } else {
         char cmd[4096];
-        printf("# bench_ring: kvps_ring collectives, nccl-tests style, next to OpenMPI over TCP in the same run\n");
-        printf("# ranks are processes on tcp://127.0.0.1; libzmq %d.%d.%d, %d I/O thread(s) per rank, %s; %ld CPUs%s\n",
-               major, minor, patch, cf.io_threads ? cf.io_threads : 1,
+        printf("# bench_ring: kvps_ring collectives, nccl-tests style, next to OpenMPI (%s) in the same run\n",
+               cf.mpi_shm && cf.mpi_tcp ? "its default transport, shared memory, and TCP"
+               : cf.mpi_shm             ? "its default transport, shared memory"
+                                        : "over TCP");
+        printf("# ranks are processes on one host, connected on tcp://127.0.0.1; --shm %d: KVPS_RING_SHM=%d, %s\n", cf.shm,
+               cf.shm, cf.shm ? "data between them through shared memory where kvps_ring accepts it" : "every peer over ZeroMQ/TCP");
+        printf("# libzmq %d.%d.%d, %d I/O thread(s) per rank, %s; %ld CPUs%s\n", major, minor, patch,
+               cf.io_threads ? cf.io_threads : 1,
                cf.io_cpus_none ? "placed by the OS (--io-cpus none)" : "pinned to CPU rank mod CPUs allowed (--io-cpus rank)",
                sysconf(_SC_NPROCESSORS_ONLN),
                sysconf(_SC_NPROCESSORS_ONLN) < 8 ? " (more ranks than CPUs are oversubscribed, for kvps and MPI alike)" : "");
@@ -855,9 +941,12 @@ int main(int argc, char **argv) {
         printf("# cpu_us = CPU time per call summed over ranks, every thread (ZeroMQ's, MPI's), user + system\n");
         printf("# check: the first call's result compared element by element on every rank\n");
         if (have_mpi) {
-            mpi_command(&cf, 2, 0, cmd, sizeof cmd);
-            printf("# MPI peer (N ranks): %s\n", cmd);
-            printf("# MPI ring: the same with --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4\n");
+            for (int p = P_MPI_SHM; p < NPEERS; p++) {
+                if (!(p == P_MPI_SHM ? cf.mpi_shm : cf.mpi_tcp)) continue;
+                mpi_command(&cf, 2, p, cmd, sizeof cmd);
+                printf("# %s peer (2 ranks; N ranks: -np N): %s\n", peer_label[p], cmd);
+            }
+            if (cf.mpi_shm) printf("# MPI(shm): no --mca pml/btl, OpenMPI's own choice: shared memory between ranks on one host\n");
         } else {
             printf("# MPI peer: not run (%s)\n", want_mpi == 0 ? "--no-mpi" : "mpirun or mpi_allreduce not found");
         }
@@ -873,13 +962,14 @@ int main(int argc, char **argv) {
         char what[32];
         snprintf(what, sizeof what, "%d ranks", n);
         if (run_kvps(&cf, n) != 0) { fprintf(stderr, "bench_ring: a rank failed (%d ranks)\n", n); fail = 1; }
-        int mpi_ok = have_mpi;
+        int ran[NPEERS] = {0}; /* the MPI peers measured in full at n ranks */
         if (have_mpi) {
             int ar = 0;
             for (int k = 0; k < cf.ncoll; k++) ar |= colls[cf.coll[k]].coll == KVPS_COLL_ALLREDUCE;
-            if (ar) mpi_ok = run_mpi(&cf, n, 0) == 0 && run_mpi(&cf, n, 1) == 0;
+            for (int p = P_MPI_SHM; ar && p < NPEERS; p++)
+                if (p == P_MPI_SHM ? cf.mpi_shm : cf.mpi_tcp) ran[p] = run_mpi(&cf, n, p) == 0;
         }
-        print_compare(&cf, n, mpi_ok);
+        print_compare(&cf, n, ran);
         print_chunks(&cf, n);
         cpu_report(&cf, &cpu_part, what);
     }

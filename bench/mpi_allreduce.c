@@ -5,14 +5,16 @@
 
    Build by hand (not part of `make`, it needs mpicc):
        mpicc -O2 bench/mpi_allreduce.c -o build/mpi_allreduce
-   bench_ring runs it itself, over TCP and not shared memory:
+   bench_ring runs it itself (--mpi-btl tcp|default|both), over TCP:
        mpirun --allow-run-as-root --oversubscribe -np N --bind-to none \
               --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo build/mpi_allreduce --csv
    (pml ob1 so that the btl list decides what carries the data: a UCX pml, where selected,
    ignores it; with btl tcp,self the ranks' traffic goes through the kernel's TCP stack, as
    perf shows: tcp_sendmsg and the socket copies; vader,self, shared memory, is 1.7-2x faster
-   here), and once more with the ring forced:
+   here), once more with the ring forced:
        ... --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4 ...
+   and with OpenMPI's default transport, no --mca pml/btl (shared memory on one host):
+       mpirun --allow-run-as-root --oversubscribe -np N --bind-to none build/mpi_allreduce --csv
 
    Method, the same as bench_ring: buffers allocated and touched once; per size a warm-up, then
    an estimate whose maximum over ranks sets the iteration count (about --time seconds in all,
