@@ -75,6 +75,7 @@ typedef struct prank {
     int rank, k;
     kvps_ring *r;
     int note_fd;   /* to the parent: a line "pid PID" once the job's first collective is done */
+    pid_t parent;
     char why[400]; /* the first failure */
 } prank;
 
@@ -106,6 +107,7 @@ static int procs_run(int k, prank_fn fn, int timeout_ms, const char *const *host
             p.rank = i;
             p.k = k;
             p.note_fd = note[1];
+            p.parent = getppid();
             kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = i, .size = k, .bind = "tcp://127.0.0.1:*",
                                                                 .timeout_ms = timeout_ms}, &p.r);
             char peers[KT_MAXR * 64] = "";
@@ -233,7 +235,7 @@ static void busy_main(prank *p) {
     check_allreduce(p, 1000, KVPS_ALGO_AUTO);
     note_pid(p);
     /* killed in one of these (bounded: a parent gone, killed by the watchdog, leaves no spinners) */
-    for (int64_t end = kvps__now_ms() + 60000; kvps__now_ms() < end && getppid() != 1 && !p->why[0];)
+    for (int64_t end = kvps__now_ms() + 60000; kvps__now_ms() < end && getppid() == p->parent && !p->why[0];)
         check_allreduce(p, 2000000, KVPS_ALGO_RING);
 }
 
