@@ -74,7 +74,7 @@ compile-test: deps | $(B)
 # The ring's tests run over shared memory (their ranks share a host); these run again over
 # ZeroMQ alone (KVPS_RING_SHM=0): a cross-section in make test, every ring test in make test-all.
 ZMQ_TESTS     := test_ring_coll test_ring_faults test_ring_p2p
-ZMQ_TESTS_ALL := $(patsubst tests/%.c,%,$(wildcard tests/test_ring_*.c)) test_fuse test_timeline
+ZMQ_TESTS_ALL := $(filter-out test_ring_shm,$(patsubst tests/%.c,%,$(wildcard tests/test_ring_*.c))) test_fuse test_timeline
 # the hierarchical ring across two network namespaces (a script, among the tests: root only)
 test test-all: $(B)/test_ring_netns $(B)/ring_hier_rank
 $(B)/test_ring_netns: tests/test_ring_netns.sh | $(B)

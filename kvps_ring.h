@@ -274,7 +274,7 @@ typedef enum kvps_redop {
 
 typedef enum kvps_ring_algo {
     KVPS_ALGO_AUTO = 0, KVPS_ALGO_RING = 1, KVPS_ALGO_BIRING = 2, KVPS_ALGO_RD = 3, KVPS_ALGO_HIER = 4,
-    KVPS_ALGO_RHD = 5, KVPS_ALGO_COUNT
+    KVPS_ALGO_RHD = 5, KVPS_ALGO_DIRECT = 6, KVPS_ALGO_COUNT
 } kvps_ring_algo;
 
 typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is the last + 1 */
@@ -482,6 +482,7 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 #define KVPS_RING__HAS_SHM 1
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <linux/futex.h>
 #ifndef __cplusplus
 long syscall(long number, ...); /* (<unistd.h> declares it only for _DEFAULT_SOURCE) */
@@ -527,6 +528,8 @@ typedef struct kvps_ring__peer {
        through this rank's (1; 2: malformed, read no more); it said NOSHM (it will not map this
        rank's segment); a message other than the hello went to it over ZeroMQ (destroy lingers) */
     unsigned char hello, same, out, in, said, zsent;
+    unsigned char cma;                        /* on this host, the same user, and its hello says its memory may
+                                                 be read and it can read others' (DIRECT) */
     int32_t pid;
     uint64_t host;                            /* a hash of its host identity */
     unsigned char *seg;                       /* its segment (out) */
@@ -624,6 +627,44 @@ static int kvps_ring__pid_gone(int32_t pid) {
     buf[n] = 0;
     const char *close = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and ')' */
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+/* Copies bytes at addr in process pid (this one: a plain copy) to dst: 0, or -1 with errno
+   (process_vm_readv refused: another user, Yama's ptrace_scope, a kernel without it). */
+static int kvps_ring__cma_read(int32_t pid, uint64_t addr, void *dst, size_t bytes) {
+    if (pid == (int32_t)getpid()) { memcpy(dst, (const void *)(uintptr_t)addr, bytes); return 0; }
+#if KVPS_RING__HAS_SHM && defined(SYS_process_vm_readv)
+    while (bytes) {
+        struct iovec l = {dst, bytes}, rm = {(void *)(uintptr_t)addr, bytes};
+        long got = syscall(SYS_process_vm_readv, (long)pid, &l, 1L, &rm, 1L, 0L);
+        if (got <= 0) { if (got == 0) errno = EFAULT; return -1; }
+        dst = (char *)dst + got;
+        addr += (uint64_t)got;
+        bytes -= (size_t)got;
+    }
+    return 0;
+#else
+    (void)addr; (void)dst; (void)bytes;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Whether this process's peers of the same user may read its memory and it theirs: Yama's
+   ptrace_scope absent or 0 (1, Ubuntu's default, lets a process read only its descendants), and
+   process_vm_readv not refused by a sandbox (a read of this process's own memory). */
+static int kvps_ring__cma_capable(void) {
+#if KVPS_RING__HAS_SHM && defined(SYS_process_vm_readv)
+    FILE *fp = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    int scope = 0;
+    if (fp) { if (fscanf(fp, "%d", &scope) != 1) scope = 1; fclose(fp); }
+    static const uint64_t word = 0x6b767073u;
+    uint64_t got = 0;
+    struct iovec l = {&got, sizeof got}, rm = {(void *)(uintptr_t)&word, sizeof word};
+    return scope == 0 && syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &rm, 1L, 0L) == (long)sizeof got && got == word;
+#else
+    return 0;
+#endif
 }
 
 /* This host as the kernel separates hosts: the boot, the network, IPC and PID namespaces, and
@@ -755,13 +796,15 @@ enum {
     KVPS_RING__MAGIC = 0x5250564Bu,
     KVPS_RING__ZC_MIN = 32768,
     KVPS_RING__RHD_MAX = 16 << 20, /* AUTO: RHD up to here (power-of-two sizes from 4), RING above */
+    KVPS_RING__DIRECT_MIN = 1 << 20, /* AUTO: DIRECT from here with 3 ranks or more, where it can run (BENCHMARKS.md) */
     KVPS_RING__SPIN = 16,          /* a collective's receive: non-blocking polls, each after a yield, before it sleeps */
     KVPS_RING__SPIN_US = 200,      /* ... or fewer: until this long has passed (a busy CPU: a yield costs a time slice) */
+    KVPS_RING__PEEK = 256,         /* shared memory: looks at the queues (a pause between) before the first yield */
     /* tag phases */
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
     KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11, KVPS_RING__PH_RH = 12,
-    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14
+    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15
 };
 
 typedef struct kvps_ring__hdr {
@@ -909,6 +952,8 @@ typedef struct kvps_ring__fam {
     size_t shm_bytes;
     char shm_name[64];
     int hellos, local, in_shm, topo;
+    int cma_all;                /* 1: every rank is on this host and each may read every other's memory
+                                   (DIRECT may run): from the hellos alone, so the same on every rank */
     kvps_ring__stash *ready, **ready_tail;
     unsigned turn;
     int rr;
@@ -939,8 +984,8 @@ struct kvps_ring {
     kvps_ring__stash *stash;
     kvps_ring__zc *zc;  /* zero-copy frames ZeroMQ still holds (outlives the ring if need be) */
     int zc_dst;         /* the rank the last of them went to (named when they are never taken) */
-    void *work, *scratch;
-    size_t work_cap, scratch_cap;
+    void *work, *scratch, *direct; /* (direct: DIRECT's piece of a peer's buffer; work may hold the list it reduces) */
+    size_t work_cap, scratch_cap, direct_cap;
     int *view_buf;
     /* point-to-point (>>p2p). Touched by whoever holds the sockets (busy: the family's thread
        during a posted collective, else the caller): p2p messages that arrived and are not taken
@@ -1111,7 +1156,7 @@ KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
 /* The names, one per value of each enum, checked against its _COUNT. */
 static const char *const kvps_ring__dtype_names[] = {"float32", "float64", "int32", "int64", "float16", "bfloat16"};
 static const char *const kvps_ring__redop_names[] = {"sum", "prod", "min", "max", "avg"};
-static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
+static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct"};
 typedef char kvps_ring__names_check[sizeof kvps_ring__dtype_names / sizeof *kvps_ring__dtype_names == KVPS_DTYPE_COUNT &&
                                             sizeof kvps_ring__redop_names / sizeof *kvps_ring__redop_names == KVPS_REDOP_COUNT &&
                                             sizeof kvps_ring__algo_names / sizeof *kvps_ring__algo_names == KVPS_ALGO_COUNT
@@ -1263,6 +1308,8 @@ typedef struct kvps_ring__hello {
     uint64_t cap;
     char host[256]; /* kvps_ring__host_ident */
     char seg[64];   /* its segment's name, "" for none */
+    uint32_t uid, cma;            /* its user; 1: peers of the same user may read its memory and it can
+                                     read theirs (kvps_ring__cma_capable) */
 } kvps_ring__hello;
 
 static void kvps_ring__x_ctl(kvps_ring__fam *f, int dst, int kind, const void *payload, size_t bytes) {
@@ -1306,6 +1353,9 @@ static void kvps_ring__x_hello(kvps_ring *r) {
     hl.cap = f->shm_cap;
     memcpy(hl.host, f->host, sizeof hl.host);
     if (f->shm) snprintf(hl.seg, sizeof hl.seg, "%s", f->shm_name);
+    hl.uid = (uint32_t)getuid();
+    hl.cma = (uint32_t)(kvps_ring__shm_wanted(&r->desc) && kvps_ring__cma_capable()); /* (off with shared memory) */
+    f->peers[r->rank].cma = (unsigned char)hl.cma;
     f->peers[r->rank].host = f->host_hash;
     f->peers[r->rank].same = f->peers[r->rank].hello = 1;
     for (int i = 0; i < r->size; i++)
@@ -1344,6 +1394,7 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     p->pid = hl.pid;
     p->host = kvps__fnv1a(hl.host);
     p->same = f->host[0] && strcmp(hl.host, f->host) == 0;
+    p->cma = 0;
     if (!p->same) return;
     f->local++;
     if (f->shm) { p->in = 1; f->in_shm++; }
@@ -1353,6 +1404,7 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     if (!ok && f->shm && hl.seg[0])
         kvps__log(KVPS_LOG_WARN, "ring %d: rank %d is on this host, but its shared memory %s cannot be used (%s): ZeroMQ to it",
                   f->me, src, hl.seg, why);
+    p->cma = hl.cma == 1 && hl.uid == (uint32_t)getuid();
     p->out = (unsigned char)ok;
     if (ok) {
         __atomic_store_n(&kvps_ring__shm_q(p->seg, f->shm_cap, f->me)->mapped, 1, __ATOMIC_RELEASE);
@@ -1427,7 +1479,7 @@ static void kvps_ring__x_drain(kvps_ring__fam *f) {
 /* The next message from any transport, without waiting: 1 (*h, *payload), 0 none. Control
    messages are handled here; malformed ZeroMQ messages are dropped. The ready list first, then,
    taking turns, this rank's queues (from rank rr on) and the router. */
-static int kvps_ring__x_recv(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
+static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
     if (f->ready) {
         kvps_ring__stash *e = kvps_ring__fifo_cut(&f->ready, &f->ready_tail);
         *h = e->h;
@@ -1465,14 +1517,19 @@ static int kvps_ring__x_recv(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *pa
     return 0;
 }
 
+static int kvps_ring__x_recv(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    while (kvps_ring__x_recv1(f, h, payload)) {
+        if (h->coll != KVPS_RING__XPORT) return 1;
+        kvps_ring__x_control(f, h, payload); /* (none comes through a queue today; handled as from the router) */
+    }
+    return 0;
+}
+
+static int kvps_ring__x_shm_ready(kvps_ring__fam *f);
+
 /* Whether anything may be there to read (a peek: the router's poll, the queues' indices). */
 static int kvps_ring__x_ready(kvps_ring__fam *f) {
-    if (f->ready) return 1;
-    for (int p = 0; f->in_shm > 0 && p < f->size; p++) {
-        if (f->peers[p].in != 1) continue;
-        kvps_ring__shm_ctl *c = kvps_ring__shm_q(f->shm, f->shm_cap, p);
-        if (__atomic_load_n(&c->tail, __ATOMIC_ACQUIRE) != __atomic_load_n(&c->head, __ATOMIC_RELAXED)) return 1;
-    }
+    if (kvps_ring__x_shm_ready(f)) return 1;
     zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
     return f->router && zmq_poll(&it, 1, 0) > 0;
 }
@@ -1497,11 +1554,30 @@ static void kvps_ring__x_sleep(kvps_ring__fam *f, int64_t ms, kvps_ring__shm_ctl
    process each yield gives away a time slice); then a sleep: on the bell when every peer's
    messages come through shared memory, in zmq_poll when none do, and both in turns (1 ms each)
    when some do. */
+static int kvps_ring__x_shm_ready(kvps_ring__fam *f) {
+    for (int p = 0; p < f->size; p++) {
+        if (f->peers[p].in != 1) continue;
+        kvps_ring__shm_ctl *c = kvps_ring__shm_q(f->shm, f->shm_cap, p);
+        if (__atomic_load_n(&c->tail, __ATOMIC_ACQUIRE) != __atomic_load_n(&c->head, __ATOMIC_RELAXED)) return 1;
+    }
+    return f->ready != NULL;
+}
+
 static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
+    /* every peer through shared memory: first a look at the queues alone, no system call, for
+       a few microseconds (a small message from a peer running on another CPU) */
+    if (f->in_shm == f->size - 1)
+        for (int i = 0; i < KVPS_RING__PEEK; i++) {
+            if (kvps_ring__x_shm_ready(f)) return KVPS_OK;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
     int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
+    int all_shm = f->in_shm == f->size - 1; /* (then the router, rarely used, is looked at every 4th yield) */
     for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
         sched_yield();
-        if (kvps_ring__x_ready(f)) return KVPS_OK;
+        if (all_shm && (spin & 3) != 3 ? kvps_ring__x_shm_ready(f) : kvps_ring__x_ready(f)) return KVPS_OK;
     }
     kvps_ring__x_maybe_unlink(f);
     zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
@@ -2602,11 +2678,79 @@ static int kvps_ring__index(const int *view, int k, int rank) {
     return -1;
 }
 
+/* DIRECT (manual section 3): every rank of the view on this host, each allowed to read the
+   others' memory (the family's cma_all). Rank me reduces its block of the result straight from
+   its peers' input buffers, piece by piece (each piece summed over the peers while it is in
+   cache, in rank order), then copies each peer's block of the result straight from its recv:
+   every byte crosses once, where a ring step copies it twice (into a queue, out of it). Three
+   rounds of small messages order the reads: the buffers' addresses; "my block is reduced" (a
+   peer may then read it, and overwrite what this rank read from it: in place, its own block);
+   "I have your block" (this rank's buffers are then no longer read: the call may return). */
+static kvps_result kvps_ring__direct_read(kvps_ring *r, int rank, uint64_t addr, void *dst, size_t bytes) {
+    int32_t pid = r->fam->peers[r->root_rank[rank]].pid;
+    if (!bytes || kvps_ring__cma_read(pid, addr, dst, bytes) == 0) return KVPS_OK;
+    char call[128];
+    kvps_ring__call_text(&r->cur, call, sizeof call);
+    if (errno == ESRCH)
+        return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died before "
+                               "this rank read its buffer in %s", r->rank, rank, (int)pid, call);
+    return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: cannot read rank %d's buffer (process %d: %s) in %s", r->rank,
+                           rank, (int)pid, strerror(errno), call);
+}
+
+static kvps_result kvps_ring__allreduce_direct(kvps_ring *r, const int *view, int k, int me, char *recv, size_t n,
+                                               const char *send) {
+    kvps_dtype dt = kvps_ring__dt(r);
+    kvps_redop op = (kvps_redop)r->cur.op;
+    size_t es = kvps_dtype_size(dt), piece = 16384;
+    uint64_t mine[2] = {(uint64_t)(uintptr_t)(send ? send : recv), (uint64_t)(uintptr_t)recv}, *addr;
+    char *tmp = (char *)kvps_ring__grow(&r->direct, &r->direct_cap, piece * es + (size_t)k * 16);
+    if (!tmp) return KVPS_ERR_NOMEM;
+    addr = (uint64_t *)(void *)(tmp + piece * es);
+    kvps_result rc = KVPS_OK;
+    kvps_ring__ph(r, "direct: addresses", -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++)
+        rc = kvps_ring__send(r, view[(me + j) % k], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 0, 0), mine, sizeof mine, -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++) {
+        int o = (me + k - j) % k;
+        rc = kvps_ring__recv_copy(r, view[o], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 0, 0), addr + 2 * o, 16);
+    }
+    kvps_ring__ph_end(r);
+    size_t lo = n * (size_t)me / (size_t)k, hi = n * (size_t)(me + 1) / (size_t)k;
+    kvps_ring__ph(r, "direct: reduce this rank's block", -1);
+    if (rc == KVPS_OK && send && send != recv) memcpy(recv + lo * es, send + lo * es, (hi - lo) * es);
+    for (size_t b = lo; b < hi && rc == KVPS_OK; b += piece) {
+        size_t m = hi - b < piece ? hi - b : piece;
+        for (int o = 0; o < k && rc == KVPS_OK; o++) {
+            if (o == me) continue;
+            rc = kvps_ring__direct_read(r, view[o], addr[2 * o] + b * es, tmp, m * es);
+            if (rc == KVPS_OK) kvps_reduce_into(recv + b * es, tmp, m, dt, op);
+        }
+    }
+    kvps_ring__ph_end(r);
+    kvps_ring__ph(r, "direct: copy the others' blocks", -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++)
+        rc = kvps_ring__send(r, view[(me + j) % k], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 1, 0), NULL, 0, -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++) {
+        int o = (me + j) % k;
+        size_t olo = n * (size_t)o / (size_t)k, ohi = n * (size_t)(o + 1) / (size_t)k;
+        rc = kvps_ring__recv_copy(r, view[o], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 1, 0), NULL, 0);
+        if (rc == KVPS_OK) rc = kvps_ring__direct_read(r, view[o], addr[2 * o + 1] + olo * es, recv + olo * es, (ohi - olo) * es);
+    }
+    for (int j = 1; j < k && rc == KVPS_OK; j++)
+        rc = kvps_ring__send(r, view[(me + j) % k], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 2, 0), NULL, 0, -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++)
+        rc = kvps_ring__recv_copy(r, view[(me + k - j) % k], kvps_ring__tag(KVPS_RING__PH_DIRECT, 0, 2, 0), NULL, 0);
+    kvps_ring__ph_end(r);
+    return rc;
+}
+
 static kvps_result kvps_ring__allreduce_view(kvps_ring *r, const int *view, int k, void *buf, size_t count,
                                              kvps_ring_algo algo) {
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
     if (algo == KVPS_ALGO_RD) return kvps_ring__allreduce_rd(r, view, k, me, buf, count);
+    if (algo == KVPS_ALGO_DIRECT) return kvps_ring__allreduce_direct(r, view, k, me, (char *)buf, count, NULL);
     if (algo == KVPS_ALGO_RHD) return kvps_ring__allreduce_rhd(r, view, k, me, buf, count, NULL); /* (a power of two) */
     return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING, NULL);
 }
@@ -2727,11 +2871,14 @@ struct kvps_ring__exec {
 static kvps_ring_algo kvps_ring__allreduce_algo(const kvps_ring *r, kvps_ring_algo algo, size_t bytes, int wire) {
     int k = r->size;
     if (!algo) algo = r->desc.algo;
+    int direct = r->fam->cma_all == 1 && !wire;
     if (algo == KVPS_ALGO_AUTO)
-        algo = bytes <= r->desc.small_bytes              ? KVPS_ALGO_RD
+        algo = direct && k >= 3 && bytes >= KVPS_RING__DIRECT_MIN ? KVPS_ALGO_DIRECT
+               : bytes <= r->desc.small_bytes            ? KVPS_ALGO_RD
                : kvps_ring__multi_group(r)               ? KVPS_ALGO_HIER
                : k >= 4 && bytes <= KVPS_RING__RHD_MAX   ? KVPS_ALGO_RHD
                                                          : KVPS_ALGO_RING;
+    if (algo == KVPS_ALGO_DIRECT && !direct) algo = KVPS_ALGO_RING;
     if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || wire)) algo = KVPS_ALGO_RING;
     if (algo == KVPS_ALGO_HIER && !r->desc.groups) algo = KVPS_ALGO_RING;
     return algo;
@@ -2744,9 +2891,10 @@ static kvps_result kvps_ring__allreduce_buf(kvps_ring *r, const kvps_ring__exec 
     size_t n = x->n, bytes = x->bytes;
     kvps_result rc;
     if (send && send != recv && k > 1 && n && !r->wire &&
-        (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD)) {
+        (algo == KVPS_ALGO_RING || algo == KVPS_ALGO_BIRING || algo == KVPS_ALGO_RHD || algo == KVPS_ALGO_DIRECT)) {
         /* out of place: the algorithm reads send and writes every block of recv itself */
-        rc = algo == KVPS_ALGO_RHD ? kvps_ring__allreduce_rhd(r, x->all, k, me, recv, n, send)
+        rc = algo == KVPS_ALGO_DIRECT ? kvps_ring__allreduce_direct(r, x->all, k, me, recv, n, send)
+           : algo == KVPS_ALGO_RHD ? kvps_ring__allreduce_rhd(r, x->all, k, me, recv, n, send)
                                    : kvps_ring__allreduce_ring(r, x->all, k, me, recv, n, algo == KVPS_ALGO_BIRING, send);
     } else {
         if (send && send != recv && bytes) memcpy(recv, send, bytes);
@@ -3130,6 +3278,8 @@ static kvps_result kvps_ring__topology(kvps_ring *r) {
         if (kvps_ring__x_wait(f, left) != KVPS_OK) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
     }
     f->topo = 1;
+    f->cma_all = f->size > 1; /* DIRECT: every rank on this host, each saying its memory may be read (hellos) */
+    for (int p = 0; p < f->size; p++) f->cma_all &= f->peers[p].cma;
     int hosts = 0;
     for (int i = 0; i < f->size; i++) {
         int first = 1;
@@ -4063,7 +4213,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     pthread_mutex_unlock(&f->mu);
     if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
-    free(r->view_buf); free(r->blocks); free(r->root_rank); free(r->up); free(r->work); free(r->scratch);
+    free(r->view_buf); free(r->blocks); free(r->root_rank); free(r->up); free(r->work); free(r->scratch); free(r->direct);
     free(r->p2p_sent); free(r->p2p_next); free(r->p2p_gone);
     free(r);
     if (!last) return;

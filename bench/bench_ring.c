@@ -95,7 +95,7 @@ static const coll_info colls[] = {
 };
 enum { NCOLLS = sizeof colls / sizeof colls[0] };
 
-static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
+static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct"};
 
 static double bus_factor(int busf, int n) {
     return busf == 2 ? 2.0 * (n - 1) / n : busf == 1 ? (double)(n - 1) / n : 1.0;

@@ -12,7 +12,7 @@
 
 static const char *const DT_NAME[6] = {"f32", "f64", "i32", "i64", "f16", "bf16"};
 static const char *const OP_NAME[5] = {"sum", "prod", "min", "max", "avg"};
-static const char *const ALGO_NAME[6] = {"auto", "ring", "biring", "rd", "hier", "rhd"};
+static const char *const ALGO_NAME[KVPS_ALGO_COUNT] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct"};
 
 /* Groups for HIER: {0,0,1,1,2,2,2,3} (cut to the size) and alternating. */
 static const int GROUPS8[8] = {0, 0, 1, 1, 2, 2, 2, 3};

@@ -99,6 +99,7 @@ static int kvps_choice(const char *tl, int size, size_t bytes, int groups, size_
     t.base.small_bytes = small;
     t.base.groups = groups ? grp : NULL;
     t.base.timeline = tl;
+    t.base.shm = -1; /* costmodel.h models the ring over ZeroMQ (TCP); on one host AUTO may pick DIRECT */
     t.arg = &bytes;
     kt_team_run(&t); /* (a rank that failed is reported) */
     int algo = chk_algo[0];

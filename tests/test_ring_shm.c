@@ -190,9 +190,12 @@ static void oracle_main(prank *p) {
     if (kvps_ring_barrier(p->r) != KVPS_OK) pr_fail(p, "barrier 2");
     if (segs_of(getpid()) != 0) pr_fail(p, "rank %d's segment is still in /dev/shm after every peer mapped it", p->rank);
     static const size_t sizes[] = {1, 7, 1000, 300000, 5000000};
-    static const kvps_ring_algo algos[] = {KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_BIRING};
+    static const kvps_ring_algo algos[] = {KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_BIRING,
+                                           KVPS_ALGO_DIRECT};
+    /* DIRECT reads the peers' buffers with process_vm_readv here (they are processes) */
+    if (p->r->fam->cma_all != 1) pr_fail(p, "rank %d: the ranks did not agree that DIRECT can run", p->rank);
     for (int s = 0; s < 5; s++)
-        for (int a = 0; a < 5; a++) check_allreduce(p, sizes[s], algos[a]);
+        for (int a = 0; a < 6; a++) check_allreduce(p, sizes[s], algos[a]);
     /* all-to-all: every pair at once */
     size_t blk = 40000;
     int32_t *in = (int32_t *)kt_xmalloc(blk * (size_t)p->k * 4), *out = (int32_t *)kt_xmalloc(blk * (size_t)p->k * 4);
