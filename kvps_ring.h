@@ -956,7 +956,7 @@ typedef struct kvps_ring__fam {
                                    (DIRECT may run): from the hellos alone, so the same on every rank */
     kvps_ring__stash *ready, **ready_tail;
     unsigned turn;
-    int rr;
+    int rr, router_due;
 } kvps_ring__fam;
 
 struct kvps_ring {
@@ -1488,6 +1488,10 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
         return 1;
     }
     int shm_first = (f->turn++ & 1) == 0;
+    /* every peer through shared memory: the router (control messages, strangers) only now and
+       then and after a real wait, not at every look (each costs system calls in ZeroMQ) */
+    int router = f->in_shm < f->size - 1 || f->router_due || (f->turn & 63) == 0;
+    f->router_due = 0;
     for (int pass = 0; pass < 2; pass++) {
         if ((pass == 0) == shm_first) {
             for (int k = 0; f->in_shm > 0 && k < f->size; k++) {
@@ -1496,7 +1500,7 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
             }
             continue;
         }
-        for (;;) {
+        for (; router;) {
             zmq_msg_t fr[3];
             int extra, n = f->router ? kvps__recv_msg(f->router, fr, 3, &extra) : 0;
             if (n <= 0) break;
@@ -1573,6 +1577,7 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
             __builtin_ia32_pause();
 #endif
         }
+    f->router_due = 1; /* (a real wait: the next read looks at the router too) */
     int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
     int all_shm = f->in_shm == f->size - 1; /* (then the router, rarely used, is looked at every 4th yield) */
     for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
