@@ -1,4 +1,5 @@
-/* kvps_ring.h - v0.1 - collectives and point-to-point among equal peers over ZeroMQ - MIT licence
+/* kvps_ring.h - v0.1 - collectives and point-to-point among equal peers: shared memory on one host,
+   ZeroMQ between hosts - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -17,6 +18,7 @@
      7. Point-to-point: send, recv, isend, irecv
      8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
      9. Sub-rings: kvps_ring_split
+    10. Transports: shared memory on one host, ZeroMQ between hosts
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -80,7 +82,14 @@
              doubling, pieces of chunk_bytes. The same bytes per rank as RING in 2 log2(n)
              exchanges instead of 2(n-1). Needs a power-of-two size (else RING runs) and no
              16-bit wire (else RING runs).
-   AUTO: all-reduce uses RD up to .small_bytes (default 512 KiB: on loopback RD wins up to 512
+     DIRECT  every rank on one host, each allowed to read the others' memory (section 10): each
+             rank reduces its 1/n block of the result straight from its peers' input buffers
+             (process_vm_readv, 64 KiB pieces summed over the peers in rank order while in
+             cache) and copies the others' blocks straight from their results: each byte
+             crosses once, where a ring step copies it into a queue and out. Three rounds of
+             small messages order the reads. Where it cannot run, RING runs.
+   AUTO: all-reduce uses DIRECT from 1 MiB with 3 ranks or more where it can run (with 2 ranks
+   the pipelined ring measured as fast or faster: BENCHMARKS.md, shared memory), else RD up to .small_bytes (default 512 KiB: on loopback RD wins up to 512
    KiB at 2, 4 and 8 ranks, the ring from 1 MiB; see BENCHMARKS.md), then HIER when .groups
    names more than one group with more than one rank, else RHD for 4, 8, 16... ranks up to 16
    MiB (measured on loopback with 4 and 8 ranks, six runs: 0.97-1.39x RING's busbw at 1-4 MB,
@@ -89,6 +98,8 @@
    ones. An out-of-place ring all-reduce reads send directly: the input is never copied first.
 
    4. WIRE FORMAT
+   (Between ranks on one host the messages below go through shared memory instead, framed
+   [u64 length][header][payload]: section 10.)
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
    about half rate through a shaped link). Sub-rings (section 9) use the same sockets.
@@ -118,6 +129,10 @@
    other's: seq is the message's number among those from src to this rank (from 1), tag the
    user's tag (32 bits), op the kind: 1 data, 2 data that wants an answer, 3 ACK, 4 NACK (dtype
    and count: what the receive named; payload: the refused header), 5 abort (payload: the text).
+   Transport messages (section 10) carry coll = 0x51, ring 0 and src the sender's rank in the
+   first ring, and never reach a ring: op 1 HELLO, the first message on every connection
+   (payload: version, ring size, pid, queue size, host identity, segment name, user, whether its
+   memory may be read), op 3 NOSHM (the sender cannot use the segment the hello offered).
 
    5. OWNERSHIP, THREADS, ERRORS
    Buffers (and a v-collective's counts and displs) are borrowed until the call returns
@@ -125,7 +140,9 @@
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
    operations run on a background thread (p2p calls wait for them: section 7). A ring and its
    sub-rings share that thread and that rule (section 9). Every operation ends within .timeout_ms
-   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call, in
+   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call (a dead
+   peer on this host: KVPS_ERR_PEER_LOST within about 100 ms naming it and its process, section
+   10), in
    kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
    float32 (sum, root 0) (this ring's collective #7)"). After an error
    the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
@@ -249,6 +266,56 @@
    float32 (sum, root 0) (this ring's collective #2)" (nested: "colour 0 of sub-ring 1"); the
    ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
    the sockets (section 5) it breaks the whole family.
+
+   10. TRANSPORTS: SHARED MEMORY ON ONE HOST, ZEROMQ BETWEEN HOSTS
+   Every rank binds and connects its ZeroMQ sockets as in section 4 and, at connect, sends every
+   peer a hello: its host, process and shared-memory segment. A host is what the kernel keeps
+   apart: the boot, the network, IPC and PID namespaces and /dev/shm's file system, so two
+   containers or two network namespaces of one machine are two hosts ($KVPS_RING_HOST_ID, added
+   to the identity, splits one further: for tests). A rank sends a peer nothing before it has
+   read that peer's hello (the first message on every connection; it waits for it within the
+   call's deadline), and decides then, once: a peer on this host whose segment it could map gets
+   everything through shared memory, any other peer everything over ZeroMQ, so nothing one rank
+   sends can overtake another of its messages. kvps_ring_transport(r, rank) says which: "shm" or
+   "zmq" (every hello has been read by the end of the ring's first collective).
+   Segments. Each rank makes one in /dev/shm at connect (/kvps-ring-PID-..., mode 0600, sparse):
+   a page with its futex word, and a queue per rank of the ring: a control page and 1 MiB + 4 KiB
+   (256 KiB above 8 ranks; no shared memory above 1024) used as one writer's byte stream of
+   [u64 length][40-byte header][payload]. A peer on this host maps it when it reads the hello and
+   reserves its queue's pages (posix_fallocate); the owner unlinks the segment once every peer on
+   the host has mapped it or said it will not (NOSHM), within the job's first collective: a job
+   killed with SIGKILL after that leaves nothing in /dev/shm, and a segment of a process killed
+   before is removed by the next ring made on the host (its pid is gone). A /dev/shm too small
+   (a container's 64 MB: docker run --shm-size) fails the reservation: that pair keeps ZeroMQ,
+   and a warning names /dev/shm. What fits in a queue is written at once; a larger message
+   streams through it while the reader copies it out, the writer reading its own queues as it
+   waits for room (two ranks sending each other large messages never wait on each other). So a
+   send to a rank that does not call the ring waits, as MPI's does, once that rank's queue is
+   full (ZeroMQ would buffer it): longer than .timeout_ms, and it fails with KVPS_ERR_TIMEOUT.
+   Waiting. A rank that waits for a message looks at its queues for a few microseconds without
+   a system call, then yields up to 16 times (200 us at most), then sleeps on its futex word,
+   which every writer rings (waking it if it sleeps), 100 ms at a time. With some peers over
+   ZeroMQ it sleeps in zmq_poll and looks at the queues every millisecond. A rank waiting for a
+   peer on this host (to receive from it, or for room in its queue) whose process is gone
+   returns KVPS_ERR_PEER_LOST within about 100 ms, naming it: "rank 1 (process 4242 on this host)
+   is gone: it died while this rank waited for it in allreduce of 256 float32 (sum, root 0)";
+   over ZeroMQ a dead peer is a timeout, as before.
+   Trust. Everything read from a segment is checked before use: a queue's indices against its
+   size, a message's length against the largest a ring sends, the header's magic and its sender;
+   a malformed queue is read no more, and the error names its writer (tests/fuzz/fuzz_shm.c
+   fuzzes the reader). Only processes of the same user can open a segment, and only while the
+   job starts.
+   DIRECT (section 3) reads the peers' buffers with process_vm_readv. Each hello says whether
+   its process can (Linux; Yama's ptrace_scope absent or 0, since 1 lets a process read only its
+   descendants; the system call not refused; shared memory on); it runs when every rank of the
+   family is on this host, of one user, and says so: a decision from the hellos alone, the same
+   on every rank.
+   Hosts and AUTO. A ring given no .groups gets one group per host at its first collective, so
+   where the ranks span hosts and some share one, AUTO runs HIER past .small_bytes: each host
+   reduces over shared memory, one leader per host all-reduces over the network, and each host
+   broadcasts the result back (tests/test_ring_netns.sh: 2 network namespaces x 2 ranks).
+   Off: .shm = -1 or KVPS_RING_SHM=0 (every peer over ZeroMQ, DIRECT off); on other systems than
+   Linux every peer is over ZeroMQ.
 */
 #ifndef KVPS__CORE_ZMQ
 #define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
@@ -300,7 +367,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | zmq_ctx     | a context of its own; io_threads 1            |
    | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) |
    | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) |
-   | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) | */
+   | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) |
+   | shm         | 0: shared memory to peers on this host unless $KVPS_RING_SHM is 0; 1: on; -1: off (section 10) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -440,18 +508,21 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 /* ============================================================================================ */
 #if defined(KVPS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)
 /* Sections (grep "// >>name"), lowest layer first:
+     shm          shared memory between ranks on one host: segments, byte queues and their one
+                  reader, futex bells, liveness, process_vm_readv, the host's identity
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the
                   collectives' row, the family (what a ring and its sub-rings share), the ring
      timeline     a collective and its phases in the rank's timeline (kvps_core.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
-     transport    frames to and from peers: send, receive (stash, mismatch, abort), zero-copy;
-                  p2p messages kept apart whoever reads them; a sub-ring's handed to it
+     transport    the transports (hellos; a peer's queue or ZeroMQ; waiting on both; liveness),
+                  then frames to and from peers: send, receive (stash, mismatch, abort),
+                  zero-copy; p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
      ring         pipelined ring: reduce-scatter, all-gather, (bi)ring all-reduce, chain broadcast
      list         the ring all-reduce over a list of buffers, in place (kvps_fuse.h's allreduce_many)
      rhd          Rabenseifner: recursive halving reduce-scatter, recursive doubling all-gather
      small        latency-bound: recursive doubling all-reduce, binomial-tree broadcast and reduce
-     views        an algorithm over a view of the ranks, chosen by size; the hierarchical all-reduce
+     views        an algorithm over a view of the ranks, chosen by size; DIRECT; the hierarchical all-reduce
      collectives  one function per kvps_coll (even and uneven blocks alike; the v-collectives'
                   count check), their table and dispatcher; the checks of an op
      queue        running an op: in the caller's thread, or posted to the ring's own thread
