@@ -554,6 +554,7 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <linux/futex.h>
 #ifndef __cplusplus
 long syscall(long number, ...); /* (<unistd.h> declares it only for _DEFAULT_SOURCE) */
@@ -605,6 +606,8 @@ typedef struct kvps_ring__peer {
     uint64_t host;                            /* a hash of its host identity */
     unsigned char *seg;                       /* its segment (out) */
     size_t seg_bytes;
+    unsigned char bell[112];                  /* its doorbell's address (a struct sockaddr_un) */
+    unsigned bell_len;
     kvps_ring__shm_rd rd;                     /* its message being read from this rank's segment */
 } kvps_ring__peer;
 
@@ -678,12 +681,68 @@ static void kvps_ring__futex_wake(uint32_t *w) { (void)w; }
 static void kvps_ring__futex_wait(uint32_t *w, uint32_t seen, int64_t ms) { (void)w; (void)seen; (void)ms; }
 #endif
 
-/* Gives a segment's owner something to do: its bell rung, and a sleeper woken. */
-static void kvps_ring__shm_ring(unsigned char *seg) {
+/* Gives a segment's owner something to do: its bell rung, and a sleeper woken: on its futex
+   (sleeping 1), or, asleep in zmq_poll over its ZeroMQ socket and its doorbell socket (sleeping
+   2: some of its peers are over ZeroMQ), by a datagram to the doorbell at addr (tx: a socket to
+   send it from; -1: none). */
+static void kvps_ring__shm_ring(unsigned char *seg, int tx, const void *addr, unsigned addr_len) {
     kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)seg;
     __atomic_add_fetch(&hd->bell, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&hd->sleeping, __ATOMIC_SEQ_CST)) kvps_ring__futex_wake(&hd->bell);
+    uint32_t how = __atomic_load_n(&hd->sleeping, __ATOMIC_SEQ_CST);
+    if (how == 1) kvps_ring__futex_wake(&hd->bell);
+#if KVPS_RING__HAS_SHM
+    else if (how == 2 && tx >= 0 && addr_len) sendto(tx, "", 1, MSG_DONTWAIT, (const struct sockaddr *)addr, (socklen_t)addr_len);
+#else
+    (void)tx; (void)addr; (void)addr_len;
+#endif
 }
+
+/* A rank's doorbell: a datagram socket at an abstract address named after its segment (the
+   abstract names belong to the network namespace: the host's). -1 where it cannot be made. */
+static void kvps_ring__bell_addr(const char *seg_name, void *addr, unsigned *addr_len) {
+#if KVPS_RING__HAS_SHM
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    size_t n = strlen(seg_name) < sizeof a.sun_path - 1 ? strlen(seg_name) : sizeof a.sun_path - 1;
+    memcpy(a.sun_path + 1, seg_name, n); /* sun_path[0] = 0: abstract */
+    *addr_len = seg_name[0] ? (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + n) : 0;
+    memcpy(addr, &a, sizeof a);
+#else
+    (void)seg_name; (void)addr;
+    *addr_len = 0;
+#endif
+}
+
+/* This rank's doorbell bound at its address (seg_name's), and a socket to ring others' from;
+   0, or -1 (they stay -1: sleeps then take turns between zmq_poll and the futex). */
+static int kvps_ring__bell_open(const char *seg_name, int *rx, int *tx) {
+#if KVPS_RING__HAS_SHM
+    unsigned char addr[sizeof(struct sockaddr_un)];
+    unsigned len;
+    kvps_ring__bell_addr(seg_name, addr, &len);
+    *rx = *tx = -1;
+    if (!len) return -1;
+    int a = socket(AF_UNIX, SOCK_DGRAM, 0), b = socket(AF_UNIX, SOCK_DGRAM, 0);
+    if (a < 0 || b < 0 || bind(a, (const struct sockaddr *)(void *)addr, (socklen_t)len) != 0) {
+        if (a >= 0) close(a);
+        if (b >= 0) close(b);
+        return -1;
+    }
+    fcntl(a, F_SETFL, fcntl(a, F_GETFL) | O_NONBLOCK);
+    fcntl(b, F_SETFL, fcntl(b, F_GETFL) | O_NONBLOCK);
+    fcntl(a, F_SETFD, FD_CLOEXEC);
+    fcntl(b, F_SETFD, FD_CLOEXEC);
+    *rx = a;
+    *tx = b;
+    return 0;
+#else
+    (void)seg_name;
+    *rx = *tx = -1;
+    return -1;
+#endif
+}
+
 
 /* Whether process pid is gone (exited, or a zombie no one has reaped). */
 static int kvps_ring__pid_gone(int32_t pid) {
@@ -1028,6 +1087,7 @@ typedef struct kvps_ring__fam {
     kvps_ring__stash *ready, **ready_tail;
     unsigned turn;
     int rr, router_due;
+    int bell_rx, bell_tx;       /* this rank's doorbell (bound), and a socket to ring the peers' from; -1: none */
 } kvps_ring__fam;
 
 struct kvps_ring {
@@ -1416,7 +1476,10 @@ static void kvps_ring__x_hello(kvps_ring *r) {
         kvps_ring__shm_sweep();
         if (kvps_ring__shm_make((uint32_t)r->size, f->shm_cap, f->shm_name, sizeof f->shm_name, &f->shm, &why) != 0)
             kvps__log(KVPS_LOG_WARN, "ring %d: no shared memory (%s: %s): every peer over ZeroMQ", r->rank, why, strerror(errno));
-        else f->shm_bytes = kvps_ring__shm_bytes((uint32_t)r->size, f->shm_cap);
+        else {
+            f->shm_bytes = kvps_ring__shm_bytes((uint32_t)r->size, f->shm_cap);
+            kvps_ring__bell_open(f->shm_name, &f->bell_rx, &f->bell_tx);
+        }
     }
     hl.version = 1;
     hl.size = (uint32_t)r->size;
@@ -1476,10 +1539,11 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
         kvps__log(KVPS_LOG_WARN, "ring %d: rank %d is on this host, but its shared memory %s cannot be used (%s): ZeroMQ to it",
                   f->me, src, hl.seg, why);
     p->cma = hl.cma == 1 && hl.uid == (uint32_t)getuid();
+    if (ok) kvps_ring__bell_addr(hl.seg, p->bell, &p->bell_len);
     p->out = (unsigned char)ok;
     if (ok) {
         __atomic_store_n(&kvps_ring__shm_q(p->seg, f->shm_cap, f->me)->mapped, 1, __ATOMIC_RELEASE);
-        kvps_ring__shm_ring(p->seg);
+        kvps_ring__shm_ring(p->seg, f->bell_tx, p->bell, p->bell_len);
     } else if (hl.seg[0]) {
         kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
     }
@@ -1512,7 +1576,7 @@ static int kvps_ring__x_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_ms
     int got = kvps_ring__shm_take(c, (const unsigned char *)c + KVPS_RING__SHM_PAGE, f->shm_cap, KVPS_RING__MAGIC, &q->rd, &why);
     if (__atomic_load_n(&c->head, __ATOMIC_RELAXED) != before) __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&c->head, __ATOMIC_RELAXED) != before && __atomic_load_n(&c->want_room, __ATOMIC_SEQ_CST) && q->seg)
-        kvps_ring__shm_ring(q->seg); /* room for a writer that waits for it */
+        kvps_ring__shm_ring(q->seg, f->bell_tx, q->bell, q->bell_len); /* room for a writer that waits for it */
     if (got < 0) {
         if (was || q->rd.on) zmq_msg_close(&q->rd.m);
         q->rd.on = 0;
@@ -1659,7 +1723,16 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
     zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
     if (f->in_shm == f->size - 1) kvps_ring__x_sleep(f, left < 100 ? left : 100, NULL, 0);
     else if (f->in_shm == 0) { if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ; }
-    else {
+    else if (f->bell_rx >= 0) { /* in zmq_poll over the router and the doorbell, which writers ring */
+        kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)f->shm;
+        zmq_pollitem_t two[2] = {{f->router, 0, ZMQ_POLLIN, 0}, {NULL, f->bell_rx, ZMQ_POLLIN, 0}};
+        __atomic_store_n(&hd->sleeping, 2, __ATOMIC_SEQ_CST);
+        int rc = kvps_ring__x_shm_ready(f) ? 0 : zmq_poll(two, 2, (long)(left < 100 ? left : 100));
+        __atomic_store_n(&hd->sleeping, 0, __ATOMIC_SEQ_CST);
+        char drain[64];
+        while (recv(f->bell_rx, drain, sizeof drain, MSG_DONTWAIT) > 0) {}
+        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+    } else {
         if (zmq_poll(&it, 1, left < 1 ? (long)left : 1) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
         if (!kvps_ring__x_ready(f)) kvps_ring__x_sleep(f, 1, NULL, 0);
     }
@@ -1687,7 +1760,7 @@ static void kvps_ring__x_close(kvps_ring__fam *f) {
     }
     for (int p = 0; p < f->size; p++) {
         kvps_ring__peer *q = &f->peers[p];
-        if (q->seg) kvps_ring__shm_ring(q->seg); /* a peer asleep for room in this rank's segment wakes and sees it closed */
+        if (q->seg) kvps_ring__shm_ring(q->seg, f->bell_tx, q->bell, q->bell_len); /* a peer asleep for room here wakes, sees it closed */
         kvps_ring__shm_unmap(q->seg, q->seg_bytes);
         q->seg = NULL;
         q->out = 0;
@@ -1698,6 +1771,9 @@ static void kvps_ring__x_close(kvps_ring__fam *f) {
     kvps_ring__shm_unmap(f->shm, f->shm_bytes);
     f->shm = NULL;
     f->in_shm = 0;
+    if (f->bell_rx >= 0) close(f->bell_rx);
+    if (f->bell_tx >= 0) close(f->bell_tx);
+    f->bell_rx = f->bell_tx = -1;
     kvps_ring__fifo_free(&f->ready);
     f->ready_tail = &f->ready;
 }
@@ -1730,7 +1806,7 @@ static int kvps_ring__x_shm_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
             tail += n;
             done += n;
             __atomic_store_n(&c->tail, tail, __ATOMIC_RELEASE);
-            kvps_ring__shm_ring(q->seg);
+            kvps_ring__shm_ring(q->seg, f->bell_tx, q->bell, q->bell_len);
             spins = 0;
             continue;
         }
@@ -4100,6 +4176,7 @@ static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     if (!f->dealers || !f->peers) { free(f->dealers); free(f->peers); free(f); return NULL; }
     f->me = me;
     f->ready_tail = &f->ready;
+    f->bell_rx = f->bell_tx = -1;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->size = size;
