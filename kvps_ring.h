@@ -759,10 +759,11 @@ static int kvps_ring__pid_gone(int32_t pid) {
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
-/* Copies bytes at addr in process pid (this one: a plain copy) to dst: 0, or -1 with errno
-   (process_vm_readv refused: another user, Yama's ptrace_scope, a kernel without it). */
+/* Copies bytes at addr in process pid to dst: 0, or -1 with errno (ESRCH: the process is gone;
+   EFAULT: the range is not mapped there any more, as when a peer left a call after a failure
+   and freed its buffer; EPERM: refused). The system call also for this process (a peer thread's
+   buffer), so that a freed buffer is an error, never a crash. */
 static int kvps_ring__cma_read(int32_t pid, uint64_t addr, void *dst, size_t bytes) {
-    if (pid == (int32_t)getpid()) { memcpy(dst, (const void *)(uintptr_t)addr, bytes); return 0; }
 #if KVPS_RING__HAS_SHM && defined(SYS_process_vm_readv)
     while (bytes) {
         struct iovec l = {dst, bytes}, rm = {(void *)(uintptr_t)addr, bytes};
@@ -780,20 +781,24 @@ static int kvps_ring__cma_read(int32_t pid, uint64_t addr, void *dst, size_t byt
 #endif
 }
 
-/* Whether this process's peers of the same user may read its memory and it theirs: Yama's
-   ptrace_scope absent or 0 (1, Ubuntu's default, lets a process read only its descendants), and
-   process_vm_readv not refused by a sandbox (a read of this process's own memory). */
-static int kvps_ring__cma_capable(void) {
+/* Why this process's peers of the same user may not read its memory or it theirs, NULL when
+   they may: Yama's ptrace_scope must be absent or 0 (1, Ubuntu's default, lets a process read
+   only its descendants), and process_vm_readv not refused (a sandbox: a read of this process's
+   own memory tells). */
+static const char *kvps_ring__cma_refused(void) {
 #if KVPS_RING__HAS_SHM && defined(SYS_process_vm_readv)
     FILE *fp = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
     int scope = 0;
     if (fp) { if (fscanf(fp, "%d", &scope) != 1) scope = 1; fclose(fp); }
+    if (scope != 0) return "Yama's ptrace_scope is not 0 (kernel.yama.ptrace_scope: 1 lets a process read only its descendants)";
     static const uint64_t word = 0x6b767073u;
     uint64_t got = 0;
     struct iovec l = {&got, sizeof got}, rm = {(void *)(uintptr_t)&word, sizeof word};
-    return scope == 0 && syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &rm, 1L, 0L) == (long)sizeof got && got == word;
+    if (syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &rm, 1L, 0L) != (long)sizeof got || got != word)
+        return "process_vm_readv is refused here (a sandbox or an old kernel)";
+    return NULL;
 #else
-    return 0;
+    return "not Linux";
 #endif
 }
 
@@ -1440,7 +1445,7 @@ typedef struct kvps_ring__hello {
     char host[256]; /* kvps_ring__host_ident */
     char seg[64];   /* its segment's name, "" for none */
     uint32_t uid, cma;            /* its user; 1: peers of the same user may read its memory and it can
-                                     read theirs (kvps_ring__cma_capable) */
+                                     read theirs (kvps_ring__cma_refused) */
 } kvps_ring__hello;
 
 static void kvps_ring__x_ctl(kvps_ring__fam *f, int dst, int kind, const void *payload, size_t bytes) {
@@ -1488,7 +1493,11 @@ static void kvps_ring__x_hello(kvps_ring *r) {
     memcpy(hl.host, f->host, sizeof hl.host);
     if (f->shm) snprintf(hl.seg, sizeof hl.seg, "%s", f->shm_name);
     hl.uid = (uint32_t)getuid();
-    hl.cma = (uint32_t)(kvps_ring__shm_wanted(&r->desc) && kvps_ring__cma_capable()); /* (off with shared memory) */
+    const char *no_cma = kvps_ring__shm_wanted(&r->desc) && r->size > 1 && f->host[0] ? kvps_ring__cma_refused() : "";
+    hl.cma = no_cma == NULL; /* (off with shared memory) */
+    if (no_cma && no_cma[0])
+        kvps__log(KVPS_LOG_WARN, "ring %d: peers cannot read this process's buffers, nor it theirs: %s; the direct "
+                  "all-reduce is off (shared memory queues still carry the data)", r->rank, no_cma);
     f->peers[r->rank].cma = (unsigned char)hl.cma;
     f->peers[r->rank].host = f->host_hash;
     f->peers[r->rank].same = f->peers[r->rank].hello = 1;
@@ -2846,6 +2855,9 @@ static kvps_result kvps_ring__direct_read(kvps_ring *r, int rank, uint64_t addr,
     if (errno == ESRCH)
         return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died before "
                                "this rank read its buffer in %s", r->rank, rank, (int)pid, call);
+    if (errno == EFAULT) /* (it cannot have ended the call well: that takes this rank's word that it read) */
+        return kvps_ring__fail(r, KVPS_ERR_PEER, "rank %d: rank %d's buffer is gone from its memory: it left %s, after a "
+                               "failure of its own", r->rank, rank, call);
     return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: cannot read rank %d's buffer (process %d: %s) in %s", r->rank,
                            rank, (int)pid, strerror(errno), call);
 }
