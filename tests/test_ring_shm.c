@@ -318,9 +318,12 @@ static void test_two_hosts(void) {
 
 /* ---- a /dev/shm too small ------------------------------------------------------------------ */
 static char g_log[2048];
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER; /* (every rank thread logs) */
 static void grab_log(void *user, kvps_log_level lv, const char *msg) {
     (void)user; (void)lv;
+    pthread_mutex_lock(&g_log_mu);
     if (strstr(msg, "shared memory")) snprintf(g_log + strlen(g_log), sizeof g_log - strlen(g_log), "%s\n", msg);
+    pthread_mutex_unlock(&g_log_mu);
 }
 
 static void small_main(kt_rk *x) {
@@ -346,7 +349,9 @@ static void small_devshm_body(void) {
     kvps_log_set_fn(grab_log, NULL);
     kvps_log_set_level(KVPS_LOG_WARN);
     kt_run_team("small /dev/shm", small_main, 3, 1, 10000, NULL);
+    pthread_mutex_lock(&g_log_mu);
     KT_CHECK(strstr(g_log, "/dev/shm is full"), "no warning names the full /dev/shm: '%s'", g_log);
+    pthread_mutex_unlock(&g_log_mu);
 }
 
 static void test_small_devshm_falls_back(void) {
