@@ -341,7 +341,7 @@ static void small_main(kt_rk *x) {
 
 static void small_devshm_body(void) {
     /* a mount namespace of its own, /dev/shm a 256 KiB tmpfs there: a queue (1 MiB) cannot be reserved */
-    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0 /* (type ignored here) */ ||
         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256k") != 0) {
         printf("  skipped: cannot mount a small tmpfs on /dev/shm here (needs root): %s\n", strerror(errno));
         exit(0);
