@@ -1902,15 +1902,20 @@ static kvps_result kvps_ring__x_send(kvps_ring *r, int dst, const kvps_ring__hdr
                            r->rank, dst, call);
 }
 
+/* The part of a send that shared memory takes: 1 when it took the message (consumed; *rc its
+   result, or the route's failure), 0 when the message goes over ZeroMQ. */
+static int kvps_ring__x_post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload, kvps_result *rc) {
+    int how = kvps_ring__x_route(r, dst, h);
+    if (how == 0) return 0;
+    *rc = how < 0 ? KVPS_ERR_TIMEOUT : kvps_ring__x_send(r, dst, h, zmq_msg_data(payload), zmq_msg_size(payload));
+    zmq_msg_close(payload);
+    return 1;
+}
+
 /* Sends [h][payload] to rank dst; the payload frame is consumed. */
 static kvps_result kvps_ring__post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
-    int how = kvps_ring__x_route(r, dst, h);
-    if (how < 0) { zmq_msg_close(payload); return KVPS_ERR_TIMEOUT; }
-    if (how) {
-        kvps_result rc = kvps_ring__x_send(r, dst, h, zmq_msg_data(payload), zmq_msg_size(payload));
-        zmq_msg_close(payload);
-        return rc;
-    }
+    kvps_result rc;
+    if (kvps_ring__x_post(r, dst, h, payload, &rc)) return rc;
     zmq_msg_t f[2];
     kvps__msg_from_buf(&f[0], h, sizeof *h);
     f[1] = *payload;
@@ -3726,13 +3731,8 @@ static void kvps_ring__p2p_pump(kvps_ring *r) {
 /* Sends a p2p header and payload (consumed) to rank dst. */
 static kvps_result kvps_ring__p2p_post(kvps_ring *r, int dst, const kvps_ring__hdr *h, zmq_msg_t *payload) {
     if (dst == r->rank) return kvps_ring__p2p_keep(r, h, payload) ? KVPS_OK : KVPS_ERR_NOMEM; /* to itself: kept at once */
-    int how = kvps_ring__x_route(r, dst, h);
-    if (how < 0) { zmq_msg_close(payload); return KVPS_ERR_TIMEOUT; }
-    if (how) {
-        kvps_result rc = kvps_ring__x_send(r, dst, h, zmq_msg_data(payload), zmq_msg_size(payload));
-        zmq_msg_close(payload);
-        return rc;
-    }
+    kvps_result rc;
+    if (kvps_ring__x_post(r, dst, h, payload, &rc)) return rc;
     zmq_msg_t f[2];
     if (kvps__msg_from_buf(&f[0], h, sizeof *h) != 0) { zmq_msg_close(payload); return KVPS_ERR_NOMEM; }
     f[1] = *payload;

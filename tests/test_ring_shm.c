@@ -362,6 +362,8 @@ static void test_small_devshm_falls_back(void) {
 int main(void) {
     int64_t t0 = kvps__now_ms();
     if (!KVPS_RING__HAS_SHM) { printf("skipped: no shared memory transport on this OS\n0 passed, 0 failed\n"); return 0; }
+    const char *off = getenv("KVPS_RING_SHM");
+    if (off && strcmp(off, "0") == 0) { printf("skipped: KVPS_RING_SHM=0 turns off what this tests\n0 passed, 0 failed\n"); return 0; }
     KT_RUN(test_transport_chosen, 60);
     KT_RUN(test_processes_oracle, 120);
     KT_RUN(test_sigkill_leaves_nothing, 60);
