@@ -285,7 +285,8 @@
    reserves its queue's pages (posix_fallocate); the owner unlinks the segment once every peer on
    the host has mapped it or said it will not (NOSHM), within the job's first collective: a job
    killed with SIGKILL after that leaves nothing in /dev/shm, and a segment of a process killed
-   before is removed by the next ring made on the host (its pid is gone). A /dev/shm too small
+   before is removed by the next ring made on the host (its pid gone, the segment over a minute
+   old). A /dev/shm too small
    (a container's 64 MB: docker run --shm-size) fails the reservation: that pair keeps ZeroMQ,
    and a warning names /dev/shm. What fits in a queue is written at once; a larger message
    streams through it while the reader copies it out, the writer reading its own queues as it
@@ -828,7 +829,9 @@ static void kvps_ring__host_ident(char *buf, size_t cap) {
 }
 
 /* Removes segments left by processes that are gone (killed before they could unlink theirs):
-   "/dev/shm/kvps-ring-PID-..." whose PID no longer runs. */
+   "/dev/shm/kvps-ring-PID-..." whose PID no longer runs and that are over a minute old (a live
+   job unlinks its own within its first collective; the age keeps a segment of a process in
+   another PID namespace that shares this /dev/shm from being taken for a dead one's). */
 static void kvps_ring__shm_sweep(void) {
 #if KVPS_RING__HAS_SHM
     DIR *dir = opendir("/dev/shm");
@@ -838,8 +841,11 @@ static void kvps_ring__shm_sweep(void) {
         int pid = 0;
         if (strncmp(e->d_name, "kvps-ring-", 10) != 0 || sscanf(e->d_name + 10, "%d-", &pid) != 1) continue;
         if (!kvps_ring__pid_gone(pid) || kill((pid_t)pid, 0) == 0) continue; /* (a zombie's is left to its reaping) */
-        char name[300];
+        char name[300], path[300];
+        struct stat st;
         snprintf(name, sizeof name, "/%.250s", e->d_name);
+        snprintf(path, sizeof path, "/dev/shm/%.250s", e->d_name);
+        if (stat(path, &st) != 0 || time(NULL) - st.st_mtime < 60) continue;
         if (shm_unlink(name) == 0) kvps__log(KVPS_LOG_INFO, "ring: removed %s, left by process %d, which is gone", name, pid);
     }
     closedir(dir);

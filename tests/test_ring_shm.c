@@ -8,7 +8,8 @@
      - ranks as processes: all-reduce (every algorithm), all-to-all and 3 MB p2p messages (larger
        than a queue: they stream through it) exact against a naive oracle; each rank's segment
        gone from /dev/shm once every peer has mapped it;
-     - a job SIGKILLed mid-collective leaves nothing in /dev/shm;
+     - a job SIGKILLed mid-collective leaves nothing in /dev/shm; a segment of a process killed
+       before it could unlink its own is removed by the next ring (when over a minute old);
      - a rank killed while its peers wait (asleep on their futex) or while a peer's send waits
        for room in its full queue: the peers return KVPS_ERR_PEER_LOST naming it, never a hang;
      - two simulated hosts of two ranks each: shared memory inside, ZeroMQ between, the groups
@@ -250,6 +251,32 @@ static void test_sigkill_leaves_nothing(void) {
     KT_CHECK(left == 0, "%d segments of the SIGKILLed job are still in /dev/shm", left);
 }
 
+/* ---- segments of processes killed before they unlinked theirs ------------------------------ */
+/* Two segments named after a process that is gone: one a minute old is removed when a ring is
+   made, one just made is left (it could be a live process's in another PID namespace). */
+static void test_stale_segment_swept(void) {
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    char old[96], young[96];
+    snprintf(old, sizeof old, "/dev/shm/kvps-ring-%d-00000000000000aa", (int)dead);
+    snprintf(young, sizeof young, "/dev/shm/kvps-ring-%d-00000000000000bb", (int)dead);
+    FILE *a = fopen(old, "w"), *b = fopen(young, "w");
+    KT_CHECK(a && b, "cannot make the stale segments");
+    if (a) fclose(a);
+    if (b) fclose(b);
+    struct timespec ts[2] = {{time(NULL) - 120, 0}, {time(NULL) - 120, 0}};
+    KT_CHECK(utimensat(AT_FDCWD, old, ts, 0) == 0, "utimensat: %s", strerror(errno));
+    kt_team t;
+    kt_team_init(&t, "sweep", transports_main, 2, 0, 10000);
+    t.arg = "shm";
+    kt_team_run(&t);
+    KT_CHECK(access(old, F_OK) != 0, "the dead process's old segment %s was not removed", old);
+    KT_CHECK(access(young, F_OK) == 0, "a segment under a minute old was removed");
+    unlink(old);
+    unlink(young);
+}
+
 /* ---- a rank killed while its peers wait on it --------------------------------------------- */
 static void dies_main(prank *p) {
     check_allreduce(p, 1000, KVPS_ALGO_AUTO);
@@ -367,6 +394,7 @@ int main(void) {
     KT_RUN(test_transport_chosen, 60);
     KT_RUN(test_processes_oracle, 120);
     KT_RUN(test_sigkill_leaves_nothing, 60);
+    KT_RUN(test_stale_segment_swept, 30);
     KT_RUN(test_dead_rank_named, 120);
     KT_RUN(test_two_hosts, 120);
     KT_RUN(test_small_devshm_falls_back, 60);
