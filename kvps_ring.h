@@ -1702,12 +1702,7 @@ static void kvps_ring__x_sleep(kvps_ring__fam *f, int64_t ms, kvps_ring__shm_ctl
     __atomic_store_n(&hd->sleeping, 0, __ATOMIC_SEQ_CST);
 }
 
-/* Waits until a message may be there, at most left ms (a slice of it: the caller looks and
-   waits again). First a few yields (BENCHMARKS.md: a piece is often microseconds away, and
-   where ranks share CPUs waking from a sleep costs more; not for long: under another busy
-   process each yield gives away a time slice); then a sleep: on the bell when every peer's
-   messages come through shared memory, in zmq_poll when none do, and both in turns (1 ms each)
-   when some do. */
+/* Whether a queue of this rank's holds bytes not read yet, or the ready list a message. */
 static int kvps_ring__x_shm_ready(kvps_ring__fam *f) {
     for (int p = 0; p < f->size; p++) {
         if (f->peers[p].in != 1) continue;
@@ -1717,6 +1712,13 @@ static int kvps_ring__x_shm_ready(kvps_ring__fam *f) {
     return f->ready != NULL;
 }
 
+/* Waits until a message may be there, at most left ms (a slice of it: the caller looks and
+   waits again). First, with every peer through shared memory, a look at the queues alone; then a
+   few yields (BENCHMARKS.md: a piece is often microseconds away, and where ranks share CPUs
+   waking from a sleep costs more; not for long: under another busy process each yield gives
+   away a time slice); then a sleep: on the futex when every peer's messages come through shared
+   memory, in zmq_poll when none do, and when some do in one zmq_poll over the router and the
+   doorbell (in 1 ms turns between zmq_poll and the futex where the doorbell could not be made). */
 static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
     /* every peer through shared memory: first a look at the queues alone, no system call, for
        a few microseconds (a small message from a peer running on another CPU) */
