@@ -1082,9 +1082,9 @@ typedef struct kvps_ring__fam {
     kvps_ring__stash *orphans, **orphans_tail; /* messages for sub-rings a peer has made and this rank not yet */
     struct kvps_ring__tl *tl;
     /* transports (>>transport): me is this rank in the first ring; peers[size], what each said in
-       its hello; this rank's segment (>>shm) and its name until unlinked; counts of hellos read,
-       peers on this host, those that said SWITCH or NOSHM, those whose messages come through the
-       segment; messages read from the queues while a send waited for room; taking turns */
+       its hello; this rank's segment (>>shm) and its name until unlinked; counts of hellos read and
+       of peers whose messages come through the segment; topo: the hosts are known (the first
+       collective); messages read from the queues while a send waited for room; taking turns */
     int me;
     kvps_ring__peer *peers;
     char host[256];
@@ -1092,7 +1092,7 @@ typedef struct kvps_ring__fam {
     unsigned char *shm;
     size_t shm_bytes;
     char shm_name[64];
-    int hellos, local, in_shm, topo;
+    int hellos, in_shm, topo;
     int cma_all;                /* 1: every rank is on this host and each may read every other's memory
                                    (DIRECT may run): from the hellos alone, so the same on every rank */
     kvps_ring__stash *ready, **ready_tail;
@@ -1545,7 +1545,6 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     p->same = f->host[0] && strcmp(hl.host, f->host) == 0;
     p->cma = 0;
     if (!p->same) return;
-    f->local++;
     if (f->shm) { p->in = 1; f->in_shm++; }
     const char *why = "this rank has no segment";
     int ok = f->shm && hl.seg[0] && hl.cap == f->shm_cap && strncmp(hl.seg, "/kvps-ring-", 11) == 0 && !strchr(hl.seg + 1, '/') &&
