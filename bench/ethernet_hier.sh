@@ -89,19 +89,9 @@ trap 'exit 130' INT TERM
 ip link add "$br" type bridge
 ip link set "$br" up
 ip addr add 198.18.0.254/24 dev "$br"
+. "$(dirname "$0")/netns_host.sh"
 for i in 1 2; do
-  ns=${tag}h$i
-  ip netns add $ns
-  ip link add ${tag}v$i type veth peer name ${tag}p$i
-  ip link set ${tag}p$i netns $ns
-  ip link set ${tag}v$i master "$br" up
-  ip -n $ns addr add 198.18.0.$i/24 dev ${tag}p$i
-  ip -n $ns link set ${tag}p$i up
-  ip -n $ns link set lo up
-  if [ -n "$rate" ]; then
-    tc qdisc add dev ${tag}v$i root tbf rate "$rate" burst 256kb latency 50ms
-    ip netns exec $ns tc qdisc add dev ${tag}p$i root tbf rate "$rate" burst 256kb latency 50ms
-  fi
+  netns_host "$tag" "$br" $i "$rate"
 done
 
 # mpirun's rsh agent: "AGENT HOST COMMAND..." -> COMMAND in HOST's namespace, with its own hostname

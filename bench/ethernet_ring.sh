@@ -22,17 +22,9 @@ cleanup() {
 trap cleanup EXIT INT TERM
 ip link add "$br" type bridge && ip link set "$br" up
 peers=""
+. "$(dirname "$0")/netns_host.sh"
 for i in $(seq 1 "$n"); do
-  ns=${tag}h$i
-  ip netns add $ns
-  ip link add ${tag}v$i type veth peer name ${tag}p$i
-  ip link set ${tag}p$i netns $ns
-  ip link set ${tag}v$i master "$br" up
-  ip -n $ns addr add 198.18.0.$i/24 dev ${tag}p$i
-  ip -n $ns link set ${tag}p$i up
-  ip -n $ns link set lo up
-  tc qdisc add dev ${tag}v$i root tbf rate $rate burst 256kb latency 50ms
-  ip netns exec $ns tc qdisc add dev ${tag}p$i root tbf rate $rate burst 256kb latency 50ms
+  netns_host "$tag" "$br" "$i" "$rate"
   peers="$peers${peers:+,}tcp://198.18.0.$i:6000"
 done
 echo "# $n hosts, links shaped to $rate (tbf on both ends), peers $peers"
