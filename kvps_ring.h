@@ -1862,29 +1862,34 @@ static void kvps_ring__deliver(kvps_ring *t, const kvps_ring__hdr *h, zmq_msg_t 
    read: before the first message to dst this waits for it, within the call's deadline (a p2p
    message: the ring's timeout; an abort notice does not wait), keeping what arrives meanwhile
    for the rings it is for. */
-static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
-    kvps_ring__fam *f = r->fam;
-    kvps_ring__peer *q = &f->peers[r->root_rank[dst]];
-    if (!kvps_ring__dealer(r, dst)) return 0;
-    int64_t dl = h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
-    while (!q->hello && !h->abort) {
+/* Waits until rank p of the family's first ring has said hello, reading meanwhile (what comes
+   is kept for the rings it is for; control messages are handled as they are read, so the hello
+   is looked for after every read): KVPS_OK, KVPS_ERR_TIMEOUT when dl passes, KVPS_ERR_ZMQ. */
+static kvps_result kvps_ring__x_await_hello(kvps_ring *r, int p, int64_t dl) {
+    while (!r->fam->peers[p].hello) {
         kvps_ring__hdr m;
         zmq_msg_t pl;
         if (kvps_ring__read(r, &m, &pl)) { kvps_ring__deliver(r, &m, &pl); continue; }
-        if (q->hello) break; /* (read with the rest: control messages are handled as they are read) */
+        if (r->fam->peers[p].hello) break;
         int64_t left = dl - kvps__now_ms();
-        if (left <= 0) {
-            kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d's hello (the first "
-                            "message of a rank that connects) to send it a message: it never connected", r->rank,
-                            r->desc.timeout_ms, dst);
-            return -1;
-        }
-        if (kvps_ring__x_wait(f, left) != KVPS_OK) {
-            kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-            return -1;
-        }
+        if (left <= 0) return KVPS_ERR_TIMEOUT;
+        if (kvps_ring__x_wait(r->fam, left) != KVPS_OK) return KVPS_ERR_ZMQ;
     }
-    return q->out;
+    return KVPS_OK;
+}
+
+static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
+    kvps_ring__peer *q = &r->fam->peers[r->root_rank[dst]];
+    if (!kvps_ring__dealer(r, dst)) return 0;
+    if (q->hello || h->abort) return q->out;
+    int64_t dl = h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
+    kvps_result rc = kvps_ring__x_await_hello(r, r->root_rank[dst], dl);
+    if (rc == KVPS_ERR_TIMEOUT)
+        kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d's hello (the first message of a rank "
+                        "that connects) to send it a message: it never connected", r->rank, r->desc.timeout_ms, dst);
+    else if (rc != KVPS_OK)
+        kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno()));
+    return rc == KVPS_OK ? q->out : -1;
 }
 
 /* Sends [h][data] to rank dst of r through shared memory, with the ring's words for a failure:
@@ -3437,22 +3442,16 @@ static void kvps_ring__close_dealers(kvps_ring *r) {
 static kvps_result kvps_ring__topology(kvps_ring *r) {
     kvps_ring__fam *f = r->fam;
     if (f->topo || r->id) return KVPS_OK;
-    for (;;) {
-        kvps_ring__hdr h;
-        zmq_msg_t pl;
-        while (f->hellos < f->size - 1 && kvps_ring__read(r, &h, &pl)) kvps_ring__deliver(r, &h, &pl);
-        if (f->hellos >= f->size - 1) break;
-        int64_t left = r->deadline - kvps__now_ms();
-        if (left <= 0) {
-            char missing[160] = "";
-            for (int i = 0, n = 0; i < f->size && n < 150; i++)
-                if (i != r->rank && !f->peers[i].hello) n += snprintf(missing + n, sizeof missing - (size_t)n, " %d", i);
-            return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for the hello of rank(s)%s "
-                                   "(sent when a rank connects: they never connected, or cannot reach this rank)",
-                                   r->rank, r->desc.timeout_ms, missing);
-        }
-        if (kvps_ring__x_wait(f, left) != KVPS_OK) return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
+    kvps_result rc = KVPS_OK;
+    for (int p = 0; p < f->size && rc == KVPS_OK; p++) rc = kvps_ring__x_await_hello(r, p, r->deadline);
+    if (rc == KVPS_ERR_TIMEOUT) {
+        char missing[160] = "";
+        for (int i = 0, n = 0; i < f->size && n < 150; i++)
+            if (i != r->rank && !f->peers[i].hello) n += snprintf(missing + n, sizeof missing - (size_t)n, " %d", i);
+        return kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for the hello of rank(s)%s (sent when a rank "
+                               "connects: they never connected, or cannot reach this rank)", r->rank, r->desc.timeout_ms, missing);
     }
+    if (rc != KVPS_OK) return kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno()));
     f->topo = 1;
     f->cma_all = f->size > 1; /* DIRECT: every rank on this host, each saying its memory may be read (hellos) */
     for (int p = 0; p < f->size; p++) f->cma_all &= f->peers[p].cma;
