@@ -1760,7 +1760,7 @@ static kvps_result kvps_gpu__hier_pipeline(kvps_gpu_hier *h, float *res, kvps_gp
             if (rc != KVPS_OK) { g->stage = "copy to host"; break; }
             if (done) {
                 rc = kvps_gpu__net_start(h, g->issued);
-                if (rc != KVPS_OK) break;
+                if (rc != KVPS_OK) { g->failed = g->issued; break; } /* refused as it was sent */
                 g->issued++;
                 progress = 1;
             }

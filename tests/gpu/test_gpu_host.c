@@ -549,8 +549,11 @@ static void test_hier_timeout(void) {
 }
 
 /* A server that rejects a piece (its key was registered with another length): the error comes
-   back from the step with the server's text, and the other pieces' requests are drained. */
-static void test_hier_server_error(void) {
+   back from the step with the server's text and the piece named, and the other pieces' requests
+   are drained. The refusal of the piece's name may reach the worker before the step sends that
+   piece (the send is refused at once) or after (its request fails): refused_first forces the
+   first order (the H200 box met it by chance and the step named piece 0). */
+static void hier_server_error(int refused_first) {
     kt_cluster cl;
     if (kt_cluster_up(&cl, "inproc", 1, &(kvps_server_desc){.num_workers = 1}) != 0) { KT_CHECK(0, "cluster"); return; }
     kvps_worker *w1 = NULL, *w2 = NULL;
@@ -568,6 +571,10 @@ static void test_hier_server_error(void) {
     kvps_gpu_hier *h = NULL;
     KT_OK(kvps_gpu__hier_create_ops(&(kvps_gpu_hier_desc){.worker = w1, .name = "e", .count = 300, .piece = 100,
                                                           .timeout_ms = 2000}, &emu_ops, &h));
+    const kvps_tensor *ts = NULL;
+    KT_CHECK(kvps_gpu_hier_tensors(h, &ts) == 3, "three pieces");
+    for (int i = 0; refused_first && ts && !w1->tensors[ts[1]].bad && i < 200; i++) kvps__progress(w1, 10);
+    KT_CHECK(!refused_first || (ts && w1->tensors[ts[1]].bad), "the refusal of piece 1's name has arrived");
     float g[300], o[300];
     for (int i = 0; i < 300; i++) g[i] = (float)i;
     kvps_result rc = kvps_gpu_hier_step(h, g, o, NULL);
@@ -578,6 +585,10 @@ static void test_hier_server_error(void) {
     kvps_worker_destroy(&w2);
     kvps_gpu_hier_destroy(&h);
     kt_cluster_down(&cl);
+}
+static void test_hier_server_error(void) {
+    hier_server_error(0);
+    hier_server_error(1);
 }
 
 int main(void) {
