@@ -71,18 +71,20 @@ compile-test: deps | $(B)
 	  echo "compile-test: C++ ok"; fi
 	@CC="$(CC)" tests/compile/layers.sh $(B) "$(PKG_CFLAGS)" "$(LDLIBS)"
 
-# The ring's tests run over shared memory (their ranks share a host); these run again over
-# ZeroMQ alone (KVPS_RING_SHM=0): a cross-section in make test, every ring test in make test-all.
-ZMQ_TESTS     := test_ring_coll test_ring_faults test_ring_p2p
-ZMQ_TESTS_ALL := $(filter-out test_ring_shm,$(patsubst tests/%.c,%,$(wildcard tests/test_ring_*.c))) test_fuse test_timeline
+# The ring's tests run over shared memory (their ranks share a host); these run again over the
+# ring's own TCP connections (KVPS_RING_SHM=0) and over ZeroMQ alone (and KVPS_RING_TCP=0): a
+# cross-section in make test, every ring test in make test-all.
+TCP_TESTS     := test_ring_coll test_ring_faults test_ring_p2p test_ring_close test_fuse
+ZMQ_TESTS     := test_ring_coll test_ring_faults
+ZMQ_TESTS_ALL := $(filter-out test_ring_shm test_ring_tcp,$(patsubst tests/%.c,%,$(wildcard tests/test_ring_*.c))) test_fuse test_timeline
 # the hierarchical ring across two network namespaces (a script, among the tests: root only)
 test test-all: $(B)/test_ring_netns $(B)/ring_hier_rank
 $(B)/test_ring_netns: tests/test_ring_netns.sh | $(B)
 	cp $< $@ && chmod +x $@
 test: all compile-test
-	@KVPS_TEST_ZMQ="$(ZMQ_TESTS)" tests/run.sh $(B)
+	@KVPS_TEST_TCP="$(TCP_TESTS)" KVPS_TEST_ZMQ="$(ZMQ_TESTS)" tests/run.sh $(B)
 test-all: all compile-test
-	@KVPS_TEST_ZMQ="$(ZMQ_TESTS_ALL)" tests/run.sh $(B)
+	@KVPS_TEST_TCP="$(ZMQ_TESTS_ALL)" KVPS_TEST_ZMQ="$(ZMQ_TESTS_ALL)" tests/run.sh $(B)
 
 # Every test but test_examples, which runs the examples of the normal build (make test runs it):
 # under a sanitizer it would only run the same unsanitized programs again (a minute of CI each).

@@ -369,7 +369,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | io_cpus     | NULL: the OS places the I/O thread; "0-3": pinned (kvps.h, CPU PINNING) |
    | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) |
    | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) |
-   | shm         | 0: shared memory to peers on this host unless $KVPS_RING_SHM is 0; 1: on; -1: off (section 10) | */
+   | shm         | 0: shared memory to peers on this host unless $KVPS_RING_SHM is 0; 1: on; -1: off (section 10) |
+   | tcp         | 0: the ring's own TCP connections to the other peers unless $KVPS_RING_TCP is 0; 1: on; -1: off: ZeroMQ (section 10) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -389,6 +390,8 @@ typedef struct kvps_ring_desc {
                              peers, the OS's autotuning to others; > 0: this to all; < 0: the OS's to all */
     int shm;              /* shared memory to peers on this host (section 10): 0: on unless $KVPS_RING_SHM
                              is 0; 1: on; -1: off (every peer over ZeroMQ) */
+    int tcp;              /* the ring's own TCP connections to peers not reached through shared memory
+                             (section 10): 0: on unless $KVPS_RING_TCP is 0; 1: on; -1: off (ZeroMQ) */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -585,13 +588,15 @@ typedef struct kvps_ring__shm_ctl { /* a queue's control page */
     uint32_t mapped, pad3[15];    /* the writer has mapped the segment (the owner may unlink it) */
 } kvps_ring__shm_ctl;
 
-/* The message being read from one queue: its 40-byte header, its payload as it comes. */
-typedef struct kvps_ring__shm_rd {
-    int on;
-    unsigned char h[40];
+/* The message being read from one byte stream (a peer's queue, a peer's TCP connection): its
+   [u64 length][40 B header] as it comes (pre), then its payload (m). */
+typedef struct kvps_ring__frame_rd {
+    int on;                               /* 1: pre is whole and checked, the payload is coming */
+    unsigned char pre[KVPS_RING__SHM_PRE]; /* the length, then the header (pre + 8) */
+    size_t pre_got;
     zmq_msg_t m;
     uint64_t len, got;
-} kvps_ring__shm_rd;
+} kvps_ring__frame_rd;
 
 /* What a rank knows of each rank of its family's first ring (>>transport's hello). */
 typedef struct kvps_ring__peer {
@@ -609,7 +614,25 @@ typedef struct kvps_ring__peer {
     size_t seg_bytes;
     unsigned char bell[112];                  /* its doorbell's address (a struct sockaddr_un) */
     unsigned bell_len;
-    kvps_ring__shm_rd rd;                     /* its message being read from this rank's segment */
+    kvps_ring__frame_rd rd;                   /* its message being read from this rank's segment */
+    /* TCP (>>tcp): the connection this rank made to it (this rank's messages, out 2) and the one it
+       made to this rank (its messages), -1 none; the first bytes still to send on tout (the
+       preamble); tout's connect has completed; tin may have bytes (the last poll said so, or the
+       last read filled its buffer); how tin ended (1 closed by the peer, 2 reset or failed, 3
+       malformed); its endpoint's host (peers) and its data port (hello); the token this rank
+       shows it (its hello) and the one it shows this rank (in this rank's hello to it); bytes read
+       from tin not decoded yet, and the message being decoded */
+    int tout, tin;
+    unsigned char tauth[32];
+    size_t tauth_left;
+    unsigned char tdialled, tready, tend;
+    uint16_t tport;
+    char thost[64];
+    int tsndbuf;                              /* SO_SNDBUF for tout (manual section 4), 0: the OS's */
+    unsigned char tok_out[16];
+    unsigned char *rx;
+    size_t rx_off, rx_len;
+    kvps_ring__frame_rd trd;
 } kvps_ring__peer;
 
 static size_t kvps_ring__shm_bytes(uint32_t size, uint64_t cap) {
@@ -622,51 +645,66 @@ static kvps_ring__shm_ctl *kvps_ring__shm_q(unsigned char *seg, uint64_t cap, in
     return (kvps_ring__shm_ctl *)(void *)(seg + kvps_ring__shm_off(cap, p));
 }
 
-/* Copies n bytes at stream position pos of a queue's data (cap bytes, wrapping) out, or in. */
-static void kvps_ring__shm_get(const unsigned char *d, uint64_t cap, uint64_t pos, void *dst, size_t n) {
-    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : (size_t)(cap - at);
-    memcpy(dst, d + at, first);
-    if (n > first) memcpy((char *)dst + first, d, n - first);
-}
+/* Copies n bytes into stream position pos of a queue's data (cap bytes, wrapping). */
 static void kvps_ring__shm_put(unsigned char *d, uint64_t cap, uint64_t pos, const void *src, size_t n) {
     size_t at = (size_t)(pos % cap), first = n < cap - at ? n : (size_t)(cap - at);
     memcpy(d + at, src, first);
     if (n > first) memcpy(d, (const char *)src + first, n - first);
 }
 
-/* Takes what queue c (data d, cap bytes) holds toward the message being read, st: 1 when a
-   message is complete (st->h and st->m are the caller's), 0 when there is no more for now, -1
-   when the queue is malformed (*why says how; nothing more can be read from it), -2 no memory.
-   A header must start with magic (checked before anything is allocated).
-   The one decoder of a segment's contents (tests/fuzz/fuzz_shm.c). */
-static int kvps_ring__shm_take(kvps_ring__shm_ctl *c, const unsigned char *d, uint64_t cap, uint32_t magic,
-                               kvps_ring__shm_rd *st, const char **why) {
-    uint64_t head = __atomic_load_n(&c->head, __ATOMIC_RELAXED), tail = __atomic_load_n(&c->tail, __ATOMIC_ACQUIRE);
-    uint64_t avail = tail - head;
-    if (avail > cap) { *why = "its indices say it holds more than its capacity"; return -1; }
+/* Takes bytes [p, p + n) of a stream toward the message being read, st: 1 when a message is
+   complete (its header at st->pre + 8; st->m, the payload, is the caller's), *used the bytes
+   taken; 0 when all n were taken and the message needs more; -1 when the stream is malformed
+   (*why says how; nothing more can be read from it), -2 no memory. The header must start with
+   magic and the length be at most max: both are checked before anything is allocated.
+   The one decoder of what a peer writes, under both of its sources: a shared-memory queue
+   (kvps_ring__shm_take) and a TCP connection (>>tcp; tests/fuzz/fuzz_shm.c and fuzz_tcp.c). */
+static int kvps_ring__frame_take(kvps_ring__frame_rd *st, const unsigned char *p, size_t n, size_t *used, uint32_t magic,
+                                 uint64_t max, const char **why) {
+    size_t u = 0;
+    *used = 0;
     if (!st->on) {
-        unsigned char pre[KVPS_RING__SHM_PRE];
-        if (avail < sizeof pre) return 0;
-        kvps_ring__shm_get(d, cap, head, pre, sizeof pre);
-        memcpy(&st->len, pre, 8);
-        memcpy(st->h, pre + 8, sizeof st->h);
+        size_t a = sizeof st->pre - st->pre_got < n ? sizeof st->pre - st->pre_got : n;
+        memcpy(st->pre + st->pre_got, p, a);
+        st->pre_got += a;
+        u = *used = a;
+        if (st->pre_got < sizeof st->pre) return 0;
         uint32_t m;
-        memcpy(&m, st->h, 4);
+        memcpy(&st->len, st->pre, 8);
+        memcpy(&m, st->pre + 8, 4);
+        st->pre_got = 0;
         if (m != magic) { *why = "a message without the ring's magic"; return -1; }
-        if (st->len > KVPS_RING__SHM_MSG_MAX) { *why = "a message longer than the largest a ring sends"; return -1; }
+        if (st->len > max) { *why = "a message longer than the largest a ring sends"; return -1; }
         if (zmq_msg_init_size(&st->m, (size_t)st->len) != 0) return -2;
         st->on = 1;
         st->got = 0;
-        head += sizeof pre;
-        avail -= sizeof pre;
     }
-    uint64_t n = st->len - st->got < avail ? st->len - st->got : avail;
-    if (n) kvps_ring__shm_get(d, cap, head, (char *)zmq_msg_data(&st->m) + st->got, (size_t)n);
-    st->got += n;
-    __atomic_store_n(&c->head, head + n, __ATOMIC_RELEASE);
+    uint64_t k = st->len - st->got < n - u ? st->len - st->got : n - u;
+    if (k) memcpy((char *)zmq_msg_data(&st->m) + st->got, p + u, (size_t)k);
+    st->got += k;
+    *used = u + (size_t)k;
     if (st->got < st->len) return 0;
     st->on = 0;
     return 1;
+}
+
+/* Takes what queue c (data d, cap bytes) holds toward the message being read, st, through
+   kvps_ring__frame_take (its results), the queue's indices checked first: they must not say it
+   holds more than cap. */
+static int kvps_ring__shm_take(kvps_ring__shm_ctl *c, const unsigned char *d, uint64_t cap, uint32_t magic,
+                               kvps_ring__frame_rd *st, const char **why) {
+    uint64_t head = __atomic_load_n(&c->head, __ATOMIC_RELAXED), tail = __atomic_load_n(&c->tail, __ATOMIC_ACQUIRE);
+    uint64_t avail = tail - head;
+    if (avail > cap) { *why = "its indices say it holds more than its capacity"; return -1; }
+    int got = 0;
+    while (avail && got == 0) { /* (at most twice: the bytes up to the end of the data, then from its start) */
+        size_t at = (size_t)(head % cap), n = avail < cap - at ? (size_t)avail : (size_t)(cap - at), used = 0;
+        got = kvps_ring__frame_take(st, d + at, n, &used, magic, KVPS_RING__SHM_MSG_MAX, why);
+        head += used;
+        avail -= used;
+    }
+    __atomic_store_n(&c->head, head, __ATOMIC_RELEASE);
+    return got;
 }
 
 #if KVPS_RING__HAS_SHM
@@ -932,6 +970,184 @@ static void kvps_ring__shm_unlink_name(char *name) {
     name[0] = 0;
 }
 
+// >>tcp
+/* The ring's own TCP connections (manual section 10): one per direction between two ranks on
+   different hosts (or on one host with shared memory off), made by the sender to the receiver's
+   data port, which listens on the address the rank's ZeroMQ socket is bound to; read and written
+   by the rank's own thread with non-blocking system calls, no I/O thread between. A connection
+   starts with a preamble (kvps_ring__tcp_auth) that names the sender's rank and shows the token
+   the receiver gave that rank in its hello (over ZeroMQ, to the endpoint the job named for it):
+   nothing else a connection sends is read before the preamble is checked, and a connection whose
+   preamble is wrong, or that sends none within the timeout, is closed with a warning naming its
+   address. Then frames as in shared memory, [u64 length][40 B header][payload], read by
+   kvps_ring__frame_take. Here: the socket calls, the preamble and its check. */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/uio.h>
+
+enum {
+    KVPS_RING__TCP_MAGIC = 0x5450564Bu, /* "KVPT" */
+    KVPS_RING__TCP_VERSION = 1,
+    KVPS_RING__TCP_AUTH = 32,           /* the preamble's bytes */
+    KVPS_RING__TCP_RX = 65536,          /* a connection's read buffer; a longer payload is read straight into its message */
+    KVPS_RING__TCP_PEND = 32            /* connections accepted and not yet proven, at most */
+};
+
+/* A connection's preamble: u32 magic | u16 version | u16 src (the sender's rank in the family's
+   first ring) | u32 size (the ring's) | u32 0 | token[16]. */
+static void kvps_ring__tcp_auth_make(unsigned char *b, int src, int size, const unsigned char *token) {
+    uint32_t m = KVPS_RING__TCP_MAGIC, sz = (uint32_t)size, zero = 0;
+    uint16_t v = KVPS_RING__TCP_VERSION, s16 = (uint16_t)src;
+    memcpy(b, &m, 4);
+    memcpy(b + 4, &v, 2);
+    memcpy(b + 6, &s16, 2);
+    memcpy(b + 8, &sz, 4);
+    memcpy(b + 12, &zero, 4);
+    memcpy(b + 16, token, 16);
+}
+
+/* Checks a preamble read from a connection to rank me of a ring of `size`, whose token for rank i
+   is tokens[16 i .. 16 i + 16): 0 and *src, or -1 and *why. The decoder of the first bytes a
+   stranger can send (tests/fuzz/fuzz_tcp.c). The token is compared in constant time. */
+static int kvps_ring__tcp_auth_check(const unsigned char *b, int size, int me, const unsigned char *tokens, int *src,
+                                     const char **why) {
+    uint32_t m, sz;
+    uint16_t v, s16;
+    memcpy(&m, b, 4);
+    memcpy(&v, b + 4, 2);
+    memcpy(&s16, b + 6, 2);
+    memcpy(&sz, b + 8, 4);
+    if (m != KVPS_RING__TCP_MAGIC) { *why = "not a kvps ring connection"; return -1; }
+    if (v != KVPS_RING__TCP_VERSION) { *why = "another version of kvps"; return -1; }
+    if (sz != (uint32_t)size) { *why = "a ring of another size"; return -1; }
+    if ((int)s16 >= size || (int)s16 == me) { *why = "it names no peer rank"; return -1; }
+    unsigned diff = 0;
+    for (int i = 0; i < 16; i++) diff |= (unsigned)(b[16 + i] ^ tokens[16 * (size_t)s16 + (size_t)i]);
+    if (diff) { *why = "a wrong token (not this job, or a stale one)"; return -1; }
+    *src = s16;
+    return 0;
+}
+
+/* n random bytes from the kernel: 0, or -1 (no TCP transport then: a guessable token would let
+   strangers in). */
+static int kvps_ring__tcp_random(unsigned char *b, size_t n) {
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, b + got, n - got);
+        if (k <= 0 && !(k < 0 && errno == EINTR)) break;
+        if (k > 0) got += (size_t)k;
+    }
+    close(fd);
+    return got == n ? 0 : -1;
+}
+
+/* The host of a "tcp://HOST:PORT" endpoint ("[::1]" without its brackets): 0, or -1 (another
+   transport, or too long). */
+static int kvps_ring__tcp_host(const char *ep, char *host, size_t cap) {
+    if (!ep || strncmp(ep, "tcp://", 6) != 0) return -1;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon || colon == h) return -1;
+    size_t n = (size_t)(colon - h);
+    if (h[0] == '[' && n >= 2 && h[n - 1] == ']') { h++; n -= 2; }
+    const char *semi = memchr(h, ';', n); /* (ZeroMQ's "tcp://src;dst" form: the destination is what counts) */
+    if (semi) { n -= (size_t)(semi + 1 - h); h = semi + 1; }
+    if (n == 0 || n >= cap) return -1;
+    memcpy(host, h, n);
+    host[n] = 0;
+    return 0;
+}
+
+static void kvps_ring__tcp_opts(int fd) {
+    int one = 1;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Listens on host (the address this rank's ZeroMQ socket is bound to; "*" and "0.0.0.0": every
+   address), on a port the kernel picks: the socket, and *port; -1 when it cannot. */
+static int kvps_ring__tcp_listen(const char *host, uint16_t *port) {
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    const char *h = strcmp(host, "*") == 0 ? NULL : host;
+    if (getaddrinfo(h, "0", &hints, &ai) != 0 || !ai) return -1;
+    int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    if (fd >= 0 && (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+                    getsockname(fd, (struct sockaddr *)&sa, &len) != 0)) {
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) return -1;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    *port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    return fd;
+}
+
+/* Starts a connection to host:port (non-blocking: it completes later, kvps_ring__tcp_dialled):
+   the socket, -1 when it cannot even start. sndbuf > 0: its SO_SNDBUF (manual section 4). */
+static int kvps_ring__tcp_dial(const char *host, uint16_t port, int sndbuf) {
+    struct addrinfo hints, *ai = NULL;
+    char ps[8];
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(ps, sizeof ps, "%u", (unsigned)port);
+    if (getaddrinfo(host, ps, &hints, &ai) != 0 || !ai) return -1;
+    int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    if (fd >= 0) {
+        kvps_ring__tcp_opts(fd);
+        if (sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) { close(fd); fd = -1; }
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+/* Waits at most ms for a started connection: 0 made, 1 not yet, -1 failed (errno). */
+static int kvps_ring__tcp_dialled(int fd, int64_t ms) {
+    struct pollfd p;
+    p.fd = fd;
+    p.events = POLLOUT;
+    p.revents = 0;
+    int n = poll(&p, 1, ms < 0 ? 0 : ms > INT_MAX ? INT_MAX : (int)ms);
+    if (n < 0) return errno == EINTR ? 1 : -1;
+    if (n == 0) return 1;
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+    if (err) { errno = err; return -1; }
+    return 0;
+}
+
+/* "ADDR:PORT" of a connection's far end. */
+static void kvps_ring__tcp_far(int fd, char *buf, size_t cap) {
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    char a[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&sa)->sin6_addr, a, sizeof a);
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        } else if (sa.ss_family == AF_INET) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&sa)->sin_addr, a, sizeof a);
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        }
+    }
+    snprintf(buf, cap, "%s:%u", a, port);
+}
+
+
 // >>types
 enum {
     KVPS_RING__MAGIC = 0x5250564Bu,
@@ -1099,6 +1315,24 @@ typedef struct kvps_ring__fam {
     unsigned turn;
     int rr, router_due;
     int bell_rx, bell_tx;       /* this rank's doorbell (bound), and a socket to ring the peers' from; -1: none */
+    /* TCP (>>tcp): the data listener (-1: none) and its port; the tokens peers show it (16 bytes
+       per rank); peers whose connection to this rank is proven and open; connections accepted and
+       not proven yet; the poll set of a sleep, and which peer each of its entries is */
+    int tcp_fd, timeout_ms;     /* (timeout_ms: the first ring's, for connections that never prove themselves) */
+    uint16_t tcp_port;
+    unsigned char *tok;
+    int in_tcp, npend;
+    int tpolled;                /* the connections were polled since the last read looked (kvps_ring__x_recv1) */
+    struct kvps_ring__pend {
+        int fd;
+        size_t got;
+        int64_t since;
+        unsigned char b[KVPS_RING__TCP_AUTH];
+        char far[64];
+    } pend[KVPS_RING__TCP_PEND];
+    zmq_pollitem_t *items;
+    int *item_peer;
+    struct pollfd *pfds;
 } kvps_ring__fam;
 
 struct kvps_ring {
@@ -1452,6 +1686,9 @@ typedef struct kvps_ring__hello {
     char seg[64];   /* its segment's name, "" for none */
     uint32_t uid, cma;            /* its user; 1: peers of the same user may read its memory and it can
                                      read theirs (kvps_ring__cma_refused) */
+    uint16_t tport, pad1;         /* its data port (>>tcp), 0: none */
+    uint32_t pad2;
+    unsigned char token[16];      /* what the hello's receiver shows when it connects to that port */
 } kvps_ring__hello;
 
 static void kvps_ring__x_ctl(kvps_ring__fam *f, int dst, int kind, const void *payload, size_t bytes) {
@@ -1467,12 +1704,14 @@ static void kvps_ring__x_ctl(kvps_ring__fam *f, int dst, int kind, const void *p
     kvps__send_frames(f->dealers[dst], fr, 2);
 }
 
-/* Whether shared memory is asked for: the desc's shm (1 on, -1 off), else $KVPS_RING_SHM (0 off). */
-static int kvps_ring__shm_wanted(const kvps_ring_desc *d) {
-    if (d->shm) return d->shm > 0;
-    const char *e = getenv("KVPS_RING_SHM");
+/* Whether a transport is asked for: the desc's field (1 on, -1 off), else its variable (0 off). */
+static int kvps_ring__wanted(int field, const char *var) {
+    if (field) return field > 0;
+    const char *e = getenv(var);
     return !(e && strcmp(e, "0") == 0);
 }
+static int kvps_ring__shm_wanted(const kvps_ring_desc *d) { return kvps_ring__wanted(d->shm, "KVPS_RING_SHM"); }
+static int kvps_ring__tcp_wanted(const kvps_ring_desc *d) { return kvps_ring__wanted(d->tcp, "KVPS_RING_TCP"); }
 
 /* At connect: this rank's segment (when asked for and possible) and its hello to every peer. */
 static void kvps_ring__x_hello(kvps_ring *r) {
@@ -1492,7 +1731,16 @@ static void kvps_ring__x_hello(kvps_ring *r) {
             kvps_ring__bell_open(f->shm_name, &f->bell_rx, &f->bell_tx);
         }
     }
-    hl.version = 1;
+    char lhost[64];
+    if (kvps_ring__tcp_wanted(&r->desc) && r->size > 1 && kvps_ring__tcp_host(r->endpoint, lhost, sizeof lhost) == 0) {
+        f->tok = (unsigned char *)malloc((size_t)r->size * 16);
+        if (f->tok && kvps_ring__tcp_random(f->tok, (size_t)r->size * 16) == 0) f->tcp_fd = kvps_ring__tcp_listen(lhost, &f->tcp_port);
+        if (f->tcp_fd < 0)
+            kvps__log(KVPS_LOG_WARN, "ring %d: no TCP data port on %s (%s): ZeroMQ to the peers that shared memory does "
+                      "not reach", r->rank, lhost, !f->tok ? "no memory" : strerror(errno));
+    }
+    f->timeout_ms = r->desc.timeout_ms;
+    hl.version = 2;
     hl.size = (uint32_t)r->size;
     hl.pid = (int32_t)getpid();
     hl.cap = f->shm_cap;
@@ -1507,8 +1755,12 @@ static void kvps_ring__x_hello(kvps_ring *r) {
     f->peers[r->rank].cma = (unsigned char)hl.cma;
     f->peers[r->rank].host = f->host_hash;
     f->peers[r->rank].same = f->peers[r->rank].hello = 1;
+    hl.tport = f->tcp_fd >= 0 ? f->tcp_port : 0;
     for (int i = 0; i < r->size; i++)
-        if (i != r->rank) kvps_ring__x_ctl(f, i, KVPS_RING__X_HELLO, &hl, sizeof hl);
+        if (i != r->rank) {
+            if (f->tcp_fd >= 0) memcpy(hl.token, f->tok + 16 * (size_t)i, 16);
+            kvps_ring__x_ctl(f, i, KVPS_RING__X_HELLO, &hl, sizeof hl);
+        }
 }
 
 /* Every local peer has mapped this rank's segment or said it will not: unlinked, so that a job
@@ -1520,6 +1772,23 @@ static void kvps_ring__x_maybe_unlink(kvps_ring__fam *f) {
             !__atomic_load_n(&kvps_ring__shm_q(f->shm, f->shm_cap, p)->mapped, __ATOMIC_ACQUIRE))
             return;
     kvps_ring__shm_unlink_name(f->shm_name);
+}
+
+/* Rank p's messages go over this rank's own TCP connection to its data port, when both have one
+   and its endpoint is a tcp:// one: the connection is started here (it completes, and its
+   preamble goes, before the first message: kvps_ring__x_route). */
+static void kvps_ring__x_dial(kvps_ring__fam *f, int p) {
+    kvps_ring__peer *q = &f->peers[p];
+    if (f->tcp_fd < 0 || !q->tport || !q->thost[0] || q->tout >= 0) return;
+    q->tout = kvps_ring__tcp_dial(q->thost, q->tport, q->tsndbuf);
+    if (q->tout < 0) {
+        kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
+                  q->thost, (unsigned)q->tport, strerror(errno));
+        return;
+    }
+    kvps_ring__tcp_auth_make(q->tauth, f->me, f->size, q->tok_out);
+    q->tauth_left = KVPS_RING__TCP_AUTH;
+    q->out = 2;
 }
 
 /* A peer's hello, checked: its host; a peer on this host gets this rank's messages through its
@@ -1544,7 +1813,9 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     p->host = kvps__fnv1a(hl.host);
     p->same = f->host[0] && strcmp(hl.host, f->host) == 0;
     p->cma = 0;
-    if (!p->same) return;
+    p->tport = hl.tport;
+    memcpy(p->tok_out, hl.token, 16);
+    if (!p->same) { kvps_ring__x_dial(f, src); return; }
     if (f->shm) { p->in = 1; f->in_shm++; }
     const char *why = "this rank has no segment";
     int ok = f->shm && hl.seg[0] && hl.cap == f->shm_cap && strncmp(hl.seg, "/kvps-ring-", 11) == 0 && !strchr(hl.seg + 1, '/') &&
@@ -1558,8 +1829,9 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     if (ok) {
         __atomic_store_n(&kvps_ring__shm_q(p->seg, f->shm_cap, f->me)->mapped, 1, __ATOMIC_RELEASE);
         kvps_ring__shm_ring(p->seg, f->bell_tx, p->bell, p->bell_len);
-    } else if (hl.seg[0]) {
-        kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
+    } else {
+        if (hl.seg[0]) kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
+        kvps_ring__x_dial(f, src);
     }
     kvps_ring__x_maybe_unlink(f);
 }
@@ -1577,6 +1849,21 @@ static void kvps_ring__x_control(kvps_ring__fam *f, const kvps_ring__hdr *h, zmq
         kvps__log(KVPS_LOG_WARN, "ring %d: dropped a transport message of kind %d from rank %d", f->me, h->op, src);
     }
     zmq_msg_close(pl);
+}
+
+/* A whole message rd read from root rank p's queue or connection: 1 and h and payload filled,
+   when its header names p as its sender (through the sub-ring it names); else dropped, 0. */
+static int kvps_ring__x_taken(kvps_ring__fam *f, int p, kvps_ring__frame_rd *rd, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    memcpy(h, rd->pre + 8, sizeof *h);
+    const kvps_ring *t = h->ring ? kvps_ring__member(f, h->ring) : NULL;
+    int from = h->ring == 0 ? h->src : t && h->src < t->size ? t->root_rank[h->src] : p;
+    if (from != p) { /* (a sub-ring not made here yet: its rank is checked when it is) */
+        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a message from rank %d that names another sender", f->me, p);
+        zmq_msg_close(&rd->m);
+        return 0;
+    }
+    *payload = rd->m;
+    return 1;
 }
 
 /* One message from peer p's queue in this rank's segment, if a whole one is there: 1 (h and
@@ -1601,16 +1888,129 @@ static int kvps_ring__x_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_ms
         return 0;
     }
     if (got == 0) return 0;
-    memcpy(h, q->rd.h, sizeof *h);
-    const kvps_ring *t = h->ring ? kvps_ring__member(f, h->ring) : NULL;
-    int from = h->ring == 0 ? h->src : t && h->src < t->size ? t->root_rank[h->src] : p;
-    if (from != p) { /* (a sub-ring not made here yet: its rank is checked when it is) */
-        kvps__log(KVPS_LOG_WARN, "ring %d: dropped a message in rank %d's queue that names another sender", f->me, p);
-        zmq_msg_close(&q->rd.m);
+    return kvps_ring__x_taken(f, p, &q->rd, h, payload);
+}
+
+/* Rank p's connection to this rank ended (how: 1 closed, 2 reset or failed, 3 malformed): closed
+   here; a message it had begun is dropped. */
+static void kvps_ring__x_tcp_end(kvps_ring__fam *f, int p, int how) {
+    kvps_ring__peer *q = &f->peers[p];
+    if (q->tin >= 0) { close(q->tin); f->in_tcp--; }
+    q->tin = -1;
+    q->tend = (unsigned char)how;
+    q->tready = 0;
+    q->rx_off = q->rx_len = 0;
+    if (q->trd.on) zmq_msg_close(&q->trd.m);
+    q->trd.on = 0;
+    q->trd.pre_got = 0;
+}
+
+/* One message from rank p's connection to this rank, if a whole one has come: 1 (h and payload
+   filled), else 0. Reads only when the connection may have bytes (tready); a payload longer than
+   the read buffer goes straight into its message. A malformed stream ends the connection (its
+   sender is named). */
+static int kvps_ring__x_tcp_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_msg_t *payload) {
+    kvps_ring__peer *q = &f->peers[p];
+    for (;;) {
+        if (q->rx_off < q->rx_len) {
+            size_t used = 0;
+            const char *why = NULL;
+            int got = kvps_ring__frame_take(&q->trd, q->rx + q->rx_off, q->rx_len - q->rx_off, &used, KVPS_RING__MAGIC,
+                                            KVPS_RING__SHM_MSG_MAX, &why);
+            q->rx_off += used;
+            if (got < 0) {
+                kvps__log(KVPS_LOG_ERROR, "ring %d: rank %d's TCP connection is malformed (%s): closed", f->me, p,
+                          got == -2 ? "no memory for a message" : why);
+                kvps_ring__x_tcp_end(f, p, 3);
+                return 0;
+            }
+            if (got == 1) return kvps_ring__x_taken(f, p, &q->trd, h, payload);
+            continue;
+        }
+        if (q->tin < 0 || !q->tready) return 0;
+        ssize_t n;
+        size_t want;
+        if (q->trd.on && q->trd.len - q->trd.got >= KVPS_RING__TCP_RX) {
+            want = (size_t)(q->trd.len - q->trd.got);
+            n = recv(q->tin, (char *)zmq_msg_data(&q->trd.m) + q->trd.got, want, MSG_DONTWAIT);
+            if (n > 0) {
+                q->trd.got += (uint64_t)n;
+                if ((size_t)n < want) q->tready = 0; /* (the kernel had no more) */
+                if (q->trd.got < q->trd.len) continue;
+                q->trd.on = 0;
+                return kvps_ring__x_taken(f, p, &q->trd, h, payload);
+            }
+        } else {
+            if (!q->rx && !(q->rx = (unsigned char *)malloc(KVPS_RING__TCP_RX))) return 0;
+            want = KVPS_RING__TCP_RX;
+            n = recv(q->tin, q->rx, want, MSG_DONTWAIT);
+            if (n > 0) {
+                q->rx_off = 0;
+                q->rx_len = (size_t)n;
+                if ((size_t)n < want) q->tready = 0;
+                continue;
+            }
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { q->tready = 0; return 0; }
+        kvps_ring__x_tcp_end(f, p, n == 0 && !q->trd.on ? 1 : 2); /* (closed mid-message: it failed) */
         return 0;
     }
-    *payload = q->rd.m;
-    return 1;
+}
+
+/* Connections to the data port: new ones accepted; each reads its preamble (and nothing past
+   it) and, checked, becomes its rank's connection to this rank; a wrong one, a second one for
+   a rank, one closed or silent for the ring's timeout is closed with a warning naming its
+   address. */
+static void kvps_ring__x_accept(kvps_ring__fam *f) {
+    if (f->tcp_fd < 0) return;
+    for (;;) {
+        int fd = accept(f->tcp_fd, NULL, NULL);
+        if (fd < 0) break;
+        kvps_ring__tcp_opts(fd);
+        if (f->npend == KVPS_RING__TCP_PEND) {
+            char far[64];
+            kvps_ring__tcp_far(fd, far, sizeof far);
+            kvps__log(KVPS_LOG_WARN, "ring %d: refused a connection to its data port from %s: %d others wait to prove "
+                      "themselves", f->me, far, KVPS_RING__TCP_PEND);
+            close(fd);
+            continue;
+        }
+        struct kvps_ring__pend *e = &f->pend[f->npend++];
+        memset(e, 0, sizeof *e);
+        e->fd = fd;
+        e->since = kvps__now_ms();
+        kvps_ring__tcp_far(fd, e->far, sizeof e->far);
+    }
+    for (int i = 0; i < f->npend;) {
+        struct kvps_ring__pend *e = &f->pend[i];
+        ssize_t n = recv(e->fd, e->b + e->got, KVPS_RING__TCP_AUTH - e->got, MSG_DONTWAIT);
+        if (n > 0) e->got += (size_t)n;
+        const char *why = NULL;
+        int src = -1;
+        if (e->got == KVPS_RING__TCP_AUTH) {
+            if (kvps_ring__tcp_auth_check(e->b, f->size, f->me, f->tok, &src, &why) == 0 &&
+                (f->peers[src].tin >= 0 || f->peers[src].tend))
+                why = "its rank is connected already";
+        } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            why = "it closed before it said who it is";
+        } else if (kvps__now_ms() - e->since > f->timeout_ms) {
+            why = "it said nothing for the ring's timeout";
+        } else {
+            i++;
+            continue;
+        }
+        if (why) {
+            kvps__log(KVPS_LOG_WARN, "ring %d: refused a connection to its data port from %s: %s", f->me, e->far, why);
+            close(e->fd);
+        } else {
+            kvps_ring__peer *q = &f->peers[src];
+            q->tin = e->fd;
+            q->tready = 1;
+            f->in_tcp++;
+        }
+        *e = f->pend[--f->npend];
+    }
 }
 
 /* Reads every whole message waiting in this rank's queues onto the ready list (a send waiting
@@ -1623,11 +2023,23 @@ static void kvps_ring__x_drain(kvps_ring__fam *f) {
             if (kvps_ring__fifo_put(&f->ready_tail, &h, &pl) != 0) break;
         }
     }
+    if (f->tcp_fd >= 0) kvps_ring__x_accept(f); /* (a peer's connection may wait there with what it sends) */
+    for (int p = 0; f->in_tcp > 0 && p < f->size; p++) { /* (a send waiting for room: every connection read) */
+        kvps_ring__hdr h;
+        zmq_msg_t pl;
+        f->peers[p].tready = f->peers[p].tin >= 0;
+        while (kvps_ring__x_tcp_take(f, p, &h, &pl)) {
+            if (kvps_ring__fifo_put(&f->ready_tail, &h, &pl) != 0) break;
+        }
+    }
 }
+
+static int kvps_ring__x_tcp_ready(kvps_ring__fam *f);
 
 /* The next message from any transport, without waiting: 1 (*h, *payload), 0 none. Control
    messages are handled here; malformed ZeroMQ messages are dropped. The ready list first, then,
-   taking turns, this rank's queues (from rank rr on) and the router. */
+   taking turns, this rank's queues and its peers' TCP connections (from rank rr on), and the
+   router with the data port's new connections. */
 static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
     if (f->ready) {
         kvps_ring__stash *e = kvps_ring__fifo_cut(&f->ready, &f->ready_tail);
@@ -1636,19 +2048,28 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
         free(e);
         return 1;
     }
-    int shm_first = (f->turn++ & 1) == 0;
-    /* every peer through shared memory: the router (control messages, strangers) only now and
-       then and after a real wait, not at every look (each costs system calls in ZeroMQ) */
-    int router = f->in_shm < f->size - 1 || f->router_due || (f->turn & 63) == 0;
+    int direct_first = (f->turn++ & 1) == 0;
+    /* every peer through shared memory or its own connection: the router (control messages,
+       strangers) and the data port only now and then and after a real wait, not at every look
+       (each costs system calls) */
+    int router = f->in_shm + f->in_tcp < f->size - 1 || f->router_due || (f->turn & 63) == 0;
     f->router_due = 0;
     for (int pass = 0; pass < 2; pass++) {
-        if ((pass == 0) == shm_first) {
-            for (int k = 0; f->in_shm > 0 && k < f->size; k++) {
+        if ((pass == 0) == direct_first) {
+            if (f->in_tcp > 0 && !f->tpolled) kvps_ring__x_tcp_ready(f); /* (a caller that does not wait, as test does) */
+            f->tpolled = 0;
+            for (int k = 0; f->in_shm + f->in_tcp > 0 && k < f->size; k++) {
                 int p = (f->rr + k) % f->size;
-                if (f->peers[p].in == 1 && kvps_ring__x_take(f, p, h, payload)) { f->rr = p + 1; return 1; }
+                kvps_ring__peer *q = &f->peers[p];
+                if ((q->in == 1 && kvps_ring__x_take(f, p, h, payload)) ||
+                    ((q->tready || q->rx_off < q->rx_len) && kvps_ring__x_tcp_take(f, p, h, payload))) {
+                    f->rr = p + 1;
+                    return 1;
+                }
             }
             continue;
         }
+        if (router) kvps_ring__x_accept(f);
         for (; router;) {
             zmq_msg_t fr[3];
             int extra, n = f->router ? kvps__recv_msg(f->router, fr, 3, &extra) : 0;
@@ -1673,18 +2094,85 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
 static int kvps_ring__x_recv(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *payload) {
     while (kvps_ring__x_recv1(f, h, payload)) {
         if (h->coll != KVPS_RING__XPORT) return 1;
-        kvps_ring__x_control(f, h, payload); /* (none comes through a queue today; handled as from the router) */
+        if (h->ring == 0 && h->src < f->size && h->src != f->me) kvps_ring__x_control(f, h, payload); /* (none comes
+            through a queue or a connection today; handled as from the router) */
+        else zmq_msg_close(payload);
     }
     return 0;
 }
 
 static int kvps_ring__x_shm_ready(kvps_ring__fam *f);
 
-/* Whether anything may be there to read (a peek: the router's poll, the queues' indices). */
+/* Whether a peer's connection to this rank may have bytes: those that do are marked (tready);
+   one poll, no wait. */
+static int kvps_ring__x_tcp_ready(kvps_ring__fam *f) {
+    int n = 0, any = 0;
+    f->tpolled = 1;
+    for (int p = 0; f->in_tcp > 0 && p < f->size; p++) {
+        kvps_ring__peer *q = &f->peers[p];
+        if (q->tready || q->rx_off < q->rx_len) any = 1;
+        else if (q->tin >= 0) {
+            f->pfds[n].fd = q->tin;
+            f->pfds[n].events = POLLIN;
+            f->pfds[n].revents = 0;
+            f->item_peer[n++] = p;
+        }
+    }
+    if (any || n == 0) return any;
+    if (poll(f->pfds, (nfds_t)n, 0) <= 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (f->pfds[i].revents) { f->peers[f->item_peer[i]].tready = 1; any = 1; }
+    return any;
+}
+
+/* Whether anything may be there to read (a peek: the queues' indices, the connections' poll,
+   the router's poll, the data port's). */
 static int kvps_ring__x_ready(kvps_ring__fam *f) {
-    if (kvps_ring__x_shm_ready(f)) return 1;
-    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
-    return f->router && zmq_poll(&it, 1, 0) > 0;
+    if (kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f)) return 1;
+    zmq_pollitem_t it[2];
+    int n = 0;
+    if (f->router) { it[n].socket = f->router; it[n].fd = 0; it[n].events = ZMQ_POLLIN; it[n++].revents = 0; }
+    if (f->tcp_fd >= 0) { it[n].socket = NULL; it[n].fd = f->tcp_fd; it[n].events = ZMQ_POLLIN; it[n++].revents = 0; }
+    return n && zmq_poll(it, n, 0) > 0 ? (f->router_due = 1) : 0;
+}
+
+/* One sleep of at most ms in zmq_poll over what can bring this rank something: the router, the
+   doorbell (shared-memory writers ring it when sleeping is 2), the peers' connections, the data
+   port and the connections not proven yet; and the room on out_fd (a send waiting for it; -1
+   none). The connections with bytes are marked (tready); the data port's news is taken with
+   the router's (router_due). -1 when zmq_poll fails. */
+static int kvps_ring__x_poll(kvps_ring__fam *f, int64_t ms, int out_fd) {
+    zmq_pollitem_t *it = f->items;
+    int n = 0, bell = f->shm && f->in_shm > 0 && f->bell_rx >= 0;
+#define KVPS_RING__ITEM(s_, fd_, ev_, who_) \
+    do { it[n].socket = (s_); it[n].fd = (fd_); it[n].events = (short)(ev_); it[n].revents = 0; f->item_peer[n++] = (who_); } while (0)
+    if (f->router) KVPS_RING__ITEM(f->router, 0, ZMQ_POLLIN, -1);
+    if (bell) KVPS_RING__ITEM(NULL, f->bell_rx, ZMQ_POLLIN, -1);
+    if (f->tcp_fd >= 0) KVPS_RING__ITEM(NULL, f->tcp_fd, ZMQ_POLLIN, -1);
+    for (int i = 0; i < f->npend; i++) KVPS_RING__ITEM(NULL, f->pend[i].fd, ZMQ_POLLIN, -1);
+    for (int p = 0; p < f->size; p++)
+        if (f->peers[p].tin >= 0) KVPS_RING__ITEM(NULL, f->peers[p].tin, ZMQ_POLLIN, p);
+    if (out_fd >= 0) KVPS_RING__ITEM(NULL, out_fd, ZMQ_POLLOUT, -1);
+#undef KVPS_RING__ITEM
+    kvps_ring__shm_head *hd = bell ? (kvps_ring__shm_head *)(void *)f->shm : NULL;
+    if (hd) {
+        __atomic_store_n(&hd->sleeping, 2, __ATOMIC_SEQ_CST);
+        if (kvps_ring__x_shm_ready(f)) ms = 0;
+    }
+    int rc = zmq_poll(it, n, (long)ms);
+    if (hd) {
+        __atomic_store_n(&hd->sleeping, 0, __ATOMIC_SEQ_CST);
+        char drain[64];
+        while (recv(f->bell_rx, drain, sizeof drain, MSG_DONTWAIT) > 0) {}
+    }
+    if (rc < 0) return zmq_errno() == EINTR ? 0 : -1;
+    f->tpolled = 1;
+    for (int i = 0; i < n; i++)
+        if (it[i].revents & ZMQ_POLLIN) {
+            if (f->item_peer[i] >= 0) f->peers[f->item_peer[i]].tready = 1;
+            else f->router_due = 1;
+        }
+    return 0;
 }
 
 /* Sleeps on this rank's bell for at most ms, unless something is there already (the order of
@@ -1716,8 +2204,8 @@ static int kvps_ring__x_shm_ready(kvps_ring__fam *f) {
    few yields (BENCHMARKS.md: a piece is often microseconds away, and where ranks share CPUs
    waking from a sleep costs more; not for long: under another busy process each yield gives
    away a time slice); then a sleep: on the futex when every peer's messages come through shared
-   memory, in zmq_poll when none do, and when some do in one zmq_poll over the router and the
-   doorbell (in 1 ms turns between zmq_poll and the futex where the doorbell could not be made). */
+   memory, else in one zmq_poll over the router, the doorbell when some do (in 1 ms turns between
+   zmq_poll and the futex where the doorbell could not be made) and the TCP connections. */
 static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
     /* every peer through shared memory: first a look at the queues alone, no system call, for
        a few microseconds (a small message from a peer running on another CPU) */
@@ -1730,40 +2218,46 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
         }
     f->router_due = 1; /* (a real wait: the next read looks at the router too) */
     int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
-    int all_shm = f->in_shm == f->size - 1; /* (then the router, rarely used, is looked at every 4th yield) */
+    /* every peer through shared memory or its own connection: the router, rarely used, is
+       looked at every 4th yield */
+    int direct = f->in_shm + f->in_tcp == f->size - 1;
     for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
         sched_yield();
-        if (all_shm && (spin & 3) != 3 ? kvps_ring__x_shm_ready(f) : kvps_ring__x_ready(f)) return KVPS_OK;
+        if (direct && (spin & 3) != 3 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
+            return KVPS_OK;
     }
     kvps_ring__x_maybe_unlink(f);
-    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
     if (f->in_shm == f->size - 1) kvps_ring__x_sleep(f, left < 100 ? left : 100, NULL, 0);
-    else if (f->in_shm == 0) { if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ; }
-    else if (f->bell_rx >= 0) { /* in zmq_poll over the router and the doorbell, which writers ring */
-        kvps_ring__shm_head *hd = (kvps_ring__shm_head *)(void *)f->shm;
-        zmq_pollitem_t two[2] = {{f->router, 0, ZMQ_POLLIN, 0}, {NULL, f->bell_rx, ZMQ_POLLIN, 0}};
-        __atomic_store_n(&hd->sleeping, 2, __ATOMIC_SEQ_CST);
-        int rc = kvps_ring__x_shm_ready(f) ? 0 : zmq_poll(two, 2, (long)(left < 100 ? left : 100));
-        __atomic_store_n(&hd->sleeping, 0, __ATOMIC_SEQ_CST);
-        char drain[64];
-        while (recv(f->bell_rx, drain, sizeof drain, MSG_DONTWAIT) > 0) {}
-        if (rc < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
-    } else {
-        if (zmq_poll(&it, 1, left < 1 ? (long)left : 1) < 0 && zmq_errno() != EINTR) return KVPS_ERR_ZMQ;
+    else if (f->in_shm > 0 && f->bell_rx < 0) { /* no doorbell: 1 ms turns between zmq_poll and the futex */
+        if (kvps_ring__x_poll(f, left < 1 ? left : 1, -1) != 0) return KVPS_ERR_ZMQ;
         if (!kvps_ring__x_ready(f)) kvps_ring__x_sleep(f, 1, NULL, 0);
+    } else if (kvps_ring__x_poll(f, left < 100 ? left : 100, -1) != 0) {
+        return KVPS_ERR_ZMQ;
     }
     return KVPS_OK;
 }
 
-/* Whether root rank p, on this host, is gone (its process exited or was killed); looked at once
-   per 100 ms at most. */
-static int kvps_ring__x_gone(kvps_ring__fam *f, int p) {
+/* Whether root rank p is gone, in words that follow "rank N ": its connection to this rank
+   ended and every byte it sent has been read, or, on this host, its process exited or was
+   killed (looked at once per 100 ms at most). NULL while it is not known to be. */
+static const char *kvps_ring__x_gone(kvps_ring__fam *f, int p, char *buf, size_t cap) {
     kvps_ring__peer *q = &f->peers[p];
-    if (!q->same || !q->pid) return 0;
+    if (q->tend && q->tin < 0) {
+        snprintf(buf, cap, "(process %d at %s) %s", (int)q->pid, q->thost,
+                 q->tend == 1   ? "closed its connection to this rank: it ended or died"
+                 : q->tend == 2 ? "reset its connection to this rank: it died or its network failed"
+                                : "sent a malformed stream and was cut off");
+        return buf;
+    }
+    if (!q->same || !q->pid) return NULL;
     int64_t now = kvps__now_ms();
-    if (now - q->looked < 100) return q->gone;
-    q->looked = now;
-    return q->gone = kvps_ring__pid_gone(q->pid);
+    if (now - q->looked >= 100) {
+        q->looked = now;
+        q->gone = kvps_ring__pid_gone(q->pid);
+    }
+    if (!q->gone) return NULL;
+    snprintf(buf, cap, "(process %d on this host) is gone: it died", (int)q->pid);
+    return buf;
 }
 
 /* The first ring is destroyed: writers are told to drop what they send to this rank (its
@@ -1787,6 +2281,20 @@ static void kvps_ring__x_close(kvps_ring__fam *f) {
     kvps_ring__shm_unmap(f->shm, f->shm_bytes);
     f->shm = NULL;
     f->in_shm = 0;
+    for (int p = 0; p < f->size; p++) { /* (what this rank sent is in the kernel's hands: close delivers it) */
+        kvps_ring__peer *q = &f->peers[p];
+        if (q->tout >= 0) close(q->tout);
+        q->tout = -1;
+        kvps_ring__x_tcp_end(f, p, 0);
+        free(q->rx);
+        q->rx = NULL;
+    }
+    for (int i = 0; i < f->npend; i++) close(f->pend[i].fd);
+    f->npend = 0;
+    if (f->tcp_fd >= 0) close(f->tcp_fd);
+    f->tcp_fd = -1;
+    free(f->tok);
+    f->tok = NULL;
     if (f->bell_rx >= 0) close(f->bell_rx);
     if (f->bell_tx >= 0) close(f->bell_tx);
     f->bell_rx = f->bell_tx = -1;
@@ -1829,7 +2337,8 @@ static int kvps_ring__x_shm_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
         kvps_ring__x_drain(f);
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) return 1;
-        if (kvps_ring__x_gone(f, p)) return 2;
+        char gone[160];
+        if (kvps_ring__x_gone(f, p, gone, sizeof gone)) return 2;
         if (spins++ < KVPS_RING__SPIN) { sched_yield(); continue; }
         kvps_ring__x_sleep(f, left < 10 ? left : 10, c, tail);
     }
@@ -1881,35 +2390,104 @@ static kvps_result kvps_ring__x_await_hello(kvps_ring *r, int p, int64_t dl) {
 static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
     kvps_ring__peer *q = &r->fam->peers[r->root_rank[dst]];
     if (!kvps_ring__dealer(r, dst)) return 0;
+    int64_t dl = h->abort ? kvps__now_ms() + 200 : h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
+    if (q->out == 2 && !q->tdialled) { /* the connection completes (the kernel's, not the peer's, work) before the first message */
+        int d;
+        do d = kvps_ring__tcp_dialled(q->tout, 10);
+        while (d == 1 && kvps__now_ms() < dl);
+        if (d == 0) q->tdialled = 1;
+        else { /* nothing has gone over it: ZeroMQ instead, in order */
+            kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", r->fam->me,
+                      r->root_rank[dst], q->thost, (unsigned)q->tport, d < 0 ? strerror(errno) : "it took too long");
+            close(q->tout);
+            q->tout = -1;
+            q->out = 0;
+        }
+    }
     if (q->hello || h->abort) return q->out;
-    int64_t dl = h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
     kvps_result rc = kvps_ring__x_await_hello(r, r->root_rank[dst], dl);
     if (rc == KVPS_ERR_TIMEOUT)
         kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d's hello (the first message of a rank "
                         "that connects) to send it a message: it never connected", r->rank, r->desc.timeout_ms, dst);
     else if (rc != KVPS_OK)
         kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno()));
-    return rc == KVPS_OK ? q->out : -1;
+    return rc == KVPS_OK ? kvps_ring__x_route(r, dst, h) : -1; /* (and its connection, if any, made) */
 }
 
-/* Sends [h][data] to rank dst of r through shared memory, with the ring's words for a failure:
-   within the running collective's deadline (a p2p message: the ring's timeout; an abort notice:
-   200 ms, and no failure recorded). */
+/* Sends [h][data] to root rank p over this rank's connection to it (its preamble first if it
+   has not gone yet): with non-blocking writes, reading this rank's own connections and queues
+   whenever the kernel has no room, so that two ranks sending to each other never wait on each
+   other. 0 sent (in the kernel's hands: the caller may reuse data); 1 deadline passed; 2 the
+   connection failed (*err: errno). */
+static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr *h, const void *data, size_t bytes,
+                                 int64_t deadline, int *err) {
+    kvps_ring__peer *q = &f->peers[p];
+    unsigned char pre[KVPS_RING__SHM_PRE];
+    uint64_t len = bytes;
+    memcpy(pre, &len, 8);
+    memcpy(pre + 8, h, sizeof *h);
+    size_t done = 0, total = sizeof pre + bytes;
+    while (q->tauth_left || done < total) {
+        struct iovec iov[3];
+        int n = 0;
+        if (q->tauth_left) {
+            iov[n].iov_base = q->tauth + KVPS_RING__TCP_AUTH - q->tauth_left;
+            iov[n++].iov_len = q->tauth_left;
+        }
+        if (done < sizeof pre) {
+            iov[n].iov_base = pre + done;
+            iov[n++].iov_len = sizeof pre - done;
+        }
+        size_t off = done > sizeof pre ? done - sizeof pre : 0;
+        if (off < bytes) {
+            iov[n].iov_base = (char *)(uintptr_t)data + off;
+            iov[n++].iov_len = bytes - off;
+        }
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t w = sendmsg(q->tout, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            size_t a = (size_t)w < q->tauth_left ? (size_t)w : q->tauth_left;
+            q->tauth_left -= a;
+            done += (size_t)w - a;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) { *err = errno; return 2; }
+        kvps_ring__x_drain(f);
+        int64_t left = deadline - kvps__now_ms();
+        if (left <= 0) return 1;
+        if (kvps_ring__x_poll(f, left < 10 ? left : 10, q->tout) != 0) { *err = EIO; return 2; }
+    }
+    return 0;
+}
+
+/* Sends [h][data] to rank dst of r through its queue or over this rank's connection to it, with
+   the ring's words for a failure: within the running collective's deadline (a p2p message: the
+   ring's timeout; an abort notice: 200 ms, and no failure recorded). */
 static kvps_result kvps_ring__x_send(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data, size_t bytes) {
     int64_t now = kvps__now_ms();
     int64_t dl = h->abort ? now + 200 : h->coll == KVPS_RING__P2P ? now + r->desc.timeout_ms : r->deadline;
-    int p = r->root_rank[dst];
-    int e = kvps_ring__x_shm_send(r->fam, p, h, data, bytes, dl);
+    int p = r->root_rank[dst], err = 0;
+    kvps_ring__peer *q = &r->fam->peers[p];
+    int tcp = q->out == 2;
+    int e = tcp ? kvps_ring__x_tcp_send(r->fam, p, h, data, bytes, dl, &err) : kvps_ring__x_shm_send(r->fam, p, h, data, bytes, dl);
     char call[128];
     if (e == 0 || h->abort) return KVPS_OK;
     if (h->coll != KVPS_RING__P2P) kvps_ring__call_text(&r->cur, call, sizeof call);
     else snprintf(call, sizeof call, "a p2p message to it (tag %u)", (unsigned)h->tag);
     if (e == 1)
         return kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for rank %d to make room in its "
-                               "shared-memory queue, in %s", r->rank, r->desc.timeout_ms, dst, call);
+                               "%s, in %s", r->rank, r->desc.timeout_ms, dst, tcp ? "TCP connection" : "shared-memory queue", call);
+    if (e == 2 && tcp)
+        return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d at %s:%u) is unreachable: its "
+                               "connection failed (%s): it died or its network failed, before it took %s", r->rank, dst,
+                               (int)q->pid, q->thost, (unsigned)q->tport, strerror(err), call);
     if (e == 2)
         return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died before "
-                               "taking %s", r->rank, dst, (int)r->fam->peers[p].pid, call);
+                               "taking %s", r->rank, dst, (int)q->pid, call);
     return kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: rank %d's shared-memory queue is malformed (its indices), in %s",
                            r->rank, dst, call);
 }
@@ -2193,12 +2771,12 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
             }
             if (kvps_ring__x_wait(r->fam, left) != KVPS_OK)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-            if (kvps_ring__x_gone(r->fam, r->root_rank[src]) && !kvps_ring__x_ready(r->fam)) {
+            char gone[160];
+            if (kvps_ring__x_gone(r->fam, r->root_rank[src], gone, sizeof gone) && !kvps_ring__x_ready(r->fam)) {
                 char call[128];
-                return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died "
-                                       "while this rank waited for it in %s (this ring's collective #%u)", r->rank, src,
-                                       (int)r->fam->peers[r->root_rank[src]].pid, kvps_ring__call_text(&r->cur, call, sizeof call),
-                                       r->seq);
+                return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d %s while this rank waited for it in %s "
+                                       "(this ring's collective #%u)", r->rank, src, gone,
+                                       kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
             continue;
         }
@@ -3917,10 +4495,11 @@ static kvps_result kvps_ring__p2p_drive(kvps_ring *r, kvps_ring__p2p *q, int64_t
         /* done but the frame not let go of: ZeroMQ's I/O thread is about to; look again soon */
         if (kvps_ring__x_wait(r->fam, q->done ? 1 : left) != KVPS_OK)
             return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-        if (!q->done && q->peer != r->rank && kvps_ring__x_gone(r->fam, r->root_rank[q->peer]) && !kvps_ring__x_ready(r->fam)) {
-            kvps_ring__p2p_end(q, KVPS_ERR_PEER_LOST, "rank %d: %s: rank %d (process %d on this host) is gone", r->rank,
-                               kvps_ring__p2p_call_text(q, call, sizeof call), q->peer,
-                               (int)r->fam->peers[r->root_rank[q->peer]].pid);
+        char gone[160];
+        if (!q->done && q->peer != r->rank && kvps_ring__x_gone(r->fam, r->root_rank[q->peer], gone, sizeof gone) &&
+            !kvps_ring__x_ready(r->fam)) {
+            kvps_ring__p2p_end(q, KVPS_ERR_PEER_LOST, "rank %d: %s: rank %d %s", r->rank,
+                               kvps_ring__p2p_call_text(q, call, sizeof call), q->peer, gone);
             return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "%s", q->why);
         }
     }
@@ -4194,7 +4773,15 @@ static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     if (!f->dealers || !f->peers) { free(f->dealers); free(f->peers); free(f); return NULL; }
     f->me = me;
     f->ready_tail = &f->ready;
-    f->bell_rx = f->bell_tx = -1;
+    f->bell_rx = f->bell_tx = f->tcp_fd = -1;
+    for (int i = 0; i < size; i++) f->peers[i].tout = f->peers[i].tin = -1;
+    f->items = (zmq_pollitem_t *)calloc((size_t)size + 4 + KVPS_RING__TCP_PEND, sizeof *f->items);
+    f->item_peer = (int *)calloc((size_t)size + 4 + KVPS_RING__TCP_PEND, sizeof *f->item_peer);
+    f->pfds = (struct pollfd *)calloc((size_t)size, sizeof *f->pfds);
+    if (!f->items || !f->item_peer || !f->pfds) {
+        free(f->items); free(f->item_peer); free(f->pfds); free(f->dealers); free(f->peers); free(f);
+        return NULL;
+    }
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->size = size;
@@ -4280,7 +4867,8 @@ KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank) {
     if (!r || rank < 0 || rank >= r->size) return "?";
     if (rank == r->rank) return "self";
     const kvps_ring__fam *f = r->fam;
-    return f->peers && f->peers[r->root_rank[rank]].out && !f->closed ? "shm" : "zmq";
+    int out = f->peers && !f->closed ? f->peers[r->root_rank[rank]].out : 0;
+    return out == 1 ? "shm" : out == 2 ? "tcp" : "zmq";
 }
 KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
@@ -4317,6 +4905,9 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
         if (sndbuf > 0) zmq_setsockopt(s, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf);
         r->fam->dealers[i] = s;
+        kvps_ring__peer *q = &r->fam->peers[i]; /* (for its own TCP connection, >>tcp) */
+        if (kvps_ring__tcp_host(eps[i], q->thost, sizeof q->thost) != 0) q->thost[0] = 0;
+        q->tsndbuf = sndbuf;
         if (zmq_connect(s, eps[i]) != 0) {
             kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);
             rc = KVPS_ERR_CONNECT;
@@ -4395,6 +4986,9 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     pthread_cond_destroy(&f->cv);
     free(f->dealers);
     free(f->peers);
+    free(f->items);
+    free(f->item_peer);
+    free(f->pfds);
     free(f);
 }
 

@@ -20,6 +20,7 @@
 #   fuzz_ckpt    kvps_server_restore on arbitrary files, then the restored server at work
 #   fuzz_repl    a backup replica: snapshots, the primary's copies of requests, lost workers, take-over
 #   fuzz_shm     the reader of a shared-memory queue (kvps_ring.h) on indices and bytes a peer wrote
+#   fuzz_tcp     the ring's TCP data port: a connection's preamble (who may join), then its frames cut anywhere
 # Clang's libFuzzer, ASan and UBSan; -O1 keeps the SIMD paths and the stacks readable.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 30

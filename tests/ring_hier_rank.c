@@ -20,7 +20,7 @@ int main(void) {
     if (rc != KVPS_OK) { printf("rank %d: create: %s\n", rank, kvps_result_str(rc)); return 1; }
     rc = kvps_ring_barrier(r);
     for (int j = 0; rc == KVPS_OK && j < size; j++) {
-        const char *want = j == rank ? "self" : j / 2 == rank / 2 ? "shm" : "zmq";
+        const char *want = j == rank ? "self" : j / 2 == rank / 2 ? "shm" : "tcp";
         if (strcmp(kvps_ring_transport(r, j), want) != 0) {
             printf("rank %d: reaches rank %d by %s, want %s\n", rank, j, kvps_ring_transport(r, j), want);
             bad = 1;

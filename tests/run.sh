@@ -2,8 +2,9 @@
 # Runs every test binary in DIR and sums their "N passed, N failed" lines.
 # A binary may add ", N skipped" (device tests on a machine without the device).
 # KVPS_TEST_WRAP (e.g. valgrind ...) prefixes each run.
-# KVPS_TEST_ZMQ: test names run a second time with KVPS_RING_SHM=0 (the ring over ZeroMQ
-# alone; the first run uses shared memory between its ranks, kvps_ring.h section 10), shown as
+# KVPS_TEST_TCP: test names run again with KVPS_RING_SHM=0 (the ring over its own TCP
+# connections; the first run uses shared memory between its ranks, kvps_ring.h section 10), shown
+# as "name [tcp]"; KVPS_TEST_ZMQ: again with KVPS_RING_SHM=0 KVPS_RING_TCP=0 (over ZeroMQ alone),
 # "name [zmq]": make test names a cross-section, make test-all every ring test.
 set -u
 dir=${1:-build}
@@ -28,9 +29,13 @@ for t in "$dir"/test_*; do
   [ -x "$t" ] || continue
   run_one "$t" "$(basename "$t")"
 done
+for name in ${KVPS_TEST_TCP:-}; do
+  [ -x "$dir/$name" ] || continue
+  run_one "$dir/$name" "$name [tcp]" KVPS_RING_SHM=0
+done
 for name in ${KVPS_TEST_ZMQ:-}; do
   [ -x "$dir/$name" ] || continue
-  run_one "$dir/$name" "$name [zmq]" KVPS_RING_SHM=0
+  run_one "$dir/$name" "$name [zmq]" KVPS_RING_SHM=0 KVPS_RING_TCP=0
 done
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ "$fail" -eq 0 ]

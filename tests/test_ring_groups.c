@@ -417,7 +417,7 @@ static void dead_main(kt_rk *x) {
     int64_t ms = kvps__now_ms() - t0;
     const char *e = kvps_ring_last_error(s);
     if (me == 1) {
-        /* over ZeroMQ a timeout; over shared memory (the peer's process on this host) PEER_LOST naming it */
+        /* over ZeroMQ a timeout; over shared memory (the peer's process on this host) or TCP (its connection) PEER_LOST naming it */
         if (rc != KVPS_ERR_TIMEOUT && rc != KVPS_ERR_PEER && !(rc == KVPS_ERR_PEER_LOST && strstr(e, "rank 1 (process ")))
             kt_rk_fail(x, "rank 1: the sub-ring allreduce with its peer dead gave %s [%s]", kvps_result_str(rc), e);
         if (ms > 5 * (int64_t)fail_ms()) kt_rk_fail(x, "rank 1: took %lld ms to fail", (long long)ms);

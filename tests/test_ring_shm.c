@@ -58,16 +58,25 @@ static void test_transport_chosen(void) {
         kt_team_init(&t, "shm, tcp", transports_main, k, 1, 10000);
         t.arg = "shm";
         kt_team_run(&t);
-        kt_team_init(&t, ".shm = -1", transports_main, k, 0, 10000);
-        t.arg = "zmq";
+        kt_team_init(&t, ".shm = -1, inproc", transports_main, k, 0, 10000);
+        t.arg = "zmq"; /* (inproc endpoints: no TCP either) */
+        t.base.shm = -1;
+        kt_team_run(&t);
+        kt_team_init(&t, ".shm = -1, tcp", transports_main, k, 1, 10000);
+        t.arg = "tcp"; /* the ring's own connections (tests/test_ring_tcp.c) */
         t.base.shm = -1;
         kt_team_run(&t);
     }
     setenv("KVPS_RING_SHM", "0", 1);
     kt_team t;
     kt_team_init(&t, "KVPS_RING_SHM=0", transports_main, 3, 1, 10000);
+    t.arg = "tcp";
+    kt_team_run(&t);
+    setenv("KVPS_RING_TCP", "0", 1);
+    kt_team_init(&t, "KVPS_RING_SHM=0 KVPS_RING_TCP=0", transports_main, 3, 1, 10000);
     t.arg = "zmq";
     kt_team_run(&t);
+    unsetenv("KVPS_RING_TCP");
     unsetenv("KVPS_RING_SHM");
 }
 
@@ -323,7 +332,7 @@ static void test_dead_rank_named(void) {
 static void hosts_main(prank *p) {
     check_allreduce(p, 10, KVPS_ALGO_AUTO);
     for (int j = 0; j < p->k; j++) {
-        const char *want = j == p->rank ? "self" : j / 2 == p->rank / 2 ? "shm" : "zmq";
+        const char *want = j == p->rank ? "self" : j / 2 == p->rank / 2 ? "shm" : "tcp";
         if (strcmp(kvps_ring_transport(p->r, j), want) != 0)
             pr_fail(p, "rank %d reaches rank %d by %s, want %s", p->rank, j, kvps_ring_transport(p->r, j), want);
     }
@@ -363,7 +372,7 @@ static void small_main(kt_rk *x) {
         if (b[i] != want) { kt_rk_fail(x, "element %d", i); break; }
     }
     for (int j = 0; j < x->k; j++)
-        if (j != x->rank && strcmp(kvps_ring_transport(x->r, j), "zmq") != 0) kt_rk_fail(x, "rank %d: shm to %d", x->rank, j);
+        if (j != x->rank && strcmp(kvps_ring_transport(x->r, j), "shm") == 0) kt_rk_fail(x, "rank %d: shm to %d", x->rank, j);
 }
 
 static void small_devshm_body(void) {

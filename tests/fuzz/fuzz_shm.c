@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvps_ring__shm_ctl *c = (kvps_ring__shm_ctl *)(void *)mem;
     unsigned char *d = mem + KVPS_RING__SHM_PAGE;
     c->head = c->tail = start;
-    kvps_ring__shm_rd st;
+    kvps_ring__frame_rd st;
     memset(&st, 0, sizeof st);
     const uint8_t *p = data + 10;
     size_t left = size - 10;
@@ -64,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!corrupted) FZ_CHECK(c->tail - c->head <= cap && c->head - head0 <= cap, "head moved past tail");
             if (got == 1) {
                 uint32_t magic;
-                memcpy(&magic, st.h, 4);
+                memcpy(&magic, st.pre + 8, 4);
                 FZ_CHECK(magic == KVPS_RING__MAGIC, "a message without the magic was taken");
                 FZ_CHECK(zmq_msg_size(&st.m) == st.len && st.len <= KVPS_RING__SHM_MSG_MAX, "a message of the wrong length");
                 zmq_msg_close(&st.m);

@@ -844,12 +844,51 @@ static void shm_seeds(void) {
     save("fuzz_shm", "bad_magic_bad_tail", &b);
 }
 
+/* fuzz_tcp: [flags][size][me][preamble 32][tokens 16 x ranks][cuts 8][stream]: a preamble
+   (right token via flags bit 0, or a wrong one, or garbage), then frames as a peer writes them. */
+static void tcp_frame(buf *b, uint32_t magic, uint64_t len, uint8_t fill) {
+    uint8_t m[8 + 40 + 300];
+    memset(m, fill, sizeof m);
+    memcpy(m, &len, 8);
+    memset(m + 8, 0, 40);
+    memcpy(m + 8, &magic, 4);
+    put(b, m, 8 + 40 + (size_t)len);
+}
+static void tcp_seeds(void) {
+    buf b;
+    uint8_t cfg[3] = {1, 2, 0}; /* 4 ranks, this is rank 0, the preamble gets the true token */
+    uint8_t pre[32], tok[64], cuts[8] = {0, 5, 47, 2, 100, 255, 9, 30};
+    uint32_t magic = 0x5450564Bu, size = 4;
+    uint16_t v = 1, src = 2;
+    memset(pre, 0, sizeof pre);
+    memcpy(pre, &magic, 4);
+    memcpy(pre + 4, &v, 2);
+    memcpy(pre + 6, &src, 2);
+    memcpy(pre + 8, &size, 4);
+    for (int i = 0; i < 64; i++) tok[i] = (uint8_t)(i * 7 + 1);
+    begin(&b, cfg, sizeof cfg);
+    put(&b, pre, sizeof pre); put(&b, tok, sizeof tok); put(&b, cuts, sizeof cuts);
+    tcp_frame(&b, 0x5250564Bu, 16, 1);
+    tcp_frame(&b, 0x5250564Bu, 0, 2);
+    tcp_frame(&b, 0x5250564Bu, 300, 3);
+    save("fuzz_tcp", "accepted_three_frames", &b);
+    cfg[0] = 0; /* the token as written (zeros): refused */
+    begin(&b, cfg, sizeof cfg);
+    put(&b, pre, sizeof pre); put(&b, tok, sizeof tok); put(&b, cuts, sizeof cuts);
+    tcp_frame(&b, 0x5250564Bu, 40, 4);
+    tcp_frame(&b, 0x12345678u, 10, 5);
+    save("fuzz_tcp", "wrong_token_bad_magic", &b);
+    begin(&b, cfg, sizeof cfg);
+    put(&b, (const uint8_t *)"GET / HTTP/1.1\r\nHost: x\r\n\r\n  ", 32);
+    save("fuzz_tcp", "stranger_http", &b);
+}
+
 /* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
 int main(int argc, char **argv) {
     static const struct { const char *target; void (*fn)(void); } gens[] = {
         {"fuzz_server", server_seeds}, {"fuzz_codec", codec_seeds}, {"fuzz_env", env_seeds}, {"fuzz_reply", reply_seeds},
         {"fuzz_ring", ring_seeds},     {"fuzz_ckpt", ckpt_seeds},   {"fuzz_repl", repl_seeds},
-        {"fuzz_shm", shm_seeds}};
+        {"fuzz_shm", shm_seeds},       {"fuzz_tcp", tcp_seeds}};
     if (argc != 2 && argc != 3) { fprintf(stderr, "usage: gen_corpus <dir> [target]\n"); return 2; }
     root = argv[1];
     if (mkdir(root, 0755) != 0 && errno != EEXIST) { perror(root); return 1; }
