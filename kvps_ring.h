@@ -342,7 +342,7 @@ typedef enum kvps_redop {
 
 typedef enum kvps_ring_algo {
     KVPS_ALGO_AUTO = 0, KVPS_ALGO_RING = 1, KVPS_ALGO_BIRING = 2, KVPS_ALGO_RD = 3, KVPS_ALGO_HIER = 4,
-    KVPS_ALGO_RHD = 5, KVPS_ALGO_DIRECT = 6, KVPS_ALGO_COUNT
+    KVPS_ALGO_RHD = 5, KVPS_ALGO_DIRECT = 6, KVPS_ALGO_ONESHOT = 7, KVPS_ALGO_COUNT
 } kvps_ring_algo;
 
 typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is the last + 1 */
@@ -1161,7 +1161,7 @@ enum {
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
     KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11, KVPS_RING__PH_RH = 12,
-    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15
+    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15, KVPS_RING__PH_ONESHOT = 16
 };
 
 typedef struct kvps_ring__hdr {
@@ -1532,7 +1532,7 @@ KVPS_API size_t kvps_dtype_size(kvps_dtype dt) {
 /* The names, one per value of each enum, checked against its _COUNT. */
 static const char *const kvps_ring__dtype_names[] = {"float32", "float64", "int32", "int64", "float16", "bfloat16"};
 static const char *const kvps_ring__redop_names[] = {"sum", "prod", "min", "max", "avg"};
-static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct"};
+static const char *const kvps_ring__algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct", "oneshot"};
 typedef char kvps_ring__names_check[sizeof kvps_ring__dtype_names / sizeof *kvps_ring__dtype_names == KVPS_DTYPE_COUNT &&
                                             sizeof kvps_ring__redop_names / sizeof *kvps_ring__redop_names == KVPS_REDOP_COUNT &&
                                             sizeof kvps_ring__algo_names / sizeof *kvps_ring__algo_names == KVPS_ALGO_COUNT
@@ -3393,6 +3393,35 @@ static kvps_result kvps_ring__allreduce_rd(kvps_ring *r, const int *view, int k,
     return rc;
 }
 
+/* One-shot all-reduce over view: every rank sends its whole buffer to every other at once, then
+   reduces the k buffers in rank order (the same order on every rank: the same bits). One
+   message's latency where RD takes log2(k), for k - 1 times the bytes sent: small buffers, few
+   ranks (AUTO: KVPS_RING__ONESHOT_MAX). The peers' buffers land in r->direct (r->work may hold
+   the list buf is). Not with a 16-bit wire (RD runs). */
+static kvps_result kvps_ring__allreduce_oneshot(kvps_ring *r, const int *view, int k, int me, void *buf, size_t count) {
+    kvps_dtype dt = kvps_ring__dt(r);
+    size_t bytes = count * kvps_dtype_size(dt);
+    char *all = (char *)kvps_ring__grow(&r->direct, &r->direct_cap, bytes * (size_t)k);
+    if (!all) return KVPS_ERR_NOMEM;
+    uint64_t tag = kvps_ring__tag(KVPS_RING__PH_ONESHOT, 0, 0, 0);
+    kvps_result rc = KVPS_OK;
+    kvps_ring__ph(r, "one-shot: to every peer", -1);
+    for (int j = 1; j < k && rc == KVPS_OK; j++) rc = kvps_ring__send(r, view[(me + j) % k], tag, buf, bytes, -1);
+    kvps_ring__ph_end(r);
+    kvps_ring__ph(r, "one-shot: from every peer, reduce", -1);
+    memcpy(all + (size_t)me * bytes, buf, bytes);
+    for (int j = 1; j < k && rc == KVPS_OK; j++) {
+        int o = (me - j + k) % k;
+        rc = kvps_ring__recv_copy(r, view[o], tag, all + (size_t)o * bytes, bytes);
+    }
+    if (rc == KVPS_OK) {
+        memcpy(buf, all, bytes);
+        for (int i = 1; i < k; i++) kvps_reduce_into(buf, all + (size_t)i * bytes, count, dt, (kvps_redop)r->cur.op);
+    }
+    kvps_ring__ph_end(r);
+    return rc;
+}
+
 /* Binomial-tree broadcast from view index root. */
 static kvps_result kvps_ring__bcast_tree(kvps_ring *r, const int *view, int k, int me, int root, void *buf, size_t bytes) {
     int rel = (me - root + k) % k, mask = 1;
@@ -3509,6 +3538,7 @@ static kvps_result kvps_ring__allreduce_view(kvps_ring *r, const int *view, int 
     int me = kvps_ring__index(view, k, r->rank);
     if (k == 1 || count == 0) return KVPS_OK;
     if (algo == KVPS_ALGO_RD) return kvps_ring__allreduce_rd(r, view, k, me, buf, count);
+    if (algo == KVPS_ALGO_ONESHOT) return kvps_ring__allreduce_oneshot(r, view, k, me, buf, count);
     if (algo == KVPS_ALGO_DIRECT) return kvps_ring__allreduce_direct(r, view, k, me, (char *)buf, count, NULL);
     if (algo == KVPS_ALGO_RHD) return kvps_ring__allreduce_rhd(r, view, k, me, buf, count, NULL); /* (a power of two) */
     return kvps_ring__allreduce_ring(r, view, k, me, buf, count, algo == KVPS_ALGO_BIRING, NULL);
@@ -3639,6 +3669,7 @@ static kvps_ring_algo kvps_ring__allreduce_algo(const kvps_ring *r, kvps_ring_al
                                                          : KVPS_ALGO_RING;
     if (algo == KVPS_ALGO_DIRECT && !direct) algo = KVPS_ALGO_RING;
     if (algo == KVPS_ALGO_RHD && ((k & (k - 1)) != 0 || wire)) algo = KVPS_ALGO_RING;
+    if (algo == KVPS_ALGO_ONESHOT && wire) algo = KVPS_ALGO_RD;
     if (algo == KVPS_ALGO_HIER && !r->desc.groups) algo = KVPS_ALGO_RING;
     return algo;
 }
@@ -4448,6 +4479,7 @@ static void kvps_ring__p2p_break(kvps_ring *r, kvps_result rc) {
         for (int i = 0; i < r->size; i++) {
             if (i == r->rank) continue;
             kvps_ring__hdr h = kvps_ring__p2p_hdr(r, KVPS_RING__P2P_ABORT, 0, 0, 0, (uint64_t)(int64_t)rc);
+            h.abort = 1; /* a notice, as a collective's: it waits for no hello, and its failure is not recorded */
             zmq_msg_t m;
             if (kvps__msg_from_buf(&m, r->errmsg, strlen(r->errmsg)) == 0) kvps_ring__p2p_post(r, i, &h, &m);
         }

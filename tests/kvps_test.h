@@ -724,6 +724,8 @@ static inline void kt_team_init(kt_team *t, const char *label, void (*fn)(kt_rk 
 static inline int kt_team_run(kt_team *t) {
     static int seq;
     seq++;
+    const char *tcp = getenv("KVPS_TEST_TEAM_TCP"); /* (tests/run.sh's [tcp] reruns: inproc teams on loopback TCP) */
+    if (tcp && strcmp(tcp, "1") == 0) t->tcp = 1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     t->nready = t->nfinished = t->counter = t->flag = 0;

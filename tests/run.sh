@@ -3,8 +3,8 @@
 # A binary may add ", N skipped" (device tests on a machine without the device).
 # KVPS_TEST_WRAP (e.g. valgrind ...) prefixes each run.
 # KVPS_TEST_TCP: test names run again with KVPS_RING_SHM=0 (the ring over its own TCP
-# connections; the first run uses shared memory between its ranks, kvps_ring.h section 10), shown
-# as "name [tcp]"; KVPS_TEST_ZMQ: again with KVPS_RING_SHM=0 KVPS_RING_TCP=0 (over ZeroMQ alone),
+# connections; the first run uses shared memory between its ranks, kvps_ring.h section 10; thread
+# teams on loopback TCP instead of inproc: KVPS_TEST_TEAM_TCP=1), shown as "name [tcp]"; KVPS_TEST_ZMQ: again with KVPS_RING_SHM=0 KVPS_RING_TCP=0 (over ZeroMQ alone),
 # "name [zmq]": make test names a cross-section, make test-all every ring test.
 set -u
 dir=${1:-build}
@@ -31,7 +31,7 @@ for t in "$dir"/test_*; do
 done
 for name in ${KVPS_TEST_TCP:-}; do
   [ -x "$dir/$name" ] || continue
-  run_one "$dir/$name" "$name [tcp]" KVPS_RING_SHM=0
+  run_one "$dir/$name" "$name [tcp]" KVPS_RING_SHM=0 KVPS_TEST_TEAM_TCP=1
 done
 for name in ${KVPS_TEST_ZMQ:-}; do
   [ -x "$dir/$name" ] || continue

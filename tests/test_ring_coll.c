@@ -16,7 +16,7 @@
 /* The matrix */
 
 typedef struct suite_cfg {
-    kvps_ring_algo algos[6];
+    kvps_ring_algo algos[7];
     int nalgo;
     int others;   /* run the other collectives too */
     int thin;     /* quick mode: a stride through the dtype x op x count cross product */
@@ -73,7 +73,7 @@ static int matrix_size_included(int k) { return !kt_quick() || k <= 3 || k == 5 
 
 /* Default pieces (RD for everything here under AUTO; trees for reduce and broadcast). */
 static void test_matrix_default(void) {
-    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_DIRECT}, 6, 1, kt_quick() ? 5 : 0};
+    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_DIRECT, KVPS_ALGO_ONESHOT}, 7, 1, kt_quick() ? 5 : 0};
     for (int k = 1; k <= KT_MAXR; k++)
         if (matrix_size_included(k)) run_suite("default", k, &c, 0, 0, NULL);
 }
@@ -81,7 +81,7 @@ static void test_matrix_default(void) {
 /* 64-byte pieces and a 256-byte small limit: many pieces per block, AUTO picks the ring
    algorithms, reduce and broadcast take their large-message paths. */
 static void test_matrix_pipelined(void) {
-    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_DIRECT}, 6, 1, kt_quick() ? 11 : 0};
+    suite_cfg c = {{KVPS_ALGO_AUTO, KVPS_ALGO_RING, KVPS_ALGO_BIRING, KVPS_ALGO_RD, KVPS_ALGO_RHD, KVPS_ALGO_DIRECT, KVPS_ALGO_ONESHOT}, 7, 1, kt_quick() ? 11 : 0};
     for (int k = 1; k <= KT_MAXR; k++)
         if (matrix_size_included(k)) run_suite("pipelined", k, &c, 64, 256, NULL);
 }
