@@ -615,20 +615,19 @@ typedef struct kvps_ring__peer {
     unsigned char bell[112];                  /* its doorbell's address (a struct sockaddr_un) */
     unsigned bell_len;
     kvps_ring__frame_rd rd;                   /* its message being read from this rank's segment */
-    /* TCP (>>tcp): the connection this rank made to it (this rank's messages, out 2) and the one it
-       made to this rank (its messages), -1 none; the first bytes still to send on tout (the
-       preamble); tout's connect has completed; tin may have bytes (the last poll said so, or the
-       last read filled its buffer); how tin ended (1 closed by the peer, 2 reset or failed, 3
-       malformed); its endpoint's host (peers) and its data port (hello); the token this rank
-       shows it (its hello) and the one it shows this rank (in this rank's hello to it); bytes read
-       from tin not decoded yet, and the message being decoded */
-    int tout, tin;
-    unsigned char tauth[32];
-    size_t tauth_left;
-    unsigned char tdialled, tready, tend;
+    /* TCP (>>tcp): the pair's one connection (-1 none), made by the higher rank of the two to
+       the lower's data port; topen: proven (its preamble sent, or read here) and read, counted in
+       in_tcp; tready: it may have bytes (the last poll said so, or the last read filled the
+       buffer); tend: how it ended (1 closed by the peer, 2 reset or failed, 3 malformed); twait:
+       this rank's route to it waits for the connection (tdial: this rank is dialling it, since
+       tsince); its endpoint's host (peers) and its data port (hello); the token this rank shows
+       it (its hello); bytes read and not decoded yet, and the message being decoded */
+    int tfd;
+    unsigned char topen, tready, tend, twait, tdial;
+    int64_t tsince;
     uint16_t tport;
     char thost[64];
-    int tsndbuf;                              /* SO_SNDBUF for tout (manual section 4), 0: the OS's */
+    int tsndbuf;                              /* SO_SNDBUF for tfd (manual section 4), 0: the OS's */
     unsigned char tok_out[16];
     unsigned char *rx;
     size_t rx_off, rx_len;
@@ -1322,7 +1321,10 @@ typedef struct kvps_ring__fam {
     uint16_t tcp_port;
     unsigned char *tok;
     int in_tcp, npend;
-    int tpolled;                /* the connections were polled since the last read looked (kvps_ring__x_recv1) */
+    int tpolled;                /* the connections were polled since a read last found nothing (kvps_ring__x_recv1) */
+    int accept_due;             /* the data port or a connection not proven yet has news (a poll said so) */
+    int local, cpus;            /* ranks on this host (hellos read so far, this one too), CPUs this process may use:
+                                   local <= cpus, a waiting rank polls without giving its CPU away (kvps_ring__x_wait) */
     struct kvps_ring__pend {
         int fd;
         size_t got;
@@ -1677,7 +1679,7 @@ static void kvps_ring__fifo_free(kvps_ring__stash **head);
    sender can overtake another on the way. The owner of a segment reads the queue of every peer
    on this host, and unlinks the segment once each has marked its queue mapped or said NOSHM.
    The algorithms see only kvps_ring__post and kvps_ring__read. */
-enum { KVPS_RING__XPORT = 0x51, KVPS_RING__X_HELLO = 1, KVPS_RING__X_NOSHM = 3 };
+enum { KVPS_RING__XPORT = 0x51, KVPS_RING__X_HELLO = 1, KVPS_RING__X_NOSHM = 3, KVPS_RING__X_NOTCP = 4 };
 typedef struct kvps_ring__hello {
     uint32_t version, size;
     int32_t pid, pad;
@@ -1740,6 +1742,14 @@ static void kvps_ring__x_hello(kvps_ring *r) {
                       "not reach", r->rank, lhost, !f->tok ? "no memory" : strerror(errno));
     }
     f->timeout_ms = r->desc.timeout_ms;
+    f->local = 1;
+    f->cpus = 1;
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t cs;
+    if (sched_getaffinity(0, sizeof cs, &cs) == 0) f->cpus = CPU_COUNT(&cs);
+#else
+    f->cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
     hl.version = 2;
     hl.size = (uint32_t)r->size;
     hl.pid = (int32_t)getpid();
@@ -1774,21 +1784,61 @@ static void kvps_ring__x_maybe_unlink(kvps_ring__fam *f) {
     kvps_ring__shm_unlink_name(f->shm_name);
 }
 
-/* Rank p's messages go over this rank's own TCP connection to its data port, when both have one
-   and its endpoint is a tcp:// one: the connection is started here (it completes, and its
-   preamble goes, before the first message: kvps_ring__x_route). */
-static void kvps_ring__x_dial(kvps_ring__fam *f, int p) {
+/* TCP between this rank and rank p (its hello read; shared memory decided): the higher rank of
+   the two dials the lower's data port, when both have one, p's endpoint is a tcp:// one and the
+   dialler does not send to the other through shared memory; the route of each (out 2) waits
+   for the connection (twait), which the dialler makes in the background
+   (kvps_ring__x_dial_progress) and the other accepts (kvps_ring__x_accept). A dialler that will
+   not dial, or cannot, says so (NOTCP): then neither waits, and ZeroMQ carries what shared
+   memory does not. */
+static void kvps_ring__x_tcp_route(kvps_ring__fam *f, int p) {
     kvps_ring__peer *q = &f->peers[p];
-    if (f->tcp_fd < 0 || !q->tport || !q->thost[0] || q->tout >= 0) return;
-    q->tout = kvps_ring__tcp_dial(q->thost, q->tport, q->tsndbuf);
-    if (q->tout < 0) {
-        kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
-                  q->thost, (unsigned)q->tport, strerror(errno));
-        return;
+    int both = f->tcp_fd >= 0 && q->tport && q->thost[0] && q->out != 1;
+    if (p < f->me) { /* this rank dials */
+        if (both) q->tfd = kvps_ring__tcp_dial(q->thost, q->tport, q->tsndbuf);
+        if (both && q->tfd < 0)
+            kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
+                      q->thost, (unsigned)q->tport, strerror(errno));
+        if (q->tfd >= 0) {
+            q->tdial = q->twait = 1;
+            q->tsince = kvps__now_ms();
+        } else if (q->tport && f->tcp_fd >= 0) {
+            kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0);
+        }
+    } else if (both) { /* p dials */
+        if (q->topen) q->out = 2;
+        else q->twait = 1;
     }
-    kvps_ring__tcp_auth_make(q->tauth, f->me, f->size, q->tok_out);
-    q->tauth_left = KVPS_RING__TCP_AUTH;
-    q->out = 2;
+}
+
+/* The dialled connections that are not made yet: a made one sends its preamble (32 bytes into
+   an empty socket) and carries this rank's messages from now on; one that failed, or is not made
+   within the ring's timeout, is closed, said (NOTCP) and warned of: ZeroMQ to that peer. */
+static void kvps_ring__x_dial_progress(kvps_ring__fam *f) {
+    for (int p = 0; p < f->size; p++) {
+        kvps_ring__peer *q = &f->peers[p];
+        if (!q->tdial || !q->twait) continue;
+        int d = kvps_ring__tcp_dialled(q->tfd, 0);
+        if (d == 1 && kvps__now_ms() - q->tsince <= f->timeout_ms) continue;
+        if (d == 0) {
+            unsigned char a[KVPS_RING__TCP_AUTH];
+            kvps_ring__tcp_auth_make(a, f->me, f->size, q->tok_out);
+            d = send(q->tfd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof a ? 0 : -1;
+        }
+        q->twait = 0;
+        if (d == 0) {
+            q->topen = q->tready = 1;
+            f->in_tcp++;
+            if (q->out != 1) q->out = 2;
+            continue;
+        }
+        kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
+                  q->thost, (unsigned)q->tport, d < 0 ? strerror(errno) : "it took longer than the ring's timeout");
+        close(q->tfd);
+        q->tfd = -1;
+        q->tdial = 0;
+        kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0);
+    }
 }
 
 /* A peer's hello, checked: its host; a peer on this host gets this rank's messages through its
@@ -1815,7 +1865,8 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     p->cma = 0;
     p->tport = hl.tport;
     memcpy(p->tok_out, hl.token, 16);
-    if (!p->same) { kvps_ring__x_dial(f, src); return; }
+    if (!p->same) { kvps_ring__x_tcp_route(f, src); return; }
+    f->local++;
     if (f->shm) { p->in = 1; f->in_shm++; }
     const char *why = "this rank has no segment";
     int ok = f->shm && hl.seg[0] && hl.cap == f->shm_cap && strncmp(hl.seg, "/kvps-ring-", 11) == 0 && !strchr(hl.seg + 1, '/') &&
@@ -1829,10 +1880,10 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     if (ok) {
         __atomic_store_n(&kvps_ring__shm_q(p->seg, f->shm_cap, f->me)->mapped, 1, __ATOMIC_RELEASE);
         kvps_ring__shm_ring(p->seg, f->bell_tx, p->bell, p->bell_len);
-    } else {
-        if (hl.seg[0]) kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
-        kvps_ring__x_dial(f, src);
+    } else if (hl.seg[0]) {
+        kvps_ring__x_ctl(f, src, KVPS_RING__X_NOSHM, NULL, 0);
     }
+    kvps_ring__x_tcp_route(f, src);
     kvps_ring__x_maybe_unlink(f);
 }
 
@@ -1845,6 +1896,8 @@ static void kvps_ring__x_control(kvps_ring__fam *f, const kvps_ring__hdr *h, zmq
         p->said = 1;
         if (p->in == 1) { p->in = 0; f->in_shm--; } /* (it writes nothing there: its messages come over ZeroMQ) */
         kvps_ring__x_maybe_unlink(f);
+    } else if (h->op == KVPS_RING__X_NOTCP && src > f->me) {
+        p->twait = 0; /* (it will not connect: what shared memory does not carry goes over ZeroMQ) */
     } else {
         kvps__log(KVPS_LOG_WARN, "ring %d: dropped a transport message of kind %d from rank %d", f->me, h->op, src);
     }
@@ -1895,8 +1948,10 @@ static int kvps_ring__x_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_ms
    here; a message it had begun is dropped. */
 static void kvps_ring__x_tcp_end(kvps_ring__fam *f, int p, int how) {
     kvps_ring__peer *q = &f->peers[p];
-    if (q->tin >= 0) { close(q->tin); f->in_tcp--; }
-    q->tin = -1;
+    if (q->tfd >= 0) close(q->tfd);
+    if (q->topen) f->in_tcp--;
+    q->tfd = -1;
+    q->topen = q->twait = 0;
     q->tend = (unsigned char)how;
     q->tready = 0;
     q->rx_off = q->rx_len = 0;
@@ -1927,12 +1982,12 @@ static int kvps_ring__x_tcp_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zm
             if (got == 1) return kvps_ring__x_taken(f, p, &q->trd, h, payload);
             continue;
         }
-        if (q->tin < 0 || !q->tready) return 0;
+        if (!q->topen || !q->tready) return 0;
         ssize_t n;
         size_t want;
         if (q->trd.on && q->trd.len - q->trd.got >= KVPS_RING__TCP_RX) {
             want = (size_t)(q->trd.len - q->trd.got);
-            n = recv(q->tin, (char *)zmq_msg_data(&q->trd.m) + q->trd.got, want, MSG_DONTWAIT);
+            n = recv(q->tfd, (char *)zmq_msg_data(&q->trd.m) + q->trd.got, want, MSG_DONTWAIT);
             if (n > 0) {
                 q->trd.got += (uint64_t)n;
                 if ((size_t)n < want) q->tready = 0; /* (the kernel had no more) */
@@ -1943,7 +1998,7 @@ static int kvps_ring__x_tcp_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zm
         } else {
             if (!q->rx && !(q->rx = (unsigned char *)malloc(KVPS_RING__TCP_RX))) return 0;
             want = KVPS_RING__TCP_RX;
-            n = recv(q->tin, q->rx, want, MSG_DONTWAIT);
+            n = recv(q->tfd, q->rx, want, MSG_DONTWAIT);
             if (n > 0) {
                 q->rx_off = 0;
                 q->rx_len = (size_t)n;
@@ -1989,9 +2044,10 @@ static void kvps_ring__x_accept(kvps_ring__fam *f) {
         const char *why = NULL;
         int src = -1;
         if (e->got == KVPS_RING__TCP_AUTH) {
-            if (kvps_ring__tcp_auth_check(e->b, f->size, f->me, f->tok, &src, &why) == 0 &&
-                (f->peers[src].tin >= 0 || f->peers[src].tend))
-                why = "its rank is connected already";
+            if (kvps_ring__tcp_auth_check(e->b, f->size, f->me, f->tok, &src, &why) == 0) {
+                if (src < f->me) why = "its rank is one this rank connects to";
+                else if (f->peers[src].tfd >= 0 || f->peers[src].tend) why = "its rank is connected already";
+            }
         } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
             why = "it closed before it said who it is";
         } else if (kvps__now_ms() - e->since > f->timeout_ms) {
@@ -2005,9 +2061,10 @@ static void kvps_ring__x_accept(kvps_ring__fam *f) {
             close(e->fd);
         } else {
             kvps_ring__peer *q = &f->peers[src];
-            q->tin = e->fd;
-            q->tready = 1;
+            q->tfd = e->fd;
+            q->topen = q->tready = 1;
             f->in_tcp++;
+            if (q->twait) { q->twait = 0; q->out = 2; } /* (its hello came first: the route waited for this) */
         }
         *e = f->pend[--f->npend];
     }
@@ -2027,7 +2084,7 @@ static void kvps_ring__x_drain(kvps_ring__fam *f) {
     for (int p = 0; f->in_tcp > 0 && p < f->size; p++) { /* (a send waiting for room: every connection read) */
         kvps_ring__hdr h;
         zmq_msg_t pl;
-        f->peers[p].tready = f->peers[p].tin >= 0;
+        f->peers[p].tready = f->peers[p].topen;
         while (kvps_ring__x_tcp_take(f, p, &h, &pl)) {
             if (kvps_ring__fifo_put(&f->ready_tail, &h, &pl) != 0) break;
         }
@@ -2057,7 +2114,6 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
     for (int pass = 0; pass < 2; pass++) {
         if ((pass == 0) == direct_first) {
             if (f->in_tcp > 0 && !f->tpolled) kvps_ring__x_tcp_ready(f); /* (a caller that does not wait, as test does) */
-            f->tpolled = 0;
             for (int k = 0; f->in_shm + f->in_tcp > 0 && k < f->size; k++) {
                 int p = (f->rr + k) % f->size;
                 kvps_ring__peer *q = &f->peers[p];
@@ -2069,7 +2125,11 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
             }
             continue;
         }
-        if (router) kvps_ring__x_accept(f);
+        if (router && (f->in_shm + f->in_tcp < f->size - 1 || f->accept_due || (f->turn & 63) == 0)) {
+            f->accept_due = 0;
+            kvps_ring__x_accept(f);
+            kvps_ring__x_dial_progress(f);
+        }
         for (; router;) {
             zmq_msg_t fr[3];
             int extra, n = f->router ? kvps__recv_msg(f->router, fr, 3, &extra) : 0;
@@ -2088,6 +2148,7 @@ static int kvps_ring__x_recv1(kvps_ring__fam *f, kvps_ring__hdr *h, zmq_msg_t *p
             return 1;
         }
     }
+    f->tpolled = 0; /* (nothing: the next look polls the connections again, unless a wait does first) */
     return 0;
 }
 
@@ -2111,8 +2172,8 @@ static int kvps_ring__x_tcp_ready(kvps_ring__fam *f) {
     for (int p = 0; f->in_tcp > 0 && p < f->size; p++) {
         kvps_ring__peer *q = &f->peers[p];
         if (q->tready || q->rx_off < q->rx_len) any = 1;
-        else if (q->tin >= 0) {
-            f->pfds[n].fd = q->tin;
+        else if (q->topen) {
+            f->pfds[n].fd = q->tfd;
             f->pfds[n].events = POLLIN;
             f->pfds[n].revents = 0;
             f->item_peer[n++] = p;
@@ -2133,7 +2194,7 @@ static int kvps_ring__x_ready(kvps_ring__fam *f) {
     int n = 0;
     if (f->router) { it[n].socket = f->router; it[n].fd = 0; it[n].events = ZMQ_POLLIN; it[n++].revents = 0; }
     if (f->tcp_fd >= 0) { it[n].socket = NULL; it[n].fd = f->tcp_fd; it[n].events = ZMQ_POLLIN; it[n++].revents = 0; }
-    return n && zmq_poll(it, n, 0) > 0 ? (f->router_due = 1) : 0;
+    return n && zmq_poll(it, n, 0) > 0 ? (f->router_due = f->accept_due = 1) : 0;
 }
 
 /* One sleep of at most ms in zmq_poll over what can bring this rank something: the router, the
@@ -2150,8 +2211,11 @@ static int kvps_ring__x_poll(kvps_ring__fam *f, int64_t ms, int out_fd) {
     if (bell) KVPS_RING__ITEM(NULL, f->bell_rx, ZMQ_POLLIN, -1);
     if (f->tcp_fd >= 0) KVPS_RING__ITEM(NULL, f->tcp_fd, ZMQ_POLLIN, -1);
     for (int i = 0; i < f->npend; i++) KVPS_RING__ITEM(NULL, f->pend[i].fd, ZMQ_POLLIN, -1);
-    for (int p = 0; p < f->size; p++)
-        if (f->peers[p].tin >= 0) KVPS_RING__ITEM(NULL, f->peers[p].tin, ZMQ_POLLIN, p);
+    for (int p = 0; p < f->size; p++) {
+        const kvps_ring__peer *q = &f->peers[p];
+        if (q->topen) KVPS_RING__ITEM(NULL, q->tfd, ZMQ_POLLIN, p);
+        else if (q->tdial && q->twait) KVPS_RING__ITEM(NULL, q->tfd, ZMQ_POLLOUT, -2); /* (its connect completes) */
+    }
     if (out_fd >= 0) KVPS_RING__ITEM(NULL, out_fd, ZMQ_POLLOUT, -1);
 #undef KVPS_RING__ITEM
     kvps_ring__shm_head *hd = bell ? (kvps_ring__shm_head *)(void *)f->shm : NULL;
@@ -2170,7 +2234,9 @@ static int kvps_ring__x_poll(kvps_ring__fam *f, int64_t ms, int out_fd) {
     for (int i = 0; i < n; i++)
         if (it[i].revents & ZMQ_POLLIN) {
             if (f->item_peer[i] >= 0) f->peers[f->item_peer[i]].tready = 1;
-            else f->router_due = 1;
+            else f->router_due = f->accept_due = 1;
+        } else if (it[i].revents && f->item_peer[i] == -2) {
+            f->router_due = f->accept_due = 1;
         }
     return 0;
 }
@@ -2216,21 +2282,33 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
             __builtin_ia32_pause();
 #endif
         }
-    f->router_due = 1; /* (a real wait: the next read looks at the router too) */
     int64_t spin_end = kvps__now_us() + KVPS_RING__SPIN_US;
     /* every peer through shared memory or its own connection: the router, rarely used, is
-       looked at every 4th yield */
+       looked at every 4th look */
     int direct = f->in_shm + f->in_tcp == f->size - 1;
-    for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
-        sched_yield();
-        if (direct && (spin & 3) != 3 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
-            return KVPS_OK;
+    if (f->local <= f->cpus) { /* a CPU for every rank here: looks without yields (as MPI's progress loop) */
+        for (int spin = 0; kvps__now_us() < spin_end; spin++) {
+            if (direct && (spin & 63) != 63 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
+                return KVPS_OK;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+    } else {
+        for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
+            sched_yield();
+            if (direct && (spin & 63) != 63 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
+                return KVPS_OK;
+        }
     }
     kvps_ring__x_maybe_unlink(f);
-    if (f->in_shm == f->size - 1) kvps_ring__x_sleep(f, left < 100 ? left : 100, NULL, 0);
-    else if (f->in_shm > 0 && f->bell_rx < 0) { /* no doorbell: 1 ms turns between zmq_poll and the futex */
+    if (f->in_shm == f->size - 1) {
+        kvps_ring__x_sleep(f, left < 100 ? left : 100, NULL, 0);
+        f->router_due = 1; /* (the router was not watched in that sleep: the next read looks at it) */
+    } else if (f->in_shm > 0 && f->bell_rx < 0) { /* no doorbell: 1 ms turns between zmq_poll and the futex */
         if (kvps_ring__x_poll(f, left < 1 ? left : 1, -1) != 0) return KVPS_ERR_ZMQ;
         if (!kvps_ring__x_ready(f)) kvps_ring__x_sleep(f, 1, NULL, 0);
+        f->router_due = 1;
     } else if (kvps_ring__x_poll(f, left < 100 ? left : 100, -1) != 0) {
         return KVPS_ERR_ZMQ;
     }
@@ -2242,7 +2320,7 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
    killed (looked at once per 100 ms at most). NULL while it is not known to be. */
 static const char *kvps_ring__x_gone(kvps_ring__fam *f, int p, char *buf, size_t cap) {
     kvps_ring__peer *q = &f->peers[p];
-    if (q->tend && q->tin < 0) {
+    if (q->tend && !q->topen) {
         snprintf(buf, cap, "(process %d at %s) %s", (int)q->pid, q->thost,
                  q->tend == 1   ? "closed its connection to this rank: it ended or died"
                  : q->tend == 2 ? "reset its connection to this rank: it died or its network failed"
@@ -2283,8 +2361,6 @@ static void kvps_ring__x_close(kvps_ring__fam *f) {
     f->in_shm = 0;
     for (int p = 0; p < f->size; p++) { /* (what this rank sent is in the kernel's hands: close delivers it) */
         kvps_ring__peer *q = &f->peers[p];
-        if (q->tout >= 0) close(q->tout);
-        q->tout = -1;
         kvps_ring__x_tcp_end(f, p, 0);
         free(q->rx);
         q->rx = NULL;
@@ -2374,48 +2450,47 @@ static void kvps_ring__deliver(kvps_ring *t, const kvps_ring__hdr *h, zmq_msg_t 
 /* Waits until rank p of the family's first ring has said hello, reading meanwhile (what comes
    is kept for the rings it is for; control messages are handled as they are read, so the hello
    is looked for after every read): KVPS_OK, KVPS_ERR_TIMEOUT when dl passes, KVPS_ERR_ZMQ. */
-static kvps_result kvps_ring__x_await_hello(kvps_ring *r, int p, int64_t dl) {
-    while (!r->fam->peers[p].hello) {
+static kvps_result kvps_ring__x_await(kvps_ring *r, int p, int64_t dl, int conn) {
+    kvps_ring__peer *q = &r->fam->peers[p];
+    while (conn ? q->twait : !q->hello) {
         kvps_ring__hdr m;
         zmq_msg_t pl;
+        if (conn) kvps_ring__x_dial_progress(r->fam);
         if (kvps_ring__read(r, &m, &pl)) { kvps_ring__deliver(r, &m, &pl); continue; }
-        if (r->fam->peers[p].hello) break;
+        if (conn ? !q->twait : q->hello) break;
         int64_t left = dl - kvps__now_ms();
         if (left <= 0) return KVPS_ERR_TIMEOUT;
         if (kvps_ring__x_wait(r->fam, left) != KVPS_OK) return KVPS_ERR_ZMQ;
     }
     return KVPS_OK;
 }
+static kvps_result kvps_ring__x_await_hello(kvps_ring *r, int p, int64_t dl) { return kvps_ring__x_await(r, p, dl, 0); }
 
 static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
-    kvps_ring__peer *q = &r->fam->peers[r->root_rank[dst]];
+    int p = r->root_rank[dst];
+    kvps_ring__peer *q = &r->fam->peers[p];
     if (!kvps_ring__dealer(r, dst)) return 0;
     int64_t dl = h->abort ? kvps__now_ms() + 200 : h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
-    if (q->out == 2 && !q->tdialled) { /* the connection completes (the kernel's, not the peer's, work) before the first message */
-        int d;
-        do d = kvps_ring__tcp_dialled(q->tout, 10);
-        while (d == 1 && kvps__now_ms() < dl);
-        if (d == 0) q->tdialled = 1;
-        else { /* nothing has gone over it: ZeroMQ instead, in order */
-            kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", r->fam->me,
-                      r->root_rank[dst], q->thost, (unsigned)q->tport, d < 0 ? strerror(errno) : "it took too long");
-            close(q->tout);
-            q->tout = -1;
-            q->out = 0;
-        }
+    kvps_result rc = KVPS_OK;
+    if (!q->hello && !h->abort) {
+        rc = kvps_ring__x_await(r, p, dl, 0);
+        if (rc == KVPS_ERR_TIMEOUT)
+            return kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d's hello (the first message of "
+                                   "a rank that connects) to send it a message: it never connected", r->rank,
+                                   r->desc.timeout_ms, dst), -1;
     }
-    if (q->hello || h->abort) return q->out;
-    kvps_result rc = kvps_ring__x_await_hello(r, r->root_rank[dst], dl);
-    if (rc == KVPS_ERR_TIMEOUT)
-        kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d's hello (the first message of a rank "
-                        "that connects) to send it a message: it never connected", r->rank, r->desc.timeout_ms, dst);
-    else if (rc != KVPS_OK)
-        kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno()));
-    return rc == KVPS_OK ? kvps_ring__x_route(r, dst, h) : -1; /* (and its connection, if any, made) */
+    if (rc == KVPS_OK && q->twait && !h->abort) { /* the pair's connection first (an abort notice goes over ZeroMQ) */
+        rc = kvps_ring__x_await(r, p, dl, 1);
+        if (rc == KVPS_ERR_TIMEOUT)
+            return kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d to connect to this rank's data "
+                                   "port %u (TCP) to send it a message", r->rank, r->desc.timeout_ms, dst,
+                                   (unsigned)r->fam->tcp_port), -1;
+    }
+    if (rc != KVPS_OK) return kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno())), -1;
+    return q->twait ? 0 : q->out;
 }
 
-/* Sends [h][data] to root rank p over this rank's connection to it (its preamble first if it
-   has not gone yet): with non-blocking writes, reading this rank's own connections and queues
+/* Sends [h][data] to root rank p over the pair's connection: with non-blocking writes, reading this rank's own connections and queues
    whenever the kernel has no room, so that two ranks sending to each other never wait on each
    other. 0 sent (in the kernel's hands: the caller may reuse data); 1 deadline passed; 2 the
    connection failed (*err: errno). */
@@ -2427,13 +2502,10 @@ static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
     memcpy(pre, &len, 8);
     memcpy(pre + 8, h, sizeof *h);
     size_t done = 0, total = sizeof pre + bytes;
-    while (q->tauth_left || done < total) {
-        struct iovec iov[3];
+    while (done < total) {
+        struct iovec iov[2];
         int n = 0;
-        if (q->tauth_left) {
-            iov[n].iov_base = q->tauth + KVPS_RING__TCP_AUTH - q->tauth_left;
-            iov[n++].iov_len = q->tauth_left;
-        }
+        if (!q->topen) { *err = q->tend == 2 ? ECONNRESET : EPIPE; return 2; } /* (closed as it was read) */
         if (done < sizeof pre) {
             iov[n].iov_base = pre + done;
             iov[n++].iov_len = sizeof pre - done;
@@ -2447,11 +2519,9 @@ static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
         memset(&mh, 0, sizeof mh);
         mh.msg_iov = iov;
         mh.msg_iovlen = (size_t)n;
-        ssize_t w = sendmsg(q->tout, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = sendmsg(q->tfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
-            size_t a = (size_t)w < q->tauth_left ? (size_t)w : q->tauth_left;
-            q->tauth_left -= a;
-            done += (size_t)w - a;
+            done += (size_t)w;
             continue;
         }
         if (w < 0 && errno == EINTR) continue;
@@ -2459,7 +2529,7 @@ static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
         kvps_ring__x_drain(f);
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) return 1;
-        if (kvps_ring__x_poll(f, left < 10 ? left : 10, q->tout) != 0) { *err = EIO; return 2; }
+        if (kvps_ring__x_poll(f, left < 10 ? left : 10, q->topen ? q->tfd : -1) != 0) { *err = EIO; return 2; }
     }
     return 0;
 }
@@ -4397,10 +4467,12 @@ static kvps_result kvps_ring__p2p_send_now(kvps_ring *r, kvps_ring__p2p *q) {
         return KVPS_ERR_NOMEM;
     }
     kvps_result rc = kvps_ring__p2p_post(r, q->peer, &h, &m);
-    if (rc != KVPS_OK) {
-        char call[96];
-        kvps_ring__p2p_end(q, rc, "rank %d: %s: %s", r->rank, kvps_ring__p2p_call_text(q, call, sizeof call),
-                           rc == KVPS_ERR_PEER ? "no connection (the peer is gone)" : kvps_result_str(rc));
+    if (rc != KVPS_OK) { /* in the words the transport recorded, when it did (a dead peer named) */
+        char call[96], mine[24];
+        snprintf(mine, sizeof mine, "rank %d: ", r->rank);
+        const char *why = rc == KVPS_ERR_PEER ? "no connection (the peer is gone)" : r->errmsg[0] ? r->errmsg : kvps_result_str(rc);
+        if (strncmp(why, mine, strlen(mine)) == 0) why += strlen(mine);
+        kvps_ring__p2p_end(q, rc, "rank %d: %s: %s", r->rank, kvps_ring__p2p_call_text(q, call, sizeof call), why);
         return rc;
     }
     if (!sync) kvps_ring__p2p_end(q, KVPS_OK, NULL);
@@ -4806,7 +4878,7 @@ static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     f->me = me;
     f->ready_tail = &f->ready;
     f->bell_rx = f->bell_tx = f->tcp_fd = -1;
-    for (int i = 0; i < size; i++) f->peers[i].tout = f->peers[i].tin = -1;
+    for (int i = 0; i < size; i++) f->peers[i].tfd = -1;
     f->items = (zmq_pollitem_t *)calloc((size_t)size + 4 + KVPS_RING__TCP_PEND, sizeof *f->items);
     f->item_peer = (int *)calloc((size_t)size + 4 + KVPS_RING__TCP_PEND, sizeof *f->item_peer);
     f->pfds = (struct pollfd *)calloc((size_t)size, sizeof *f->pfds);

@@ -1,12 +1,16 @@
 /* bench_p2p - kvps_ring_send / recv between 2 processes on loopback, next to raw ZeroMQ (a PAIR
    socket pair doing the same) and OpenMPI's MPI_Send / MPI_Recv over TCP, measured in the same run.
 
-   usage: bench_p2p [--repeat R] [--time S] [--mpi PATH | --no-mpi] [--quick]
+   usage: bench_p2p [--repeat R] [--time S] [--mpi PATH | --no-mpi] [--kvps tcp|shm|zmq] [--quick]
 
    Latency: ping-pong, half the round trip, sizes 8 B .. 64 KiB. Bandwidth: streaming, sizes
    1 MiB .. 64 MiB: the receiver posts a window of W receives (W = 8, fewer where 8 x size would
    pass 64 MiB), the sender posts W sends, both wait for all, then the receiver answers 1 byte;
    MB/s = W x size / time of that. Both as OSU's osu_latency and osu_bw do.
+
+   --kvps: the transport kvps's ring uses between the two processes (kvps_ring.h section 10):
+   tcp (default: .shm = -1, its own TCP connections, as MPI's TCP here), shm (shared memory, as
+   on one host by default), zmq (.shm = -1, .tcp = -1: ZeroMQ, as before issue 30).
 
    Each of the three (kvps, zmq, mpi) runs as 2 fresh processes (fork; mpirun for MPI), rank 0
    and rank 1, over tcp://127.0.0.1 (kvps: a 2-rank ring on ephemeral ports, endpoints swapped
@@ -103,9 +107,13 @@ static void zq_waitall(void *c) {
 /* Runs `fn` as ranks 0 and 1 (fork); rank 0's result lines come back through a pipe into out. */
 typedef void (*rank_fn)(int rank, int up, int down, int res, const p2p_cfg *cfg);
 
+static const char *g_kvps = "tcp"; /* --kvps */
+
 static void kv_rank(int rank, int up, int down, int res, const p2p_cfg *cfg) {
     kv_ctx k = {0};
-    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = 2, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000}, &k.r) != KVPS_OK)
+    int shm = strcmp(g_kvps, "shm") == 0 ? 1 : -1, tcp = strcmp(g_kvps, "zmq") == 0 ? -1 : 1;
+    if (kvps_ring_create(&(kvps_ring_desc){.rank = rank, .size = 2, .bind = "tcp://127.0.0.1:*", .timeout_ms = 120000,
+                                           .shm = shm, .tcp = tcp}, &k.r) != KVPS_OK)
         die("kvps_ring_create", "failed");
     if (write_str(up, kvps_ring_endpoint(k.r)) != 0) die("pipe", "write");
     char *peers = read_str(down);
@@ -264,10 +272,13 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--time") == 0 && i + 1 < argc) cfg.time_s = atof(argv[++i]);
         else if (strcmp(argv[i], "--quick") == 0) p2p_cfg_quick(&cfg);
+        else if (strcmp(argv[i], "--kvps") == 0 && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "tcp") || !strcmp(argv[i + 1], "shm") || !strcmp(argv[i + 1], "zmq")))
+            g_kvps = argv[++i];
         else if (strcmp(argv[i], "--no-mpi") == 0) want_mpi = 0;
         else if (strcmp(argv[i], "--mpi") == 0 && i + 1 < argc) { want_mpi = 1; snprintf(mpi_prog, sizeof mpi_prog, "%s", argv[++i]); }
         else {
-            fprintf(stderr, "usage: bench_p2p [--repeat R] [--time S] [--mpi PATH | --no-mpi] [--quick]\n");
+            fprintf(stderr, "usage: bench_p2p [--repeat R] [--time S] [--mpi PATH | --no-mpi] [--kvps tcp|shm|zmq] [--quick]\n");
             return 2;
         }
     }
@@ -279,6 +290,7 @@ int main(int argc, char **argv) {
     printf("# bench_p2p: 2 processes on tcp://127.0.0.1, %ld CPUs online, %d repeats, %.2f s per size; int32 elements\n", ncpu,
            reps, cfg.time_s);
     printf("# MPI peer: %s\n", mpi ? mpi_prog : want_mpi == 0 ? "not run (--no-mpi)" : "not run (mpirun or mpi_p2p not found)");
+    printf("# kvps transport: %s (--kvps)\n", g_kvps);
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
         run_pair(kv_rank, &cfg, LAT[KV][r], BW[KV][r]);

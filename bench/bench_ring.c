@@ -3,14 +3,14 @@
 
    usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]
                      [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]
-                     [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1]
+                     [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1] [--tcp 0|1]
                      [--mpi [PATH] | --no-mpi] [--mpi-btl tcp|default|both] [--quick] [--csv]
 
    Ranks are separate processes on one machine (fork; each makes its ZeroMQ context after the
    fork). --shm 1 (the default) sets KVPS_RING_SHM=1 in every rank: kvps_ring carries the data
    between ranks of one host through shared memory (ZeroMQ still connects them); --shm 0 sets
-   KVPS_RING_SHM=0: every peer over ZeroMQ on tcp://127.0.0.1, as before the shared-memory
-   transport. After its first collective (the barrier before anything is timed) rank 0 asks
+   KVPS_RING_SHM=0: every peer over the ring's own TCP connections on 127.0.0.1 (--tcp 0 sets
+   KVPS_RING_TCP=0: over ZeroMQ, as before issue 30). After its first collective (the barrier before anything is timed) rank 0 asks
    kvps_ring_transport for every peer on every ring and sends the answer to the parent, which
    prints it ("kvps transport: shm", or zmq, or each peer's where they differ) above the
    rank count's tables, and in the CSV as a '#' line. Each rank creates its ring with
@@ -95,7 +95,7 @@ static const coll_info colls[] = {
 };
 enum { NCOLLS = sizeof colls / sizeof colls[0] };
 
-static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct"};
+static const char *algo_names[] = {"auto", "ring", "biring", "rd", "hier", "rhd", "direct", "oneshot"};
 
 static double bus_factor(int busf, int n) {
     return busf == 2 ? 2.0 * (n - 1) / n : busf == 1 ? (double)(n - 1) / n : 1.0;
@@ -125,7 +125,8 @@ typedef struct config {
     double target;
     int inplace, csv, io_threads, io_cpus_none;
     int groups; /* --groups Q: ranks r / Q form a group (.groups, for HIER); 0: none */
-    int shm;    /* --shm: KVPS_RING_SHM for the ranks (1 default, 0: every peer over ZeroMQ) */
+    int shm;    /* --shm: KVPS_RING_SHM for the ranks (1 default, 0: every peer over TCP or ZeroMQ) */
+    int tcp;    /* --tcp: KVPS_RING_TCP for the ranks (1 default: the ring's own connections; 0: ZeroMQ) */
     int mpi_shm, mpi_tcp; /* --mpi-btl: which MPI peers run (default both) */
 } config;
 
@@ -303,6 +304,7 @@ static void rank_main(const config *cf, int rank, int n, int up, int down) {
     c.n = n;
     /* before any ring is made: kvps_ring_create reads it (.shm left 0 defers to it) */
     if (setenv("KVPS_RING_SHM", cf->shm ? "1" : "0", 1) != 0) die("setenv", strerror(errno));
+    if (setenv("KVPS_RING_TCP", cf->tcp ? "1" : "0", 1) != 0) die("setenv", strerror(errno));
     /* One context for every ring, so the rings of all chunk sizes share the I/O thread(s) as one
        ring would: only one is busy at a time. */
     c.zctx = zmq_ctx_new();
@@ -729,7 +731,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: bench_ring [--ranks 2,4,8] [--sizes 4K:64M[:4] | --sizes B,B,...] [--coll LIST]\n"
             "                  [--algo auto,ring,biring,rd,rhd,hier] [--chunk 256K,...] [--time S] [--inplace]\n"
-            "                  [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1]\n"
+            "                  [--io-threads N] [--io-cpus rank|none] [--groups Q] [--shm 0|1] [--tcp 0|1]\n"
             "                  [--mpi [PATH] | --no-mpi] [--mpi-btl tcp|default|both] [--quick] [--csv]\n"
             "  --ranks   rank counts (processes), each 2..%d\n"
             "  --sizes   MIN:MAX[:FACTOR] (default 4K:64M:4) or a list; K/M suffixes are 1024-based\n"
@@ -743,7 +745,9 @@ static void usage(void) {
             "  --io-cpus  rank (default): rank r's I/O thread(s) on CPU r mod CPUs allowed (kvps_zmq_ctx_pin);\n"
             "             none: the OS places every thread\n"
             "  --shm 0|1 KVPS_RING_SHM for the kvps ranks: 1 (default) shared memory between them, 0 every peer\n"
-            "            over ZeroMQ/TCP; the transport used is printed (kvps_ring_transport)\n"
+            "            over TCP; the transport used is printed (kvps_ring_transport)\n"
+            "  --tcp 0|1 KVPS_RING_TCP for the kvps ranks: 1 (default) the ring's own TCP connections where shared\n"
+            "            memory does not carry the data, 0 ZeroMQ there\n"
             "  --mpi     run the OpenMPI peer (PATH: mpi_allreduce binary; default next to this program,\n"
             "            run when found); --no-mpi skips it\n"
             "  --mpi-btl tcp: MPI(tcp) (btl tcp,self on lo) and MPI(tcp,ring); default: MPI(shm), OpenMPI's\n"
@@ -845,6 +849,7 @@ int main(int argc, char **argv) {
     memset(&cf, 0, sizeof cf);
     cf.target = 0.3;
     cf.shm = 1;
+    cf.tcp = 1;
     cf.mpi_shm = cf.mpi_tcp = 1;
     int quick = 0, want_mpi = -1; /* -1: when found */
     for (int i = 1; i < argc; i++) {
@@ -881,6 +886,10 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--shm") == 0) {
             if (strcmp(v, "0") && strcmp(v, "1")) usage();
             cf.shm = v[0] == '1';
+            i++;
+        } else if (strcmp(a, "--tcp") == 0) {
+            if (strcmp(v, "0") && strcmp(v, "1")) usage();
+            cf.tcp = v[0] == '1';
             i++;
         } else if (strcmp(a, "--mpi-btl") == 0) {
             if (strcmp(v, "tcp") && strcmp(v, "default") && strcmp(v, "both")) usage();
@@ -927,8 +936,9 @@ int main(int argc, char **argv) {
                cf.mpi_shm && cf.mpi_tcp ? "its default transport, shared memory, and TCP"
                : cf.mpi_shm             ? "its default transport, shared memory"
                                         : "over TCP");
-        printf("# ranks are processes on one host, connected on tcp://127.0.0.1; --shm %d: KVPS_RING_SHM=%d, %s\n", cf.shm,
-               cf.shm, cf.shm ? "data between them through shared memory where kvps_ring accepts it" : "every peer over ZeroMQ/TCP");
+        printf("# ranks are processes on one host, connected on tcp://127.0.0.1; --shm %d --tcp %d: %s\n", cf.shm, cf.tcp,
+               cf.shm ? "data between them through shared memory where kvps_ring accepts it"
+               : cf.tcp ? "every peer over the ring's own TCP connections" : "every peer over ZeroMQ");
         printf("# libzmq %d.%d.%d, %d I/O thread(s) per rank, %s; %ld CPUs%s\n", major, minor, patch,
                cf.io_threads ? cf.io_threads : 1,
                cf.io_cpus_none ? "placed by the OS (--io-cpus none)" : "pinned to CPU rank mod CPUs allowed (--io-cpus rank)",
