@@ -1,5 +1,5 @@
 /* kvps_ring.h - v0.1 - collectives and point-to-point among equal peers: shared memory on one host,
-   ZeroMQ between hosts - MIT licence
+   its own TCP connections between hosts (ZeroMQ for the rest) - MIT licence
 
    Do this:
        #define KVPS_IMPLEMENTATION
@@ -18,7 +18,7 @@
      7. Point-to-point: send, recv, isend, irecv
      8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
      9. Sub-rings: kvps_ring_split
-    10. Transports: shared memory on one host, ZeroMQ between hosts
+    10. Transports: shared memory on one host, the ring's own TCP connections between hosts
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -82,6 +82,11 @@
              doubling, pieces of chunk_bytes. The same bytes per rank as RING in 2 log2(n)
              exchanges instead of 2(n-1). Needs a power-of-two size (else RING runs) and no
              16-bit wire (else RING runs).
+     ONESHOT every rank sends its whole buffer to every other at once and reduces the k buffers in
+             rank order (the same bits everywhere): one message's latency where RD takes log2(n),
+             for n - 1 times the bytes. Never chosen by AUTO: on this machine's loopback (2 vCPUs)
+             RD was as fast or faster at every size and rank count measured (BENCHMARKS.md, issue
+             30); a forced choice where latency costs more than bytes. A 16-bit wire runs RD.
      DIRECT  every rank on one host, each allowed to read the others' memory (section 10): each
              rank reduces its 1/n block of the result straight from its peers' input buffers
              (process_vm_readv, 64 KiB pieces summed over the peers in rank order while in
@@ -89,17 +94,22 @@
              crosses once, where a ring step copies it into a queue and out. Three rounds of
              small messages order the reads. Where it cannot run, RING runs.
    AUTO: all-reduce uses DIRECT from 1 MiB with 3 ranks or more where it can run (with 2 ranks
-   the pipelined ring measured as fast or faster: BENCHMARKS.md, shared memory), else RD up to .small_bytes (default 512 KiB: on loopback RD wins up to 512
-   KiB at 2, 4 and 8 ranks, the ring from 1 MiB; see BENCHMARKS.md), then HIER when .groups
-   names more than one group with more than one rank, else RHD for 4, 8, 16... ranks up to 16
+   the pipelined ring measured as fast or faster: BENCHMARKS.md, shared memory), else HIER at
+   every size when .groups (given, or one per host: section 10) names more than one group with
+   more than one rank (2 hosts x 2 ranks on links of 1 Gbit/s: HIER 1.01-1.66x OpenMPI from 4
+   KiB to 256 KiB where RD was 0.50x at 64 KiB, each host's ranks sending the same bytes over
+   one link; BENCHMARKS.md, issue 30), else RD up to .small_bytes (default 512 KiB: on loopback
+   RD wins up to 512 KiB at 2, 4 and 8 ranks, the ring from 1 MiB; re-measured over the ring's
+   own TCP connections, issue 30), else RHD for 4, 8, 16... ranks up to 16
    MiB (measured on loopback with 4 and 8 ranks, six runs: 0.97-1.39x RING's busbw at 1-4 MB,
    0.89-1.11x at 16 MB, 0.93-1.05x at 64 MB), else RING. Broadcast and reduce use
    binomial trees for small messages and a pipelined chain or reduce-scatter + gather for large
    ones. An out-of-place ring all-reduce reads send directly: the input is never copied first.
 
    4. WIRE FORMAT
-   (Between ranks on one host the messages below go through shared memory instead, framed
-   [u64 length][header][payload]: section 10.)
+   (Between ranks on one host the messages below go through shared memory instead, and between
+   hosts over the ring's own TCP connections, both framed [u64 length][header][payload]: section
+   10. What follows is the ZeroMQ transport, which remains where those do not reach.)
    Every rank binds one ROUTER and connects one DEALER to each peer, so each direction between
    two ranks has its own TCP connection (one connection carrying bulk data both ways runs at
    about half rate through a shaped link). Sub-rings (section 9) use the same sockets.
@@ -132,7 +142,9 @@
    Transport messages (section 10) carry coll = 0x51, ring 0 and src the sender's rank in the
    first ring, and never reach a ring: op 1 HELLO, the first message on every connection
    (payload: version, ring size, pid, queue size, host identity, segment name, user, whether its
-   memory may be read), op 3 NOSHM (the sender cannot use the segment the hello offered).
+   memory may be read, data port, the token the receiver must show), op 3 NOSHM (the sender
+   cannot use the segment the hello offered), op 4 NOTCP (the higher rank of a pair will not
+   connect to the lower's data port).
 
    5. OWNERSHIP, THREADS, ERRORS
    Buffers (and a v-collective's counts and displs) are borrowed until the call returns
@@ -267,17 +279,19 @@
    ranks after the colon are the sub-ring's. A failure breaks the sub-ring; when it had to close
    the sockets (section 5) it breaks the whole family.
 
-   10. TRANSPORTS: SHARED MEMORY ON ONE HOST, ZEROMQ BETWEEN HOSTS
+   10. TRANSPORTS: SHARED MEMORY ON ONE HOST, THE RING'S OWN TCP CONNECTIONS BETWEEN HOSTS
    Every rank binds and connects its ZeroMQ sockets as in section 4 and, at connect, sends every
-   peer a hello: its host, process and shared-memory segment. A host is what the kernel keeps
+   peer a hello: its host, process, shared-memory segment, data port and a token for that peer. A host is what the kernel keeps
    apart: the boot, the network, IPC and PID namespaces and /dev/shm's file system, so two
    containers or two network namespaces of one machine are two hosts ($KVPS_RING_HOST_ID, added
    to the identity, splits one further: for tests). A rank sends a peer nothing before it has
    read that peer's hello (the first message on every connection; it waits for it within the
    call's deadline), and decides then, once: a peer on this host whose segment it could map gets
-   everything through shared memory, any other peer everything over ZeroMQ, so nothing one rank
-   sends can overtake another of its messages. kvps_ring_transport(r, rank) says which: "shm" or
-   "zmq" (every hello has been read by the end of the ring's first collective).
+   everything through shared memory, any other peer everything over the pair's own TCP
+   connection (below), or over ZeroMQ where there is none; so nothing one rank sends can overtake
+   another of its messages. kvps_ring_transport(r, rank) says which: "shm", "tcp" or "zmq" (every
+   hello has been read by the end of the ring's first collective). ZeroMQ stays for the hellos,
+   rendezvous and what the other transports do not carry.
    Segments. Each rank makes one in /dev/shm at connect (/kvps-ring-PID-..., mode 0600, sparse):
    a page with its futex word, and a queue per rank of the ring: a control page and 1 MiB + 4 KiB
    (256 KiB above 8 ranks; no shared memory above 1024) used as one writer's byte stream of
@@ -315,8 +329,42 @@
    where the ranks span hosts and some share one, AUTO runs HIER past .small_bytes: each host
    reduces over shared memory, one leader per host all-reduces over the network, and each host
    broadcasts the result back (tests/test_ring_netns.sh: 2 network namespaces x 2 ranks).
-   Off: .shm = -1 or KVPS_RING_SHM=0 (every peer over ZeroMQ, DIRECT off); on other systems than
-   Linux every peer is over ZeroMQ.
+   TCP. Through ZeroMQ every message crossed two I/O threads (the sender's and the receiver's)
+   and woke the receiving rank: 50-70 us one way on these machines. So each rank also listens on
+   a data port (the address its ZeroMQ socket is bound to, a port the kernel picks, named in its
+   hello), and each pair of ranks not joined by shared memory gets one TCP connection
+   (TCP_NODELAY), made by the higher rank of the two when it reads the lower's hello; both ranks
+   write and read it themselves with non-blocking calls (one connection for both directions: with
+   one per direction every small message cost a bare ACK each way, 8-10 us half round trips
+   instead of 5-6). A send writes what the kernel takes and, when it takes no more, reads this
+   rank's connections and queues meanwhile (two ranks sending each other large messages never wait
+   on each other); it returns once the kernel has the message, so the caller may reuse its buffer.
+   A waiting rank polls its connections (without yields when every rank of this machine has a CPU of
+   its own, as MPI's progress loop does; else with yields, as above) for up to 200 us, then sleeps
+   in one zmq_poll over the connections, the ZeroMQ socket and the doorbell. Payloads longer than
+   4 KiB are read straight into their message. The same connection serves every sub-ring.
+   Who may connect. A connection's first 32 bytes must be a preamble: magic, version, ring size,
+   the sender's rank and the token this rank sent that rank in its hello (16 random bytes per peer,
+   sent over ZeroMQ to the endpoint the job named for it); until it has been checked (in constant
+   time) nothing else the connection sent is read. A connection with a wrong preamble, a second
+   one for a rank, one from a rank this rank dials, one that closes or says nothing for
+   .timeout_ms is closed with one warning naming its address and why ("ring 0: refused a
+   connection to its data port from 10.0.0.9:51234: a wrong token (not this job, or a stale
+   one)"). The address a rank dials is the one the job's peer list names; only its port comes from
+   the hello. Frames are decoded as shared memory's are (kvps_ring__frame_take: the magic and the
+   length checked before anything is allocated; the sender checked against the connection's
+   rank); a malformed stream closes the connection, naming its rank (tests/fuzz/fuzz_tcp.c fuzzes
+   the preamble and the frames cut anywhere). The ring has no encryption (CURVE is the parameter
+   server's): on an untrusted network keep the ring on a private one.
+   Faults. A peer whose connection ends (closed, reset) after every byte it sent was read is named
+   at once where a rank waits for it: "rank 2 (process 4242 at 10.0.0.3) closed its connection to
+   this rank: it ended or died while this rank waited for it in allreduce of ..."; a send that
+   fails says "its connection failed (Connection reset by peer)"; KVPS_ERR_PEER_LOST. A dialler
+   that cannot connect (refused, or not within .timeout_ms) falls back to ZeroMQ for that pair and
+   tells the other (NOTCP), before anything went over the connection.
+   Off: .shm = -1 or KVPS_RING_SHM=0 (no shared memory, DIRECT off), .tcp = -1 or KVPS_RING_TCP=0
+   (no TCP connections: ZeroMQ), and ipc:// or inproc:// endpoints have no TCP; on other systems
+   than Linux there is no shared memory.
 */
 #ifndef KVPS__CORE_ZMQ
 #define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
@@ -512,13 +560,16 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
 /* ============================================================================================ */
 #if defined(KVPS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)
 /* Sections (grep "// >>name"), lowest layer first:
-     shm          shared memory between ranks on one host: segments, byte queues and their one
-                  reader, futex bells, liveness, process_vm_readv, the host's identity
+     shm          shared memory between ranks on one host: segments, byte queues, the one frame
+                  decoder (queues and connections), futex bells, liveness, process_vm_readv, the
+                  host's identity
+     tcp          the ring's own TCP connections: sockets, the preamble and its check
      types        the wire header, stashed pieces, the zero-copy block, posted jobs, the
                   collectives' row, the family (what a ring and its sub-rings share), the ring
      timeline     a collective and its phases in the rank's timeline (kvps_core.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
-     transport    the transports (hellos; a peer's queue or ZeroMQ; waiting on both; liveness),
+     transport    the transports (hellos; a peer's queue, the pair's connection or ZeroMQ; waiting
+                  on all; liveness),
                   then frames to and from peers: send, receive (stash, mismatch, abort),
                   zero-copy; p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
@@ -990,7 +1041,8 @@ enum {
     KVPS_RING__TCP_MAGIC = 0x5450564Bu, /* "KVPT" */
     KVPS_RING__TCP_VERSION = 1,
     KVPS_RING__TCP_AUTH = 32,           /* the preamble's bytes */
-    KVPS_RING__TCP_RX = 65536,          /* a connection's read buffer; a longer payload is read straight into its message */
+    KVPS_RING__TCP_RX = 16384,          /* a connection's read buffer (small messages: several per read) */
+    KVPS_RING__TCP_DIRECT = 4096,       /* the rest of a payload at least this long is read straight into its message */
     KVPS_RING__TCP_PEND = 32            /* connections accepted and not yet proven, at most */
 };
 
@@ -1323,8 +1375,9 @@ typedef struct kvps_ring__fam {
     int in_tcp, npend;
     int tpolled;                /* the connections were polled since a read last found nothing (kvps_ring__x_recv1) */
     int accept_due;             /* the data port or a connection not proven yet has news (a poll said so) */
-    int local, cpus;            /* ranks on this host (hellos read so far, this one too), CPUs this process may use:
-                                   local <= cpus, a waiting rank polls without giving its CPU away (kvps_ring__x_wait) */
+    int local, cpus;            /* ranks on this machine (its boot: hellos read so far, this one too), CPUs this
+                                   process may use: local <= cpus, a waiting rank polls without giving its CPU
+                                   away (kvps_ring__x_wait) */
     struct kvps_ring__pend {
         int fd;
         size_t got;
@@ -1865,8 +1918,10 @@ static void kvps_ring__x_on_hello(kvps_ring__fam *f, int src, zmq_msg_t *pl) {
     p->cma = 0;
     p->tport = hl.tport;
     memcpy(p->tok_out, hl.token, 16);
+    size_t boot = strcspn(f->host, " "); /* (the boot id: another network namespace or container of this machine
+                                            shares its CPUs) */
+    if (f->host[0] && strncmp(hl.host, f->host, boot) == 0 && hl.host[boot] == ' ') f->local++;
     if (!p->same) { kvps_ring__x_tcp_route(f, src); return; }
-    f->local++;
     if (f->shm) { p->in = 1; f->in_shm++; }
     const char *why = "this rank has no segment";
     int ok = f->shm && hl.seg[0] && hl.cap == f->shm_cap && strncmp(hl.seg, "/kvps-ring-", 11) == 0 && !strchr(hl.seg + 1, '/') &&
@@ -1961,8 +2016,8 @@ static void kvps_ring__x_tcp_end(kvps_ring__fam *f, int p, int how) {
 }
 
 /* One message from rank p's connection to this rank, if a whole one has come: 1 (h and payload
-   filled), else 0. Reads only when the connection may have bytes (tready); a payload longer than
-   the read buffer goes straight into its message. A malformed stream ends the connection (its
+   filled), else 0. Reads only when the connection may have bytes (tready); the rest of a long
+   payload goes straight into its message (one copy, the kernel's). A malformed stream ends the connection (its
    sender is named). */
 static int kvps_ring__x_tcp_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zmq_msg_t *payload) {
     kvps_ring__peer *q = &f->peers[p];
@@ -1985,7 +2040,7 @@ static int kvps_ring__x_tcp_take(kvps_ring__fam *f, int p, kvps_ring__hdr *h, zm
         if (!q->topen || !q->tready) return 0;
         ssize_t n;
         size_t want;
-        if (q->trd.on && q->trd.len - q->trd.got >= KVPS_RING__TCP_RX) {
+        if (q->trd.on && q->trd.len - q->trd.got >= KVPS_RING__TCP_DIRECT) {
             want = (size_t)(q->trd.len - q->trd.got);
             n = recv(q->tfd, (char *)zmq_msg_data(&q->trd.m) + q->trd.got, want, MSG_DONTWAIT);
             if (n > 0) {
@@ -2062,6 +2117,7 @@ static void kvps_ring__x_accept(kvps_ring__fam *f) {
         } else {
             kvps_ring__peer *q = &f->peers[src];
             q->tfd = e->fd;
+            if (q->tsndbuf > 0) setsockopt(q->tfd, SOL_SOCKET, SO_SNDBUF, &q->tsndbuf, sizeof q->tsndbuf); /* (as the dialler's) */
             q->topen = q->tready = 1;
             f->in_tcp++;
             if (q->twait) { q->twait = 0; q->out = 2; } /* (its hello came first: the route waited for this) */
@@ -3733,8 +3789,8 @@ static kvps_ring_algo kvps_ring__allreduce_algo(const kvps_ring *r, kvps_ring_al
     int direct = r->fam->cma_all == 1 && !wire;
     if (algo == KVPS_ALGO_AUTO)
         algo = direct && k >= 3 && bytes >= KVPS_RING__DIRECT_MIN ? KVPS_ALGO_DIRECT
+               : kvps_ring__multi_group(r)               ? KVPS_ALGO_HIER /* (every size: BENCHMARKS.md, issue 30) */
                : bytes <= r->desc.small_bytes            ? KVPS_ALGO_RD
-               : kvps_ring__multi_group(r)               ? KVPS_ALGO_HIER
                : k >= 4 && bytes <= KVPS_RING__RHD_MAX   ? KVPS_ALGO_RHD
                                                          : KVPS_ALGO_RING;
     if (algo == KVPS_ALGO_DIRECT && !direct) algo = KVPS_ALGO_RING;

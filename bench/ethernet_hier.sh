@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/ethernet_hier.sh - all-reduce (float32 sum) on 2 hosts x 2 ranks: kvps_ring against OpenMPI.
+# bench/ethernet_hier.sh - all-reduce (float32 sum) on 2 hosts x 2 ranks (-p 1: x 1 rank): kvps_ring
+# against OpenMPI.
 #
 # usage: bench/ethernet_hier.sh [-r RATE] [-n ROUNDS(3)] [-t SECONDS(0.5)] [-s SIZES(4K,64K,1M,16M,64M)]
-#                               [-y 0|1] [-- ring_peer options]   (root; OpenMPI's mpirun)
+#                               [-y 0|1] [-p 1|2] [-- ring_peer options]   (root; OpenMPI's mpirun)
 #
 # Hosts: two network namespaces, 198.18.0.1 and 198.18.0.2, each joined by a veth pair to a bridge
 # that has 198.18.0.254 (so that OpenMPI's daemons, inside the namespaces, reach mpirun, outside).
@@ -10,9 +11,9 @@
 # unshaped). Everything made here (namespaces, links, processes, temporary files, shared memory
 # segments left by killed ranks) is removed on exit, on failure and on Ctrl-C.
 #
-#   kvps:    4 build/ring_peer, ranks 0,1 in host 1 and 2,3 in host 2 (`ip netns exec`). kvps_ring
-#            tells hosts apart by network namespace: inside a host shared memory, between hosts
-#            ZeroMQ/TCP over the veth; with no .groups the ring gets one group per host, so AUTO
+#   kvps:    4 build/ring_peer, ranks 0,1 in host 1 and 2,3 in host 2 (`ip netns exec`; -p 1: ranks 0
+#            and 1, one per host). kvps_ring tells hosts apart by network namespace: inside a host
+#            shared memory, between hosts its own TCP connections over the veth; with no .groups the ring gets one group per host, so AUTO
 #            runs RD up to 512 KiB and HIER above (kvps_ring.h section 3). Checked here: which
 #            ranks' shared memory segments each rank has mapped (/proc/PID/maps).
 #   OpenMPI: build/mpi_allreduce, mpirun --host 198.18.0.1:2,198.18.0.2:2 with an rsh agent that
@@ -37,7 +38,7 @@ set -eu
 cd "$(dirname "$0")/.." || exit 2
 
 usage() { sed -n '4,5p' "$0" | sed 's/^# //' >&2; exit 2; }
-rate="" rounds=3 mtime=0.5 sizes="4K,64K,1M,16M,64M" yield=1
+rate="" rounds=3 mtime=0.5 sizes="4K,64K,1M,16M,64M" yield=1 per=2
 while [ $# -gt 0 ]; do
   case "$1" in
     -r) rate=${2:?}; shift 2;;
@@ -45,11 +46,13 @@ while [ $# -gt 0 ]; do
     -t) mtime=${2:?}; shift 2;;
     -s) sizes=${2:?}; shift 2;;
     -y) yield=${2:?}; shift 2;;
+    -p) per=${2:?}; [ "$per" = 1 ] || [ "$per" = 2 ] || usage; shift 2;;
     --) shift; break;;
     *) usage;;
   esac
 done
 extra=("$@")
+np=$((2 * per))
 [ "$(id -u)" = 0 ] || { echo "ethernet_hier: needs root (ip netns, tc)" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "ethernet_hier: no mpirun (OpenMPI)" >&2; exit 2; }
 kvbin=$PWD/build/ring_peer mpibin=$PWD/build/mpi_allreduce
@@ -107,7 +110,7 @@ exec ip netns exec "\$ns" unshare --uts /bin/sh -c 'hostname "\$0" && exec /bin/
 EOF
 chmod +x "$tmp/agent"
 mkdir "$tmp/ompi"
-mpi_opts=(--allow-run-as-root --host 198.18.0.1:2,198.18.0.2:2 -np 4 --bind-to none
+mpi_opts=(--allow-run-as-root --host 198.18.0.1:$per,198.18.0.2:$per -np $np --bind-to none
           --mca plm_rsh_agent "$tmp/agent" --mca orte_tmpdir_base "$tmp/ompi"
           --mca oob_tcp_if_include 198.18.0.0/24
           --mca pml ob1 --mca btl self,vader,tcp --mca btl_tcp_if_include 198.18.0.0/24
@@ -121,10 +124,10 @@ run_kvps() {
   local szs=$1 out=$2 r peers="" rc=0 p
   shift 2
   launch=$((launch + 1))
-  for r in 0 1 2 3; do peers="$peers${peers:+,}tcp://198.18.0.$((r / 2 + 1)):$((6000 + 4 * launch + r))"; done
+  for r in $(seq 0 $((np - 1))); do peers="$peers${peers:+,}tcp://198.18.0.$((r / per + 1)):$((6000 + 4 * launch + r))"; done
   kv_pids=()
-  for r in 0 1 2 3; do
-    KVPS_RANK=$r KVPS_SIZE=4 KVPS_RING_PEERS=$peers ip netns exec ${tag}h$((r / 2 + 1)) \
+  for r in $(seq 0 $((np - 1))); do
+    KVPS_RANK=$r KVPS_SIZE=$np KVPS_RING_PEERS=$peers ip netns exec ${tag}h$((r / per + 1)) \
       "$kvbin" --sizes "$szs" --timeout 60000 "$@" ${extra[@]+"${extra[@]}"} >"$tmp/kv.$launch.$r" 2>&1 &
     kv_pids+=($!)
   done
@@ -136,14 +139,14 @@ run_kvps() {
       n=0
       for p in "${kv_pids[@]}"; do
         c=$(grep -c '/dev/shm/kvps-ring-' /proc/$p/maps 2>/dev/null) || true
-        [ "${c:-0}" -ge 2 ] && n=$((n + 1))
+        [ "${c:-0}" -ge "$per" ] && n=$((n + 1))
       done
-      [ $n -eq 4 ] && break
+      [ $n -eq $np ] && break
       sleep 0.1; t=$((t + 1))
     done
     sleep 0.2
     : >"$tmp/kvps_maps"
-    for r in 0 1 2 3; do
+    for r in $(seq 0 $((np - 1))); do
       echo "rank $r pid ${kv_pids[$r]}: $(grep -o '/dev/shm/kvps-ring-[0-9]*' /proc/${kv_pids[$r]}/maps 2>/dev/null | sort -u | sed 's|.*-||' | tr '\n' ' ')" >>"$tmp/kvps_maps"
     done
   fi
@@ -151,7 +154,7 @@ run_kvps() {
   kv_pids=()
   if [ $rc -ne 0 ]; then
     echo "ethernet_hier: ring_peer failed (exit $rc); its output:" >&2
-    for r in 0 1 2 3; do sed "s/^/  rank $r: /" "$tmp/kv.$launch.$r" >&2; done
+    for r in $(seq 0 $((np - 1))); do sed "s/^/  rank $r: /" "$tmp/kv.$launch.$r" >&2; done
     exit 1
   fi
   cat "$tmp/kv.$launch.0" >"$out"
@@ -185,17 +188,22 @@ kv_check=$(awk -v pids="$(sed 's/.*pid \([0-9]*\):.*/\1/' "$tmp/kvps_maps" | tr 
     printf "%srank %d maps the segment of rank(s) %s", (NR > 1 ? "; " : ""), r, (s == "" ? "none" : s) }' "$tmp/kvps_maps")
 # OpenMPI: "[HOST:PID] mca: bml: Using BTL btl for send to [[JOB,1],RANK] on node N"; a rank's
 # own rank is the one it reaches through self
-mpi_check=$(awk '
+mpi_check=$(awk -v np="$np" '
   /mca: bml: Using/ { split($1, a, ":"); pid = a[2]; sub(/]$/, "", pid); host = substr(a[1], 2)
                       btl = $5; dst = $10; gsub(/.*,|]/, "", dst)
                       if (btl == "self") { me[pid] = dst; hn[pid] = host }
                       else if (!seen[pid, dst]++) use[pid] = use[pid] " " dst ":" btl }
   END { for (p in me) line[me[p]] = sprintf("rank %d (%s) ->%s", me[p], hn[p], use[p])
-        for (r = 0; r < 4; r++) printf "%s%s", (r ? "; " : ""), (r in line ? line[r] : "rank " r ": no line") }' "$tmp/mpi.verbose")
+        for (r = 0; r < np; r++) printf "%s%s", (r ? "; " : ""), (r in line ? line[r] : "rank " r ": no line") }' "$tmp/mpi.verbose")
 tcp_if=$(grep -o 'btl: tcp: Found match: [^)]*)' "$tmp/mpi.verbose" | sed 's/btl: tcp: Found match: //' | sort -u | tr '\n' ' ')
-grep -q 'mca: bml: Using vader' "$tmp/mpi.verbose" && grep -q 'mca: bml: Using tcp' "$tmp/mpi.verbose" \
-  && mpi_verdict="shared memory (vader) inside a namespace, TCP between them" \
-  || mpi_verdict="NOT the expected vader + tcp: see the lines"
+if [ "$per" = 1 ]; then
+  grep -q 'mca: bml: Using tcp' "$tmp/mpi.verbose" && ! grep -q 'mca: bml: Using vader' "$tmp/mpi.verbose" \
+    && mpi_verdict="TCP between the two hosts" || mpi_verdict="NOT the expected tcp: see the lines"
+else
+  grep -q 'mca: bml: Using vader' "$tmp/mpi.verbose" && grep -q 'mca: bml: Using tcp' "$tmp/mpi.verbose" \
+    && mpi_verdict="shared memory (vader) inside a namespace, TCP between them" \
+    || mpi_verdict="NOT the expected vader + tcp: see the lines"
+fi
 pml=$(grep -o 'selected [a-z0-9]* best priority' "$tmp/mpi.verbose" | head -1 | awk '{print $2}')
 han=$(ompi_info --param coll han --level 9 2>/dev/null | sed -n 's/.*"coll_han_priority" (current value: "\([0-9]*\)".*/\1/p')
 
@@ -205,13 +213,13 @@ while read -r _ b _ t _; do
   kv_iters[$b]=$(awk -v t="$t" -v s="$mtime" 'BEGIN { n = int(s * 1e6 / t); print (n < 5 ? 5 : n > 20000 ? 20000 : n) }')
 done < <(grep '^bytes:' "$tmp/kv.cal")
 
-echo "# ethernet_hier: all-reduce, float32 sum, 2 hosts x 2 ranks; $(nproc) CPUs for all 4 ranks"
-echo "# hosts: network namespaces ${tag}h1 (198.18.0.1, ranks 0,1) and ${tag}h2 (198.18.0.2, ranks 2,3), veth pairs on bridge $br (198.18.0.254 for mpirun);" \
+echo "# ethernet_hier: all-reduce, float32 sum, 2 hosts x $per rank(s); $(nproc) CPUs for all $np ranks"
+echo "# hosts: network namespaces ${tag}h1 (198.18.0.1, ranks $(seq -s, 0 $((per - 1)))) and ${tag}h2 (198.18.0.2, ranks $(seq -s, $per $((np - 1)))), veth pairs on bridge $br (198.18.0.254 for mpirun);" \
      "links $([ -n "$rate" ] && echo "shaped to $rate (tc tbf on both ends of each veth)" || echo "unshaped")"
 echo "# kvps:    build/ring_peer, algo auto (RD up to 512 KiB, HIER above)${extra[*]:+, options: ${extra[*]}}; mean per call on rank 0 after 2 warm-ups;" \
      "iters per size from a calibration run (~${mtime} s each): $(for b in "${bytes[@]}"; do printf '%s:%s ' "$b" "${kv_iters[$b]:-?}"; done)"
 echo "# kvps transports (/proc/PID/maps, calibration run): $kv_check"
-echo "#   -> shared memory with the other rank of the same namespace only; the other namespace's ranks through ZeroMQ/TCP"
+echo "#   -> shared memory with the other rank of the same namespace only (-p 2); the other namespace's ranks over TCP"
 echo "# MPI:     $(mpirun --version 2>/dev/null | head -1), pml ${pml:-?}, btl self,vader,tcp, btl_tcp_if_include 198.18.0.0/24, mpi_yield_when_idle $yield," \
      "coll han priority ${han:-?} (so coll tuned decides); --time $mtime; median of 5 blocks, averaged over ranks"
 echo "# MPI transports (btl_base_verbose 100 run, 'bml: Using X btl for send to' per peer contacted): $mpi_check"

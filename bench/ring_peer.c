@@ -4,7 +4,7 @@
        bytes: N  time_us: T  algbw_GBps: A  busbw_GBps: B  busbw_Gbps: G
    With --csv TAG it prints instead one line per timed all-reduce (bench/ethernet.sh takes the
    median), each all-reduce timed on its own:  TAG,ranks,bytes,iter,time_us
-   usage: ring_peer [--sizes 4096,1048576,...] [--iters N] [--algo auto|ring|biring|rd|rhd|hier]
+   usage: ring_peer [--sizes 4096,1048576,...] [--iters N] [--algo auto|ring|biring|rd|rhd|hier|oneshot]
                     [--chunk BYTES] [--timeout MS] [--csv TAG] */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
@@ -25,13 +25,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--sizes B,B,...] [--iters N] [--algo auto|ring|biring|rd|rhd|hier] [--chunk BYTES] [--timeout MS] [--csv TAG]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--sizes B,B,...] [--iters N] [--algo auto|ring|biring|rd|rhd|hier|oneshot] [--chunk BYTES] [--timeout MS] [--csv TAG]\n", argv[0]);
             return 2;
         }
     }
     kvps_ring_algo algo = !strcmp(algo_s, "ring") ? KVPS_ALGO_RING : !strcmp(algo_s, "biring") ? KVPS_ALGO_BIRING
                         : !strcmp(algo_s, "rd") ? KVPS_ALGO_RD : !strcmp(algo_s, "rhd") ? KVPS_ALGO_RHD
-                        : !strcmp(algo_s, "hier") ? KVPS_ALGO_HIER : KVPS_ALGO_AUTO;
+                        : !strcmp(algo_s, "hier") ? KVPS_ALGO_HIER : !strcmp(algo_s, "oneshot") ? KVPS_ALGO_ONESHOT
+                        : KVPS_ALGO_AUTO;
     int rank, size;
     const char *peers;
     if (kvps_ring_env_read(&rank, &size, &peers) != KVPS_OK) return 2;

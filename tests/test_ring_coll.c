@@ -87,7 +87,7 @@ static void test_matrix_pipelined(void) {
 }
 
 /* Hierarchical: groups {0,0,1,1,2,2,2,3} (cut to the size) and alternating groups; forced HIER
-   and AUTO (which picks HIER above small_bytes), with small and large inner messages. */
+   and AUTO (which picks HIER at every size), with small and large inner messages. */
 static void test_matrix_hier(void) {
     suite_cfg c = {{KVPS_ALGO_HIER, KVPS_ALGO_AUTO}, 2, 0, kt_quick() ? 5 : 0};
     for (int k = 1; k <= KT_MAXR; k++) {
