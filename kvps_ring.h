@@ -1104,7 +1104,7 @@ static int kvps_ring__tcp_host(const char *ep, char *host, size_t cap) {
     if (!colon || colon == h) return -1;
     size_t n = (size_t)(colon - h);
     if (h[0] == '[' && n >= 2 && h[n - 1] == ']') { h++; n -= 2; }
-    const char *semi = memchr(h, ';', n); /* (ZeroMQ's "tcp://src;dst" form: the destination is what counts) */
+    const char *semi = (const char *)memchr(h, ';', n); /* (ZeroMQ's "tcp://src;dst" form: the destination is what counts) */
     if (semi) { n -= (size_t)(semi + 1 - h); h = semi + 1; }
     if (n == 0 || n >= cap) return -1;
     memcpy(host, h, n);
@@ -1327,6 +1327,16 @@ typedef struct kvps_ring__job {
     uint64_t tl_t0; /* timeline on: when it was posted (ns) */
 } kvps_ring__job;
 
+/* A connection to the data port not proven yet (>>transport: kvps_ring__x_accept): its preamble
+   as it comes, since when, its far end's address. */
+typedef struct kvps_ring__pend {
+    int fd;
+    size_t got;
+    int64_t since;
+    unsigned char b[KVPS_RING__TCP_AUTH];
+    char far[64];
+} kvps_ring__pend;
+
 /* A family: the ring kvps_ring_create made and every sub-ring split from it, at any depth.
    They share what is here: the sockets (each sub-ring's messages carry its id in the header),
    the one-call-at-a-time hold (busy) and the queue of posted operations with its thread, and
@@ -1378,13 +1388,7 @@ typedef struct kvps_ring__fam {
     int local, cpus;            /* ranks on this machine (its boot: hellos read so far, this one too), CPUs this
                                    process may use: local <= cpus, a waiting rank polls without giving its CPU
                                    away (kvps_ring__x_wait) */
-    struct kvps_ring__pend {
-        int fd;
-        size_t got;
-        int64_t since;
-        unsigned char b[KVPS_RING__TCP_AUTH];
-        char far[64];
-    } pend[KVPS_RING__TCP_PEND];
+    kvps_ring__pend pend[KVPS_RING__TCP_PEND];
     zmq_pollitem_t *items;
     int *item_peer;
     struct pollfd *pfds;
@@ -2086,14 +2090,14 @@ static void kvps_ring__x_accept(kvps_ring__fam *f) {
             close(fd);
             continue;
         }
-        struct kvps_ring__pend *e = &f->pend[f->npend++];
+        kvps_ring__pend *e = &f->pend[f->npend++];
         memset(e, 0, sizeof *e);
         e->fd = fd;
         e->since = kvps__now_ms();
         kvps_ring__tcp_far(fd, e->far, sizeof e->far);
     }
     for (int i = 0; i < f->npend;) {
-        struct kvps_ring__pend *e = &f->pend[i];
+        kvps_ring__pend *e = &f->pend[i];
         ssize_t n = recv(e->fd, e->b + e->got, KVPS_RING__TCP_AUTH - e->got, MSG_DONTWAIT);
         if (n > 0) e->got += (size_t)n;
         const char *why = NULL;
