@@ -175,11 +175,12 @@ static double cm_hier(const cm_net *n, int p, double S) {
     return t;
 }
 
-/* kvps_ring.h's AUTO rule (kvps_ring__coll_allreduce): RD up to small_bytes, then HIER when the
-   groups are several and one has more than one rank, else RHD for 4 or more ranks up to 16 MiB
-   (a size that is not a power of two runs RING), else RING. multi: the groups rule holds. */
+/* kvps_ring.h's AUTO rule (kvps_ring__allreduce_algo): HIER at every size when the groups are
+   several and one has more than one rank, else RD up to small_bytes, else RHD for 4 or more ranks
+   up to 16 MiB (a size that is not a power of two runs RING), else RING. multi: the groups rule
+   holds. */
 static int cm_auto(int p, double S, double small, int multi) {
-    int algo = S <= small ? CM_RD : multi ? CM_HIER : p >= 4 && S <= (double)(16 << 20) ? CM_RHD : CM_RING;
+    int algo = multi ? CM_HIER : S <= small ? CM_RD : p >= 4 && S <= (double)(16 << 20) ? CM_RHD : CM_RING;
     if (algo == CM_RHD && !cm_pow2(p)) algo = CM_RING;
     return algo;
 }

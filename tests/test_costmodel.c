@@ -70,7 +70,7 @@ static void test_auto_rule(void) {
     KT_CHECK(cm_runs(CM_AUTO, 1024, 16 << 20, &n) == CM_RHD, "1024 ranks, 16 MiB: rhd");
     n.q = 8;
     KT_CHECK(cm_runs(CM_AUTO, 1024, 1 << 20, &n) == CM_HIER, "groups: hier");
-    KT_CHECK(cm_runs(CM_AUTO, 1024, 4096, &n) == CM_RD, "groups, small: rd");
+    KT_CHECK(cm_runs(CM_AUTO, 1024, 4096, &n) == CM_HIER, "groups, small: hier (issue 30)");
 }
 
 /* ---- AUTO against kvps_ring.h ---------------------------------------------------------------- */
