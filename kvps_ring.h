@@ -523,9 +523,10 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
 KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_ring **out);
 KVPS_API int kvps_ring_rank(const kvps_ring *r); /* -1 for NULL */
 KVPS_API int kvps_ring_size(const kvps_ring *r); /* 0 for NULL */
-/* How this rank's messages reach rank `rank` of r (section 10): "shm" (shared memory), "zmq"
-   (ZeroMQ: another host, shared memory off or refused, or not decided yet: every peer's hello
-   is read by the first collective), "self", "?" (no such rank). */
+/* How this rank's messages reach rank `rank` of r (section 10): "shm" (shared memory), "tcp" (the
+   pair's own TCP connection, made or on its way), "zmq" (ZeroMQ: TCP off or refused, an ipc:// or
+   inproc:// endpoint, or not decided yet: every peer's hello is read by the first collective),
+   "self", "?" (no such rank). */
 KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank);
 
 /* Float32 all-reduce (sum) with 16-bit floats on the wire: half the bytes; sums are formed in
@@ -5031,8 +5032,9 @@ KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank) {
     if (!r || rank < 0 || rank >= r->size) return "?";
     if (rank == r->rank) return "self";
     const kvps_ring__fam *f = r->fam;
-    int out = f->peers && !f->closed ? f->peers[r->root_rank[rank]].out : 0;
-    return out == 1 ? "shm" : out == 2 ? "tcp" : "zmq";
+    const kvps_ring__peer *q = f->peers && !f->closed ? &f->peers[r->root_rank[rank]] : NULL;
+    int out = q ? q->out : 0;
+    return out == 1 ? "shm" : out == 2 || (q && q->twait) ? "tcp" : "zmq"; /* (twait: its connection is on its way) */
 }
 KVPS_API int kvps_ring_size(const kvps_ring *r) { return r ? r->size : 0; }
 
