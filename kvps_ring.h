@@ -361,7 +361,11 @@
    this rank: it ended or died while this rank waited for it in allreduce of ..."; a send that
    fails says "its connection failed (Connection reset by peer)"; KVPS_ERR_PEER_LOST. A dialler
    that cannot connect (refused, or not within .timeout_ms) falls back to ZeroMQ for that pair and
-   tells the other (NOTCP), before anything went over the connection.
+   tells the other (NOTCP), before anything went over the connection. So the first message from
+   the lower rank of a pair waits for the higher to have connected, which it does when it reads
+   the lower's hello in any call on the ring: a peer that has not called the ring since it
+   connected holds that message (at most .timeout_ms: "timed out ... waiting for rank 3 to
+   connect to this rank's data port"), where over ZeroMQ it was queued.
    Off: .shm = -1 or KVPS_RING_SHM=0 (no shared memory, DIRECT off), .tcp = -1 or KVPS_RING_TCP=0
    (no TCP connections: ZeroMQ), and ipc:// or inproc:// endpoints have no TCP; on other systems
    than Linux there is no shared memory.
@@ -2141,7 +2145,10 @@ static void kvps_ring__x_drain(kvps_ring__fam *f) {
             if (kvps_ring__fifo_put(&f->ready_tail, &h, &pl) != 0) break;
         }
     }
-    if (f->tcp_fd >= 0) kvps_ring__x_accept(f); /* (a peer's connection may wait there with what it sends) */
+    if (f->tcp_fd >= 0) { /* (a peer's connection may wait there with what it sends; a peer may wait for this rank's) */
+        kvps_ring__x_accept(f);
+        kvps_ring__x_dial_progress(f);
+    }
     for (int p = 0; f->in_tcp > 0 && p < f->size; p++) { /* (a send waiting for room: every connection read) */
         kvps_ring__hdr h;
         zmq_msg_t pl;

@@ -813,13 +813,18 @@ static void shm_write(buf *b, const uint8_t *p, size_t n) { /* in writes of at m
         at += m;
     }
 }
-static void shm_msg(buf *b, uint32_t magic, uint64_t len, uint8_t fill) {
-    uint8_t m[8 + 40 + 200];
-    memset(m, fill, sizeof m);
+/* A ring frame as a peer writes it, into m (8 + 40 + len bytes, len <= 300): [u64 len][40-byte
+   header: magic, zeros][len bytes of fill]. fuzz_shm and fuzz_tcp read these. */
+static size_t ring_frame(uint8_t *m, uint32_t magic, uint64_t len, uint8_t fill) {
+    memset(m, fill, 8 + 40 + (size_t)len);
     memcpy(m, &len, 8);
     memset(m + 8, 0, 40);
     memcpy(m + 8, &magic, 4);
-    shm_write(b, m, 8 + 40 + (size_t)len);
+    return 8 + 40 + (size_t)len;
+}
+static void shm_msg(buf *b, uint32_t magic, uint64_t len, uint8_t fill) {
+    uint8_t m[8 + 40 + 300];
+    shm_write(b, m, ring_frame(m, magic, len, fill));
 }
 static void shm_seeds(void) {
     buf b;
@@ -848,11 +853,7 @@ static void shm_seeds(void) {
    (right token via flags bit 0, or a wrong one, or garbage), then frames as a peer writes them. */
 static void tcp_frame(buf *b, uint32_t magic, uint64_t len, uint8_t fill) {
     uint8_t m[8 + 40 + 300];
-    memset(m, fill, sizeof m);
-    memcpy(m, &len, 8);
-    memset(m + 8, 0, 40);
-    memcpy(m + 8, &magic, 4);
-    put(b, m, 8 + 40 + (size_t)len);
+    put(b, m, ring_frame(m, magic, len, fill));
 }
 static void tcp_seeds(void) {
     buf b;
