@@ -209,8 +209,8 @@
    with the reason in kvps_ring_last_error and leave the ring as it was. kvps_ring_wait(r, q, t)
    with t >= 0 that runs out gives KVPS_ERR_TIMEOUT and leaves q pending; t < 0 waits up to the
    ring's timeout and fails q. A finished request is gone (KVPS_ERR_INVALID_REQ after).
-   Threads and collectives. Every call uses the ring's one socket per direction, so p2p and
-   collectives share it: a p2p message that arrives while a collective runs is kept for the
+   Threads and collectives. Every call uses the same transports to a peer (section 10), so p2p
+   and collectives share them: a p2p message that arrives while a collective runs is kept for the
    receive, and a collective's piece that arrives during a p2p call is kept for the collective.
    p2p calls run in the caller's thread. A p2p call (send, recv, isend, irecv, wait or test of a
    p2p request) first waits until the collectives posted before it (kvps_ring_post) have run on
@@ -1026,12 +1026,12 @@ static void kvps_ring__shm_unlink_name(char *name) {
 }
 
 // >>tcp
-/* The ring's own TCP connections (manual section 10): one per direction between two ranks on
-   different hosts (or on one host with shared memory off), made by the sender to the receiver's
+/* The ring's own TCP connections (manual section 10): one per pair of ranks on different hosts
+   (or on one host with shared memory off), made by the higher rank of the two to the lower's
    data port, which listens on the address the rank's ZeroMQ socket is bound to; read and written
-   by the rank's own thread with non-blocking system calls, no I/O thread between. A connection
-   starts with a preamble (kvps_ring__tcp_auth) that names the sender's rank and shows the token
-   the receiver gave that rank in its hello (over ZeroMQ, to the endpoint the job named for it):
+   by both ranks' own threads with non-blocking system calls, no I/O thread between. A connection
+   starts with a preamble (kvps_ring__tcp_auth_make) that names the dialler's rank and shows the
+   token the other gave that rank in its hello (over ZeroMQ, to the endpoint the job named for it):
    nothing else a connection sends is read before the preamble is checked, and a connection whose
    preamble is wrong, or that sends none within the timeout, is closed with a warning naming its
    address. Then frames as in shared memory, [u64 length][40 B header][payload], read by
