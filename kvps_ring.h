@@ -308,7 +308,9 @@
    send to a rank that does not call the ring waits, as MPI's does, once that rank's queue is
    full (ZeroMQ would buffer it): longer than .timeout_ms, and it fails with KVPS_ERR_TIMEOUT.
    Waiting. A rank that waits for a message looks at its queues for a few microseconds without
-   a system call, then yields up to 16 times (200 us at most), then sleeps on its futex word,
+   a system call, then keeps looking for up to 200 us where every rank of this machine (its boot:
+   network namespaces and containers share its CPUs) has a CPU of its own, else yields up to 16
+   times (200 us at most), then sleeps on its futex word,
    which every writer rings (waking it if it sleeps), 100 ms at a time. With some peers over
    ZeroMQ it sleeps in zmq_poll and looks at the queues every millisecond. A rank waiting for a
    peer on this host (to receive from it, or for room in its queue) whose process is gone
