@@ -80,7 +80,7 @@ extern "C" {
     X(KVPS_ERR_CONFIG, -100, "bad configuration")                                               \
     X(KVPS_ERR_ENV, -101, "missing or malformed KVPS_* environment variable")                  \
     X(KVPS_ERR_ZMQ, -200, "ZeroMQ call failed")                                                 \
-    X(KVPS_ERR_BIND, -201, "cannot bind the server endpoint")                                   \
+    X(KVPS_ERR_BIND, -201, "cannot bind an endpoint (in use, or not this host's)")                                   \
     X(KVPS_ERR_CONNECT, -202, "cannot connect to a server endpoint")                            \
     X(KVPS_ERR_TIMEOUT, -203, "timed out")                                                      \
     X(KVPS_ERR_PEER, -204, "a peer aborted the operation")                                      \

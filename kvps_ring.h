@@ -32,8 +32,12 @@
    Ephemeral ports: create with .peers = NULL and .bind = "tcp://127.0.0.1:*", read
    kvps_ring_endpoint(r), exchange the endpoints (kvps.h's kvps_ring_rendezvous does it through a kvps
    server; or your own channel), then kvps_ring_connect(r, peers). From the environment:
-   kvps_ring_env_read reads KVPS_RING_PEERS, KVPS_RANK / OMPI_COMM_WORLD_RANK / PMI_RANK /
-   SLURM_PROCID and KVPS_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE / SLURM_NTASKS.
+   kvps_ring_env_read reads KVPS_RING_PEERS, KVPS_RANK / RANK (torchrun) / OMPI_COMM_WORLD_RANK /
+   PMI_RANK / SLURM_PROCID and KVPS_SIZE / WORLD_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE /
+   SLURM_NTASKS (the first set of each), and names what is missing or malformed.
+   A call that fails with no ring to keep its error (kvps_ring_create, kvps_ring_env_read,
+   kvps_ring_connect) leaves its words for kvps_ring_last_error(NULL), per thread: "kvps_ring_create:
+   ring rank 0 cannot bind its endpoint 'tcp://127.0.0.1:6000': Address already in use".
 
    2. OPERATIONS AND COUNTS (as NCCL: count is per rank where data is cut by rank)
      allreduce       send[count] -> recv[count] on every rank
@@ -4968,18 +4972,42 @@ static void kvps_ring__fifo_free(kvps_ring__stash **head) {
     while (*head) { kvps_ring__stash *e = *head; *head = e->next; zmq_msg_close(&e->payload); free(e); }
 }
 
+/* The failure of a call that has no ring to keep it (kvps_ring_create, kvps_ring_env_read; a
+   kvps_ring_connect's too): its words, per thread, for kvps_ring_last_error(NULL), and logged. */
+#if defined(__cplusplus)
+#define KVPS_RING__TLS thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define KVPS_RING__TLS _Thread_local
+#else
+#define KVPS_RING__TLS __thread
+#endif
+static KVPS_RING__TLS char kvps_ring__errbuf[512];
+static kvps_result kvps_ring__noring(kvps_result rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kvps_ring__errbuf, sizeof kvps_ring__errbuf, fmt, ap);
+    va_end(ap);
+    kvps__log(KVPS_LOG_ERROR, "%s", kvps_ring__errbuf);
+    return rc;
+}
+
 KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **out) {
-    if (!desc || !out) return KVPS_ERR_INVALID_ARG;
+    if (!desc || !out) return kvps_ring__noring(KVPS_ERR_INVALID_ARG, "kvps_ring_create: %s is NULL", desc ? "out" : "desc");
     *out = NULL;
-    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "ring")) return KVPS_ERR_CONFIG;
-    if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size || desc->timeout_ms < 0 ||
-        (unsigned)desc->algo >= KVPS_ALGO_COUNT || (!desc->peers && !desc->bind)) {
-        kvps__log(KVPS_LOG_ERROR, "ring desc: need 0 <= rank < size <= 65535, and peers or bind");
-        return KVPS_ERR_CONFIG;
-    }
+    kvps_ring__errbuf[0] = 0;
+    if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "ring"))
+        return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: io_cpus '%s' cannot be used (the log says why)",
+                                 desc->io_cpus ? desc->io_cpus : "");
+    if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size)
+        return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: rank %d and size %d: need 0 <= rank < size <= 65535",
+                                 desc->rank, desc->size);
+    if (desc->timeout_ms < 0 || (unsigned)desc->algo >= KVPS_ALGO_COUNT || (!desc->peers && !desc->bind))
+        return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: %s", desc->timeout_ms < 0 ? "timeout_ms is negative"
+                                 : (unsigned)desc->algo >= KVPS_ALGO_COUNT ? "algo is no kvps_ring_algo"
+                                                                           : "neither peers nor bind is given");
     kvps__tune_malloc(0);
     kvps_ring *r = (kvps_ring *)calloc(1, sizeof *r);
-    if (!r) return KVPS_ERR_NOMEM;
+    if (!r) return kvps_ring__noring(KVPS_ERR_NOMEM, "kvps_ring_create: out of memory");
     r->desc = *desc;
     r->desc.timeout_ms = kvps__def(desc->timeout_ms, 30000);
     r->desc.chunk_bytes = kvps__def(desc->chunk_bytes, (size_t)1 << 20);
@@ -4987,25 +5015,31 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     r->rank = desc->rank;
     r->size = desc->size;
     r->fam = kvps_ring__fam_new(r->size, r->rank);
-    if (!r->fam) { free(r); return KVPS_ERR_NOMEM; }
+    if (!r->fam) { free(r); return kvps_ring__noring(KVPS_ERR_NOMEM, "kvps_ring_create: out of memory"); }
     r->fam->rings = r;
     r->fam->refs = 1;
-    if (kvps_ring__init_own(r, desc->groups) != KVPS_OK) { kvps_ring_destroy(&r); return KVPS_ERR_NOMEM; }
+    if (kvps_ring__init_own(r, desc->groups) != KVPS_OK) {
+        kvps_ring_destroy(&r);
+        return kvps_ring__noring(KVPS_ERR_NOMEM, "kvps_ring_create: out of memory");
+    }
     for (int i = 0; i < r->size; i++) r->root_rank[i] = i;
     r->desc.peers = NULL;
     kvps_ring__fam *f = r->fam;
     kvps_result crc = kvps__ctx_take(desc->zmq_ctx, desc->io_threads, &r->desc.io_cpus, &f->ctx, &f->own_ctx);
-    if (crc != KVPS_OK) { kvps_ring_destroy(&r); return crc; }
+    if (crc != KVPS_OK) {
+        kvps_ring_destroy(&r);
+        return kvps_ring__noring(crc, "kvps_ring_create: no ZeroMQ context: %s", kvps_result_str(crc));
+    }
     char **eps = NULL;
     int neps = 0;
     const char *bind = desc->bind;
     if (!bind) {
         neps = kvps__split(desc->peers, &eps);
         if (neps != r->size) {
-            kvps__log(KVPS_LOG_ERROR, "ring: %d endpoints for %d ranks", neps, r->size);
             kvps__free_strv(eps, neps > 0 ? neps : 0);
             kvps_ring_destroy(&r);
-            return KVPS_ERR_CONFIG;
+            return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: %d endpoints in peers for %d ranks", neps > 0 ? neps : 0,
+                                     desc->size);
         }
         bind = eps[r->rank];
     }
@@ -5017,8 +5051,8 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
         zmq_setsockopt(f->router, ZMQ_RCVHWM, &zero, sizeof zero);
         zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
         if (zmq_bind(f->router, bind) != 0) {
-            kvps__log(KVPS_LOG_ERROR, "ring %d: cannot bind '%s': %s", r->rank, bind, zmq_strerror(zmq_errno()));
-            rc = KVPS_ERR_BIND;
+            rc = kvps_ring__noring(KVPS_ERR_BIND, "kvps_ring_create: ring rank %d cannot bind its endpoint '%s': %s", r->rank,
+                                   bind, zmq_strerror(zmq_errno()));
         } else {
             size_t sz = sizeof r->endpoint;
             if (zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, r->endpoint, &sz) != 0)
@@ -5029,13 +5063,15 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     if (rc == KVPS_OK) rc = kvps_ring__tl_create(r, desc);
     f->tl = r->tl;
     if (rc == KVPS_OK && desc->peers) rc = kvps_ring_connect(r, desc->peers);
+    if (rc != KVPS_OK && !kvps_ring__errbuf[0])
+        kvps_ring__noring(rc, "kvps_ring_create: ring rank %d: %s", desc->rank, kvps_result_str(rc));
     if (rc != KVPS_OK) { kvps_ring_destroy(&r); return rc; }
     *out = r;
     return KVPS_OK;
 }
 
 KVPS_API const char *kvps_ring_endpoint(const kvps_ring *r) { return r ? r->endpoint : NULL; }
-KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->errmsg : ""; }
+KVPS_API const char *kvps_ring_last_error(const kvps_ring *r) { return r ? r->errmsg : kvps_ring__errbuf; }
 KVPS_API int kvps_ring_rank(const kvps_ring *r) { return r ? r->rank : -1; }
 KVPS_API const char *kvps_ring_transport(const kvps_ring *r, int rank) {
     if (!r || rank < 0 || rank >= r->size) return "?";
@@ -5066,9 +5102,9 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
     char **eps = NULL;
     int n = kvps__split(peers, &eps);
     if (n != r->size) {
-        kvps__log(KVPS_LOG_ERROR, "ring: %d endpoints for %d ranks in '%s'", n, r->size, peers);
         kvps__free_strv(eps, n > 0 ? n : 0);
-        return KVPS_ERR_CONFIG;
+        return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_connect: ring rank %d: %d endpoints for %d ranks in '%.200s'",
+                                 r->rank, n > 0 ? n : 0, r->size, peers);
     }
     kvps_result rc = KVPS_OK;
     for (int i = 0; i < n && rc == KVPS_OK; i++) {
@@ -5083,10 +5119,9 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         kvps_ring__peer *q = &r->fam->peers[i]; /* (for its own TCP connection, >>tcp) */
         if (kvps_ring__tcp_host(eps[i], q->thost, sizeof q->thost) != 0) q->thost[0] = 0;
         q->tsndbuf = sndbuf;
-        if (zmq_connect(s, eps[i]) != 0) {
-            kvps__log(KVPS_LOG_ERROR, "ring %d: cannot connect to rank %d at '%s'", r->rank, i, eps[i]);
-            rc = KVPS_ERR_CONNECT;
-        }
+        if (zmq_connect(s, eps[i]) != 0)
+            rc = kvps_ring__noring(KVPS_ERR_CONNECT, "kvps_ring_connect: ring rank %d cannot connect to rank %d at '%.200s': %s",
+                                   r->rank, i, eps[i], zmq_strerror(zmq_errno()));
     }
     kvps__free_strv(eps, n);
     if (rc == KVPS_OK) r->connected = 1;
@@ -5259,18 +5294,37 @@ KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_rin
 }
 
 // >>environment
-KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers) {
-    if (!rank || !size || !peers) return KVPS_ERR_INVALID_ARG;
-    static const char *rv[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-    static const char *sv[] = {"KVPS_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
-    int got_r = 0, got_s = 0;
-    for (int i = 0; i < 4 && got_r == 0; i++) got_r = kvps__env_int(rv[i], rank);
-    for (int i = 0; i < 4 && got_s == 0; i++) got_s = kvps__env_int(sv[i], size);
-    *peers = getenv("KVPS_RING_PEERS");
-    if (got_r != 1 || got_s != 1 || *size < 1 || *rank >= *size || !*peers || !**peers) {
-        kvps__log(KVPS_LOG_ERROR, "ring env: need KVPS_RANK, KVPS_SIZE (or MPI/Slurm equivalents) and KVPS_RING_PEERS");
-        return KVPS_ERR_ENV;
+/* The first of vars that is set: 1 and *v (its value in *out), 0 none set, -1 set but not a number
+   (*v names it). */
+static int kvps_ring__env_first(const char *const *vars, int n, int *out, const char **v) {
+    for (int i = 0; i < n; i++) {
+        int got = kvps__env_int(vars[i], out);
+        if (got != 0) { *v = vars[i]; return got; }
     }
+    return 0;
+}
+
+KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers) {
+    if (!rank || !size || !peers) return kvps_ring__noring(KVPS_ERR_INVALID_ARG, "kvps_ring_env_read: a NULL argument");
+    static const char *const rv[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+    static const char *const sv[] = {"KVPS_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    const char *rname = NULL, *sname = NULL;
+    int got_r = kvps_ring__env_first(rv, 5, rank, &rname), got_s = kvps_ring__env_first(sv, 5, size, &sname);
+    *peers = getenv("KVPS_RING_PEERS");
+    if (got_r <= 0 || got_s <= 0) {
+        const char *const *names = got_r <= 0 ? rv : sv;
+        const char *bad = got_r < 0 ? rname : got_s < 0 ? sname : NULL;
+        if (bad) return kvps_ring__noring(KVPS_ERR_ENV, "ring env: %s is '%.40s', not a number", bad, getenv(bad));
+        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: no %s: none of %s, %s, %s, %s, %s is set", got_r <= 0 ? "rank" : "size",
+                                 names[0], names[1], names[2], names[3], names[4]);
+    }
+    if (*size < 1 || *rank >= *size)
+        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: rank %d (%s) and size %d (%s): need 0 <= rank < size", *rank, rname,
+                                 *size, sname);
+    if (!*peers || !**peers)
+        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: KVPS_RING_PEERS is %s (rank %d of %d read from %s and %s): it must "
+                                 "list every rank's endpoint, in rank order", *peers ? "empty" : "not set", *rank, *size,
+                                 rname, sname);
     return KVPS_OK;
 }
 

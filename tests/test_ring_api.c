@@ -461,26 +461,37 @@ static void test_io_cpus(void) {
 
 static void test_env(void) {
     kvps_log_set_level(KVPS_LOG_NONE);
-    static const char *vars[] = {"KVPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "KVPS_SIZE",
-                                 "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "KVPS_RING_PEERS"};
+    static const char *vars[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "KVPS_SIZE",
+                                 "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "KVPS_RING_PEERS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
     int rank = -5, size = -5;
     const char *peers = "x";
-    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "nothing set");
+    /* each failure names what is missing or wrong, in kvps_ring_last_error(NULL) */
+#define KT_ENV_SAYS(what, text)                                                                                      \
+    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV && strstr(kvps_ring_last_error(NULL), text),  \
+             "%s: '%s' lacks '%s'", what, kvps_ring_last_error(NULL), text)
+    KT_ENV_SAYS("nothing set", "no rank: none of KVPS_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is set");
     KT_CHECK(kvps_ring_env_read(NULL, &size, &peers) == KVPS_ERR_INVALID_ARG, "NULL rank");
     setenv("KVPS_RANK", "1", 1);
+    KT_ENV_SAYS("no size", "no size: none of KVPS_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS is set");
     setenv("KVPS_SIZE", "3", 1);
-    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "no KVPS_RING_PEERS");
+    KT_ENV_SAYS("no KVPS_RING_PEERS", "KVPS_RING_PEERS is not set (rank 1 of 3 read from KVPS_RANK and KVPS_SIZE)");
     setenv("KVPS_RING_PEERS", "tcp://a:1,tcp://b:1,tcp://c:1", 1);
     KT_OK(kvps_ring_env_read(&rank, &size, &peers));
     KT_CHECK(rank == 1 && size == 3 && peers && strcmp(peers, "tcp://a:1,tcp://b:1,tcp://c:1") == 0, "read %d %d %s", rank, size,
              peers ? peers : "(null)");
     setenv("KVPS_RANK", "3", 1);
-    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "rank = size");
+    KT_ENV_SAYS("rank = size", "rank 3 (KVPS_RANK) and size 3 (KVPS_SIZE): need 0 <= rank < size");
     setenv("KVPS_RANK", "one", 1);
-    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "malformed rank");
+    KT_ENV_SAYS("malformed rank", "KVPS_RANK is 'one', not a number");
     unsetenv("KVPS_RANK");
     unsetenv("KVPS_SIZE");
+    setenv("RANK", "2", 1); /* torchrun's */
+    setenv("WORLD_SIZE", "3", 1);
+    KT_OK(kvps_ring_env_read(&rank, &size, &peers));
+    KT_CHECK(rank == 2 && size == 3, "torchrun's variables: %d %d", rank, size);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
     setenv("OMPI_COMM_WORLD_RANK", "2", 1);
     setenv("SLURM_NTASKS", "4", 1);
     KT_OK(kvps_ring_env_read(&rank, &size, &peers));
@@ -489,8 +500,42 @@ static void test_env(void) {
     KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "size 0");
     setenv("KVPS_RING_PEERS", "", 1);
     setenv("SLURM_NTASKS", "4", 1);
-    KT_CHECK(kvps_ring_env_read(&rank, &size, &peers) == KVPS_ERR_ENV, "empty KVPS_RING_PEERS");
+    KT_ENV_SAYS("empty KVPS_RING_PEERS", "KVPS_RING_PEERS is empty (rank 2 of 4 read from OMPI_COMM_WORLD_RANK and SLURM_NTASKS)");
+#undef KT_ENV_SAYS
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    kvps_log_set_level(KVPS_LOG_ERROR);
+}
+
+/* A kvps_ring_create that fails leaves its reason for kvps_ring_last_error(NULL): a port in use
+   (named as the ring's, with the endpoint and the system's words), a bad desc, a wrong peer count;
+   a success clears it. Per thread: another thread's failure is not seen here. */
+static void *other_thread_fails(void *arg) {
+    (void)arg;
+    kvps_ring *r = NULL;
+    kvps_ring_create(&(kvps_ring_desc){.rank = 7, .size = 2, .bind = "tcp://127.0.0.1:*"}, &r);
+    return NULL;
+}
+static void test_create_error_readable(void) {
+    kvps_log_set_level(KVPS_LOG_NONE);
+    kvps_ring *a = NULL, *b = NULL;
+    KT_OK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 2, .bind = "tcp://127.0.0.1:*"}, &a));
+    KT_CHECK(kvps_ring_last_error(NULL)[0] == 0, "a success leaves no error: '%s'", kvps_ring_last_error(NULL));
+    char taken[300], want[400];
+    snprintf(taken, sizeof taken, "%s", kvps_ring_endpoint(a));
+    KT_CHECK(kvps_ring_create(&(kvps_ring_desc){.rank = 1, .size = 2, .bind = taken}, &b) == KVPS_ERR_BIND && !b, "port in use");
+    snprintf(want, sizeof want, "kvps_ring_create: ring rank 1 cannot bind its endpoint '%s': Address already in use", taken);
+    KT_CHECK(strcmp(kvps_ring_last_error(NULL), want) == 0, "'%s', want '%s'", kvps_ring_last_error(NULL), want);
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread_fails, NULL);
+    pthread_join(th, NULL);
+    KT_CHECK(strcmp(kvps_ring_last_error(NULL), want) == 0, "another thread's failure seen here: '%s'", kvps_ring_last_error(NULL));
+    KT_CHECK(kvps_ring_create(&(kvps_ring_desc){.rank = 2, .size = 2, .bind = "tcp://127.0.0.1:*"}, &b) == KVPS_ERR_CONFIG &&
+             strstr(kvps_ring_last_error(NULL), "rank 2 and size 2: need 0 <= rank < size"), "bad rank: '%s'",
+             kvps_ring_last_error(NULL));
+    KT_CHECK(kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 3, .peers = "tcp://127.0.0.1:1,tcp://127.0.0.1:2"}, &b) ==
+                 KVPS_ERR_CONFIG && strstr(kvps_ring_last_error(NULL), "2 endpoints in peers for 3 ranks"),
+             "wrong peer count: '%s'", kvps_ring_last_error(NULL));
+    kvps_ring_destroy(&a);
     kvps_log_set_level(KVPS_LOG_ERROR);
 }
 
@@ -501,6 +546,7 @@ int main(void) {
     KT_RUN(test_names, 60);
     KT_RUN(test_bad_desc, 60);
     KT_RUN(test_sndbuf, 60);
+    KT_RUN(test_create_error_readable, 60);
     KT_RUN(test_env, 60);
     KT_RUN(test_io_cpus, 60);
     KT_RUN(test_bad_arguments, 60);
