@@ -61,7 +61,12 @@
    recv[0 .. count); reduce: every rank's input in recv (non-roots' recv is clobbered). Any count,
    including 0. dtypes float32, float64, int32, int64, float16, bfloat16 (16-bit floats are
    reduced in float32 and rounded to nearest even after each step); ops sum, prod, min, max, avg
-   (sum / size; integers divide with truncation). Every rank must pass the same collective,
+   (sum / size; integers divide with truncation). Determinism: every rank ends an all-reduce
+   with the same bits, whatever the algorithm (each element is reduced in one order and the
+   result copied, or reduced symmetrically; tests/kt_coll.h checks it on every rank for every
+   algorithm, dtype and op); run to run the bits are the same for the same
+   sizes, ranks, algorithm and groups (AUTO chooses from those, and from whether DIRECT can
+   run: section 10). Every rank must pass the same collective,
    count, dtype, op and root: a rank that receives any piece of a different call reports
    KVPS_ERR_MISMATCH and tells the others, who return KVPS_ERR_PEER (or time out). A rank that
    only sends in a collective (the root of broadcast or scatter, non-roots of gather, leaves of a
