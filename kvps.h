@@ -6497,7 +6497,8 @@ static kvps_result kvps__server_socket(kvps_server *s, const kvps_server_desc *d
         return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
     if (desc->curve_secret_key && kvps__curve_server(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "CURVE");
     if (zmq_bind(s->router, desc->endpoint) != 0) {
-        kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind '%s'", desc->rank, desc->endpoint);
+        kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind its endpoint '%s' (the server's ZeroMQ socket): %s", desc->rank,
+                  desc->endpoint, zmq_strerror(zmq_errno()));
         return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");
     }
     size_t sz = sizeof s->endpoint;

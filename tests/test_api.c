@@ -7,6 +7,12 @@
 #include "tests/kvps_test.h"
 #include <ctype.h>
 
+static char g_bind_log[600];
+static void grab_bind_log(void *user, kvps_log_level lv, const char *msg) {
+    (void)user; (void)lv;
+    if (strstr(msg, "cannot bind")) snprintf(g_bind_log, sizeof g_bind_log, "%s", msg);
+}
+
 static void test_server_bad_desc(void) {
     static const struct { const char *name; kvps_server_desc d; kvps_result want; } cs[] = {
         {"num_workers 0", {.endpoint = "inproc://api-d", .num_workers = 0}, KVPS_ERR_CONFIG},
@@ -50,8 +56,18 @@ static void test_server_bad_desc(void) {
     /* an endpoint already taken, on tcp and on inproc */
     kt_cluster c;
     if (kt_cluster_up(&c, "tcp", 1, &(kvps_server_desc){.num_workers = 1}) == 0) {
+        g_bind_log[0] = 0;
+        kvps_log_set_fn(grab_bind_log, NULL);
+        kvps_log_level before = (kvps_log_level)kvps__log_level_get();
+        kvps_log_set_level(KVPS_LOG_ERROR);
         kvps_result r = kvps_server_create(&(kvps_server_desc){.endpoint = kvps_server_endpoint(c.srv[0]), .num_workers = 1}, &s);
+        kvps_log_set_fn(NULL, NULL);
+        kvps_log_set_level(before);
         KT_CHECK(r == KVPS_ERR_BIND && !s, "tcp port in use: %s", kvps_result_str(r));
+        char want[400]; /* the role, the endpoint and the system's words */
+        snprintf(want, sizeof want, "server 0: cannot bind its endpoint '%s' (the server's ZeroMQ socket): Address already in use",
+                 kvps_server_endpoint(c.srv[0]));
+        KT_CHECK(strstr(g_bind_log, want) != NULL, "the log says '%s', want '%s'", g_bind_log, want);
         kvps_server_destroy(&s);
     }
     kt_cluster_down(&c);
