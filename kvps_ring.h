@@ -1864,20 +1864,30 @@ static void kvps_ring__x_maybe_unlink(kvps_ring__fam *f) {
    (kvps_ring__x_dial_progress) and the other accepts (kvps_ring__x_accept). A dialler that will
    not dial, or cannot, says so (NOTCP): then neither waits, and ZeroMQ carries what shared
    memory does not. */
+/* This rank's dial to rank p failed (why) or will not finish: warned of, closed, and said
+   (NOTCP), so that p waits for it no more: ZeroMQ to p. */
+static void kvps_ring__x_dial_failed(kvps_ring__fam *f, int p, const char *why) {
+    kvps_ring__peer *q = &f->peers[p];
+    kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p, q->thost,
+              (unsigned)q->tport, why);
+    if (q->tfd >= 0) close(q->tfd);
+    q->tfd = -1;
+    q->tdial = q->twait = 0;
+    kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0);
+}
+
 static void kvps_ring__x_tcp_route(kvps_ring__fam *f, int p) {
     kvps_ring__peer *q = &f->peers[p];
     int both = f->tcp_fd >= 0 && q->tport && q->thost[0] && q->out != 1;
     if (p < f->me) { /* this rank dials */
-        if (both) q->tfd = kvps_ring__tcp_dial(q->thost, q->tport, q->tsndbuf);
-        if (both && q->tfd < 0)
-            kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
-                      q->thost, (unsigned)q->tport, strerror(errno));
-        if (q->tfd >= 0) {
-            q->tdial = q->twait = 1;
-            q->tsince = kvps__now_ms();
-        } else if (q->tport && f->tcp_fd >= 0) {
-            kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0);
+        if (!both) {
+            if (q->tport && f->tcp_fd >= 0) kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0); /* (p may wait for it) */
+            return;
         }
+        q->tfd = kvps_ring__tcp_dial(q->thost, q->tport, q->tsndbuf);
+        if (q->tfd < 0) { kvps_ring__x_dial_failed(f, p, strerror(errno)); return; }
+        q->tdial = q->twait = 1;
+        q->tsince = kvps__now_ms();
     } else if (both) { /* p dials */
         if (q->topen) q->out = 2;
         else q->twait = 1;
@@ -1898,19 +1908,14 @@ static void kvps_ring__x_dial_progress(kvps_ring__fam *f) {
             kvps_ring__tcp_auth_make(a, f->me, f->size, q->tok_out);
             d = send(q->tfd, a, sizeof a, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof a ? 0 : -1;
         }
-        q->twait = 0;
-        if (d == 0) {
-            q->topen = q->tready = 1;
-            f->in_tcp++;
-            if (q->out != 1) q->out = 2;
+        if (d != 0) {
+            kvps_ring__x_dial_failed(f, p, d < 0 ? strerror(errno) : "it took longer than the ring's timeout");
             continue;
         }
-        kvps__log(KVPS_LOG_WARN, "ring %d: cannot connect to rank %d's data port %s:%u (%s): ZeroMQ to it", f->me, p,
-                  q->thost, (unsigned)q->tport, d < 0 ? strerror(errno) : "it took longer than the ring's timeout");
-        close(q->tfd);
-        q->tfd = -1;
-        q->tdial = 0;
-        kvps_ring__x_ctl(f, p, KVPS_RING__X_NOTCP, NULL, 0);
+        q->twait = 0;
+        q->topen = q->tready = 1;
+        f->in_tcp++;
+        q->out = 2; /* (it dials only where shared memory does not carry its messages) */
     }
 }
 
@@ -2365,20 +2370,14 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
     /* every peer through shared memory or its own connection: the router, rarely used, is
        looked at every 4th look */
     int direct = f->in_shm + f->in_tcp == f->size - 1;
-    if (f->local <= f->cpus) { /* a CPU for every rank here: looks without yields (as MPI's progress loop) */
-        for (int spin = 0; kvps__now_us() < spin_end; spin++) {
-            if (direct && (spin & 63) != 63 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
-                return KVPS_OK;
+    int own_cpu = f->local <= f->cpus; /* a CPU for every rank here: looks without yields (as MPI's progress loop) */
+    for (int spin = 0; (own_cpu || spin < KVPS_RING__SPIN) && kvps__now_us() < spin_end; spin++) {
+        if (!own_cpu) sched_yield();
 #if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
+        else if (spin) __builtin_ia32_pause();
 #endif
-        }
-    } else {
-        for (int spin = 0; spin < KVPS_RING__SPIN && kvps__now_us() < spin_end; spin++) {
-            sched_yield();
-            if (direct && (spin & 63) != 63 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
-                return KVPS_OK;
-        }
+        if (direct && (spin & 63) != 63 ? kvps_ring__x_shm_ready(f) || kvps_ring__x_tcp_ready(f) : kvps_ring__x_ready(f))
+            return KVPS_OK;
     }
     kvps_ring__x_maybe_unlink(f);
     if (f->in_shm == f->size - 1) {
@@ -5314,7 +5313,8 @@ KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers
     static const char *const rv[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
     static const char *const sv[] = {"KVPS_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
     const char *rname = NULL, *sname = NULL;
-    int got_r = kvps_ring__env_first(rv, 5, rank, &rname), got_s = kvps_ring__env_first(sv, 5, size, &sname);
+    int got_r = kvps_ring__env_first(rv, (int)(sizeof rv / sizeof *rv), rank, &rname),
+        got_s = kvps_ring__env_first(sv, (int)(sizeof sv / sizeof *sv), size, &sname);
     *peers = getenv("KVPS_RING_PEERS");
     if (got_r <= 0 || got_s <= 0) {
         const char *const *names = got_r <= 0 ? rv : sv;
