@@ -13,7 +13,7 @@ B       ?= build
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
-HEADERS  := kvps_core.h kvps_codec.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
+HEADERS  := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
 
 .PHONY: all deps deps-demo test test-all asan-test valgrind-test bench demo compile-test clean
 # The OpenMPI peers of bench_ring and bench_fusion, built where mpicc is (the benches run without

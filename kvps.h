@@ -707,6 +707,7 @@
 #endif
 #include "kvps_core.h"
 #include "kvps_codec.h"
+#include "kvps_launch.h"
 
 #ifndef KVPS_H
 #define KVPS_H
@@ -1277,12 +1278,77 @@ static kvps_result kvps__env_chain(kvps_env *env, char **eps) {
     return r;
 }
 
+/* A job formed at a rendezvous (kvps_launch.h): KVPS_NUM_SERVERS and the launcher's rank and
+   size; the first num_servers ranks serve, each on a port of the chosen card, the rest work.
+   env->servers points at the table's servers, kept until the next kvps_env_read. */
+static char *kvps__env_servers;
+static pthread_mutex_t kvps__env_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvps_result kvps__env_meet(kvps_env *env, const kvps_launch *l) {
+    int ns = 0;
+    const char *role = getenv("KVPS_ROLE");
+    if (kvps__env_int("KVPS_NUM_SERVERS", &ns) != 1 || ns < 1 || ns >= l->size) {
+        kvps__log(KVPS_LOG_ERROR, "ps env: a rendezvous at %s (%s) with %d ranks needs KVPS_NUM_SERVERS, 1 to %d (the first "
+                  "ranks serve, the rest work); it is %s%.40s%s", l->rendezvous, l->rendezvous_var, l->size, l->size - 1,
+                  getenv("KVPS_NUM_SERVERS") ? "'" : "not set", getenv("KVPS_NUM_SERVERS") ? getenv("KVPS_NUM_SERVERS") : "",
+                  getenv("KVPS_NUM_SERVERS") ? "'" : "");
+        return KVPS_ERR_ENV;
+    }
+    int serves = l->rank < ns;
+    if (role && *role && strcmp(role, serves ? "server" : "worker") != 0) {
+        kvps__log(KVPS_LOG_ERROR, "ps env: KVPS_ROLE is '%s' but rank %d (%s) of a rendezvous job with KVPS_NUM_SERVERS=%d is a %s: "
+                  "the first ranks serve", role, l->rank, l->rank_var, ns, serves ? "server" : "worker");
+        return KVPS_ERR_ENV;
+    }
+    char shape[32], ip[64];
+    snprintf(shape, sizeof shape, "ps %d", ns);
+    kvps_result rc = KVPS_OK;
+    if (serves) {
+        rc = kvps__launch_bind_ip(l, ip, sizeof ip);
+        if (rc == KVPS_OK) rc = kvps__reserve_port(ip, "server", env->endpoint, sizeof env->endpoint);
+    }
+    char **table = NULL;
+    if (rc == KVPS_OK) rc = kvps__launch_meet(l, shape, env->endpoint, &table);
+    char *all = NULL;
+    if (rc == KVPS_OK) {
+        size_t len = 1;
+        for (int i = 0; i < ns; i++) len += strlen(table[i]) + 1;
+        all = (char *)malloc(len);
+        for (int i = 0; all && i < ns; i++) {
+            if (!table[i][0]) { free(all); all = NULL; break; }
+            snprintf(all + (i ? strlen(all) : 0), len - (i ? strlen(all) : 0), "%s%s", i ? "," : "", table[i]);
+        }
+        if (!all) rc = kvps__launch_fail(KVPS_ERR_MALFORMED, "the rendezvous at %s gave a server no endpoint (or no memory)",
+                                         l->rendezvous);
+        kvps__free_strv(table, l->size);
+    }
+    if (rc != KVPS_OK) {
+        kvps__log(KVPS_LOG_ERROR, "ps env: %s", kvps_launch_last_error());
+        return rc;
+    }
+    pthread_mutex_lock(&kvps__env_mu);
+    free(kvps__env_servers);
+    kvps__env_servers = all;
+    pthread_mutex_unlock(&kvps__env_mu);
+    env->servers = all;
+    env->num_servers = ns;
+    env->num_workers = l->size - ns;
+    env->role = serves ? KVPS_ROLE_SERVER : KVPS_ROLE_WORKER;
+    env->rank = serves ? l->rank : l->rank - ns;
+    if (serves) snprintf(env->replicas, sizeof env->replicas, "%s", env->endpoint);
+    return KVPS_OK;
+}
+
 KVPS_API kvps_result kvps_env_read(kvps_env *env) {
     if (!env) return KVPS_ERR_INVALID_ARG;
     memset(env, 0, sizeof *env);
     env->servers = getenv("KVPS_SERVERS");
     if (!env->servers || !*env->servers) {
-        kvps__log(KVPS_LOG_ERROR, "KVPS_SERVERS is not set (comma-separated server endpoints)");
+        kvps_launch l;
+        if (kvps_launch_read(&l) == KVPS_OK && l.rendezvous[0]) return kvps__env_meet(env, &l);
+        kvps__log(KVPS_LOG_ERROR, "ps env: KVPS_SERVERS is not set (comma-separated server endpoints), and no rendezvous "
+                  "address with the launcher's rank and size is (MASTER_ADDR and MASTER_PORT, or KVPS_RENDEZVOUS=host:port, "
+                  "with KVPS_NUM_SERVERS)%s%s", l.rendezvous[0] || !kvps_launch_last_error()[0] ? "" : ": ",
+                  l.rendezvous[0] ? "" : kvps_launch_last_error());
         return KVPS_ERR_ENV;
     }
     char **eps = NULL;
@@ -1480,15 +1546,7 @@ static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
     buf[n] = 0;
 }
 
-/* The job token's digest (JOB TOKEN): the desc's token, else $KVPS_JOB_TOKEN; 0 when there is
-   none (NULL or ""), never 0 otherwise. What travels is the digest, never the token. */
-static uint64_t kvps__token_digest(const char *desc_token) {
-    const char *t = desc_token ? desc_token : getenv("KVPS_JOB_TOKEN");
-    if (!t || !*t) return 0;
-    uint64_t h = kvps__fnv(KVPS__FNV_BASIS, "kvps job token:", 15);
-    h = kvps__mix64(kvps__fnv(h, t, strlen(t)));
-    return h ? h : 1;
-}
+/* The job token's digest (JOB TOKEN): kvps__token_digest, in kvps_launch.h (the rendezvous sends it too). */
 
 /* A random 32-bit number, never 0 (incarnations). */
 static uint32_t kvps__random32(void) {
@@ -6496,7 +6554,7 @@ static kvps_result kvps__server_socket(kvps_server *s, const kvps_server_desc *d
     if (kvps__monitor(s->ctx, s->router, ZMQ_EVENT_DISCONNECTED, &s->mon) != 0)
         return kvps__server_fail(s, KVPS_ERR_ZMQ, "zmq_socket_monitor");
     if (desc->curve_secret_key && kvps__curve_server(s) != 0) return kvps__server_fail(s, KVPS_ERR_CONFIG, "CURVE");
-    if (zmq_bind(s->router, desc->endpoint) != 0) {
+    if (kvps__zmq_bind(s->router, desc->endpoint) != 0) {
         kvps__log(KVPS_LOG_ERROR, "server %d: cannot bind its endpoint '%s' (the server's ZeroMQ socket): %s", desc->rank,
                   desc->endpoint, zmq_strerror(zmq_errno()));
         return kvps__server_fail(s, KVPS_ERR_BIND, "zmq_bind");

@@ -11,9 +11,10 @@
    static, so one file holds a header and all it stands on):
        KVPS_CORE_IMPLEMENTATION    this file
        KVPS_CODEC_IMPLEMENTATION   kvps_codec.h + core
-       KVPS_PS_IMPLEMENTATION      kvps.h + codec + core
-       KVPS_RING_IMPLEMENTATION    kvps_ring.h + codec + core
-       KVPS_FUSE_IMPLEMENTATION    kvps_fuse.h + ring + codec + core
+       KVPS_LAUNCH_IMPLEMENTATION  kvps_launch.h + core
+       KVPS_PS_IMPLEMENTATION      kvps.h + launch + codec + core
+       KVPS_RING_IMPLEMENTATION    kvps_ring.h + launch + codec + core
+       KVPS_FUSE_IMPLEMENTATION    kvps_fuse.h + ring + launch + codec + core
    Use one file for the implementation of all the kvps headers you use (with KVPS_IMPLEMENTATION
    it is one line); two files that each turn on core would define its functions twice.
    Link with -pthread -lm; and with libzmq where kvps.h or kvps_ring.h is used (core's ZeroMQ
@@ -34,10 +35,17 @@
      KVPS_ASSERT  the implementation's assert (default: assert.h's)
 */
 /* The implementation switches, one table for every header: each header's own switch implies
-   those of the headers under it (kvps_fuse.h > kvps_ring.h > kvps_codec.h > this; kvps.h >
-   kvps_codec.h). Every kvps header includes this file first, so this runs at each include. */
+   those of the headers under it (kvps_fuse.h > kvps_ring.h > kvps_codec.h and kvps_launch.h >
+   this; kvps.h > kvps_codec.h and kvps_launch.h). Every kvps header includes this file first, so
+   this runs at each include. */
 #if defined(KVPS_FUSE_IMPLEMENTATION) && !defined(KVPS_RING_IMPLEMENTATION)
 #define KVPS_RING_IMPLEMENTATION
+#endif
+#if (defined(KVPS_PS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)) && !defined(KVPS_LAUNCH_IMPLEMENTATION)
+#define KVPS_LAUNCH_IMPLEMENTATION
+#endif
+#if defined(KVPS_LAUNCH_IMPLEMENTATION) && !defined(KVPS_CORE_IMPLEMENTATION)
+#define KVPS_CORE_IMPLEMENTATION
 #endif
 #if (defined(KVPS_PS_IMPLEMENTATION) || defined(KVPS_RING_IMPLEMENTATION)) && !defined(KVPS_CODEC_IMPLEMENTATION)
 #define KVPS_CODEC_IMPLEMENTATION
@@ -359,12 +367,14 @@ static int kvps__env_int(const char *name, int *out) {
 }
 
 KVPS_API int kvps_env_launched(void) {
-    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "OMPI_COMM_WORLD_RANK",
-                                 "PMI_RANK"};
+    static const char *vars[] = {"KVPS_ROLE", "KVPS_SERVERS", "KVPS_RANK", "KVPS_RING_PEERS", "KVPS_RENDEZVOUS",
+                                 "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         if (v && *v) return 1;
     }
+    const char *rk = getenv("RANK"), *ws = getenv("WORLD_SIZE"); /* torchrun's, PyTorchJob's: both */
+    if (rk && *rk && ws && *ws) return 1;
     const char *nt = getenv("SLURM_NTASKS");
     return getenv("SLURM_PROCID") && nt && atoi(nt) > 1;
 }

@@ -386,6 +386,7 @@
 #endif
 #include "kvps_core.h"
 #include "kvps_codec.h"
+#include "kvps_launch.h"
 #ifndef KVPS_RING_H
 #define KVPS_RING_H
 
@@ -907,30 +908,8 @@ static const char *kvps_ring__cma_refused(void) {
 #endif
 }
 
-/* This host as the kernel separates hosts: the boot, the network, IPC and PID namespaces, and
-   /dev/shm's file system (a container has its own; `ip netns exec` keeps the host's, though it
-   makes a mount namespace of its own for each command), so that two containers or two network
-   namespaces of one machine are two hosts; $KVPS_RING_HOST_ID appended (manual section 10). ""
-   when /proc cannot tell (no shared memory then). */
-static void kvps_ring__host_ident(char *buf, size_t cap) {
-    char boot[64] = "";
-    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (fp) { if (!fgets(boot, sizeof boot, fp)) boot[0] = 0; fclose(fp); }
-    boot[strcspn(boot, "\n")] = 0;
-    static const char *ns[] = {"net", "ipc", "pid"};
-    unsigned long long ino[5] = {0, 0, 0, 0, 0};
-    struct stat st;
-    for (int i = 0; i < 3; i++) {
-        char p[32];
-        snprintf(p, sizeof p, "/proc/self/ns/%s", ns[i]);
-        if (stat(p, &st) == 0) ino[i] = (unsigned long long)st.st_ino;
-    }
-    if (stat("/dev/shm", &st) == 0) { ino[3] = (unsigned long long)st.st_dev; ino[4] = (unsigned long long)st.st_ino; }
-    const char *extra = getenv("KVPS_RING_HOST_ID");
-    if (!boot[0] || !ino[0]) { buf[0] = 0; return; }
-    snprintf(buf, cap, "%s n%llx i%llx p%llx s%llx:%llx%s%.40s", boot, ino[0], ino[1], ino[2], ino[3], ino[4],
-             extra && *extra ? " " : "", extra ? extra : "");
-}
+/* This host (kvps_launch.h's kvps__host_ident: boot id, namespaces, /dev/shm). */
+#define kvps_ring__host_ident kvps__host_ident
 
 /* Removes segments left by processes that are gone (killed before they could unlink theirs):
    "/dev/shm/kvps-ring-PID-..." whose PID no longer runs and that are over a minute old (a live
@@ -5054,7 +5033,7 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     else {
         zmq_setsockopt(f->router, ZMQ_RCVHWM, &zero, sizeof zero);
         zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
-        if (zmq_bind(f->router, bind) != 0) {
+        if (kvps__zmq_bind(f->router, bind) != 0) {
             rc = kvps_ring__noring(KVPS_ERR_BIND, "kvps_ring_create: ring rank %d cannot bind its endpoint '%s': %s", r->rank,
                                    bind, zmq_strerror(zmq_errno()));
         } else {
@@ -5298,39 +5277,54 @@ KVPS_API kvps_result kvps_ring_split(kvps_ring *r, int colour, int key, kvps_rin
 }
 
 // >>environment
-/* The first of vars that is set: 1 and *v (its value in *out), 0 none set, -1 set but not a number
-   (*v names it). */
-static int kvps_ring__env_first(const char *const *vars, int n, int *out, const char **v) {
-    for (int i = 0; i < n; i++) {
-        int got = kvps__env_int(vars[i], out);
-        if (got != 0) { *v = vars[i]; return got; }
+/* The peers a rendezvous found (kvps_ring_env_read's *peers): valid until the next call. */
+static char *kvps_ring__env_peers;
+static pthread_mutex_t kvps_ring__env_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The rendezvous of kvps_launch.h for a ring: this rank's endpoint on the chosen card, a port
+   reserved for it, the table joined into *peers. */
+static kvps_result kvps_ring__env_meet(const kvps_launch *l, const char **peers) {
+    char ip[64], ep[128];
+    char **table = NULL;
+    kvps_result rc = kvps__launch_bind_ip(l, ip, sizeof ip);
+    if (rc == KVPS_OK) rc = kvps__reserve_port(ip, "ring", ep, sizeof ep);
+    if (rc == KVPS_OK) rc = kvps__launch_meet(l, "ring", ep, &table);
+    if (rc != KVPS_OK) return kvps_ring__noring(rc, "ring env: %s", kvps_launch_last_error());
+    size_t len = 1;
+    for (int i = 0; i < l->size; i++) len += strlen(table[i]) + 1;
+    char *all = (char *)malloc(len);
+    if (all) {
+        all[0] = 0;
+        for (int i = 0; i < l->size; i++) {
+            if (!table[i][0]) { free(all); all = NULL; break; } /* every ring rank registers an endpoint */
+            if (i) strcat(all, ",");
+            strcat(all, table[i]);
+        }
     }
-    return 0;
+    kvps__free_strv(table, l->size);
+    if (!all) return kvps_ring__noring(KVPS_ERR_MALFORMED, "ring env: the rendezvous at %s gave a rank no endpoint (or no memory)",
+                                       l->rendezvous);
+    pthread_mutex_lock(&kvps_ring__env_mu);
+    free(kvps_ring__env_peers);
+    kvps_ring__env_peers = all;
+    pthread_mutex_unlock(&kvps_ring__env_mu);
+    *peers = all;
+    return KVPS_OK;
 }
 
 KVPS_API kvps_result kvps_ring_env_read(int *rank, int *size, const char **peers) {
     if (!rank || !size || !peers) return kvps_ring__noring(KVPS_ERR_INVALID_ARG, "kvps_ring_env_read: a NULL argument");
-    static const char *const rv[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-    static const char *const sv[] = {"KVPS_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
-    const char *rname = NULL, *sname = NULL;
-    int got_r = kvps_ring__env_first(rv, (int)(sizeof rv / sizeof *rv), rank, &rname),
-        got_s = kvps_ring__env_first(sv, (int)(sizeof sv / sizeof *sv), size, &sname);
+    kvps_launch l;
     *peers = getenv("KVPS_RING_PEERS");
-    if (got_r <= 0 || got_s <= 0) {
-        const char *const *names = got_r <= 0 ? rv : sv;
-        const char *bad = got_r < 0 ? rname : got_s < 0 ? sname : NULL;
-        if (bad) return kvps_ring__noring(KVPS_ERR_ENV, "ring env: %s is '%.40s', not a number", bad, getenv(bad));
-        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: no %s: none of %s, %s, %s, %s, %s is set", got_r <= 0 ? "rank" : "size",
-                                 names[0], names[1], names[2], names[3], names[4]);
-    }
-    if (*size < 1 || *rank >= *size)
-        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: rank %d (%s) and size %d (%s): need 0 <= rank < size", *rank, rname,
-                                 *size, sname);
-    if (!*peers || !**peers)
-        return kvps_ring__noring(KVPS_ERR_ENV, "ring env: KVPS_RING_PEERS is %s (rank %d of %d read from %s and %s): it must "
-                                 "list every rank's endpoint, in rank order", *peers ? "empty" : "not set", *rank, *size,
-                                 rname, sname);
-    return KVPS_OK;
+    if (kvps_launch_read(&l) != KVPS_OK) return kvps_ring__noring(KVPS_ERR_ENV, "ring env: %s", kvps_launch_last_error());
+    *rank = l.rank;
+    *size = l.size;
+    if (*peers && **peers) return KVPS_OK;
+    if (l.rendezvous[0]) return kvps_ring__env_meet(&l, peers);
+    return kvps_ring__noring(KVPS_ERR_ENV, "ring env: KVPS_RING_PEERS is %s (rank %d of %d read from %s and %s) and no "
+                             "rendezvous address is set: list every rank's endpoint in KVPS_RING_PEERS, in rank order, or give "
+                             "MASTER_ADDR and MASTER_PORT (or KVPS_RENDEZVOUS=host:port)", *peers ? "empty" : "not set", *rank,
+                             *size, l.rank_var, l.size_var);
 }
 
 #endif /* KVPS_RING__IMPLEMENTED */

@@ -5,7 +5,10 @@
    itself once all workers have, and every process exits 0 (1: wrong weights or an error).
      build/hello_ps [-s N] [-w M]               N servers, M workers as threads (default 1, 2)
      scripts/kvps-run -s 2 -w 3 build/hello_ps  or mpirun/srun -n 5, KVPS_SERVERS (2 of them) and
-   KVPS_NUM_WORKERS set (ranks 0..1 serve): a process each. hello_ring.c: the same, no server. */
+   KVPS_NUM_WORKERS set (ranks 0..1 serve): a process each.
+     KVPS_NUM_SERVERS=2 torchrun --nproc_per_node 5 --no_python build/hello_ps   (or mpirun / srun
+   -n 5 with MASTER_ADDR, MASTER_PORT and KVPS_NUM_SERVERS=2: the processes meet at rank 0's
+   address, ranks 0..1 serve; kvps_launch.h). hello_ring.c: the same, no server. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
 #include <math.h>

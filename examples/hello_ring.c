@@ -9,9 +9,12 @@
      build/hello_ring [-n N]                      N ranks as threads of this process (default 4)
      scripts/kvps-run -s 0 -w 3 build/hello_ring  one process per rank, from KVPS_RANK, KVPS_SIZE
                                                   and KVPS_RING_PEERS (kvps_ring_env_read)
-     mpirun -n 3 -x KVPS_RING_PEERS=tcp://127.0.0.1:7000,tcp://127.0.0.1:7001,tcp://127.0.0.1:7002 build/hello_ring
-     srun -n 3 build/hello_ring                   (KVPS_RING_PEERS exported; rank from SLURM_PROCID)
-   Rank r binds entry r of KVPS_RING_PEERS. Exit 0 when every rank holds the right weights. */
+     torchrun --nproc_per_node 4 --no_python build/hello_ring     (RANK, WORLD_SIZE, MASTER_ADDR,
+                                                  MASTER_PORT: the ranks meet at rank 0's address)
+     mpirun -n 3 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 build/hello_ring
+     srun -n 3 build/hello_ring                   (MASTER_ADDR, MASTER_PORT exported)
+   With KVPS_RING_PEERS rank r binds its entry r; else the ranks meet at the rendezvous address
+   (kvps_launch.h). Exit 0 when every rank holds the right weights. */
 #define KVPS_IMPLEMENTATION
 #include "kvps_ring.h"
 
@@ -65,7 +68,7 @@ int main(int argc, char **argv) {
     if (kvps_env_launched()) {        /* kvps-run, mpirun, srun: this process is one rank */
         rank_job j = {0, 0, NULL, NULL, 0};
         if (kvps_ring_env_read(&j.rank, &j.size, &j.peers) != KVPS_OK) {
-            fprintf(stderr, "hello_ring: needs KVPS_RING_PEERS (kvps-run -s 0 -w N sets it; mpirun -x, srun: export it)\n");
+            fprintf(stderr, "hello_ring: no ring: %s\n", kvps_ring_last_error(NULL)); /* names what is missing */
             return 2;
         }
         run_rank(&j);

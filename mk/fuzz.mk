@@ -30,7 +30,7 @@ FUZZ_TARGETS ?= $(FUZZ_ALL)
 # KVPS__TOPK_SLACK: see fuzz_codec.c (short inputs reach every path of top-k's threshold search)
 FUZZ_CFLAGS  := -std=c99 -D_POSIX_C_SOURCE=200809L -DKVPS__TOPK_SLACK=16 -ffp-contract=off -I. -g -O1 -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function
-FUZZ_HEADERS := kvps_core.h kvps_codec.h kvps.h kvps_ring.h tests/kvps_test.h tests/fuzz/fuzz_common.h tests/fuzz/fuzz_ring_ops.h
+FUZZ_HEADERS := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h tests/kvps_test.h tests/fuzz/fuzz_common.h tests/fuzz/fuzz_ring_ops.h
 
 .PHONY: fuzz fuzz-build fuzz-smoke fuzz-crashes fuzz-corpus fuzz-clean fuzz-cc tsan-test
 

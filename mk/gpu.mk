@@ -14,7 +14,7 @@ GPU_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[
 NVCCFLAGS ?= -O2 -std=c++17 -Xcompiler -Wall,-Wextra
 GPU_LIBS   = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
              -lcudart -lnccl -lstdc++ $(LDLIBS)
-GPU_HEADERS := kvps_core.h kvps_codec.h kvps.h kvps_ring.h kvps_gpu.h
+GPU_HEADERS := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_gpu.h
 GPU_O     := $(GPU_B)/obj
 GPU_TEST_DEPS := $(GPU_HEADERS) tests/kvps_test.h $(wildcard tests/gpu/*.h)
 GPU_BINS  := $(GPU_B)/test_gpu $(GPU_B)/test_gpu_host $(GPU_B)/bench_gpu $(GPU_B)/c_api $(GPU_B)/hier_procs

@@ -9,7 +9,7 @@ INCLUDEDIR   ?= $(PREFIX)/include
 BINDIR       ?= $(PREFIX)/bin
 PKGCONFIGDIR ?= $(PREFIX)/lib/pkgconfig
 INSTALL      ?= install
-KVPS_HEADERS := kvps_core.h kvps_codec.h kvps.h kvps_ring.h kvps_fuse.h kvps_gpu.h
+KVPS_HEADERS := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_fuse.h kvps_gpu.h
 # the version on kvps.h's identity line: "kvps.h - v0.1 - ..."
 KVPS_VERSION := $(shell sed -n '1s/^.* - v\([0-9][0-9.]*\) - .*$$/\1/p' kvps.h)
 
