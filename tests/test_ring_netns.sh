@@ -4,7 +4,9 @@
 # 198.18.77.1 and 198.18.77.2 (198.18.0.0/15, for tests). Ranks on one host talk through shared
 # memory, the hosts over TCP, the ring finds the hosts by itself; build/ring_hier_rank checks the
 # transports, the algorithm AUTO picks, and exact sums. Needs root and ip(8): elsewhere it says
-# "skipped". Everything it makes is removed on exit.
+# "skipped". Everything it makes is removed on exit. The same job formed again from one rendezvous
+# address with KVPS_IFNAME choosing the veth (kvps_launch.h), and refused when rank 3 advertises
+# a loopback address.
 set -u
 dir=$(cd "$(dirname "$0")" && pwd)
 rank_bin=$dir/ring_hier_rank
@@ -28,23 +30,45 @@ ip -n ${tag}a link set ${tag}x up && ip -n ${tag}b link set ${tag}y up &&
 ip -n ${tag}a link set lo up && ip -n ${tag}b link set lo up || skip "cannot make network namespaces here"
 mkdir -p "/tmp/$tag"
 peers=tcp://198.18.77.1:29500,tcp://198.18.77.1:29501,tcp://198.18.77.2:29502,tcp://198.18.77.2:29503
-pids=()
-for r in 0 1 2 3; do
-    ns=${tag}a; [ $r -ge 2 ] && ns=${tag}b
-    ip netns exec $ns env KVPS_RANK=$r KVPS_SIZE=4 KVPS_RING_PEERS=$peers timeout 120 "$rank_bin" >"/tmp/$tag/$r.log" 2>&1 &
-    pids+=($!)
-done
-fail=0
-for r in 0 1 2 3; do
-    wait "${pids[$r]}" || fail=1
-done
-cat /tmp/$tag/*.log
-left=$(ls /dev/shm 2>/dev/null | grep -c "^kvps-ring-" || true)
-if [ $fail -eq 0 ] && [ "$(cat /tmp/$tag/*.log | grep -c ': ok$')" = 4 ]; then
-    echo "ok test_ring_netns (2 namespaces x 2 ranks: shared memory inside, TCP between, HIER chosen, sums exact)"
-    echo "1 passed, 0 failed"
+# run_job NAME VARS...: the 4 ranks (0, 1 in namespace a; 2, 3 in b), each with "KVPS_RANK=r
+# VARS"; rank 3 also with $R3 (extra variables); logs in /tmp/$tag/NAME-r.log; returns how many
+# ranks failed.
+run_job() {
+    local name=$1; shift
+    local pids=() bad=0
+    for r in 0 1 2 3; do
+        ns=${tag}a; [ $r -ge 2 ] && ns=${tag}b
+        extra=""; [ $r = 3 ] && extra=${R3:-}
+        ip netns exec $ns env KVPS_RANK=$r KVPS_SIZE=4 KVPS_RENDEZVOUS_TIMEOUT=30 "$@" $extra timeout 120 "$rank_bin" \
+            >"/tmp/$tag/$name-$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for r in 0 1 2 3; do wait "${pids[$r]}" || bad=$((bad + 1)); done
+    return $bad
+}
+pass=0 fail=0
+# 1. the peers listed by hand
+if run_job peers KVPS_RING_PEERS=$peers && [ "$(cat /tmp/$tag/peers-*.log | grep -c ': ok$')" = 4 ]; then
+    echo "ok test_ring_netns (2 namespaces x 2 ranks: shared memory inside, TCP between, HIER chosen, sums exact)"; pass=$((pass + 1))
 else
-    echo "FAIL test_ring_netns"
-    echo "0 passed, 1 failed"
-    exit 1
+    cat /tmp/$tag/peers-*.log; echo "FAIL test_ring_netns (peers listed)"; fail=$((fail + 1))
 fi
+# 2. one rendezvous address (rank 0's, on the veth), KVPS_IFNAME choosing the veth on both hosts
+if run_job rdv MASTER_ADDR=198.18.77.1 MASTER_PORT=29600 KVPS_IFNAME=$tag &&
+   [ "$(cat /tmp/$tag/rdv-*.log | grep -c ': ok$')" = 4 ]; then
+    echo "ok test_ring_netns rendezvous (MASTER_ADDR/MASTER_PORT alone, KVPS_IFNAME=$tag: the same job, sums exact)"; pass=$((pass + 1))
+else
+    cat /tmp/$tag/rdv-*.log; echo "FAIL test_ring_netns rendezvous"; fail=$((fail + 1))
+fi
+# 3. rank 3 advertises loopback (KVPS_IFNAME=lo) in a job across two hosts: every rank refuses,
+#    naming rank 3's host and address
+R3=KVPS_IFNAME==lo run_job lo MASTER_ADDR=198.18.77.1 MASTER_PORT=29601 KVPS_IFNAME=$tag
+bad=$?
+named=$(grep -l "rank 3 on host $(hostname) advertises tcp://127.0.0.1:[0-9]*, a loopback address" /tmp/$tag/lo-*.log | wc -l)
+if [ $bad = 4 ] && [ "$named" = 4 ]; then
+    echo "ok test_ring_netns loopback refused (every rank: 'rank 3 on host $(hostname) advertises tcp://127.0.0.1:...')"; pass=$((pass + 1))
+else
+    cat /tmp/$tag/lo-*.log; echo "FAIL test_ring_netns loopback: $bad ranks failed, $named named it"; fail=$((fail + 1))
+fi
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
