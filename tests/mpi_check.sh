@@ -8,7 +8,9 @@
 #   2. the same with 2 shards x 2 replicas ('|' chains, mpirun -n 7: 4 servers, every one of them,
 #      backups too, returning by itself);
 #   3. mpirun -n 3 hello_ring with KVPS_RING_PEERS: every rank holds the known weights, exit 0,
-#      within 20 s, nothing "lost".
+#      within 20 s, nothing "lost";
+#   4. and 5. hello_ring (4 ranks) and hello_ps (2 servers, 3 workers) with only MASTER_ADDR and
+#      MASTER_PORT (and KVPS_NUM_SERVERS): the processes meet at rank 0's address (kvps_launch.h).
 # Each check prints the job's wall time and the time from the last result line to mpirun's exit.
 #
 # usage: tests/mpi_check.sh [BUILD_DIR]     (`make mpi-check`; make test runs it from
@@ -67,6 +69,14 @@ unset KVPS_SERVERS KVPS_NUM_WORKERS
 
 timed 20 "${mpirun[@]}" -n 3 -x KVPS_RING_PEERS="$(endpoints 3)" "$B/hello_ring"
 check_finish "mpirun -n 3 hello_ring" 3 0
+
+# one rendezvous address, no list of endpoints (kvps_launch.h): ranks from OMPI_COMM_WORLD_RANK
+rdv=$(endpoints 1); rdv=${rdv##*:}
+timed 20 "${mpirun[@]}" -n 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$rdv "$B/hello_ring"
+check_finish "mpirun -n 4 hello_ring with MASTER_ADDR/MASTER_PORT alone" 4 0
+rdv=$(endpoints 1); rdv=${rdv##*:}
+timed 20 "${mpirun[@]}" -n 5 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$rdv -x KVPS_NUM_SERVERS=2 "$B/hello_ps"
+check_finish "mpirun -n 5 hello_ps with MASTER_ADDR/MASTER_PORT and KVPS_NUM_SERVERS=2" 3 2
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
