@@ -21,6 +21,7 @@
 #   fuzz_repl    a backup replica: snapshots, the primary's copies of requests, lost workers, take-over
 #   fuzz_shm     the reader of a shared-memory queue (kvps_ring.h) on indices and bytes a peer wrote
 #   fuzz_tcp     the ring's TCP data port: a connection's preamble (who may join), then its frames cut anywhere
+#   fuzz_rendezvous  what a rendezvous reads (kvps_launch.h): registrations from anyone, rank 0's table or error
 # Clang's libFuzzer, ASan and UBSan; -O1 keeps the SIMD paths and the stacks readable.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 30

@@ -14,6 +14,8 @@
 #      itself (tests/clean_finish.sh): exit 0 within 30 s (a hang check; the wall time and the
 #      time from the last result line to srun's exit are printed), both servers back from
 #      kvps_server_run by themselves, no process saying "lost";
+#   4b. the same two with only MASTER_ADDR and MASTER_PORT (and KVPS_NUM_SERVERS=2 for hello_ps):
+#      the processes meet at rank 0's address (kvps_launch.h);
 #   5. srun -n 4 fmnist --mode bsp with KVPS_SERVERS (2) and KVPS_NUM_WORKERS=2: one epoch of
 #      softmax regression learns (test accuracy > 0.75) on 2 servers and 2 workers;
 #   6. srun -n 2 fmnist --mode allreduce with KVPS_RING_PEERS (2 ranks, no server).
@@ -226,6 +228,13 @@ check_finish "srun -n 5 hello_ps (2 servers, 3 workers)" 3 2
 [ "$rc" = 0 ] || logs
 timed 30 env KVPS_RING_PEERS="$(endpoints $(pick_ports 3))" srun -n 3 "$B/hello_ring"
 check_finish "srun -n 3 hello_ring" 3 0
+[ "$rc" = 0 ] || logs
+# one rendezvous address, no list of endpoints (kvps_launch.h)
+timed 30 env MASTER_ADDR=127.0.0.1 MASTER_PORT=$(pick_ports 1) srun -n 4 "$B/hello_ring"
+check_finish "srun -n 4 hello_ring with MASTER_ADDR/MASTER_PORT alone" 4 0
+[ "$rc" = 0 ] || logs
+timed 30 env MASTER_ADDR=127.0.0.1 MASTER_PORT=$(pick_ports 1) KVPS_NUM_SERVERS=2 srun -n 5 "$B/hello_ps"
+check_finish "srun -n 5 hello_ps with MASTER_ADDR/MASTER_PORT and KVPS_NUM_SERVERS=2" 3 2
 [ "$rc" = 0 ] || logs
 
 # ---- fmnist: the epoch line "    1  loss train_acc test_acc samples/s net_MB push_KB time_s" ----

@@ -884,12 +884,45 @@ static void tcp_seeds(void) {
     save("fuzz_tcp", "stranger_http", &b);
 }
 
+/* fuzz_rendezvous: one message as it arrives, each kind made by kvps_launch.h's own writer. */
+static void rdv_save(const char *name, kvps__rdv_buf *r) {
+    buf b;
+    begin(&b, NULL, 0);
+    put(&b, r->p, r->n);
+    save("fuzz_rendezvous", name, &b);
+    free(r->p);
+    *r = (kvps__rdv_buf){NULL, 0, 0, 1};
+}
+static void rendezvous_seeds(void) {
+    kvps__rdv_buf r = {NULL, 0, 0, 1};
+    uint64_t tok = 0x1234;
+    kvps__rdv_put_hdr(&r, KVPS__RDV_REGISTER, 1, 3);
+    kvps__rdv_put(&r, &tok, 8);
+    kvps__rdv_put_str(&r, "ps 2", KVPS__RDV_SHAPE_MAX);
+    kvps__rdv_put_str(&r, "tcp://10.0.0.2:41000", KVPS__RDV_STR_MAX);
+    kvps__rdv_put_str(&r, "0f3c n4026531840 i1 p2 s3:4", KVPS__RDV_STR_MAX);
+    kvps__rdv_put_str(&r, "node2", KVPS__RDV_STR_MAX);
+    rdv_save("register", &r);
+    kvps__rdv_put_hdr(&r, KVPS__RDV_TABLE, 2, 3);
+    for (int i = 0; i < 3; i++) {
+        kvps__rdv_put_str(&r, i < 2 ? "tcp://10.0.0.1:41000" : "", KVPS__RDV_STR_MAX);
+        kvps__rdv_put_str(&r, i ? "boot n2" : "boot n1", KVPS__RDV_STR_MAX);
+        kvps__rdv_put_str(&r, "node", KVPS__RDV_STR_MAX);
+    }
+    rdv_save("table", &r);
+    kvps__rdv_put_hdr(&r, KVPS__RDV_ERROR, 1, 4);
+    kvps__rdv_put_str(&r, "rendezvous at 10.0.0.1:29500: rank 3 of 4 did not register within 300 s", KVPS__RDV_ERR_MAX);
+    rdv_save("error", &r);
+    kvps__rdv_put_hdr(&r, KVPS__RDV_ACK, 3, 4);
+    rdv_save("ack", &r);
+}
+
 /* gen_corpus DIR [TARGET]: every target's seeds, or only TARGET's (e.g. fuzz_ring). */
 int main(int argc, char **argv) {
     static const struct { const char *target; void (*fn)(void); } gens[] = {
         {"fuzz_server", server_seeds}, {"fuzz_codec", codec_seeds}, {"fuzz_env", env_seeds}, {"fuzz_reply", reply_seeds},
         {"fuzz_ring", ring_seeds},     {"fuzz_ckpt", ckpt_seeds},   {"fuzz_repl", repl_seeds},
-        {"fuzz_shm", shm_seeds},       {"fuzz_tcp", tcp_seeds}};
+        {"fuzz_shm", shm_seeds},       {"fuzz_tcp", tcp_seeds},     {"fuzz_rendezvous", rendezvous_seeds}};
     if (argc != 2 && argc != 3) { fprintf(stderr, "usage: gen_corpus <dir> [target]\n"); return 2; }
     root = argv[1];
     if (mkdir(root, 0755) != 0 && errno != EEXIST) { perror(root); return 1; }
