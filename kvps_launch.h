@@ -27,7 +27,10 @@
 
    2. RENDEZVOUS AT ONE ADDRESS
    KVPS_RENDEZVOUS=host:port, else MASTER_ADDR and MASTER_PORT (torchrun's and PyTorchJob's):
-   with that address and the rank and size, a job forms with no list of endpoints.
+   with that address and the rank and size, a job forms with no list of endpoints. Under
+   torchrun's default (static) rendezvous its agent already serves PyTorch's store at
+   MASTER_PORT, and tells its workers so (TORCHELASTIC_USE_AGENT_STORE=True): kvps then meets at
+   MASTER_PORT + 1 on MASTER_ADDR (that port must be free there; else set KVPS_RENDEZVOUS).
      - Rank 0 listens at the address (a numeric address is bound as it is, so a rank 0 started on
        another host fails at once naming it; "localhost" binds 127.0.0.1; another host name binds
        every interface of rank 0's host, as a name may resolve to 127.0.1.1 there and to the
@@ -210,9 +213,9 @@ KVPS_API kvps_result kvps_launch_read(kvps_launch *l) {
     const char *v = NULL;
     int lr = -1, ls = -1;
     if (kvps__env_first(kvps__lrank_vars, KVPS__NVARS(kvps__lrank_vars), &lr, &v) < 0)
-        return kvps__launch_fail(KVPS_ERR_ENV, "%s is '%.40s', not a non-negative integer", v, getenv(v));
+        return kvps__launch_fail(KVPS_ERR_ENV, "%s is '%.40s', not a number", v, getenv(v));
     if (kvps__env_first(kvps__lsize_vars, KVPS__NVARS(kvps__lsize_vars), &ls, &v) < 0)
-        return kvps__launch_fail(KVPS_ERR_ENV, "%s is '%.40s', not a non-negative integer", v, getenv(v));
+        return kvps__launch_fail(KVPS_ERR_ENV, "%s is '%.40s', not a number", v, getenv(v));
     l->local_rank = lr;
     l->local_size = ls;
     const char *rv = getenv("KVPS_RENDEZVOUS"), *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
@@ -233,8 +236,15 @@ KVPS_API kvps_result kvps_launch_read(kvps_launch *l) {
             return kvps__launch_fail(KVPS_ERR_ENV, "MASTER_PORT is '%.40s', not a port (1-65535)", mp);
         if (strlen(ma) + 8 >= sizeof l->rendezvous || strchr(ma, '/') || strchr(ma, ','))
             return kvps__launch_fail(KVPS_ERR_ENV, "MASTER_ADDR is '%.80s', not a host name or address", ma);
-        snprintf(l->rendezvous, sizeof l->rendezvous, "%s:%d", ma, port);
-        l->rendezvous_var = "MASTER_ADDR/MASTER_PORT";
+        /* torchrun's static rendezvous (its default) serves its own store at MASTER_PORT from the
+           launcher's agent (and says so to its workers): the port after it is kvps's */
+        const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        int torch_store = agent && (strcmp(agent, "True") == 0 || strcmp(agent, "1") == 0 || strcmp(agent, "true") == 0);
+        if (torch_store && port == 65535)
+            return kvps__launch_fail(KVPS_ERR_ENV, "MASTER_PORT is 65535, torchrun's store's: kvps's rendezvous takes the port "
+                                     "after it; give torchrun another --master_port, or set KVPS_RENDEZVOUS=host:port");
+        snprintf(l->rendezvous, sizeof l->rendezvous, "%s:%d", ma, port + torch_store);
+        l->rendezvous_var = torch_store ? "MASTER_ADDR/MASTER_PORT + 1 (MASTER_PORT is torchrun's store)" : "MASTER_ADDR/MASTER_PORT";
     }
     kvps__launch_err[0] = 0;
     return KVPS_OK;

@@ -25,7 +25,7 @@ timed() { # LIMIT_S CMD...
     rc=$(awk 'END { print $3 }' <<<"$stamped")
     out=$(sed '$d; s/^[^ ]* //' <<<"$stamped")
     wall_s=$(awk -v a="$t0" -v b="$t_end" 'BEGIN { printf "%.2f", b - a }')
-    tail_s=$(awk -v b="$t_end" '/^[^ ]* (\[worker [0-9]+\] )?hello_(ps: worker|ring: rank) / { t = $1 }
+    tail_s=$(awk -v b="$t_end" '/^[^ ]* (\[worker [0-9]+\] |\[default[0-9]+\]:)?hello_(ps: worker|ring: rank) / { t = $1 }
         END { if (t == "") print -1; else printf "%.2f", b - t }' <<<"$stamped")
 }
 

@@ -1,6 +1,8 @@
 /* test_launch - kvps_launch.h: a job formed from its launcher's variables and one rendezvous
    address, as torchrun, mpirun and srun start it.
 
+     test_launch_read       the variables: each missing or malformed one named; torchrun's local
+                            rank; KVPS_RENDEZVOUS over MASTER_ADDR; beside torchrun's own store
      test_ifname_match      KVPS_IFNAME's matcher against an independent oracle, every spec of a
                             set of tokens with each of '', '^', '=', '^=' over a set of names
      test_iface_pick        the chooser over made-up interface lists (down ones skipped,
@@ -25,6 +27,14 @@
 #include "kvps_test.h"
 
 #include <sys/wait.h>
+
+/* Every variable a launcher may set, cleared in a child before it sets its own. */
+static const char *const launch_vars[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "KVPS_SIZE",
+                                          "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "KVPS_RING_PEERS",
+                                          "KVPS_SERVERS", "KVPS_ROLE", "KVPS_NUM_WORKERS", "KVPS_NUM_SERVERS", "MASTER_ADDR",
+                                          "MASTER_PORT", "KVPS_RENDEZVOUS", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID",
+                                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "KVPS_JOB_TOKEN",
+                                          "KVPS_RENDEZVOUS_TIMEOUT", "KVPS_IFNAME", "TORCHELASTIC_USE_AGENT_STORE"};
 
 /* ---- KVPS_IFNAME's matcher ---- */
 
@@ -84,6 +94,48 @@ static void test_iface_pick(void) {
     KT_CHECK(kvps_launch_address(0, ip, sizeof ip) == KVPS_OK && strcmp(ip, "127.0.0.1") == 0, "KVPS_IFNAME=lo: %s", ip);
     unsetenv("KVPS_IFNAME");
     KT_CHECK(kvps_launch_address(1, ip, sizeof ip) == KVPS_OK && strcmp(ip, "127.0.0.1") == 0, "loopback rendezvous: %s", ip);
+}
+
+/* ---- the launcher's variables ---- */
+static void clear_launch_vars(void);
+static void test_launch_read(void) {
+    kvps_launch l;
+    clear_launch_vars();
+    KT_CHECK(kvps_launch_read(&l) == KVPS_ERR_ENV && strstr(kvps_launch_last_error(), "no rank: none of KVPS_RANK, RANK,"),
+             "nothing set: '%s'", kvps_launch_last_error());
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    KT_OK(kvps_launch_read(&l));
+    KT_CHECK(l.rank == 1 && l.size == 4 && l.local_rank == 1 && l.local_size == 2 && !l.rendezvous[0] &&
+             strcmp(l.rank_var, "RANK") == 0, "torchrun's variables: %d %d %d %d", l.rank, l.size, l.local_rank, l.local_size);
+    int lr = -5, ls = -5;
+    kvps_launch_local(&lr, &ls);
+    KT_CHECK(lr == 1 && ls == 2, "kvps_launch_local: the launcher's %d %d", lr, ls);
+    setenv("MASTER_ADDR", "node1", 1);
+    KT_CHECK(kvps_launch_read(&l) == KVPS_ERR_ENV && strstr(kvps_launch_last_error(), "MASTER_ADDR is set but MASTER_PORT is not"),
+             "no port: '%s'", kvps_launch_last_error());
+    setenv("MASTER_PORT", "70000", 1);
+    KT_CHECK(kvps_launch_read(&l) == KVPS_ERR_ENV && strstr(kvps_launch_last_error(), "MASTER_PORT is '70000', not a port"),
+             "port 70000: '%s'", kvps_launch_last_error());
+    setenv("MASTER_PORT", "29500", 1);
+    KT_OK(kvps_launch_read(&l));
+    KT_CHECK(strcmp(l.rendezvous, "node1:29500") == 0, "rendezvous '%s'", l.rendezvous);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1); /* torchrun's own store is at 29500 */
+    KT_OK(kvps_launch_read(&l));
+    KT_CHECK(strcmp(l.rendezvous, "node1:29501") == 0, "beside torchrun's store: '%s'", l.rendezvous);
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    setenv("KVPS_RENDEZVOUS", "10.0.0.1:", 1);
+    KT_CHECK(kvps_launch_read(&l) == KVPS_ERR_ENV && strstr(kvps_launch_last_error(), "KVPS_RENDEZVOUS is '10.0.0.1:', not host:port"),
+             "bad KVPS_RENDEZVOUS: '%s'", kvps_launch_last_error());
+    setenv("KVPS_RENDEZVOUS", "10.0.0.1:7000", 1); /* it wins over MASTER_ADDR */
+    KT_OK(kvps_launch_read(&l));
+    KT_CHECK(strcmp(l.rendezvous, "10.0.0.1:7000") == 0 && strcmp(l.rendezvous_var, "KVPS_RENDEZVOUS") == 0, "'%s'", l.rendezvous);
+    setenv("LOCAL_RANK", "x", 1);
+    KT_CHECK(kvps_launch_read(&l) == KVPS_ERR_ENV && strstr(kvps_launch_last_error(), "LOCAL_RANK is 'x', not a number"),
+             "bad LOCAL_RANK: '%s'", kvps_launch_last_error());
+    clear_launch_vars();
 }
 
 /* ---- the decoder ---- */
@@ -180,13 +232,9 @@ static void test_wire(void) {
 
 /* ---- jobs of real processes ---- */
 
-/* Every variable a launcher may set, cleared in a child before it sets its own. */
-static const char *const launch_vars[] = {"KVPS_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "KVPS_SIZE",
-                                          "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "KVPS_RING_PEERS",
-                                          "KVPS_SERVERS", "KVPS_ROLE", "KVPS_NUM_WORKERS", "KVPS_NUM_SERVERS", "MASTER_ADDR",
-                                          "MASTER_PORT", "KVPS_RENDEZVOUS", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID",
-                                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "KVPS_JOB_TOKEN",
-                                          "KVPS_RENDEZVOUS_TIMEOUT", "KVPS_IFNAME"};
+static void clear_launch_vars(void) {
+    for (size_t i = 0; i < sizeof launch_vars / sizeof *launch_vars; i++) unsetenv(launch_vars[i]);
+}
 
 /* A port the kernel has free on 127.0.0.1 now. */
 static int free_port(void) {
@@ -204,7 +252,7 @@ static int free_port(void) {
 
 /* "NAME=value;NAME=value" into the environment (after clearing the launcher's variables). */
 static void child_env(const char *assigns) {
-    for (size_t i = 0; i < sizeof launch_vars / sizeof *launch_vars; i++) unsetenv(launch_vars[i]);
+    clear_launch_vars();
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", assigns);
     char *save = NULL;
@@ -478,6 +526,7 @@ static void test_rendezvous_faults(void) {
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     kvps_log_set_level(KVPS_LOG_NONE);
+    KT_RUN(test_launch_read, 30);
     KT_RUN(test_ifname_match, 30);
     KT_RUN(test_iface_pick, 30);
     KT_RUN(test_wire, 30);
