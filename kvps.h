@@ -373,12 +373,18 @@
    9. ENVIRONMENT (launchers)
    kvps_env_read fills a kvps_env from KVPS_ROLE (server|worker), KVPS_RANK (else
    OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), KVPS_SERVERS (comma-separated endpoints),
-   KVPS_NUM_WORKERS. Under mpirun/srun without KVPS_ROLE, ranks 0..n-1 are servers and the rest
+   KVPS_NUM_WORKERS. Without KVPS_SERVERS, from a rendezvous (kvps_launch.h): the launcher's rank
+   and size (RANK / WORLD_SIZE and the rest, kvps_launch.h section 1), MASTER_ADDR and
+   MASTER_PORT (or KVPS_RENDEZVOUS=host:port) and KVPS_NUM_SERVERS: ranks 0..n-1 serve, each on
+   a port of its network card (KVPS_IFNAME) held for it until kvps_server_create binds it, the
+   rest work (num_workers = size - n); env.servers is the table's list, kept until the next
+   kvps_env_read. Every process must call it (the rendezvous waits for all of them). Under mpirun/srun without KVPS_ROLE, ranks 0..n-1 are servers and the rest
    workers (worker rank = rank - n). With REPLICAS (entries "a|b"), a server's env has its
    replica (KVPS_REPLICA; under mpirun/srun the first n x r ranks serve, process p being shard
    p % n, replica p / n), its shard's chain and KVPS_REPLACEMENT. kvps_env_launched() tells whether a launcher started this
-   process: one of KVPS_ROLE, KVPS_SERVERS, KVPS_RANK, KVPS_RING_PEERS, OMPI_COMM_WORLD_RANK or
-   PMI_RANK is set (not empty), or SLURM_PROCID with SLURM_NTASKS > 1 (one task alone, e.g. a
+   process: one of KVPS_ROLE, KVPS_SERVERS, KVPS_RANK, KVPS_RING_PEERS, KVPS_RENDEZVOUS,
+   OMPI_COMM_WORLD_RANK or PMI_RANK is set (not empty), or RANK with WORLD_SIZE (torchrun), or
+   SLURM_PROCID with SLURM_NTASKS > 1 (one task alone, e.g. a
    batch script's, is not a job of several). A program that runs standalone or launched checks it.
 
    10. CONFIG MACROS

@@ -32,9 +32,12 @@
    Ephemeral ports: create with .peers = NULL and .bind = "tcp://127.0.0.1:*", read
    kvps_ring_endpoint(r), exchange the endpoints (kvps.h's kvps_ring_rendezvous does it through a kvps
    server; or your own channel), then kvps_ring_connect(r, peers). From the environment:
-   kvps_ring_env_read reads KVPS_RING_PEERS, KVPS_RANK / RANK (torchrun) / OMPI_COMM_WORLD_RANK /
-   PMI_RANK / SLURM_PROCID and KVPS_SIZE / WORLD_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE /
-   SLURM_NTASKS (the first set of each), and names what is missing or malformed.
+   kvps_ring_env_read reads KVPS_RANK / RANK (torchrun) / OMPI_COMM_WORLD_RANK / PMI_RANK /
+   SLURM_PROCID and KVPS_SIZE / WORLD_SIZE / OMPI_COMM_WORLD_SIZE / PMI_SIZE / SLURM_NTASKS (the
+   first set of each), then KVPS_RING_PEERS, or without it meets the other ranks at MASTER_ADDR /
+   MASTER_PORT (or KVPS_RENDEZVOUS=host:port) and returns the peers found there, this rank's
+   port held for it until kvps_ring_create binds it (kvps_launch.h: rendezvous, KVPS_IFNAME, the
+   local rank); it names what is missing or malformed.
    A call that fails with no ring to keep its error (kvps_ring_create, kvps_ring_env_read,
    kvps_ring_connect) leaves its words for kvps_ring_last_error(NULL), per thread: "kvps_ring_create:
    ring rank 0 cannot bind its endpoint 'tcp://127.0.0.1:6000': Address already in use".
