@@ -7140,8 +7140,13 @@ static kvps_result kvps__worker_sock(kvps_worker *w, int i, const uint8_t *skey,
                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL, &w->mons[i]) != 0)
         return KVPS_ERR_ZMQ;
+    char why[400];
+    if (!kvps__endpoint_resolves(kvps__ep(w, i), why, sizeof why))
+        kvps__log(KVPS_LOG_WARN, "worker %d: server %d's endpoint '%s': %s; trying on (a name that appears later is used)",
+                  w->desc.rank, i, kvps__ep(w, i), why);
     if (zmq_connect(s, kvps__ep(w, i)) != 0) {
-        kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to '%s': %s", w->desc.rank, kvps__ep(w, i), zmq_strerror(zmq_errno()));
+        kvps__log(KVPS_LOG_ERROR, "worker %d: cannot connect to server %d at '%s': %s", w->desc.rank, i, kvps__ep(w, i),
+                  zmq_strerror(zmq_errno()));
         return KVPS_ERR_CONNECT;
     }
     w->up_once[i] = strncmp(kvps__ep(w, i), "inproc://", 9) == 0; /* no handshake events there */

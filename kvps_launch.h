@@ -142,6 +142,7 @@ KVPS_API const char *kvps_launch_last_error(void);
 #include <net/if.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 /* (a strict POSIX build leaves the interface flags out of <net/if.h>; these are Linux's and BSD's) */
 #ifdef IFF_UP
 #define KVPS__IFF_UP IFF_UP
@@ -350,6 +351,37 @@ static int kvps__addr_loopback(const char *host) {
     struct in_addr a;
     if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0) return 1;
     return inet_pton(AF_INET, host, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* The host part of an endpoint "tcp://HOST:PORT" into host[cap]; 0 when it has none. */
+static int kvps__endpoint_host(const char *ep, char *host, size_t cap) {
+    const char *h = strstr(ep, "://"), *c = strrchr(ep, ':');
+    if (!h || !c || c <= h + 3 || (size_t)(c - h - 3) >= cap) return 0;
+    memcpy(host, h + 3, (size_t)(c - h - 3));
+    host[c - h - 3] = 0;
+    return 1;
+}
+
+/* Whether the host of a tcp:// endpoint resolves (numeric addresses, '*' and other transports
+   do); when it does not, why[cap] names the host, the port and the resolver's words. ZeroMQ
+   resolves a connect's name in the background and retries for ever, so a name that does not
+   resolve is otherwise a silent wait. */
+static int kvps__endpoint_resolves(const char *ep, char *why, size_t cap) {
+    char host[256];
+    const char *c = strrchr(ep, ':');
+    struct in_addr a4;
+    if (strncmp(ep, "tcp://", 6) != 0 || !kvps__endpoint_host(ep, host, sizeof host)) return 1;
+    if (inet_pton(AF_INET, host, &a4) == 1 || strcmp(host, "*") == 0 || host[0] == '[') return 1;
+    if (strchr(host, ';')) snprintf(host, sizeof host, "%s", strchr(host, ';') + 1); /* "src;dst" */
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (res) freeaddrinfo(res);
+    if (e == 0) return 1;
+    snprintf(why, cap, "host '%s' (port %s) does not resolve: %s", host, c ? c + 1 : "?", gai_strerror(e));
+    return 0;
 }
 
 // >>host
@@ -641,15 +673,6 @@ static void kvps__rdv_ranks(const kvps__rdv *r, int want, char *out, size_t cap)
     if (more) snprintf(out + strlen(out), cap - strlen(out), " and %d more", more);
 }
 
-/* The host part of an endpoint "tcp://HOST:PORT" into host[cap]; 0 when it has none. */
-static int kvps__endpoint_host(const char *ep, char *host, size_t cap) {
-    const char *h = strstr(ep, "://"), *c = strrchr(ep, ':');
-    if (!h || !c || c <= h + 3 || (size_t)(c - h - 3) >= cap) return 0;
-    memcpy(host, h + 3, (size_t)(c - h - 3));
-    host[c - h - 3] = 0;
-    return 1;
-}
-
 /* Rank 0: checks the whole table (one host per job or no loopback address), sends it, waits
    for the acknowledgements. */
 static kvps_result kvps__rdv_finish(kvps__rdv *r, int64_t deadline) {
@@ -798,6 +821,10 @@ static kvps_result kvps__rdv_join(kvps__rdv *r, int64_t deadline, int timeout_s)
     int linger = 2000, ivl = 100;
     zmq_setsockopt(r->sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(r->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    char unresolved[400] = "";
+    if (!kvps__endpoint_resolves(ep, unresolved, sizeof unresolved))
+        kvps__log(KVPS_LOG_WARN, "rendezvous: rank %d: the rendezvous's %s; trying on (a name that appears later is used)",
+                  r->l->rank, unresolved);
     if (zmq_connect(r->sock, ep) != 0)
         return kvps__launch_fail(KVPS_ERR_CONNECT, "rendezvous: rank %d cannot connect to %s (from %s): %s", r->l->rank, r->addr,
                                  r->l->rendezvous_var, zmq_strerror(zmq_errno()));
@@ -845,6 +872,9 @@ static kvps_result kvps__rdv_join(kvps__rdv *r, int64_t deadline, int timeout_s)
         zmq_msg_close(&f);
         return rc;
     }
+    if (unresolved[0] && !kvps__endpoint_resolves(ep, unresolved, sizeof unresolved))
+        return kvps__launch_fail(KVPS_ERR_TIMEOUT, "rendezvous: rank %d had no answer from rank 0 at %s (%s) within %d s: its %s",
+                                 r->l->rank, r->addr, r->l->rendezvous_var, timeout_s + (int)(grace / 1000), unresolved);
     return kvps__launch_fail(KVPS_ERR_TIMEOUT, "rendezvous: rank %d had no answer from rank 0 at %s (%s) within %d s: is rank 0 "
                              "running, listening there, and launched with the same address?", r->l->rank, r->addr,
                              r->l->rendezvous_var, timeout_s + (int)(grace / 1000));

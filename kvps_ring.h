@@ -5105,6 +5105,10 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         kvps_ring__peer *q = &r->fam->peers[i]; /* (for its own TCP connection, >>tcp) */
         if (kvps_ring__tcp_host(eps[i], q->thost, sizeof q->thost) != 0) q->thost[0] = 0;
         q->tsndbuf = sndbuf;
+        char why[400];
+        if (!kvps__endpoint_resolves(eps[i], why, sizeof why))
+            kvps__log(KVPS_LOG_WARN, "ring rank %d: rank %d's endpoint '%.200s': %s; trying on (a name that appears later is "
+                      "used)", r->rank, i, eps[i], why);
         if (zmq_connect(s, eps[i]) != 0)
             rc = kvps_ring__noring(KVPS_ERR_CONNECT, "kvps_ring_connect: ring rank %d cannot connect to rank %d at '%.200s': %s",
                                    r->rank, i, eps[i], zmq_strerror(zmq_errno()));

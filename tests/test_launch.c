@@ -19,7 +19,8 @@
                             and KVPS_NUM_SERVERS (kvps_env_read): the pushed sums, exactly
      test_rendezvous_faults a rank that never comes (named, on every rank, at the timeout), a
                             size that differs, a rank launched twice, a stranger's garbage and a
-                            wrong job token (refused, the job forms), no rank 0 (named)
+                            wrong job token (refused, the job forms), no rank 0 (named), a
+                            rendezvous host that does not resolve (named with its port)
    Every process is a fork of this one; every port is on 127.0.0.1. */
 #define KVPS_IMPLEMENTATION
 #include "kvps.h"
@@ -519,6 +520,22 @@ static void test_rendezvous_faults(void) {
     run_job(1, ev, meet_child, 0, st);
     KT_CHECK(st[0] == 20 && said(1, w, sizeof w) && atoi(w) == KVPS_ERR_TIMEOUT && strstr(w, "had no answer from rank 0 at 127.0.0.1:"),
              "no rank 0: ended %d saying '%s'", st[0], w);
+    /* 6. a rendezvous host that does not resolve: named with its port (a label of 100 letters is
+       refused by the resolver itself, no query leaves the machine) */
+    char host[128];
+    memset(host, 'a', 100);
+    snprintf(host + 100, sizeof host - 100, ".invalid");
+    snprintf(envs[0], sizeof envs[0], "RANK=1;WORLD_SIZE=2;MASTER_ADDR=%s;MASTER_PORT=29999;KVPS_RENDEZVOUS_TIMEOUT=1", host);
+    ev[0] = envs[0];
+    clear_dir();
+    run_job(1, ev, meet_child, 0, st);
+    KT_CHECK(st[0] == 20 && said(1, w, sizeof w) && strstr(w, "(port 29999) does not resolve: ") && strstr(w, host),
+             "unresolvable MASTER_ADDR: ended %d saying '%s'", st[0], w);
+    char why[400], ep[200];
+    snprintf(ep, sizeof ep, "tcp://%s:5555", host);
+    KT_CHECK(!kvps__endpoint_resolves(ep, why, sizeof why) && strstr(why, "(port 5555) does not resolve"), "'%s'", why);
+    KT_CHECK(kvps__endpoint_resolves("tcp://127.0.0.1:1", why, sizeof why) && kvps__endpoint_resolves("ipc:///tmp/x", why, sizeof why) &&
+             kvps__endpoint_resolves("tcp://localhost:1", why, sizeof why), "numeric, ipc, localhost");
     clear_dir();
     rmdir(fault_dir);
 }
