@@ -77,7 +77,7 @@ static void coded(buf *b, kvps_codec c, uint64_t n, float base) {
 }
 
 static void optrec(uint8_t *r, uint32_t rule, float lr) {
-    float f[5] = {lr, 0, 0, 0, 0};
+    float f[6] = {lr, 0, 0, 0, 0, rule == KVPS_RULE_ADAMW || rule >= KVPS_RULE_USER ? 0.01f : 0.0f}; /* (weight_decay) */
     memcpy(r, &rule, 4);
     memcpy(r + 4, f, sizeof f);
 }
@@ -211,6 +211,22 @@ static void server_seeds(void) {
     }
     save("fuzz_server", "config_rules", &b);
 
+    /* AdamW (weight decay, a step count) and a user rule the fuzzed server does not have */
+    cfg = 0x40 | 1;
+    begin(&b, &cfg, 1);
+    {
+        uint8_t rec[2 * KVPS__OPTREC];
+        optrec(rec, KVPS_RULE_ADAMW, 0.001f);
+        optrec(rec + KVPS__OPTREC, KVPS_RULE_USER + 1, 0);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2, l2, 1);
+        frame(&b, rec, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PUSH, 0, 0, 0, k2, l2, 1); values(&b, 4, 2);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2 + 1, l2 + 1, 1);
+        frame(&b, rec + KVPS__OPTREC, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PULL, 0, 0, 0, k2, l2, 2);
+    }
+    save("fuzz_server", "config_adamw_user", &b);
+
     /* barrier on server 0 from every rank */
     cfg = 0x40 | 4;
     begin(&b, &cfg, 1);
@@ -226,8 +242,8 @@ static void server_seeds(void) {
         optrec(trec, KVPS_RULE_ADAGRAD, 0.1f);
         float scale = 0.5f;
         uint64_t seed = 42;
-        memcpy(trec + 24, &scale, 4);
-        memcpy(trec + 32, &seed, 8);
+        memcpy(trec + KVPS__OPTREC, &scale, 4);
+        memcpy(trec + KVPS__OPTREC + 4, &seed, 8);
         table_meta(&b, KVPS__OP_TABLE, 0, 7, 4, NULL, 0);
         frame(&b, trec, sizeof trec);
         uint64_t ids[3] = {5, 1u << 31, 99};
