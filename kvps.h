@@ -125,7 +125,8 @@
    left over 1.08x the mean gives its smallest shards to the emptiest. Only moved shards' bytes
    travel, about 1/n' of them (bench/placement_sim.c at 10-1000 servers: 1.00-1.06x the ideal
    share, max/mean <= 1.08 after any join or leave). Worker 0 takes the records of the keys whose shard moves
-   (EXPORT: the checkpoint's key record, with optimizer state, rounds and per-worker counters),
+   (EXPORT: the checkpoint's key record, with optimizer state (a user rule's too), its step,
+   rounds and per-worker counters),
    gives them to their new server (IMPORT), has the old one forget them (DROP), does the same for
    sparse tables' rows (EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS: with their optimizer state; every
    table's configuration reaches the new servers, so rows first touched after a grow are made
@@ -180,8 +181,45 @@
    staleness, at 0% one less. Each switch is logged (info), counted in stats and passed to
    .on_switch. A worker is never more than the k in force ahead.
    Per tensor, kvps_worker_tensor_optim picks a kvps_rule (aggregate sum/mean/max/min,
-   accumulate, SGD, momentum, Nesterov, Adagrad, Adam) with its hyper-parameters; the formulas
-   are at kvps_rule, computed in float32 in exactly that order.
+   accumulate, SGD, momentum, Nesterov, Adagrad, Adam, AdamW) with its hyper-parameters; the
+   formulas are at kvps_rule, computed in float32 in exactly that order.
+   ADAM AND ADAMW. KVPS_RULE_ADAM keeps beta1^t and beta2^t as running products in float
+   (b1t *= beta1 each step) and has no weight decay; KVPS_RULE_ADAMW is PyTorch's
+   torch.optim.AdamW (its single-tensor path, torch 1.13): decoupled weight decay
+   (.weight_decay, w *= 1 - lr * wd before the moments) and the bias corrections 1 - beta^t
+   computed with pow in double from the key's step t (1 at its first update after its CONFIG;
+   a float running product and pow differ in the last bits from step 2, so the two rules give
+   other bits even with weight_decay 0). Its exact order, f(x) being x rounded to float and
+   everything else float32 (g = sum / count):
+       d  = f(1 - (double)lr * (double)wd)        a1 = f(1 - (double)beta1)   a2 = f(1 - (double)beta2)
+       s  = f((double)lr / (1 - pow(beta1, t)))   c2 = f(sqrt(1 - pow(beta2, t)))
+       w = w * d;  m = beta1 * m + a1 * g;  v = beta2 * v + (a2 * g) * g;
+       w = w - (s * m) / (sqrtf(v) / c2 + eps)
+   which is torch's param.mul_(1 - lr*wd), exp_avg.mul_(b1).add_(g, alpha=1-b1),
+   exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2), denom = exp_avg_sq.sqrt() / sqrt(bc2) + eps,
+   param.addcdiv_(exp_avg, denom, value=-lr/bc1), with its Python doubles rounded to float where
+   they meet a float tensor. tests/test_rules.c holds the servers to a C loop of these lines, bit
+   for bit; tests/adamw_torch.py compares with torch itself where python3-torch is installed
+   (not on the machine this was written on: that comparison has not been run). AdamW counts
+   steps per key, so sparse tables (whose rows keep no step) refuse it.
+   USER RULES, PER TENSOR, WITH STATE. A server registers rules of its own in
+   .user_rules (num_user_rules, at most 64): each a kvps_rule_fn and n_state (0 to
+   KVPS_MAX_RULE_STATE, 8) floats of state per element. A tensor names user rule i as rule
+   KVPS_RULE_USER + i through kvps_worker_tensor_optim, as it names a built-in rule, with the
+   same hyper-parameters (weight_decay too) handed to the function resolved. For each round kvps
+   calls fn with the key's value, the round's sum and count, n_state arrays of len floats (kvps
+   allocates them per key, zeroed, at the first update), the step (1, 2, ...) and the optim; the
+   function updates value and state in place, on the serving thread (it must not block, and it
+   must be deterministic: replicas apply it too). That state and the step are the key's as a
+   built-in rule's are: they go into checkpoints, replicas' snapshots and replicated rounds, and
+   reshard moves, so a job with a user rule survives a restore, a primary's SIGKILL and a
+   2 -> 3 reshard with the same bits (tests/test_rules.c). Every server of a job registers the
+   same rules in the same order: a tensor that names a rule its server lacks is refused, and
+   that CONFIG's wait returns KVPS_ERR_INVALID_ARG ("server 0: tensor 'w' names user rule 5
+   (rule id 69), which server 0 does not have (it has 2 user rules)"); a checkpoint or snapshot
+   holding a key of a rule the server lacks (or with another n_state) is refused, naming the key
+   and the rule. Not for sparse tables (their rows keep no step). desc.update_fn stays the
+   whole-server rule for keys without a rule of their own; its state is the caller's.
    The update rule turns a round's sum into the stored value:
      KVPS_UPDATE_MEAN        value = sum / count      (aggregate-only: pull returns mean gradient)
      KVPS_UPDATE_ACCUMULATE  value += sum             (accumulating key-value store; its old name,
@@ -296,7 +334,8 @@
    codec's functions and user pointer: read for every coded request), checkpoint_path (read at
    each checkpoint), zmq_ctx (a context you passed is used, not owned: terminate it after
    destroying the server), and update_user, init_user and switch_user (passed back to your
-   functions). Not kept (read during the call only): endpoint (the server holds the resolved
+   functions). user_rules is copied (the array), but each rule's name and user pointer are kept.
+   Not kept (read during the call only): endpoint (the server holds the resolved
    one), curve_secret_key, curve_clients, io_cpus. kvps_worker_create keeps none of its
    desc's strings (servers, CURVE keys, io_cpus are read during the call; a CURVE worker keeps
    a copy of its key pair and of the servers' public keys, for the servers a reshard adds, and
@@ -420,7 +459,8 @@
    and kvps_server_run returns KVPS_ERR_PEER_LOST, logging the lost and the finished workers'
    ranks (CLEAN FINISH; not with .keep_serving). A backup ends with its primary's job (REPLICAS).
    Checkpoints: .checkpoint_path with .checkpoint_every = N writes the shard every N rounds
-   (and kvps_server_checkpoint on request): values, optimizer state, rounds, per-worker round
+   (and kvps_server_checkpoint on request): values, optimizer state (a user rule's too) and
+   steps, rounds, per-worker round
    counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
@@ -476,7 +516,8 @@
    --replicas R starts them). Place 0 starts as the primary. Under BSP (not elastic) the
    primary sends each round it applies, as one record: the round's sum and which workers'
    requests it holds, so a backup receives 1 / num_workers of the pushed bytes and applies the
-   same sum through the same code (the same bits, optimizer state and round counters); a push
+   same sum through the same code (the same bits, optimizer state, a user rule's state and
+   steps, and round counters); a push
    is answered once every round it is in has been applied and sent (as a pushpull's pull is:
    under BSP with replicas, a worker that waits for its push's answer waits for the round). A
    push in flight when the primary dies is re-sent to the backup that takes over, which applies
@@ -699,6 +740,15 @@
         server's ops are one table (KVPS__OPS); WIRE FORMAT lists them all (OPS) and test_api
         holds the list to the code. kvps_codec.h's KVPS_CODEC_TABLE rows changed shape (see its
         revision history).
+        AdamW and user rules (issue 31; CONSISTENCY AND UPDATE RULES): KVPS_RULE_ADAMW,
+        kvps_optim.weight_decay (last; 0: none; refused with a rule that does not use it), user
+        rules per tensor with per-element state (kvps_server_desc.user_rules / num_user_rules,
+        last; kvps_user_rule, kvps_rule_args, KVPS_RULE_USER, KVPS_MAX_RULE_STATE), carried by
+        checkpoints, replicas and reshards. Protocol release 9: the CONFIG record is 28 bytes
+        (weight_decay), the TABLE record's seed follows init_scale; checkpoint version 5 adds
+        each key's weight_decay and step (version 4 and older still read). For existing
+        programs: rule ids 64-127 are user rules, so a worker no longer refuses them itself
+        (the server does, naming the tensor).
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -838,7 +888,8 @@ typedef void (*kvps_init_fn)(void *user, uint64_t key, float *value, size_t len)
    | io_threads     | 1 (own context only)  |
    | no_malloc_tuning | 0: tune glibc malloc (see MEMORY in the manual); 1: leave it alone |
    | io_cpus        | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
-   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) | */
+   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
+   | user_rules     | none: rule KVPS_RULE_USER + i is user_rules[i] (USER RULES, in section 5) | */
 typedef struct kvps_server_desc {
     const char *endpoint;
     int num_workers;
@@ -1061,7 +1112,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **w);
    same point (a collective, like a barrier), with no request in flight and the same new list:
    the old list with servers added at its end, or some removed from its end (the barrier server,
    server 0, stays). The keys whose placement changes (about 1/n of them) move, with their
-   values, optimizer state and round counters, and nothing else does; the servers that leave
+   values, optimizer state (a user rule's too), steps and round counters, and nothing else does;
+   the servers that leave
    stop by themselves. New servers must be running (rank = their place in the new list). The
    servers record the new placement in their checkpoints: workers of a job restarted from them
    take it from the servers by themselves. A CURVE worker connects to the new servers with its
