@@ -24,6 +24,9 @@
                                     servers restore, new workers do steps 12-23: bit-identical to
                                     the oracle (the run without the restart); a server without the
                                     rule refuses the checkpoint, naming the tensor and the rule
+     test_version4_checkpoint_loads a checkpoint of the version before (no weight_decay, no step),
+                                    written here byte by byte: loaded, momentum goes on from its
+                                    state
      test_user_rule_primary_killed  2 shards x 2 replicas, server processes; shard 0's primary
                                     SIGKILLed mid-run: bit-identical to the oracle
      test_user_rule_reshard         2 -> 3 servers at step 12: bit-identical to the oracle, and
@@ -443,11 +446,70 @@ static void test_user_rule_checkpoint(void) {
     for (int i = 0; i < 2; i++) unlink(ckpt[i]);
 }
 
-/* A server process of a chain (shard s, place r); it exits 0 when it stopped by itself with KVPS_OK. */
-static pid_t chain_server(const char *chain, int s, int r) {
+/* A version-4 checkpoint (before weight_decay and the step), written here byte by byte as that
+   version's writer wrote it: one momentum key of 3 floats with its state. It loads into this
+   release, and the next round applies momentum to the loaded state. */
+static void put(unsigned char *b, size_t *n, const void *p, size_t k) { memcpy(b + *n, p, k); *n += k; }
+static void test_version4_checkpoint_loads(void) {
+    static unsigned char b[1 << 16];
+    size_t n = 0;
+    uint32_t hdr[6] = {4, 0, 1, KVPS_BSP, 1, 0}, zero32 = 0, rule = KVPS_RULE_MOMENTUM, nstate = 1;
+    uint64_t key = 4242, len = 3, round = 2, recv = 2, zero64 = 0;
+    float f5[5] = {0.125f, 0.5f, KVPS_DEFAULT_BETA1, KVPS_DEFAULT_BETA2, KVPS_DEFAULT_EPS}, bt[2] = {1, 1};
+    float value[3] = {1.0f, 2.0f, 3.0f}, state[3] = {0.5f, -1.0f, 2.0f};
+    put(b, &n, "KVPSCKPT", 8);
+    put(b, &n, hdr, sizeof hdr);
+    put(b, &n, &zero32, 4); /* no placement */
+    put(b, &n, &zero32, 4); /* generation */
+    put(b, &n, &key, 8); put(b, &n, &len, 8); put(b, &n, &round, 8); put(b, &n, &rule, 4);
+    put(b, &n, f5, sizeof f5); put(b, &n, &nstate, 4); put(b, &n, bt, sizeof bt);
+    put(b, &n, &recv, 8); put(b, &n, value, sizeof value); put(b, &n, state, sizeof state);
+    put(b, &n, &zero64, 8); /* worker 0: barriers */
+    b[n++] = 0;             /* left */
+    put(b, &n, &zero32, 4); /* incarnation */
+    put(b, &n, &zero64, 8); /* hi */
+    n += sizeof ((kvps__seen *)0)->bits; /* the window, zeros */
+    uint32_t crc = kvps__crc32(0, b, n);
+    put(b, &n, &crc, 4);
+    put(b, &n, "KEND", 4);
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/kvps-rules-v4-%d", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    KT_CHECK(f && fwrite(b, 1, n, f) == n, "cannot write %s", path);
+    if (f) fclose(f);
+    void *ctx = zmq_ctx_new();
+    kvps_server *sv = NULL;
+    KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://rules-v4", .num_workers = 1, .zmq_ctx = ctx}, &sv));
+    capture(1);
+    KT_CHECK(kvps_server_restore(sv, path) == KVPS_OK, "a version-4 checkpoint refused: %s", logged);
+    capture(0);
+    KT_OK(kvps_server_start(sv));
+    kvps_worker *w = NULL;
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://rules-v4", .num_workers = 1, .zmq_ctx = ctx}, &w));
+    float g[3] = {1.0f, 1.0f, 1.0f}, got[3];
+    size_t l = 3;
+    kvps_req q;
+    KT_OK(kvps_worker_pushpull(w, &key, g, got, &l, 1, &q));
+    KT_OK(kvps_worker_wait(w, q, 5000));
+    for (int i = 0; i < 3; i++) {
+        float v = f5[1] * state[i] + g[i], want = value[i] - f5[0] * v; /* momentum from the loaded state */
+        KT_CHECK(memcmp(&got[i], &want, 4) == 0, "element %d: %.9g, want %.9g", i, (double)got[i], (double)want);
+    }
+    kvps_worker_destroy(&w);
+    kvps_server_destroy(&sv);
+    zmq_ctx_term(ctx);
+    unlink(path);
+}
+
+/* A server process of a chain (shard s, place r); it exits 0 when it stopped by itself with KVPS_OK.
+   A backup writes one byte to *synced_fd once it holds the shard (its snapshot came). */
+static pid_t chain_server(const char *chain, int s, int r, int *synced_fd) {
+    int p[2];
+    if (pipe(p) != 0) return -1;
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
+        close(p[0]);
         char me[96];
         const char *bar = strchr(chain, '|');
         if (r == 0) snprintf(me, sizeof me, "%.*s", (int)(bar - chain), chain);
@@ -457,10 +519,19 @@ static pid_t chain_server(const char *chain, int s, int r) {
                                                    .peer_timeout_ms = 1000, .replicas = chain, .replica = r,
                                                    .user_rules = urules, .num_user_rules = NUR}, &x) != KVPS_OK)
             _exit(2);
-        kvps_result rc = kvps_server_run(x);
+        if (kvps_server_start(x) != KVPS_OK) _exit(3);
+        kvps_result rc;
+        int told = r == 0;
+        while ((rc = kvps_server_wait(x, 5)) == KVPS_ERR_TIMEOUT) {
+            kvps_server_stats st;
+            kvps_server_stats_get(x, &st);
+            if (!told && st.replicas_live >= 1 && !st.primary) told = write(p[1], "s", 1) == 1;
+        }
         kvps_server_destroy(&x);
         _exit(rc == KVPS_OK ? 0 : 6);
     }
+    close(p[1]);
+    *synced_fd = p[0];
     return pid;
 }
 
@@ -473,12 +544,23 @@ static void test_user_rule_primary_killed(void) {
     J.failover = 1;
     char chain[2][200];
     pid_t pid[2][2];
+    int synced[2][2];
     size_t used = 0;
     for (int s = 0; s < 2; s++) {
         snprintf(chain[s], sizeof chain[s], "ipc://@kvps-rules-rep-%d-%d-0|ipc://@kvps-rules-rep-%d-%d-1", (int)getpid(), s,
                  (int)getpid(), s);
         used += (size_t)snprintf(J.servers + used, sizeof J.servers - used, "%s%s", s ? "," : "", chain[s]);
-        for (int r = 0; r < 2; r++) pid[s][r] = chain_server(chain[s], s, r);
+        for (int r = 0; r < 2; r++) pid[s][r] = chain_server(chain[s], s, r, &synced[s][r]);
+    }
+    /* the workers start once both backups hold their shards: a backup that joins later waits for
+       a snapshot, which waits for no barrier to be open, while the primary holds rank 0's CONFIG
+       answers for that backup and ranks 1-2 wait in the barrier for rank 0 (seen here: the job
+       stood still until the workers' timeouts; a limit of kvps's REPLICAS, not of user rules) */
+    for (int s = 0; s < 2; s++) {
+        struct pollfd pf = {synced[s][1], POLLIN, 0};
+        char c;
+        KT_CHECK(poll(&pf, 1, 10000) == 1 && read(synced[s][1], &c, 1) == 1, "shard %d's backup never held its shard", s);
+        for (int r = 0; r < 2; r++) close(synced[s][r]);
     }
     kt_workers ws;
     kt_workers_init(&ws, "primary killed", rjob_worker, NW, J.servers, NULL);
@@ -533,6 +615,7 @@ int main(void) {
     KT_RUN(test_user_rule_equals_oracle, 60);
     KT_RUN(test_user_rule_unknown, 60);
     KT_RUN(test_user_rule_checkpoint, 60);
+    KT_RUN(test_version4_checkpoint_loads, 30);
     KT_RUN(test_user_rule_primary_killed, 120);
     KT_RUN(test_user_rule_reshard, 60);
     return kt_finish();
