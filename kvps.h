@@ -198,10 +198,13 @@
    which is torch's param.mul_(1 - lr*wd), exp_avg.mul_(b1).add_(g, alpha=1-b1),
    exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2), denom = exp_avg_sq.sqrt() / sqrt(bc2) + eps,
    param.addcdiv_(exp_avg, denom, value=-lr/bc1), with its Python doubles rounded to float where
-   they meet a float tensor. tests/test_rules.c holds the servers to a C loop of these lines, bit
-   for bit; tests/adamw_torch.py compares with torch itself where python3-torch is installed
-   (not on the machine this was written on: that comparison has not been run). AdamW counts
-   steps per key, so sparse tables (whose rows keep no step) refuse it.
+   they meet a float tensor, and its CPU kernels' order as read from their source (addcmul:
+   self + value * t1 * t2; addcdiv: self + value * t1 / t2). tests/test_rules.c holds the
+   servers to a C loop of these lines, bit for bit; tests/adamw_torch.py replays the same
+   gradients through torch.optim.AdamW where python3-torch is installed and fails past 8 ulps
+   (python3-torch was not installed where this was written: that comparison has not been run,
+   and no ulp count has been measured). AdamW counts steps per key, so sparse tables (whose
+   rows keep no step) refuse it.
    USER RULES, PER TENSOR, WITH STATE. A server registers rules of its own in
    .user_rules (num_user_rules, at most 64): each a kvps_rule_fn and n_state (0 to
    KVPS_MAX_RULE_STATE, 8) floats of state per element. A tensor names user rule i as rule
@@ -1957,7 +1960,7 @@ static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
 
 /* The first hyper-parameter of a resolved optim that is out of range, named with its range;
    NULL when all are in range. */
-/* A user rule's id (KVPS_RULE_USER + i): 1 */
+/* 1 when rule is a user rule's id (KVPS_RULE_USER + i), whether or not a server has rule i. */
 static int kvps__rule_is_user(uint32_t rule) { return rule >= KVPS_RULE_USER && rule <= KVPS_RULE_USER_LAST; }
 
 /* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
