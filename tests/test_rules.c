@@ -13,7 +13,8 @@
                                     gradients through torch.optim.AdamW (else one skip line)
      test_adamw_checked             weight_decay < 0, NaN, or set with a rule that does not use it:
                                     KVPS_ERR_HYPERPARAM naming weight_decay, on the worker and (raw
-                                    CONFIG) on the server; a sparse table with AdamW refused, named
+                                    CONFIG) on the server; a CONFIG record of the old size (24
+                                    bytes) refused; a sparse table with AdamW refused, named
      test_user_rule_equals_oracle   a stateful user rule (AMSGrad with decoupled decay: 3 state
                                     floats per value, bias correction by step) against the rule
                                     applied sequentially here; a second user rule with no state
