@@ -29,7 +29,9 @@
                                     written here byte by byte: loaded, momentum goes on from its
                                     state
      test_user_rule_primary_killed  2 shards x 2 replicas, server processes; shard 0's primary
-                                    SIGKILLed mid-run: bit-identical to the oracle
+                                    SIGKILLed at step 12: bit-identical to the oracle; again with
+                                    shard 0's backup SIGKILLed at step 8 and a replacement (its
+                                    state from a snapshot) in its place, the primary at step 16
      test_user_rule_reshard         2 -> 3 servers at step 12: bit-identical to the oracle, and
                                     the third server held keys */
 #define KVPS_IMPLEMENTATION
@@ -137,6 +139,7 @@ typedef struct rjob {
     int grow_at, from, to;
     int keep;                      /* the workers stay, unfinished, in kept[] (a job stopped mid-run) */
     int failover;                  /* replicas: fast heartbeats, the next replica after 300 ms */
+    int gate;                      /* > 0: no worker starts step gate or later until it is raised (atomic) */
     kvps_optim opt;
     int done[NW];                  /* steps done (atomic) */
     kvps_worker *kept[NW];
@@ -170,6 +173,7 @@ static void rjob_worker(kt_wk *x) {
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, q, -1);
     float g[N];
     for (int step = j->from; step < j->to && rc == KVPS_OK; step++) {
+        while (__atomic_load_n(&j->gate, __ATOMIC_ACQUIRE) && step >= __atomic_load_n(&j->gate, __ATOMIC_ACQUIRE)) kt_sleep_ms(1);
         if (j->grow_at && step == j->grow_at && (rc = kvps_worker_reshard(w, j->grow, 20000)) != KVPS_OK) break;
         for (int i = 0; i < N; i++) g[i] = grad(rank, step, i);
         for (int k = 0; k < NT && rc == KVPS_OK; k++) {
@@ -504,7 +508,7 @@ static void test_version4_checkpoint_loads(void) {
 
 /* A server process of a chain (shard s, place r); it exits 0 when it stopped by itself with KVPS_OK.
    A backup writes one byte to *synced_fd once it holds the shard (its snapshot came). */
-static pid_t chain_server(const char *chain, int s, int r, int *synced_fd) {
+static pid_t chain_server(const char *chain, int s, int r, int replacement, int *synced_fd) {
     int p[2];
     if (pipe(p) != 0) return -1;
     fflush(stdout);
@@ -518,6 +522,7 @@ static pid_t chain_server(const char *chain, int s, int r, int *synced_fd) {
         kvps_server *x = NULL;
         if (kvps_server_create(&(kvps_server_desc){.endpoint = me, .rank = s, .num_workers = NW, .heartbeat_ms = 200,
                                                    .peer_timeout_ms = 1000, .replicas = chain, .replica = r,
+                                                   .replacement = replacement,
                                                    .user_rules = urules, .num_user_rules = NUR}, &x) != KVPS_OK)
             _exit(2);
         if (kvps_server_start(x) != KVPS_OK) _exit(3);
@@ -536,51 +541,79 @@ static pid_t chain_server(const char *chain, int s, int r, int *synced_fd) {
     return pid;
 }
 
-static void test_user_rule_primary_killed(void) {
+/* Every worker has done n steps (the gate holds them there). */
+static void wait_done(const rjob *j, int n) {
+    int64_t end = kt_now_ms() + 30000;
+    for (int m = 0; m < n && kt_now_ms() < end; kt_sleep_ms(1)) {
+        m = n;
+        for (int r = 0; r < NW; r++) {
+            int d = __atomic_load_n(&j->done[r], __ATOMIC_ACQUIRE);
+            if (d < m) m = d;
+        }
+    }
+}
+/* Waits for a backup's byte saying it holds its shard; closes the pipe. */
+static int synced_wait(int fd) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    char c;
+    int ok = poll(&pf, 1, 10000) == 1 && read(fd, &c, 1) == 1;
+    close(fd);
+    return ok;
+}
+
+/* 2 shards x 2 replicas, server processes. replace: at step 8 shard 0's backup is SIGKILLed and a
+   replacement takes its place, which gets the user rule's state in a snapshot; at step 16 (12
+   without replace) shard 0's primary is SIGKILLed and the backup goes on. */
+static void primary_killed(int replace) {
     static float want[N];
     oracle(ams, STEPS, want, NULL);
     memset(&J, 0, sizeof J);
     J.opt = ams;
     J.to = STEPS;
     J.failover = 1;
+    J.gate = replace ? 8 : 12;
     char chain[2][200];
     pid_t pid[2][2];
     int synced[2][2];
     size_t used = 0;
     for (int s = 0; s < 2; s++) {
-        snprintf(chain[s], sizeof chain[s], "ipc://@kvps-rules-rep-%d-%d-0|ipc://@kvps-rules-rep-%d-%d-1", (int)getpid(), s,
-                 (int)getpid(), s);
+        snprintf(chain[s], sizeof chain[s], "ipc://@kvps-rules-rep%d-%d-%d-0|ipc://@kvps-rules-rep%d-%d-%d-1", replace,
+                 (int)getpid(), s, replace, (int)getpid(), s);
         used += (size_t)snprintf(J.servers + used, sizeof J.servers - used, "%s%s", s ? "," : "", chain[s]);
-        for (int r = 0; r < 2; r++) pid[s][r] = chain_server(chain[s], s, r, &synced[s][r]);
+        for (int r = 0; r < 2; r++) pid[s][r] = chain_server(chain[s], s, r, 0, &synced[s][r]);
     }
     /* the workers start once both backups hold their shards: a backup that joins later waits for
        a snapshot, which waits for no barrier to be open, while the primary holds rank 0's CONFIG
        answers for that backup and ranks 1-2 wait in the barrier for rank 0 (seen here: the job
        stood still until the workers' timeouts; a limit of kvps's REPLICAS, not of user rules) */
     for (int s = 0; s < 2; s++) {
-        struct pollfd pf = {synced[s][1], POLLIN, 0};
-        char c;
-        KT_CHECK(poll(&pf, 1, 10000) == 1 && read(synced[s][1], &c, 1) == 1, "shard %d's backup never held its shard", s);
-        for (int r = 0; r < 2; r++) close(synced[s][r]);
+        KT_CHECK(synced_wait(synced[s][1]), "shard %d's backup never held its shard", s);
+        close(synced[s][0]);
     }
     kt_workers ws;
-    kt_workers_init(&ws, "primary killed", rjob_worker, NW, J.servers, NULL);
+    kt_workers_init(&ws, replace ? "a replacement, then the primary killed" : "primary killed", rjob_worker, NW, J.servers, NULL);
     ws.user = &J;
     kt_workers_start(&ws);
-    int64_t end = kt_now_ms() + 30000;
-    for (int m = 0; m < STEPS / 2 && kt_now_ms() < end; kt_sleep_ms(1)) {
-        m = STEPS;
-        for (int r = 0; r < NW; r++) {
-            int d = __atomic_load_n(&J.done[r], __ATOMIC_ACQUIRE);
-            if (d < m) m = d;
-        }
+    wait_done(&J, J.gate);
+    if (replace) { /* the backup dies; a replacement on its endpoint catches up from a snapshot */
+        kill(pid[0][1], SIGKILL);
+        waitpid(pid[0][1], NULL, 0);
+        kt_sleep_ms(100);
+        int fd;
+        pid[0][1] = chain_server(chain[0], 0, 1, 1, &fd);
+        KT_CHECK(synced_wait(fd), "the replacement never held its shard");
+        __atomic_store_n(&J.gate, 16, __ATOMIC_RELEASE);
+        wait_done(&J, 16);
     }
+    int killed_at = J.done[0];
     kill(pid[0][0], SIGKILL);
     waitpid(pid[0][0], NULL, 0);
-    int killed_at = J.done[0];
+    __atomic_store_n(&J.gate, 0, __ATOMIC_RELEASE);
     kt_workers_join(&ws);
-    check_bits(&J, want, "shard 0's primary SIGKILLed");
-    printf("  shard 0's primary killed after step %d of %d\n", killed_at, STEPS);
+    check_bits(&J, want, replace ? "a replacement, then shard 0's primary SIGKILLed" : "shard 0's primary SIGKILLed");
+    KT_CHECK(killed_at == (replace ? 16 : 12), "the primary was killed after step %d", killed_at);
+    printf("  %sshard 0's primary killed after step %d of %d\n", replace ? "a replacement took the backup's place at step 8, " : "",
+           killed_at, STEPS);
     for (int s = 0; s < 2; s++)
         for (int r = 0; r < 2; r++) {
             if (s == 0 && r == 0) continue;
@@ -588,6 +621,10 @@ static void test_user_rule_primary_killed(void) {
             KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server %d replica %d did not end by itself (status %d)", s,
                      r, st);
         }
+}
+static void test_user_rule_primary_killed(void) {
+    primary_killed(0);
+    primary_killed(1);
 }
 
 static void test_user_rule_reshard(void) {
