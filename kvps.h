@@ -125,7 +125,8 @@
    left over 1.08x the mean gives its smallest shards to the emptiest. Only moved shards' bytes
    travel, about 1/n' of them (bench/placement_sim.c at 10-1000 servers: 1.00-1.06x the ideal
    share, max/mean <= 1.08 after any join or leave). Worker 0 takes the records of the keys whose shard moves
-   (EXPORT: the checkpoint's key record, with optimizer state, rounds and per-worker counters),
+   (EXPORT: the checkpoint's key record, with optimizer state (a user rule's too), its step,
+   rounds and per-worker counters),
    gives them to their new server (IMPORT), has the old one forget them (DROP), does the same for
    sparse tables' rows (EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS: with their optimizer state; every
    table's configuration reaches the new servers, so rows first touched after a grow are made
@@ -180,8 +181,48 @@
    staleness, at 0% one less. Each switch is logged (info), counted in stats and passed to
    .on_switch. A worker is never more than the k in force ahead.
    Per tensor, kvps_worker_tensor_optim picks a kvps_rule (aggregate sum/mean/max/min,
-   accumulate, SGD, momentum, Nesterov, Adagrad, Adam) with its hyper-parameters; the formulas
-   are at kvps_rule, computed in float32 in exactly that order.
+   accumulate, SGD, momentum, Nesterov, Adagrad, Adam, AdamW) with its hyper-parameters; the
+   formulas are at kvps_rule, computed in float32 in exactly that order.
+   ADAM AND ADAMW. KVPS_RULE_ADAM keeps beta1^t and beta2^t as running products in float
+   (b1t *= beta1 each step) and has no weight decay; KVPS_RULE_ADAMW is PyTorch's
+   torch.optim.AdamW (its single-tensor path, torch 1.13): decoupled weight decay
+   (.weight_decay, w *= 1 - lr * wd before the moments) and the bias corrections 1 - beta^t
+   computed with pow in double from the key's step t (1 at its first update after its CONFIG;
+   a float running product and pow differ in the last bits from step 2, so the two rules give
+   other bits even with weight_decay 0). Its exact order, f(x) being x rounded to float and
+   everything else float32 (g = sum / count):
+       d  = f(1 - (double)lr * (double)wd)        a1 = f(1 - (double)beta1)   a2 = f(1 - (double)beta2)
+       s  = f((double)lr / (1 - pow(beta1, t)))   c2 = f(sqrt(1 - pow(beta2, t)))
+       w = w * d;  m = beta1 * m + a1 * g;  v = beta2 * v + (a2 * g) * g;
+       w = w - (s * m) / (sqrtf(v) / c2 + eps)
+   which is torch's param.mul_(1 - lr*wd), exp_avg.mul_(b1).add_(g, alpha=1-b1),
+   exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2), denom = exp_avg_sq.sqrt() / sqrt(bc2) + eps,
+   param.addcdiv_(exp_avg, denom, value=-lr/bc1), with its Python doubles rounded to float where
+   they meet a float tensor, and its CPU kernels' order as read from their source (addcmul:
+   self + value * t1 * t2; addcdiv: self + value * t1 / t2). tests/test_rules.c holds the
+   servers to a C loop of these lines, bit for bit; tests/adamw_torch.py replays the same
+   gradients through torch.optim.AdamW where python3-torch is installed and fails past 8 ulps
+   (python3-torch was not installed where this was written: that comparison has not been run,
+   and no ulp count has been measured). AdamW counts steps per key, so sparse tables (whose
+   rows keep no step) refuse it.
+   USER RULES, PER TENSOR, WITH STATE. A server registers rules of its own in
+   .user_rules (num_user_rules, at most 64): each a kvps_rule_fn and n_state (0 to
+   KVPS_MAX_RULE_STATE, 8) floats of state per element. A tensor names user rule i as rule
+   KVPS_RULE_USER + i through kvps_worker_tensor_optim, as it names a built-in rule, with the
+   same hyper-parameters (weight_decay too) handed to the function resolved. For each round kvps
+   calls fn with the key's value, the round's sum and count, n_state arrays of len floats (kvps
+   allocates them per key, zeroed, at the first update), the step (1, 2, ...) and the optim; the
+   function updates value and state in place, on the serving thread (it must not block, and it
+   must be deterministic: replicas apply it too). That state and the step are the key's as a
+   built-in rule's are: they go into checkpoints, replicas' snapshots and replicated rounds, and
+   reshard moves, so a job with a user rule survives a restore, a primary's SIGKILL and a
+   2 -> 3 reshard with the same bits (tests/test_rules.c). Every server of a job registers the
+   same rules in the same order: a tensor that names a rule its server lacks is refused, and
+   that CONFIG's wait returns KVPS_ERR_INVALID_ARG ("server 0: tensor 'w' names user rule 5
+   (rule id 69), which server 0 does not have (it has 2 user rules)"); a checkpoint or snapshot
+   holding a key of a rule the server lacks (or with another n_state) is refused, naming the key
+   and the rule. Not for sparse tables (their rows keep no step). desc.update_fn stays the
+   whole-server rule for keys without a rule of their own; its state is the caller's.
    The update rule turns a round's sum into the stored value:
      KVPS_UPDATE_MEAN        value = sum / count      (aggregate-only: pull returns mean gradient)
      KVPS_UPDATE_ACCUMULATE  value += sum             (accumulating key-value store; its old name,
@@ -213,7 +254,7 @@
        28     4    aux     CODED_REPLY: codec id; otherwise ignored. Replies that succeeded: the
                            server's checkpoint stamp, 0 when it writes none (FAULTS, checkpoints)
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
-     OPS (protocol release 8: a HELLO names it and both sides must speak the same; test_api checks
+     OPS (protocol release 9: a HELLO names it and both sides must speak the same; test_api checks
      this list against the code's). nkeys 0 where no keys are named.
        op  name         values frame; answer
         1  PUSH         the keys' values (maybe CODED)
@@ -221,11 +262,12 @@
         3  PUSHPULL     as PUSH; answered as PULL, with the round's result
         4  INIT         the keys' values, stored as they are (no summing)
         5  BARRIER      none (server 0 only)
-        6  CONFIG       per key { u32 rule; f32 lr, momentum, beta1, beta2, eps }
+        6  CONFIG       per key { u32 rule; f32 lr, momentum, beta1, beta2, eps, weight_decay }
+                        (rule: a kvps_rule, or KVPS_RULE_USER + i, a user rule the server has)
         7  PUSH_ROWS    rows x dim floats (table ops, below)
         8  PULL_ROWS    none; answered with rows x dim floats
-        9  TABLE        CONFIG record + { f32 init_scale; u32 0; u64 seed }, no ids
-       10  HELLO        u32 protocol 8, u32 num_workers, u32 servers in the list, u32 this
+        9  TABLE        CONFIG record + { f32 init_scale; u64 seed }, no ids
+       10  HELLO        u32 protocol 9, u32 num_workers, u32 servers in the list, u32 this
                         server's place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
                         placement's hash (0 before any reshard), u64 the job token's digest
                         (0: none), u32 again (1: said again after a reconnect), u32 the last
@@ -295,7 +337,8 @@
    codec's functions and user pointer: read for every coded request), checkpoint_path (read at
    each checkpoint), zmq_ctx (a context you passed is used, not owned: terminate it after
    destroying the server), and update_user, init_user and switch_user (passed back to your
-   functions). Not kept (read during the call only): endpoint (the server holds the resolved
+   functions). user_rules is copied (the array), but each rule's name and user pointer are kept.
+   Not kept (read during the call only): endpoint (the server holds the resolved
    one), curve_secret_key, curve_clients, io_cpus. kvps_worker_create keeps none of its
    desc's strings (servers, CURVE keys, io_cpus are read during the call; a CURVE worker keeps
    a copy of its key pair and of the servers' public keys, for the servers a reshard adds, and
@@ -425,7 +468,8 @@
    and kvps_server_run returns KVPS_ERR_PEER_LOST, logging the lost and the finished workers'
    ranks (CLEAN FINISH; not with .keep_serving). A backup ends with its primary's job (REPLICAS).
    Checkpoints: .checkpoint_path with .checkpoint_every = N writes the shard every N rounds
-   (and kvps_server_checkpoint on request): values, optimizer state, rounds, per-worker round
+   (and kvps_server_checkpoint on request): values, optimizer state (a user rule's too) and
+   steps, rounds, per-worker round
    counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
@@ -481,7 +525,8 @@
    --replicas R starts them). Place 0 starts as the primary. Under BSP (not elastic) the
    primary sends each round it applies, as one record: the round's sum and which workers'
    requests it holds, so a backup receives 1 / num_workers of the pushed bytes and applies the
-   same sum through the same code (the same bits, optimizer state and round counters); a push
+   same sum through the same code (the same bits, optimizer state, a user rule's state and
+   steps, and round counters); a push
    is answered once every round it is in has been applied and sent (as a pushpull's pull is:
    under BSP with replicas, a worker that waits for its push's answer waits for the round). A
    push in flight when the primary dies is re-sent to the backup that takes over, which applies
@@ -704,6 +749,15 @@
         server's ops are one table (KVPS__OPS); WIRE FORMAT lists them all (OPS) and test_api
         holds the list to the code. kvps_codec.h's KVPS_CODEC_TABLE rows changed shape (see its
         revision history).
+        AdamW and user rules (issue 31; CONSISTENCY AND UPDATE RULES): KVPS_RULE_ADAMW,
+        kvps_optim.weight_decay (last; 0: none; refused with a rule that does not use it), user
+        rules per tensor with per-element state (kvps_server_desc.user_rules / num_user_rules,
+        last; kvps_user_rule, kvps_rule_args, KVPS_RULE_USER, KVPS_MAX_RULE_STATE), carried by
+        checkpoints, replicas and reshards. Protocol release 9: the CONFIG record is 28 bytes
+        (weight_decay), the TABLE record's seed follows init_scale; checkpoint version 5 adds
+        each key's weight_decay and step (version 4 and older still read). For existing
+        programs: rule ids 64-127 are user rules, so a worker no longer refuses them itself
+        (the server does, naming the tensor).
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -744,16 +798,53 @@ typedef enum kvps_rule {
     KVPS_RULE_ADAM = 10,      /* b1t *= b1; b2t *= b2 (from 1); m = b1 * m + (1 - b1) * g;
                                  v = b2 * v + (1 - b2) * (g * g);
                                  w -= lr * (m / (1 - b1t)) / (sqrt(v / (1 - b2t)) + eps) */
-    KVPS_RULE_COUNT
+    KVPS_RULE_ADAMW = 11,     /* PyTorch's torch.optim.AdamW, t the key's step (1 at its first
+                                 update), in float but for d, s, c2 in double (f(x): x rounded
+                                 to float): d = f(1 - (double)lr * wd); w = w * d;
+                                 m = b1 * m + f(1 - b1) * g; v = b2 * v + (f(1 - b2) * g) * g;
+                                 s = (double)lr / (1 - pow(b1, t)); c2 = sqrt(1 - pow(b2, t));
+                                 w = w - (f(s) * m) / (sqrtf(v) / f(c2) + eps) */
+    KVPS_RULE_COUNT,
+    /* A server's user rules (kvps_server_desc.user_rules): rule i is KVPS_RULE_USER + i */
+    KVPS_RULE_USER = 64,
+    KVPS_RULE_USER_LAST = 127
 } kvps_rule;
 
-/* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8. Out of range
-   (lr < 0, momentum / beta outside [0, 1), eps <= 0, not finite) is KVPS_ERR_HYPERPARAM. The
-   optimizer state (v, h, m) lives on the server shard that owns each slice. */
+/* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8; weight_decay 0
+   is none (ADAMW's and user rules' only: set with another rule it is refused). Out of range
+   (lr < 0, momentum / beta outside [0, 1), eps <= 0, weight_decay < 0, not finite) is
+   KVPS_ERR_HYPERPARAM. The optimizer state (v, h, m; a user rule's) lives on the server shard
+   that owns each slice. */
 typedef struct kvps_optim {
     kvps_rule rule;
     float lr, momentum, beta1, beta2, eps;
+    float weight_decay; /* last, so that positional initialisers keep their meaning */
 } kvps_optim;
+
+/* USER RULES (CONSISTENCY AND UPDATE RULES): what a user rule sees when a round of a key is
+   applied (one call per round). state[j] holds len floats of the key's per-element state j
+   (j < n_state), zero before the first step, kept by kvps with the key (checkpoints, replicas,
+   reshards). step is 1 at the first update under this rule and counts on (a CONFIG resets it
+   and the state). */
+typedef struct kvps_rule_args {
+    uint64_t key;
+    float *value;          /* the stored value, updated in place */
+    const float *sum;      /* this round's contributions, summed in rank order */
+    int count;             /* contributions summed: m under BSP, 1 under async */
+    float *const *state;   /* n_state arrays of len floats */
+    size_t len;            /* floats */
+    uint64_t step;         /* 1, 2, ... */
+    const kvps_optim *opt; /* the key's hyper-parameters, defaults resolved */
+    void *user;            /* the rule's user pointer */
+} kvps_rule_args;
+typedef void (*kvps_rule_fn)(const kvps_rule_args *a);
+typedef struct kvps_user_rule {
+    const char *name;   /* for messages ("momentum-ema"); NULL: "user rule i" */
+    kvps_rule_fn fn;    /* required */
+    int n_state;        /* per-element state floats, 0 to KVPS_MAX_RULE_STATE */
+    void *user;
+} kvps_user_rule;
+#define KVPS_MAX_RULE_STATE 8
 
 /* Defaults written once (a zero field in a desc, an optim or a codec means these). */
 #define KVPS_DEFAULT_LR 0.01f
@@ -807,7 +898,8 @@ typedef void (*kvps_init_fn)(void *user, uint64_t key, float *value, size_t len)
    | io_threads     | 1 (own context only)  |
    | no_malloc_tuning | 0: tune glibc malloc (see MEMORY in the manual); 1: leave it alone |
    | io_cpus        | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
-   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) | */
+   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
+   | user_rules     | none: rule KVPS_RULE_USER + i is user_rules[i] (USER RULES, in section 5) | */
 typedef struct kvps_server_desc {
     const char *endpoint;
     int num_workers;
@@ -877,6 +969,10 @@ typedef struct kvps_server_desc {
        when curve_secret_key and a chain of replicas are both set. NULL: $KVPS_CURVE_REPLICA_KEYS,
        else none; "": none */
     const char *curve_replica_keys;
+    /* USER RULES: rule KVPS_RULE_USER + i is user_rules[i] (at most 64; the array is copied).
+       Every server of a job registers the same rules in the same order. */
+    const kvps_user_rule *user_rules;
+    int num_user_rules;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -1026,7 +1122,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **w);
    same point (a collective, like a barrier), with no request in flight and the same new list:
    the old list with servers added at its end, or some removed from its end (the barrier server,
    server 0, stays). The keys whose placement changes (about 1/n of them) move, with their
-   values, optimizer state and round counters, and nothing else does; the servers that leave
+   values, optimizer state (a user rule's too), steps and round counters, and nothing else does;
+   the servers that leave
    stop by themselves. New servers must be running (rank = their place in the new list). The
    servers record the new placement in their checkpoints: workers of a job restarted from them
    take it from the servers by themselves. A CURVE worker connects to the new servers with its
@@ -1463,14 +1560,15 @@ KVPS__OPS(KVPS__OP_PLACE_CHECK)
 enum {
     KVPS__MAGIC = 0x5350564Bu,
     KVPS__VERSION = 1,
-    KVPS__PROTO = 8,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
+    KVPS__PROTO = 9,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
                              7: the job token in HELLO, REPL hellos; 8: replies carry the server's checkpoint
-                             stamp in aux, HELLO says whether it is sent again after a reconnect) */
+                             stamp in aux, HELLO says whether it is sent again after a reconnect; 9: CONFIG
+                             records carry weight_decay) */
     KVPS__HELLO_BYTES = 64,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
-    KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
-    KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
+    KVPS__OPTREC = 28, /* CONFIG record: u32 rule + 6 x f32 */
+    KVPS__TREC = KVPS__OPTREC + 12, /* TABLE record: CONFIG record + f32 init_scale, u64 seed */
     KVPS__OP_REPLY = 0x80,
     KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
     KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
@@ -1926,51 +2024,76 @@ static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
 
 /* The first hyper-parameter of a resolved optim that is out of range, named with its range;
    NULL when all are in range. */
+/* 1 when rule is a user rule's id (KVPS_RULE_USER + i), whether or not a server has rule i. */
+static int kvps__rule_is_user(uint32_t rule) { return rule >= KVPS_RULE_USER && rule <= KVPS_RULE_USER_LAST; }
+
+/* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
+   h; Adam's m and v); scalar state per key or row, starting at 1 (Adam's beta powers; at most
+   2: kvps__key's b1t and b2t); whether async pushes of it may be deferred and applied together
+   (a per-element formula with no per-call state); whether it uses weight_decay; whether it
+   counts the key's steps (kvps__key's step; so not for sparse tables, whose rows have none).
+   A new rule is a row here plus its case in kvps__rule_math. User rules (KVPS_RULE_USER + i)
+   are the server's: their state is the rule's n_state, they decay and step, never defer. */
+typedef struct kvps__rule_row {
+    const char *name;
+    uint8_t state, scalars, deferrable, decay, steps;
+} kvps__rule_row;
+static const kvps__rule_row kvps__rules[] = {
+    {"default", 0, 0, 0, 0, 0},  {"mean", 0, 0, 1, 0, 0},       {"sum", 0, 0, 1, 0, 0},
+    {"max", 0, 0, 1, 0, 0},      {"min", 0, 0, 1, 0, 0},        {"accumulate", 0, 0, 1, 0, 0},
+    {"sgd", 0, 0, 1, 0, 0},      {"momentum", 1, 0, 1, 0, 0},   {"nesterov", 1, 0, 1, 0, 0},
+    {"adagrad", 1, 0, 1, 0, 0},  {"adam", 2, 2, 0, 0, 0},       {"adamw", 2, 0, 0, 1, 1},
+};
+typedef char kvps__rules_check[sizeof kvps__rules / sizeof kvps__rules[0] == KVPS_RULE_COUNT ? 1 : -1];
+static const kvps__rule_row kvps__user_rule_row = {"user", 0, 0, 0, 1, 1};
+/* A rule's row (a user rule's state count is its server's: kvps__rule_nstate). */
+static const kvps__rule_row *kvps__rule_row_of(uint32_t rule) {
+    return rule < KVPS_RULE_COUNT ? &kvps__rules[rule] : &kvps__user_rule_row;
+}
+
 static const char *kvps__optim_bad_field(const kvps_optim *o) {
     return !kvps__finite(o->lr) || o->lr < 0                                  ? "lr (>= 0)"
            : !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ? "momentum (in [0, 1))"
            : !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1          ? "beta1 (in [0, 1))"
            : !kvps__finite(o->beta2) || o->beta2 < 0 || o->beta2 >= 1          ? "beta2 (in [0, 1))"
            : !kvps__finite(o->eps) || o->eps <= 0                              ? "eps (> 0, or 0: default)"
+           : !kvps__finite(o->weight_decay) || o->weight_decay < 0             ? "weight_decay (>= 0)"
+           : o->weight_decay != 0 && !kvps__rule_row_of(o->rule)->decay        ? "weight_decay (0: only ADAMW and user rules use it)"
                                                                                : NULL;
 }
 
-/* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
+/* A CONFIG record: u32 rule, f32 lr momentum beta1 beta2 eps weight_decay (as given). */
+static void kvps__optim_rec(const kvps_optim *o, unsigned char *rec) {
+    uint32_t rule = (uint32_t)o->rule;
+    float f[6] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+}
+
+/* Decodes (and resolves defaults of) a CONFIG record; checks every field (a user rule's id is
+   in range; whether the server has it is the server's check). */
 static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
     uint32_t rule;
-    float f[5];
+    float f[6];
     memcpy(&rule, rec, 4);
     memcpy(f, rec + 4, sizeof f);
-    o->rule = (kvps_rule)(rule < KVPS_RULE_COUNT ? rule : 0);
+    int known = rule < KVPS_RULE_COUNT || kvps__rule_is_user(rule);
+    o->rule = (kvps_rule)(known ? rule : 0);
     o->lr = f[0] != 0.0f ? f[0] : KVPS_DEFAULT_LR;
     o->momentum = f[1] != 0.0f ? f[1] : KVPS_DEFAULT_MOMENTUM;
     o->beta1 = f[2] != 0.0f ? f[2] : KVPS_DEFAULT_BETA1;
     o->beta2 = f[3] != 0.0f ? f[3] : KVPS_DEFAULT_BETA2;
     o->eps = f[4] != 0.0f ? f[4] : KVPS_DEFAULT_EPS;
-    if (rule >= KVPS_RULE_COUNT) return KVPS_ERR_MALFORMED;
+    o->weight_decay = f[5];
+    if (!known) return KVPS_ERR_MALFORMED;
     return kvps__optim_bad_field(o) ? KVPS_ERR_HYPERPARAM : KVPS_OK;
 }
 
-/* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
-   h; Adam's m and v); scalar state per key or row, starting at 1 (Adam's beta powers; at most
-   2: kvps__key's b1t and b2t); whether async pushes of it may be deferred and applied together
-   (a per-element formula with no per-call state). A new rule is a row here plus its case in
-   kvps__rule_math. */
-typedef struct kvps__rule_row {
-    const char *name;
-    uint8_t state, scalars, deferrable;
-} kvps__rule_row;
-static const kvps__rule_row kvps__rules[] = {
-    {"default", 0, 0, 0},  {"mean", 0, 0, 1},     {"sum", 0, 0, 1},      {"max", 0, 0, 1},
-    {"min", 0, 0, 1},      {"accumulate", 0, 0, 1}, {"sgd", 0, 0, 1},    {"momentum", 1, 0, 1},
-    {"nesterov", 1, 0, 1}, {"adagrad", 1, 0, 1},  {"adam", 2, 2, 0},
-};
-typedef char kvps__rules_check[sizeof kvps__rules / sizeof kvps__rules[0] == KVPS_RULE_COUNT ? 1 : -1];
-
 /* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
-   m2 for Adam; *b1t, *b2t its bias-correction powers). Shared by keys and table rows. */
+   m2 for Adam and AdamW; *b1t, *b2t Adam's bias-correction powers; t AdamW's step, 1 at the
+   first). Shared by keys and table rows (no AdamW there: it needs the step). */
 static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
-                            float *b2t, size_t n) {
+                            float *b2t, uint64_t t, size_t n) {
     switch (o->rule) {
     case KVPS_RULE_MEAN: kvps__mean_into(w, sum, c, n); break;
     case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
@@ -1994,6 +2117,20 @@ static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, flo
             v[i] = o->beta1 * v[i] + (1.0f - o->beta1) * g;
             m2[i] = o->beta2 * m2[i] + (1.0f - o->beta2) * (g * g);
             w[i] -= o->lr * (v[i] / c1) / (sqrtf(m2[i] / c2) + o->eps);
+        }
+        break;
+    }
+    case KVPS_RULE_ADAMW: { /* torch.optim.AdamW's single-tensor path: its double scalars, its float order */
+        float d = (float)(1.0 - (double)o->lr * (double)o->weight_decay), a1 = (float)(1.0 - (double)o->beta1),
+              a2 = (float)(1.0 - (double)o->beta2);
+        float step = (float)((double)o->lr / (1.0 - pow((double)o->beta1, (double)t)));
+        float c2 = (float)sqrt(1.0 - pow((double)o->beta2, (double)t));
+        for (size_t i = 0; i < n; i++) {
+            float g = sum[i] / c;
+            w[i] = w[i] * d;
+            v[i] = o->beta1 * v[i] + a1 * g;
+            m2[i] = o->beta2 * m2[i] + (a2 * g) * g;
+            w[i] = w[i] - (step * v[i]) / (sqrtf(m2[i]) / c2 + o->eps);
         }
         break;
     }
@@ -2044,6 +2181,7 @@ typedef struct kvps__key {
     uint32_t ndef;
     float *state;        /* optimizer state: v, h, or m then v (2 x len) */
     float b1t, b2t;      /* Adam: beta1^t, beta2^t */
+    uint64_t step;       /* updates under the rule in force since its CONFIG (AdamW's and user rules' t) */
     struct kvps__tl_key *tl; /* timeline on: when this round's and the next's contributions came */
     uint32_t *ctag;      /* REPLICAS under BSP, a primary: per worker, the request (kvps__preq index + 1)
                             whose contribution is in accum this round; 0: none */
@@ -2067,6 +2205,9 @@ struct kvps_server {
     /* update rules */
     kvps_update_fn update_fn; /* your own rule, or NULL */
     kvps_optim default_opt;   /* desc.update as a kvps_rule (keys without their own rule) */
+    kvps_user_rule urules[KVPS_RULE_USER_LAST - KVPS_RULE_USER + 1]; /* desc.user_rules, copied */
+    int nurules;
+    char why[256];            /* a restore's or import's refusal in words (serving thread, or before start) */
     /* key store: open addressing (key -> index + 1), grows at 1/2 load */
     kvps__key **keys;
     uint32_t nkeys, cap_keys;
@@ -2554,16 +2695,41 @@ static const kvps_optim *kvps__optim_in_force(const kvps_server *s, const kvps__
 static uint32_t kvps__table_sdim(kvps_rule r, uint32_t dim) {
     return (uint32_t)kvps__rules[r].state * dim + kvps__rules[r].scalars;
 }
+/* The state floats per value of a rule in force (a user rule's n_state; 0 for one the server
+   does not have, which CONFIG and restores refuse before a key can hold it). */
+static uint32_t kvps__rule_nstate(const kvps_server *s, kvps_rule r) {
+    if (!kvps__rule_is_user((uint32_t)r)) return kvps__rules[r].state;
+    int i = (int)r - KVPS_RULE_USER;
+    return i < s->nurules ? (uint32_t)s->urules[i].n_state : 0;
+}
+/* "rule 'adamw'" or "user rule 2 ('ema')", for messages. */
+static const char *kvps__rule_text(const kvps_server *s, uint32_t r, char *buf, size_t n) {
+    int i = (int)r - KVPS_RULE_USER;
+    if (r < KVPS_RULE_COUNT) snprintf(buf, n, "rule '%s'", kvps__rules[r].name);
+    else if (kvps__rule_is_user(r) && i < s->nurules && s->urules[i].name) snprintf(buf, n, "user rule %d ('%s')", i, s->urules[i].name);
+    else if (kvps__rule_is_user(r)) snprintf(buf, n, "user rule %d", i);
+    else snprintf(buf, n, "rule %u", (unsigned)r);
+    return buf;
+}
 
-static int kvps__apply_rule(kvps__key *k, const kvps_optim *o, const float *sum, int count) {
+static int kvps__apply_rule(const kvps_server *s, kvps__key *k, const kvps_optim *o, const float *sum, int count) {
     size_t n = (size_t)k->len;
-    int nstate = kvps__rules[o->rule].state;
+    uint32_t nstate = kvps__rule_nstate(s, o->rule);
     if (nstate && !k->state) {
         k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
         if (!k->state) return -1;
         k->b1t = k->b2t = 1.0f;
     }
-    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
+    k->step++;
+    if (kvps__rule_is_user((uint32_t)o->rule)) {
+        const kvps_user_rule *u = &s->urules[o->rule - KVPS_RULE_USER];
+        float *st[KVPS_MAX_RULE_STATE];
+        for (uint32_t j = 0; j < nstate; j++) st[j] = k->state + j * n;
+        kvps_rule_args a = {k->key, k->value, sum, count, st, n, k->step, o, u->user};
+        u->fn(&a);
+        return 0;
+    }
+    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, k->step, n);
     return 0;
 }
 
@@ -2574,7 +2740,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
     if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
         kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
         s->update_fn(&a);
-    } else if (kvps__apply_rule(k, kvps__optim_in_force(s, k), sum, count) != 0) {
+    } else if (kvps__apply_rule(s, k, kvps__optim_in_force(s, k), sum, count) != 0) {
         return -1;
     }
     k->round++;
@@ -2868,7 +3034,7 @@ static int kvps__deferrable(const kvps_server *s, const kvps__hdr *h, const uint
         return 0;
     const kvps__key *k = s->keys[idx[0]];
     if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) return 0;
-    return k->len >= KVPS__DEFER_MIN_LEN && kvps__rules[kvps__rule_in_force(s, k->opt.rule)].deferrable;
+    return k->len >= KVPS__DEFER_MIN_LEN && kvps__rule_row_of(kvps__rule_in_force(s, k->opt.rule))->deferrable;
 }
 
 /* Applies a key's deferred pushes in arrival order, in one pass over the value, chunk by chunk:
@@ -2879,7 +3045,7 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
     if (!n) return;
     k->ndef = 0;
     const kvps_optim *o = kvps__optim_in_force(s, k);
-    int nstate = kvps__rules[o->rule].state, ok = kvps__value_writable(k) == 0;
+    int nstate = kvps__rule_row_of(o->rule)->state, ok = kvps__value_writable(k) == 0; /* (built-in: deferrable) */
     if (ok && nstate && !k->state) {
         k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
         ok = k->state != NULL;
@@ -2889,10 +3055,11 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
         size_t c = len - off < (size_t)KVPS__CHUNK ? len - off : (size_t)KVPS__CHUNK;
         for (uint32_t j = 0; j < n; j++)
             kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
-                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
+                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, 0, c);
     }
     if (ok) {
         if (n > 1) KVPS__STAT_ADD(s, fused, n);
+        k->step += n;
         k->round += n;
         if (k->round > s->max_round) s->max_round = k->round;
         KVPS__STAT_ADD(s, rounds, n);
@@ -3607,9 +3774,19 @@ static int kvps__check_values(kvps_server *s, kvps__rq *q) {
         for (uint32_t i = 0; i < q->h.nkeys; i++) {
             kvps_optim o;
             kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
-            if (vr != KVPS_OK)
-                return kvps__refuse(s, q, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
-                                    (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
+            char kt[160], rt[64];
+            uint32_t raw;
+            memcpy(&raw, rec + (size_t)i * KVPS__OPTREC, 4);
+            if (vr != KVPS_OK) {
+                const char *bad = vr == KVPS_ERR_HYPERPARAM ? kvps__optim_bad_field(&o) : "rule (not a kvps_rule)";
+                return kvps__refuse(s, q, vr, "%s: %s out of range: rule %u lr %g momentum %g beta1 %g beta2 %g eps %g weight_decay %g",
+                                    kvps__key_text(s, kvps__ent(q, i).key, kt, sizeof kt), bad, (unsigned)raw,
+                                    (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps, (double)o.weight_decay);
+            }
+            if (kvps__rule_is_user(o.rule) && (int)o.rule - KVPS_RULE_USER >= s->nurules)
+                return kvps__refuse(s, q, KVPS_ERR_INVALID_ARG, "%s names %s (rule id %u), which server %d does not have (it has %d user rules)",
+                                    kvps__key_text(s, kvps__ent(q, i).key, kt, sizeof kt), kvps__rule_text(s, o.rule, rt, sizeof rt),
+                                    (unsigned)o.rule, s->desc.rank, s->nurules);
         }
         return 1;
     }
@@ -3721,6 +3898,7 @@ static int kvps__apply_values(kvps_server *s, kvps__rq *q) {
             kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
             free(k->state); /* a new rule starts from fresh state */
             k->state = NULL;
+            k->step = 0;
         }
         return 1;
     }
@@ -3839,11 +4017,16 @@ static int kvps__table_config(kvps_server *s, kvps__rq *q, kvps__tq *tq) {
     kvps_result vr = kvps__optim_read(rec, &o);
     float scale;
     uint64_t seed;
-    memcpy(&scale, rec + 24, 4);
-    memcpy(&seed, rec + 32, 8);
+    memcpy(&scale, rec + KVPS__OPTREC, 4);
+    memcpy(&seed, rec + KVPS__OPTREC + 4, 8);
     if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
     uint32_t dim = tq->dim;
     kvps__table *t = tq->t;
+    if (vr == KVPS_OK && kvps__rule_row_of(o.rule)->steps) {
+        char rt[64];
+        return kvps__refuse(s, q, KVPS_ERR_INVALID_ARG, "table %llu: %s counts a key's steps, which sparse rows do not keep",
+                            (unsigned long long)tq->tid, kvps__rule_text(s, o.rule, rt, sizeof rt));
+    }
     if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
     if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
         vr = KVPS_ERR_TABLE;
@@ -3917,7 +4100,7 @@ static int kvps__push_rows(kvps_server *s, kvps__rq *q, const kvps__tq *tq) {
         if (r == UINT64_MAX) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "row");
         memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
         float *st = kvps__row_state(t, r), *sc = nsc ? st + t->sdim - nsc : NULL;
-        kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, t->dim);
+        kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, 0, t->dim);
     }
     KVPS__STAT_ADD(s, pushes, tq->nrows);
     return 1;
@@ -4351,14 +4534,16 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
    checkpoints written before it), so that replies' stamps (kvps__stamp) go on rising; per
    table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2 eps
    init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
-   per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
-   floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
+   per key: u64 key, len, round, u32 rule (KVPS_RULE_USER + i: user rule i), f32 lr momentum
+   beta1 beta2 eps, (version 5) f32 weight_decay, u32 state floats per value, f32 b1t b2t,
+   (version 5) u64 step, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
-   of everything before it and "KEND". Version 3 (no generation: 0), version 2 (its placement:
+   of everything before it and "KEND". Version 4 (no weight_decay: 0, no step: 0; it had no
+   AdamW nor user rules), version 3 (no generation: 0), version 2 (its placement:
    u32 count, 0 or u32 V and u32 server counts, changes by counts) and version 1 (no placement)
    are still read. */
-enum { KVPS__CKPT_VERSION = 4 };
+enum { KVPS__CKPT_VERSION = 5 };
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
 static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
     if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
@@ -4383,18 +4568,20 @@ static int kvps__quiescent(const kvps_server *s) {
 }
 
 /* One key's record (the checkpoint's, and a key moved to another server): u64 key, len, round,
-   u32 rule, f32 lr momentum beta1 beta2 eps, u32 state floats per value, f32 b1t b2t,
-   u64 recv[workers], f32 value[len], f32 state[len x that]. */
+   u32 rule, f32 lr momentum beta1 beta2 eps weight_decay, u32 state floats per value, f32 b1t
+   b2t, u64 step, u64 recv[workers], f32 value[len], f32 state[len x that] (version 5; before:
+   no weight_decay, no step). */
 static void kvps__key_put(const kvps_server *s, kvps__cw *w, const kvps__key *k) {
-    uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rules[kvps__rule_in_force(s, k->opt.rule)].state : 0;
-    float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
+    uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rule_nstate(s, kvps__rule_in_force(s, k->opt.rule)) : 0;
+    float f[8] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->opt.weight_decay, k->b1t, k->b2t};
     KVPS__CW(w, k->key);
     KVPS__CW(w, k->len);
     KVPS__CW(w, k->round);
     KVPS__CW(w, rule);
-    kvps__cw_put(w, f, 5 * sizeof(float));
+    kvps__cw_put(w, f, 6 * sizeof(float));
     KVPS__CW(w, nstate);
-    kvps__cw_put(w, f + 5, 2 * sizeof(float));
+    kvps__cw_put(w, f + 6, 2 * sizeof(float));
+    KVPS__CW(w, k->step);
     kvps__cw_put(w, k->recv, (size_t)s->m * sizeof *k->recv);
     kvps__cw_put(w, k->value, (size_t)k->len * sizeof(float));
     if (nstate) kvps__cw_put(w, k->state, (size_t)k->len * nstate * sizeof(float));
@@ -4590,19 +4777,21 @@ KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
 
 typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
 
-/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps) are what CONFIG
-   would have stored: valid and already resolved; nstate (unless 0: not allocated yet) matches
-   the rule in force (the server's default for a key without a rule of its own). */
-static int kvps__ckpt_optim_ok(uint32_t rule, const float *f5, kvps_rule dflt, uint32_t nstate) {
-    if (nstate && nstate != kvps__rules[rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt].state) return 0;
+/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps, weight_decay) are
+   what CONFIG would have stored: valid and already resolved, a user rule one this server has;
+   nstate (unless 0: not allocated yet) matches the rule in force (the server's default for a
+   key without a rule of its own). */
+static int kvps__ckpt_optim_ok(const kvps_server *s, uint32_t rule, const float *f6, kvps_rule dflt, uint32_t nstate) {
+    if (kvps__rule_is_user(rule) && (int)rule - KVPS_RULE_USER >= s->nurules) return 0;
+    if (nstate && nstate != kvps__rule_nstate(s, rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt)) return 0;
     if (rule == KVPS_RULE_DEFAULT) return 1; /* the fields are not used */
+    kvps_optim o = {KVPS_RULE_DEFAULT, f6[0], f6[1], f6[2], f6[3], f6[4], f6[5]};
     unsigned char rec[KVPS__OPTREC];
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f5, 5 * sizeof(float));
-    kvps_optim o;
+    kvps__optim_rec(&o, rec);
+    memcpy(rec, &rule, 4); /* (the rule as stored, whatever it is) */
     if (kvps__optim_read(rec, &o) != KVPS_OK) return 0;
-    float back[5] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps};
-    return memcmp(back, f5, sizeof back) == 0;
+    float back[6] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps, o.weight_decay};
+    return memcmp(back, f6, sizeof back) == 0;
 }
 static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     if (r->left < n) return -1;
@@ -4629,8 +4818,9 @@ static const char *kvps__table_get(kvps_server *s, kvps__cr *rd, kvps__table **o
     if (kvps__cr_get(rd, &tid, 8) || kvps__cr_get(rd, u, sizeof u) || kvps__cr_get(rd, fl, sizeof fl) ||
         kvps__cr_get(rd, &seed, 8) || kvps__cr_get(rd, &nrows, 8))
         return "truncated table record";
-    if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT ||
-        !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) || u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
+    float f6[6] = {fl[0], fl[1], fl[2], fl[3], fl[4], 0.0f}; /* (a table has no weight decay) */
+    if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT || kvps__rules[u[2]].steps ||
+        !kvps__ckpt_optim_ok(s, u[2], f6, KVPS_RULE_SGD, 0) || u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
         !kvps__finite(fl[5]) || fl[5] < 0 || nrows > rd->left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float)))
         return "invalid table record";
     kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
@@ -4655,17 +4845,26 @@ static const char *kvps__table_get(kvps_server *s, kvps__cr *rd, kvps__table **o
     return NULL;
 }
 
-/* Reads one key record (kvps__key_put's) into a new key; NULL, or why not. */
-static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
-    uint64_t key, len, round;
+/* Reads one key record (kvps__key_put's, of checkpoint version ver) into a new key; NULL, or
+   why not (a user rule this server lacks, or with another state count, is named). */
+static const char *kvps__key_get(kvps_server *s, kvps__cr *rd, uint32_t ver) {
+    uint64_t key, len, round, step = 0;
     uint32_t rule, nstate;
-    float f5[5], bt[2];
+    float f6[6] = {0}, bt[2];
     if (kvps__cr_get(rd, &key, 8) || kvps__cr_get(rd, &len, 8) || kvps__cr_get(rd, &round, 8) ||
-        kvps__cr_get(rd, &rule, 4) || kvps__cr_get(rd, f5, sizeof f5) || kvps__cr_get(rd, &nstate, 4) ||
-        kvps__cr_get(rd, bt, sizeof bt)) return "truncated key record";
-    if (len == 0 || len > s->desc.max_value_len || rule >= KVPS_RULE_COUNT || kvps__find(s, key) != UINT32_MAX ||
-        !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
-        (nstate && kvps__rules[kvps__rule_in_force(s, (kvps_rule)rule)].scalars &&
+        kvps__cr_get(rd, &rule, 4) || kvps__cr_get(rd, f6, (ver >= 5 ? 6 : 5) * sizeof(float)) || kvps__cr_get(rd, &nstate, 4) ||
+        kvps__cr_get(rd, bt, sizeof bt) || (ver >= 5 && kvps__cr_get(rd, &step, 8))) return "truncated key record";
+    if (kvps__rule_is_user(rule) && ((int)rule - KVPS_RULE_USER >= s->nurules ||
+                                     (nstate && nstate != kvps__rule_nstate(s, (kvps_rule)rule)))) {
+        char kt[160];
+        snprintf(s->why, sizeof s->why, "%s has user rule %d with %u state floats per value; this server %s",
+                 kvps__key_text(s, key, kt, sizeof kt), (int)rule - KVPS_RULE_USER, (unsigned)nstate,
+                 (int)rule - KVPS_RULE_USER >= s->nurules ? "does not have that rule" : "declares another n_state for it");
+        return s->why;
+    }
+    if (len == 0 || len > s->desc.max_value_len || (rule >= KVPS_RULE_COUNT && !kvps__rule_is_user(rule)) ||
+        kvps__find(s, key) != UINT32_MAX || !kvps__ckpt_optim_ok(s, rule, f6, s->default_opt.rule, nstate) ||
+        (nstate && kvps__rule_row_of(kvps__rule_in_force(s, (kvps_rule)rule))->scalars &&
          !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f)))
         return "invalid key record"; /* (scalar state: Adam's bias-correction powers in (0, 1]) */
     /* the bytes must hold what the record announces before anything is allocated for it */
@@ -4677,9 +4876,11 @@ static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
     k->round = round;
     if (round > s->max_round) s->max_round = round;
     k->opt.rule = (kvps_rule)rule;
-    k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
+    k->opt.lr = f6[0]; k->opt.momentum = f6[1]; k->opt.beta1 = f6[2]; k->opt.beta2 = f6[3]; k->opt.eps = f6[4];
+    k->opt.weight_decay = f6[5];
     k->b1t = bt[0];
     k->b2t = bt[1];
+    k->step = step;
     if (kvps__cr_get(rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
         kvps__cr_get(rd, k->value, (size_t)len * sizeof(float))) return "truncated values";
     if (nstate) {
@@ -4738,7 +4939,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
         if (t && !why && kvps__table_find(s->tables, t->id)) why = "invalid table record";
         if (t) { t->next = s->tables; s->tables = t; }
     }
-    for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd);
+    for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd, hdr[0]);
     for (int r = 0; !why && r < s->m; r++)
         if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
             kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
@@ -5039,7 +5240,7 @@ static void kvps__move_import(kvps_server *s, kvps__rq *q, const unsigned char *
         uint64_t key;
         if (rd.left >= 8) memcpy(&key, rd.p, 8);
         if (rd.left >= 8 && kvps__find(s, key) != UINT32_MAX) why = "a key this server holds already";
-        else why = kvps__key_get(s, &rd);
+        else why = kvps__key_get(s, &rd, KVPS__CKPT_VERSION);
     }
     if (why) {
         kvps__keys_truncate(s, n0);
@@ -6485,6 +6686,24 @@ static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
 }
 
 /* The desc's settings that the server cannot work with, each logged; KVPS_OK or KVPS_ERR_CONFIG. */
+/* USER RULES: at most 64, each with a function and 0 to KVPS_MAX_RULE_STATE state floats. */
+static kvps_result kvps__user_rules_ok(const kvps_server_desc *desc) {
+    int most = KVPS_RULE_USER_LAST - KVPS_RULE_USER + 1;
+    if (desc->num_user_rules < 0 || desc->num_user_rules > most || (desc->num_user_rules && !desc->user_rules)) {
+        kvps__log(KVPS_LOG_ERROR, "server desc: num_user_rules %d (0 to %d, with user_rules set)", desc->num_user_rules, most);
+        return KVPS_ERR_CONFIG;
+    }
+    for (int i = 0; i < desc->num_user_rules; i++) {
+        const kvps_user_rule *u = &desc->user_rules[i];
+        if (!u->fn || u->n_state < 0 || u->n_state > KVPS_MAX_RULE_STATE) {
+            kvps__log(KVPS_LOG_ERROR, "server desc: user rule %d ('%s'): %s", i, u->name ? u->name : "",
+                      !u->fn ? "fn is NULL" : "n_state is not 0 to KVPS_MAX_RULE_STATE (8)");
+            return KVPS_ERR_CONFIG;
+        }
+    }
+    return KVPS_OK;
+}
+
 static kvps_result kvps__server_desc_ok(const kvps_server_desc *desc) {
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
     if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "server")) return KVPS_ERR_CONFIG;
@@ -6504,7 +6723,7 @@ static kvps_result kvps__server_desc_ok(const kvps_server_desc *desc) {
                                   "and update rule (CUSTOM needs update_fn)");
         return KVPS_ERR_CONFIG;
     }
-    return KVPS_OK;
+    return kvps__user_rules_ok(desc);
 }
 
 /* The per-worker arrays (num_workers entries each) and the first table slots; 0, or -1 with
@@ -6595,6 +6814,9 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
     s->default_opt.rule = builtin[desc->update];
     s->default_opt.lr = s->desc.lr;
+    s->nurules = desc->num_user_rules;
+    if (s->nurules) memcpy(s->urules, desc->user_rules, (size_t)s->nurules * sizeof *s->urules);
+    s->desc.user_rules = NULL; /* (not kept: copied) */
     if (kvps__server_arrays(s) != 0) {
         free(s);
         return KVPS_ERR_NOMEM;
@@ -7516,11 +7738,11 @@ static kvps_result kvps__optim_fail(kvps_worker *w, const char *what, const char
                                     const kvps_optim *resolved, kvps_result r) {
     char where[200];
     snprintf(where, sizeof where, what, name);
-    if ((unsigned)o->rule >= KVPS_RULE_COUNT)
-        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule", where, (int)o->rule);
-    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g)", where,
+    if ((unsigned)o->rule >= KVPS_RULE_COUNT && !kvps__rule_is_user((uint32_t)o->rule))
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule (nor KVPS_RULE_USER + i)", where, (int)o->rule);
+    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g weight_decay %g)", where,
                        kvps__optim_bad_field(resolved), (double)o->lr, (double)o->momentum, (double)o->beta1,
-                       (double)o->beta2, (double)o->eps);
+                       (double)o->beta2, (double)o->eps, (double)o->weight_decay);
 }
 #define KVPS__TENSOR_OK(w, call, t)                                                                            \
     do {                                                                                                       \
@@ -9006,12 +9228,9 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     *out = 0;
     KVPS__TENSOR_OK(w, "tensor_optim", ti);
     unsigned char rec[KVPS__OPTREC];
-    uint32_t rule = (uint32_t)o->rule;
-    float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
+    kvps__optim_rec(o, rec);
     kvps_optim chk;
-    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
+    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too (and that they have a user rule); fail early here */
     if (r != KVPS_OK)
         return kvps__optim_fail(w, "tensor_optim of tensor '%s'", w->tensors[ti].name, o, &chk, r);
     kvps__tensor_info *t = &w->tensors[ti];
@@ -9112,16 +9331,15 @@ KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d,
     kvps_result pr = kvps__place_ready(w); /* (rows are placed by vmap) */
     if (pr != KVPS_OK) return pr;
     unsigned char rec[KVPS__TREC];
-    memset(rec, 0, sizeof rec);
-    uint32_t rule = (uint32_t)d->opt.rule;
-    float f[5] = {d->opt.lr, d->opt.momentum, d->opt.beta1, d->opt.beta2, d->opt.eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
-    memcpy(rec + 24, &d->init_scale, 4);
-    memcpy(rec + 32, &d->seed, 8);
+    kvps__optim_rec(&d->opt, rec);
+    memcpy(rec + KVPS__OPTREC, &d->init_scale, 4);
+    memcpy(rec + KVPS__OPTREC + 4, &d->seed, 8);
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk);
     if (r != KVPS_OK) return kvps__optim_fail(w, "table '%s'", d->name, &d->opt, &chk, r);
+    if (kvps__rule_row_of(chk.rule)->steps)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table '%s': rule %d counts a key's steps (AdamW, user rules), which sparse "
+                           "rows do not keep", d->name, (int)chk.rule);
     uint64_t id = kvps__fnv1a(d->name);
     for (int i = 0; i < w->ntables; i++)
         if (w->tables[i].id == id) return kvps__wfail(w, KVPS_ERR_TABLE, "table '%s': registered twice on this worker", d->name);

@@ -199,6 +199,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         .codecs = &user,
         .num_codecs = 1,
         .staleness = (cfg & 128) ? 2 : 0,
+        .user_rules = fz_user_rules,
+        .num_user_rules = 1,
     };
     kvps_server *s = NULL;
     FZ_CHECK(kvps_server_create(&d, &s) == KVPS_OK, "server create");

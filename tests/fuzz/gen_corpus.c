@@ -77,7 +77,7 @@ static void coded(buf *b, kvps_codec c, uint64_t n, float base) {
 }
 
 static void optrec(uint8_t *r, uint32_t rule, float lr) {
-    float f[5] = {lr, 0, 0, 0, 0};
+    float f[6] = {lr, 0, 0, 0, 0, rule == KVPS_RULE_ADAMW || rule >= KVPS_RULE_USER ? 0.01f : 0.0f}; /* (weight_decay) */
     memcpy(r, &rule, 4);
     memcpy(r + 4, f, sizeof f);
 }
@@ -211,6 +211,22 @@ static void server_seeds(void) {
     }
     save("fuzz_server", "config_rules", &b);
 
+    /* AdamW (weight decay, a step count) and a user rule the fuzzed server does not have */
+    cfg = 0x40 | 1;
+    begin(&b, &cfg, 1);
+    {
+        uint8_t rec[2 * KVPS__OPTREC];
+        optrec(rec, KVPS_RULE_ADAMW, 0.001f);
+        optrec(rec + KVPS__OPTREC, KVPS_RULE_USER + 1, 0);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2, l2, 1);
+        frame(&b, rec, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PUSH, 0, 0, 0, k2, l2, 1); values(&b, 4, 2);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2 + 1, l2 + 1, 1);
+        frame(&b, rec + KVPS__OPTREC, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PULL, 0, 0, 0, k2, l2, 2);
+    }
+    save("fuzz_server", "config_adamw_user", &b);
+
     /* barrier on server 0 from every rank */
     cfg = 0x40 | 4;
     begin(&b, &cfg, 1);
@@ -226,8 +242,8 @@ static void server_seeds(void) {
         optrec(trec, KVPS_RULE_ADAGRAD, 0.1f);
         float scale = 0.5f;
         uint64_t seed = 42;
-        memcpy(trec + 24, &scale, 4);
-        memcpy(trec + 32, &seed, 8);
+        memcpy(trec + KVPS__OPTREC, &scale, 4);
+        memcpy(trec + KVPS__OPTREC + 4, &seed, 8);
         table_meta(&b, KVPS__OP_TABLE, 0, 7, 4, NULL, 0);
         frame(&b, trec, sizeof trec);
         uint64_t ids[3] = {5, 1u << 31, 99};
@@ -640,20 +656,23 @@ static void ckpt_seeds(void) {
     kvps_server *s = NULL;
     kvps_worker *w = NULL;
     int ok = kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-ckpt", .num_workers = 1,
-                                                   .max_value_len = 1 << 16, .zmq_ctx = ctx, .checkpoint_path = path},
+                                                   .max_value_len = 1 << 16, .zmq_ctx = ctx, .checkpoint_path = path,
+                                                   .user_rules = fz_user_rules, .num_user_rules = 1},
                                 &s) == KVPS_OK && kvps_server_start(s) == KVPS_OK;
     if (ok)
         ok = kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://gen-ckpt", .rank = 0, .num_workers = 1, .zmq_ctx = ctx},
                                 &w) == KVPS_OK;
-    static const char *names[3] = {"ck.adam", "ck.momentum", "ck.plain"};
-    static const kvps_rule rules[3] = {KVPS_RULE_ADAM, KVPS_RULE_MOMENTUM, KVPS_RULE_DEFAULT};
-    static const size_t lens[3] = {8, 5, 3};
-    kvps_tensor t[3];
+    enum { NCK = 5 }; /* the last without a rule of its own */
+    static const char *names[NCK] = {"ck.adam", "ck.momentum", "ck.adamw", "ck.user", "ck.plain"};
+    static const kvps_rule rules[NCK] = {KVPS_RULE_ADAM, KVPS_RULE_MOMENTUM, KVPS_RULE_ADAMW, KVPS_RULE_USER, KVPS_RULE_DEFAULT};
+    static const size_t lens[NCK] = {8, 5, 6, 4, 3};
+    kvps_tensor t[NCK];
     kvps_table tb;
     kvps_req q;
-    for (int i = 0; i < 3 && ok; i++) ok = kvps_worker_tensor(w, names[i], lens[i], &t[i]) == KVPS_OK;
-    for (int i = 0; i < 2 && ok; i++)
-        ok = kvps_worker_tensor_optim(w, t[i], &(kvps_optim){.rule = rules[i], .lr = 0.125f}, &q) == KVPS_OK &&
+    for (int i = 0; i < NCK && ok; i++) ok = kvps_worker_tensor(w, names[i], lens[i], &t[i]) == KVPS_OK;
+    for (int i = 0; i < NCK - 1 && ok; i++)
+        ok = kvps_worker_tensor_optim(w, t[i], &(kvps_optim){.rule = rules[i], .lr = 0.125f,
+                                                             .weight_decay = i >= 2 ? 0.25f : 0.0f}, &q) == KVPS_OK &&
              kvps_worker_wait(w, q, 5000) == KVPS_OK;
     if (ok)
         ok = kvps_worker_table(w, &(kvps_table_desc){.name = "ck.rows", .dim = 4, .opt = {.rule = KVPS_RULE_ADAGRAD},
@@ -661,7 +680,7 @@ static void ckpt_seeds(void) {
                                &tb, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
     float g[8] = {1, -2, 3, -4, 5, -6, 7, -8};
     for (int step = 0; step < 2 && ok; step++)
-        for (int i = 0; i < 3 && ok; i++)
+        for (int i = 0; i < NCK && ok; i++)
             ok = kvps_worker_push_tensor(w, t[i], g, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
     uint64_t ids[2] = {11, 1u << 30};
     if (ok) ok = kvps_worker_push_rows(w, tb, ids, g, 2, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
