@@ -82,8 +82,8 @@ static void adamw_step(const kvps_optim *o, float *w, float *m, float *v, const 
     for (int i = 0; i < n; i++) {
         float g = sum[i] / c;
         w[i] = w[i] * d;
-        m[i] = o->beta1 * m[i] + a1 * g;
-        v[i] = o->beta2 * v[i] + a2 * g * g;
+        m[i] = fmaf(a1, g, o->beta1 * m[i]);
+        v[i] = fmaf(a2 * g, g, o->beta2 * v[i]);
         w[i] = w[i] - s * m[i] / (sqrtf(v[i]) / c2 + o->eps);
     }
 }
@@ -256,8 +256,11 @@ static rjob J;
 /* With python3-torch: tests/adamw_torch.py replays the mean gradients through torch.optim.AdamW
    and compares its weights with kvps's; it prints the largest difference in ulps. 0: skipped. */
 static int torch_check(const kvps_optim *o, const float *gmeans, const float *got) {
-    if (system("python3 -c 'import torch' >/dev/null 2>&1") != 0) return 0;
+    /* Debian's python3-torch is for Debian's python3, which may not be the first on PATH */
+    const char *py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
     char path[128], cmd[300];
+    snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", py);
+    if (system(cmd) != 0) return 0;
     snprintf(path, sizeof path, "/tmp/kvps-adamw-%d.bin", (int)getpid());
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -270,7 +273,7 @@ static int torch_check(const kvps_optim *o, const float *gmeans, const float *go
     fwrite(gmeans, sizeof(float), (size_t)STEPS * N, f);
     fwrite(got, sizeof(float), N, f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "python3 tests/adamw_torch.py %s", path);
+    snprintf(cmd, sizeof cmd, "%s tests/adamw_torch.py %s", py, path);
     fflush(stdout);
     int rc = system(cmd);
     unlink(path);
