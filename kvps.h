@@ -4563,8 +4563,11 @@ static int kvps__key_half_done(const kvps_server *s, const kvps__key *k) {
     return 0;
 }
 
-static int kvps__quiescent(const kvps_server *s) {
-    if (s->barrier_waiters || s->ndirty) return 0;
+/* No round half summed and nothing dirty; for a checkpoint also no barrier open (a snapshot
+   may be taken while one is: barrier waits are not in snapshots, REPLICAS' limits, and a backup
+   of the first chain waiting for its snapshot holds replies a barrier may wait for). */
+static int kvps__quiescent(const kvps_server *s, int barriers_too) {
+    if ((barriers_too && s->barrier_waiters) || s->ndirty) return 0;
     for (uint32_t i = 0; i < s->nkeys; i++)
         if (kvps__key_half_done(s, s->keys[i])) return 0;
     return 1;
@@ -4749,7 +4752,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
     uint64_t asked = __atomic_load_n(&s->ckpt_req, __ATOMIC_ACQUIRE); /* no lock on every batch */
     int every = s->desc.checkpoint_every > 0 &&
                 s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
-    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
+    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s, 1)) return;
     kvps_result r = kvps__checkpoint_write(s);
     if (r != KVPS_OK) s->ckpt_round = s->max_round; /* (a full disk, say): tried again at the next checkpoint, not every round */
     pthread_mutex_lock(&s->ckpt_mu);
@@ -4764,7 +4767,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
 KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
     if (!s) return KVPS_ERR_INVALID_ARG;
     if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
-    if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
+    if (!s->started) return kvps__quiescent(s, 1) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
     struct timespec until = kvps__deadline_ts(timeout_ms < 0 ? 10000 : timeout_ms);
     pthread_mutex_lock(&s->ckpt_mu);
     uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
@@ -5889,7 +5892,7 @@ static void kvps__repl_snapshots(kvps_server *s) {
     if (!want) return;
     kvps__flush_all(s);
     kvps__round_send(s); /* (before the snapshot, whose sequence follows it) */
-    if (!kvps__quiescent(s)) return;
+    if (!kvps__quiescent(s, 0)) return;
     char *buf = NULL;
     size_t size = 0;
     FILE *f = open_memstream(&buf, &size);

@@ -585,14 +585,11 @@ static void primary_killed(int replace) {
         used += (size_t)snprintf(J.servers + used, sizeof J.servers - used, "%s%s", s ? "," : "", chain[s]);
         for (int r = 0; r < 2; r++) pid[s][r] = chain_server(chain[s], s, r, 0, &synced[s][r]);
     }
-    /* the workers start once both backups hold their shards: a backup that joins later waits for
-       a snapshot, which waits for no barrier to be open, while the primary holds rank 0's CONFIG
-       answers for that backup and ranks 1-2 wait in the barrier for rank 0 (seen here: the job
-       stood still until the workers' timeouts; a limit of kvps's REPLICAS, not of user rules) */
-    for (int s = 0; s < 2; s++) {
-        KT_CHECK(synced_wait(synced[s][1]), "shard %d's backup never held its shard", s);
-        close(synced[s][0]);
-    }
+    /* the workers start at once, while the backups may still be joining: a backup of the first
+       chain that joins while the start barrier is open gets its snapshot all the same (before,
+       the snapshot waited for the barrier, the barrier for rank 0, and rank 0 for its CONFIG
+       answer, held for that backup: 5 of 15 runs stood still until the workers' timeouts) */
+    for (int s = 0; s < 2; s++) close(synced[s][0]); /* (the backups' are closed at the end: they write to them) */
     kt_workers ws;
     kt_workers_init(&ws, replace ? "a replacement, then the primary killed" : "primary killed", rjob_worker, NW, J.servers, NULL);
     ws.user = &J;
@@ -624,6 +621,7 @@ static void primary_killed(int replace) {
             KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "server %d replica %d did not end by itself (status %d)", s,
                      r, st);
         }
+    for (int s = 0; s < 2; s++) close(synced[s][1]);
 }
 static void test_user_rule_primary_killed(void) {
     primary_killed(0);
