@@ -1506,53 +1506,6 @@ static uint32_t kvps__random32(void) {
     return r ? r : 1u;
 }
 
-/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
-   (and, on the connecting side, made again). */
-static void kvps__heartbeats(void *sock, int ivl, int timeout) {
-    if (ivl <= 0) return;
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
-}
-
-/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
-static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
-    static int counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
-    void *m = zmq_socket(ctx, ZMQ_PAIR);
-    if (!m) return -1;
-    int zero = 0;
-    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
-    *out = m;
-    return 0;
-}
-
-/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
-   for a drop), 0 when none is waiting. */
-static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
-    zmq_msg_t a, b;
-    zmq_msg_init(&a);
-    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
-    int ok = zmq_msg_size(&a) >= 6;
-    if (ok) {
-        memcpy(event, zmq_msg_data(&a), 2);
-        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
-    }
-    int more = zmq_msg_more(&a);
-    zmq_msg_close(&a);
-    while (more) { /* the endpoint frame */
-        zmq_msg_init(&b);
-        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
-        more = zmq_msg_more(&b);
-        zmq_msg_close(&b);
-    }
-    return ok;
-}
-
-
 /* A PLACEMENT: how keys were placed on servers (RESHARD): V virtual shards (256 x the first
    server count), every server count the job went through, first to last, and what each change
    moved: m[i] (virtual shard, new server) pairs for change i (from n[i-1] to n[i] servers), in
