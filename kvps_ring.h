@@ -610,7 +610,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      timeline     a collective and its phases in the rank's timeline (kvps_core.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    the transports (hellos; a peer's queue, the pair's connection or ZeroMQ; waiting
-                  on all; liveness),
+                  on all; liveness: processes, connections, heartbeats; deadlines; the stall
+                  inspector),
                   then frames to and from peers: send, receive (stash, mismatch, abort),
                   zero-copy; p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
