@@ -78,7 +78,7 @@
            kvps_worker_pushpull_tensor(w, t, grad, weights, &q);  // one round trip
            ... compute something else while the bytes move ...
            if (kvps_worker_wait(w, q, -1) != KVPS_OK) { ...kvps_worker_last_error(w)... }
-       }
+       }                                          // -1: as long as the servers live (TIMEOUTS)
        kvps_worker_destroy(&w);                   // says goodbye: the servers stop once all have
    FIRST CONTACT. kvps_worker_create sends each server a hello with what must agree: the
    protocol release, num_workers, the server list (its count and a hash of it, and this
