@@ -144,15 +144,21 @@ static void ps_pause_body(void) {
     kt_server_proc_stop(srv);
 }
 
-/* Both pauses at once: each in a child of its own, waited for together. */
-static void test_pause_is_waited_for(void) {
+/* Both pauses at once, each in a child of its own: started first, waited for last, so that the
+   tests of deaths run meanwhile and the suite pays the pause once. */
+static pid_t g_pause_ring, g_pause_ps;
+static void test_pause_start(void) {
     fflush(stdout);
-    pid_t ring = fork();
-    if (ring == 0) { kt_cur_failed = 0; ring_pause_body(); fflush(stdout); exit(kt_cur_failed ? 1 : 0); }
-    pid_t ps = fork();
-    if (ps == 0) { kt_cur_failed = 0; ps_pause_body(); fflush(stdout); exit(kt_cur_failed ? 1 : 0); }
+    g_pause_ring = fork();
+    if (g_pause_ring == 0) { kt_cur_failed = 0; ring_pause_body(); fflush(stdout); exit(kt_cur_failed ? 1 : 0); }
+    g_pause_ps = fork();
+    if (g_pause_ps == 0) { kt_cur_failed = 0; ps_pause_body(); fflush(stdout); exit(kt_cur_failed ? 1 : 0); }
+    KT_CHECK(g_pause_ring > 0 && g_pause_ps > 0, "fork");
+}
+static void test_pause_is_waited_for(void) {
     int64_t deadline = kt_now_ms() + (int64_t)(pause_s() + 120) * 1000;
-    int a = kt_wait_pid(ring, deadline), b = kt_wait_pid(ps, deadline);
+    int a = g_pause_ring > 0 ? kt_wait_pid(g_pause_ring, deadline) : -3;
+    int b = g_pause_ps > 0 ? kt_wait_pid(g_pause_ps, deadline) : -3;
     KT_CHECK(a >= 0 && WIFEXITED(a) && WEXITSTATUS(a) == 0, "ring with a rank asleep %d s: status %d (failures above)", pause_s(), a);
     KT_CHECK(b >= 0 && WIFEXITED(b) && WEXITSTATUS(b) == 0, "PS with a worker asleep %d s: status %d (failures above)", pause_s(), b);
 }
@@ -286,6 +292,7 @@ static void test_ps_worker_stopped(void) { kt_isolated(ps_stopped_body, 60); }
 
 int main(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
+    KT_RUN(test_pause_start, 10); /* (the pauses run while the deaths are tested) */
     KT_RUN(test_ring_rank_killed, 200);
     KT_RUN(test_ring_rank_stopped, 100);
     KT_RUN(test_ps_worker_and_server_killed, 100);
