@@ -290,9 +290,35 @@ static void ps_stopped_body(void) { kvps_log_set_level(KVPS_LOG_NONE); ps_dying(
 static void test_ps_worker_and_server_killed(void) { kt_isolated(ps_killed_body, 60); }
 static void test_ps_worker_stopped(void) { kt_isolated(ps_stopped_body, 60); }
 
+/* The new desc fields are checked: a stall_ms below -1 or a negative peer_timeout_ms is refused,
+   the field named; 0 takes the defaults (60 s, 5 s) and -1 turns the inspector off. */
+static void test_desc_fields_checked(void) {
+    kvps_log_set_level(KVPS_LOG_NONE);
+    kvps_ring *r = NULL;
+    KT_CHECK(kvps_ring_create(&(kvps_ring_desc){.size = 1, .bind = "inproc://slow-a", .stall_ms = -2}, &r) == KVPS_ERR_CONFIG &&
+             !r && strstr(kvps_ring_last_error(NULL), "stall_ms"), "ring stall_ms -2: '%s'", kvps_ring_last_error(NULL));
+    KT_CHECK(kvps_ring_create(&(kvps_ring_desc){.size = 1, .bind = "inproc://slow-b", .peer_timeout_ms = -1}, &r) ==
+             KVPS_ERR_CONFIG && !r && strstr(kvps_ring_last_error(NULL), "peer_timeout_ms"), "ring peer_timeout_ms -1: '%s'",
+             kvps_ring_last_error(NULL));
+    KT_OK(kvps_ring_create(&(kvps_ring_desc){.size = 1, .bind = "inproc://slow-c", .stall_ms = -1}, &r));
+    KT_CHECK(r && r->desc.stall_ms == -1 && r->desc.peer_timeout_ms == 5000 && r->desc.timeout_ms == 0,
+             "ring desc resolved to stall %d, peer timeout %d, timeout %d", r ? r->desc.stall_ms : 0,
+             r ? r->desc.peer_timeout_ms : 0, r ? r->desc.timeout_ms : 0);
+    kvps_ring_destroy(&r);
+    kvps_worker *w = NULL;
+    KT_CHECK(kvps_worker_create(&(kvps_worker_desc){.servers = "tcp://127.0.0.1:1", .stall_ms = -2}, &w) == KVPS_ERR_CONFIG && !w,
+             "worker stall_ms -2 accepted");
+    KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = "tcp://127.0.0.1:1"}, &w));
+    KT_CHECK(w && w->desc.stall_ms == 60000 && w->desc.timeout_ms == 0, "worker desc resolved to stall %d, timeout %d",
+             w ? w->desc.stall_ms : 0, w ? w->desc.timeout_ms : 0);
+    kvps_worker_destroy(&w);
+    kvps_log_set_level(KVPS_LOG_ERROR);
+}
+
 int main(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
     KT_RUN(test_pause_start, 10); /* (the pauses run while the deaths are tested) */
+    KT_RUN(test_desc_fields_checked, 30);
     KT_RUN(test_ring_rank_killed, 200);
     KT_RUN(test_ring_rank_stopped, 100);
     KT_RUN(test_ps_worker_and_server_killed, 100);
