@@ -331,9 +331,9 @@
    (it answers heartbeats), even while it waits itself, under BSP, for a slow worker. A server
    whose connection has been down for peer_timeout_ms (it died, or its heartbeats went
    unanswered: FAULTS) ends a wait with no deadline (KVPS_ERR_PEER_LOST "server 0 (tcp://...)
-   unreachable for 5012 ms"), and so do one that never connected (after 30 s), a shard none of
-   whose replicas answers (each tried for failover_ms, then peer_timeout_ms), and a server that
-   refuses our handshakes (KVPS_ERR_AUTH). A server stopped with SIGSTOP answers no heartbeats:
+   unreachable for 5012 ms"; with heartbeat_ms -1 only a closed connection tells), and so do one
+   that never connected (after 30 s), a shard none of whose replicas answers (each tried for
+   failover_ms, then peer_timeout_ms), and a server that refuses our handshakes (KVPS_ERR_AUTH). A server stopped with SIGSTOP answers no heartbeats:
    it counts as dead, about 2 x peer_timeout_ms after it stopped (over the network a stopped
    process cannot be told from a dead host or a cut link; servers treat a silent worker the same
    way). Short exchanges that wait on no slow peer keep a bound of their own when desc.timeout_ms
