@@ -182,8 +182,7 @@
    rank 2 in allreduce of 100 float32 (sum, root 0) (this ring's collective #7)"). A peer that
    never connected is not known to be alive: its hello is awaited .timeout_ms, else 5 minutes
    (the stall inspector names it meanwhile); a TCP connection that has not proven itself, 30 s.
-   After an error
-   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
+   After an error the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
    collective whose frames sent without a copy are still in ZeroMQ's hands closes the sockets
    (so that the caller may free its buffers): that breaks the ring's sub-rings and parent too.
    Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
