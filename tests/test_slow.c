@@ -230,11 +230,12 @@ static void test_ring_rank_stopped(void) {
     kvps_log_set_level(KVPS_LOG_ERROR);
 }
 
-/* ---- a PS worker dies or stops, then the server dies ---- */
-/* Worker 1 pushes one round and waits (pause) to be signalled; worker 0 (this process) then
-   pushpulls round 2 with defaults: its wait ends with KVPS_ERR_PEER_LOST naming worker 1 (the
-   server answers once the worker is lost: its connection closed, or silent, for peer_timeout_ms).
-   Then the server is killed: the next wait ends with KVPS_ERR_PEER_LOST naming server 0. */
+/* ---- a PS worker dies or stops, then the server ---- */
+/* Worker 1 pushes one round and waits (pause) to be signalled (sig: SIGKILL or SIGSTOP); worker 0
+   (this process) then pushpulls round 2 with defaults: its wait ends with KVPS_ERR_PEER_LOST
+   naming worker 1 (the server answers once the worker is lost: its connection closed, or silent,
+   for peer_timeout_ms). Then the server gets sig: the next wait ends with KVPS_ERR_PEER_LOST
+   naming server 0 (its connection closed, or its heartbeats unanswered, for peer_timeout_ms). */
 static void ps_dying(int sig) {
     char ep[256];
     pid_t srv = kt_server_proc(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 2}, ep, sizeof ep);
@@ -271,14 +272,16 @@ static void ps_dying(int sig) {
     const char *e = kvps_worker_last_error(w);
     KT_CHECK(rc == KVPS_ERR_PEER_LOST && strstr(e, "worker 1"), "worker 1 %s: worker 0's wait gave %s '%s', want "
              "KVPS_ERR_PEER_LOST naming worker 1", sig == SIGSTOP ? "stopped" : "killed", kvps_result_str(rc), e);
-    kill(srv, SIGKILL);
-    waitpid(srv, NULL, 0);
+    kill(srv, sig);
     kvps_req q2;
     rc = kvps_worker_pull_tensor(w, t, v, &q2);
     if (rc == KVPS_OK) rc = kvps_worker_wait(w, q2, -1);
     e = kvps_worker_last_error(w);
     KT_CHECK(rc == KVPS_ERR_PEER_LOST && strstr(e, "server 0 (") && strstr(e, "unreachable"),
-             "server killed: the wait gave %s '%s', want KVPS_ERR_PEER_LOST naming server 0", kvps_result_str(rc), e);
+             "server %s: the wait gave %s '%s', want KVPS_ERR_PEER_LOST naming server 0", sig == SIGSTOP ? "stopped" : "killed",
+             kvps_result_str(rc), e);
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
     kvps_worker_destroy(&w);
     kill(w1, SIGKILL);
     waitpid(w1, NULL, 0);
@@ -288,7 +291,7 @@ static void ps_dying(int sig) {
 static void ps_killed_body(void) { kvps_log_set_level(KVPS_LOG_NONE); ps_dying(SIGKILL); }
 static void ps_stopped_body(void) { kvps_log_set_level(KVPS_LOG_NONE); ps_dying(SIGSTOP); }
 static void test_ps_worker_and_server_killed(void) { kt_isolated(ps_killed_body, 60); }
-static void test_ps_worker_stopped(void) { kt_isolated(ps_stopped_body, 60); }
+static void test_ps_worker_and_server_stopped(void) { kt_isolated(ps_stopped_body, 60); }
 
 /* The new desc fields are checked: a stall_ms below -1 or a negative peer_timeout_ms is refused,
    the field named; 0 takes the defaults (60 s, 5 s) and -1 turns the inspector off. */
@@ -322,7 +325,7 @@ int main(void) {
     KT_RUN(test_ring_rank_killed, 200);
     KT_RUN(test_ring_rank_stopped, 100);
     KT_RUN(test_ps_worker_and_server_killed, 100);
-    KT_RUN(test_ps_worker_stopped, 100);
+    KT_RUN(test_ps_worker_and_server_stopped, 100);
     KT_RUN(test_pause_is_waited_for, 400);
     return kt_finish();
 }
