@@ -78,7 +78,7 @@
            kvps_worker_pushpull_tensor(w, t, grad, weights, &q);  // one round trip
            ... compute something else while the bytes move ...
            if (kvps_worker_wait(w, q, -1) != KVPS_OK) { ...kvps_worker_last_error(w)... }
-       }
+       }                                          // -1: as long as the servers live (TIMEOUTS)
        kvps_worker_destroy(&w);                   // says goodbye: the servers stop once all have
    FIRST CONTACT. kvps_worker_create sends each server a hello with what must agree: the
    protocol release, num_workers, the server list (its count and a hash of it, and this
@@ -368,15 +368,29 @@
    "tensor_optim of tensor 'w': beta1 (in [0, 1)) out of range"). A ring's mismatch names both
    calls ("rank 1 called allreduce of 100 float64 (sum, root 0); this rank (0) called ..."),
    with kvps_dtype_name, kvps_redop_name, kvps_coll_name, kvps_algo_name.
-   TIMEOUTS. Every blocking call takes a timeout in ms and returns rather than hang: 0 looks
-   and returns at once (like zmq_poll's 0), > 0 waits that long, -1 means the object's
-   timeout (desc.timeout_ms: 10 s unless set). Unlike ZeroMQ's and MPI's -1, it is never
-   "forever": a job that wants hours sets desc.timeout_ms to hours (or waits again: a timed-out
-   request stays valid). The one exception is kvps_server_wait(s, -1), which waits for a
-   server to stop (its workers, not a peer, decide when). A dead peer ends a wait sooner:
-   heartbeats (FAULTS) mark it lost.
-   STALLS. A timed-out wait (not one of 0 ms) asks each server still owing a reply what the
-   request waits for (STATUS; at most 0.3 s more) and says it in last_error: "request timed out after 10000 ms
+   TIMEOUTS. Slow is not dead: a wait with no deadline (the default) on live servers lasts as
+   long as it takes, logged (warn) at .stall_ms (60 s) and every stall_ms after. A dead server
+   ends it within peer_timeout_ms (5 s): KVPS_ERR_PEER_LOST naming it. A deadline is yours to set.
+   In more words: every blocking call takes a timeout in ms: 0 looks and returns at once (like
+   zmq_poll's 0), > 0 waits that long (KVPS_ERR_TIMEOUT; the request stays valid), -1 means the
+   object's: desc.timeout_ms when set, else none. A live server is one whose connection is up
+   (it answers heartbeats), even while it waits itself, under BSP, for a slow worker. A server
+   whose connection has been down for peer_timeout_ms (it died, or its heartbeats went
+   unanswered: FAULTS) ends a wait with no deadline (KVPS_ERR_PEER_LOST "server 0 (tcp://...)
+   unreachable for 5012 ms"; with heartbeat_ms -1 only a closed connection tells), and so do one
+   that never connected (after 30 s), a shard none of whose replicas answers (each tried for
+   failover_ms, then peer_timeout_ms), and a server that refuses our handshakes (KVPS_ERR_AUTH). A server stopped with SIGSTOP answers no heartbeats:
+   it counts as dead, about 2 x peer_timeout_ms after it stopped (over the network a stopped
+   process cannot be told from a dead host or a cut link; servers treat a silent worker the same
+   way). Short exchanges that wait on no slow peer keep a bound of their own when desc.timeout_ms
+   is not set: kvps_worker_finish(w, -1) and destroy's goodbye, and the first hello's answer
+   (10 s). kvps_server_wait(s, -1) waits for the server to stop (its workers decide when).
+   STALLS. A wait that has lasted .stall_ms (default 60 s; -1: off) asks each server still owing
+   a reply what the request waits for (STATUS; at most 0.3 s) and logs it (warn), again every
+   stall_ms: "worker 0: stalled for 60 s in a wait for request 12 (tensor 'w') with 1 of 1
+   replies missing; server 0 (tcp://...): pull of tensor 'w' slice 0 of 1 waits for round 3,
+   which workers 1 (connected) have not pushed". A timed-out wait (not one of 0 ms) asks the
+   same and says it in last_error: "request timed out after 10000 ms
    ...; server 0 (tcp://...): pull of tensor 'w' slice 1 of 2 waits for round 6, which workers
    2 (never connected), 3 (lost 12 s ago) have not pushed" (or "barrier 4 waits for workers
    ..."). A worker's state is one of: connected, never connected, disconnected, lost, finished,
@@ -411,7 +425,8 @@
    with an acknowledgement and a re-sent pushpull with its pull; a barrier refused because a
    worker was lost is entered again). A wait that re-sends parts answered "a worker is lost"
    rides the loss out until its timeout, re-sending every 100 ms, and says KVPS_ERR_PEER_LOST
-   again if the worker is still gone (the first such answer is reported at once). Never push
+   again if the worker is still gone (the first such answer is reported at once; with no
+   deadline it rides it out for peer_timeout_ms). Never push
    the same gradient again in a new request after an error that leaves the handle valid: that
    one is a new push and would be applied as well. To give up, destroy the worker (which drops
    what is in flight: OWNERSHIP AND THREADS).
@@ -450,8 +465,8 @@
    server remembers, per worker incarnation, which of the last 65536 request sequence numbers
    it applied: a re-sent push, init, config or row push is answered without being applied
    again, a re-sent pushpull gets its pull, so nothing is summed twice. While a server is
-   unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT (the
-   request stays valid: wait again to ride out a restart; ERRORS AND LOGGING has what each
+   unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT, or,
+   with no deadline, once it has been unreachable for peer_timeout_ms (TIMEOUTS; the request stays valid: wait again to ride out a restart; ERRORS AND LOGGING has what each
    error means for a request's effect). Stable routing ids (incarnation,
    rank, server) and ROUTER handover let answers to requests parked before a drop reach the
    reconnected socket.
@@ -761,6 +776,12 @@
         each key's weight_decay and step (version 4 and older still read). For existing
         programs: rule ids 64-127 are user rules, so a worker no longer refuses them itself
         (the server does, naming the tensor).
+        Slow is not dead (TIMEOUTS; issue 31): desc.timeout_ms 0 is no deadline (was 10 s), so
+        wait(-1) waits as long as the servers live; dead ones end it (peer_timeout_ms). Worker
+        desc field stall_ms (last): the worker's stall inspector. For existing programs: a job
+        that relied on the 10 s default to give up on a live but stuck job sets .timeout_ms.
+        kvps_ring.h likewise (its section 5): .timeout_ms 0 is none (was 30 s), fields stall_ms
+        and peer_timeout_ms (last), heartbeats and a monitor on each peer's ZeroMQ connection.
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -1014,7 +1035,7 @@ typedef struct kvps_server_stats {
    | servers       | required: comma-separated endpoints       |
    | rank          | 0                                         |
    | num_workers   | 0 = unchecked; else rank must be below it |
-   | timeout_ms    | 10000 (used when a call passes -1)        |
+   | timeout_ms    | 0: none: a wait (-1) on live servers lasts as long as it takes (TIMEOUTS) |
    | min_slice     | 1024 floats: tensors are cut into slices no smaller than this (max_slice wins) |
    | max_slice     | 256 Ki floats (1 MiB): longer slices are cut again (see KEYS, TENSORS) |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
@@ -1029,6 +1050,7 @@ typedef struct kvps_server_stats {
    | fusion_bytes  | 256 KiB: a fused request's message to one server carries slices up to this (FUSION) |
    | credit_bytes  | 0: every message goes at once; else the bytes in flight to one server, the rest wait, highest priority first (FUSION) |
    | read_local    | 0: $KVPS_READ_LOCAL (1: on), else off; 1: a BSP pushpull reads from a replica on this host (REPLICAS) |
+   | stall_ms      | 60000: a wait this long is logged (warn) with what the servers wait for, again every stall_ms; -1: off |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
@@ -1060,6 +1082,8 @@ typedef struct kvps_worker_desc {
                        this host (READS FROM A LOCAL REPLICA); 0: $KVPS_READ_LOCAL, else off; -1: off */
     const char *job_token; /* JOB TOKEN (SECURITY): the job's secret, sent (digested) in the hello;
                               NULL: $KVPS_JOB_TOKEN, else none; "": none */
+    int stall_ms; /* the stall inspector: a wait this long is logged (warn), naming the request and what
+                     each server it waits for waits for, again every stall_ms: 60000 (-1: off) */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -1117,7 +1141,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
 /* Tells every server this worker is done: it sends nothing more. A server whose workers have
    all finished stops by itself (unless .keep_serving), so a job ends cleanly. Servers answer
    in order, after everything this worker sent before; waits up to timeout_ms (-1: the worker's
-   timeout) for them. Servers that are unreachable are not waited for. kvps_worker_destroy
+   desc.timeout_ms, else 10 s) for them. Servers that are unreachable are not waited for. kvps_worker_destroy
    does it by itself (waiting at most 1 s) when it was not called. */
 KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms);
 KVPS_API void kvps_worker_destroy(kvps_worker **w);
@@ -1233,7 +1257,8 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
-/* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT, or
+/* Waits for a request; timeout_ms -1 = the worker's desc.timeout_ms, by default none: as long
+   as its servers live (TIMEOUTS; the stall inspector logs a long wait). On KVPS_ERR_TIMEOUT, or
    KVPS_ERR_PEER_LOST (a server it waits for was disconnected, or answered that a worker it
    needs is lost), or KVPS_ERR_AUTH (that server refused our handshake), the request stays
    valid: wait again, which re-sends what is owed and applies no push twice (ERRORS AND
@@ -1655,6 +1680,11 @@ static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
 
 /* The job token's digest (JOB TOKEN): kvps__token_digest, in kvps_launch.h (the rendezvous sends it too). */
 
+/* With no desc.timeout_ms (TIMEOUTS), the bound of a worker's short exchanges, which wait on no
+   slow peer: a goodbye's acknowledgements (kvps_worker_finish(-1), destroy) and the first hello's
+   answer; and how long a wait waits for a server that never connected (it may start late). */
+enum { KVPS__SHORT_MS = 10000, KVPS__CONNECT_MS = 30000 };
+
 /* A random 32-bit number, never 0 (incarnations). */
 static uint32_t kvps__random32(void) {
     uint32_t r = 0;
@@ -1670,53 +1700,6 @@ static uint32_t kvps__random32(void) {
     }
     return r ? r : 1u;
 }
-
-/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
-   (and, on the connecting side, made again). */
-static void kvps__heartbeats(void *sock, int ivl, int timeout) {
-    if (ivl <= 0) return;
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
-}
-
-/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
-static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
-    static int counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
-    void *m = zmq_socket(ctx, ZMQ_PAIR);
-    if (!m) return -1;
-    int zero = 0;
-    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
-    *out = m;
-    return 0;
-}
-
-/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
-   for a drop), 0 when none is waiting. */
-static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
-    zmq_msg_t a, b;
-    zmq_msg_init(&a);
-    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
-    int ok = zmq_msg_size(&a) >= 6;
-    if (ok) {
-        memcpy(event, zmq_msg_data(&a), 2);
-        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
-    }
-    int more = zmq_msg_more(&a);
-    zmq_msg_close(&a);
-    while (more) { /* the endpoint frame */
-        zmq_msg_init(&b);
-        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
-        more = zmq_msg_more(&b);
-        zmq_msg_close(&b);
-    }
-    return ok;
-}
-
 
 /* A PLACEMENT: how keys were placed on servers (RESHARD): V virtual shards (256 x the first
    server count), every server count the job went through, first to last, and what each change
@@ -7628,13 +7611,18 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
         return KVPS_ERR_CONFIG;
     }
+    if (desc->stall_ms < -1) {
+        kvps__log(KVPS_LOG_ERROR, "worker desc: stall_ms %d: > 0, 0 (default 60000) or -1 (off)", desc->stall_ms);
+        return KVPS_ERR_CONFIG;
+    }
     kvps__tune_malloc(desc->no_malloc_tuning);
     kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
     if (!w) return KVPS_ERR_NOMEM;
     w->desc = *desc;
     w->token = kvps__token_digest(desc->job_token);
     w->desc.job_token = NULL; /* (not kept: its digest is) */
-    w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
+    w->desc.timeout_ms = desc->timeout_ms; /* 0: waits on live servers have no deadline (kvps_worker_wait) */
+    w->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
@@ -8102,13 +8090,14 @@ static kvps_result kvps__finish(kvps_worker *w, int timeout_ms, int unreached) {
     w->finished = 1;
     kvps__watch(w);
     kvps_result r = KVPS_OK;
-    kvps__req *q = kvps__bye(w, 0, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, unreached, &r);
+    timeout_ms = timeout_ms >= 0 ? timeout_ms : kvps__def(w->desc.timeout_ms, KVPS__SHORT_MS);
+    kvps__req *q = kvps__bye(w, 0, timeout_ms, unreached, &r);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
     if (r == KVPS_OK && q->pending > 0) {
         int s = 0;
         while (q->state[s] != KVPS__RS_SENT) s++;
         r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)%s",
-                        s, kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent,
+                        s, kvps__ep(w, s), timeout_ms, q->pending, q->sent,
                         w->up_once[s] ? "" : ": it never connected, so it will wait for this worker until it is stopped");
     }
     kvps__req_end(w, q);
@@ -8343,7 +8332,7 @@ static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n);
    and a server that answers later with another is an error, not a misplaced key). */
 static kvps_result kvps__place_ready(kvps_worker *w) {
     if (w->place_fixed) return KVPS_OK;
-    int64_t deadline = kvps__now_ms() + w->desc.timeout_ms;
+    int64_t deadline = kvps__now_ms() + kvps__def(w->desc.timeout_ms, KVPS__SHORT_MS);
     for (int64_t now = kvps__now_ms(); !w->hellos_heard && !w->fatal && now < deadline; now = kvps__now_ms()) {
         kvps_result r = kvps__progress(w, (long)(deadline - now < 100 ? deadline - now : 100));
         if (r != KVPS_OK && !w->fatal) return r;
@@ -9946,12 +9935,12 @@ static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
         }
 }
 
-/* A timed-out request: asks each server still owing a reply what the request waits for
-   (STATUS; at most KVPS__STATUS_MS more) and says it in last_error: "request timed out after
-   10000 ms: server 0 (tcp://...): pull of tensor 'w' waits for round 6, which workers 2
-   (never connected) have not pushed". */
+/* A timed-out or stalled request: asks each server still owing a reply what the request waits
+   for (STATUS; at most KVPS__STATUS_MS more) and says it in buf after lead: "request timed out
+   after 10000 ms with 1 of 2 replies missing; server 0 (tcp://...): pull of tensor 'w' waits for
+   round 6, which workers 2 (never connected) have not pushed". */
 enum { KVPS__STATUS_MS = 300 };
-static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
+static void kvps__why_waiting(kvps_worker *w, kvps__req *c, const char *lead, char *buf, size_t cap) {
     int asked = 0;
     for (int s = 0; s < w->n; s++) {
         w->status_got[s] = 0;
@@ -9968,17 +9957,16 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
         got = 0;
         for (int s = 0; s < w->n; s++) got += w->status_got[s];
     }
-    size_t used = (size_t)snprintf(w->errmsg, sizeof w->errmsg, "request timed out after %d ms with %d of %d replies missing",
-                                   waited_ms, c->pending, c->sent);
-    for (int s = 0; s < w->n && used < sizeof w->errmsg; s++) {
+    size_t used = (size_t)snprintf(buf, cap, "%s with %d of %d replies missing", lead, c->pending, c->sent);
+    for (int s = 0; s < w->n && used < cap; s++) {
         if (c->state[s] != KVPS__RS_SENT) continue;
-        int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, kvps__ep(w, s),
+        int k = snprintf(buf + used, cap - used, "; server %d (%s): %s", s, kvps__ep(w, s),
                          w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
         if (k < 0) break;
         used += (size_t)k;
-        if (c->read && w->rsocks[s] && w->rj[s] != w->cur[s] && !w->rnever[s] && used < sizeof w->errmsg) {
+        if (c->read && w->rsocks[s] && w->rj[s] != w->cur[s] && !w->rnever[s] && used < cap) {
             /* (the primary knows nothing of a READ at the replica) */
-            k = snprintf(w->errmsg + used, sizeof w->errmsg - used, " (this part is a pushpull's read, which may wait at its "
+            k = snprintf(buf + used, cap - used, " (this part is a pushpull's read, which may wait at its "
                          "replica %d, %s%s, until the round holding this worker's push is applied there)", w->rj[s],
                          w->reps[s][w->rj[s]], w->rup[s] ? "" : ", not connected now");
             if (k < 0) break;
@@ -10009,14 +9997,75 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     return kvps__chain_end(w, q);
 }
 
+/* Why a wait on round c ends without its replies, by the servers it waits for; KVPS_OK when none
+   ends it yet. Every time: a server that refuses our handshakes (AUTH). With a deadline (at it,
+   timed_out): a server never connected, a shard none of whose replicas answers, a server
+   unreachable (PEER_LOST). With none (waited: the ms so far), each once it is past its own
+   bound: never connected for KVPS__CONNECT_MS, unreachable for peer_timeout_ms (a shard of
+   replicas: after each was tried, failover_ms each), so a dead server ends a default wait. */
+static kvps_result kvps__wait_verdict(kvps_worker *w, kvps__req *c, int timed_out, int64_t waited) {
+    int64_t now = kvps__now_ms();
+    for (int s = 0; s < w->n; s++) /* (handshakes cut: at once with a deadline, else once it is unreachable) */
+        if (c->state[s] == KVPS__RS_SENT && w->refused[s] &&
+            (timed_out || w->refused[s] != KVPS__HS_CUT || (w->down[s] && now - w->down_since[s] >= w->desc.peer_timeout_ms))) {
+            kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
+            return KVPS_ERR_AUTH;
+        }
+    for (int s = 0; s < w->n; s++)
+        if (c->state[s] == KVPS__RS_SENT && !w->up_once[s] && (timed_out || waited >= KVPS__CONNECT_MS)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
+                     "on that address?); the request stays valid and goes out when it does", s, kvps__ep(w, s),
+                     (long long)waited);
+            return KVPS_ERR_PEER_LOST;
+        }
+    for (int s = 0; s < w->n; s++) {
+        if (c->state[s] != KVPS__RS_SENT || !w->down[s]) continue;
+        int64_t dark = now - w->down_since[s];
+        if (w->nrep[s] > 1 && (timed_out || waited >= (int64_t)w->nrep[s] * w->desc.failover_ms + w->desc.peer_timeout_ms)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
+                     "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
+                     kvps__ep(w, s), (long long)dark);
+            return KVPS_ERR_PEER_LOST;
+        }
+        if (w->nrep[s] <= 1 && (timed_out || dark >= w->desc.peer_timeout_ms)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
+                     s, kvps__ep(w, s), (long long)dark);
+            return KVPS_ERR_PEER_LOST;
+        }
+    }
+    return KVPS_OK;
+}
+
+/* The stall inspector of a wait (desc.stall_ms): a request waited for this long is logged with
+   what each server it waits for waits for (STATUS), again every stall_ms. */
+static void kvps__wait_stall(kvps_worker *w, kvps_req req, kvps__req *q, kvps__req *c, int64_t t0, int64_t *next) {
+    int64_t now = kvps__now_ms();
+    if (w->desc.stall_ms <= 0 || now < *next) return;
+    *next = now + w->desc.stall_ms;
+    char lead[128], text[sizeof w->errmsg];
+    const kvps__tensor_info *t = q->tensor ? &w->tensors[q->tensor - 1] : NULL;
+    snprintf(lead, sizeof lead, "worker %d: stalled for %lld s in a wait for request %llu%s%.40s%s", w->desc.rank,
+             (long long)(now - t0) / 1000, (unsigned long long)req, t ? " (tensor '" : "", t ? t->name : "", t ? "')" : "");
+    kvps__why_waiting(w, c, lead, text, sizeof text);
+    kvps__log(KVPS_LOG_WARN, "%s", text);
+}
+
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     kvps__req *q = kvps__req_get(w, req);
     if (!q) return kvps__wfail(w, KVPS_ERR_INVALID_REQ, "wait: request %llu is unknown or already completed", (unsigned long long)req);
-    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    /* the limit: the call's, else the desc's, else none (-1): live servers are waited for as long
+       as they take; dead ones end the wait (kvps__wait_verdict) */
+    int limit = timeout_ms >= 0 ? timeout_ms : w->desc.timeout_ms > 0 ? w->desc.timeout_ms : -1;
+    int64_t t0 = kvps__now_ms(), deadline = limit >= 0 ? t0 + limit : KVPS__NEVER;
+    int64_t stall_next = t0 + w->desc.stall_ms;
     /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
-       caller has been told of the loss, rides it out until its deadline (a first such answer
-       is reported at once) */
+       caller has been told of the loss, rides it out until its deadline (with none: for
+       peer_timeout_ms, for the worker to come back; a first such answer is reported at once) */
+    int64_t ride_end = limit >= 0 ? deadline : t0 + w->desc.peer_timeout_ms;
     kvps__chain_retry(w, q);
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
@@ -10026,52 +10075,31 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
             kvps__req *l = kvps__chain_lost(w, q);
             if (!l) break;
             int64_t now = kvps__now_ms();
-            if (!q->lost_told || now >= deadline) {
+            if (!q->lost_told || now >= ride_end) {
                 q->lost_told = 1;
                 return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
             }
             int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
             if (pause <= 0) { kvps__chain_retry(w, q); continue; }
-            r = kvps__progress(w, (long)(pause < deadline - now ? pause : deadline - now)); /* a sleep */
+            r = kvps__progress(w, (long)(pause < ride_end - now ? pause : ride_end - now)); /* a sleep */
             if (r != KVPS_OK) return r;
             continue;
         }
-        int64_t left = deadline - kvps__now_ms();
+        int64_t now = kvps__now_ms(), left = deadline - now;
         if (left <= 0) {
             kvps__watch(w); /* the latest connection state decides which error this is */
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && w->refused[s]) {
-                    kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
-                    return KVPS_ERR_AUTH;
-                }
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && !w->up_once[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
-                             "on that address?); the request stays valid and goes out when it does",
-                             s, kvps__ep(w, s), (long long)(timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms));
-                    return KVPS_ERR_PEER_LOST;
-                }
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && w->down[s] && w->nrep[s] > 1) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
-                             "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
-                             kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
-                    return KVPS_ERR_PEER_LOST;
-                } else if (c->state[s] == KVPS__RS_SENT && w->down[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
-                             s, kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
-                    return KVPS_ERR_PEER_LOST;
-                }
-            int waited = timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms;
-            if (waited > 0) kvps__why_waiting(w, c, waited); /* (a wait of 0 is a look: it asks nothing) */
+            r = kvps__wait_verdict(w, c, 1, limit);
+            if (r != KVPS_OK) return r;
+            char lead[64];
+            snprintf(lead, sizeof lead, "request timed out after %d ms", limit);
+            if (limit > 0) kvps__why_waiting(w, c, lead, w->errmsg, sizeof w->errmsg); /* (a wait of 0 is a look: it asks nothing) */
             else snprintf(w->errmsg, sizeof w->errmsg, "request not done: %d of %d replies missing", c->pending, c->sent);
             return KVPS_ERR_TIMEOUT;
         }
+        if (limit < 0 && (r = kvps__wait_verdict(w, c, 0, now - t0)) != KVPS_OK) return r;
+        kvps__wait_stall(w, req, q, c, t0, &stall_next);
         if (c->pending > 0) {
-            r = kvps__progress(w, left);
+            r = kvps__progress(w, left < 100 ? left : 100); /* (slices: the verdict and the stall inspector look between) */
             if (r != KVPS_OK) return r;
         } else {
             sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
