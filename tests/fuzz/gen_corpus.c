@@ -217,6 +217,23 @@ static void server_seeds(void) {
     for (uint32_t r = 0; r < 3; r++) meta(&b, KVPS__OP_BARRIER, r, 0, 0, NULL, NULL, 0);
     save("fuzz_server", "barrier", &b);
 
+    /* the scalar all-reduce from every rank (the last one's op differs), then a join and pushes */
+    begin(&b, &cfg, 1);
+    for (uint32_t r = 0; r < 3; r++) {
+        uint8_t v[16] = {0};
+        double x = 1.5 * (r + 1);
+        uint32_t op = r == 2 ? KVPS_SCALAR_MAX : KVPS_SCALAR_MEAN;
+        memcpy(v, &x, 8);
+        memcpy(v + 8, &op, 4);
+        meta(&b, KVPS__OP_ALLREDUCE, r, 0, 0, NULL, NULL, 0);
+        frame(&b, v, sizeof v);
+    }
+    meta(&b, KVPS__OP_JOIN, 1, 0, 0, NULL, NULL, 0);
+    meta(&b, KVPS__OP_PUSH, 1, 0, 0, k1, l1, 1); values(&b, 4, 2);
+    meta(&b, KVPS__OP_PUSH, 0, 0, 0, k1, l1, 1); values(&b, 4, 3);
+    meta(&b, KVPS__OP_BARRIER, 0, 0, 0, NULL, NULL, 0);
+    save("fuzz_server", "allreduce_join", &b);
+
     /* sparse table: configure, push rows, pull rows */
     cfg = 0x40;
     begin(&b, &cfg, 1);
