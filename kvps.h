@@ -167,6 +167,8 @@
    kvps_ring all-reduces).
 
    5. CONSISTENCY AND UPDATE RULES
+   Round numbers, in messages and in the timeline, count from 1: round t of a key is the t-th it
+   applies, the one a worker's t-th push of the key goes into; barrier b is each worker's b-th.
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
    are summed in rank order 0..m-1, whatever order they arrive in, so results are bit-identical
    run to run. A pull from worker r waits until the key has applied as many rounds as r has
@@ -633,7 +635,7 @@
              (the indices of the servers it went to), result ("ok", or the result's name)
      server  BSP, SSP, adaptive: every round of every key, from the arrival of its first
              contribution to its application; args: key (a string: JSON readers keep 53 bits),
-             slice (a tensor's slice number), round (0 the first), contributions, bytes,
+             slice (a tensor's slice number), round (1 the first), contributions, bytes,
              straggler_wait_us (first to last contribution: the wait for stragglers), apply_us
              (last contribution to the round's end). Async: pushes are applied one by one, up
              to millions a second, so they are counted: an "async applies" event per 100 ms
@@ -715,6 +717,11 @@
         server's ops are one table (KVPS__OPS); WIRE FORMAT lists them all (OPS) and test_api
         holds the list to the code. kvps_codec.h's KVPS_CODEC_TABLE rows changed shape (see its
         revision history).
+        Join and a scalar all-reduce (issue 31): kvps_worker_join (op JOIN),
+        kvps_worker_allreduce_scalar (op ALLREDUCE, kvps_scalar_op), protocol release 9. For
+        existing programs: round and barrier numbers count from 1 everywhere (CONSISTENCY): the
+        timeline's round arg was 0 for a key's first round, and barriers in messages were
+        numbered from 0.
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -2792,7 +2799,7 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = p->after ? kvps__read_blocker(s, p) : kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
         kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d: no connection for %d ms): round %llu of key %llu "
-                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round + 1, (unsigned long long)k->key);
         kvps__parked_free(p);
         return;
     }
@@ -2827,7 +2834,7 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, dou
     int fin = kvps__needs_finished(s, NULL, s->barrier_gen[h->rank]);
     if (fin >= 0) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
-                          (unsigned long long)s->barrier_gen[h->rank]);
+                          (unsigned long long)s->barrier_gen[h->rank] + 1);
         return;
     }
     kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
@@ -4123,7 +4130,7 @@ static void kvps__stall_text(const kvps_server *s, const kvps__parked *p, char *
     char who[600], what[300];
     if (p->hdr.op == KVPS__OP_BARRIER || p->hdr.op == KVPS__OP_ALLREDUCE) {
         kvps__missing_text(s, NULL, p->hdr.aux, who, sizeof who);
-        snprintf(buf, n, "barrier %u waits for workers %s", p->hdr.aux, who);
+        snprintf(buf, n, "barrier %llu waits for workers %s", (unsigned long long)p->hdr.aux + 1, who);
         return;
     }
     const kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
@@ -4307,8 +4314,8 @@ static void kvps__fail_finished(kvps_server *s) {
         if (fin < 0) { pp = &w->next; continue; }
         *pp = w->next;
         s->barrier_gen[w->hdr.rank]--; /* taken back, as for a lost worker (kvps__fail_waiters) */
-        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %u cannot complete", fin,
-                          w->hdr.aux);
+        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
+                          (unsigned long long)w->hdr.aux + 1);
         kvps__parked_free(w);
     }
 }
@@ -10111,7 +10118,7 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     p = kvps__tl_arg_key(p, "key", k->key);
     if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
     if (name) p = kvps__tl_arg_raw(p, "tensor", tname);
-    p = kvps__tl_arg_u64(p, "round", k->round - 1);
+    p = kvps__tl_arg_u64(p, "round", k->round); /* (counted already: 1 the first, as in messages) */
     p = kvps__tl_arg_i64(p, "contributions", count);
     p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));
     p = kvps__tl_arg_us(p, "straggler_wait_us", last - first);
