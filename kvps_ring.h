@@ -2782,7 +2782,8 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
    when it has one (the dtype byte's high half: KVPS_FLOAT16 or KVPS_BFLOAT16). */
 static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap) {
     char list[48] = "";
-    if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
+    if (h->layout == KVPS_RING__JOIN_LAYOUT) snprintf(list, sizeof list, ", the agreement on who has joined"); /* (>>join) */
+    else if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
     snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
              kvps_dtype_name((kvps_dtype)(h->dtype & 15)), kvps_redop_name((kvps_redop)h->op), h->root,
              h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "", list);
@@ -5110,6 +5111,15 @@ KVPS_API kvps_result kvps_ring_join(kvps_ring *r) {
             op.op = (kvps_redop)p[3];
             op.count = (size_t)p[4];
             op.algo = (kvps_ring_algo)p[6];
+            op.recv = &op; /* (a stand-in until the count is known to be sane: validate wants a buffer) */
+            if (kvps_ring__validate(r, &op) != KVPS_OK || p[4] < 0) { /* (what the peers sent is checked before use) */
+                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: the agreement before collective #%u names no valid "
+                                     "all-reduce (dtype %lld, wire %lld, op %lld, count %lld, algorithm %lld)", r->rank,
+                                     r->seq + 1, (long long)p[1], (long long)p[2], (long long)p[3], (long long)p[4],
+                                     (long long)p[6]);
+                r->broken = 1;
+                break;
+            }
             op.recv = kvps_ring__grow(&r->join_buf, &r->join_cap, op.count * kvps_dtype_size(op.dtype));
             if (op.count && !op.recv) { rc = KVPS_ERR_NOMEM; break; }
             kvps_ring__identity(op.recv, op.count, op.dtype, op.op);

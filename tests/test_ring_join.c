@@ -1,5 +1,6 @@
 /* test_ring_join - kvps_ring_join (kvps_ring.h, section 11): ranks with uneven amounts of data.
-   4 ranks, rank i runs 10 + 5 i steps of all-reduces (sum and avg of float32, min of int32) and
+   4 ranks, rank i runs 10 + 5 i steps of all-reduces (sum and avg of float32, min of int32, sum
+   with bfloat16 on the wire) and
    a barrier every 4 steps, then joins; every rank's result at every step is checked against a
    naive oracle over the ranks still present (avg: their sum divided by their number), with
    every algorithm forced in turn and AUTO at a size where it picks the large-message ones, over
@@ -25,15 +26,16 @@ static int32_t in_i(int r, int s, size_t e) { return (int32_t)((e * 11 + (size_t
 static void join_main(kt_rk *x) {
     const join_cfg *c = (const join_cfg *)x->t->arg;
     size_t n = c->n;
-    float *a = (float *)malloc(n * sizeof *a), *b = (float *)malloc(n * sizeof *b);
+    float *a = (float *)malloc(n * sizeof *a), *b = (float *)malloc(n * sizeof *b), *h = (float *)malloc(n * sizeof *h);
     int32_t *m = (int32_t *)malloc(n * sizeof *m);
     for (int s = 0; s < steps_of(x->rank) && !x->dead; s++) {
         int present = 0;
         for (int r = 0; r < K; r++) present += steps_of(r) > s;
-        for (size_t e = 0; e < n; e++) { a[e] = b[e] = in_f(x->rank, s, e); m[e] = in_i(x->rank, s, e); }
+        for (size_t e = 0; e < n; e++) { a[e] = b[e] = h[e] = in_f(x->rank, s, e); m[e] = in_i(x->rank, s, e); }
         if (!kt_rk_call(x, kvps_ring_allreduce(x->r, a, a, n, KVPS_FLOAT32, KVPS_SUM), "sum")) break;
         if (!kt_rk_call(x, kvps_ring_allreduce(x->r, b, b, n, KVPS_FLOAT32, KVPS_AVG), "avg")) break;
         if (!kt_rk_call(x, kvps_ring_allreduce(x->r, NULL, m, n, KVPS_INT32, KVPS_MIN), "min")) break;
+        if (!kt_rk_call(x, kvps_ring_allreduce_wire(x->r, h, h, n, KVPS_SUM, KVPS_BFLOAT16), "sum, bf16 wire")) break;
         if (kvps_ring_joined(x->r, NULL, 0) != K - present)
             kt_rk_fail(x, "step %d: kvps_ring_joined says %d, want %d", s, kvps_ring_joined(x->r, NULL, 0), K - present);
         for (size_t e = 0; e < n; e++) {
@@ -41,9 +43,9 @@ static void join_main(kt_rk *x) {
             int32_t mn = INT32_MAX;
             for (int r = 0; r < K; r++)
                 if (steps_of(r) > s) { sum += in_f(r, s, e); if (in_i(r, s, e) < mn) mn = in_i(r, s, e); }
-            if (a[e] != sum || b[e] != sum / (float)present || m[e] != mn) {
-                kt_rk_fail(x, "step %d (%d ranks present) element %zu: sum %g avg %g min %d, want %g %g %d", s, present, e,
-                           a[e], b[e], m[e], sum, sum / (float)present, mn);
+            if (a[e] != sum || b[e] != sum / (float)present || m[e] != mn || h[e] != sum) { /* (bf16 holds these sums) */
+                kt_rk_fail(x, "step %d (%d ranks present) element %zu: sum %g avg %g min %d bf16-wire sum %g, want %g %g %d",
+                           s, present, e, a[e], b[e], m[e], h[e], sum, sum / (float)present, mn);
                 break;
             }
         }
@@ -58,7 +60,7 @@ static void join_main(kt_rk *x) {
         if (kt_rk_call(x, kvps_ring_allreduce(x->r, a, a, n, KVPS_FLOAT32, KVPS_AVG), "avg after join") && a[0] != 1.5f)
             kt_rk_fail(x, "avg after join: %g, want 1.5", a[0]);
     }
-    free(a); free(b); free(m);
+    free(a); free(b); free(h); free(m);
 }
 
 static void run_join(const char *label, size_t n, kvps_ring_algo algo, int shm) {

@@ -607,7 +607,8 @@ static void ring_seed(int which, size_t count) {
     zmq_bind(sniff, "inproc://gen-ring-0");
     ring_job j = {NULL, which, count};
     if (kvps_ring_create(&(kvps_ring_desc){.rank = 1, .size = 2, .peers = "inproc://gen-ring-0,inproc://gen-ring-1",
-                                           .timeout_ms = 150, .chunk_bytes = 64, .zmq_ctx = ctx},
+                                           .timeout_ms = 150, .chunk_bytes = 64, .zmq_ctx = ctx,
+                                           .join = which == FZ_RING_JOIN},
                          &j.r) != KVPS_OK) { fprintf(stderr, "ring\n"); exit(1); }
     pthread_t th;
     pthread_create(&th, NULL, ring_thread, &j);
@@ -637,13 +638,53 @@ static void ring_seed(int which, size_t count) {
                                              "broadcast", "reduce_scatter", "alltoall", "gather", "scatter", "barrier",
                                              "allreduce_f16_prod", "ring_avg", "reduce_ring", "p2p_recv", "p2p_tags",
                                              "p2p_answered", "p2p_refused", "allgatherv", "alltoallv",
-                                             "subring_allgatherv_p2p", "split_allreduce"};
+                                             "subring_allgatherv_p2p", "split_allreduce", "join"};
     char name[64];
     snprintf(name, sizeof name, "%s_%zu", names[which], count);
     save("fuzz_ring", name, &b);
 }
 
+/* A joined rank 0 (FZ_RING_JOIN), written by hand: rank 1's agreement for an AVG all-reduce of
+   8 float32 and that all-reduce's recursive-doubling message, then an agreement in which rank 1
+   has joined too (kvps_ring_join returns), then the barrier fuzz_ring runs next: its agreement
+   and its message. */
+static void ring_join_agreement(buf *b, uint32_t seq, int joined, const int64_t *p) {
+    int64_t v[2 + 2 * KVPS_RING__JOIN_NP] = {0, joined};
+    for (int j = 0; j < KVPS_RING__JOIN_NP; j++) {
+        v[2 + j] = joined ? INT64_MIN : p[j];
+        v[2 + KVPS_RING__JOIN_NP + j] = joined ? INT64_MIN : -p[j];
+    }
+    kvps_ring__hdr h = {KVPS_RING__MAGIC, seq, kvps_ring__tag(KVPS_RING__PH_RD, 0, 0, 0), 1, KVPS_COLL_ALLREDUCE,
+                        KVPS_INT64, KVPS_MAX, 0, 0, sizeof v / sizeof *v, 0, KVPS_RING__JOIN_LAYOUT};
+    msg(b);
+    frame(b, &h, sizeof h);
+    frame(b, v, sizeof v);
+}
+static void ring_join_seed(void) {
+    buf b;
+    uint8_t cfg[2] = {FZ_RING_JOIN, 8};
+    begin(&b, cfg, 2);
+    int64_t avg[KVPS_RING__JOIN_NP] = {KVPS_COLL_ALLREDUCE, KVPS_FLOAT32, 0, KVPS_AVG, 8, 0, 0, 0};
+    int64_t bar[KVPS_RING__JOIN_NP] = {KVPS_COLL_BARRIER, 0, 0, 0, 0, 0, 0, 0};
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ring_join_agreement(&b, 1, 0, avg);
+    kvps_ring__hdr h = {KVPS_RING__MAGIC, 2, kvps_ring__tag(KVPS_RING__PH_RD, 0, 0, 0), 1, KVPS_COLL_ALLREDUCE,
+                        KVPS_FLOAT32, KVPS_AVG, 0, 0, 8, 0, 0};
+    msg(&b);
+    frame(&b, &h, sizeof h);
+    frame(&b, x, sizeof x);
+    ring_join_agreement(&b, 3, 1, avg);
+    ring_join_agreement(&b, 4, 0, bar);
+    kvps_ring__hdr hb = {KVPS_RING__MAGIC, 5, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, 0, 0), 1, KVPS_COLL_BARRIER,
+                         0, 0, 0, 0, 0, 0, 0};
+    msg(&b);
+    frame(&b, &hb, sizeof hb);
+    frame(&b, "", 0);
+    save("fuzz_ring", "join_agreements", &b);
+}
+
 static void ring_seeds(void) {
+    ring_join_seed();
     for (int w = 0; w < FZ_RING_OPS; w++) ring_seed(w, w == 12 || w == 13 ? 40 : 8);
     ring_seed(0, 0);
     ring_seed(14, 0);
