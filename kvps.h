@@ -201,7 +201,8 @@
    after the others' rounds); its pushes and barriers are refused (KVPS_ERR_STATE, "worker 2
    has joined (kvps_worker_join): it may pull and finish, not push"); it finishes (or is
    destroyed) as any worker, and the servers stop once every worker has (CLEAN FINISH). A joined
-   worker that dies is no loss: nothing waits for it. Under async it changes nothing but that.
+   worker that dies stops no round or barrier (nothing waits for it); the job then ends as one
+   that lost a worker does (FAULTS). Under async, join changes nothing but the refusals.
    A scalar all-reduce (a loss, a count of samples): kvps_worker_allreduce_scalar(w, &x,
    KVPS_SCALAR_MEAN) (SUM, MEAN, MIN, MAX), blocking, through server 0 as a barrier is (the same
    generations: it is one): every worker gets the same double, the values taken in rank order;
