@@ -4,9 +4,10 @@
    a barrier every 4 steps, then joins; every rank's result at every step is checked against a
    naive oracle over the ranks still present (avg: their sum divided by their number), with
    every algorithm forced in turn and AUTO at a size where it picks the large-message ones, over
-   shared memory and over TCP. Then: a collective a joined rank cannot shadow fails on every
+   shared memory and over TCP, in threads and (AUTO) in processes. Then: a collective a joined rank cannot shadow fails on every
    rank naming it and the joined rank; join on a ring made without .join is refused. */
 #define KVPS_IMPLEMENTATION
+#include "kvps.h" /* kt_run_procs: the rank processes meet through a kvps server */
 #include "kvps_ring.h"
 #include "tests/kvps_test.h"
 
@@ -92,6 +93,17 @@ static void test_join_auto_large(void) {
     run_join("join auto 1.2 MB over tcp", 300000, KVPS_ALGO_AUTO, -1); /* RHD */
 }
 
+/* The same as processes (kt_run_procs: shared memory between them; their rings are made by the
+   harness, so .join is set here, on every rank before its first collective). */
+static const join_cfg proc_cfg = {1000, KVPS_ALGO_AUTO};
+static void proc_join_main(kt_rk *x) {
+    x->r->desc.join = 1;
+    x->t->arg = &proc_cfg;
+    join_main(x);
+}
+
+static void test_join_processes(void) { kt_run_procs(K, proc_join_main, 30000, 120, -1); }
+
 /* Rank 3 joins at once; the others call a broadcast: every rank fails, naming it and rank 3. */
 static void refuse_main(kt_rk *x) {
     float v[4] = {1, 2, 3, 4};
@@ -127,5 +139,6 @@ int main(void) {
     KT_RUN(test_join_refuses_other_collectives, 60);
     KT_RUN(test_join_every_algorithm, 300);
     KT_RUN(test_join_auto_large, 200);
+    KT_RUN(test_join_processes, 200);
     return kt_finish();
 }
