@@ -3,7 +3,8 @@
    pushpull with SGD on 2 servers, a barrier every 3 steps, a scalar all-reduce of a "loss" each
    step), then join; every weight each worker gets back is checked bit for bit against a
    sequential oracle over the workers present in each round (SGD divides by their number), every
-   scalar against the naive sum / mean over them; a joined worker's push is refused; the servers,
+   scalar against the naive sum / mean over them; a joined worker's push and scalar all-reduce are
+   refused; the servers,
    made without .keep_serving, stop by themselves (CLEAN FINISH) once every worker has finished.
    Then the scalar all-reduce's ops and its mismatch on its own. */
 #define KVPS_IMPLEMENTATION
@@ -81,6 +82,10 @@ static void join_worker(kt_wk *x) {
         if (p == KVPS_OK) p = kvps_worker_wait(w, q, -1);
         if (p != KVPS_ERR_STATE || !strstr(kvps_worker_last_error(w), "has joined"))
             kt_wk_fail(x, "push after join: %s [%s], want KVPS_ERR_STATE", kvps_result_str(p), kvps_worker_last_error(w));
+        double y = 1; /* nor takes part in barriers */
+        p = kvps_worker_allreduce_scalar(w, &y, KVPS_SCALAR_SUM);
+        if (p != KVPS_ERR_STATE || !strstr(kvps_worker_last_error(w), "not allreduce"))
+            kt_wk_fail(x, "allreduce_scalar after join: %s [%s], want KVPS_ERR_STATE", kvps_result_str(p), kvps_worker_last_error(w));
     }
     kvps_worker_destroy(&w);
 }
