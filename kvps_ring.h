@@ -405,7 +405,9 @@
    broken, as after any error); ranks that have not joined and call different collectives get
    KVPS_ERR_MISMATCH naming the parameter. kvps_ring_joined(r, ranks, max) says how many ranks
    had joined at this rank's last collective (the same on every rank) and which. A joined rank
-   waits for the others' next collective within .timeout_ms, like any wait on the ring.
+   waits for the others' next collective within .timeout_ms, like any wait on the ring, and holds
+   the ring as a blocking collective does: its own posted operations run before it, p2p
+   messages sent to it are kept until it receives them after kvps_ring_join returns.
 */
 #ifndef KVPS__CORE_ZMQ
 #define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
