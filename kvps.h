@@ -168,6 +168,8 @@
    kvps_ring all-reduces).
 
    5. CONSISTENCY AND UPDATE RULES
+   Round numbers, in messages and in the timeline, count from 1: round t of a key is the t-th it
+   applies, the one a worker's t-th push of the key goes into; barrier b is each worker's b-th.
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
    are summed in rank order 0..m-1, whatever order they arrive in, so results are bit-identical
    run to run. A pull from worker r waits until the key has applied as many rounds as r has
@@ -235,6 +237,21 @@
      .update_fn        your own kvps_update_fn
    A key starts as zeros, or as .init_fn writes it, or as worker r sets it with kvps_worker_init
    (no summing; replaces the stored value).
+   JOIN (uneven data: Horovod's join): a worker whose data ends first calls kvps_worker_join(w)
+   (blocking, to every server). Each server takes it out of the aggregation for good, as a lost
+   worker under .elastic (the same code), except that what it pushed before counts: every round
+   and barrier then completes over the workers in, MEAN and SGD dividing by the contributions the
+   round has (k workers pushed step t: sum / k). The joined worker may still pull (the weights
+   after the others' rounds); its pushes and barriers are refused (KVPS_ERR_STATE, "worker 2
+   has joined (kvps_worker_join): it may pull and finish, not push"); it finishes (or is
+   destroyed) as any worker, and the servers stop once every worker has (CLEAN FINISH). A joined
+   worker that dies stops no round or barrier (nothing waits for it); the job then ends as one
+   that lost a worker does (FAULTS). Under async, join changes nothing but the refusals.
+   A scalar all-reduce (a loss, a count of samples): kvps_worker_allreduce_scalar(w, &x,
+   KVPS_SCALAR_MEAN) (SUM, MEAN, MIN, MAX), blocking, through server 0 as a barrier is (the same
+   generations: it is one): every worker gets the same double, the values taken in rank order;
+   MEAN divides by the workers that took part (not those joined or left). Workers that pass
+   different ops, or one a barrier, get KVPS_ERR_MISMATCH naming both.
 
    6. WIRE FORMAT (little-endian; one ZeroMQ multipart message per request)
      worker -> server : [meta][values]        values only for the ops that take them (OPS)
@@ -300,6 +317,9 @@
        24  READ         REPLICAS under BSP, .read_local: a pull whose values frame is u64 the
                         sequence of the worker's push it waits for; answered by any replica, a
                         backup too, or KVPS_ERR_NOT_PRIMARY with aux 1 when it never will
+       25  JOIN         none: the worker's data has ended (kvps_worker_join); to every server
+       26  ALLREDUCE    f64 x, u32 kvps_scalar_op, u32 0 (server 0 only; a barrier with a value);
+                        answered with the f64 result
      table ops (PUSH_ROWS, PULL_ROWS, TABLE): meta = header (nkeys = rows) + { u64 table; u32 dim;
      u32 0 } + rows x u64 id (TABLE: no ids)
    Anything else gets an error reply and changes nothing: a message is checked whole before
@@ -685,7 +705,7 @@
              (the indices of the servers it went to), result ("ok", or the result's name)
      server  BSP, SSP, adaptive: every round of every key, from the arrival of its first
              contribution to its application; args: key (a string: JSON readers keep 53 bits),
-             slice (a tensor's slice number), round (0 the first), contributions, bytes,
+             slice (a tensor's slice number), round (1 the first), contributions, bytes,
              straggler_wait_us (first to last contribution: the wait for stragglers), apply_us
              (last contribution to the round's end). Async: pushes are applied one by one, up
              to millions a second, so they are counted: an "async applies" event per 100 ms
@@ -782,6 +802,12 @@
         that relied on the 10 s default to give up on a live but stuck job sets .timeout_ms.
         kvps_ring.h likewise (its section 5): .timeout_ms 0 is none (was 30 s), fields stall_ms
         and peer_timeout_ms (last), heartbeats and a monitor on each peer's ZeroMQ connection.
+        Join and a scalar all-reduce (issue 31): kvps_worker_join (op JOIN),
+        kvps_worker_allreduce_scalar (op ALLREDUCE, kvps_scalar_op), in protocol release 9 with
+        the CONFIG record's weight_decay. For
+        existing programs: round and barrier numbers count from 1 everywhere (CONSISTENCY): the
+        timeline's round arg was 0 for a key's first round, and barriers in messages were
+        numbered from 0.
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -1257,6 +1283,23 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
+/* A scalar all-reduce among the workers, through server 0, in one blocking call (a loss, a
+   count): every worker passes its *x and gets the same result in *x, summed in rank order; a
+   round like a barrier's (the workers that have joined or left take no part; MEAN divides by
+   those that do). Every worker must pass the same op: else KVPS_ERR_MISMATCH on all of them. */
+typedef enum kvps_scalar_op {
+    KVPS_SCALAR_SUM = 0, KVPS_SCALAR_MEAN = 1, KVPS_SCALAR_MIN = 2, KVPS_SCALAR_MAX = 3, KVPS_SCALAR_OP_COUNT
+} kvps_scalar_op;
+KVPS_API kvps_result kvps_worker_allreduce_scalar(kvps_worker *w, double *x, kvps_scalar_op op);
+KVPS_API const char *kvps_scalar_op_name(kvps_scalar_op op); /* "sum", "mean", "min", "max"; "?" */
+
+/* JOIN (CONSISTENCY AND UPDATE RULES): this worker's data has ended. Blocking: every server takes
+   it out of the aggregation for good, what it pushed before counting; BSP / SSP rounds and
+   barriers then complete over the other workers (MEAN and SGD divide by the contributions a
+   round has). It may still pull (the weights after the others' rounds); its pushes and barriers
+   are refused (KVPS_ERR_STATE). Finish or destroy it as usual: the job ends once every worker has. */
+KVPS_API kvps_result kvps_worker_join(kvps_worker *w);
+
 /* Waits for a request; timeout_ms -1 = the worker's desc.timeout_ms, by default none: as long
    as its servers live (TIMEOUTS; the stall inspector logs a long wait). On KVPS_ERR_TIMEOUT, or
    KVPS_ERR_PEER_LOST (a server it waits for was disconnected, or answered that a worker it
@@ -1566,7 +1609,12 @@ static uint64_t kvps__tl_floats(const size_t *lens, size_t n);
     X(PLACE_GET, 23, "place_get", kvps__serve_move, .placed = 1)                                                       \
     /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the push's sequence, checked in         \
        kvps__serve_read); served by a backup as it is */                                                               \
-    X(READ, 24, "read", kvps__serve_read, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1)
+    X(READ, 24, "read", kvps__serve_read, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1)            \
+    /* the worker's data has ended (kvps_worker_join): rounds and barriers go on without it */                         \
+    X(JOIN, 25, "join", kvps__serve_join, .mutates = 1, .kept = 1)                                                     \
+    /* a scalar all-reduce among the workers, a round like a barrier's (server 0 only): values = f64 x, u32 op,        \
+       u32 0; answered with the f64 result */                                                                          \
+    X(ALLREDUCE, 26, "allreduce", kvps__serve_barrier, .values = 1, .mutates = 1, .kept = 1, .dup = KVPS__DUP_UNLESS_OPEN)
 
 enum {
 #define KVPS__OP_ENUM(op, num, name, ...) KVPS__OP_##op = num,
@@ -1591,7 +1639,7 @@ enum {
     KVPS__PROTO = 9,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
                              7: the job token in HELLO, REPL hellos; 8: replies carry the server's checkpoint
                              stamp in aux, HELLO says whether it is sent again after a reconnect; 9: CONFIG
-                             records carry weight_decay) */
+                             records carry weight_decay, JOIN, ALLREDUCE) */
     KVPS__HELLO_BYTES = 64,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
@@ -1614,6 +1662,10 @@ typedef struct kvps__hdr {
     int32_t status;
     uint32_t aux;
 } kvps__hdr;
+
+/* A worker out of the aggregation (kvps_server's out[]; a byte in checkpoints): left (.elastic, lost
+   or finished), or joined (kvps_worker_join), for good. */
+enum { KVPS__OUT_LEFT = 1, KVPS__OUT_JOINED = 2 };
 
 typedef struct kvps__kent {
     uint64_t key, len;
@@ -2141,6 +2193,8 @@ typedef struct kvps__parked { /* a pull waiting for a key's round */
     kvps__hdr hdr;
     uint32_t *idx; /* key indices in request order */
     uint64_t after; /* a READ: the sequence of the worker's push it waits for (0: a pull) */
+    double val;     /* an ALLREDUCE: the worker's value, and its kvps_scalar_op */
+    uint32_t sop;
 } kvps__parked;
 
 /* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
@@ -2216,7 +2270,8 @@ struct kvps_server {
     int64_t *gone_since;
     uint8_t *lost;
     int nlost;
-    uint8_t *out;             /* elastic: left the aggregation */
+    uint8_t *out;             /* left the aggregation: KVPS__OUT_LEFT (elastic) or KVPS__OUT_JOINED (kvps_worker_join) */
+    double *ar_last;          /* per worker: the result of its last ALLREDUCE (a re-send after it completed gets it) */
     /* sessions: who said hello (and with what), who finished, tensor names; the stall inspector */
     uint32_t *live_inc;       /* per worker: the incarnation whose hello was accepted (0: none) */
     uint64_t token;           /* the job token's digest (0: none): hellos and REPL hellos must carry it */
@@ -2489,6 +2544,21 @@ static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req)
     zmq_msg_t f[2];
     kvps__reply_start(f, id, 0, &h);
     kvps__server_send(s, f, 2);
+}
+
+/* An ALLREDUCE's answer: [id][hdr][f64 x]; id is copied. */
+static void kvps__reply_scalar(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, double x) {
+    kvps__hdr h = kvps__reply_hdr(req, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t f[3];
+    kvps__reply_start(f, id, 0, &h);
+    if (kvps__msg_from_buf(&f[2], &x, sizeof x) != 0) {
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        kvps__reply_error(s, id, req, KVPS_ERR_NOMEM, "allreduce: no memory for the answer");
+        return;
+    }
+    kvps__server_send(s, f, 3);
 }
 
 // >>keys
@@ -2783,12 +2853,18 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
     return kvps__bsp_advance(s, k);
 }
 
-/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic), and
-   applies each round that completes; 1 if one did, -1 when out of memory. */
+/* Whether rank r has no contribution in k's round being summed: it left (elastic), or it joined
+   (kvps_worker_join) and pushed nothing for this round before it did. */
+static int kvps__skipped(const kvps_server *s, const kvps__key *k, uint32_t r) {
+    return s->out[r] == KVPS__OUT_LEFT || (s->out[r] == KVPS__OUT_JOINED && k->recv[r] <= k->round);
+}
+
+/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic) or joined,
+   and applies each round that completes; 1 if one did, -1 when out of memory. */
 static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
     int advanced = 0;
     for (;;) {
-        while (k->summed < (uint32_t)s->m && s->out[k->summed]) k->summed++;
+        while (k->summed < (uint32_t)s->m && kvps__skipped(s, k, k->summed)) k->summed++;
         if (k->summed == (uint32_t)s->m) {
             if (k->nin == 0) break; /* everyone left: no round */
             if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
@@ -2940,7 +3016,7 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = p->after ? kvps__read_blocker(s, p) : kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
         kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d: no connection for %d ms): round %llu of key %llu "
-                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round + 1, (unsigned long long)k->key);
         kvps__parked_free(p);
         return;
     }
@@ -2965,7 +3041,8 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
 }
 
 static void kvps__barrier_check(kvps_server *s, uint64_t gen);
-static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+/* A barrier (or an ALLREDUCE: x, sop) of worker h->rank enters its next generation. */
+static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, double x, uint32_t sop) {
     if (s->nlost) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d): the barrier cannot complete",
                           kvps__first_lost(s));
@@ -2974,7 +3051,7 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     int fin = kvps__needs_finished(s, NULL, s->barrier_gen[h->rank]);
     if (fin >= 0) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
-                          (unsigned long long)s->barrier_gen[h->rank]);
+                          (unsigned long long)s->barrier_gen[h->rank] + 1);
         return;
     }
     kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
@@ -2983,25 +3060,64 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     zmq_msg_copy(&p->id, id);
     p->hdr = *h;
     p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
+    p->val = x;
+    p->sop = sop;
     p->since = kvps__now_ms();
     p->next = s->barrier_waiters;
     s->barrier_waiters = p;
     kvps__barrier_check(s, p->hdr.aux);
 }
 
-/* Releases barrier generation gen once every rank still in has entered it. */
+/* The ALLREDUCE result of barrier generation gen, its entries taken in rank order (the same bits
+   whatever order they came in): 0, or -1 with why when its entries do not agree on the call. */
+static int kvps__scalar_result(const kvps_server *s, uint64_t gen, double *out, char *why, size_t n) {
+    const kvps__parked *first = NULL;
+    int count = 0;
+    double acc = 0;
+    for (int r = 0; r < s->m; r++)
+        for (const kvps__parked *p = s->barrier_waiters; p; p = p->next) {
+            if (p->hdr.aux != gen || p->hdr.rank != (uint32_t)r) continue;
+            if (!first) first = p;
+            if (p->hdr.op != first->hdr.op || p->sop != first->sop) {
+                int a = first->hdr.op == KVPS__OP_ALLREDUCE, b = p->hdr.op == KVPS__OP_ALLREDUCE;
+                snprintf(why, n, "barrier %llu: worker %u called %s %s, worker %u %s %s", (unsigned long long)gen + 1,
+                         first->hdr.rank, a ? "allreduce_scalar" : "barrier", a ? kvps_scalar_op_name((kvps_scalar_op)first->sop) : "",
+                         p->hdr.rank, b ? "allreduce_scalar" : "barrier", b ? kvps_scalar_op_name((kvps_scalar_op)p->sop) : "");
+                return -1;
+            }
+            double v = p->val;
+            acc = count == 0 ? v : p->sop == KVPS_SCALAR_MIN ? (v < acc || v != v ? v : acc)
+                                 : p->sop == KVPS_SCALAR_MAX ? (v > acc || v != v ? v : acc) : acc + v;
+            count++;
+        }
+    *out = first && first->sop == KVPS_SCALAR_MEAN ? acc / count : acc;
+    return 0;
+}
+
+/* Releases barrier generation gen once every rank still in has entered it; an ALLREDUCE's
+   entries are answered with their result (over the workers in: MEAN divides by their number). */
 static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
     for (int r = 0; r < s->m; r++)
         if (!s->out[r] && s->barrier_gen[r] <= gen) return;
+    double x = 0;
+    char why[200];
+    int bad = kvps__scalar_result(s, gen, &x, why, sizeof why);
     kvps__parked **pp = &s->barrier_waiters;
     while (*pp) {
         kvps__parked *w = *pp;
         if (w->hdr.aux != gen) { pp = &w->next; continue; }
         *pp = w->next;
-        kvps__hdr rh = kvps__reply_hdr(&w->hdr, KVPS_OK);
-        zmq_msg_t f[2];
-        kvps__reply_start(f, &w->id, 1, &rh);
-        kvps__server_send(s, f, 2);
+        if (bad) {
+            kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_MISMATCH, "%s", why);
+        } else if (w->hdr.op == KVPS__OP_ALLREDUCE) {
+            s->ar_last[w->hdr.rank] = x;
+            kvps__reply_scalar(s, &w->id, &w->hdr, x);
+        } else {
+            kvps__hdr rh = kvps__reply_hdr(&w->hdr, KVPS_OK);
+            zmq_msg_t f[2];
+            kvps__reply_start(f, &w->id, 1, &rh);
+            kvps__server_send(s, f, 2);
+        }
         kvps__parked_free(w);
     }
 }
@@ -3093,14 +3209,15 @@ static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const 
 
 // >>liveness
 /* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
-/* Elastic: rank r leaves; its buffered pushes go, and rounds and barriers that only waited for
-   it complete (means over the contributions they have). */
-static void kvps__leave(kvps_server *s, int r) {
-    s->out[r] = 1;
+/* Rank r leaves the aggregation: lost under .elastic (how KVPS__OUT_LEFT: its buffered pushes
+   go), or joined (KVPS__OUT_JOINED, kvps_worker_join: what it pushed before counts); rounds and
+   barriers that only waited for it complete (means over the contributions they have). */
+static void kvps__leave(kvps_server *s, int r, int how) {
+    s->out[r] = (uint8_t)how;
     for (uint32_t i = 0; i < s->nkeys; i++) {
         kvps__key *k = s->keys[i];
-        while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
-        if (k->qtail) k->qtail[r] = NULL;
+        while (how == KVPS__OUT_LEFT && k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+        if (k->qtail && how == KVPS__OUT_LEFT) k->qtail[r] = NULL;
         if (s->desc.consistency != KVPS_ASYNC && kvps__bsp_advance(s, k) > 0 && k->waiters) kvps__wake(s, k);
     }
     uint64_t lo = UINT64_MAX;
@@ -3139,7 +3256,7 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
         kvps__parked *n = all->next;
         /* a barrier's entry is taken back (and reply_error takes it out of the re-send window),
            so that the worker's re-send, or its next barrier, enters this same generation */
-        if (all->hdr.op == KVPS__OP_BARRIER) s->barrier_gen[all->hdr.rank]--;
+        if (all->hdr.op == KVPS__OP_BARRIER || all->hdr.op == KVPS__OP_ALLREDUCE) s->barrier_gen[all->hdr.rank]--;
         kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
         kvps__parked_free(all);
         all = n;
@@ -3177,12 +3294,14 @@ static void kvps__liveness(kvps_server *s) {
 /* Worker r is lost: what that changes (a backup does it when its primary says so). */
 static void kvps__worker_lost(kvps_server *s, int r) {
     s->lost[r] = 1;
-    if (!s->desc.elastic) s->nlost++; /* elastic: not an error, the job goes on without it */
+    int joined = s->out[r] == KVPS__OUT_JOINED; /* (out of the aggregation already: its loss stops nothing) */
+    if (!s->desc.elastic && !joined) s->nlost++; /* elastic: not an error, the job goes on without it */
     KVPS__STAT_ADD(s, peers_lost, 1);
     kvps__log(s->replaying ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s%s",
               s->desc.rank, r, s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "",
               s->replaying ? " (as the primary says)" : "");
-    if (s->desc.elastic) kvps__leave(s, r);
+    if (joined) return;
+    if (s->desc.elastic) kvps__leave(s, r, KVPS__OUT_LEFT);
     else kvps__fail_waiters(s, r);
 }
 
@@ -3490,7 +3609,7 @@ static void kvps__heard_from(kvps_server *s, kvps__rq *q) {
         s->rank_fd[r] = fd;
     }
     if (s->gone_since[r] || s->lost[r] || s->out[r]) {
-        if (s->out[r]) kvps__rejoin(s, (int)r);
+        if (s->out[r] == KVPS__OUT_LEFT) kvps__rejoin(s, (int)r); /* (a joined worker stays out) */
         else if (s->lost[r]) {
             s->nlost--;
             kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, r);
@@ -3517,7 +3636,9 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
         kvps__reply_ack(s, q->id, h);
         return 0;
     case KVPS__DUP_UNLESS_OPEN: /* (a barrier still open answers the same routing id when it completes) */
-        if (!kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
+        if (kvps__in_barrier(s, h->rank)) return 0;
+        if (h->op == KVPS__OP_ALLREDUCE) kvps__reply_scalar(s, q->id, h, s->ar_last[h->rank]);
+        else kvps__reply_ack(s, q->id, h);
         return 0;
     case KVPS__DUP_ACK:
         kvps__reply_ack(s, q->id, h);
@@ -3673,11 +3794,50 @@ static int kvps__check_frames(kvps_server *s, const kvps__rq *q) {
     return 1;
 }
 
+static void kvps__refuse_joined(kvps_server *s, const kvps__rq *q);
+/* BARRIER, and ALLREDUCE (a barrier that carries a value: f64 x, u32 kvps_scalar_op, u32 0). */
 static void kvps__serve_barrier(kvps_server *s, kvps__rq *q) {
     if (!kvps__check_frames(s, q)) return;
-    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
+    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s with keys", q->op->name); return; }
     if (s->desc.rank != 0) { kvps__refuse(s, q, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
-    kvps__barrier(s, q->id, &q->h);
+    if (s->out[q->h.rank] == KVPS__OUT_JOINED) { kvps__refuse_joined(s, q); return; }
+    double x = 0;
+    uint32_t sop = 0;
+    if (q->h.op == KVPS__OP_ALLREDUCE) {
+        const unsigned char *v = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+        size_t n = zmq_msg_size(&q->fr[2]);
+        if (n != 16) { kvps__refuse(s, q, n < 16 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "allreduce: a values frame of %zu bytes, want 16", n); return; }
+        uint32_t pad;
+        memcpy(&x, v, 8);
+        memcpy(&sop, v + 8, 4);
+        memcpy(&pad, v + 12, 4);
+        if (sop >= KVPS_SCALAR_OP_COUNT || pad != 0) {
+            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "allreduce: op %u is not a kvps_scalar_op", sop);
+            return;
+        }
+    }
+    kvps__barrier(s, q->id, &q->h, x, sop);
+}
+
+/* A worker that has joined pushes and enters barriers no more. */
+static void kvps__refuse_joined(kvps_server *s, const kvps__rq *q) {
+    kvps__refuse(s, q, KVPS_ERR_STATE, "worker %u has joined (kvps_worker_join): it may pull and finish, not %s",
+                 q->h.rank, q->op->name);
+}
+
+/* JOIN: worker r's data has ended. It leaves the aggregation for good, as a lost worker does under
+   .elastic (kvps__leave), but what it pushed before counts: rounds and barriers complete over the
+   workers in (MEAN and SGD divide by the contributions a round has); it may still pull, and
+   finishes as any worker does (the job ends when every worker has: CLEAN FINISH). */
+static void kvps__serve_join(kvps_server *s, kvps__rq *q) {
+    if (!kvps__check_frames(s, q)) return;
+    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "join with keys"); return; }
+    uint32_t r = q->h.rank;
+    if (s->out[r] != KVPS__OUT_JOINED) {
+        kvps__log(KVPS_LOG_INFO, "server %d: worker %u joined (its data has ended): rounds go on without it", s->desc.rank, r);
+        kvps__leave(s, (int)r, KVPS__OUT_JOINED);
+    }
+    kvps__reply_ack(s, q->id, &q->h);
 }
 
 static kvps__kent kvps__ent(const kvps__rq *q, uint32_t i) {
@@ -3949,6 +4109,10 @@ static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
 static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
     if (!kvps__check_frames(s, q) || !kvps__check_keys(s, q) || !kvps__check_values(s, q) || !kvps__check_new_keys(s, q))
         return;
+    if (s->out[q->h.rank] == KVPS__OUT_JOINED && (q->h.op == KVPS__OP_PUSH || q->h.op == KVPS__OP_PUSHPULL)) {
+        kvps__refuse_joined(s, q);
+        return;
+    }
     /* Deferred pushes of these keys are applied first: everything after sees them. */
     q->defer = kvps__deferrable(s, &q->h, q->idx, q->coded); /* (a key created by this push: not deferred) */
     if (!q->defer)
@@ -4198,9 +4362,9 @@ static void kvps__missing_text(const kvps_server *s, const kvps__key *k, uint64_
 /* What parked request p waits for. */
 static void kvps__stall_text(const kvps_server *s, const kvps__parked *p, char *buf, size_t n) {
     char who[600], what[300];
-    if (p->hdr.op == KVPS__OP_BARRIER) {
+    if (p->hdr.op == KVPS__OP_BARRIER || p->hdr.op == KVPS__OP_ALLREDUCE) {
         kvps__missing_text(s, NULL, p->hdr.aux, who, sizeof who);
-        snprintf(buf, n, "barrier %u waits for workers %s", p->hdr.aux, who);
+        snprintf(buf, n, "barrier %llu waits for workers %s", (unsigned long long)p->hdr.aux + 1, who);
         return;
     }
     const kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
@@ -4354,7 +4518,7 @@ static void kvps__serve_bye(kvps_server *s, kvps__rq *q) {
         s->done[r] = 1;
         s->ndone++;
         kvps__log(KVPS_LOG_INFO, "server %d: worker %u finished (%d of %d)", s->desc.rank, r, s->ndone, s->m);
-        if (s->desc.elastic && !s->out[r]) kvps__leave(s, (int)r);
+        if (s->desc.elastic && !s->out[r]) kvps__leave(s, (int)r, KVPS__OUT_LEFT);
         else kvps__fail_finished(s);
         int live = 0; /* every worker that said hello has finished: the next ones may set another layout */
         for (int i = 0; i < s->m && !live; i++) live = s->live_inc[i] && !s->done[i];
@@ -4384,8 +4548,8 @@ static void kvps__fail_finished(kvps_server *s) {
         if (fin < 0) { pp = &w->next; continue; }
         *pp = w->next;
         s->barrier_gen[w->hdr.rank]--; /* taken back, as for a lost worker (kvps__fail_waiters) */
-        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %u cannot complete", fin,
-                          w->hdr.aux);
+        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
+                          (unsigned long long)w->hdr.aux + 1);
         kvps__parked_free(w);
     }
 }
@@ -6724,6 +6888,7 @@ static int kvps__server_arrays(kvps_server *s) {
     s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
     s->lost = (uint8_t *)calloc((size_t)s->m, 1);
     s->out = (uint8_t *)calloc((size_t)s->m, 1);
+    s->ar_last = (double *)calloc((size_t)s->m, sizeof *s->ar_last);
     s->live_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->live_inc);
     s->bad_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->bad_inc);
     s->bad_text = (char(*)[200])calloc((size_t)s->m, sizeof *s->bad_text);
@@ -6731,10 +6896,10 @@ static int kvps__server_arrays(kvps_server *s) {
     s->done = (uint8_t *)calloc((size_t)s->m, 1);
     s->place_wait = (uint8_t *)calloc((size_t)s->m, 1);
     s->rejoin = (uint8_t *)calloc((size_t)s->m, 1);
-    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->live_inc || !s->bad_inc ||
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->ar_last || !s->live_inc || !s->bad_inc ||
         !s->bad_text || !s->heard || !s->done || !s->place_wait || !s->rejoin || kvps__table_grow(s) != 0) {
         free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
+        free(s->ar_last); free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
         free(s->rejoin);
         return -1;
     }
@@ -6985,6 +7150,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    free(s->ar_last);
     free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
     free(s->rejoin);
     kvps__place_free(&s->place);
@@ -9455,6 +9621,39 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     return KVPS_OK;
 }
 
+static const char *const kvps__scalar_op_names[KVPS_SCALAR_OP_COUNT] = {"sum", "mean", "min", "max"};
+KVPS_API const char *kvps_scalar_op_name(kvps_scalar_op op) {
+    return (unsigned)op < KVPS_SCALAR_OP_COUNT ? kvps__scalar_op_names[op] : "?";
+}
+
+KVPS_API kvps_result kvps_worker_allreduce_scalar(kvps_worker *w, double *x, kvps_scalar_op op) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "allreduce_scalar", x);
+    if ((unsigned)op >= KVPS_SCALAR_OP_COUNT)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "allreduce_scalar: op %d is not a kvps_scalar_op", (int)op);
+    kvps__req *q = kvps__req_new(w, 1);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
+    q->dest[0].ptr = (float *)(void *)x; /* (8 bytes: the reply's f64, copied as they are) */
+    q->dest[0].len = sizeof *x / sizeof(float);
+    for (int i = 1; i <= w->n; i++) q->dbegin[i] = 1; /* server 0 answers dest[0] */
+    unsigned char v[16] = {0};
+    memcpy(v, x, 8);
+    kvps__put32(v + 8, (uint32_t)op);
+    kvps_result r = kvps__send_ctl(w, q, 0, KVPS__OP_ALLREDUCE, v, sizeof v);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    return kvps_worker_wait(w, q->id, -1);
+}
+
+KVPS_API kvps_result kvps_worker_join(kvps_worker *w) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
+    kvps_result r = KVPS_OK;
+    for (int i = 0; i < w->n && r == KVPS_OK; i++) r = kvps__send_ctl(w, q, i, KVPS__OP_JOIN, NULL, 0);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    return kvps_worker_wait(w, q->id, -1);
+}
+
 // >>progress
 /* Handles one reply from server srv. Replies are checked: a broken server cannot crash us. */
 /* An error reply's text, as the worker's last error: "server i: text". */
@@ -10241,7 +10440,7 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     p = kvps__tl_arg_key(p, "key", k->key);
     if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
     if (name) p = kvps__tl_arg_raw(p, "tensor", tname);
-    p = kvps__tl_arg_u64(p, "round", k->round - 1);
+    p = kvps__tl_arg_u64(p, "round", k->round); /* (counted already: 1 the first, as in messages) */
     p = kvps__tl_arg_i64(p, "contributions", count);
     p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));
     p = kvps__tl_arg_us(p, "straggler_wait_us", last - first);

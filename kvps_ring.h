@@ -19,6 +19,7 @@
      8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
      9. Sub-rings: kvps_ring_split
     10. Transports: shared memory on one host, the ring's own TCP connections between hosts
+    11. Join: ranks whose data ends first
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -401,6 +402,33 @@
    Off: .shm = -1 or KVPS_RING_SHM=0 (no shared memory, DIRECT off), .tcp = -1 or KVPS_RING_TCP=0
    (no TCP connections: ZeroMQ), and ipc:// or inproc:// endpoints have no TCP; on other systems
    than Linux there is no shared memory.
+
+   11. JOIN: RANKS WHOSE DATA ENDS FIRST (Horovod's hvd.join, PyTorch's Join)
+       kvps_ring_create(&(kvps_ring_desc){ ..., .join = 1 }, &r);      // on every rank
+       for (int s = 0; s < my_steps; s++) kvps_ring_allreduce(r, g, g, n, KVPS_FLOAT32, KVPS_AVG);
+       kvps_ring_join(r);           // returns once every rank has called it
+   On a ring made with .join = 1, a rank whose data has ended calls kvps_ring_join: it takes part
+   in the others' all-reduces (every algorithm, a 16-bit wire too) and barriers with the op's
+   identity as its input (0 for sum and avg, 1 for prod, the largest value for min, the smallest
+   for max) until every rank has joined; then kvps_ring_join returns KVPS_OK on every rank and the
+   ring is as before (the next epoch may use it). AVG divides by the ranks that have not joined
+   (as Horovod; integers with truncation); sum, prod, min and max reduce over them alone.
+   How every rank knows the same: each collective on such a ring starts with an agreement, a
+   recursive-doubling all-reduce (int64 max, its header's layout "JOIN") of a flag per rank and
+   the collective's parameters (collective, dtype, wire, op, count, root, algorithm, list
+   layout) from the ranks that have not joined; a joined rank learns from it what to run, and
+   every rank decides from the same bits. So it costs one small all-reduce per collective (8
+   (size + 16) bytes; in the timeline as an allreduce of its own), and only on rings made with
+   .join. While a rank has joined, another collective (reduce, broadcast, the v-collectives...,
+   an all-reduce over a list of buffers) fails before any data moves on every rank, the same
+   words everywhere: KVPS_ERR_STATE, "rank 0: broadcast called while rank(s) 3 had joined
+   (kvps_ring_join): a joined rank takes part only in allreduce and barrier" (the ring is then
+   broken, as after any error); ranks that have not joined and call different collectives get
+   KVPS_ERR_MISMATCH naming the parameter. kvps_ring_joined(r, ranks, max) says how many ranks
+   had joined at this rank's last collective (the same on every rank) and which. A joined rank
+   waits for the others' next collective within .timeout_ms, like any wait on the ring, and holds
+   the ring as a blocking collective does: its own posted operations run before it, p2p
+   messages sent to it are kept until it receives them after kvps_ring_join returns.
 */
 #ifndef KVPS__CORE_ZMQ
 #define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
@@ -457,7 +485,8 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | shm         | 0: shared memory to peers on this host unless $KVPS_RING_SHM is 0; 1: on; -1: off (section 10) |
    | tcp         | 0: the ring's own TCP connections to the other peers unless $KVPS_RING_TCP is 0; 1: on; -1: off: ZeroMQ (section 10) |
    | stall_ms    | 60000: a wait this long is logged (warn), naming the rank waited for; -1: off (section 5) |
-   | peer_timeout_ms | 5000: a peer whose ZeroMQ connection is down this long is gone (section 5) | */
+   | peer_timeout_ms | 5000: a peer whose ZeroMQ connection is down this long is gone (section 5) |
+   | join        | 0: off; 1: kvps_ring_join may be called, each collective agreeing first on who has joined (section 11) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -483,6 +512,8 @@ typedef struct kvps_ring_desc {
                              stall_ms: 60000 (-1: off) (section 5) */
     int peer_timeout_ms;  /* ZMTP heartbeats every peer_timeout_ms / 5; a peer whose connection has been
                              down this long is gone (KVPS_ERR_PEER_LOST): 5000 (section 5) */
+    int join;             /* 1: kvps_ring_join may be called (section 11): every collective first agrees,
+                             in a small all-reduce, on who has joined; 0: off (no such cost) */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -593,6 +624,15 @@ KVPS_API kvps_result kvps_ring_isend(kvps_ring *r, const void *buf, size_t count
 KVPS_API kvps_result kvps_ring_irecv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag,
                                      kvps_ring_req *out);
 
+/* Join (manual section 11; a ring made with .join = 1): a rank whose data has ended calls
+   kvps_ring_join; it takes part in the others' allreduce and barrier calls with op's identity as
+   its input (0 for sum and avg) until every rank has joined, then returns KVPS_OK on every rank.
+   AVG divides by the ranks that have not joined. Another collective called meanwhile fails on
+   every rank (KVPS_ERR_STATE, naming it and the joined ranks). kvps_ring_joined: how many ranks
+   had joined at this rank's last collective, and (ranks non-NULL) the first max of them. */
+KVPS_API kvps_result kvps_ring_join(kvps_ring *r);
+KVPS_API int kvps_ring_joined(const kvps_ring *r, int *ranks, int max);
+
 /* dst[i] = dst[i] op src[i], as the collectives reduce (exposed for tests and users). */
 KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op);
 
@@ -629,6 +669,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
                   eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
+     join         kvps_ring_join: the agreement before each collective of a .join ring, its verdict,
+                  a joined rank's loop
      setup        create, connect, destroy; a family's sockets; kvps_ring_split
      environment  rank, size and peers from the launcher's variables (the rendezvous through
                   kvps servers, kvps_ring_rendezvous, is kvps.h's) */
@@ -1250,7 +1292,9 @@ enum {
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
     KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11, KVPS_RING__PH_RH = 12,
-    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15, KVPS_RING__PH_ONESHOT = 16
+    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15, KVPS_RING__PH_ONESHOT = 16,
+    /* join (>>join): the agreement's header carries this layout ("JOIN"); the parameters it agrees on */
+    KVPS_RING__JOIN_LAYOUT = 0x4A4F494E, KVPS_RING__JOIN_NP = 8
 };
 
 typedef struct kvps_ring__hdr {
@@ -1481,6 +1525,14 @@ struct kvps_ring {
     size_t p2p_eager;    /* bytes sent without waiting for an answer (KVPS_RING__P2P_EAGER_MAX) */
     kvps_ring__p2p *p2p_reqs;
     struct kvps_ring__tl *tl; /* the timeline, NULL when off (>>timeline) */
+    /* join (>>join; rings made with .join): the agreement is running; ranks that had not joined
+       at the last agreement (0: none yet, or every rank had); its result (size flags, then each
+       of KVPS_RING__JOIN_NP parameters' max and -min); a joined rank's contribution (the op's
+       identity) */
+    int join_agreeing, join_live;
+    int64_t *join_vec;
+    void *join_buf;
+    size_t join_cap;
 };
 
 // >>timeline
@@ -1728,6 +1780,26 @@ static void kvps_ring__scale(void *buf, size_t n, kvps_dtype dt, int k) {
 }
 #undef KVPS_RING__HALF_RED
 #undef KVPS_RING__HALF_DIV
+
+/* n elements of op's identity (what a joined rank contributes, >>join): 0 for sum and avg, 1 for
+   prod, the largest value for min (+inf for floats), the smallest for max. */
+static void kvps_ring__identity(void *buf, size_t n, kvps_dtype dt, kvps_redop op) {
+    int mn = op == KVPS_MIN, mx = op == KVPS_MAX, one = op == KVPS_PROD;
+    double f = one ? 1.0 : mn ? HUGE_VAL : mx ? -HUGE_VAL : 0.0;
+    int64_t i64 = one ? 1 : mn ? INT64_MAX : mx ? INT64_MIN : 0;
+    int32_t i32 = one ? 1 : mn ? INT32_MAX : mx ? INT32_MIN : 0;
+    uint16_t h = kvps_f32_to_f16((float)f), b = kvps_f32_to_bf16((float)f);
+    for (size_t i = 0; i < n; i++)
+        switch (dt) {
+        case KVPS_FLOAT32: ((float *)buf)[i] = (float)f; break;
+        case KVPS_FLOAT64: ((double *)buf)[i] = f; break;
+        case KVPS_INT32: ((int32_t *)buf)[i] = i32; break;
+        case KVPS_INT64: ((int64_t *)buf)[i] = i64; break;
+        case KVPS_FLOAT16: ((uint16_t *)buf)[i] = h; break;
+        case KVPS_BFLOAT16: ((uint16_t *)buf)[i] = b; break;
+        default: return;
+        }
+}
 
 // >>transport
 /* A sub-ring's errors say which it is and whose ranks: "sub-ring 1 (colour 3, parent ranks 4
@@ -2850,7 +2922,8 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
    when it has one (the dtype byte's high half: KVPS_FLOAT16 or KVPS_BFLOAT16). */
 static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap) {
     char list[48] = "";
-    if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
+    if (h->layout == KVPS_RING__JOIN_LAYOUT) snprintf(list, sizeof list, ", the agreement on who has joined"); /* (>>join) */
+    else if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
     snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
              kvps_dtype_name((kvps_dtype)(h->dtype & 15)), kvps_redop_name((kvps_redop)h->op), h->root,
              h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "", list);
@@ -4013,7 +4086,8 @@ static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec
     if (rc == KVPS_OK && x->op->op == KVPS_AVG) {
         rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
         for (size_t i = 0; rc == KVPS_OK && i < (x->list ? x->list->n : 1); i++)
-            kvps_ring__scale(x->list ? x->list->bufs[i] : x->recv, x->list ? x->list->counts[i] : x->n, x->op->dtype, x->k);
+            kvps_ring__scale(x->list ? x->list->bufs[i] : x->recv, x->list ? x->list->counts[i] : x->n, x->op->dtype,
+                             r->join_live ? r->join_live : x->k); /* (a join ring: the ranks that have not joined) */
     }
     return rc;
 }
@@ -4379,7 +4453,11 @@ static kvps_result kvps_ring__topology(kvps_ring *r) {
     return KVPS_OK;
 }
 
-static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+static kvps_result kvps_ring__join_agree(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list);
+static kvps_result kvps_ring__join_check(kvps_ring *r);
+
+/* One collective, as every rank runs it (kvps_ring__run_now adds a join ring's agreement first). */
+static kvps_result kvps_ring__run_one(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     r->seq++;
     memset(&r->cur, 0, sizeof r->cur);
@@ -4393,7 +4471,7 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
     r->cur.root = (uint16_t)op->root;
     r->cur.count = kvps_ring__row(op->coll)->counts ? 0 : op->count; /* (the v-collectives agree on theirs first) */
     r->cur.ring = r->id;
-    r->cur.layout = list ? list->layout : 0;
+    r->cur.layout = list ? list->layout : r->join_agreeing ? KVPS_RING__JOIN_LAYOUT : 0;
     r->abort_rc = KVPS_OK;
     r->hier = 0;
     r->errmsg[0] = 0;
@@ -4402,6 +4480,7 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
     if (r->tl) kvps_ring__tl_start(r);
     kvps_result rc = kvps_ring__topology(r); /* (it reads: a refusal may come with the hellos) */
     if (rc == KVPS_OK) rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
+    if (rc == KVPS_OK && r->join_live && !r->join_agreeing) rc = kvps_ring__join_check(r); /* (one verdict everywhere) */
     if (rc == KVPS_OK) rc = kvps_ring__execute(r, op, list);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
     if (r->fam->shm_name[0]) kvps_ring__x_maybe_unlink(r->fam); /* (the peers that have mapped it by now) */
@@ -4427,6 +4506,13 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
         r->broken = 1;
     }
     return rc;
+}
+
+/* A collective called by the user: on a ring made with .join, the agreement on who has joined
+   first (>>join), which a joined rank shadows. */
+static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+    kvps_result rc = r->desc.join > 0 ? kvps_ring__join_agree(r, op, list) : KVPS_OK;
+    return rc == KVPS_OK ? kvps_ring__run_one(r, op, list) : rc;
 }
 
 /* The family's thread: runs the operations posted on any of its rings, in the order posted. */
@@ -5079,6 +5165,146 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
     return kvps_ring__callv(r, KVPS_COLL_ALLTOALLV, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt, 0);
 }
 
+// >>join
+/* Join (manual section 11). On a ring made with .join every collective is preceded by an
+   agreement: an all-reduce (RD, int64 max) of [a flag per rank: joined][the collective's
+   parameters][their negations]. A joined rank gives its flag and max's identity, every other
+   rank its parameters, so every rank learns from the same bits who has joined and what the
+   others call (and whether they agree: max == -max of the negations), and decides alike: a
+   joined rank runs that collective with op's identity as its input; AVG divides by the ranks
+   that have not joined; a collective a joined rank cannot shadow fails on every rank with the
+   same words before any of its data moves; once every rank has joined, kvps_ring_join returns
+   on every rank. The cost: one small RD all-reduce per collective, only on rings made with .join. */
+static const char *const kvps_ring__join_names[KVPS_RING__JOIN_NP] = {"collective", "dtype", "wire", "op", "count", "root",
+                                                                     "algorithm", "list layout"};
+
+/* The parameters a joined rank needs to run op as the others do (0 where the collective has none). */
+static void kvps_ring__join_params(const kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list, int64_t *p) {
+    memset(p, 0, KVPS_RING__JOIN_NP * sizeof *p);
+    p[0] = op->coll;
+    if (op->coll == KVPS_COLL_BARRIER) return; /* (its other fields are not read) */
+    p[1] = op->dtype;
+    p[2] = op->coll == KVPS_COLL_ALLREDUCE ? op->wire : 0;
+    p[3] = op->op;
+    p[4] = (int64_t)op->count;
+    p[5] = op->root;
+    p[6] = op->coll == KVPS_COLL_ALLREDUCE ? (op->algo ? op->algo : r->desc.algo) : 0;
+    p[7] = list ? list->layout : 0;
+}
+
+/* The agreement before a collective (op NULL: this rank has joined). Sets join_live and join_vec. */
+static kvps_result kvps_ring__join_agree(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+    int k = r->size, np = KVPS_RING__JOIN_NP;
+    size_t m = (size_t)k + 2 * (size_t)np;
+    if (!r->join_vec && !(r->join_vec = (int64_t *)malloc(m * sizeof *r->join_vec))) return KVPS_ERR_NOMEM;
+    int64_t *v = r->join_vec, p[KVPS_RING__JOIN_NP];
+    if (op) kvps_ring__join_params(r, op, list, p);
+    for (int i = 0; i < k; i++) v[i] = i == r->rank && !op;
+    for (int j = 0; j < np; j++) {
+        v[k + j] = op ? p[j] : INT64_MIN;
+        v[k + np + j] = op ? -p[j] : INT64_MIN;
+    }
+    kvps_ring_op a;
+    memset(&a, 0, sizeof a);
+    a.coll = KVPS_COLL_ALLREDUCE;
+    a.recv = v;
+    a.count = m;
+    a.dtype = KVPS_INT64;
+    a.op = KVPS_MAX;
+    a.algo = KVPS_ALGO_RD;
+    r->join_agreeing = 1;
+    kvps_result rc = kvps_ring__run_one(r, &a, NULL);
+    r->join_agreeing = 0;
+    r->join_live = 0;
+    for (int i = 0; rc == KVPS_OK && i < k; i++) r->join_live += !v[i];
+    return rc;
+}
+
+/* Whether the ranks that have not joined passed the same parameters (-1), else the first that differs. */
+static int kvps_ring__join_differs(const kvps_ring *r) {
+    const int64_t *hi = r->join_vec + r->size, *neg = hi + KVPS_RING__JOIN_NP;
+    for (int j = 0; j < KVPS_RING__JOIN_NP; j++)
+        if (hi[j] != -neg[j]) return j;
+    return -1;
+}
+
+/* The verdict, the same on every rank (from the agreement's bits alone): whether the running
+   collective can go on with the ranks that have joined shadowing it. */
+static kvps_result kvps_ring__join_check(kvps_ring *r) {
+    int k = r->size;
+    if (r->join_live >= k) return KVPS_OK;
+    const int64_t *v = r->join_vec, *hi = v + k;
+    char who[128] = "";
+    for (int i = 0, n = 0; i < k && n < 110; i++)
+        if (v[i]) n += snprintf(who + n, sizeof who - (size_t)n, "%s%d", n ? " " : "", i);
+    int j = kvps_ring__join_differs(r);
+    if (j >= 0)
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %d: the ranks that have not joined called different collectives "
+                               "(%s from %lld to %lld) while rank(s) %s had joined", r->rank, kvps_ring__join_names[j],
+                               (long long)-hi[KVPS_RING__JOIN_NP + j], (long long)hi[j], who);
+    if (hi[0] != KVPS_COLL_ALLREDUCE && hi[0] != KVPS_COLL_BARRIER)
+        return kvps_ring__fail(r, KVPS_ERR_STATE, "rank %d: %s called while rank(s) %s had joined (kvps_ring_join): a "
+                               "joined rank takes part only in allreduce and barrier", r->rank,
+                               kvps_coll_name((kvps_coll)hi[0]), who);
+    if (hi[7])
+        return kvps_ring__fail(r, KVPS_ERR_STATE, "rank %d: an all-reduce over a list of buffers (kvps_ring_allreduce_many) "
+                               "called while rank(s) %s had joined (kvps_ring_join): a joined rank takes part only in "
+                               "allreduce of one buffer and barrier", r->rank, who);
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_ring_join(kvps_ring *r) {
+    if (!r) return KVPS_ERR_INVALID_ARG;
+    if (r->desc.join <= 0)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: kvps_ring_join needs a ring made with .join = 1 (its "
+                               "collectives then agree on who has joined)", r->rank);
+    kvps_ring__hold(r->fam); /* (posted operations run first) */
+    kvps_result rc;
+    for (;;) {
+        rc = kvps_ring__join_agree(r, NULL, NULL);
+        if (rc != KVPS_OK || r->join_live == 0) break; /* an error, or every rank has joined */
+        const int64_t *p = r->join_vec + r->size; /* what the others call (the maxima) */
+        kvps_ring_op op;
+        memset(&op, 0, sizeof op);
+        op.coll = (kvps_coll)p[0];
+        if (op.coll == KVPS_COLL_ALLREDUCE && kvps_ring__join_differs(r) < 0 && !p[7]) {
+            op.dtype = (kvps_dtype)p[1];
+            op.wire = (kvps_dtype)p[2];
+            op.op = (kvps_redop)p[3];
+            op.count = (size_t)p[4];
+            op.algo = (kvps_ring_algo)p[6];
+            op.recv = &op; /* (a stand-in until the count is known to be sane: validate wants a buffer) */
+            if (kvps_ring__validate(r, &op) != KVPS_OK || p[4] < 0) { /* (what the peers sent is checked before use) */
+                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: the agreement before collective #%u names no valid "
+                                     "all-reduce (dtype %lld, wire %lld, op %lld, count %lld, algorithm %lld)", r->rank,
+                                     r->seq + 1, (long long)p[1], (long long)p[2], (long long)p[3], (long long)p[4],
+                                     (long long)p[6]);
+                r->broken = 1;
+                break;
+            }
+            op.recv = kvps_ring__grow(&r->join_buf, &r->join_cap, op.count * kvps_dtype_size(op.dtype));
+            if (op.count && !op.recv) { rc = KVPS_ERR_NOMEM; break; }
+            kvps_ring__identity(op.recv, op.count, op.dtype, op.op);
+        } else if (op.coll != KVPS_COLL_BARRIER) {
+            op.coll = KVPS_COLL_BARRIER; /* (refused by the verdict before anything moves: kvps_ring__join_check) */
+        }
+        rc = kvps_ring__run_one(r, &op, NULL);
+        if (rc != KVPS_OK) break;
+    }
+    kvps_ring__release(r->fam);
+    return rc;
+}
+
+KVPS_API int kvps_ring_joined(const kvps_ring *r, int *ranks, int max) {
+    int n = 0;
+    for (int i = 0; r && r->join_vec && i < r->size; i++) {
+        if (!r->join_vec[i]) continue;
+        if (ranks && n < max) ranks[n] = i;
+        n++;
+    }
+    return n;
+}
+
 // >>setup
 /* What every ring has of its own, the family's first ring and a sub-ring alike: the zero-copy
    block, the views and blocks, p2p state; size and rank set, desc copied (groups: a copy). */
@@ -5370,6 +5596,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
     free(r->view_buf); free(r->blocks); free(r->root_rank); free(r->up); free(r->work); free(r->scratch); free(r->direct);
+    free(r->join_vec); free(r->join_buf);
     free(r->p2p_sent); free(r->p2p_next); free(r->p2p_gone);
     free(r);
     if (!last) return;
