@@ -20,7 +20,7 @@ static double loss(int r, int s) { return 0.25 * (double)(r + 1) + (double)s; }
 
 /* The weights after round s (w0 = 0.5), SGD over the workers present in each round, in rank order. */
 static void oracle(float *w, int upto) {
-    kvps_optim o = {KVPS_RULE_SGD, LR, 0, 0, 0, 0};
+    kvps_optim o = {KVPS_RULE_SGD, LR, 0, 0, 0, 0, 0};
     for (int i = 0; i < N; i++) w[i] = 0.5f;
     for (int s = 0; s <= upto; s++) {
         int n = 0;
@@ -40,7 +40,7 @@ static void join_worker(kt_wk *x) {
     kvps_tensor t = 0;
     kvps_req q = 0;
     float g[N], got[N], ref[N];
-    kvps_optim o = {KVPS_RULE_SGD, LR, 0, 0, 0, 0};
+    kvps_optim o = {KVPS_RULE_SGD, LR, 0, 0, 0, 0, 0};
     kvps_result r = kvps_worker_create(&(kvps_worker_desc){.servers = x->ws->servers, .rank = x->rank, .num_workers = M,
                                                             .zmq_ctx = x->ws->ctx, .min_slice = 8}, &w);
     if (r == KVPS_OK) r = kvps_worker_tensor(w, "w", N, &t);
