@@ -4,9 +4,10 @@
        #define KVPS_IMPLEMENTATION
    before you include this file in *one* C or C++ file to create the implementation.
    Link with libzmq (`pkg-config --cflags --libs libzmq`), -pthread and -lm.
-   It stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, the timeline writer) and
-   kvps_codec.h (the codecs), which it includes; keep the four files together. Its own switch,
-   KVPS_PS_IMPLEMENTATION, implements it and those two (kvps_core.h: IMPLEMENTATION SWITCHES).
+   It stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, the timeline writer),
+   kvps_codec.h (the codecs) and kvps_launch.h (the launcher's variables, the rendezvous), which
+   it includes; keep the five files together. Its own switch, KVPS_PS_IMPLEMENTATION, implements
+   it and those three (kvps_core.h: IMPLEMENTATION SWITCHES).
 
    CONTENTS
      1. What it is

@@ -4,9 +4,10 @@
    Do this:
        #define KVPS_IMPLEMENTATION
    before you include this file in *one* C or C++ file. Link libzmq, -pthread, -lm.
-   It includes kvps_core.h and kvps_codec.h, not the parameter server: a program that also uses
-   kvps.h (servers, workers, kvps_ring_rendezvous) includes it too. Its own switch,
-   KVPS_RING_IMPLEMENTATION, implements it and those two (kvps_core.h: IMPLEMENTATION SWITCHES).
+   It includes kvps_core.h, kvps_codec.h and kvps_launch.h, not the parameter server: a program
+   that also uses kvps.h (servers, workers, kvps_ring_rendezvous) includes it too. Its own
+   switch, KVPS_RING_IMPLEMENTATION, implements it and those three (kvps_core.h: IMPLEMENTATION
+   SWITCHES).
 
    CONTENTS
      1. Step by step

@@ -891,7 +891,7 @@ static void test_readme_program(void) {
     KT_CHECK(shown >= 10, "the heart of hello_ps.c in README.md is %d lines", shown);
     char dir[4120], *out;
     snprintf(dir, sizeof dir, "%.4000s/readme", tmp);
-    int rc = kt_run_cmd(root, &out, "mkdir -p '%s' && cp kvps_core.h kvps_codec.h kvps.h kvps_ring.h examples/hello_ps.c examples/hello_ring.c '%s/'", dir, dir);
+    int rc = kt_run_cmd(root, &out, "mkdir -p '%s' && cp kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h examples/hello_ps.c examples/hello_ring.c '%s/'", dir, dir);
     free(out);
     KT_CHECK(rc == 0, "copying the programs to %s", dir);
     int builds = 0, runs = 0;
@@ -942,7 +942,7 @@ static void test_install_and_pkg_config(void) {
     KT_CHECK(rc == 0, "make install: exit %d", rc);
     if (kt_cur_failed) { show(out); free(out); return; }
     free(out);
-    static const char *files[] = {"include/kvps_core.h", "include/kvps_codec.h", "include/kvps.h", "include/kvps_ring.h",
+    static const char *files[] = {"include/kvps_core.h", "include/kvps_codec.h", "include/kvps_launch.h", "include/kvps.h", "include/kvps_ring.h",
                                   "include/kvps_fuse.h", "include/kvps_gpu.h", "bin/kvps-run", "bin/kvps-timeline",
                                   "lib/pkgconfig/kvps.pc"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
