@@ -88,6 +88,10 @@ ZMQ_TESTS_ALL := $(filter-out test_ring_shm test_ring_tcp,$(patsubst tests/%.c,%
 test test-all: $(B)/test_ring_netns $(B)/ring_hier_rank
 $(B)/test_ring_netns: tests/test_ring_netns.sh | $(B)
 	cp $< $@ && chmod +x $@
+# the Python package's tests (tests/python/test_kvps.py) over the libkvps.so beside them
+test test-all: $(B)/test_python $(B)/libkvps.so
+$(B)/test_python: tests/test_python.sh | $(B)
+	cp $< $@ && chmod +x $@
 test: all compile-test
 	@KVPS_TEST_TCP="$(TCP_TESTS)" KVPS_TEST_ZMQ="$(ZMQ_TESTS)" tests/run.sh $(B)
 test-all: all compile-test
