@@ -346,6 +346,64 @@ def test_import_errors():
               "PYTHONPATH=python without KVPS_LIB finds the source tree's build/libkvps.so", p.stdout + p.stderr[-400:])
 
 
+def test_library_surface():
+    """libkvps.so exports the public kvps_* API and no kvps__ internals; the package declares every
+    function kvps_abi.h has (a function added to the ABI and forgotten here fails)."""
+    import re
+    import kvps
+    from kvps import _lib
+    p = subprocess.run(["nm", "-D", "--defined-only", kvps.library_path], capture_output=True, text=True)
+    if p.returncode != 0:
+        print("skipped the symbol check: nm -D failed (%s)" % p.stderr.strip()[-200:])
+    else:
+        syms = [line.split()[-1] for line in p.stdout.splitlines() if line.split()[1:2] in (["T"], ["D"], ["B"], ["R"])]
+        bad = [x for x in syms if not x.startswith("kvps_") or x.startswith("kvps__")]
+        check(not bad and len(syms) > 100, "libkvps.so exports only the public kvps_* API (%d symbols)" % len(syms),
+              "also exported: %s" % bad[:10])
+    with open(os.path.join(ROOT, "kvps_abi.h")) as f:
+        declared = set(re.findall(r"^KVPS_API [^(]*?\b(kvps_abi_\w+)\(", f.read(), re.M))
+    missing = sorted(declared - set(_lib._PROTOS))
+    check(len(declared) > 30 and not missing, "python/kvps declares every function of kvps_abi.h (%d)" % len(declared),
+          "not declared: %s" % missing)
+
+
+def test_readme_examples():
+    """The two Python blocks of README's "From Python", run as they are: 3 ring ranks, then 2 servers + 3 workers."""
+    import re
+    with open(os.path.join(ROOT, "README.md")) as f:
+        md = f.read()
+    sec = md[md.index("## From Python"):]
+    sec = sec[:sec.index("\n## ", 5)]
+    blocks = re.findall(r"```python\n(.*?)```", sec, re.S)
+    if len(blocks) != 2:
+        check(False, "README's From Python has two Python blocks", "found %d" % len(blocks))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (size, extra, want) in enumerate(((3, {}, "[6. 6. 6. 6.] [0 1 2]"),
+                                                 (5, {"KVPS_NUM_SERVERS": "2"}, "[-1.5 -1.5 -1.5 -1.5]"))):
+            path = os.path.join(tmp, "example%d.py" % i)
+            with open(path, "w") as f:
+                f.write(blocks[i])
+            port = free_port()
+            procs = []
+            for r in range(size):
+                env = python_env()
+                env.update({"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                env.update(extra)
+                procs.append(subprocess.Popen([sys.executable, path], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+            outs = []
+            for p in procs:
+                try:
+                    outs.append((p.communicate(timeout=BOUND_S)[0], p.returncode))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    outs.append((p.communicate()[0], "hung"))
+            printed = sum(o.count(want) for o, _ in outs)
+            check(all(rc == 0 for _, rc in outs) and printed == 3, "README's Python example %d prints %s on 3 ranks" % (i + 1, want),
+                  " | ".join("%s %s" % (rc, o.strip()[-200:]) for o, rc in outs))
+
+
 def test_pip_install():
     """pip install ./python into a fresh virtual environment (offline), then a 1-rank ring from there."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -376,11 +434,13 @@ def main():
         CHILDREN[sys.argv[sys.argv.index("--child") + 1]]()
         return 0
     test_import_errors()
+    test_library_surface()
     test_in_process_errors()
     tally("ring (3 ranks)", run_job("ring", 3))
     tally("ps (2 servers, 3 workers)", run_job("ps", 5, extra={"KVPS_NUM_SERVERS": "2"}))
     tally("dead peer (rank 2 SIGKILLed)", run_job("ring_dead", 3), expect_killed=(2,))
     tally("rendezvous timeout", run_job("rendezvous_timeout", 3, ranks=(0, 1), extra={"KVPS_RENDEZVOUS_TIMEOUT": "1"}))
+    test_readme_examples()
     test_pip_install()
     print("%d passed, %d failed" % (results["pass"], results["fail"]))
     return 1 if results["fail"] else 0
