@@ -203,7 +203,12 @@ CHILDREN = {"ring": child_ring, "ring_dead": child_ring_dead, "rendezvous_timeou
 
 # ---- the driver -----------------------------------------------------------------------------
 
-results = {"pass": 0, "fail": 0}
+results = {"pass": 0, "fail": 0, "skip": 0}
+
+
+def skip(name, why):
+    results["skip"] += 1
+    print("skip %s: %s" % (name, why), flush=True)
 
 
 def check(ok, name, why=""):
@@ -352,9 +357,11 @@ def test_library_surface():
     import re
     import kvps
     from kvps import _lib
-    p = subprocess.run(["nm", "-D", "--defined-only", kvps.library_path], capture_output=True, text=True)
+    import shutil
+    p = subprocess.run(["nm", "-D", "--defined-only", kvps.library_path], capture_output=True, text=True) \
+        if shutil.which("nm") else subprocess.CompletedProcess([], 1, "", "no nm (binutils)")
     if p.returncode != 0:
-        print("skipped the symbol check: nm -D failed (%s)" % p.stderr.strip()[-200:])
+        skip("the symbol check", "nm -D failed (%s)" % p.stderr.strip()[-200:])
     else:
         syms = [line.split()[-1] for line in p.stdout.splitlines() if line.split()[1:2] in (["T"], ["D"], ["B"], ["R"])]
         bad = [x for x in syms if not x.startswith("kvps_") or x.startswith("kvps__")]
@@ -411,7 +418,7 @@ def test_pip_install():
         p = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], capture_output=True, text=True,
                            timeout=120)
         if p.returncode != 0:
-            print("skipped pip install: no venv module (%s)" % p.stderr.strip()[-200:])
+            skip("pip install ./python", "no venv module (%s)" % p.stderr.strip()[-200:])
             return
         py = os.path.join(venv, "bin", "python")
         env = clean_env()  # with KVPS_LIB: the library this run tests goes into the package
@@ -442,7 +449,8 @@ def main():
     tally("rendezvous timeout", run_job("rendezvous_timeout", 3, ranks=(0, 1), extra={"KVPS_RENDEZVOUS_TIMEOUT": "1"}))
     test_readme_examples()
     test_pip_install()
-    print("%d passed, %d failed" % (results["pass"], results["fail"]))
+    print("%d passed, %d failed%s" % (results["pass"], results["fail"],
+                                      ", %d skipped" % results["skip"] if results["skip"] else ""))
     return 1 if results["fail"] else 0
 
 
