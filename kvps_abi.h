@@ -99,7 +99,9 @@
    NULL; NULL is harmless. To name what kvps_env_read and the constructors log, the first call
    of this ABI that may log installs a log callback that keeps each thread's last error line
    and prints every line as kvps does by default ("kvps error: ..." on stderr), unless the
-   program has set its own with kvps_log_set_fn (then only the result's text is given).
+   program has set its own with kvps_log_set_fn (then only the result's text is given). Lines
+   below the log level are neither printed nor kept: under KVPS_LOG=none a failure that kvps
+   only logs (kvps_env_read's, a server's) comes with the result's text alone.
 
    5. THE LIBRARY
    lib/libkvps.c is compiled -fPIC -shared -fvisibility=hidden with

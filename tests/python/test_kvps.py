@@ -95,6 +95,18 @@ def child_ring():
             "split by parity (sub-ring size, rank and sum)", "size %d rank %d sum %d" % (sub.size, sub.rank, v[0]))
 
 
+def child_ring_explicit():
+    """Ring(rank, size, peers) with the endpoints the driver chose (no rendezvous)."""
+    import kvps
+    peers = os.environ["TEST_PEERS"].split(",")
+    with kvps.Ring(int(os.environ["TEST_RANK"]), len(peers), peers, timeout_ms=60000) as ring:
+        xs = [rank_data(i, 2049, np.float64, 3) for i in range(ring.size)]
+        out = ring.allreduce(xs[ring.rank], np.empty(2049, np.float64), op="max")
+        say(np.array_equal(out, np.max(xs, axis=0)), "explicit peers (allreduce float64 max)")
+        got = ring.broadcast(np.full(3, ring.rank, np.int32), root=ring.size - 1)
+        say(np.array_equal(got, np.full(3, ring.size - 1)), "explicit peers (broadcast from the last rank)")
+
+
 def child_ring_dead():
     """Rank 2 kills itself (SIGKILL) after a first all-reduce; the others must raise, not hang."""
     import kvps
@@ -199,7 +211,7 @@ def child_ps():
             "max diff %g" % np.max(np.abs(rows - emb_want)))
 
 
-CHILDREN = {"ring": child_ring, "ring_dead": child_ring_dead, "rendezvous_timeout": child_rendezvous_timeout, "ps": child_ps}
+CHILDREN = {"ring": child_ring, "ring_explicit": child_ring_explicit, "ring_dead": child_ring_dead, "rendezvous_timeout": child_rendezvous_timeout, "ps": child_ps}
 
 # ---- the driver -----------------------------------------------------------------------------
 
@@ -230,7 +242,7 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "KVPS_LIB"}
 
 
-def run_job(kind, size, ranks=None, extra=None):
+def run_job(kind, size, ranks=None, extra=None, per_rank=None):
     """Starts ranks (default all of size) of a job of kind; returns {rank: (exit code, output)}."""
     port = free_port()
     procs = {}
@@ -238,6 +250,7 @@ def run_job(kind, size, ranks=None, extra=None):
         env = clean_env()
         env.update({"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         env.update(extra or {})
+        env.update(per_rank(r) if per_rank else {})
         procs[r] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", kind], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = {}
@@ -332,6 +345,11 @@ def test_in_process_errors():
         out = np.zeros(4, np.float32)
         w.pull("t", out)
         check(np.array_equal(out, np.ones(4)), "the server kept the one good push (ACCUMULATE)", str(out))
+        q = w.pushpull("t", np.full(4, 2, np.float32), out, wait=False)
+        check(isinstance(q, kvps.Request), "wait=False returns a request")
+        q.wait()
+        q.wait()
+        check(np.array_equal(out, np.full(4, 3)), "a request's result is in place once wait returns (twice is harmless)", str(out))
     srv.wait(20000)
     srv.close()
     check(True, "a worker's context manager finishes it, and the server then ends by itself")
@@ -444,6 +462,8 @@ def main():
     test_library_surface()
     test_in_process_errors()
     tally("ring (3 ranks)", run_job("ring", 3))
+    peers = ",".join("tcp://127.0.0.1:%d" % free_port() for _ in range(3))
+    tally("ring (3 ranks, explicit peers)", run_job("ring_explicit", 3, per_rank=lambda r: {"TEST_PEERS": peers, "TEST_RANK": str(r)}))
     tally("ps (2 servers, 3 workers)", run_job("ps", 5, extra={"KVPS_NUM_SERVERS": "2"}))
     tally("dead peer (rank 2 SIGKILLed)", run_job("ring_dead", 3), expect_killed=(2,))
     tally("rendezvous timeout", run_job("rendezvous_timeout", 3, ranks=(0, 1), extra={"KVPS_RENDEZVOUS_TIMEOUT": "1"}))
