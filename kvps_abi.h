@@ -84,8 +84,9 @@
                _barrier, _wait, _table (name, dim, rule and its hyper-parameters, init_scale,
                seed), _push_rows / _pull_rows (count: the floats of the array, nrows * dim),
                _finish, _destroy. The requests are kvps.h's: wait for each with _wait.
-     server    kvps_abi_server_from_env / _create (endpoint, rank, num_workers, consistency,
-               update, lr, staleness), _run (in the calling thread), _start (on a thread of its
+     server    kvps_abi_server_from_env (its shard's chain of replicas too, as kvps_env_read
+               gives it) / _create (endpoint, rank, num_workers, consistency, update, lr,
+               staleness), _run (in the calling thread), _start (on a thread of its
                own), _wait, _stop, _destroy; kvps_server_endpoint for the bound endpoint.
 
    4. ERRORS, OWNERSHIP, THREADS
@@ -630,11 +631,9 @@ KVPS_API void kvps_abi_worker_destroy(kvps_abi_worker **wp) {
 }
 
 // >>server
-KVPS_API int kvps_abi_server_create(const char *endpoint, int rank, int num_workers, int consistency, int update, float lr,
-                                    int staleness, kvps_server **out) {
-    KVPS_ABI__NEED(out, "kvps_server_create");
-    *out = NULL;
-    KVPS_ABI__NEED(endpoint, "kvps_server_create");
+/* A server from the flat arguments; replicas / replica / replacement: kvps_env's (NULL, 0, 0: none). */
+static int kvps_abi__server(const char *endpoint, int rank, int num_workers, int consistency, int update, float lr,
+                            int staleness, const char *replicas, int replica, int replacement, kvps_server **out) {
     if (consistency < 0 || consistency >= KVPS_CONSISTENCY_COUNT)
         return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "kvps_server_create: no consistency %d (0 to %d)", consistency,
                               KVPS_CONSISTENCY_COUNT - 1);
@@ -651,10 +650,22 @@ KVPS_API int kvps_abi_server_create(const char *endpoint, int rank, int num_work
     d.update = (kvps_update)update;
     d.lr = lr;
     d.staleness = staleness;
+    d.replicas = replicas;
+    d.replica = replica;
+    d.replacement = replacement;
     kvps_result rc = kvps_server_create(&d, out);
     return kvps_abi__result(rc, "kvps_server_create", NULL);
 }
 
+KVPS_API int kvps_abi_server_create(const char *endpoint, int rank, int num_workers, int consistency, int update, float lr,
+                                    int staleness, kvps_server **out) {
+    KVPS_ABI__NEED(out, "kvps_server_create");
+    *out = NULL;
+    KVPS_ABI__NEED(endpoint, "kvps_server_create");
+    return kvps_abi__server(endpoint, rank, num_workers, consistency, update, lr, staleness, NULL, 0, 0, out);
+}
+
+/* From kvps_env_read, replicated shards ('|' chains in KVPS_SERVERS) included. */
 KVPS_API int kvps_abi_server_from_env(int consistency, int update, float lr, int staleness, kvps_server **out) {
     KVPS_ABI__NEED(out, "kvps_server_create");
     *out = NULL;
@@ -664,10 +675,8 @@ KVPS_API int kvps_abi_server_from_env(int consistency, int update, float lr, int
     if (e.role != KVPS_ROLE_SERVER)
         return kvps_abi__fail(KVPS_ERR_ENV, "kvps_server_create: the environment makes this process worker %d of %d, "
                               "not a server", e.rank, e.num_workers);
-    if (e.replicas[0] && strchr(e.replicas, '|'))
-        return kvps_abi__fail(KVPS_ERR_ENV, "kvps_server_create: KVPS_SERVERS lists replicas ('|'), which this ABI does not "
-                              "set up: use kvps_server_create from C");
-    return kvps_abi_server_create(e.endpoint, e.rank, e.num_workers, consistency, update, lr, staleness, out);
+    return kvps_abi__server(kvps_abi__env.endpoint, e.rank, e.num_workers, consistency, update, lr, staleness,
+                            kvps_abi__env.replicas, e.replica, e.replacement, out);
 }
 
 KVPS_API int kvps_abi_server_run(kvps_server *s) {
