@@ -42,6 +42,8 @@ def child_ring():
     with kvps.Ring(timeout_ms=60000) as ring:
         r, n = ring.rank, ring.size
         say(n == int(os.environ["WORLD_SIZE"]) and r == int(os.environ["RANK"]), "ring from the environment (rank and size)")
+        lr = kvps.local_rank()
+        say(lr == (r, n), "local rank and size from the rendezvous (one host)", str(lr))
         for dtype, op, ref in ((np.float32, "sum", lambda xs: np.sum(xs, axis=0)),
                                (np.int64, "sum", lambda xs: np.sum(xs, axis=0)),
                                (np.int32, "max", lambda xs: np.max(xs, axis=0)),
