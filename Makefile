@@ -13,7 +13,7 @@ B       ?= build
 TESTS    := $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 BENCHES  := $(patsubst bench/%.c,$(B)/%,$(filter-out bench/mpi_%.c,$(wildcard bench/*.c)))
 EXAMPLES := $(patsubst examples/%.c,$(B)/%,$(wildcard examples/*.c))
-HEADERS  := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h tests/kvps_test.h tests/kt_coll.h
+HEADERS  := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_gpu.h kvps_fuse.h kvps_abi.h tests/kvps_test.h tests/kt_coll.h
 
 .PHONY: all deps deps-demo test test-all asan-test valgrind-test bench demo compile-test clean
 # The OpenMPI peers of bench_ring and bench_fusion, built where mpicc is (the benches run without
@@ -21,7 +21,14 @@ HEADERS  := kvps_core.h kvps_codec.h kvps_launch.h kvps.h kvps_ring.h kvps_gpu.h
 MPICC   ?= mpicc
 MPI_PEERS := $(if $(shell command -v $(MPICC) 2>/dev/null),$(B)/mpi_allreduce $(B)/mpi_fusion)
 
-all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS)
+all: deps $(TESTS) $(BENCHES) $(EXAMPLES) $(MPI_PEERS) $(B)/libkvps.so
+
+# libkvps.so: the headers' implementation and the flat C ABI (kvps_abi.h) for foreign callers
+# (python/kvps). Hidden by default, so that only what KVPS_API marks (the public kvps_* API) is
+# exported, none of the kvps__ internals.
+LIB_CFLAGS := -fPIC -fvisibility=hidden '-DKVPS_API=extern __attribute__((visibility("default")))'
+$(B)/libkvps.so: lib/libkvps.c $(HEADERS) | $(B) deps
+	$(CC) $(KVPS_CFLAGS) $(CFLAGS) $(LIB_CFLAGS) $(PKG_CFLAGS) -shared -Wl,-soname,libkvps.so $< -o $@ $(LDLIBS)
 
 $(B)/mpi_allreduce: bench/mpi_allreduce.c bench/bench_cpu.h examples/clock.h | $(B) deps
 	$(MPICC) -O2 -Wall -Wextra $< -o $@
@@ -80,6 +87,10 @@ ZMQ_TESTS_ALL := $(filter-out test_ring_shm test_ring_tcp,$(patsubst tests/%.c,%
 # the hierarchical ring across two network namespaces (a script, among the tests: root only)
 test test-all: $(B)/test_ring_netns $(B)/ring_hier_rank
 $(B)/test_ring_netns: tests/test_ring_netns.sh | $(B)
+	cp $< $@ && chmod +x $@
+# the Python package's tests (tests/python/test_kvps.py) over the libkvps.so beside them
+test test-all: $(B)/test_python $(B)/libkvps.so
+$(B)/test_python: tests/test_python.sh | $(B)
 	cp $< $@ && chmod +x $@
 test: all compile-test
 	@KVPS_TEST_TCP="$(TCP_TESTS)" KVPS_TEST_ZMQ="$(ZMQ_TESTS)" tests/run.sh $(B)

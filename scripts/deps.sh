@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what kvps needs on Debian (as root), or prints the exact install line and fails.
-# usage: scripts/deps.sh [build|demo|mpi|clang|ssh]   (clang: for make fuzz and make tsan-test;
-#                                                  ssh: for make ssh-check)
+# usage: scripts/deps.sh [build|demo|mpi|clang|ssh|python]   (clang: for make fuzz and make tsan-test;
+#                                                  ssh: for make ssh-check; python: numpy and venv for test_python)
 set -u
 want="build"; [ $# -gt 0 ] && want="$1"
 missing=()
@@ -28,6 +28,10 @@ fi
 if [ "$want" = ssh ]; then
   [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null 2>&1 || missing+=(openssh-server)
   command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+fi
+if [ "$want" = python ]; then # Debian's python3 (test_python prefers it): numpy, and venv for its pip install check
+  /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 || missing+=(python3-numpy)
+  /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 line="apt-get install -y ${missing[*]}"

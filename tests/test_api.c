@@ -441,7 +441,7 @@ static void test_wire_format_lists_every_op(void) {
 /* Each header's implementation map (the comment that says where to find `// >>name`) names
    exactly the sections that header has, no more, no fewer. */
 static void test_maps_name_every_section(void) {
-    static const char *headers[] = {"kvps_core.h", "kvps_codec.h", "kvps_launch.h", "kvps.h", "kvps_ring.h", "kvps_fuse.h", "kvps_gpu.h"};
+    static const char *headers[] = {"kvps_core.h", "kvps_codec.h", "kvps_launch.h", "kvps.h", "kvps_ring.h", "kvps_fuse.h", "kvps_gpu.h", "kvps_abi.h"};
     for (size_t h = 0; h < sizeof headers / sizeof headers[0]; h++) {
         char *m = read_text(headers[h]);
         KT_CHECK(m != NULL, "cannot read %s", headers[h]);

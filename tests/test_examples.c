@@ -944,7 +944,7 @@ static void test_install_and_pkg_config(void) {
     free(out);
     static const char *files[] = {"include/kvps_core.h", "include/kvps_codec.h", "include/kvps_launch.h", "include/kvps.h", "include/kvps_ring.h",
                                   "include/kvps_fuse.h", "include/kvps_gpu.h", "bin/kvps-run", "bin/kvps-timeline",
-                                  "lib/pkgconfig/kvps.pc"};
+                                  "include/kvps_abi.h", "lib/libkvps.so", "lib/pkgconfig/kvps.pc"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[4300];
         snprintf(p, sizeof p, "%s/dest/usr/local/%s", tmp, files[i]);
@@ -964,6 +964,15 @@ static void test_install_and_pkg_config(void) {
                     tmp, tmp, tmp, tmp, tmp);
     KT_CHECK(rc == 0, "build with pkg-config: exit %d", rc);
     KT_CHECK(strstr(out, "ring_allreduce: 2 ranks, 100 floats: every rank holds the exact sum") != NULL, "wrong output");
+    if (kt_cur_failed) show(out);
+    free(out);
+    /* a program that links the installed libkvps.so (kvps_abi.h) instead of defining the implementation */
+    rc = kt_run_cmd(root, &out, "cd '%s/user' && printf '#include \"kvps_abi.h\"\n#include <stdio.h>\nint main(void) { "
+                                "puts(kvps_abi_result_name(KVPS_ERR_TIMEOUT)); return kvps_abi_version() != KVPS_ABI_VERSION; }\n' >abi.c && "
+                                "export PKG_CONFIG_PATH='%s/dest/usr/local/lib/pkgconfig' PKG_CONFIG_SYSROOT_DIR='%s/dest' && "
+                                "${CC:-cc} -std=c99 abi.c -o abi $(pkg-config --cflags --libs kvps) -lkvps && "
+                                "LD_LIBRARY_PATH='%s/dest/usr/local/lib' ./abi", tmp, tmp, tmp, tmp);
+    KT_CHECK(rc == 0 && strstr(out, "KVPS_ERR_TIMEOUT") != NULL, "a program linked with -lkvps: exit %d", rc);
     if (kt_cur_failed) show(out);
     free(out);
     rc = kt_run_cmd(root, &out, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s uninstall DESTDIR='%s/dest' PREFIX=/usr/local "

@@ -5,4 +5,5 @@
 #include "kvps_ring.h"
 #include "kvps_gpu.h"
 #include "kvps_fuse.h"
+#include "kvps_abi.h"
 #include "kvps.h" /* a second include is harmless */

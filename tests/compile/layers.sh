@@ -17,7 +17,7 @@ mkdir -p "$dir"
 fail=0
 
 # 1. alone
-for pair in kvps_core.h:CORE kvps_codec.h:CODEC kvps_launch.h:LAUNCH kvps.h:PS kvps_ring.h:RING kvps_fuse.h:FUSE; do
+for pair in kvps_core.h:CORE kvps_codec.h:CODEC kvps_launch.h:LAUNCH kvps.h:PS kvps_ring.h:RING kvps_fuse.h:FUSE kvps_abi.h:ABI; do
     h=${pair%%:*}
     sw=KVPS_${pair##*:}_IMPLEMENTATION
     for def in KVPS_IMPLEMENTATION "$sw"; do

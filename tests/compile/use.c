@@ -2,6 +2,7 @@
 #include "kvps_ring.h"
 #include "kvps_gpu.h"
 #include "kvps_fuse.h"
+#include "kvps_abi.h"
 #include <stdio.h>
 #include <string.h>
 
