@@ -1,0 +1,307 @@
+"""kvps.torch's DDP hook (python/kvps/torch/ddp.py) against PyTorch's own DDP and numpy oracles.
+
+    KVPS_LIB=build/libkvps.so PYTHONPATH=python /usr/bin/python3 tests/python/test_torch_ddp.py
+    (make python-check runs it: tests/python_check.sh)
+
+Jobs are this file run again as child processes (--child KIND) on 127.0.0.1 with RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT; each child makes a kvps.Ring from them and DDP's gloo group
+through it (kvps.torch.init_process_group), prints "ok NAME" / "FAIL NAME: why" lines, and a
+check passes when every rank said ok and every process exited 0 within the job's bound.
+  - 2 ranks: an MLP of 79,510 parameters (784-100-10), the same seeds and data, 200 SGD steps
+    with momentum, once with kvps.torch.allreduce_hook and once with DDP's own gloo all-reduce
+    (no hook), several buckets (bucket_cap_mb 0.1): the final parameters bit-identical. Every
+    rank's final parameters bit-identical to every other's.
+  - 3 and 4 ranks: the same training; what holds there: every rank's parameters bit-identical
+    to the others' (kvps's all-reduce gives every rank the same bits), and one bucket of random
+    floats averaged within the float32 summation bound of the exact (float64) mean. How far the
+    training ends from gloo's is printed (kvps and gloo add 3 or 4 terms in different orders).
+  - the 16-bit wires: a bucket averaged with wire "fp16" / "bf16" against the exact float64
+    mean within the tolerance ddp.py documents, the same bits on every rank; a short training
+    with the bf16 wire lowers the loss.
+  - top-k: two steps against a numpy replay (each rank's top k of bucket + residual, summed in
+    rank order, divided by the world size; the residuals), bit for bit.
+  - errors: a non-contiguous, a non-CPU (meta), an integer bucket, a float64 bucket with a
+    16-bit wire, a bad wire name, a state that is not a RingState: kvps.InvalidArgument naming it.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+BOUND_S = 300
+STEPS = 200
+
+# ---- the child side ---------------------------------------------------------------------------
+
+
+def say(ok, name, why=""):
+    print(("ok %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
+
+
+def batch(rank, step, n=32):
+    """Rank rank's batch at step: inputs from a seeded generator, labels from a fixed random teacher."""
+    import torch
+    g = torch.Generator().manual_seed(1000 * rank + step + 1)
+    x = torch.randn(n, 784, generator=g)
+    teacher = torch.Generator().manual_seed(7)
+    w = torch.randn(784, 10, generator=teacher)
+    y = (x @ w).argmax(1)
+    return x, y
+
+
+def train(rank, state=None, steps=STEPS, seed=0):
+    import torch
+    import torch.nn.functional as F
+    import kvps.torch as kt
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(784, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
+    if state is not None:
+        model.register_comm_hook(state, kt.allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [p.detach().clone() for p in model.parameters()], losses
+
+
+def flat(params):
+    import torch
+    return torch.cat([p.reshape(-1) for p in params]).numpy()
+
+
+def same_on_every_rank(ring, a):
+    """a's bits on every rank, compared through the ring (allgather of the bits as int32)."""
+    bits = np.ascontiguousarray(a).view(np.int32)
+    allb = ring.allgather(bits).reshape(ring.size, -1)
+    return all(np.array_equal(allb[0], allb[q]) for q in range(1, ring.size))
+
+
+class FakeBucket:
+    """What DDP's GradBucket gives a hook (buffer, index), around any tensor."""
+
+    def __init__(self, t, index=0):
+        self.t, self.i = t, index
+
+    def buffer(self):
+        return self.t
+
+    def index(self):
+        return self.i
+
+
+def rank_grads(rank, count, step=0):
+    """Rank rank's gradient-like bucket: normal, scale 1e-2, some larger, some tiny."""
+    rs = np.random.RandomState(100 * rank + step + 11)
+    g = rs.standard_normal(count).astype(np.float32) * np.float32(1e-2)
+    g[::97] *= np.float32(300)
+    g[::89] *= np.float32(1e-4)
+    return g
+
+
+def child_ddp():
+    import torch
+    import kvps
+    import kvps.torch as kt
+    torch.set_num_threads(1)
+    ring = kvps.Ring(timeout_ms=120000)
+    store = kt.init_process_group(ring)
+    n, r = ring.size, ring.rank
+
+    # training: the hook against gloo, the same seeds and data
+    pk, lk = train(r, kt.RingState(ring))
+    pg, lg = train(r, None)
+    fk, fg = flat(pk), flat(pg)
+    say(fk.size == 79510, "the MLP has 79510 parameters", str(fk.size))
+    say(same_on_every_rank(ring, fk), "%d ranks: the hook's final parameters bit-identical on every rank" % n)
+    say(lk[-1] < lk[0] * 0.8, "%d ranks: the hook's training lowers the loss" % n, "%.4f -> %.4f" % (lk[0], lk[-1]))
+    ident = np.array_equal(fk.view(np.int32), fg.view(np.int32))
+    diff = float(np.max(np.abs(fk.astype(np.float64) - fg)))
+    ndiff = int(np.count_nonzero(fk.view(np.int32) != fg.view(np.int32)))
+    if n == 2:
+        say(ident, "2 ranks: %d steps with the kvps hook bit-identical to DDP's gloo all-reduce" % STEPS,
+            "%d of %d parameters differ, by up to %.3g" % (ndiff, fk.size, diff))
+    else:
+        print("info %d ranks: after %d steps the hook's parameters %s gloo's (%d of %d differ, by up to %.3g; "
+              "losses %.6f and %.6f)" % (n, STEPS, "are bit-identical to" if ident else "differ from", ndiff, fk.size,
+                                         diff, lk[-1], lg[-1]), flush=True)
+        say(np.isfinite(fk).all() and abs(lk[-1] - lg[-1]) < 0.05 * lg[-1] + 1e-3,
+            "%d ranks: the hook's training ends where gloo's does (loss within 5%%)" % n, "%.6f vs %.6f" % (lk[-1], lg[-1]))
+
+    # one dense bucket against the exact mean: the float32 summation bound
+    cnt = 70001
+    xs = [rank_grads(q, cnt) for q in range(n)]
+    t = torch.from_numpy(xs[r].copy())
+    ptr = t.data_ptr()
+    out = kt.allreduce_hook(kt.RingState(ring), FakeBucket(t)).wait()
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0) / n
+    mag = np.sum(np.abs(np.stack(xs).astype(np.float64)), axis=0) / n
+    err = np.abs(out.numpy().astype(np.float64) - exact)
+    bound = (n + 1) * 2.0 ** -24 * mag
+    say(out.data_ptr() == ptr, "the hook reduces the bucket where it lies (same data pointer) and returns it")
+    say(bool(np.all(err <= bound)), "dense bucket within (n+1) 2^-24 mean|g| of the exact mean",
+        "%d elements beyond" % int(np.count_nonzero(err > bound)))
+    say(same_on_every_rank(ring, out.numpy()), "dense bucket: the same bits on every rank")
+
+    # the 16-bit wires against the exact mean, within the documented tolerance
+    for wire, eps in (("fp16", 2.0 ** -10), ("bf16", 2.0 ** -7)):
+        t = torch.from_numpy(xs[r].copy())
+        out = kt.allreduce_hook(kt.RingState(ring, wire=wire), FakeBucket(t)).wait()
+        got = out.numpy().astype(np.float64)
+        tol = (n + 1) * eps * mag + n * 2.0 ** -24
+        bad = int(np.count_nonzero(np.abs(got - exact) > tol))
+        say(bad == 0, "wire %s: within (n+1) eps mean|g| + n 2^-24 of the exact mean" % wire,
+            "%d elements beyond; worst %.3g" % (bad, float(np.max(np.abs(got - exact) - tol))))
+        say(same_on_every_rank(ring, out.numpy()), "wire %s: the same bits on every rank" % wire)
+        far = float(np.max(np.abs(got - exact) / (mag + 1e-30)))
+        say(far > 0, "wire %s: the result is not float32's (the wire rounds: worst relative %.2g)" % (wire, far))
+
+    # top-k against a numpy replay, two steps (error feedback)
+    cnt = 5000
+    st = kt.RingState(ring, wire="topk", topk_ratio=0.01)
+    k = max(1, int(0.01 * cnt))
+    res = [np.zeros(cnt, np.float32) for _ in range(n)]
+    for step in range(2):
+        gs = [rank_grads(q, cnt, step + 1) for q in range(n)]
+        want = np.zeros(cnt, np.float32)
+        for q in range(n):
+            v = gs[q] + res[q]
+            keep = np.argsort(-np.abs(v), kind="stable")[:k]
+            for i in np.sort(keep):
+                want[i] = want[i] + v[i]
+            res[q] = v.copy()
+            res[q][keep] = 0
+        want = want / np.float32(n)
+        t = torch.from_numpy(gs[r].copy())
+        out = kt.allreduce_hook(st, FakeBucket(t, 3)).wait().numpy()
+        say(np.array_equal(out.view(np.int32), want.view(np.int32)),
+            "top-k step %d: bit-identical to the numpy replay (k %d of %d per rank)" % (step + 1, k, cnt),
+            "%d elements differ" % int(np.count_nonzero(out != want)))
+        say(np.array_equal(st.residuals[3].numpy(), res[r]), "top-k step %d: this rank's residual as the replay's" % (step + 1))
+
+    # the bf16 wire in training
+    pb, lb = train(r, kt.RingState(ring, wire="bf16"), steps=60)
+    say(lb[-1] < lb[0] * 0.8 and same_on_every_rank(ring, flat(pb)),
+        "wire bf16: 60 DDP steps lower the loss, the same parameters on every rank", "%.4f -> %.4f" % (lb[0], lb[-1]))
+
+    # errors, raised before anything is sent (every rank raises alike)
+    def raises(fn, words, name):
+        try:
+            fn()
+        except kvps.InvalidArgument as e:
+            say(all(w in str(e) for w in words), name, "message: %s" % e)
+            return
+        except Exception as e:  # noqa: BLE001
+            say(False, name, "raised %s: %s" % (type(e).__name__, e))
+            return
+        say(False, name, "no error")
+    s = kt.RingState(ring)
+    raises(lambda: kt.allreduce_hook(s, FakeBucket(torch.zeros(10, 10).t(), 2)), ["bucket 2", "not contiguous"],
+           "a non-contiguous bucket raises kvps.InvalidArgument naming it")
+    raises(lambda: kt.allreduce_hook(s, FakeBucket(torch.zeros(10, device="meta"), 1)), ["bucket 1", "device meta", "CPU"],
+           "a bucket on another device raises kvps.InvalidArgument naming it")
+    raises(lambda: kt.allreduce_hook(s, FakeBucket(torch.zeros(10, dtype=torch.int64))), ["bucket 0", "int64"],
+           "an int64 bucket raises kvps.InvalidArgument naming its dtype")
+    raises(lambda: kt.allreduce_hook(kt.RingState(ring, wire="fp16"), FakeBucket(torch.zeros(10, dtype=torch.float64))),
+           ["float64", "float32"], "a float64 bucket with a 16-bit wire raises kvps.InvalidArgument")
+    raises(lambda: kt.RingState(ring, wire="int8"), ["int8", "fp16"], "wire 'int8' raises kvps.InvalidArgument naming the choices")
+    raises(lambda: kt.allreduce_hook(None, FakeBucket(torch.zeros(3))), ["RingState"], "a state that is not a RingState raises")
+    raises(lambda: kt.RingState("ring"), ["kvps.Ring"], "RingState of something else than a kvps.Ring raises")
+    ring.barrier()
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    ring.close()
+    del store
+
+
+CHILDREN = {"ddp": child_ddp}
+
+# ---- the driver -------------------------------------------------------------------------------
+
+results = {"pass": 0, "fail": 0}
+
+
+def check(ok, name, why=""):
+    results["pass" if ok else "fail"] += 1
+    say(ok, name, why)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def clean_env():
+    drop = ("KVPS_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "OMPI_", "PMI_", "SLURM_", "TORCHELASTIC_", "GROUP_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "KVPS_LIB"}
+
+
+def run_job(kind, size):
+    port = free_port()
+    procs = {}
+    for r in range(size):
+        env = clean_env()
+        env.update({"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "OMP_NUM_THREADS": "1"})
+        procs[r] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", kind], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = {}
+    end = time.monotonic() + BOUND_S
+    for r, p in procs.items():
+        try:
+            text, _ = p.communicate(timeout=max(1, end - time.monotonic()))
+            out[r] = (p.returncode, text)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+            out[r] = ("hung (killed after %d s)" % BOUND_S, text)
+    return out
+
+
+def tally(job, out):
+    names = {}
+    for r, (rc, text) in out.items():
+        for line in text.splitlines():
+            if line.startswith("ok "):
+                names.setdefault(line[3:], []).append((r, True, ""))
+            elif line.startswith("FAIL "):
+                name, _, why = line[5:].partition(": ")
+                names.setdefault(name, []).append((r, False, why))
+            elif line.startswith("info ") and r == 0:
+                print("%s: %s" % (job, line), flush=True)
+    for name, got in names.items():
+        bad = [(r, why) for r, ok, why in got if not ok]
+        check(not bad, "%s: %s" % (job, name), "; ".join("rank %d: %s" % b for b in bad))
+    for r, (rc, text) in out.items():
+        check(rc == 0, "%s: rank %d ends by itself (exit 0)" % (job, r),
+              "exit %s, output:\n    " % rc + "\n    ".join(text.splitlines()[-15:]))
+
+
+def main():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    if "--child" in sys.argv:
+        CHILDREN[sys.argv[sys.argv.index("--child") + 1]]()
+        return 0
+    for size in (2, 3, 4):
+        tally("ddp (%d ranks)" % size, run_job("ddp", size))
+    print("%d passed, %d failed" % (results["pass"], results["fail"]))
+    return 1 if results["fail"] else 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
