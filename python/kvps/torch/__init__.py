@@ -9,4 +9,4 @@
 Tensors go to kvps by their data pointers (contiguous CPU tensors), never copied on the way.
 """
 
-from .ddp import RingState, allreduce_hook, init_process_group  # noqa: E402,F401
+from .ddp import RingState, allreduce_hook, init_process_group, ProcessGroupKvps  # noqa: E402,F401

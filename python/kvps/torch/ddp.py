@@ -8,10 +8,14 @@
     ...train as usual; ring.close() at the end
 
 allreduce_hook(state, bucket) all-reduces each gradient bucket through the kvps ring in place, on
-the bucket's own flat buffer (its data pointer: no copy), averaged as DDP's default hook
-averages (torch 1.13's default_hooks.allreduce_hook divides the bucket by the world size
-*before* the all-reduce, and so does this hook: the same bits), and returns an already
-completed torch.futures.Future holding the buffer. The all-reduce runs inside the hook, in
+the bucket's own flat buffer (its data pointer: no copy), averaged as DDP's own all-reduce
+averages, and returns an already completed torch.futures.Future holding the buffer. The
+average is taken before the all-reduce, by multiplying the bucket by 1/n (n the world size, 1/n
+rounded to float32): torch 1.13's reducer, with no hook, copies each gradient times 1/n into
+its bucket and all-reduces the sum. (Torch's Python default_hooks.allreduce_hook divides by n
+instead: the same bits for n = 2 or 4, where 1/n is exact, not for n = 3; measured with 3 ranks,
+200 steps of the test's MLP: dividing ended up to 0.021 away from DDP's gloo training,
+multiplying 1.9e-7, the rest being the order of the sum.) The all-reduce runs inside the hook, in
 autograd's thread, so it does not overlap the rest of the backward pass as an asynchronous
 process group's would (the bench, bench/ddp_hook.py, measures what that costs or saves).
 
@@ -21,10 +25,10 @@ RingState(ring, wire=None) chooses what goes on the wire:
                 tests/python/test_torch_ddp.py trains 200 steps both ways and compares every
                 parameter bit for bit). With 3 or more ranks kvps and gloo add the ranks'
                 terms in different orders, so the bits may differ from gloo's by float32
-                rounding; what holds is that every rank ends each all-reduce with the same
-                bits (the replicas never drift apart) and each element is within the float32
-                summation bound of the exact mean (the test checks both, and reports how far
-                the 3-rank training ends from gloo's).
+                rounding (3 and 4 ranks, 200 steps: up to 1.9e-7 apart); what holds is that
+                every rank ends each all-reduce with the same bits (the replicas never drift
+                apart) and each element is within the float32 summation bound of the exact
+                mean (the test checks both, and prints how far the training ends from gloo's).
     "fp16", "bf16"   float32 buckets go as float16 / bfloat16 on the wire
                 (kvps_ring_allreduce_wire: half the bytes; sums formed in float32, each partial
                 sum rounded to the wire format before it is sent; every rank ends with the same
@@ -37,7 +41,7 @@ RingState(ring, wire=None) chooses what goes on the wire:
                 k = max(1, ratio * bucket size) largest |g + residual| entries of its bucket
                 (topk_ratio, default 0.01), the rest stays in a per-bucket residual that is added
                 next step (error feedback), the ranks all-gather their (index, value) pairs and
-                sum them in rank order; then the division by the world size. Every rank ends with
+                sum them in rank order; then the times 1/n of the average. Every rank ends with
                 the same bits; it is *not* the dense average (that is its point), and the
                 residuals live in the state (one per bucket index; a bucket whose size changes,
                 as DDP's buckets may after the first iteration, starts a fresh residual).
@@ -45,18 +49,22 @@ RingState(ring, wire=None) chooses what goes on the wire:
 A bucket that is not a contiguous CPU tensor of a dtype kvps reduces raises kvps.InvalidArgument
 naming the bucket (DDP's own buckets are contiguous; a CUDA model needs a GPU ring, not this hook).
 
-A process group registered as "kvps": not shipped. Torch 1.13 does let a Python class stand in
-for a c10d ProcessGroup (a subclass of torch._C._distributed_c10d.ProcessGroup whose allreduce /
-broadcast / allgather return torch._C._distributed_c10d._create_work_from_future(fut) is called
-from DDP's C++ reducer and from dist.all_reduce, and Backend.register_backend accepts its
-constructor: tried with a 1-rank group under Debian's torch 1.13). But those are private
-names (_create_work_from_future, the pybind trampoline) that torch has changed since (2.x
-reworked ProcessGroup into Backend objects), a group must implement or refuse every collective
-and option (async work, reduce ops, coalesced and uneven variants, timeouts) to be a process
-group and not a stub, and the hook gives DDP everything a group would for training: so the hook
-it is, with DDP's own gloo group for the rest (parameter broadcast at construction, the
-bucket-shape check, any dist.* call of the user's). init_process_group(ring) makes that gloo
-group from the ring's own environment.
+A process group registered as "kvps" (ProcessGroupKvps): importing kvps.torch registers it, and
+torch.distributed.init_process_group("kvps") (env:// or any init_method) makes a kvps ring whose
+endpoints the ranks exchange through c10d's store; DDP then runs its own reducer over it, with no
+hook and no gloo. It is honest in torch 1.13 because a Python subclass of
+torch._C._distributed_c10d.ProcessGroup is called from C++ (pybind's trampoline: DDP's reducer,
+its parameter broadcast and shape check, and dist.* all reach the Python methods), and
+torch._C._distributed_c10d._create_work_from_future turns a completed future into the Work
+c10d expects. Both are torch 1.13's internals: tested with Debian's 1.13 only (torch 2.x
+reorganised process groups into Backend objects; not tried). Limits: one contiguous CPU tensor
+per call, float32 / float64 / int32 / int64 / float16; allreduce (sum, product, min, max, avg),
+broadcast, allgather, reduce (non-root ranks' tensors may be clobbered: kvps's in-place reduce)
+and barrier, each run in the calling thread and returned complete (so the all-reduce does not
+overlap the backward pass); every other collective raises c10d's "ProcessGroup kvps does not
+support ...". Each rank's ring port is one the kernel picked a moment before the ring binds it:
+another process taking it in between fails the group's creation with kvps's "Address already in
+use". The hook with DDP's gloo group (init_process_group(ring) above) needs none of that.
 """
 import datetime
 import os
@@ -67,7 +75,7 @@ import torch.distributed as dist
 
 import kvps
 
-__all__ = ["RingState", "allreduce_hook", "init_process_group"]
+__all__ = ["RingState", "allreduce_hook", "init_process_group", "ProcessGroupKvps"]
 
 _WIRES = {None: None, "none": None, "float32": None, "fp32": None,
           "fp16": "float16", "float16": "float16", "half": "float16",
@@ -128,11 +136,11 @@ def _reduce(state, t, index):
     a = t.numpy()  # a view of t's memory: no copy
     if state.wire is None:
         if state.average:
-            t.div_(n)  # before the all-reduce, as torch 1.13's default allreduce_hook does
+            t.mul_(1.0 / n)  # before the all-reduce, as DDP's own reducer does (see the docstring)
         ring.allreduce(a)
     elif state.wire in ("float16", "bfloat16"):
         if state.average:
-            t.div_(n)  # before: the wire's range (float16's 65504) holds the mean, not the sum
+            t.mul_(1.0 / n)  # before: the wire's range (float16's 65504) holds the mean, not the sum
         ring.allreduce_wire(a, wire=state.wire)
     else:  # top-k
         res = state.residuals.get(index)
@@ -142,7 +150,7 @@ def _reduce(state, t, index):
         k = max(1, int(state.topk_ratio * t.numel())) if t.numel() else 0
         ring.allreduce_topk(a, k, res.numpy())
         if state.average:
-            t.div_(n)
+            t.mul_(1.0 / n)
     state.calls += 1
     state.elements += t.numel()
     return t
@@ -206,3 +214,126 @@ def init_process_group(ring, backend="gloo", timeout_s=300):
         store = dist.TCPStore(host, int(buf[0]), size, False, to)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=to)
     return store
+
+
+# ---- a process group "kvps" ---------------------------------------------------------------------
+
+_C10D = torch._C._distributed_c10d
+_PG_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+           "avg": dist.ReduceOp.AVG}
+
+
+def _done(result):
+    """A c10d Work that is already complete, holding result (torch 1.13: _create_work_from_future)."""
+    f = torch.futures.Future()
+    f.set_result(result)
+    return _C10D._create_work_from_future(f)
+
+
+def _arr(t, what, writable=True):
+    if not isinstance(t, torch.Tensor):
+        raise _invalid("kvps process group %s: a torch tensor is needed, not %s" % (what, type(t).__name__))
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise _invalid("kvps process group %s: a contiguous CPU tensor is needed (device %s, contiguous %s)"
+                       % (what, t.device, t.is_contiguous()))
+    if t.dtype not in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16):
+        raise _invalid("kvps process group %s: dtype %s is not one kvps reduces (float32, float64, int32, int64, float16)"
+                       % (what, t.dtype))
+    return t.numpy()
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise _invalid("kvps process group %s: one tensor per call, not %d" % (what, len(tensors)))
+    return tensors[0]
+
+
+def _redop(opts, what):
+    for name, op in _PG_OPS.items():
+        if opts.reduceOp == op:
+            return name
+    raise _invalid("kvps process group %s: reduce op %s is not one kvps has (sum, product, min, max, avg)"
+                   % (what, opts.reduceOp))
+
+
+class ProcessGroupKvps(_C10D.ProcessGroup):
+    """A torch.distributed process group over a kvps.Ring (a Python subclass of c10d's ProcessGroup).
+
+    Implemented: allreduce (sum, product, min, max, avg), broadcast, allgather, reduce, barrier,
+    each with one contiguous CPU tensor per call (float32, float64, int32, int64, float16), run
+    in the calling thread and returned as completed work. Anything else raises (kvps's
+    InvalidArgument naming it, or c10d's own "does not support" for the collectives not
+    overridden here). Made by dist.init_process_group("kvps", ...) once kvps.torch is imported
+    (register_backend), or directly: ProcessGroupKvps(ring)."""
+
+    def __init__(self, ring):
+        super().__init__(ring.rank, ring.size)
+        self.ring = ring
+
+    def getBackendName(self):
+        return "kvps"
+
+    def allreduce(self, tensors, opts=None):
+        t = _one(tensors, "allreduce")
+        self.ring.allreduce(_arr(t, "allreduce"), op=_redop(opts, "allreduce") if opts is not None else "sum")
+        return _done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        self.ring.broadcast(_arr(t, "broadcast"), root=opts.rootRank if opts is not None else 0)
+        return _done(tensors)
+
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce")
+        a = _arr(t, "reduce")
+        self.ring.reduce(a, a, op=_redop(opts, "reduce"), root=opts.rootRank)
+        return _done(tensors)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        t = _one(input_tensors, "allgather input")
+        outs = _one(output_lists, "allgather output list")
+        if len(outs) != self.size():
+            raise _invalid("kvps process group allgather: %d outputs for %d ranks" % (len(outs), self.size()))
+        a = _arr(t, "allgather input", writable=False)
+        got = self.ring.allgather(a)
+        for q, o in enumerate(outs):
+            if o.numel() != t.numel() or o.dtype != t.dtype:
+                raise _invalid("kvps process group allgather: output %d has %d x %s, the input %d x %s"
+                               % (q, o.numel(), o.dtype, t.numel(), t.dtype))
+            o.copy_(torch.from_numpy(got[q * a.size:(q + 1) * a.size]).view(o.shape))
+        return _done(output_lists)
+
+    def barrier(self, opts=None):
+        self.ring.barrier()
+        return _done([])
+
+
+def _local_address(master):
+    """The address of this host that reaches master (a UDP socket's choice; nothing is sent)."""
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((master, 9))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        s.close()
+
+
+def _create_kvps_group(store, rank, size, timeout):
+    """register_backend's constructor: a ring whose endpoints the ranks exchange through c10d's store."""
+    import socket
+    host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    s = socket.socket()
+    s.bind((host, 0))  # a port the kernel picks, released just before the ring binds it
+    port = s.getsockname()[1]
+    s.close()
+    store.set("kvps_ring/%d" % rank, "tcp://%s:%d" % (host, port))
+    peers = [store.get("kvps_ring/%d" % q).decode() for q in range(size)]
+    ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
+    return ProcessGroupKvps(kvps.Ring(rank, size, peers, timeout_ms=ms))
+
+
+if not hasattr(dist.Backend, "KVPS"):
+    dist.Backend.register_backend("kvps", _create_kvps_group)
