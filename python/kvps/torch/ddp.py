@@ -230,7 +230,7 @@ def _done(result):
     return _C10D._create_work_from_future(f)
 
 
-def _arr(t, what, writable=True):
+def _arr(t, what):
     if not isinstance(t, torch.Tensor):
         raise _invalid("kvps process group %s: a torch tensor is needed, not %s" % (what, type(t).__name__))
     if t.device.type != "cpu" or not t.is_contiguous():
@@ -294,7 +294,7 @@ class ProcessGroupKvps(_C10D.ProcessGroup):
         outs = _one(output_lists, "allgather output list")
         if len(outs) != self.size():
             raise _invalid("kvps process group allgather: %d outputs for %d ranks" % (len(outs), self.size()))
-        a = _arr(t, "allgather input", writable=False)
+        a = _arr(t, "allgather input")
         got = self.ring.allgather(a)
         for q, o in enumerate(outs):
             if o.numel() != t.numel() or o.dtype != t.dtype:
