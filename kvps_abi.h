@@ -77,6 +77,10 @@
                reduce, broadcast, allgather, reduce_scatter, gather, scatter, alltoall, barrier
                and send / recv: kvps_ring.h's, with its counts (section 2 of its manual: count
                is per rank where data is cut by rank), dtype and op as ints.
+               kvps_abi_ring_allreduce_wire: a float32 all-reduce with float16 (wire 4) or
+               bfloat16 (5) on the wire (kvps_ring_allreduce_wire); _allreduce_topk: the sparse
+               all-reduce of float32 (kvps_ring_allreduce_topk: the k largest |buf + residual| of
+               each rank, summed in rank order; residual may be NULL).
      worker    kvps_abi_worker_from_env / _create (servers, rank, num_workers, timeout_ms),
                _handle, _tensor (name, len: the same name again with the same len gives the
                same handle), _tensor_optim (rule and lr, momentum, beta1, beta2, eps: kvps_optim;
@@ -158,6 +162,8 @@ KVPS_API int kvps_abi_ring_gather(kvps_ring *r, const void *send, void *recv, si
 KVPS_API int kvps_abi_ring_scatter(kvps_ring *r, const void *send, void *recv, size_t count, int dtype, int root);
 KVPS_API int kvps_abi_ring_alltoall(kvps_ring *r, const void *send, void *recv, size_t count, int dtype);
 KVPS_API int kvps_abi_ring_barrier(kvps_ring *r);
+KVPS_API int kvps_abi_ring_allreduce_wire(kvps_ring *r, const void *send, void *recv, size_t count, int op, int wire);
+KVPS_API int kvps_abi_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual);
 KVPS_API int kvps_abi_ring_send(kvps_ring *r, const void *buf, size_t count, int dtype, int dst, uint32_t tag);
 KVPS_API int kvps_abi_ring_recv(kvps_ring *r, void *buf, size_t count, int dtype, int src, uint32_t tag);
 
@@ -411,6 +417,21 @@ KVPS_API int kvps_abi_ring_alltoall(kvps_ring *r, const void *send, void *recv, 
 KVPS_API int kvps_abi_ring_barrier(kvps_ring *r) {
     KVPS_ABI__NEED(r, "barrier");
     return kvps_abi__ring(r, kvps_ring_barrier(r), "barrier");
+}
+KVPS_API int kvps_abi_ring_allreduce_wire(kvps_ring *r, const void *send, void *recv, size_t count, int op, int wire) {
+    KVPS_ABI__ARGS("allreduce_wire", KVPS_FLOAT32, op, -1);
+    if (wire != KVPS_FLOAT16 && wire != KVPS_BFLOAT16)
+        return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "allreduce_wire: wire dtype %d is not float16 (%d) or bfloat16 (%d)", wire,
+                              (int)KVPS_FLOAT16, (int)KVPS_BFLOAT16);
+    return kvps_abi__ring(r, kvps_ring_allreduce_wire(r, send, recv, count, KVPS_ABI__OP(op), KVPS_ABI__DT(wire)),
+                          "allreduce_wire");
+}
+KVPS_API int kvps_abi_ring_allreduce_topk(kvps_ring *r, float *buf, size_t count, size_t k, float *residual) {
+    KVPS_ABI__NEED(r, "allreduce_topk");
+    if (!buf && count) return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "allreduce_topk: buf is NULL with count %zu", count);
+    if (k > count || count > UINT32_MAX)
+        return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "allreduce_topk: k %zu of count %zu (k <= count <= 2^32 - 1 needed)", k, count);
+    return kvps_abi__ring(r, kvps_ring_allreduce_topk(r, buf, count, k, residual), "allreduce_topk");
 }
 KVPS_API int kvps_abi_ring_send(kvps_ring *r, const void *buf, size_t count, int dtype, int dst, uint32_t tag) {
     KVPS_ABI__ARGS("send", dtype, -1, -1);

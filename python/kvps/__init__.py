@@ -261,6 +261,32 @@ class Ring:
         _check(lib.kvps_abi_ring_allreduce(self._handle(), _ptr(s), _ptr(r), s.count, s.dtype, _pick(_OPS, op, "op")))
         return r.obj
 
+    def allreduce_wire(self, send, recv=None, op="sum", wire="float16"):
+        """A float32 all-reduce with 16-bit floats on the wire (wire "float16" or "bfloat16"): half
+        the bytes; sums formed in float32, each partial sum rounded to the wire format before it
+        is sent (kvps_ring_allreduce_wire), so every rank ends with the same bits."""
+        wires = {"float16": 4, "fp16": 4, "half": 4, "bfloat16": 5, "bf16": 5}
+        w = _pick(wires, wire, "wire")
+        s = _buf(send, "allreduce_wire send", writable=recv is None, dtype=0)
+        r = s if recv is None else _buf(recv, "allreduce_wire recv", writable=True, dtype=0)
+        _size_is(r, s.count, "allreduce_wire recv")
+        _check(lib.kvps_abi_ring_allreduce_wire(self._handle(), _ptr(s), _ptr(r), s.count, _pick(_OPS, op, "op"), w))
+        return r.obj
+
+    def allreduce_topk(self, buf, k, residual=None):
+        """In place, float32: each rank keeps its k largest |buf + residual| entries (the rest
+        added to residual: error feedback; residual None: dropped), and buf becomes the sum of
+        every rank's kept entries, added in rank order (kvps_ring_allreduce_topk). k: the same
+        on every rank, 0 <= k <= len(buf)."""
+        b = _buf(buf, "allreduce_topk buf", writable=True, dtype=0)
+        res = None if residual is None else _buf(residual, "allreduce_topk residual", writable=True, dtype=0)
+        if res is not None:
+            _size_is(res, b.count, "allreduce_topk residual")
+        if not 0 <= int(k) <= b.count:
+            raise _invalid("allreduce_topk: k %d of %d elements (0 <= k <= len(buf))" % (int(k), b.count))
+        _check(lib.kvps_abi_ring_allreduce_topk(self._handle(), _ptr(b), b.count, int(k), _ptr(res)))
+        return buf
+
     def reduce(self, send, recv=None, op="sum", root=0):
         s = _buf(send, "reduce send", writable=recv is None and self.rank == root)
         r = s if recv is None else _buf(recv, "reduce recv", writable=True)

@@ -69,6 +69,8 @@ _PROTOS = {
     "kvps_abi_ring_scatter": (_i, [_p, _p, _p, _sz, _i, _i]),
     "kvps_abi_ring_alltoall": (_i, [_p, _p, _p, _sz, _i]),
     "kvps_abi_ring_barrier": (_i, [_p]),
+    "kvps_abi_ring_allreduce_wire": (_i, [_p, _p, _p, _sz, _i, _i]),
+    "kvps_abi_ring_allreduce_topk": (_i, [_p, _p, _sz, _sz, _p]),
     "kvps_abi_ring_send": (_i, [_p, _p, _sz, _i, _i, _u32]),
     "kvps_abi_ring_recv": (_i, [_p, _p, _sz, _i, _i, _u32]),
     "kvps_abi_worker_from_env": (_i, [_i, _pp]),

@@ -8,7 +8,8 @@ Jobs are this file run again as child processes (--child KIND) with the launcher
 parameter-server job); every child prints its own "ok" / "FAIL" lines, and a check passes when
 every rank of its job said ok and every process ended by itself within the job's bound (a hang
 fails, it is not waited for). Oracles: numpy on the same inputs (exact integer and small-integer
-float sums), a sequential replay of the parameter server's documented float32 rules.
+float sums), a sequential replay of the parameter server's documented float32 rules; the 16-bit
+wires against the exact sum within kvps_ring.h's bound, top-k against a numpy replay.
 """
 import os
 import signal
@@ -213,7 +214,49 @@ def child_ps():
             "max diff %g" % np.max(np.abs(rows - emb_want)))
 
 
-CHILDREN = {"ring": child_ring, "ring_explicit": child_ring_explicit, "ring_dead": child_ring_dead, "rendezvous_timeout": child_rendezvous_timeout, "ps": child_ps}
+def child_ring_codec():
+    """The 16-bit wires (against the exact sum within kvps_ring.h's bound) and top-k (against a numpy replay)."""
+    import kvps
+    with kvps.Ring(timeout_ms=60000) as ring:
+        r, n = ring.rank, ring.size
+        xs = [np.random.RandomState(q + 1).standard_normal(70001).astype(np.float32) for q in range(n)]
+        exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        mag = np.sum(np.abs(np.stack(xs).astype(np.float64)), axis=0)
+        for wire, eps in (("fp16", 2.0 ** -10), ("bf16", 2.0 ** -7)):
+            a = ring.allreduce_wire(xs[r].copy(), wire=wire)
+            far = np.abs(a - exact) > (n + 1) * eps * mag + n * 2.0 ** -24
+            same = ring.allgather(a.view(np.int32)).reshape(n, -1)
+            say(not far.any() and all(np.array_equal(same[0], same[q]) for q in range(n)) and not np.array_equal(a, exact.astype(np.float32)),
+                "allreduce_wire %s: within (n+1) eps sum|x| of the sum, the same bits on every rank" % wire,
+                "%d elements too far" % int(far.sum()))
+        k, cnt = 40, 4000
+        res = [np.zeros(cnt, np.float32) for _ in range(n)]
+        mine = np.zeros(cnt, np.float32)
+        for step in range(2):
+            gs = [np.random.RandomState(10 * q + step).standard_normal(cnt).astype(np.float32) for q in range(n)]
+            want = np.zeros(cnt, np.float32)
+            for q in range(n):
+                v = gs[q] + res[q]
+                keep = np.argsort(-np.abs(v), kind="stable")[:k]
+                want[keep] += v[keep]
+                res[q] = v.copy()
+                res[q][keep] = 0
+            b = gs[r].copy()
+            ring.allreduce_topk(b, k, mine)
+            say(np.array_equal(b, want) and np.array_equal(mine, res[r]),
+                "allreduce_topk step %d: the numpy replay's sum and residual" % (step + 1),
+                "%d elements differ" % int(np.count_nonzero(b != want)))
+        for fn, words, name in ((lambda: ring.allreduce_wire(np.zeros(3, np.float64)), "dtype float64", "allreduce_wire of float64"),
+                                (lambda: ring.allreduce_wire(np.zeros(3, np.float32), wire="int8"), "wire 'int8'", "allreduce_wire wire int8"),
+                                (lambda: ring.allreduce_topk(np.zeros(3, np.float32), 4), "k 4 of 3", "allreduce_topk k > len")):
+            try:
+                fn()
+                say(False, name + " raises", "no error")
+            except kvps.InvalidArgument as e:
+                say(words in str(e), name + " raises kvps.InvalidArgument", str(e))
+
+
+CHILDREN = {"ring_codec": child_ring_codec, "ring": child_ring, "ring_explicit": child_ring_explicit, "ring_dead": child_ring_dead, "rendezvous_timeout": child_rendezvous_timeout, "ps": child_ps}
 
 # ---- the driver -----------------------------------------------------------------------------
 
@@ -464,6 +507,7 @@ def main():
     test_library_surface()
     test_in_process_errors()
     tally("ring (3 ranks)", run_job("ring", 3))
+    tally("ring codecs (3 ranks)", run_job("ring_codec", 3))
     peers = ",".join("tcp://127.0.0.1:%d" % free_port() for _ in range(3))
     tally("ring (3 ranks, explicit peers)", run_job("ring_explicit", 3, per_rank=lambda r: {"TEST_PEERS": peers, "TEST_RANK": str(r)}))
     tally("ps (2 servers, 3 workers)", run_job("ps", 5, extra={"KVPS_NUM_SERVERS": "2"}))
