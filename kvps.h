@@ -78,7 +78,7 @@
            kvps_worker_pushpull_tensor(w, t, grad, weights, &q);  // one round trip
            ... compute something else while the bytes move ...
            if (kvps_worker_wait(w, q, -1) != KVPS_OK) { ...kvps_worker_last_error(w)... }
-       }
+       }                                          // -1: as long as the servers live (TIMEOUTS)
        kvps_worker_destroy(&w);                   // says goodbye: the servers stop once all have
    FIRST CONTACT. kvps_worker_create sends each server a hello with what must agree: the
    protocol release, num_workers, the server list (its count and a hash of it, and this
@@ -125,7 +125,8 @@
    left over 1.08x the mean gives its smallest shards to the emptiest. Only moved shards' bytes
    travel, about 1/n' of them (bench/placement_sim.c at 10-1000 servers: 1.00-1.06x the ideal
    share, max/mean <= 1.08 after any join or leave). Worker 0 takes the records of the keys whose shard moves
-   (EXPORT: the checkpoint's key record, with optimizer state, rounds and per-worker counters),
+   (EXPORT: the checkpoint's key record, with optimizer state (a user rule's too), its step,
+   rounds and per-worker counters),
    gives them to their new server (IMPORT), has the old one forget them (DROP), does the same for
    sparse tables' rows (EXPORT_ROWS, IMPORT_ROWS, DROP_ROWS: with their optimizer state; every
    table's configuration reaches the new servers, so rows first touched after a grow are made
@@ -167,6 +168,8 @@
    kvps_ring all-reduces).
 
    5. CONSISTENCY AND UPDATE RULES
+   Round numbers, in messages and in the timeline, count from 1: round t of a key is the t-th it
+   applies, the one a worker's t-th push of the key goes into; barrier b is each worker's b-th.
    KVPS_BSP: the server applies round t of a key when all m workers have pushed it; contributions
    are summed in rank order 0..m-1, whatever order they arrive in, so results are bit-identical
    run to run. A pull from worker r waits until the key has applied as many rounds as r has
@@ -180,8 +183,51 @@
    staleness, at 0% one less. Each switch is logged (info), counted in stats and passed to
    .on_switch. A worker is never more than the k in force ahead.
    Per tensor, kvps_worker_tensor_optim picks a kvps_rule (aggregate sum/mean/max/min,
-   accumulate, SGD, momentum, Nesterov, Adagrad, Adam) with its hyper-parameters; the formulas
-   are at kvps_rule, computed in float32 in exactly that order.
+   accumulate, SGD, momentum, Nesterov, Adagrad, Adam, AdamW) with its hyper-parameters; the
+   formulas are at kvps_rule, computed in float32 in exactly that order.
+   ADAM AND ADAMW. KVPS_RULE_ADAM keeps beta1^t and beta2^t as running products in float
+   (b1t *= beta1 each step) and has no weight decay; KVPS_RULE_ADAMW is PyTorch's
+   torch.optim.AdamW (its single-tensor path, torch 1.13): decoupled weight decay
+   (.weight_decay, w *= 1 - lr * wd before the moments) and the bias corrections 1 - beta^t
+   computed with pow in double from the key's step t (1 at its first update after its CONFIG;
+   a float running product and pow differ in the last bits from step 2, so the two rules give
+   other bits even with weight_decay 0). Its exact order, f(x) being x rounded to float and
+   everything else float32 (g = sum / count):
+       d  = f(1 - (double)lr * (double)wd)        a1 = f(1 - (double)beta1)   a2 = f(1 - (double)beta2)
+       s  = f((double)lr / (1 - pow(beta1, t)))   c2 = f(sqrt(1 - pow(beta2, t)))
+       w = w * d;  m = fmaf(a1, g, beta1 * m);  v = fmaf(a2 * g, g, beta2 * v);
+       w = w - (s * m) / (sqrtf(v) / c2 + eps)
+   (fmaf: a * b + c with one rounding) which is torch's param.mul_(1 - lr*wd),
+   exp_avg.mul_(b1).add_(g, alpha=1-b1), exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2), denom
+   = exp_avg_sq.sqrt() / sqrt(bc2) + eps, param.addcdiv_(exp_avg, denom, value=-lr/bc1), with
+   its Python doubles rounded to float where they meet a float tensor, and its vectorised CPU
+   kernels' order: add with alpha and addcmul fuse their last multiply-add (measured against
+   Debian's torch 1.13 on x86-64 with AVX2: with two roundings instead, 10500 of 100000 first
+   moments and 332 of 100000 second moments differed from torch's after one step, and the
+   weights by up to 68 ulps after 24 steps); addcdiv computes self + (value * t1) / t2.
+   tests/test_rules.c holds the servers to a C loop of these lines, bit for bit;
+   tests/adamw_torch.py replays the same gradients through torch.optim.AdamW where python3-torch
+   is installed (Debian's python3) and fails past 8 ulps: measured 0 ulps over 24 steps x 300
+   weights at three settings (a torch built without FMA kernels would differ by rounding). AdamW
+   counts steps per key, so sparse tables (whose rows keep no step) refuse it.
+   USER RULES, PER TENSOR, WITH STATE. A server registers rules of its own in
+   .user_rules (num_user_rules, at most 64): each a kvps_rule_fn and n_state (0 to
+   KVPS_MAX_RULE_STATE, 8) floats of state per element. A tensor names user rule i as rule
+   KVPS_RULE_USER + i through kvps_worker_tensor_optim, as it names a built-in rule, with the
+   same hyper-parameters (weight_decay too) handed to the function resolved. For each round kvps
+   calls fn with the key's value, the round's sum and count, n_state arrays of len floats (kvps
+   allocates them per key, zeroed, at the first update), the step (1, 2, ...) and the optim; the
+   function updates value and state in place, on the serving thread (it must not block, and it
+   must be deterministic: replicas apply it too). That state and the step are the key's as a
+   built-in rule's are: they go into checkpoints, replicas' snapshots and replicated rounds, and
+   reshard moves, so a job with a user rule survives a restore, a primary's SIGKILL and a
+   2 -> 3 reshard with the same bits (tests/test_rules.c). Every server of a job registers the
+   same rules in the same order: a tensor that names a rule its server lacks is refused, and
+   that CONFIG's wait returns KVPS_ERR_INVALID_ARG ("server 0: tensor 'w' names user rule 5
+   (rule id 69), which server 0 does not have (it has 2 user rules)"); a checkpoint or snapshot
+   holding a key of a rule the server lacks (or with another n_state) is refused, naming the key
+   and the rule. Not for sparse tables (their rows keep no step). desc.update_fn stays the
+   whole-server rule for keys without a rule of their own; its state is the caller's.
    The update rule turns a round's sum into the stored value:
      KVPS_UPDATE_MEAN        value = sum / count      (aggregate-only: pull returns mean gradient)
      KVPS_UPDATE_ACCUMULATE  value += sum             (accumulating key-value store; its old name,
@@ -191,6 +237,21 @@
      .update_fn        your own kvps_update_fn
    A key starts as zeros, or as .init_fn writes it, or as worker r sets it with kvps_worker_init
    (no summing; replaces the stored value).
+   JOIN (uneven data: Horovod's join): a worker whose data ends first calls kvps_worker_join(w)
+   (blocking, to every server). Each server takes it out of the aggregation for good, as a lost
+   worker under .elastic (the same code), except that what it pushed before counts: every round
+   and barrier then completes over the workers in, MEAN and SGD dividing by the contributions the
+   round has (k workers pushed step t: sum / k). The joined worker may still pull (the weights
+   after the others' rounds); its pushes and barriers are refused (KVPS_ERR_STATE, "worker 2
+   has joined (kvps_worker_join): it may pull and finish, not push"); it finishes (or is
+   destroyed) as any worker, and the servers stop once every worker has (CLEAN FINISH). A joined
+   worker that dies stops no round or barrier (nothing waits for it); the job then ends as one
+   that lost a worker does (FAULTS). Under async, join changes nothing but the refusals.
+   A scalar all-reduce (a loss, a count of samples): kvps_worker_allreduce_scalar(w, &x,
+   KVPS_SCALAR_MEAN) (SUM, MEAN, MIN, MAX), blocking, through server 0 as a barrier is (the same
+   generations: it is one): every worker gets the same double, the values taken in rank order;
+   MEAN divides by the workers that took part (not those joined or left). Workers that pass
+   different ops, or one a barrier, get KVPS_ERR_MISMATCH naming both.
 
    6. WIRE FORMAT (little-endian; one ZeroMQ multipart message per request)
      worker -> server : [meta][values]        values only for the ops that take them (OPS)
@@ -213,7 +274,7 @@
        28     4    aux     CODED_REPLY: codec id; otherwise ignored. Replies that succeeded: the
                            server's checkpoint stamp, 0 when it writes none (FAULTS, checkpoints)
      values = the keys' float32 values concatenated in meta order (sum(len) * 4 bytes)
-     OPS (protocol release 8: a HELLO names it and both sides must speak the same; test_api checks
+     OPS (protocol release 9: a HELLO names it and both sides must speak the same; test_api checks
      this list against the code's). nkeys 0 where no keys are named.
        op  name         values frame; answer
         1  PUSH         the keys' values (maybe CODED)
@@ -221,11 +282,12 @@
         3  PUSHPULL     as PUSH; answered as PULL, with the round's result
         4  INIT         the keys' values, stored as they are (no summing)
         5  BARRIER      none (server 0 only)
-        6  CONFIG       per key { u32 rule; f32 lr, momentum, beta1, beta2, eps }
+        6  CONFIG       per key { u32 rule; f32 lr, momentum, beta1, beta2, eps, weight_decay }
+                        (rule: a kvps_rule, or KVPS_RULE_USER + i, a user rule the server has)
         7  PUSH_ROWS    rows x dim floats (table ops, below)
         8  PULL_ROWS    none; answered with rows x dim floats
-        9  TABLE        CONFIG record + { f32 init_scale; u32 0; u64 seed }, no ids
-       10  HELLO        u32 protocol 8, u32 num_workers, u32 servers in the list, u32 this
+        9  TABLE        CONFIG record + { f32 init_scale; u64 seed }, no ids
+       10  HELLO        u32 protocol 9, u32 num_workers, u32 servers in the list, u32 this
                         server's place, u64 list hash, u64 min_slice, u64 max_slice, u64 the
                         placement's hash (0 before any reshard), u64 the job token's digest
                         (0: none), u32 again (1: said again after a reconnect), u32 the last
@@ -255,6 +317,9 @@
        24  READ         REPLICAS under BSP, .read_local: a pull whose values frame is u64 the
                         sequence of the worker's push it waits for; answered by any replica, a
                         backup too, or KVPS_ERR_NOT_PRIMARY with aux 1 when it never will
+       25  JOIN         none: the worker's data has ended (kvps_worker_join); to every server
+       26  ALLREDUCE    f64 x, u32 kvps_scalar_op, u32 0 (server 0 only; a barrier with a value);
+                        answered with the f64 result
      table ops (PUSH_ROWS, PULL_ROWS, TABLE): meta = header (nkeys = rows) + { u64 table; u32 dim;
      u32 0 } + rows x u64 id (TABLE: no ids)
    Anything else gets an error reply and changes nothing: a message is checked whole before
@@ -295,7 +360,8 @@
    codec's functions and user pointer: read for every coded request), checkpoint_path (read at
    each checkpoint), zmq_ctx (a context you passed is used, not owned: terminate it after
    destroying the server), and update_user, init_user and switch_user (passed back to your
-   functions). Not kept (read during the call only): endpoint (the server holds the resolved
+   functions). user_rules is copied (the array), but each rule's name and user pointer are kept.
+   Not kept (read during the call only): endpoint (the server holds the resolved
    one), curve_secret_key, curve_clients, io_cpus. kvps_worker_create keeps none of its
    desc's strings (servers, CURVE keys, io_cpus are read during the call; a CURVE worker keeps
    a copy of its key pair and of the servers' public keys, for the servers a reshard adds, and
@@ -322,15 +388,29 @@
    "tensor_optim of tensor 'w': beta1 (in [0, 1)) out of range"). A ring's mismatch names both
    calls ("rank 1 called allreduce of 100 float64 (sum, root 0); this rank (0) called ..."),
    with kvps_dtype_name, kvps_redop_name, kvps_coll_name, kvps_algo_name.
-   TIMEOUTS. Every blocking call takes a timeout in ms and returns rather than hang: 0 looks
-   and returns at once (like zmq_poll's 0), > 0 waits that long, -1 means the object's
-   timeout (desc.timeout_ms: 10 s unless set). Unlike ZeroMQ's and MPI's -1, it is never
-   "forever": a job that wants hours sets desc.timeout_ms to hours (or waits again: a timed-out
-   request stays valid). The one exception is kvps_server_wait(s, -1), which waits for a
-   server to stop (its workers, not a peer, decide when). A dead peer ends a wait sooner:
-   heartbeats (FAULTS) mark it lost.
-   STALLS. A timed-out wait (not one of 0 ms) asks each server still owing a reply what the
-   request waits for (STATUS; at most 0.3 s more) and says it in last_error: "request timed out after 10000 ms
+   TIMEOUTS. Slow is not dead: a wait with no deadline (the default) on live servers lasts as
+   long as it takes, logged (warn) at .stall_ms (60 s) and every stall_ms after. A dead server
+   ends it within peer_timeout_ms (5 s): KVPS_ERR_PEER_LOST naming it. A deadline is yours to set.
+   In more words: every blocking call takes a timeout in ms: 0 looks and returns at once (like
+   zmq_poll's 0), > 0 waits that long (KVPS_ERR_TIMEOUT; the request stays valid), -1 means the
+   object's: desc.timeout_ms when set, else none. A live server is one whose connection is up
+   (it answers heartbeats), even while it waits itself, under BSP, for a slow worker. A server
+   whose connection has been down for peer_timeout_ms (it died, or its heartbeats went
+   unanswered: FAULTS) ends a wait with no deadline (KVPS_ERR_PEER_LOST "server 0 (tcp://...)
+   unreachable for 5012 ms"; with heartbeat_ms -1 only a closed connection tells), and so do one
+   that never connected (after 30 s), a shard none of whose replicas answers (each tried for
+   failover_ms, then peer_timeout_ms), and a server that refuses our handshakes (KVPS_ERR_AUTH). A server stopped with SIGSTOP answers no heartbeats:
+   it counts as dead, about 2 x peer_timeout_ms after it stopped (over the network a stopped
+   process cannot be told from a dead host or a cut link; servers treat a silent worker the same
+   way). Short exchanges that wait on no slow peer keep a bound of their own when desc.timeout_ms
+   is not set: kvps_worker_finish(w, -1) and destroy's goodbye, and the first hello's answer
+   (10 s). kvps_server_wait(s, -1) waits for the server to stop (its workers decide when).
+   STALLS. A wait that has lasted .stall_ms (default 60 s; -1: off) asks each server still owing
+   a reply what the request waits for (STATUS; at most 0.3 s) and logs it (warn), again every
+   stall_ms: "worker 0: stalled for 60 s in a wait for request 12 (tensor 'w') with 1 of 1
+   replies missing; server 0 (tcp://...): pull of tensor 'w' slice 0 of 1 waits for round 3,
+   which workers 1 (connected) have not pushed". A timed-out wait (not one of 0 ms) asks the
+   same and says it in last_error: "request timed out after 10000 ms
    ...; server 0 (tcp://...): pull of tensor 'w' slice 1 of 2 waits for round 6, which workers
    2 (never connected), 3 (lost 12 s ago) have not pushed" (or "barrier 4 waits for workers
    ..."). A worker's state is one of: connected, never connected, disconnected, lost, finished,
@@ -365,7 +445,8 @@
    with an acknowledgement and a re-sent pushpull with its pull; a barrier refused because a
    worker was lost is entered again). A wait that re-sends parts answered "a worker is lost"
    rides the loss out until its timeout, re-sending every 100 ms, and says KVPS_ERR_PEER_LOST
-   again if the worker is still gone (the first such answer is reported at once). Never push
+   again if the worker is still gone (the first such answer is reported at once; with no
+   deadline it rides it out for peer_timeout_ms). Never push
    the same gradient again in a new request after an error that leaves the handle valid: that
    one is a new push and would be applied as well. To give up, destroy the worker (which drops
    what is in flight: OWNERSHIP AND THREADS).
@@ -404,8 +485,8 @@
    server remembers, per worker incarnation, which of the last 65536 request sequence numbers
    it applied: a re-sent push, init, config or row push is answered without being applied
    again, a re-sent pushpull gets its pull, so nothing is summed twice. While a server is
-   unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT (the
-   request stays valid: wait again to ride out a restart; ERRORS AND LOGGING has what each
+   unreachable, wait returns KVPS_ERR_PEER_LOST at its timeout instead of KVPS_ERR_TIMEOUT, or,
+   with no deadline, once it has been unreachable for peer_timeout_ms (TIMEOUTS; the request stays valid: wait again to ride out a restart; ERRORS AND LOGGING has what each
    error means for a request's effect). Stable routing ids (incarnation,
    rank, server) and ROUTER handover let answers to requests parked before a drop reach the
    reconnected socket.
@@ -425,7 +506,8 @@
    and kvps_server_run returns KVPS_ERR_PEER_LOST, logging the lost and the finished workers'
    ranks (CLEAN FINISH; not with .keep_serving). A backup ends with its primary's job (REPLICAS).
    Checkpoints: .checkpoint_path with .checkpoint_every = N writes the shard every N rounds
-   (and kvps_server_checkpoint on request): values, optimizer state, rounds, per-worker round
+   (and kvps_server_checkpoint on request): values, optimizer state (a user rule's too) and
+   steps, rounds, per-worker round
    counters, sparse tables, barrier counts, elastic membership and the re-send windows, with
    a CRC-32, written to a temporary file, fsynced and renamed (and the directory fsynced). It
    is written when no round is half summed (under BSP that is each round's end; under SSP with
@@ -481,7 +563,8 @@
    --replicas R starts them). Place 0 starts as the primary. Under BSP (not elastic) the
    primary sends each round it applies, as one record: the round's sum and which workers'
    requests it holds, so a backup receives 1 / num_workers of the pushed bytes and applies the
-   same sum through the same code (the same bits, optimizer state and round counters); a push
+   same sum through the same code (the same bits, optimizer state, a user rule's state and
+   steps, and round counters); a push
    is answered once every round it is in has been applied and sent (as a pushpull's pull is:
    under BSP with replicas, a worker that waits for its push's answer waits for the round). A
    push in flight when the primary dies is re-sent to the backup that takes over, which applies
@@ -622,7 +705,7 @@
              (the indices of the servers it went to), result ("ok", or the result's name)
      server  BSP, SSP, adaptive: every round of every key, from the arrival of its first
              contribution to its application; args: key (a string: JSON readers keep 53 bits),
-             slice (a tensor's slice number), round (0 the first), contributions, bytes,
+             slice (a tensor's slice number), round (1 the first), contributions, bytes,
              straggler_wait_us (first to last contribution: the wait for stragglers), apply_us
              (last contribution to the round's end). Async: pushes are applied one by one, up
              to millions a second, so they are counted: an "async applies" event per 100 ms
@@ -704,6 +787,27 @@
         server's ops are one table (KVPS__OPS); WIRE FORMAT lists them all (OPS) and test_api
         holds the list to the code. kvps_codec.h's KVPS_CODEC_TABLE rows changed shape (see its
         revision history).
+        AdamW and user rules (issue 31; CONSISTENCY AND UPDATE RULES): KVPS_RULE_ADAMW,
+        kvps_optim.weight_decay (last; 0: none; refused with a rule that does not use it), user
+        rules per tensor with per-element state (kvps_server_desc.user_rules / num_user_rules,
+        last; kvps_user_rule, kvps_rule_args, KVPS_RULE_USER, KVPS_MAX_RULE_STATE), carried by
+        checkpoints, replicas and reshards. Protocol release 9: the CONFIG record is 28 bytes
+        (weight_decay), the TABLE record's seed follows init_scale; checkpoint version 5 adds
+        each key's weight_decay and step (version 4 and older still read). For existing
+        programs: rule ids 64-127 are user rules, so a worker no longer refuses them itself
+        (the server does, naming the tensor).
+        Slow is not dead (TIMEOUTS; issue 31): desc.timeout_ms 0 is no deadline (was 10 s), so
+        wait(-1) waits as long as the servers live; dead ones end it (peer_timeout_ms). Worker
+        desc field stall_ms (last): the worker's stall inspector. For existing programs: a job
+        that relied on the 10 s default to give up on a live but stuck job sets .timeout_ms.
+        kvps_ring.h likewise (its section 5): .timeout_ms 0 is none (was 30 s), fields stall_ms
+        and peer_timeout_ms (last), heartbeats and a monitor on each peer's ZeroMQ connection.
+        Join and a scalar all-reduce (issue 31): kvps_worker_join (op JOIN),
+        kvps_worker_allreduce_scalar (op ALLREDUCE, kvps_scalar_op), in protocol release 9 with
+        the CONFIG record's weight_decay. For
+        existing programs: round and barrier numbers count from 1 everywhere (CONSISTENCY): the
+        timeline's round arg was 0 for a key's first round, and barriers in messages were
+        numbered from 0.
 */
 /* kvps.h stands on kvps_core.h (results, logging, clocks, ZeroMQ contexts, frames, the timeline
    writer) and kvps_codec.h (the codecs and element-wise numerics); KVPS_PS_IMPLEMENTATION turns
@@ -744,16 +848,53 @@ typedef enum kvps_rule {
     KVPS_RULE_ADAM = 10,      /* b1t *= b1; b2t *= b2 (from 1); m = b1 * m + (1 - b1) * g;
                                  v = b2 * v + (1 - b2) * (g * g);
                                  w -= lr * (m / (1 - b1t)) / (sqrt(v / (1 - b2t)) + eps) */
-    KVPS_RULE_COUNT
+    KVPS_RULE_ADAMW = 11,     /* PyTorch's torch.optim.AdamW, t the key's step (1 at its first
+                                 update), in float but for d, s, c2 in double (f(x): x rounded
+                                 to float): d = f(1 - (double)lr * wd); w = w * d;
+                                 m = b1 * m + f(1 - b1) * g; v = b2 * v + (f(1 - b2) * g) * g;
+                                 s = (double)lr / (1 - pow(b1, t)); c2 = sqrt(1 - pow(b2, t));
+                                 w = w - (f(s) * m) / (sqrtf(v) / f(c2) + eps) */
+    KVPS_RULE_COUNT,
+    /* A server's user rules (kvps_server_desc.user_rules): rule i is KVPS_RULE_USER + i */
+    KVPS_RULE_USER = 64,
+    KVPS_RULE_USER_LAST = 127
 } kvps_rule;
 
-/* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8. Out of range
-   (lr < 0, momentum / beta outside [0, 1), eps <= 0, not finite) is KVPS_ERR_HYPERPARAM. The
-   optimizer state (v, h, m) lives on the server shard that owns each slice. */
+/* Zero means default: lr 0.01, momentum 0.9, beta1 0.9, beta2 0.999, eps 1e-8; weight_decay 0
+   is none (ADAMW's and user rules' only: set with another rule it is refused). Out of range
+   (lr < 0, momentum / beta outside [0, 1), eps <= 0, weight_decay < 0, not finite) is
+   KVPS_ERR_HYPERPARAM. The optimizer state (v, h, m; a user rule's) lives on the server shard
+   that owns each slice. */
 typedef struct kvps_optim {
     kvps_rule rule;
     float lr, momentum, beta1, beta2, eps;
+    float weight_decay; /* last, so that positional initialisers keep their meaning */
 } kvps_optim;
+
+/* USER RULES (CONSISTENCY AND UPDATE RULES): what a user rule sees when a round of a key is
+   applied (one call per round). state[j] holds len floats of the key's per-element state j
+   (j < n_state), zero before the first step, kept by kvps with the key (checkpoints, replicas,
+   reshards). step is 1 at the first update under this rule and counts on (a CONFIG resets it
+   and the state). */
+typedef struct kvps_rule_args {
+    uint64_t key;
+    float *value;          /* the stored value, updated in place */
+    const float *sum;      /* this round's contributions, summed in rank order */
+    int count;             /* contributions summed: m under BSP, 1 under async */
+    float *const *state;   /* n_state arrays of len floats */
+    size_t len;            /* floats */
+    uint64_t step;         /* 1, 2, ... */
+    const kvps_optim *opt; /* the key's hyper-parameters, defaults resolved */
+    void *user;            /* the rule's user pointer */
+} kvps_rule_args;
+typedef void (*kvps_rule_fn)(const kvps_rule_args *a);
+typedef struct kvps_user_rule {
+    const char *name;   /* for messages ("momentum-ema"); NULL: "user rule i" */
+    kvps_rule_fn fn;    /* required */
+    int n_state;        /* per-element state floats, 0 to KVPS_MAX_RULE_STATE */
+    void *user;
+} kvps_user_rule;
+#define KVPS_MAX_RULE_STATE 8
 
 /* Defaults written once (a zero field in a desc, an optim or a codec means these). */
 #define KVPS_DEFAULT_LR 0.01f
@@ -807,7 +948,8 @@ typedef void (*kvps_init_fn)(void *user, uint64_t key, float *value, size_t len)
    | io_threads     | 1 (own context only)  |
    | no_malloc_tuning | 0: tune glibc malloc (see MEMORY in the manual); 1: leave it alone |
    | io_cpus        | NULL: the OS places the I/O thread; "0-3": pinned (see CPU PINNING) |
-   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) | */
+   | timeline       | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (see TIMELINE) |
+   | user_rules     | none: rule KVPS_RULE_USER + i is user_rules[i] (USER RULES, in section 5) | */
 typedef struct kvps_server_desc {
     const char *endpoint;
     int num_workers;
@@ -877,6 +1019,10 @@ typedef struct kvps_server_desc {
        when curve_secret_key and a chain of replicas are both set. NULL: $KVPS_CURVE_REPLICA_KEYS,
        else none; "": none */
     const char *curve_replica_keys;
+    /* USER RULES: rule KVPS_RULE_USER + i is user_rules[i] (at most 64; the array is copied).
+       Every server of a job registers the same rules in the same order. */
+    const kvps_user_rule *user_rules;
+    int num_user_rules;
 } kvps_server_desc;
 
 /* Counters read with kvps_server_stats (any thread). */
@@ -915,7 +1061,7 @@ typedef struct kvps_server_stats {
    | servers       | required: comma-separated endpoints       |
    | rank          | 0                                         |
    | num_workers   | 0 = unchecked; else rank must be below it |
-   | timeout_ms    | 10000 (used when a call passes -1)        |
+   | timeout_ms    | 0: none: a wait (-1) on live servers lasts as long as it takes (TIMEOUTS) |
    | min_slice     | 1024 floats: tensors are cut into slices no smaller than this (max_slice wins) |
    | max_slice     | 256 Ki floats (1 MiB): longer slices are cut again (see KEYS, TENSORS) |
    | zerocopy_min  | 65536 bytes: smaller pushes are copied into the message |
@@ -930,6 +1076,7 @@ typedef struct kvps_server_stats {
    | fusion_bytes  | 256 KiB: a fused request's message to one server carries slices up to this (FUSION) |
    | credit_bytes  | 0: every message goes at once; else the bytes in flight to one server, the rest wait, highest priority first (FUSION) |
    | read_local    | 0: $KVPS_READ_LOCAL (1: on), else off; 1: a BSP pushpull reads from a replica on this host (REPLICAS) |
+   | stall_ms      | 60000: a wait this long is logged (warn) with what the servers wait for, again every stall_ms; -1: off |
    See FAULTS: a request whose server connection drops is re-sent when it comes back. */
 typedef struct kvps_worker_desc {
     const char *servers;
@@ -961,6 +1108,8 @@ typedef struct kvps_worker_desc {
                        this host (READS FROM A LOCAL REPLICA); 0: $KVPS_READ_LOCAL, else off; -1: off */
     const char *job_token; /* JOB TOKEN (SECURITY): the job's secret, sent (digested) in the hello;
                               NULL: $KVPS_JOB_TOKEN, else none; "": none */
+    int stall_ms; /* the stall inspector: a wait this long is logged (warn), naming the request and what
+                     each server it waits for waits for, again every stall_ms: 60000 (-1: off) */
 } kvps_worker_desc;
 
 typedef struct kvps_server kvps_server;
@@ -1018,7 +1167,7 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
 /* Tells every server this worker is done: it sends nothing more. A server whose workers have
    all finished stops by itself (unless .keep_serving), so a job ends cleanly. Servers answer
    in order, after everything this worker sent before; waits up to timeout_ms (-1: the worker's
-   timeout) for them. Servers that are unreachable are not waited for. kvps_worker_destroy
+   desc.timeout_ms, else 10 s) for them. Servers that are unreachable are not waited for. kvps_worker_destroy
    does it by itself (waiting at most 1 s) when it was not called. */
 KVPS_API kvps_result kvps_worker_finish(kvps_worker *w, int timeout_ms);
 KVPS_API void kvps_worker_destroy(kvps_worker **w);
@@ -1026,7 +1175,8 @@ KVPS_API void kvps_worker_destroy(kvps_worker **w);
    same point (a collective, like a barrier), with no request in flight and the same new list:
    the old list with servers added at its end, or some removed from its end (the barrier server,
    server 0, stays). The keys whose placement changes (about 1/n of them) move, with their
-   values, optimizer state and round counters, and nothing else does; the servers that leave
+   values, optimizer state (a user rule's too), steps and round counters, and nothing else does;
+   the servers that leave
    stop by themselves. New servers must be running (rank = their place in the new list). The
    servers record the new placement in their checkpoints: workers of a job restarted from them
    take it from the servers by themselves. A CURVE worker connects to the new servers with its
@@ -1133,7 +1283,25 @@ KVPS_API kvps_result kvps_worker_pull_rows(kvps_worker *w, kvps_table t, const u
 /* Completes when all workers have entered the barrier (served by server 0). */
 KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out);
 
-/* Waits for a request; timeout_ms -1 = the worker's default. On KVPS_ERR_TIMEOUT, or
+/* A scalar all-reduce among the workers, through server 0, in one blocking call (a loss, a
+   count): every worker passes its *x and gets the same result in *x, summed in rank order; a
+   round like a barrier's (the workers that have joined or left take no part; MEAN divides by
+   those that do). Every worker must pass the same op: else KVPS_ERR_MISMATCH on all of them. */
+typedef enum kvps_scalar_op {
+    KVPS_SCALAR_SUM = 0, KVPS_SCALAR_MEAN = 1, KVPS_SCALAR_MIN = 2, KVPS_SCALAR_MAX = 3, KVPS_SCALAR_OP_COUNT
+} kvps_scalar_op;
+KVPS_API kvps_result kvps_worker_allreduce_scalar(kvps_worker *w, double *x, kvps_scalar_op op);
+KVPS_API const char *kvps_scalar_op_name(kvps_scalar_op op); /* "sum", "mean", "min", "max"; "?" */
+
+/* JOIN (CONSISTENCY AND UPDATE RULES): this worker's data has ended. Blocking: every server takes
+   it out of the aggregation for good, what it pushed before counting; BSP / SSP rounds and
+   barriers then complete over the other workers (MEAN and SGD divide by the contributions a
+   round has). It may still pull (the weights after the others' rounds); its pushes and barriers
+   are refused (KVPS_ERR_STATE). Finish or destroy it as usual: the job ends once every worker has. */
+KVPS_API kvps_result kvps_worker_join(kvps_worker *w);
+
+/* Waits for a request; timeout_ms -1 = the worker's desc.timeout_ms, by default none: as long
+   as its servers live (TIMEOUTS; the stall inspector logs a long wait). On KVPS_ERR_TIMEOUT, or
    KVPS_ERR_PEER_LOST (a server it waits for was disconnected, or answered that a worker it
    needs is lost), or KVPS_ERR_AUTH (that server refused our handshake), the request stays
    valid: wait again, which re-sends what is owed and applies no push twice (ERRORS AND
@@ -1441,7 +1609,12 @@ static uint64_t kvps__tl_floats(const size_t *lens, size_t n);
     X(PLACE_GET, 23, "place_get", kvps__serve_move, .placed = 1)                                                       \
     /* REPLICAS under BSP: a pushpull's pull from another replica (values: u64 the push's sequence, checked in         \
        kvps__serve_read); served by a backup as it is */                                                               \
-    X(READ, 24, "read", kvps__serve_read, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1)
+    X(READ, 24, "read", kvps__serve_read, .pulls = 1, .chain = KVPS__CHAIN_LOCAL, .backup = 1, .placed = 1)            \
+    /* the worker's data has ended (kvps_worker_join): rounds and barriers go on without it */                         \
+    X(JOIN, 25, "join", kvps__serve_join, .mutates = 1, .kept = 1)                                                     \
+    /* a scalar all-reduce among the workers, a round like a barrier's (server 0 only): values = f64 x, u32 op,        \
+       u32 0; answered with the f64 result */                                                                          \
+    X(ALLREDUCE, 26, "allreduce", kvps__serve_barrier, .values = 1, .mutates = 1, .kept = 1, .dup = KVPS__DUP_UNLESS_OPEN)
 
 enum {
 #define KVPS__OP_ENUM(op, num, name, ...) KVPS__OP_##op = num,
@@ -1463,14 +1636,15 @@ KVPS__OPS(KVPS__OP_PLACE_CHECK)
 enum {
     KVPS__MAGIC = 0x5350564Bu,
     KVPS__VERSION = 1,
-    KVPS__PROTO = 8,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
+    KVPS__PROTO = 9,      /* the protocol release a HELLO names: both sides must speak the same (6: READ;
                              7: the job token in HELLO, REPL hellos; 8: replies carry the server's checkpoint
-                             stamp in aux, HELLO says whether it is sent again after a reconnect) */
+                             stamp in aux, HELLO says whether it is sent again after a reconnect; 9: CONFIG
+                             records carry weight_decay, JOIN, ALLREDUCE) */
     KVPS__HELLO_BYTES = 64,
     KVPS__NAME_REC = 24,  /* u64 base key, u64 len, u32 slices, u32 name bytes; then the name */
     KVPS__NAME_MAX = 255,
-    KVPS__TREC = 40, /* TABLE record: CONFIG record + init_scale, pad, seed */
-    KVPS__OPTREC = 24, /* CONFIG record: u32 rule + 5 x f32 */
+    KVPS__OPTREC = 28, /* CONFIG record: u32 rule + 6 x f32 */
+    KVPS__TREC = KVPS__OPTREC + 12, /* TABLE record: CONFIG record + f32 init_scale, u64 seed */
     KVPS__OP_REPLY = 0x80,
     KVPS__FLAG_CODED = 1,       /* values frame: per key [u32 bytes][codec blob] */
     KVPS__FLAG_CODED_REPLY = 2, /* pull: answer coded with codec id aux */
@@ -1488,6 +1662,10 @@ typedef struct kvps__hdr {
     int32_t status;
     uint32_t aux;
 } kvps__hdr;
+
+/* A worker out of the aggregation (kvps_server's out[]; a byte in checkpoints): left (.elastic, lost
+   or finished), or joined (kvps_worker_join), for good. */
+enum { KVPS__OUT_LEFT = 1, KVPS__OUT_JOINED = 2 };
 
 typedef struct kvps__kent {
     uint64_t key, len;
@@ -1554,6 +1732,11 @@ static void kvps__frame_text(zmq_msg_t *fr, int nfr, char *buf, size_t cap) {
 
 /* The job token's digest (JOB TOKEN): kvps__token_digest, in kvps_launch.h (the rendezvous sends it too). */
 
+/* With no desc.timeout_ms (TIMEOUTS), the bound of a worker's short exchanges, which wait on no
+   slow peer: a goodbye's acknowledgements (kvps_worker_finish(-1), destroy) and the first hello's
+   answer; and how long a wait waits for a server that never connected (it may start late). */
+enum { KVPS__SHORT_MS = 10000, KVPS__CONNECT_MS = 30000 };
+
 /* A random 32-bit number, never 0 (incarnations). */
 static uint32_t kvps__random32(void) {
     uint32_t r = 0;
@@ -1569,53 +1752,6 @@ static uint32_t kvps__random32(void) {
     }
     return r ? r : 1u;
 }
-
-/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
-   (and, on the connecting side, made again). */
-static void kvps__heartbeats(void *sock, int ivl, int timeout) {
-    if (ivl <= 0) return;
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
-}
-
-/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
-static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
-    static int counter;
-    char ep[96];
-    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
-    void *m = zmq_socket(ctx, ZMQ_PAIR);
-    if (!m) return -1;
-    int zero = 0;
-    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
-    *out = m;
-    return 0;
-}
-
-/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
-   for a drop), 0 when none is waiting. */
-static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
-    zmq_msg_t a, b;
-    zmq_msg_init(&a);
-    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
-    int ok = zmq_msg_size(&a) >= 6;
-    if (ok) {
-        memcpy(event, zmq_msg_data(&a), 2);
-        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
-    }
-    int more = zmq_msg_more(&a);
-    zmq_msg_close(&a);
-    while (more) { /* the endpoint frame */
-        zmq_msg_init(&b);
-        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
-        more = zmq_msg_more(&b);
-        zmq_msg_close(&b);
-    }
-    return ok;
-}
-
 
 /* A PLACEMENT: how keys were placed on servers (RESHARD): V virtual shards (256 x the first
    server count), every server count the job went through, first to last, and what each change
@@ -1926,51 +2062,76 @@ static int kvps__finite(float x) { return x == x && x - x == 0.0f; }
 
 /* The first hyper-parameter of a resolved optim that is out of range, named with its range;
    NULL when all are in range. */
+/* 1 when rule is a user rule's id (KVPS_RULE_USER + i), whether or not a server has rule i. */
+static int kvps__rule_is_user(uint32_t rule) { return rule >= KVPS_RULE_USER && rule <= KVPS_RULE_USER_LAST; }
+
+/* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
+   h; Adam's m and v); scalar state per key or row, starting at 1 (Adam's beta powers; at most
+   2: kvps__key's b1t and b2t); whether async pushes of it may be deferred and applied together
+   (a per-element formula with no per-call state); whether it uses weight_decay; whether it
+   counts the key's steps (kvps__key's step; so not for sparse tables, whose rows have none).
+   A new rule is a row here plus its case in kvps__rule_math. User rules (KVPS_RULE_USER + i)
+   are the server's: their state is the rule's n_state, they decay and step, never defer. */
+typedef struct kvps__rule_row {
+    const char *name;
+    uint8_t state, scalars, deferrable, decay, steps;
+} kvps__rule_row;
+static const kvps__rule_row kvps__rules[] = {
+    {"default", 0, 0, 0, 0, 0},  {"mean", 0, 0, 1, 0, 0},       {"sum", 0, 0, 1, 0, 0},
+    {"max", 0, 0, 1, 0, 0},      {"min", 0, 0, 1, 0, 0},        {"accumulate", 0, 0, 1, 0, 0},
+    {"sgd", 0, 0, 1, 0, 0},      {"momentum", 1, 0, 1, 0, 0},   {"nesterov", 1, 0, 1, 0, 0},
+    {"adagrad", 1, 0, 1, 0, 0},  {"adam", 2, 2, 0, 0, 0},       {"adamw", 2, 0, 0, 1, 1},
+};
+typedef char kvps__rules_check[sizeof kvps__rules / sizeof kvps__rules[0] == KVPS_RULE_COUNT ? 1 : -1];
+static const kvps__rule_row kvps__user_rule_row = {"user", 0, 0, 0, 1, 1};
+/* A rule's row (a user rule's state count is its server's: kvps__rule_nstate). */
+static const kvps__rule_row *kvps__rule_row_of(uint32_t rule) {
+    return rule < KVPS_RULE_COUNT ? &kvps__rules[rule] : &kvps__user_rule_row;
+}
+
 static const char *kvps__optim_bad_field(const kvps_optim *o) {
     return !kvps__finite(o->lr) || o->lr < 0                                  ? "lr (>= 0)"
            : !kvps__finite(o->momentum) || o->momentum < 0 || o->momentum >= 1 ? "momentum (in [0, 1))"
            : !kvps__finite(o->beta1) || o->beta1 < 0 || o->beta1 >= 1          ? "beta1 (in [0, 1))"
            : !kvps__finite(o->beta2) || o->beta2 < 0 || o->beta2 >= 1          ? "beta2 (in [0, 1))"
            : !kvps__finite(o->eps) || o->eps <= 0                              ? "eps (> 0, or 0: default)"
+           : !kvps__finite(o->weight_decay) || o->weight_decay < 0             ? "weight_decay (>= 0)"
+           : o->weight_decay != 0 && !kvps__rule_row_of(o->rule)->decay        ? "weight_decay (0: only ADAMW and user rules use it)"
                                                                                : NULL;
 }
 
-/* Decodes (and resolves defaults of) a CONFIG record; checks every field. */
+/* A CONFIG record: u32 rule, f32 lr momentum beta1 beta2 eps weight_decay (as given). */
+static void kvps__optim_rec(const kvps_optim *o, unsigned char *rec) {
+    uint32_t rule = (uint32_t)o->rule;
+    float f[6] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay};
+    memcpy(rec, &rule, 4);
+    memcpy(rec + 4, f, sizeof f);
+}
+
+/* Decodes (and resolves defaults of) a CONFIG record; checks every field (a user rule's id is
+   in range; whether the server has it is the server's check). */
 static kvps_result kvps__optim_read(const unsigned char *rec, kvps_optim *o) {
     uint32_t rule;
-    float f[5];
+    float f[6];
     memcpy(&rule, rec, 4);
     memcpy(f, rec + 4, sizeof f);
-    o->rule = (kvps_rule)(rule < KVPS_RULE_COUNT ? rule : 0);
+    int known = rule < KVPS_RULE_COUNT || kvps__rule_is_user(rule);
+    o->rule = (kvps_rule)(known ? rule : 0);
     o->lr = f[0] != 0.0f ? f[0] : KVPS_DEFAULT_LR;
     o->momentum = f[1] != 0.0f ? f[1] : KVPS_DEFAULT_MOMENTUM;
     o->beta1 = f[2] != 0.0f ? f[2] : KVPS_DEFAULT_BETA1;
     o->beta2 = f[3] != 0.0f ? f[3] : KVPS_DEFAULT_BETA2;
     o->eps = f[4] != 0.0f ? f[4] : KVPS_DEFAULT_EPS;
-    if (rule >= KVPS_RULE_COUNT) return KVPS_ERR_MALFORMED;
+    o->weight_decay = f[5];
+    if (!known) return KVPS_ERR_MALFORMED;
     return kvps__optim_bad_field(o) ? KVPS_ERR_HYPERPARAM : KVPS_OK;
 }
 
-/* THE UPDATE RULES, one row each in kvps_rule order: name; optimizer-state floats per value (v,
-   h; Adam's m and v); scalar state per key or row, starting at 1 (Adam's beta powers; at most
-   2: kvps__key's b1t and b2t); whether async pushes of it may be deferred and applied together
-   (a per-element formula with no per-call state). A new rule is a row here plus its case in
-   kvps__rule_math. */
-typedef struct kvps__rule_row {
-    const char *name;
-    uint8_t state, scalars, deferrable;
-} kvps__rule_row;
-static const kvps__rule_row kvps__rules[] = {
-    {"default", 0, 0, 0},  {"mean", 0, 0, 1},     {"sum", 0, 0, 1},      {"max", 0, 0, 1},
-    {"min", 0, 0, 1},      {"accumulate", 0, 0, 1}, {"sgd", 0, 0, 1},    {"momentum", 1, 0, 1},
-    {"nesterov", 1, 0, 1}, {"adagrad", 1, 0, 1},  {"adam", 2, 2, 0},
-};
-typedef char kvps__rules_check[sizeof kvps__rules / sizeof kvps__rules[0] == KVPS_RULE_COUNT ? 1 : -1];
-
 /* The rules of kvps_rule, in float32, in the documented order, on n values w with state v (and
-   m2 for Adam; *b1t, *b2t its bias-correction powers). Shared by keys and table rows. */
+   m2 for Adam and AdamW; *b1t, *b2t Adam's bias-correction powers; t AdamW's step, 1 at the
+   first). Shared by keys and table rows (no AdamW there: it needs the step). */
 static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, float c, float *v, float *m2, float *b1t,
-                            float *b2t, size_t n) {
+                            float *b2t, uint64_t t, size_t n) {
     switch (o->rule) {
     case KVPS_RULE_MEAN: kvps__mean_into(w, sum, c, n); break;
     case KVPS_RULE_SUM: case KVPS_RULE_MAX: case KVPS_RULE_MIN: memcpy(w, sum, n * sizeof(float)); break;
@@ -1997,6 +2158,20 @@ static void kvps__rule_math(const kvps_optim *o, float *w, const float *sum, flo
         }
         break;
     }
+    case KVPS_RULE_ADAMW: { /* torch.optim.AdamW's single-tensor path: its double scalars, its float order */
+        float d = (float)(1.0 - (double)o->lr * (double)o->weight_decay), a1 = (float)(1.0 - (double)o->beta1),
+              a2 = (float)(1.0 - (double)o->beta2);
+        float step = (float)((double)o->lr / (1.0 - pow((double)o->beta1, (double)t)));
+        float c2 = (float)sqrt(1.0 - pow((double)o->beta2, (double)t));
+        for (size_t i = 0; i < n; i++) {
+            float g = sum[i] / c;
+            w[i] = w[i] * d;
+            v[i] = fmaf(a1, g, o->beta1 * v[i]);         /* torch's add_(g, alpha): one rounding (FMA) */
+            m2[i] = fmaf(a2 * g, g, o->beta2 * m2[i]);   /* addcmul_(g, g, value): (value * g) fused with * g + */
+            w[i] = w[i] - (step * v[i]) / (sqrtf(m2[i]) / c2 + o->eps);
+        }
+        break;
+    }
     default: break;
     }
 }
@@ -2018,6 +2193,8 @@ typedef struct kvps__parked { /* a pull waiting for a key's round */
     kvps__hdr hdr;
     uint32_t *idx; /* key indices in request order */
     uint64_t after; /* a READ: the sequence of the worker's push it waits for (0: a pull) */
+    double val;     /* an ALLREDUCE: the worker's value, and its kvps_scalar_op */
+    uint32_t sop;
 } kvps__parked;
 
 /* A stored value. ZeroMQ may still be sending it (zero-copy pull replies): refs counts the key's
@@ -2044,6 +2221,7 @@ typedef struct kvps__key {
     uint32_t ndef;
     float *state;        /* optimizer state: v, h, or m then v (2 x len) */
     float b1t, b2t;      /* Adam: beta1^t, beta2^t */
+    uint64_t step;       /* updates under the rule in force since its CONFIG (AdamW's and user rules' t) */
     struct kvps__tl_key *tl; /* timeline on: when this round's and the next's contributions came */
     uint32_t *ctag;      /* REPLICAS under BSP, a primary: per worker, the request (kvps__preq index + 1)
                             whose contribution is in accum this round; 0: none */
@@ -2067,6 +2245,9 @@ struct kvps_server {
     /* update rules */
     kvps_update_fn update_fn; /* your own rule, or NULL */
     kvps_optim default_opt;   /* desc.update as a kvps_rule (keys without their own rule) */
+    kvps_user_rule urules[KVPS_RULE_USER_LAST - KVPS_RULE_USER + 1]; /* desc.user_rules, copied */
+    int nurules;
+    char why[256];            /* a restore's or import's refusal in words (serving thread, or before start) */
     /* key store: open addressing (key -> index + 1), grows at 1/2 load */
     kvps__key **keys;
     uint32_t nkeys, cap_keys;
@@ -2089,7 +2270,8 @@ struct kvps_server {
     int64_t *gone_since;
     uint8_t *lost;
     int nlost;
-    uint8_t *out;             /* elastic: left the aggregation */
+    uint8_t *out;             /* left the aggregation: KVPS__OUT_LEFT (elastic) or KVPS__OUT_JOINED (kvps_worker_join) */
+    double *ar_last;          /* per worker: the result of its last ALLREDUCE (a re-send after it completed gets it) */
     /* sessions: who said hello (and with what), who finished, tensor names; the stall inspector */
     uint32_t *live_inc;       /* per worker: the incarnation whose hello was accepted (0: none) */
     uint64_t token;           /* the job token's digest (0: none): hellos and REPL hellos must carry it */
@@ -2364,6 +2546,21 @@ static void kvps__reply_ack(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req)
     kvps__server_send(s, f, 2);
 }
 
+/* An ALLREDUCE's answer: [id][hdr][f64 x]; id is copied. */
+static void kvps__reply_scalar(kvps_server *s, zmq_msg_t *id, const kvps__hdr *req, double x) {
+    kvps__hdr h = kvps__reply_hdr(req, KVPS_OK);
+    h.nkeys = 0;
+    zmq_msg_t f[3];
+    kvps__reply_start(f, id, 0, &h);
+    if (kvps__msg_from_buf(&f[2], &x, sizeof x) != 0) {
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        kvps__reply_error(s, id, req, KVPS_ERR_NOMEM, "allreduce: no memory for the answer");
+        return;
+    }
+    kvps__server_send(s, f, 3);
+}
+
 // >>keys
 /* The key store: open addressing from key to index, values in reference-counted buffers (a
    pull reply may still be sending one), creation, and roll-back of a rejected request's keys. */
@@ -2554,16 +2751,41 @@ static const kvps_optim *kvps__optim_in_force(const kvps_server *s, const kvps__
 static uint32_t kvps__table_sdim(kvps_rule r, uint32_t dim) {
     return (uint32_t)kvps__rules[r].state * dim + kvps__rules[r].scalars;
 }
+/* The state floats per value of a rule in force (a user rule's n_state; 0 for one the server
+   does not have, which CONFIG and restores refuse before a key can hold it). */
+static uint32_t kvps__rule_nstate(const kvps_server *s, kvps_rule r) {
+    if (!kvps__rule_is_user((uint32_t)r)) return kvps__rules[r].state;
+    int i = (int)r - KVPS_RULE_USER;
+    return i < s->nurules ? (uint32_t)s->urules[i].n_state : 0;
+}
+/* "rule 'adamw'" or "user rule 2 ('ema')", for messages. */
+static const char *kvps__rule_text(const kvps_server *s, uint32_t r, char *buf, size_t n) {
+    int i = (int)r - KVPS_RULE_USER;
+    if (r < KVPS_RULE_COUNT) snprintf(buf, n, "rule '%s'", kvps__rules[r].name);
+    else if (kvps__rule_is_user(r) && i < s->nurules && s->urules[i].name) snprintf(buf, n, "user rule %d ('%s')", i, s->urules[i].name);
+    else if (kvps__rule_is_user(r)) snprintf(buf, n, "user rule %d", i);
+    else snprintf(buf, n, "rule %u", (unsigned)r);
+    return buf;
+}
 
-static int kvps__apply_rule(kvps__key *k, const kvps_optim *o, const float *sum, int count) {
+static int kvps__apply_rule(const kvps_server *s, kvps__key *k, const kvps_optim *o, const float *sum, int count) {
     size_t n = (size_t)k->len;
-    int nstate = kvps__rules[o->rule].state;
+    uint32_t nstate = kvps__rule_nstate(s, o->rule);
     if (nstate && !k->state) {
         k->state = (float *)calloc(n * (size_t)nstate, sizeof(float));
         if (!k->state) return -1;
         k->b1t = k->b2t = 1.0f;
     }
-    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, n);
+    k->step++;
+    if (kvps__rule_is_user((uint32_t)o->rule)) {
+        const kvps_user_rule *u = &s->urules[o->rule - KVPS_RULE_USER];
+        float *st[KVPS_MAX_RULE_STATE];
+        for (uint32_t j = 0; j < nstate; j++) st[j] = k->state + j * n;
+        kvps_rule_args a = {k->key, k->value, sum, count, st, n, k->step, o, u->user};
+        u->fn(&a);
+        return 0;
+    }
+    kvps__rule_math(o, k->value, sum, (float)count, k->state, k->state ? k->state + n : NULL, &k->b1t, &k->b2t, k->step, n);
     return 0;
 }
 
@@ -2574,7 +2796,7 @@ static int kvps__apply(kvps_server *s, kvps__key *k, const float *sum, int count
     if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) {
         kvps_update_args a = {k->key, k->value, sum, (size_t)k->len, count, k->round, s->desc.update_user};
         s->update_fn(&a);
-    } else if (kvps__apply_rule(k, kvps__optim_in_force(s, k), sum, count) != 0) {
+    } else if (kvps__apply_rule(s, k, kvps__optim_in_force(s, k), sum, count) != 0) {
         return -1;
     }
     k->round++;
@@ -2631,12 +2853,18 @@ static int kvps__bsp_push(kvps_server *s, kvps__key *k, int r, const kvps__contr
     return kvps__bsp_advance(s, k);
 }
 
-/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic), and
-   applies each round that completes; 1 if one did, -1 when out of memory. */
+/* Whether rank r has no contribution in k's round being summed: it left (elastic), or it joined
+   (kvps_worker_join) and pushed nothing for this round before it did. */
+static int kvps__skipped(const kvps_server *s, const kvps__key *k, uint32_t r) {
+    return s->out[r] == KVPS__OUT_LEFT || (s->out[r] == KVPS__OUT_JOINED && k->recv[r] <= k->round);
+}
+
+/* Sums buffered contributions whose turn has come, skipping ranks that left (elastic) or joined,
+   and applies each round that completes; 1 if one did, -1 when out of memory. */
 static int kvps__bsp_advance(kvps_server *s, kvps__key *k) {
     int advanced = 0;
     for (;;) {
-        while (k->summed < (uint32_t)s->m && s->out[k->summed]) k->summed++;
+        while (k->summed < (uint32_t)s->m && kvps__skipped(s, k, k->summed)) k->summed++;
         if (k->summed == (uint32_t)s->m) {
             if (k->nin == 0) break; /* everyone left: no round */
             if (kvps__apply(s, k, k->accum, (int)k->nin) != 0) return -1;
@@ -2788,7 +3016,7 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
     kvps__key *k = p->after ? kvps__read_blocker(s, p) : kvps__pull_blocker(s, &p->hdr, p->idx);
     if (k && s->nlost) { /* the round it waits for needs a worker that is gone */
         kvps__reply_error(s, &p->id, &p->hdr, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d: no connection for %d ms): round %llu of key %llu "
-                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round, (unsigned long long)k->key);
+                          "cannot complete", kvps__first_lost(s), s->desc.peer_timeout_ms, (unsigned long long)k->round + 1, (unsigned long long)k->key);
         kvps__parked_free(p);
         return;
     }
@@ -2813,7 +3041,8 @@ static void kvps__try_pull(kvps_server *s, kvps__parked *p) {
 }
 
 static void kvps__barrier_check(kvps_server *s, uint64_t gen);
-static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
+/* A barrier (or an ALLREDUCE: x, sop) of worker h->rank enters its next generation. */
+static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h, double x, uint32_t sop) {
     if (s->nlost) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "a worker is lost (worker %d): the barrier cannot complete",
                           kvps__first_lost(s));
@@ -2822,7 +3051,7 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     int fin = kvps__needs_finished(s, NULL, s->barrier_gen[h->rank]);
     if (fin >= 0) {
         kvps__reply_error(s, id, h, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
-                          (unsigned long long)s->barrier_gen[h->rank]);
+                          (unsigned long long)s->barrier_gen[h->rank] + 1);
         return;
     }
     kvps__parked *p = (kvps__parked *)calloc(1, sizeof *p);
@@ -2831,25 +3060,64 @@ static void kvps__barrier(kvps_server *s, zmq_msg_t *id, const kvps__hdr *h) {
     zmq_msg_copy(&p->id, id);
     p->hdr = *h;
     p->hdr.aux = (uint32_t)s->barrier_gen[h->rank]++;
+    p->val = x;
+    p->sop = sop;
     p->since = kvps__now_ms();
     p->next = s->barrier_waiters;
     s->barrier_waiters = p;
     kvps__barrier_check(s, p->hdr.aux);
 }
 
-/* Releases barrier generation gen once every rank still in has entered it. */
+/* The ALLREDUCE result of barrier generation gen, its entries taken in rank order (the same bits
+   whatever order they came in): 0, or -1 with why when its entries do not agree on the call. */
+static int kvps__scalar_result(const kvps_server *s, uint64_t gen, double *out, char *why, size_t n) {
+    const kvps__parked *first = NULL;
+    int count = 0;
+    double acc = 0;
+    for (int r = 0; r < s->m; r++)
+        for (const kvps__parked *p = s->barrier_waiters; p; p = p->next) {
+            if (p->hdr.aux != gen || p->hdr.rank != (uint32_t)r) continue;
+            if (!first) first = p;
+            if (p->hdr.op != first->hdr.op || p->sop != first->sop) {
+                int a = first->hdr.op == KVPS__OP_ALLREDUCE, b = p->hdr.op == KVPS__OP_ALLREDUCE;
+                snprintf(why, n, "barrier %llu: worker %u called %s %s, worker %u %s %s", (unsigned long long)gen + 1,
+                         first->hdr.rank, a ? "allreduce_scalar" : "barrier", a ? kvps_scalar_op_name((kvps_scalar_op)first->sop) : "",
+                         p->hdr.rank, b ? "allreduce_scalar" : "barrier", b ? kvps_scalar_op_name((kvps_scalar_op)p->sop) : "");
+                return -1;
+            }
+            double v = p->val;
+            acc = count == 0 ? v : p->sop == KVPS_SCALAR_MIN ? (v < acc || v != v ? v : acc)
+                                 : p->sop == KVPS_SCALAR_MAX ? (v > acc || v != v ? v : acc) : acc + v;
+            count++;
+        }
+    *out = first && first->sop == KVPS_SCALAR_MEAN ? acc / count : acc;
+    return 0;
+}
+
+/* Releases barrier generation gen once every rank still in has entered it; an ALLREDUCE's
+   entries are answered with their result (over the workers in: MEAN divides by their number). */
 static void kvps__barrier_check(kvps_server *s, uint64_t gen) {
     for (int r = 0; r < s->m; r++)
         if (!s->out[r] && s->barrier_gen[r] <= gen) return;
+    double x = 0;
+    char why[200];
+    int bad = kvps__scalar_result(s, gen, &x, why, sizeof why);
     kvps__parked **pp = &s->barrier_waiters;
     while (*pp) {
         kvps__parked *w = *pp;
         if (w->hdr.aux != gen) { pp = &w->next; continue; }
         *pp = w->next;
-        kvps__hdr rh = kvps__reply_hdr(&w->hdr, KVPS_OK);
-        zmq_msg_t f[2];
-        kvps__reply_start(f, &w->id, 1, &rh);
-        kvps__server_send(s, f, 2);
+        if (bad) {
+            kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_MISMATCH, "%s", why);
+        } else if (w->hdr.op == KVPS__OP_ALLREDUCE) {
+            s->ar_last[w->hdr.rank] = x;
+            kvps__reply_scalar(s, &w->id, &w->hdr, x);
+        } else {
+            kvps__hdr rh = kvps__reply_hdr(&w->hdr, KVPS_OK);
+            zmq_msg_t f[2];
+            kvps__reply_start(f, &w->id, 1, &rh);
+            kvps__server_send(s, f, 2);
+        }
         kvps__parked_free(w);
     }
 }
@@ -2868,7 +3136,7 @@ static int kvps__deferrable(const kvps_server *s, const kvps__hdr *h, const uint
         return 0;
     const kvps__key *k = s->keys[idx[0]];
     if (k->opt.rule == KVPS_RULE_DEFAULT && s->update_fn) return 0;
-    return k->len >= KVPS__DEFER_MIN_LEN && kvps__rules[kvps__rule_in_force(s, k->opt.rule)].deferrable;
+    return k->len >= KVPS__DEFER_MIN_LEN && kvps__rule_row_of(kvps__rule_in_force(s, k->opt.rule))->deferrable;
 }
 
 /* Applies a key's deferred pushes in arrival order, in one pass over the value, chunk by chunk:
@@ -2879,7 +3147,7 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
     if (!n) return;
     k->ndef = 0;
     const kvps_optim *o = kvps__optim_in_force(s, k);
-    int nstate = kvps__rules[o->rule].state, ok = kvps__value_writable(k) == 0;
+    int nstate = kvps__rule_row_of(o->rule)->state, ok = kvps__value_writable(k) == 0; /* (built-in: deferrable) */
     if (ok && nstate && !k->state) {
         k->state = (float *)calloc((size_t)k->len * (size_t)nstate, sizeof(float));
         ok = k->state != NULL;
@@ -2889,10 +3157,11 @@ static void kvps__flush(kvps_server *s, kvps__key *k) {
         size_t c = len - off < (size_t)KVPS__CHUNK ? len - off : (size_t)KVPS__CHUNK;
         for (uint32_t j = 0; j < n; j++)
             kvps__rule_math(o, k->value + off, (const float *)zmq_msg_data(&k->def[j].data) + off, 1.0f,
-                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, c);
+                            k->state ? k->state + off : NULL, NULL, &k->b1t, &k->b2t, 0, c);
     }
     if (ok) {
         if (n > 1) KVPS__STAT_ADD(s, fused, n);
+        k->step += n;
         k->round += n;
         if (k->round > s->max_round) s->max_round = k->round;
         KVPS__STAT_ADD(s, rounds, n);
@@ -2940,14 +3209,15 @@ static void kvps__defer_push(kvps_server *s, kvps__key *k, zmq_msg_t *id, const 
 
 // >>liveness
 /* Answers every waiting pull and barrier with KVPS_ERR_PEER_LOST (worker `rank` is lost). */
-/* Elastic: rank r leaves; its buffered pushes go, and rounds and barriers that only waited for
-   it complete (means over the contributions they have). */
-static void kvps__leave(kvps_server *s, int r) {
-    s->out[r] = 1;
+/* Rank r leaves the aggregation: lost under .elastic (how KVPS__OUT_LEFT: its buffered pushes
+   go), or joined (KVPS__OUT_JOINED, kvps_worker_join: what it pushed before counts); rounds and
+   barriers that only waited for it complete (means over the contributions they have). */
+static void kvps__leave(kvps_server *s, int r, int how) {
+    s->out[r] = (uint8_t)how;
     for (uint32_t i = 0; i < s->nkeys; i++) {
         kvps__key *k = s->keys[i];
-        while (k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
-        if (k->qtail) k->qtail[r] = NULL;
+        while (how == KVPS__OUT_LEFT && k->qhead && k->qhead[r]) { kvps__pend *p = k->qhead[r]; k->qhead[r] = p->next; free(p); }
+        if (k->qtail && how == KVPS__OUT_LEFT) k->qtail[r] = NULL;
         if (s->desc.consistency != KVPS_ASYNC && kvps__bsp_advance(s, k) > 0 && k->waiters) kvps__wake(s, k);
     }
     uint64_t lo = UINT64_MAX;
@@ -2986,7 +3256,7 @@ static void kvps__fail_waiters(kvps_server *s, int rank) {
         kvps__parked *n = all->next;
         /* a barrier's entry is taken back (and reply_error takes it out of the re-send window),
            so that the worker's re-send, or its next barrier, enters this same generation */
-        if (all->hdr.op == KVPS__OP_BARRIER) s->barrier_gen[all->hdr.rank]--;
+        if (all->hdr.op == KVPS__OP_BARRIER || all->hdr.op == KVPS__OP_ALLREDUCE) s->barrier_gen[all->hdr.rank]--;
         kvps__reply_error(s, &all->id, &all->hdr, KVPS_ERR_PEER_LOST, "%s", text);
         kvps__parked_free(all);
         all = n;
@@ -3024,12 +3294,14 @@ static void kvps__liveness(kvps_server *s) {
 /* Worker r is lost: what that changes (a backup does it when its primary says so). */
 static void kvps__worker_lost(kvps_server *s, int r) {
     s->lost[r] = 1;
-    if (!s->desc.elastic) s->nlost++; /* elastic: not an error, the job goes on without it */
+    int joined = s->out[r] == KVPS__OUT_JOINED; /* (out of the aggregation already: its loss stops nothing) */
+    if (!s->desc.elastic && !joined) s->nlost++; /* elastic: not an error, the job goes on without it */
     KVPS__STAT_ADD(s, peers_lost, 1);
     kvps__log(s->replaying ? KVPS_LOG_INFO : KVPS_LOG_WARN, "server %d: worker %d lost: no connection for %d ms%s%s",
               s->desc.rank, r, s->desc.peer_timeout_ms, s->desc.elastic ? "; it leaves the aggregation" : "",
               s->replaying ? " (as the primary says)" : "");
-    if (s->desc.elastic) kvps__leave(s, r);
+    if (joined) return;
+    if (s->desc.elastic) kvps__leave(s, r, KVPS__OUT_LEFT);
     else kvps__fail_waiters(s, r);
 }
 
@@ -3337,7 +3609,7 @@ static void kvps__heard_from(kvps_server *s, kvps__rq *q) {
         s->rank_fd[r] = fd;
     }
     if (s->gone_since[r] || s->lost[r] || s->out[r]) {
-        if (s->out[r]) kvps__rejoin(s, (int)r);
+        if (s->out[r] == KVPS__OUT_LEFT) kvps__rejoin(s, (int)r); /* (a joined worker stays out) */
         else if (s->lost[r]) {
             s->nlost--;
             kvps__log(KVPS_LOG_WARN, "server %d: worker %u is back", s->desc.rank, r);
@@ -3364,7 +3636,9 @@ static int kvps__fresh(kvps_server *s, kvps__rq *q) {
         kvps__reply_ack(s, q->id, h);
         return 0;
     case KVPS__DUP_UNLESS_OPEN: /* (a barrier still open answers the same routing id when it completes) */
-        if (!kvps__in_barrier(s, h->rank)) kvps__reply_ack(s, q->id, h);
+        if (kvps__in_barrier(s, h->rank)) return 0;
+        if (h->op == KVPS__OP_ALLREDUCE) kvps__reply_scalar(s, q->id, h, s->ar_last[h->rank]);
+        else kvps__reply_ack(s, q->id, h);
         return 0;
     case KVPS__DUP_ACK:
         kvps__reply_ack(s, q->id, h);
@@ -3520,11 +3794,50 @@ static int kvps__check_frames(kvps_server *s, const kvps__rq *q) {
     return 1;
 }
 
+static void kvps__refuse_joined(kvps_server *s, const kvps__rq *q);
+/* BARRIER, and ALLREDUCE (a barrier that carries a value: f64 x, u32 kvps_scalar_op, u32 0). */
 static void kvps__serve_barrier(kvps_server *s, kvps__rq *q) {
     if (!kvps__check_frames(s, q)) return;
-    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "barrier with keys"); return; }
+    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "%s with keys", q->op->name); return; }
     if (s->desc.rank != 0) { kvps__refuse(s, q, KVPS_ERR_NOT_BARRIER, "server %d", s->desc.rank); return; }
-    kvps__barrier(s, q->id, &q->h);
+    if (s->out[q->h.rank] == KVPS__OUT_JOINED) { kvps__refuse_joined(s, q); return; }
+    double x = 0;
+    uint32_t sop = 0;
+    if (q->h.op == KVPS__OP_ALLREDUCE) {
+        const unsigned char *v = (const unsigned char *)zmq_msg_data(&q->fr[2]);
+        size_t n = zmq_msg_size(&q->fr[2]);
+        if (n != 16) { kvps__refuse(s, q, n < 16 ? KVPS_ERR_TRUNCATED : KVPS_ERR_MALFORMED, "allreduce: a values frame of %zu bytes, want 16", n); return; }
+        uint32_t pad;
+        memcpy(&x, v, 8);
+        memcpy(&sop, v + 8, 4);
+        memcpy(&pad, v + 12, 4);
+        if (sop >= KVPS_SCALAR_OP_COUNT || pad != 0) {
+            kvps__refuse(s, q, KVPS_ERR_MALFORMED, "allreduce: op %u is not a kvps_scalar_op", sop);
+            return;
+        }
+    }
+    kvps__barrier(s, q->id, &q->h, x, sop);
+}
+
+/* A worker that has joined pushes and enters barriers no more. */
+static void kvps__refuse_joined(kvps_server *s, const kvps__rq *q) {
+    kvps__refuse(s, q, KVPS_ERR_STATE, "worker %u has joined (kvps_worker_join): it may pull and finish, not %s",
+                 q->h.rank, q->op->name);
+}
+
+/* JOIN: worker r's data has ended. It leaves the aggregation for good, as a lost worker does under
+   .elastic (kvps__leave), but what it pushed before counts: rounds and barriers complete over the
+   workers in (MEAN and SGD divide by the contributions a round has); it may still pull, and
+   finishes as any worker does (the job ends when every worker has: CLEAN FINISH). */
+static void kvps__serve_join(kvps_server *s, kvps__rq *q) {
+    if (!kvps__check_frames(s, q)) return;
+    if (q->h.nkeys != 0) { kvps__refuse(s, q, KVPS_ERR_MALFORMED, "join with keys"); return; }
+    uint32_t r = q->h.rank;
+    if (s->out[r] != KVPS__OUT_JOINED) {
+        kvps__log(KVPS_LOG_INFO, "server %d: worker %u joined (its data has ended): rounds go on without it", s->desc.rank, r);
+        kvps__leave(s, (int)r, KVPS__OUT_JOINED);
+    }
+    kvps__reply_ack(s, q->id, &q->h);
 }
 
 static kvps__kent kvps__ent(const kvps__rq *q, uint32_t i) {
@@ -3607,9 +3920,19 @@ static int kvps__check_values(kvps_server *s, kvps__rq *q) {
         for (uint32_t i = 0; i < q->h.nkeys; i++) {
             kvps_optim o;
             kvps_result vr = kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &o);
-            if (vr != KVPS_OK)
-                return kvps__refuse(s, q, vr, "key %u: rule %d lr %g momentum %g beta1 %g beta2 %g eps %g", i, (int)o.rule,
-                                    (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps);
+            char kt[160], rt[64];
+            uint32_t raw;
+            memcpy(&raw, rec + (size_t)i * KVPS__OPTREC, 4);
+            if (vr != KVPS_OK) {
+                const char *bad = vr == KVPS_ERR_HYPERPARAM ? kvps__optim_bad_field(&o) : "rule (not a kvps_rule)";
+                return kvps__refuse(s, q, vr, "%s: %s out of range: rule %u lr %g momentum %g beta1 %g beta2 %g eps %g weight_decay %g",
+                                    kvps__key_text(s, kvps__ent(q, i).key, kt, sizeof kt), bad, (unsigned)raw,
+                                    (double)o.lr, (double)o.momentum, (double)o.beta1, (double)o.beta2, (double)o.eps, (double)o.weight_decay);
+            }
+            if (kvps__rule_is_user(o.rule) && (int)o.rule - KVPS_RULE_USER >= s->nurules)
+                return kvps__refuse(s, q, KVPS_ERR_INVALID_ARG, "%s names %s (rule id %u), which server %d does not have (it has %d user rules)",
+                                    kvps__key_text(s, kvps__ent(q, i).key, kt, sizeof kt), kvps__rule_text(s, o.rule, rt, sizeof rt),
+                                    (unsigned)o.rule, s->desc.rank, s->nurules);
         }
         return 1;
     }
@@ -3721,6 +4044,7 @@ static int kvps__apply_values(kvps_server *s, kvps__rq *q) {
             kvps__optim_read(rec + (size_t)i * KVPS__OPTREC, &k->opt);
             free(k->state); /* a new rule starts from fresh state */
             k->state = NULL;
+            k->step = 0;
         }
         return 1;
     }
@@ -3785,6 +4109,10 @@ static void kvps__answer_pull(kvps_server *s, kvps__rq *q) {
 static void kvps__serve_keys(kvps_server *s, kvps__rq *q) {
     if (!kvps__check_frames(s, q) || !kvps__check_keys(s, q) || !kvps__check_values(s, q) || !kvps__check_new_keys(s, q))
         return;
+    if (s->out[q->h.rank] == KVPS__OUT_JOINED && (q->h.op == KVPS__OP_PUSH || q->h.op == KVPS__OP_PUSHPULL)) {
+        kvps__refuse_joined(s, q);
+        return;
+    }
     /* Deferred pushes of these keys are applied first: everything after sees them. */
     q->defer = kvps__deferrable(s, &q->h, q->idx, q->coded); /* (a key created by this push: not deferred) */
     if (!q->defer)
@@ -3839,11 +4167,16 @@ static int kvps__table_config(kvps_server *s, kvps__rq *q, kvps__tq *tq) {
     kvps_result vr = kvps__optim_read(rec, &o);
     float scale;
     uint64_t seed;
-    memcpy(&scale, rec + 24, 4);
-    memcpy(&seed, rec + 32, 8);
+    memcpy(&scale, rec + KVPS__OPTREC, 4);
+    memcpy(&seed, rec + KVPS__OPTREC + 4, 8);
     if (o.rule == KVPS_RULE_DEFAULT) o.rule = KVPS_RULE_SGD;
     uint32_t dim = tq->dim;
     kvps__table *t = tq->t;
+    if (vr == KVPS_OK && kvps__rule_row_of(o.rule)->steps) {
+        char rt[64];
+        return kvps__refuse(s, q, KVPS_ERR_INVALID_ARG, "table %llu: %s counts a key's steps, which sparse rows do not keep",
+                            (unsigned long long)tq->tid, kvps__rule_text(s, o.rule, rt, sizeof rt));
+    }
     if (vr == KVPS_OK && (dim == 0 || dim > (1u << 20) || !kvps__finite(scale) || scale < 0)) vr = KVPS_ERR_INVALID_ARG;
     if (vr == KVPS_OK && t && (t->dim != dim || memcmp(&t->opt, &o, sizeof o) != 0 || t->init_scale != scale || t->seed != seed))
         vr = KVPS_ERR_TABLE;
@@ -3917,7 +4250,7 @@ static int kvps__push_rows(kvps_server *s, kvps__rq *q, const kvps__tq *tq) {
         if (r == UINT64_MAX) return kvps__refuse(s, q, KVPS_ERR_NOMEM, "row");
         memcpy(g, gv + i * t->dim * sizeof(float), t->dim * sizeof(float)); /* any alignment */
         float *st = kvps__row_state(t, r), *sc = nsc ? st + t->sdim - nsc : NULL;
-        kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, t->dim);
+        kvps__rule_math(&t->opt, kvps__row(t, r), g, 1.0f, st, st ? st + t->dim : NULL, sc, sc ? sc + 1 : NULL, 0, t->dim);
     }
     KVPS__STAT_ADD(s, pushes, tq->nrows);
     return 1;
@@ -4029,9 +4362,9 @@ static void kvps__missing_text(const kvps_server *s, const kvps__key *k, uint64_
 /* What parked request p waits for. */
 static void kvps__stall_text(const kvps_server *s, const kvps__parked *p, char *buf, size_t n) {
     char who[600], what[300];
-    if (p->hdr.op == KVPS__OP_BARRIER) {
+    if (p->hdr.op == KVPS__OP_BARRIER || p->hdr.op == KVPS__OP_ALLREDUCE) {
         kvps__missing_text(s, NULL, p->hdr.aux, who, sizeof who);
-        snprintf(buf, n, "barrier %u waits for workers %s", p->hdr.aux, who);
+        snprintf(buf, n, "barrier %llu waits for workers %s", (unsigned long long)p->hdr.aux + 1, who);
         return;
     }
     const kvps__key *k = kvps__pull_blocker(s, &p->hdr, p->idx);
@@ -4185,7 +4518,7 @@ static void kvps__serve_bye(kvps_server *s, kvps__rq *q) {
         s->done[r] = 1;
         s->ndone++;
         kvps__log(KVPS_LOG_INFO, "server %d: worker %u finished (%d of %d)", s->desc.rank, r, s->ndone, s->m);
-        if (s->desc.elastic && !s->out[r]) kvps__leave(s, (int)r);
+        if (s->desc.elastic && !s->out[r]) kvps__leave(s, (int)r, KVPS__OUT_LEFT);
         else kvps__fail_finished(s);
         int live = 0; /* every worker that said hello has finished: the next ones may set another layout */
         for (int i = 0; i < s->m && !live; i++) live = s->live_inc[i] && !s->done[i];
@@ -4215,8 +4548,8 @@ static void kvps__fail_finished(kvps_server *s) {
         if (fin < 0) { pp = &w->next; continue; }
         *pp = w->next;
         s->barrier_gen[w->hdr.rank]--; /* taken back, as for a lost worker (kvps__fail_waiters) */
-        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %u cannot complete", fin,
-                          w->hdr.aux);
+        kvps__reply_error(s, &w->id, &w->hdr, KVPS_ERR_PEER_LOST, "worker %d has finished: barrier %llu cannot complete", fin,
+                          (unsigned long long)w->hdr.aux + 1);
         kvps__parked_free(w);
     }
 }
@@ -4351,14 +4684,16 @@ static uint32_t kvps__crc32(uint32_t crc, const void *data, size_t n) {
    checkpoints written before it), so that replies' stamps (kvps__stamp) go on rising; per
    table: u64 id, u32 dim, state floats per row, rule, f32 lr momentum beta1 beta2 eps
    init_scale, u64 seed, rows, then per row u64 row id, f32 value[dim], f32 state[that];
-   per key: u64 key, len, round, u32 rule, f32 lr momentum beta1 beta2 eps, u32 state
-   floats per value, f32 b1t b2t, u64 recv[workers], f32 value[len], f32 state[len x that];
+   per key: u64 key, len, round, u32 rule (KVPS_RULE_USER + i: user rule i), f32 lr momentum
+   beta1 beta2 eps, (version 5) f32 weight_decay, u32 state floats per value, f32 b1t b2t,
+   (version 5) u64 step, u64 recv[workers], f32 value[len], f32 state[len x that];
    per worker: u64 barriers entered, u8 left (elastic), u32 incarnation, u64 hi, u64 window[1024];
    then u32 CRC-32
-   of everything before it and "KEND". Version 3 (no generation: 0), version 2 (its placement:
+   of everything before it and "KEND". Version 4 (no weight_decay: 0, no step: 0; it had no
+   AdamW nor user rules), version 3 (no generation: 0), version 2 (its placement:
    u32 count, 0 or u32 V and u32 server counts, changes by counts) and version 1 (no placement)
    are still read. */
-enum { KVPS__CKPT_VERSION = 4 };
+enum { KVPS__CKPT_VERSION = 5 };
 typedef struct kvps__cw { FILE *f; uint32_t crc; int err; } kvps__cw;
 static void kvps__cw_put(kvps__cw *w, const void *p, size_t n) {
     if (!w->err && n && fwrite(p, 1, n, w->f) != n) w->err = 1;
@@ -4375,26 +4710,31 @@ static int kvps__key_half_done(const kvps_server *s, const kvps__key *k) {
     return 0;
 }
 
-static int kvps__quiescent(const kvps_server *s) {
-    if (s->barrier_waiters || s->ndirty) return 0;
+/* No round half summed and nothing dirty; for a checkpoint also no barrier open (a snapshot
+   may be taken while one is: barrier waits are not in snapshots, REPLICAS' limits, and a backup
+   of the first chain waiting for its snapshot holds replies a barrier may wait for). */
+static int kvps__quiescent(const kvps_server *s, int barriers_too) {
+    if ((barriers_too && s->barrier_waiters) || s->ndirty) return 0;
     for (uint32_t i = 0; i < s->nkeys; i++)
         if (kvps__key_half_done(s, s->keys[i])) return 0;
     return 1;
 }
 
 /* One key's record (the checkpoint's, and a key moved to another server): u64 key, len, round,
-   u32 rule, f32 lr momentum beta1 beta2 eps, u32 state floats per value, f32 b1t b2t,
-   u64 recv[workers], f32 value[len], f32 state[len x that]. */
+   u32 rule, f32 lr momentum beta1 beta2 eps weight_decay, u32 state floats per value, f32 b1t
+   b2t, u64 step, u64 recv[workers], f32 value[len], f32 state[len x that] (version 5; before:
+   no weight_decay, no step). */
 static void kvps__key_put(const kvps_server *s, kvps__cw *w, const kvps__key *k) {
-    uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rules[kvps__rule_in_force(s, k->opt.rule)].state : 0;
-    float f[7] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->b1t, k->b2t};
+    uint32_t rule = (uint32_t)k->opt.rule, nstate = k->state ? kvps__rule_nstate(s, kvps__rule_in_force(s, k->opt.rule)) : 0;
+    float f[8] = {k->opt.lr, k->opt.momentum, k->opt.beta1, k->opt.beta2, k->opt.eps, k->opt.weight_decay, k->b1t, k->b2t};
     KVPS__CW(w, k->key);
     KVPS__CW(w, k->len);
     KVPS__CW(w, k->round);
     KVPS__CW(w, rule);
-    kvps__cw_put(w, f, 5 * sizeof(float));
+    kvps__cw_put(w, f, 6 * sizeof(float));
     KVPS__CW(w, nstate);
-    kvps__cw_put(w, f + 5, 2 * sizeof(float));
+    kvps__cw_put(w, f + 6, 2 * sizeof(float));
+    KVPS__CW(w, k->step);
     kvps__cw_put(w, k->recv, (size_t)s->m * sizeof *k->recv);
     kvps__cw_put(w, k->value, (size_t)k->len * sizeof(float));
     if (nstate) kvps__cw_put(w, k->state, (size_t)k->len * nstate * sizeof(float));
@@ -4559,7 +4899,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
     uint64_t asked = __atomic_load_n(&s->ckpt_req, __ATOMIC_ACQUIRE); /* no lock on every batch */
     int every = s->desc.checkpoint_every > 0 &&
                 s->max_round >= s->ckpt_round + (uint64_t)s->desc.checkpoint_every;
-    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s)) return;
+    if ((asked == s->ckpt_done && !every) || !kvps__quiescent(s, 1)) return;
     kvps_result r = kvps__checkpoint_write(s);
     if (r != KVPS_OK) s->ckpt_round = s->max_round; /* (a full disk, say): tried again at the next checkpoint, not every round */
     pthread_mutex_lock(&s->ckpt_mu);
@@ -4574,7 +4914,7 @@ static void kvps__checkpoint_maybe(kvps_server *s) {
 KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
     if (!s) return KVPS_ERR_INVALID_ARG;
     if (!s->desc.checkpoint_path || !*s->desc.checkpoint_path) return KVPS_ERR_CONFIG;
-    if (!s->started) return kvps__quiescent(s) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
+    if (!s->started) return kvps__quiescent(s, 1) ? kvps__checkpoint_write(s) : KVPS_ERR_STATE;
     struct timespec until = kvps__deadline_ts(timeout_ms < 0 ? 10000 : timeout_ms);
     pthread_mutex_lock(&s->ckpt_mu);
     uint64_t ticket = __atomic_add_fetch(&s->ckpt_req, 1, __ATOMIC_ACQ_REL);
@@ -4590,19 +4930,21 @@ KVPS_API kvps_result kvps_server_checkpoint(kvps_server *s, int timeout_ms) {
 
 typedef struct kvps__cr { const unsigned char *p; size_t left; } kvps__cr;
 
-/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps) are what CONFIG
-   would have stored: valid and already resolved; nstate (unless 0: not allocated yet) matches
-   the rule in force (the server's default for a key without a rule of its own). */
-static int kvps__ckpt_optim_ok(uint32_t rule, const float *f5, kvps_rule dflt, uint32_t nstate) {
-    if (nstate && nstate != kvps__rules[rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt].state) return 0;
+/* A restored rule and its hyper-parameters (lr, momentum, beta1, beta2, eps, weight_decay) are
+   what CONFIG would have stored: valid and already resolved, a user rule one this server has;
+   nstate (unless 0: not allocated yet) matches the rule in force (the server's default for a
+   key without a rule of its own). */
+static int kvps__ckpt_optim_ok(const kvps_server *s, uint32_t rule, const float *f6, kvps_rule dflt, uint32_t nstate) {
+    if (kvps__rule_is_user(rule) && (int)rule - KVPS_RULE_USER >= s->nurules) return 0;
+    if (nstate && nstate != kvps__rule_nstate(s, rule != KVPS_RULE_DEFAULT ? (kvps_rule)rule : dflt)) return 0;
     if (rule == KVPS_RULE_DEFAULT) return 1; /* the fields are not used */
+    kvps_optim o = {KVPS_RULE_DEFAULT, f6[0], f6[1], f6[2], f6[3], f6[4], f6[5]};
     unsigned char rec[KVPS__OPTREC];
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f5, 5 * sizeof(float));
-    kvps_optim o;
+    kvps__optim_rec(&o, rec);
+    memcpy(rec, &rule, 4); /* (the rule as stored, whatever it is) */
     if (kvps__optim_read(rec, &o) != KVPS_OK) return 0;
-    float back[5] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps};
-    return memcmp(back, f5, sizeof back) == 0;
+    float back[6] = {o.lr, o.momentum, o.beta1, o.beta2, o.eps, o.weight_decay};
+    return memcmp(back, f6, sizeof back) == 0;
 }
 static int kvps__cr_get(kvps__cr *r, void *out, size_t n) {
     if (r->left < n) return -1;
@@ -4629,8 +4971,9 @@ static const char *kvps__table_get(kvps_server *s, kvps__cr *rd, kvps__table **o
     if (kvps__cr_get(rd, &tid, 8) || kvps__cr_get(rd, u, sizeof u) || kvps__cr_get(rd, fl, sizeof fl) ||
         kvps__cr_get(rd, &seed, 8) || kvps__cr_get(rd, &nrows, 8))
         return "truncated table record";
-    if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT ||
-        !kvps__ckpt_optim_ok(u[2], fl, KVPS_RULE_SGD, 0) || u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
+    float f6[6] = {fl[0], fl[1], fl[2], fl[3], fl[4], 0.0f}; /* (a table has no weight decay) */
+    if (u[0] == 0 || u[0] > (1u << 20) || u[2] >= KVPS_RULE_COUNT || u[2] == KVPS_RULE_DEFAULT || kvps__rules[u[2]].steps ||
+        !kvps__ckpt_optim_ok(s, u[2], f6, KVPS_RULE_SGD, 0) || u[1] != kvps__table_sdim((kvps_rule)u[2], u[0]) ||
         !kvps__finite(fl[5]) || fl[5] < 0 || nrows > rd->left / (8 + ((uint64_t)u[0] + u[1]) * sizeof(float)))
         return "invalid table record";
     kvps__table *t = (kvps__table *)calloc(1, sizeof *t);
@@ -4655,17 +4998,26 @@ static const char *kvps__table_get(kvps_server *s, kvps__cr *rd, kvps__table **o
     return NULL;
 }
 
-/* Reads one key record (kvps__key_put's) into a new key; NULL, or why not. */
-static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
-    uint64_t key, len, round;
+/* Reads one key record (kvps__key_put's, of checkpoint version ver) into a new key; NULL, or
+   why not (a user rule this server lacks, or with another state count, is named). */
+static const char *kvps__key_get(kvps_server *s, kvps__cr *rd, uint32_t ver) {
+    uint64_t key, len, round, step = 0;
     uint32_t rule, nstate;
-    float f5[5], bt[2];
+    float f6[6] = {0}, bt[2];
     if (kvps__cr_get(rd, &key, 8) || kvps__cr_get(rd, &len, 8) || kvps__cr_get(rd, &round, 8) ||
-        kvps__cr_get(rd, &rule, 4) || kvps__cr_get(rd, f5, sizeof f5) || kvps__cr_get(rd, &nstate, 4) ||
-        kvps__cr_get(rd, bt, sizeof bt)) return "truncated key record";
-    if (len == 0 || len > s->desc.max_value_len || rule >= KVPS_RULE_COUNT || kvps__find(s, key) != UINT32_MAX ||
-        !kvps__ckpt_optim_ok(rule, f5, s->default_opt.rule, nstate) ||
-        (nstate && kvps__rules[kvps__rule_in_force(s, (kvps_rule)rule)].scalars &&
+        kvps__cr_get(rd, &rule, 4) || kvps__cr_get(rd, f6, (ver >= 5 ? 6 : 5) * sizeof(float)) || kvps__cr_get(rd, &nstate, 4) ||
+        kvps__cr_get(rd, bt, sizeof bt) || (ver >= 5 && kvps__cr_get(rd, &step, 8))) return "truncated key record";
+    if (kvps__rule_is_user(rule) && ((int)rule - KVPS_RULE_USER >= s->nurules ||
+                                     (nstate && nstate != kvps__rule_nstate(s, (kvps_rule)rule)))) {
+        char kt[160];
+        snprintf(s->why, sizeof s->why, "%s has user rule %d with %u state floats per value; this server %s",
+                 kvps__key_text(s, key, kt, sizeof kt), (int)rule - KVPS_RULE_USER, (unsigned)nstate,
+                 (int)rule - KVPS_RULE_USER >= s->nurules ? "does not have that rule" : "declares another n_state for it");
+        return s->why;
+    }
+    if (len == 0 || len > s->desc.max_value_len || (rule >= KVPS_RULE_COUNT && !kvps__rule_is_user(rule)) ||
+        kvps__find(s, key) != UINT32_MAX || !kvps__ckpt_optim_ok(s, rule, f6, s->default_opt.rule, nstate) ||
+        (nstate && kvps__rule_row_of(kvps__rule_in_force(s, (kvps_rule)rule))->scalars &&
          !(bt[0] > 0.0f && bt[0] <= 1.0f && bt[1] > 0.0f && bt[1] <= 1.0f)))
         return "invalid key record"; /* (scalar state: Adam's bias-correction powers in (0, 1]) */
     /* the bytes must hold what the record announces before anything is allocated for it */
@@ -4677,9 +5029,11 @@ static const char *kvps__key_get(kvps_server *s, kvps__cr *rd) {
     k->round = round;
     if (round > s->max_round) s->max_round = round;
     k->opt.rule = (kvps_rule)rule;
-    k->opt.lr = f5[0]; k->opt.momentum = f5[1]; k->opt.beta1 = f5[2]; k->opt.beta2 = f5[3]; k->opt.eps = f5[4];
+    k->opt.lr = f6[0]; k->opt.momentum = f6[1]; k->opt.beta1 = f6[2]; k->opt.beta2 = f6[3]; k->opt.eps = f6[4];
+    k->opt.weight_decay = f6[5];
     k->b1t = bt[0];
     k->b2t = bt[1];
+    k->step = step;
     if (kvps__cr_get(rd, k->recv, (size_t)s->m * sizeof *k->recv) ||
         kvps__cr_get(rd, k->value, (size_t)len * sizeof(float))) return "truncated values";
     if (nstate) {
@@ -4738,7 +5092,7 @@ static const char *kvps__ckpt_load(kvps_server *s, const unsigned char *buf, siz
         if (t && !why && kvps__table_find(s->tables, t->id)) why = "invalid table record";
         if (t) { t->next = s->tables; s->tables = t; }
     }
-    for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd);
+    for (uint32_t i = 0; !why && i < hdr[4]; i++) why = kvps__key_get(s, &rd, hdr[0]);
     for (int r = 0; !why && r < s->m; r++)
         if (kvps__cr_get(&rd, &s->barrier_gen[r], 8) || kvps__cr_get(&rd, &s->out[r], 1) ||
             kvps__cr_get(&rd, &s->seen[r].inc, 4) ||
@@ -5039,7 +5393,7 @@ static void kvps__move_import(kvps_server *s, kvps__rq *q, const unsigned char *
         uint64_t key;
         if (rd.left >= 8) memcpy(&key, rd.p, 8);
         if (rd.left >= 8 && kvps__find(s, key) != UINT32_MAX) why = "a key this server holds already";
-        else why = kvps__key_get(s, &rd);
+        else why = kvps__key_get(s, &rd, KVPS__CKPT_VERSION);
     }
     if (why) {
         kvps__keys_truncate(s, n0);
@@ -5685,7 +6039,7 @@ static void kvps__repl_snapshots(kvps_server *s) {
     if (!want) return;
     kvps__flush_all(s);
     kvps__round_send(s); /* (before the snapshot, whose sequence follows it) */
-    if (!kvps__quiescent(s)) return;
+    if (!kvps__quiescent(s, 0)) return;
     char *buf = NULL;
     size_t size = 0;
     FILE *f = open_memstream(&buf, &size);
@@ -6485,6 +6839,24 @@ static kvps_result kvps__server_fail(kvps_server *s, int rc, const char *what) {
 }
 
 /* The desc's settings that the server cannot work with, each logged; KVPS_OK or KVPS_ERR_CONFIG. */
+/* USER RULES: at most 64, each with a function and 0 to KVPS_MAX_RULE_STATE state floats. */
+static kvps_result kvps__user_rules_ok(const kvps_server_desc *desc) {
+    int most = KVPS_RULE_USER_LAST - KVPS_RULE_USER + 1;
+    if (desc->num_user_rules < 0 || desc->num_user_rules > most || (desc->num_user_rules && !desc->user_rules)) {
+        kvps__log(KVPS_LOG_ERROR, "server desc: num_user_rules %d (0 to %d, with user_rules set)", desc->num_user_rules, most);
+        return KVPS_ERR_CONFIG;
+    }
+    for (int i = 0; i < desc->num_user_rules; i++) {
+        const kvps_user_rule *u = &desc->user_rules[i];
+        if (!u->fn || u->n_state < 0 || u->n_state > KVPS_MAX_RULE_STATE) {
+            kvps__log(KVPS_LOG_ERROR, "server desc: user rule %d ('%s'): %s", i, u->name ? u->name : "",
+                      !u->fn ? "fn is NULL" : "n_state is not 0 to KVPS_MAX_RULE_STATE (8)");
+            return KVPS_ERR_CONFIG;
+        }
+    }
+    return KVPS_OK;
+}
+
 static kvps_result kvps__server_desc_ok(const kvps_server_desc *desc) {
     if (!kvps__io_cpus_ok(desc->zmq_ctx, desc->io_cpus, "server")) return KVPS_ERR_CONFIG;
     if (!kvps__heartbeat_ok(desc->heartbeat_ms, desc->peer_timeout_ms, "server")) return KVPS_ERR_CONFIG;
@@ -6504,7 +6876,7 @@ static kvps_result kvps__server_desc_ok(const kvps_server_desc *desc) {
                                   "and update rule (CUSTOM needs update_fn)");
         return KVPS_ERR_CONFIG;
     }
-    return KVPS_OK;
+    return kvps__user_rules_ok(desc);
 }
 
 /* The per-worker arrays (num_workers entries each) and the first table slots; 0, or -1 with
@@ -6516,6 +6888,7 @@ static int kvps__server_arrays(kvps_server *s) {
     s->gone_since = (int64_t *)calloc((size_t)s->m, sizeof *s->gone_since);
     s->lost = (uint8_t *)calloc((size_t)s->m, 1);
     s->out = (uint8_t *)calloc((size_t)s->m, 1);
+    s->ar_last = (double *)calloc((size_t)s->m, sizeof *s->ar_last);
     s->live_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->live_inc);
     s->bad_inc = (uint32_t *)calloc((size_t)s->m, sizeof *s->bad_inc);
     s->bad_text = (char(*)[200])calloc((size_t)s->m, sizeof *s->bad_text);
@@ -6523,10 +6896,10 @@ static int kvps__server_arrays(kvps_server *s) {
     s->done = (uint8_t *)calloc((size_t)s->m, 1);
     s->place_wait = (uint8_t *)calloc((size_t)s->m, 1);
     s->rejoin = (uint8_t *)calloc((size_t)s->m, 1);
-    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->live_inc || !s->bad_inc ||
+    if (!s->barrier_gen || !s->seen || !s->rank_fd || !s->gone_since || !s->lost || !s->out || !s->ar_last || !s->live_inc || !s->bad_inc ||
         !s->bad_text || !s->heard || !s->done || !s->place_wait || !s->rejoin || kvps__table_grow(s) != 0) {
         free(s->barrier_gen); free(s->seen); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
-        free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
+        free(s->ar_last); free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
         free(s->rejoin);
         return -1;
     }
@@ -6595,6 +6968,9 @@ KVPS_API kvps_result kvps_server_create(const kvps_server_desc *desc, kvps_serve
     static const kvps_rule builtin[] = {KVPS_RULE_MEAN, KVPS_RULE_ACCUMULATE, KVPS_RULE_SGD, KVPS_RULE_DEFAULT};
     s->default_opt.rule = builtin[desc->update];
     s->default_opt.lr = s->desc.lr;
+    s->nurules = desc->num_user_rules;
+    if (s->nurules) memcpy(s->urules, desc->user_rules, (size_t)s->nurules * sizeof *s->urules);
+    s->desc.user_rules = NULL; /* (not kept: copied) */
     if (kvps__server_arrays(s) != 0) {
         free(s);
         return KVPS_ERR_NOMEM;
@@ -6774,6 +7150,7 @@ KVPS_API void kvps_server_destroy(kvps_server **sp) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
     free(s->keys); free(s->slots); free(s->barrier_gen); free(s->scratch_idx); free(s->scratch);
     free(s->dscratch); free(s->seen); free(s->dirty); free(s->rank_fd); free(s->gone_since); free(s->lost); free(s->out);
+    free(s->ar_last);
     free(s->live_inc); free(s->bad_inc); free(s->bad_text); free(s->heard); free(s->done); free(s->place_wait);
     free(s->rejoin);
     kvps__place_free(&s->place);
@@ -7400,13 +7777,18 @@ KVPS_API kvps_result kvps_worker_create(const kvps_worker_desc *desc, kvps_worke
         kvps__log(KVPS_LOG_ERROR, "worker desc: need servers, 0 <= rank < num_workers");
         return KVPS_ERR_CONFIG;
     }
+    if (desc->stall_ms < -1) {
+        kvps__log(KVPS_LOG_ERROR, "worker desc: stall_ms %d: > 0, 0 (default 60000) or -1 (off)", desc->stall_ms);
+        return KVPS_ERR_CONFIG;
+    }
     kvps__tune_malloc(desc->no_malloc_tuning);
     kvps_worker *w = (kvps_worker *)calloc(1, sizeof *w);
     if (!w) return KVPS_ERR_NOMEM;
     w->desc = *desc;
     w->token = kvps__token_digest(desc->job_token);
     w->desc.job_token = NULL; /* (not kept: its digest is) */
-    w->desc.timeout_ms = kvps__def(desc->timeout_ms, 10000);
+    w->desc.timeout_ms = desc->timeout_ms; /* 0: waits on live servers have no deadline (kvps_worker_wait) */
+    w->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
     w->desc.min_slice = kvps__def(desc->min_slice, (size_t)1024);
     w->desc.max_slice = kvps__def(desc->max_slice, (size_t)1 << 18);
     w->desc.zerocopy_min = kvps__def(desc->zerocopy_min, (size_t)65536);
@@ -7516,11 +7898,11 @@ static kvps_result kvps__optim_fail(kvps_worker *w, const char *what, const char
                                     const kvps_optim *resolved, kvps_result r) {
     char where[200];
     snprintf(where, sizeof where, what, name);
-    if ((unsigned)o->rule >= KVPS_RULE_COUNT)
-        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule", where, (int)o->rule);
-    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g)", where,
+    if ((unsigned)o->rule >= KVPS_RULE_COUNT && !kvps__rule_is_user((uint32_t)o->rule))
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "%s: rule %d is not a kvps_rule (nor KVPS_RULE_USER + i)", where, (int)o->rule);
+    return kvps__wfail(w, r, "%s: %s out of range (lr %g momentum %g beta1 %g beta2 %g eps %g weight_decay %g)", where,
                        kvps__optim_bad_field(resolved), (double)o->lr, (double)o->momentum, (double)o->beta1,
-                       (double)o->beta2, (double)o->eps);
+                       (double)o->beta2, (double)o->eps, (double)o->weight_decay);
 }
 #define KVPS__TENSOR_OK(w, call, t)                                                                            \
     do {                                                                                                       \
@@ -7874,13 +8256,14 @@ static kvps_result kvps__finish(kvps_worker *w, int timeout_ms, int unreached) {
     w->finished = 1;
     kvps__watch(w);
     kvps_result r = KVPS_OK;
-    kvps__req *q = kvps__bye(w, 0, timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, unreached, &r);
+    timeout_ms = timeout_ms >= 0 ? timeout_ms : kvps__def(w->desc.timeout_ms, KVPS__SHORT_MS);
+    kvps__req *q = kvps__bye(w, 0, timeout_ms, unreached, &r);
     if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "finish: out of memory");
     if (r == KVPS_OK && q->pending > 0) {
         int s = 0;
         while (q->state[s] != KVPS__RS_SENT) s++;
         r = kvps__wfail(w, KVPS_ERR_TIMEOUT, "finish: server %d (%s) did not acknowledge within %d ms (%d of %d missing)%s",
-                        s, kvps__ep(w, s), timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms, q->pending, q->sent,
+                        s, kvps__ep(w, s), timeout_ms, q->pending, q->sent,
                         w->up_once[s] ? "" : ": it never connected, so it will wait for this worker until it is stopped");
     }
     kvps__req_end(w, q);
@@ -8115,7 +8498,7 @@ static void kvps__hs_text(const kvps_worker *w, int s, char *buf, size_t n);
    and a server that answers later with another is an error, not a misplaced key). */
 static kvps_result kvps__place_ready(kvps_worker *w) {
     if (w->place_fixed) return KVPS_OK;
-    int64_t deadline = kvps__now_ms() + w->desc.timeout_ms;
+    int64_t deadline = kvps__now_ms() + kvps__def(w->desc.timeout_ms, KVPS__SHORT_MS);
     for (int64_t now = kvps__now_ms(); !w->hellos_heard && !w->fatal && now < deadline; now = kvps__now_ms()) {
         kvps_result r = kvps__progress(w, (long)(deadline - now < 100 ? deadline - now : 100));
         if (r != KVPS_OK && !w->fatal) return r;
@@ -9006,12 +9389,9 @@ KVPS_API kvps_result kvps_worker_tensor_optim(kvps_worker *w, kvps_tensor ti, co
     *out = 0;
     KVPS__TENSOR_OK(w, "tensor_optim", ti);
     unsigned char rec[KVPS__OPTREC];
-    uint32_t rule = (uint32_t)o->rule;
-    float f[5] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
+    kvps__optim_rec(o, rec);
     kvps_optim chk;
-    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too; fail early here */
+    kvps_result r = kvps__optim_read(rec, &chk); /* the servers check too (and that they have a user rule); fail early here */
     if (r != KVPS_OK)
         return kvps__optim_fail(w, "tensor_optim of tensor '%s'", w->tensors[ti].name, o, &chk, r);
     kvps__tensor_info *t = &w->tensors[ti];
@@ -9112,16 +9492,15 @@ KVPS_API kvps_result kvps_worker_table(kvps_worker *w, const kvps_table_desc *d,
     kvps_result pr = kvps__place_ready(w); /* (rows are placed by vmap) */
     if (pr != KVPS_OK) return pr;
     unsigned char rec[KVPS__TREC];
-    memset(rec, 0, sizeof rec);
-    uint32_t rule = (uint32_t)d->opt.rule;
-    float f[5] = {d->opt.lr, d->opt.momentum, d->opt.beta1, d->opt.beta2, d->opt.eps};
-    memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, sizeof f);
-    memcpy(rec + 24, &d->init_scale, 4);
-    memcpy(rec + 32, &d->seed, 8);
+    kvps__optim_rec(&d->opt, rec);
+    memcpy(rec + KVPS__OPTREC, &d->init_scale, 4);
+    memcpy(rec + KVPS__OPTREC + 4, &d->seed, 8);
     kvps_optim chk;
     kvps_result r = kvps__optim_read(rec, &chk);
     if (r != KVPS_OK) return kvps__optim_fail(w, "table '%s'", d->name, &d->opt, &chk, r);
+    if (kvps__rule_row_of(chk.rule)->steps)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "table '%s': rule %d counts a key's steps (AdamW, user rules), which sparse "
+                           "rows do not keep", d->name, (int)chk.rule);
     uint64_t id = kvps__fnv1a(d->name);
     for (int i = 0; i < w->ntables; i++)
         if (w->tables[i].id == id) return kvps__wfail(w, KVPS_ERR_TABLE, "table '%s': registered twice on this worker", d->name);
@@ -9240,6 +9619,39 @@ KVPS_API kvps_result kvps_worker_barrier(kvps_worker *w, kvps_req *out) {
     if (w->tl) kvps__tl_post(q, KVPS__OP_BARRIER, 0, 0);
     *out = q->id;
     return KVPS_OK;
+}
+
+static const char *const kvps__scalar_op_names[KVPS_SCALAR_OP_COUNT] = {"sum", "mean", "min", "max"};
+KVPS_API const char *kvps_scalar_op_name(kvps_scalar_op op) {
+    return (unsigned)op < KVPS_SCALAR_OP_COUNT ? kvps__scalar_op_names[op] : "?";
+}
+
+KVPS_API kvps_result kvps_worker_allreduce_scalar(kvps_worker *w, double *x, kvps_scalar_op op) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    KVPS__NEED(w, "allreduce_scalar", x);
+    if ((unsigned)op >= KVPS_SCALAR_OP_COUNT)
+        return kvps__wfail(w, KVPS_ERR_INVALID_ARG, "allreduce_scalar: op %d is not a kvps_scalar_op", (int)op);
+    kvps__req *q = kvps__req_new(w, 1);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
+    q->dest[0].ptr = (float *)(void *)x; /* (8 bytes: the reply's f64, copied as they are) */
+    q->dest[0].len = sizeof *x / sizeof(float);
+    for (int i = 1; i <= w->n; i++) q->dbegin[i] = 1; /* server 0 answers dest[0] */
+    unsigned char v[16] = {0};
+    memcpy(v, x, 8);
+    kvps__put32(v + 8, (uint32_t)op);
+    kvps_result r = kvps__send_ctl(w, q, 0, KVPS__OP_ALLREDUCE, v, sizeof v);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    return kvps_worker_wait(w, q->id, -1);
+}
+
+KVPS_API kvps_result kvps_worker_join(kvps_worker *w) {
+    if (!w) return KVPS_ERR_INVALID_ARG;
+    kvps__req *q = kvps__req_new(w, 0);
+    if (!q) return kvps__wfail(w, KVPS_ERR_NOMEM, "out of memory for a new request (or too many in flight)");
+    kvps_result r = KVPS_OK;
+    for (int i = 0; i < w->n && r == KVPS_OK; i++) r = kvps__send_ctl(w, q, i, KVPS__OP_JOIN, NULL, 0);
+    if (r != KVPS_OK) { kvps__req_end(w, q); return r; }
+    return kvps_worker_wait(w, q->id, -1);
 }
 
 // >>progress
@@ -9722,12 +10134,12 @@ static void kvps__chain_retry(kvps_worker *w, kvps__req *q) {
         }
 }
 
-/* A timed-out request: asks each server still owing a reply what the request waits for
-   (STATUS; at most KVPS__STATUS_MS more) and says it in last_error: "request timed out after
-   10000 ms: server 0 (tcp://...): pull of tensor 'w' waits for round 6, which workers 2
-   (never connected) have not pushed". */
+/* A timed-out or stalled request: asks each server still owing a reply what the request waits
+   for (STATUS; at most KVPS__STATUS_MS more) and says it in buf after lead: "request timed out
+   after 10000 ms with 1 of 2 replies missing; server 0 (tcp://...): pull of tensor 'w' waits for
+   round 6, which workers 2 (never connected) have not pushed". */
 enum { KVPS__STATUS_MS = 300 };
-static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
+static void kvps__why_waiting(kvps_worker *w, kvps__req *c, const char *lead, char *buf, size_t cap) {
     int asked = 0;
     for (int s = 0; s < w->n; s++) {
         w->status_got[s] = 0;
@@ -9744,17 +10156,16 @@ static void kvps__why_waiting(kvps_worker *w, kvps__req *c, int waited_ms) {
         got = 0;
         for (int s = 0; s < w->n; s++) got += w->status_got[s];
     }
-    size_t used = (size_t)snprintf(w->errmsg, sizeof w->errmsg, "request timed out after %d ms with %d of %d replies missing",
-                                   waited_ms, c->pending, c->sent);
-    for (int s = 0; s < w->n && used < sizeof w->errmsg; s++) {
+    size_t used = (size_t)snprintf(buf, cap, "%s with %d of %d replies missing", lead, c->pending, c->sent);
+    for (int s = 0; s < w->n && used < cap; s++) {
         if (c->state[s] != KVPS__RS_SENT) continue;
-        int k = snprintf(w->errmsg + used, sizeof w->errmsg - used, "; server %d (%s): %s", s, kvps__ep(w, s),
+        int k = snprintf(buf + used, cap - used, "; server %d (%s): %s", s, kvps__ep(w, s),
                          w->status_got[s] ? w->status_text[s] : "no answer to 'what are you waiting for?'");
         if (k < 0) break;
         used += (size_t)k;
-        if (c->read && w->rsocks[s] && w->rj[s] != w->cur[s] && !w->rnever[s] && used < sizeof w->errmsg) {
+        if (c->read && w->rsocks[s] && w->rj[s] != w->cur[s] && !w->rnever[s] && used < cap) {
             /* (the primary knows nothing of a READ at the replica) */
-            k = snprintf(w->errmsg + used, sizeof w->errmsg - used, " (this part is a pushpull's read, which may wait at its "
+            k = snprintf(buf + used, cap - used, " (this part is a pushpull's read, which may wait at its "
                          "replica %d, %s%s, until the round holding this worker's push is applied there)", w->rj[s],
                          w->reps[s][w->rj[s]], w->rup[s] ? "" : ", not connected now");
             if (k < 0) break;
@@ -9785,14 +10196,75 @@ KVPS_API kvps_result kvps_worker_test(kvps_worker *w, kvps_req req, int *done) {
     return kvps__chain_end(w, q);
 }
 
+/* Why a wait on round c ends without its replies, by the servers it waits for; KVPS_OK when none
+   ends it yet. Every time: a server that refuses our handshakes (AUTH). With a deadline (at it,
+   timed_out): a server never connected, a shard none of whose replicas answers, a server
+   unreachable (PEER_LOST). With none (waited: the ms so far), each once it is past its own
+   bound: never connected for KVPS__CONNECT_MS, unreachable for peer_timeout_ms (a shard of
+   replicas: after each was tried, failover_ms each), so a dead server ends a default wait. */
+static kvps_result kvps__wait_verdict(kvps_worker *w, kvps__req *c, int timed_out, int64_t waited) {
+    int64_t now = kvps__now_ms();
+    for (int s = 0; s < w->n; s++) /* (handshakes cut: at once with a deadline, else once it is unreachable) */
+        if (c->state[s] == KVPS__RS_SENT && w->refused[s] &&
+            (timed_out || w->refused[s] != KVPS__HS_CUT || (w->down[s] && now - w->down_since[s] >= w->desc.peer_timeout_ms))) {
+            kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
+            return KVPS_ERR_AUTH;
+        }
+    for (int s = 0; s < w->n; s++)
+        if (c->state[s] == KVPS__RS_SENT && !w->up_once[s] && (timed_out || waited >= KVPS__CONNECT_MS)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
+                     "on that address?); the request stays valid and goes out when it does", s, kvps__ep(w, s),
+                     (long long)waited);
+            return KVPS_ERR_PEER_LOST;
+        }
+    for (int s = 0; s < w->n; s++) {
+        if (c->state[s] != KVPS__RS_SENT || !w->down[s]) continue;
+        int64_t dark = now - w->down_since[s];
+        if (w->nrep[s] > 1 && (timed_out || waited >= (int64_t)w->nrep[s] * w->desc.failover_ms + w->desc.peer_timeout_ms)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
+                     "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
+                     kvps__ep(w, s), (long long)dark);
+            return KVPS_ERR_PEER_LOST;
+        }
+        if (w->nrep[s] <= 1 && (timed_out || dark >= w->desc.peer_timeout_ms)) {
+            snprintf(w->errmsg, sizeof w->errmsg,
+                     "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
+                     s, kvps__ep(w, s), (long long)dark);
+            return KVPS_ERR_PEER_LOST;
+        }
+    }
+    return KVPS_OK;
+}
+
+/* The stall inspector of a wait (desc.stall_ms): a request waited for this long is logged with
+   what each server it waits for waits for (STATUS), again every stall_ms. */
+static void kvps__wait_stall(kvps_worker *w, kvps_req req, kvps__req *q, kvps__req *c, int64_t t0, int64_t *next) {
+    int64_t now = kvps__now_ms();
+    if (w->desc.stall_ms <= 0 || now < *next) return;
+    *next = now + w->desc.stall_ms;
+    char lead[128], text[sizeof w->errmsg];
+    const kvps__tensor_info *t = q->tensor ? &w->tensors[q->tensor - 1] : NULL;
+    snprintf(lead, sizeof lead, "worker %d: stalled for %lld s in a wait for request %llu%s%.40s%s", w->desc.rank,
+             (long long)(now - t0) / 1000, (unsigned long long)req, t ? " (tensor '" : "", t ? t->name : "", t ? "')" : "");
+    kvps__why_waiting(w, c, lead, text, sizeof text);
+    kvps__log(KVPS_LOG_WARN, "%s", text);
+}
+
 KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_ms) {
     if (!w) return KVPS_ERR_INVALID_ARG;
     kvps__req *q = kvps__req_get(w, req);
     if (!q) return kvps__wfail(w, KVPS_ERR_INVALID_REQ, "wait: request %llu is unknown or already completed", (unsigned long long)req);
-    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms);
+    /* the limit: the call's, else the desc's, else none (-1): live servers are waited for as long
+       as they take; dead ones end the wait (kvps__wait_verdict) */
+    int limit = timeout_ms >= 0 ? timeout_ms : w->desc.timeout_ms > 0 ? w->desc.timeout_ms : -1;
+    int64_t t0 = kvps__now_ms(), deadline = limit >= 0 ? t0 + limit : KVPS__NEVER;
+    int64_t stall_next = t0 + w->desc.stall_ms;
     /* parts a server answered KVPS_ERR_PEER_LOST before: this wait re-sends them and, once the
-       caller has been told of the loss, rides it out until its deadline (a first such answer
-       is reported at once) */
+       caller has been told of the loss, rides it out until its deadline (with none: for
+       peer_timeout_ms, for the worker to come back; a first such answer is reported at once) */
+    int64_t ride_end = limit >= 0 ? deadline : t0 + w->desc.peer_timeout_ms;
     kvps__chain_retry(w, q);
     for (;;) {
         kvps_result r = kvps__progress(w, 0);
@@ -9802,52 +10274,31 @@ KVPS_API kvps_result kvps_worker_wait(kvps_worker *w, kvps_req req, int timeout_
             kvps__req *l = kvps__chain_lost(w, q);
             if (!l) break;
             int64_t now = kvps__now_ms();
-            if (!q->lost_told || now >= deadline) {
+            if (!q->lost_told || now >= ride_end) {
                 q->lost_told = 1;
                 return KVPS_ERR_PEER_LOST; /* the request stays valid; last_error has the server's text */
             }
             int64_t pause = l->lost_at + KVPS__LOST_RETRY_MS - now;
             if (pause <= 0) { kvps__chain_retry(w, q); continue; }
-            r = kvps__progress(w, (long)(pause < deadline - now ? pause : deadline - now)); /* a sleep */
+            r = kvps__progress(w, (long)(pause < ride_end - now ? pause : ride_end - now)); /* a sleep */
             if (r != KVPS_OK) return r;
             continue;
         }
-        int64_t left = deadline - kvps__now_ms();
+        int64_t now = kvps__now_ms(), left = deadline - now;
         if (left <= 0) {
             kvps__watch(w); /* the latest connection state decides which error this is */
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && w->refused[s]) {
-                    kvps__hs_text(w, s, w->errmsg, sizeof w->errmsg);
-                    return KVPS_ERR_AUTH;
-                }
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && !w->up_once[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) never connected: nothing accepted a connection there in %lld ms (is it started, "
-                             "on that address?); the request stays valid and goes out when it does",
-                             s, kvps__ep(w, s), (long long)(timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms));
-                    return KVPS_ERR_PEER_LOST;
-                }
-            for (int s = 0; s < w->n; s++)
-                if (c->state[s] == KVPS__RS_SENT && w->down[s] && w->nrep[s] > 1) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "shard %d: no replica answers (%s; each tried for %d ms in turn, the last, %s, for %lld ms); the "
-                             "request stays valid and is re-sent when one takes over", s, w->endpoints[s], w->desc.failover_ms,
-                             kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
-                    return KVPS_ERR_PEER_LOST;
-                } else if (c->state[s] == KVPS__RS_SENT && w->down[s]) {
-                    snprintf(w->errmsg, sizeof w->errmsg,
-                             "server %d (%s) unreachable for %lld ms; the request stays valid and is re-sent when it is back",
-                             s, kvps__ep(w, s), (long long)(kvps__now_ms() - w->down_since[s]));
-                    return KVPS_ERR_PEER_LOST;
-                }
-            int waited = timeout_ms < 0 ? w->desc.timeout_ms : timeout_ms;
-            if (waited > 0) kvps__why_waiting(w, c, waited); /* (a wait of 0 is a look: it asks nothing) */
+            r = kvps__wait_verdict(w, c, 1, limit);
+            if (r != KVPS_OK) return r;
+            char lead[64];
+            snprintf(lead, sizeof lead, "request timed out after %d ms", limit);
+            if (limit > 0) kvps__why_waiting(w, c, lead, w->errmsg, sizeof w->errmsg); /* (a wait of 0 is a look: it asks nothing) */
             else snprintf(w->errmsg, sizeof w->errmsg, "request not done: %d of %d replies missing", c->pending, c->sent);
             return KVPS_ERR_TIMEOUT;
         }
+        if (limit < 0 && (r = kvps__wait_verdict(w, c, 0, now - t0)) != KVPS_OK) return r;
+        kvps__wait_stall(w, req, q, c, t0, &stall_next);
         if (c->pending > 0) {
-            r = kvps__progress(w, left);
+            r = kvps__progress(w, left < 100 ? left : 100); /* (slices: the verdict and the stall inspector look between) */
             if (r != KVPS_OK) return r;
         } else {
             sched_yield(); /* replies are in; ZeroMQ is releasing a zero-copy frame */
@@ -9989,7 +10440,7 @@ static void kvps__tl_round(kvps_server *s, kvps__key *k, int count) {
     p = kvps__tl_arg_key(p, "key", k->key);
     if (k->key >> 63) p = kvps__tl_arg_u64(p, "slice", k->key & 0xffff);
     if (name) p = kvps__tl_arg_raw(p, "tensor", tname);
-    p = kvps__tl_arg_u64(p, "round", k->round - 1);
+    p = kvps__tl_arg_u64(p, "round", k->round); /* (counted already: 1 the first, as in messages) */
     p = kvps__tl_arg_i64(p, "contributions", count);
     p = kvps__tl_arg_u64(p, "bytes", k->len * sizeof(float));
     p = kvps__tl_arg_us(p, "straggler_wait_us", last - first);

@@ -157,6 +157,7 @@ KVPS_API kvps_result kvps_zmq_ctx_pin(void *zmq_ctx, const char *cpus);
    and, only where kvps.h or kvps_ring.h is included (they define KVPS__CORE_ZMQ), its ZeroMQ part:
      cpus       CPU lists, kvps_zmq_ctx_pin, contexts of kvps's own
      frames     sending and receiving whole multipart messages
+     liveness   ZMTP heartbeats and socket monitors (how kvps.h and kvps_ring.h see a peer go)
    The layers above call these functions: they are static and may go unused in a program that
    includes only some headers, so the unused-function warnings are off here. */
 #if defined(__GNUC__)
@@ -298,6 +299,9 @@ static int64_t kvps__now_us(void) {
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 static int64_t kvps__now_ms(void) { return kvps__now_us() / 1000; }
+/* The deadline of a wait that has none (far enough from every now that deadline - now never
+   overflows, and never reached). */
+#define KVPS__NEVER (INT64_MAX / 4)
 
 /* The wall-clock time ms milliseconds from now, as pthread_cond_timedwait takes it. */
 static struct timespec kvps__deadline_ts(int64_t ms) {
@@ -964,6 +968,53 @@ static int kvps__recv_msg(void *sock, zmq_msg_t *fr, int max, int *extra) {
         else { zmq_msg_close(m); (*extra)++; }
     }
     return n;
+}
+
+// >>liveness
+/* ZMTP heartbeats: a PING every ivl ms; a connection with no traffic for timeout ms is closed
+   (and, on the connecting side, made again). */
+static void kvps__heartbeats(void *sock, int ivl, int timeout) {
+    if (ivl <= 0) return;
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
+}
+
+/* Socket events (connects, drops) of sock, delivered to a PAIR socket *out. */
+static int kvps__monitor(void *ctx, void *sock, int events, void **out) {
+    static int counter;
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://kvps-monitor-%p-%d", sock, __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    if (zmq_socket_monitor(sock, ep, events) != 0) return -1;
+    void *m = zmq_socket(ctx, ZMQ_PAIR);
+    if (!m) return -1;
+    int zero = 0;
+    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(m, ep) != 0) { zmq_close(m); return -1; }
+    *out = m;
+    return 0;
+}
+
+/* Reads one event from a monitor socket without blocking: 1 and its event and value (the fd
+   for a drop), 0 when none is waiting. */
+static int kvps__monitor_event(void *mon, uint16_t *event, int32_t *value) {
+    zmq_msg_t a, b;
+    zmq_msg_init(&a);
+    if (zmq_msg_recv(&a, mon, ZMQ_DONTWAIT) < 0) { zmq_msg_close(&a); return 0; }
+    int ok = zmq_msg_size(&a) >= 6;
+    if (ok) {
+        memcpy(event, zmq_msg_data(&a), 2);
+        memcpy(value, (char *)zmq_msg_data(&a) + 2, 4);
+    }
+    int more = zmq_msg_more(&a);
+    zmq_msg_close(&a);
+    while (more) { /* the endpoint frame */
+        zmq_msg_init(&b);
+        if (zmq_msg_recv(&b, mon, 0) < 0) { zmq_msg_close(&b); break; }
+        more = zmq_msg_more(&b);
+        zmq_msg_close(&b);
+    }
+    return ok;
 }
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop

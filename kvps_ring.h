@@ -19,6 +19,7 @@
      8. Uneven collectives: allgatherv, gatherv, scatterv, alltoallv
      9. Sub-rings: kvps_ring_split
     10. Transports: shared memory on one host, the ring's own TCP connections between hosts
+    11. Join: ranks whose data ends first
 
    1. STEP BY STEP
        kvps_ring *r = NULL;
@@ -163,18 +164,34 @@
    (blocking) or until kvps_ring_wait / test reports the request done (non-blocking). Operations run in the order they were started, the same
    order on every rank; a ring is used by one thread at a time, except that kvps_ring_post'ed
    operations run on a background thread (p2p calls wait for them: section 7). A ring and its
-   sub-rings share that thread and that rule (section 9). Every operation ends within .timeout_ms
-   (default 30 s): a dead peer gives KVPS_ERR_TIMEOUT naming the rank waited for and the call (a dead
-   peer on this host: KVPS_ERR_PEER_LOST within about 100 ms naming it and its process, section
-   10), in
-   kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for rank 2 in allreduce of 100
-   float32 (sum, root 0) (this ring's collective #7)"). After an error
-   the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
+   sub-rings share that thread and that rule (section 9).
+   TIMEOUTS. Slow is not dead: with no .timeout_ms (the default) a wait on a live peer lasts as
+   long as it takes, logged (warn) at .stall_ms (60 s) and every stall_ms after. A dead peer ends
+   every wait within .peer_timeout_ms (5 s): KVPS_ERR_PEER_LOST naming it. A deadline is yours to set.
+   In more words: the stall inspector's line names the rank (of the family's first ring) waited
+   for, its process and how it is, and the call: "ring 0: stalled for 60 s waiting for rank 1
+   (process 4242 on this host, alive; it answers heartbeats) in allreduce of 1000 float32 (sum,
+   root 0)"; .stall_ms = -1 turns it off. How a death is seen: a peer on this host by its process
+   (gone: about 100 ms), one over the ring's TCP connection by the connection's end (at once), and
+   every peer by its ZeroMQ connection, which carries ZMTP heartbeats (every peer_timeout_ms / 5):
+   closed, or silent for peer_timeout_ms, and not back within peer_timeout_ms more, the peer is
+   gone ("rank 2 (process 4242 at 10.0.0.3) is unreachable: no ZeroMQ connection for 5014 ms ...").
+   A stopped process (SIGSTOP, kill -STOP, a debugger holding it) answers no heartbeats: it is
+   treated as dead, KVPS_ERR_PEER_LOST about 2 x peer_timeout_ms after it stopped (on this host the
+   error says "it is stopped"), as a PS server treats a silent worker; over the network a stopped
+   process cannot be told from a dead host or a cut link, and one rule holds on every transport.
+   To pause a rank in a debugger longer than that, raise .peer_timeout_ms. A deadline: .timeout_ms
+   (every call of the ring) or kvps_ring_wait's timeout gives KVPS_ERR_TIMEOUT naming the rank
+   waited for and the call, in kvps_ring_last_error ("rank 0: timed out after 30000 ms waiting for
+   rank 2 in allreduce of 100 float32 (sum, root 0) (this ring's collective #7)"). A peer that
+   never connected is not known to be alive: its hello is awaited .timeout_ms, else 5 minutes
+   (the stall inspector names it meanwhile); a TCP connection that has not proven itself, 30 s.
+   After an error the ring is broken (KVPS_ERR_STATE for later calls): destroy it and make a new one. A failed
    collective whose frames sent without a copy are still in ZeroMQ's hands closes the sockets
    (so that the caller may free its buffers): that breaks the ring's sub-rings and parent too.
    Every rank may destroy its ring (and exit) the moment its last call returns, even a rank that
    only sent while a slower peer still waits for its pieces: kvps_ring_destroy first delivers
-   what is still queued, waiting at most 5 s (or .timeout_ms if shorter) for a peer that is not
+   what is still queued, waiting at most 5 s (or .timeout_ms if set and shorter) for a peer that is not
    connected yet; tests/test_ring_close.c checks the last call's result on every rank.
 
    6. TIMELINE
@@ -203,8 +220,8 @@
    send returns, the isend's request is done. Larger ones go without a copy and wait for the
    receiver's answer, as MPI's rendezvous: the blocking send returns (the isend's request is
    done) once the receiver has taken the message and ZeroMQ has let go of buf. So a rank that
-   sends more than 64 KiB to a rank that is itself in a blocking send to it waits until its
-   timeout: use isend, or order the calls. The data itself goes at once, whatever the receiver is
+   sends more than 64 KiB to a rank that is itself in a blocking send to it waits for ever (or
+   until .timeout_ms): use isend, or order the calls. The data itself goes at once, whatever the receiver is
    doing; it is kept until received.
    Errors. A receive that names another count or dtype fails with KVPS_ERR_MISMATCH: "rank 1:
    recv from rank 0 tag 7 expected 100 float32, rank 0 sent 50 float32", and answers the sender
@@ -212,15 +229,15 @@
    by the receiver: rank 1: recv from rank 0 tag 7 expected ..."): in the send itself (or its
    request's wait) over 64 KiB; for an eager send, which has already returned KVPS_OK, in its
    next call on the ring, p2p or collective, which fails with KVPS_ERR_MISMATCH. Waiting for a
-   rank that does not send ends within .timeout_ms: KVPS_ERR_TIMEOUT, "rank 0: timed out after
+   rank that does not send ends within .timeout_ms when set: KVPS_ERR_TIMEOUT, "rank 0: timed out after
    500 ms waiting for rank 2 in recv of 64 float32 from rank 2 tag 3"; at once with
    KVPS_ERR_PEER when that rank said its ring broke (a failed p2p call tells every peer). As
    with collectives, any of these breaks the ring (KVPS_ERR_STATE for later calls; a request
    still pending then answers KVPS_ERR_STATE). Bad arguments (a rank outside 0..size-1, NULL buf
    with count > 0, no such dtype, count over 2^40 bytes, out NULL) give KVPS_ERR_INVALID_ARG
    with the reason in kvps_ring_last_error and leave the ring as it was. kvps_ring_wait(r, q, t)
-   with t >= 0 that runs out gives KVPS_ERR_TIMEOUT and leaves q pending; t < 0 waits up to the
-   ring's timeout and fails q. A finished request is gone (KVPS_ERR_INVALID_REQ after).
+   with t >= 0 that runs out gives KVPS_ERR_TIMEOUT and leaves q pending; t < 0 waits as a
+   blocking call does (section 5: the ring's .timeout_ms, if set, fails q). A finished request is gone (KVPS_ERR_INVALID_REQ after).
    Threads and collectives. Every call uses the same transports to a peer (section 10), so p2p
    and collectives share them: a p2p message that arrives while a collective runs is kept for the
    receive, and a collective's piece that arrives during a p2p call is kept for the collective.
@@ -278,7 +295,7 @@
    ring), operations posted on any of its rings run on one thread in the order posted, and
    p2p calls and splits wait for them. But a blocking collective holds the family until it
    ends, so two threads whose collectives on different rings of a family start in different
-   orders on different ranks wait for each other until the timeout: use a family from one
+   orders on different ranks wait for each other for ever (or until .timeout_ms): use a family from one
    thread, or post its collectives in the same order on every rank.
    Destroying. Destroy sub-rings before the ring kvps_ring_create made: it owns the sockets, and
    destroying it first (operations posted on any ring of the family run first) leaves its
@@ -318,7 +335,8 @@
    streams through it while the reader copies it out, the writer reading its own queues as it
    waits for room (two ranks sending each other large messages never wait on each other). So a
    send to a rank that does not call the ring waits, as MPI's does, once that rank's queue is
-   full (ZeroMQ would buffer it): longer than .timeout_ms, and it fails with KVPS_ERR_TIMEOUT.
+   full (ZeroMQ would buffer it): as long as that rank lives (section 5), or .timeout_ms when set
+   (KVPS_ERR_TIMEOUT).
    Waiting. A rank that waits for a message looks at its queues for a few microseconds without
    a system call, then keeps looking for up to 200 us where every rank of this machine (its boot:
    network namespaces and containers share its CPUs) has a CPU of its own, else yields up to 16
@@ -328,7 +346,7 @@
    peer on this host (to receive from it, or for room in its queue) whose process is gone
    returns KVPS_ERR_PEER_LOST within about 100 ms, naming it: "rank 1 (process 4242 on this host)
    is gone: it died while this rank waited for it in allreduce of 256 float32 (sum, root 0)";
-   over ZeroMQ a dead peer is a timeout, as before.
+   over ZeroMQ its heartbeats tell (section 5).
    Trust. Everything read from a segment is checked before use: a queue's indices against its
    size, a message's length against the largest a ring sends, the header's magic and its sender;
    a malformed queue is read no more, and the error names its writer (tests/fuzz/fuzz_shm.c
@@ -362,7 +380,7 @@
    sent over ZeroMQ to the endpoint the job named for it); until it has been checked (in constant
    time) nothing else the connection sent is read. A connection with a wrong preamble, a second
    one for a rank, one from a rank this rank dials, one that closes or says nothing for
-   .timeout_ms is closed with one warning naming its address and why ("ring 0: refused a
+   .timeout_ms (30 s when unset) is closed with one warning naming its address and why ("ring 0: refused a
    connection to its data port from 10.0.0.9:51234: a wrong token (not this job, or a stale
    one)"). The address a rank dials is the one the job's peer list names; only its port comes from
    the hello. Frames are decoded as shared memory's are (kvps_ring__frame_take: the magic and the
@@ -374,15 +392,43 @@
    at once where a rank waits for it: "rank 2 (process 4242 at 10.0.0.3) closed its connection to
    this rank: it ended or died while this rank waited for it in allreduce of ..."; a send that
    fails says "its connection failed (Connection reset by peer)"; KVPS_ERR_PEER_LOST. A dialler
-   that cannot connect (refused, or not within .timeout_ms) falls back to ZeroMQ for that pair and
+   that cannot connect (refused, or not within .timeout_ms, 30 s when unset) falls back to ZeroMQ for that pair and
    tells the other (NOTCP), before anything went over the connection. So the first message from
    the lower rank of a pair waits for the higher to have connected, which it does when it reads
    the lower's hello in any call on the ring: a peer that has not called the ring since it
-   connected holds that message (at most .timeout_ms: "timed out ... waiting for rank 3 to
-   connect to this rank's data port"), where over ZeroMQ it was queued.
+   connected holds that message (as long as that rank lives, section 5; with .timeout_ms at most
+   that: "timed out ... waiting for rank 3 to connect to this rank's data port"), where over
+   ZeroMQ it was queued.
    Off: .shm = -1 or KVPS_RING_SHM=0 (no shared memory, DIRECT off), .tcp = -1 or KVPS_RING_TCP=0
    (no TCP connections: ZeroMQ), and ipc:// or inproc:// endpoints have no TCP; on other systems
    than Linux there is no shared memory.
+
+   11. JOIN: RANKS WHOSE DATA ENDS FIRST (Horovod's hvd.join, PyTorch's Join)
+       kvps_ring_create(&(kvps_ring_desc){ ..., .join = 1 }, &r);      // on every rank
+       for (int s = 0; s < my_steps; s++) kvps_ring_allreduce(r, g, g, n, KVPS_FLOAT32, KVPS_AVG);
+       kvps_ring_join(r);           // returns once every rank has called it
+   On a ring made with .join = 1, a rank whose data has ended calls kvps_ring_join: it takes part
+   in the others' all-reduces (every algorithm, a 16-bit wire too) and barriers with the op's
+   identity as its input (0 for sum and avg, 1 for prod, the largest value for min, the smallest
+   for max) until every rank has joined; then kvps_ring_join returns KVPS_OK on every rank and the
+   ring is as before (the next epoch may use it). AVG divides by the ranks that have not joined
+   (as Horovod; integers with truncation); sum, prod, min and max reduce over them alone.
+   How every rank knows the same: each collective on such a ring starts with an agreement, a
+   recursive-doubling all-reduce (int64 max, its header's layout "JOIN") of a flag per rank and
+   the collective's parameters (collective, dtype, wire, op, count, root, algorithm, list
+   layout) from the ranks that have not joined; a joined rank learns from it what to run, and
+   every rank decides from the same bits. So it costs one small all-reduce per collective (8
+   (size + 16) bytes; in the timeline as an allreduce of its own), and only on rings made with
+   .join. While a rank has joined, another collective (reduce, broadcast, the v-collectives...,
+   an all-reduce over a list of buffers) fails before any data moves on every rank, the same
+   words everywhere: KVPS_ERR_STATE, "rank 0: broadcast called while rank(s) 3 had joined
+   (kvps_ring_join): a joined rank takes part only in allreduce and barrier" (the ring is then
+   broken, as after any error); ranks that have not joined and call different collectives get
+   KVPS_ERR_MISMATCH naming the parameter. kvps_ring_joined(r, ranks, max) says how many ranks
+   had joined at this rank's last collective (the same on every rank) and which. A joined rank
+   waits for the others' next collective within .timeout_ms, like any wait on the ring, and holds
+   the ring as a blocking collective does: its own posted operations run before it, p2p
+   messages sent to it are kept until it receives them after kvps_ring_join returns.
 */
 #ifndef KVPS__CORE_ZMQ
 #define KVPS__CORE_ZMQ /* (core's ZeroMQ part: contexts and frames) */
@@ -427,7 +473,7 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | rank, size  | required, 0 <= rank < size                    |
    | peers       | NULL: call kvps_ring_connect later            |
    | bind        | this rank's entry of peers                    |
-   | timeout_ms  | 30000                                         |
+   | timeout_ms  | 0: none: a wait on a live peer lasts as long as it takes (section 5) |
    | chunk_bytes | 1 MiB (pipeline piece; measured best at 1-64 MB) |
    | algo        | KVPS_ALGO_AUTO                                |
    | small_bytes | 512 KiB (AUTO: RD at or below; measured crossover) |
@@ -437,7 +483,10 @@ typedef enum kvps_coll { /* from 1 (0 is no collective), so KVPS_COLL_COUNT is t
    | timeline    | NULL: $KVPS_TIMELINE, else none; "DIR": a timeline in DIR (kvps.h, TIMELINE) |
    | sndbuf_bytes| 0: 256 KiB to peers on a loopback address, the OS's autotuning to others; > 0: that for every peer; < 0: the OS's everywhere (section 4) |
    | shm         | 0: shared memory to peers on this host unless $KVPS_RING_SHM is 0; 1: on; -1: off (section 10) |
-   | tcp         | 0: the ring's own TCP connections to the other peers unless $KVPS_RING_TCP is 0; 1: on; -1: off: ZeroMQ (section 10) | */
+   | tcp         | 0: the ring's own TCP connections to the other peers unless $KVPS_RING_TCP is 0; 1: on; -1: off: ZeroMQ (section 10) |
+   | stall_ms    | 60000: a wait this long is logged (warn), naming the rank waited for; -1: off (section 5) |
+   | peer_timeout_ms | 5000: a peer whose ZeroMQ connection is down this long is gone (section 5) |
+   | join        | 0: off; 1: kvps_ring_join may be called, each collective agreeing first on who has joined (section 11) | */
 typedef struct kvps_ring_desc {
     int rank, size;
     const char *peers;
@@ -459,6 +508,12 @@ typedef struct kvps_ring_desc {
                              is 0; 1: on; -1: off (every peer over ZeroMQ) */
     int tcp;              /* the ring's own TCP connections to peers not reached through shared memory
                              (section 10): 0: on unless $KVPS_RING_TCP is 0; 1: on; -1: off (ZeroMQ) */
+    int stall_ms;         /* the stall inspector: a wait on a peer this long is logged (warn), again every
+                             stall_ms: 60000 (-1: off) (section 5) */
+    int peer_timeout_ms;  /* ZMTP heartbeats every peer_timeout_ms / 5; a peer whose connection has been
+                             down this long is gone (KVPS_ERR_PEER_LOST): 5000 (section 5) */
+    int join;             /* 1: kvps_ring_join may be called (section 11): every collective first agrees,
+                             in a small all-reduce, on who has joined; 0: off (no such cost) */
 } kvps_ring_desc;
 
 typedef struct kvps_ring_op {
@@ -569,6 +624,15 @@ KVPS_API kvps_result kvps_ring_isend(kvps_ring *r, const void *buf, size_t count
 KVPS_API kvps_result kvps_ring_irecv(kvps_ring *r, void *buf, size_t count, kvps_dtype dt, int src, uint32_t tag,
                                      kvps_ring_req *out);
 
+/* Join (manual section 11; a ring made with .join = 1): a rank whose data has ended calls
+   kvps_ring_join; it takes part in the others' allreduce and barrier calls with op's identity as
+   its input (0 for sum and avg) until every rank has joined, then returns KVPS_OK on every rank.
+   AVG divides by the ranks that have not joined. Another collective called meanwhile fails on
+   every rank (KVPS_ERR_STATE, naming it and the joined ranks). kvps_ring_joined: how many ranks
+   had joined at this rank's last collective, and (ranks non-NULL) the first max of them. */
+KVPS_API kvps_result kvps_ring_join(kvps_ring *r);
+KVPS_API int kvps_ring_joined(const kvps_ring *r, int *ranks, int max);
+
 /* dst[i] = dst[i] op src[i], as the collectives reduce (exposed for tests and users). */
 KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype dt, kvps_redop op);
 
@@ -589,7 +653,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      timeline     a collective and its phases in the rank's timeline (kvps_core.h's writer)
      reduce       element sizes; dst op= src and AVG's division, per dtype and op
      transport    the transports (hellos; a peer's queue, the pair's connection or ZeroMQ; waiting
-                  on all; liveness),
+                  on all; liveness: processes, connections, heartbeats; deadlines; the stall
+                  inspector),
                   then frames to and from peers: send, receive (stash, mismatch, abort),
                   zero-copy; p2p messages kept apart whoever reads them; a sub-ring's handed to it
      elements     pieces of elements: the 16-bit wire, receive-and-reduce
@@ -604,6 +669,8 @@ KVPS_API void kvps_reduce_into(void *dst, const void *src, size_t n, kvps_dtype 
      p2p          point-to-point: taking the ring from its thread, keeping and matching messages,
                   eager and answered sends, send / recv / isend / irecv and their wait and test
      api          the collective calls; the sparse all-reduce
+     join         kvps_ring_join: the agreement before each collective of a .join ring, its verdict,
+                  a joined rank's loop
      setup        create, connect, destroy; a family's sockets; kvps_ring_split
      environment  rank, size and peers from the launcher's variables (the rendezvous through
                   kvps servers, kvps_ring_rendezvous, is kvps.h's) */
@@ -703,6 +770,10 @@ typedef struct kvps_ring__peer {
     unsigned char *rx;
     size_t rx_off, rx_len;
     kvps_ring__frame_rd trd;
+    /* liveness (>>transport, kvps_ring__x_watch): its ZeroMQ connection's handshake succeeded once
+       (zup); since when it has been down after a drop or a failed handshake (0: up, or never made) */
+    unsigned char zup;
+    int64_t zdown;
 } kvps_ring__peer;
 
 static size_t kvps_ring__shm_bytes(uint32_t size, uint64_t cap) {
@@ -853,10 +924,9 @@ static int kvps_ring__bell_open(const char *seg_name, int *rx, int *tx) {
 }
 
 
-/* Whether process pid is gone (exited, or a zombie no one has reaped). */
-static int kvps_ring__pid_gone(int32_t pid) {
-    if (pid <= 0 || pid == (int32_t)getpid()) return 0;
-    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+/* Process pid's state letter in /proc/PID/stat (R running, S sleeping, D disk, T stopped, t
+   traced, Z zombie, X dead), 0 when it cannot be read. */
+static char kvps_ring__pid_state(int32_t pid) {
     char path[64], buf[256];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *fp = fopen(path, "r");
@@ -865,7 +935,15 @@ static int kvps_ring__pid_gone(int32_t pid) {
     fclose(fp);
     buf[n] = 0;
     const char *close = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and ')' */
-    return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+    return close && close[1] == ' ' ? close[2] : 0;
+}
+
+/* Whether process pid is gone (exited, or a zombie no one has reaped). */
+static int kvps_ring__pid_gone(int32_t pid) {
+    if (pid <= 0 || pid == (int32_t)getpid()) return 0;
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char st = kvps_ring__pid_state(pid);
+    return st == 'Z' || st == 'X';
 }
 
 /* Copies bytes at addr in process pid to dst: 0, or -1 with errno (ESRCH: the process is gone;
@@ -1206,11 +1284,17 @@ enum {
     KVPS_RING__SPIN = 16,          /* a collective's receive: non-blocking polls, each after a yield, before it sleeps */
     KVPS_RING__SPIN_US = 200,      /* ... or fewer: until this long has passed (a busy CPU: a yield costs a time slice) */
     KVPS_RING__PEEK = 256,         /* shared memory: looks at the queues (a pause between) before the first yield */
+    /* with no .timeout_ms (section 5), the bounds of waits on peers not known to be alive: a hello
+       (a rank that never connected), and a connection to the data port that is being made or has
+       not proven itself (>>tcp) */
+    KVPS_RING__HELLO_MS = 300000, KVPS_RING__PROVE_MS = 30000,
     /* tag phases */
     KVPS_RING__PH_RS = 1, KVPS_RING__PH_AG = 2, KVPS_RING__PH_RD = 3, KVPS_RING__PH_RDPRE = 4,
     KVPS_RING__PH_RDPOST = 5, KVPS_RING__PH_BCAST = 6, KVPS_RING__PH_TREE = 7, KVPS_RING__PH_GATHER = 8,
     KVPS_RING__PH_SCATTER = 9, KVPS_RING__PH_A2A = 10, KVPS_RING__PH_BARRIER = 11, KVPS_RING__PH_RH = 12,
-    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15, KVPS_RING__PH_ONESHOT = 16
+    KVPS_RING__PH_RHAG = 13, KVPS_RING__PH_VCOUNT = 14, KVPS_RING__PH_DIRECT = 15, KVPS_RING__PH_ONESHOT = 16,
+    /* join (>>join): the agreement's header carries this layout ("JOIN"); the parameters it agrees on */
+    KVPS_RING__JOIN_LAYOUT = 0x4A4F494E, KVPS_RING__JOIN_NP = 8
 };
 
 typedef struct kvps_ring__hdr {
@@ -1348,6 +1432,13 @@ typedef struct kvps_ring__fam {
     kvps_ring__job *head, *tail, *finished;
     uint64_t next_id, running_id;
     void *ctx, *router, **dealers; /* dealers: one per rank of the first ring */
+    void **mons;                   /* each dealer's monitor (NULL: none, inproc); read by kvps_ring__x_watch */
+    int peer_timeout_ms;           /* the first ring's: a peer whose connection is down this long is gone */
+    int64_t watched;               /* the monitors were last read then */
+    /* the stall inspector (kvps_ring__x_stall): the wait of the call running since wait_t0 is
+       logged at stall_at, then every stall_ms (<= 0: off) */
+    int stall_ms;
+    int64_t wait_t0, stall_at;
     int own_ctx, size, refs;
     int closed;                    /* the first ring is destroyed: no sockets */
     int broken;                    /* a failure on one of its rings closed the dealers */
@@ -1434,6 +1525,14 @@ struct kvps_ring {
     size_t p2p_eager;    /* bytes sent without waiting for an answer (KVPS_RING__P2P_EAGER_MAX) */
     kvps_ring__p2p *p2p_reqs;
     struct kvps_ring__tl *tl; /* the timeline, NULL when off (>>timeline) */
+    /* join (>>join; rings made with .join): the agreement is running; ranks that had not joined
+       at the last agreement (0: none yet, or every rank had); its result (size flags, then each
+       of KVPS_RING__JOIN_NP parameters' max and -min); a joined rank's contribution (the op's
+       identity) */
+    int join_agreeing, join_live;
+    int64_t *join_vec;
+    void *join_buf;
+    size_t join_cap;
 };
 
 // >>timeline
@@ -1682,6 +1781,26 @@ static void kvps_ring__scale(void *buf, size_t n, kvps_dtype dt, int k) {
 #undef KVPS_RING__HALF_RED
 #undef KVPS_RING__HALF_DIV
 
+/* n elements of op's identity (what a joined rank contributes, >>join): 0 for sum and avg, 1 for
+   prod, the largest value for min (+inf for floats), the smallest for max. */
+static void kvps_ring__identity(void *buf, size_t n, kvps_dtype dt, kvps_redop op) {
+    int mn = op == KVPS_MIN, mx = op == KVPS_MAX, one = op == KVPS_PROD;
+    double f = one ? 1.0 : mn ? HUGE_VAL : mx ? -HUGE_VAL : 0.0;
+    int64_t i64 = one ? 1 : mn ? INT64_MAX : mx ? INT64_MIN : 0;
+    int32_t i32 = one ? 1 : mn ? INT32_MAX : mx ? INT32_MIN : 0;
+    uint16_t h = kvps_f32_to_f16((float)f), b = kvps_f32_to_bf16((float)f);
+    for (size_t i = 0; i < n; i++)
+        switch (dt) {
+        case KVPS_FLOAT32: ((float *)buf)[i] = (float)f; break;
+        case KVPS_FLOAT64: ((double *)buf)[i] = f; break;
+        case KVPS_INT32: ((int32_t *)buf)[i] = i32; break;
+        case KVPS_INT64: ((int64_t *)buf)[i] = i64; break;
+        case KVPS_FLOAT16: ((uint16_t *)buf)[i] = h; break;
+        case KVPS_BFLOAT16: ((uint16_t *)buf)[i] = b; break;
+        default: return;
+        }
+}
+
 // >>transport
 /* A sub-ring's errors say which it is and whose ranks: "sub-ring 1 (colour 3, parent ranks 4
    5 6) rank 0 = parent rank 4: " (a nested one: "colour 0 of sub-ring 1"); the ranks in the
@@ -1712,6 +1831,17 @@ static kvps_result kvps_ring__fail(kvps_ring *r, kvps_result rc, const char *fmt
         snprintf(r->errmsg, sizeof r->errmsg, "%s%.*s", who, (int)(sizeof r->errmsg - 1 - strlen(who)), body);
     }
     return rc;
+}
+
+/* Deadlines (section 5): a wait that starts now ends at .timeout_ms, or never (0: none; dead
+   peers end it: kvps_ring__x_gone). A hello is a wait on a peer not known to be alive (it never
+   connected): with no timeout it is bounded all the same, by KVPS_RING__HELLO_MS. */
+static int64_t kvps_ring__dl(const kvps_ring *r) {
+    return r->desc.timeout_ms > 0 ? kvps__now_ms() + r->desc.timeout_ms : KVPS__NEVER;
+}
+static int kvps_ring__hello_ms(const kvps_ring *r) { return r->desc.timeout_ms > 0 ? r->desc.timeout_ms : KVPS_RING__HELLO_MS; }
+static int64_t kvps_ring__hello_dl(const kvps_ring *r, int64_t dl) {
+    return r->desc.timeout_ms > 0 ? dl : kvps__now_ms() + KVPS_RING__HELLO_MS;
 }
 
 /* Rank dst's socket: the family's DEALER to that rank of its first ring (NULL once closed). */
@@ -1796,7 +1926,8 @@ static void kvps_ring__x_hello(kvps_ring *r) {
             kvps__log(KVPS_LOG_WARN, "ring %d: no TCP data port on %s (%s): ZeroMQ to the peers that shared memory does "
                       "not reach", r->rank, lhost, !f->tok ? "no memory" : strerror(errno));
     }
-    f->timeout_ms = r->desc.timeout_ms;
+    f->timeout_ms = r->desc.timeout_ms > 0 ? r->desc.timeout_ms : KVPS_RING__PROVE_MS;
+    f->peer_timeout_ms = r->desc.peer_timeout_ms;
     f->local = 1;
     f->cpus = 1;
 #if defined(__linux__) && defined(CPU_COUNT)
@@ -2375,9 +2506,47 @@ static kvps_result kvps_ring__x_wait(kvps_ring__fam *f, int64_t left) {
     return KVPS_OK;
 }
 
+/* Liveness (section 5): reads the dealers' monitors, at most every 10 ms: a handshake that
+   succeeded marks a peer's ZeroMQ connection up, a drop (the peer closed or died, or its
+   heartbeats went unanswered for peer_timeout_ms) or a failed handshake down from then on. */
+static void kvps_ring__x_watch(kvps_ring__fam *f) {
+    int64_t now = kvps__now_ms();
+    if (now - f->watched < 10) return;
+    f->watched = now;
+    for (int p = 0; p < f->size; p++) {
+        kvps_ring__peer *q = &f->peers[p];
+        uint16_t ev = 0;
+        int32_t val = 0;
+        while (f->mons[p] && kvps__monitor_event(f->mons[p], &ev, &val)) {
+            if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) { q->zup = 1; q->zdown = 0; }
+            else if (ev & (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
+                q->zdown = q->zdown ? q->zdown : now;
+        }
+    }
+}
+
+/* How root rank p's process is, in words for the stall inspector: "process 4242 on this host,
+   stopped; its ZeroMQ connection down for 3 s". */
+static void kvps_ring__x_peer_text(kvps_ring__fam *f, int p, char *buf, size_t cap) {
+    kvps_ring__peer *q = &f->peers[p];
+    char st = q->same && q->pid ? kvps_ring__pid_state(q->pid) : 0;
+    const char *how = st == 'T' || st == 't' ? ", stopped (SIGSTOP or a debugger)" : st == 'Z' || st == 'X' ? ", dead"
+                    : st ? ", alive" : "";
+    kvps_ring__x_watch(f);
+    char conn[64] = "";
+    if (q->zdown) snprintf(conn, sizeof conn, "; its ZeroMQ connection down for %lld s", (long long)(kvps__now_ms() - q->zdown) / 1000);
+    else if (q->zup) snprintf(conn, sizeof conn, "; it answers heartbeats");
+    if (!q->hello) snprintf(buf, cap, "no hello from it yet: not connected");
+    else if (q->same) snprintf(buf, cap, "process %d on this host%s%s", (int)q->pid, how, conn);
+    else snprintf(buf, cap, "process %d at %s%s", (int)q->pid, q->thost[0] ? q->thost : "another host", conn);
+}
+
 /* Whether root rank p is gone, in words that follow "rank N ": its connection to this rank
    ended and every byte it sent has been read, or, on this host, its process exited or was
-   killed (looked at once per 100 ms at most). NULL while it is not known to be. */
+   killed (looked at once per 100 ms at most), or its ZeroMQ connection has been down for
+   peer_timeout_ms (it died, was stopped, or its network failed: section 5). NULL while it is
+   not known to be. */
 static const char *kvps_ring__x_gone(kvps_ring__fam *f, int p, char *buf, size_t cap) {
     kvps_ring__peer *q = &f->peers[p];
     if (q->tend && !q->topen) {
@@ -2387,15 +2556,55 @@ static const char *kvps_ring__x_gone(kvps_ring__fam *f, int p, char *buf, size_t
                                 : "sent a malformed stream and was cut off");
         return buf;
     }
-    if (!q->same || !q->pid) return NULL;
     int64_t now = kvps__now_ms();
-    if (now - q->looked >= 100) {
+    if (q->same && q->pid && now - q->looked >= 100) {
         q->looked = now;
         q->gone = kvps_ring__pid_gone(q->pid);
     }
-    if (!q->gone) return NULL;
-    snprintf(buf, cap, "(process %d on this host) is gone: it died", (int)q->pid);
+    if (q->same && q->pid && q->gone) {
+        snprintf(buf, cap, "(process %d on this host) is gone: it died", (int)q->pid);
+        return buf;
+    }
+    kvps_ring__x_watch(f);
+    if (!q->zdown || now - q->zdown < f->peer_timeout_ms) return NULL;
+    char st = q->same && q->pid ? kvps_ring__pid_state(q->pid) : 0;
+    char where[96];
+    if (q->same) snprintf(where, sizeof where, "(process %d on this host)", (int)q->pid);
+    else snprintf(where, sizeof where, "(process %d at %s)", (int)q->pid, q->thost[0] ? q->thost : "another host");
+    snprintf(buf, cap, "%s is unreachable: no ZeroMQ connection for %lld ms (closed, or no heartbeat for %d ms): %s",
+             where, (long long)(now - q->zdown), f->peer_timeout_ms,
+             st == 'T' || st == 't' ? "it is stopped (SIGSTOP), which counts as dead" : "it died, stopped, or its network failed");
     return buf;
+}
+
+/* The stall inspector (section 5). A call starts its wait (kvps_ring__x_wait_start); a wait loop
+   asks kvps_ring__x_stall_due after each sleep and, when it says so, logs what it waits for with
+   kvps_ring__x_stall: "ring 0: stalled for 60 s waiting for rank 2 (process 4242 on this host,
+   stopped ...) in allreduce of ...", again every stall_ms. */
+static void kvps_ring__x_wait_start(kvps_ring__fam *f, int stall_ms) {
+    f->stall_ms = stall_ms;
+    f->wait_t0 = kvps__now_ms();
+    f->stall_at = stall_ms > 0 ? f->wait_t0 + stall_ms : KVPS__NEVER;
+}
+static int kvps_ring__x_stall_due(kvps_ring__fam *f) {
+    int64_t now = kvps__now_ms();
+    if (now < f->stall_at) return 0;
+    f->stall_at = now + f->stall_ms;
+    return 1;
+}
+static void kvps_ring__x_stall(kvps_ring__fam *f, int p, const char *what, const char *call) {
+    char how[200];
+    kvps_ring__x_peer_text(f, p, how, sizeof how);
+    kvps__log(KVPS_LOG_WARN, "ring %d: stalled for %lld s %s rank %d (%s) in %s", f->me,
+              (long long)(kvps__now_ms() - f->wait_t0) / 1000, what, p, how, call);
+}
+/* The same for a message h being sent to or awaited from root rank p. */
+static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap);
+static void kvps_ring__x_stall_msg(kvps_ring__fam *f, int p, const char *what, const kvps_ring__hdr *h) {
+    char call[160];
+    if (h->coll == KVPS_RING__P2P) snprintf(call, sizeof call, "a p2p message (tag %u)", (unsigned)h->tag);
+    else kvps_ring__call_text(h, call, sizeof call);
+    kvps_ring__x_stall(f, p, what, call);
 }
 
 /* The first ring is destroyed: writers are told to drop what they send to this rank (its
@@ -2473,8 +2682,9 @@ static int kvps_ring__x_shm_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
         kvps_ring__x_drain(f);
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) return 1;
-        char gone[160];
+        char gone[320];
         if (kvps_ring__x_gone(f, p, gone, sizeof gone)) return 2;
+        if (kvps_ring__x_stall_due(f)) kvps_ring__x_stall_msg(f, p, "waiting for room in the shared-memory queue of", h);
         if (spins++ < KVPS_RING__SPIN) { sched_yield(); continue; }
         kvps_ring__x_sleep(f, left < 10 ? left : 10, c, tail);
     }
@@ -2507,9 +2717,11 @@ static void kvps_ring__deliver(kvps_ring *t, const kvps_ring__hdr *h, zmq_msg_t 
    read: before the first message to dst this waits for it, within the call's deadline (a p2p
    message: the ring's timeout; an abort notice does not wait), keeping what arrives meanwhile
    for the rings it is for. */
-/* Waits until rank p of the family's first ring has said hello, reading meanwhile (what comes
-   is kept for the rings it is for; control messages are handled as they are read, so the hello
-   is looked for after every read): KVPS_OK, KVPS_ERR_TIMEOUT when dl passes, KVPS_ERR_ZMQ. */
+/* Waits until rank p of the family's first ring has said hello (conn: has connected to this
+   rank's data port), reading meanwhile (what comes is kept for the rings it is for; control
+   messages are handled as they are read, so the hello is looked for after every read): KVPS_OK,
+   KVPS_ERR_TIMEOUT when dl passes, KVPS_ERR_PEER_LOST when p is gone (kvps_ring__x_gone),
+   KVPS_ERR_ZMQ. */
 static kvps_result kvps_ring__x_await(kvps_ring *r, int p, int64_t dl, int conn) {
     kvps_ring__peer *q = &r->fam->peers[p];
     while (conn ? q->twait : !q->hello) {
@@ -2521,6 +2733,10 @@ static kvps_result kvps_ring__x_await(kvps_ring *r, int p, int64_t dl, int conn)
         int64_t left = dl - kvps__now_ms();
         if (left <= 0) return KVPS_ERR_TIMEOUT;
         if (kvps_ring__x_wait(r->fam, left) != KVPS_OK) return KVPS_ERR_ZMQ;
+        char gone[320];
+        if (kvps_ring__x_gone(r->fam, p, gone, sizeof gone) && !kvps_ring__x_ready(r->fam)) return KVPS_ERR_PEER_LOST;
+        if (kvps_ring__x_stall_due(r->fam))
+            kvps_ring__x_stall(r->fam, p, "waiting for", conn ? "its connection to this rank's data port" : "its hello");
     }
     return KVPS_OK;
 }
@@ -2530,14 +2746,15 @@ static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
     int p = r->root_rank[dst];
     kvps_ring__peer *q = &r->fam->peers[p];
     if (!kvps_ring__dealer(r, dst)) return 0;
-    int64_t dl = h->abort ? kvps__now_ms() + 200 : h->coll == KVPS_RING__P2P ? kvps__now_ms() + r->desc.timeout_ms : r->deadline;
+    int64_t dl = h->abort ? kvps__now_ms() + 200 : h->coll == KVPS_RING__P2P ? kvps_ring__dl(r) : r->deadline;
     kvps_result rc = KVPS_OK;
     if (!q->hello && !h->abort) {
-        rc = kvps_ring__x_await(r, p, dl, 0);
+        int64_t hdl = kvps_ring__hello_dl(r, dl);
+        rc = kvps_ring__x_await(r, p, hdl, 0);
         if (rc == KVPS_ERR_TIMEOUT)
             return kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for rank %d's hello (the first message of "
                                    "a rank that connects) to send it a message: it never connected", r->rank,
-                                   r->desc.timeout_ms, dst), -1;
+                                   kvps_ring__hello_ms(r), dst), -1;
     }
     if (rc == KVPS_OK && q->twait && !h->abort) { /* the pair's connection first (an abort notice goes over ZeroMQ) */
         rc = kvps_ring__x_await(r, p, dl, 1);
@@ -2546,6 +2763,10 @@ static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
                                    "port %u (TCP) to send it a message", r->rank, r->desc.timeout_ms, dst,
                                    (unsigned)r->fam->tcp_port), -1;
     }
+    char gone[320];
+    if (rc == KVPS_ERR_PEER_LOST && kvps_ring__x_gone(r->fam, p, gone, sizeof gone))
+        return kvps_ring__fail(r, rc, "rank %d: rank %d %s, while this rank waited for it to %s", r->rank, dst, gone,
+                               q->hello ? "connect to this rank's data port" : "say hello"), -1;
     if (rc != KVPS_OK) return kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno())), -1;
     return q->twait ? 0 : q->out;
 }
@@ -2553,7 +2774,8 @@ static int kvps_ring__x_route(kvps_ring *r, int dst, const kvps_ring__hdr *h) {
 /* Sends [h][data] to root rank p over the pair's connection: with non-blocking writes, reading this rank's own connections and queues
    whenever the kernel has no room, so that two ranks sending to each other never wait on each
    other. 0 sent (in the kernel's hands: the caller may reuse data); 1 deadline passed; 2 the
-   connection failed (*err: errno). */
+   connection failed (*err: errno); 4 the peer is gone otherwise (kvps_ring__x_gone: its process,
+   its ZeroMQ connection). */
 static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr *h, const void *data, size_t bytes,
                                  int64_t deadline, int *err) {
     kvps_ring__peer *q = &f->peers[p];
@@ -2589,6 +2811,9 @@ static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
         kvps_ring__x_drain(f);
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) return 1;
+        char gone[320];
+        if (kvps_ring__x_gone(f, p, gone, sizeof gone)) return 4;
+        if (kvps_ring__x_stall_due(f)) kvps_ring__x_stall_msg(f, p, "waiting for room in the TCP connection to", h);
         if (kvps_ring__x_poll(f, left < 10 ? left : 10, q->topen ? q->tfd : -1) != 0) { *err = EIO; return 2; }
     }
     return 0;
@@ -2598,8 +2823,7 @@ static int kvps_ring__x_tcp_send(kvps_ring__fam *f, int p, const kvps_ring__hdr 
    the ring's words for a failure: within the running collective's deadline (a p2p message: the
    ring's timeout; an abort notice: 200 ms, and no failure recorded). */
 static kvps_result kvps_ring__x_send(kvps_ring *r, int dst, const kvps_ring__hdr *h, const void *data, size_t bytes) {
-    int64_t now = kvps__now_ms();
-    int64_t dl = h->abort ? now + 200 : h->coll == KVPS_RING__P2P ? now + r->desc.timeout_ms : r->deadline;
+    int64_t dl = h->abort ? kvps__now_ms() + 200 : h->coll == KVPS_RING__P2P ? kvps_ring__dl(r) : r->deadline;
     int p = r->root_rank[dst], err = 0;
     kvps_ring__peer *q = &r->fam->peers[p];
     int tcp = q->out == 2;
@@ -2615,9 +2839,13 @@ static kvps_result kvps_ring__x_send(kvps_ring *r, int dst, const kvps_ring__hdr
         return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d at %s:%u) is unreachable: its "
                                "connection failed (%s): it died or its network failed, before it took %s", r->rank, dst,
                                (int)q->pid, q->thost, (unsigned)q->tport, strerror(err), call);
+    char gone[320];
+    if (e == 2 && !tcp && !q->gone && kvps_ring__x_gone(r->fam, p, gone, sizeof gone)) e = 4; /* (by its heartbeats) */
     if (e == 2)
         return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d (process %d on this host) is gone: it died before "
                                "taking %s", r->rank, dst, (int)q->pid, call);
+    if (e == 4 && kvps_ring__x_gone(r->fam, p, gone, sizeof gone))
+        return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d %s, before it took %s", r->rank, dst, gone, call);
     return kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: rank %d's shared-memory queue is malformed (its indices), in %s",
                            r->rank, dst, call);
 }
@@ -2694,7 +2922,8 @@ static void kvps_ring__abort_all(kvps_ring *r, kvps_result rc) {
    when it has one (the dtype byte's high half: KVPS_FLOAT16 or KVPS_BFLOAT16). */
 static const char *kvps_ring__call_text(const kvps_ring__hdr *h, char *buf, size_t cap) {
     char list[48] = "";
-    if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
+    if (h->layout == KVPS_RING__JOIN_LAYOUT) snprintf(list, sizeof list, ", the agreement on who has joined"); /* (>>join) */
+    else if (h->layout) snprintf(list, sizeof list, ", a list of buffers of layout %08x", (unsigned)h->layout);
     snprintf(buf, cap, "%s of %llu %s (%s, root %u%s%s%s)", kvps_coll_name((kvps_coll)h->coll), (unsigned long long)h->count,
              kvps_dtype_name((kvps_dtype)(h->dtype & 15)), kvps_redop_name((kvps_redop)h->op), h->root,
              h->dtype >> 4 ? ", on the wire as " : "", h->dtype >> 4 ? kvps_dtype_name((kvps_dtype)(h->dtype >> 4)) : "", list);
@@ -2901,13 +3130,14 @@ static kvps_result kvps_ring__recv(kvps_ring *r, int src, uint64_t tag, zmq_msg_
             }
             if (kvps_ring__x_wait(r->fam, left) != KVPS_OK)
                 return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-            char gone[160];
+            char gone[320];
             if (kvps_ring__x_gone(r->fam, r->root_rank[src], gone, sizeof gone) && !kvps_ring__x_ready(r->fam)) {
                 char call[128];
                 return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d %s while this rank waited for it in %s "
                                        "(this ring's collective #%u)", r->rank, src, gone,
                                        kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
             }
+            if (kvps_ring__x_stall_due(r->fam)) kvps_ring__x_stall_msg(r->fam, r->root_rank[src], "waiting for", &r->cur);
             continue;
         }
         if (h.coll == KVPS_RING__P2P) {
@@ -3018,6 +3248,15 @@ static kvps_result kvps_ring__zc_drain(kvps_ring *r, int i, int64_t deadline) {
                                    r->rank, r->desc.timeout_ms, r->zc_dst, busy,
                                    kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
         }
+        char gone[320];
+        if (kvps_ring__x_gone(r->fam, r->root_rank[r->zc_dst], gone, sizeof gone)) {
+            char call[128];
+            return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "rank %d: rank %d %s while %d frames sent to it without a copy "
+                                   "were not taken, in %s (this ring's collective #%u)", r->rank, r->zc_dst, gone, busy,
+                                   kvps_ring__call_text(&r->cur, call, sizeof call), r->seq);
+        }
+        if (kvps_ring__x_stall_due(r->fam))
+            kvps_ring__x_stall_msg(r->fam, r->root_rank[r->zc_dst], "waiting for frames sent without a copy to be taken by", &r->cur);
         kvps_ring__zc *z = r->zc;
         pthread_mutex_lock(&z->mu);
         __atomic_store_n(&z->waiting, 1, __ATOMIC_SEQ_CST);
@@ -3847,7 +4086,8 @@ static kvps_result kvps_ring__coll_allreduce(kvps_ring *r, const kvps_ring__exec
     if (rc == KVPS_OK && x->op->op == KVPS_AVG) {
         rc = kvps_ring__zc_drain(r, -1, r->deadline); /* all-gather frames may still be going out */
         for (size_t i = 0; rc == KVPS_OK && i < (x->list ? x->list->n : 1); i++)
-            kvps_ring__scale(x->list ? x->list->bufs[i] : x->recv, x->list ? x->list->counts[i] : x->n, x->op->dtype, x->k);
+            kvps_ring__scale(x->list ? x->list->bufs[i] : x->recv, x->list ? x->list->counts[i] : x->n, x->op->dtype,
+                             r->join_live ? r->join_live : x->k); /* (a join ring: the ranks that have not joined) */
     }
     return rc;
 }
@@ -4182,13 +4422,15 @@ static kvps_result kvps_ring__topology(kvps_ring *r) {
     kvps_ring__fam *f = r->fam;
     if (f->topo || r->id) return KVPS_OK;
     kvps_result rc = KVPS_OK;
-    for (int p = 0; p < f->size && rc == KVPS_OK; p++) rc = kvps_ring__x_await_hello(r, p, r->deadline);
+    int64_t hdl = kvps_ring__hello_dl(r, r->deadline);
+    for (int p = 0; p < f->size && rc == KVPS_OK; p++) rc = kvps_ring__x_await_hello(r, p, hdl);
     if (rc == KVPS_ERR_TIMEOUT) {
         char missing[160] = "";
         for (int i = 0, n = 0; i < f->size && n < 150; i++)
             if (i != r->rank && !f->peers[i].hello) n += snprintf(missing + n, sizeof missing - (size_t)n, " %d", i);
         return kvps_ring__fail(r, rc, "rank %d: timed out after %d ms waiting for the hello of rank(s)%s (sent when a rank "
-                               "connects: they never connected, or cannot reach this rank)", r->rank, r->desc.timeout_ms, missing);
+                               "connects: they never connected, or cannot reach this rank)", r->rank, kvps_ring__hello_ms(r),
+                               missing);
     }
     if (rc != KVPS_OK) return kvps_ring__fail(r, rc, "poll: %s", zmq_strerror(zmq_errno()));
     f->topo = 1;
@@ -4211,7 +4453,11 @@ static kvps_result kvps_ring__topology(kvps_ring *r) {
     return KVPS_OK;
 }
 
-static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+static kvps_result kvps_ring__join_agree(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list);
+static kvps_result kvps_ring__join_check(kvps_ring *r);
+
+/* One collective, as every rank runs it (kvps_ring__run_now adds a join ring's agreement first). */
+static kvps_result kvps_ring__run_one(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
     if (kvps_ring__usable(r) != KVPS_OK) return KVPS_ERR_STATE;
     r->seq++;
     memset(&r->cur, 0, sizeof r->cur);
@@ -4225,14 +4471,16 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
     r->cur.root = (uint16_t)op->root;
     r->cur.count = kvps_ring__row(op->coll)->counts ? 0 : op->count; /* (the v-collectives agree on theirs first) */
     r->cur.ring = r->id;
-    r->cur.layout = list ? list->layout : 0;
+    r->cur.layout = list ? list->layout : r->join_agreeing ? KVPS_RING__JOIN_LAYOUT : 0;
     r->abort_rc = KVPS_OK;
     r->hier = 0;
     r->errmsg[0] = 0;
-    r->deadline = kvps__now_ms() + r->desc.timeout_ms;
+    r->deadline = kvps_ring__dl(r);
+    kvps_ring__x_wait_start(r->fam, r->desc.stall_ms);
     if (r->tl) kvps_ring__tl_start(r);
     kvps_result rc = kvps_ring__topology(r); /* (it reads: a refusal may come with the hellos) */
     if (rc == KVPS_OK) rc = kvps_ring__p2p_refused(r); /* an eager send of this rank was refused: this call says so */
+    if (rc == KVPS_OK && r->join_live && !r->join_agreeing) rc = kvps_ring__join_check(r); /* (one verdict everywhere) */
     if (rc == KVPS_OK) rc = kvps_ring__execute(r, op, list);
     if (rc == KVPS_OK) rc = kvps_ring__zc_drain(r, -1, r->deadline);
     if (r->fam->shm_name[0]) kvps_ring__x_maybe_unlink(r->fam); /* (the peers that have mapped it by now) */
@@ -4258,6 +4506,13 @@ static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, cons
         r->broken = 1;
     }
     return rc;
+}
+
+/* A collective called by the user: on a ring made with .join, the agreement on who has joined
+   first (>>join), which a joined rank shadows. */
+static kvps_result kvps_ring__run_now(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+    kvps_result rc = r->desc.join > 0 ? kvps_ring__join_agree(r, op, list) : KVPS_OK;
+    return rc == KVPS_OK ? kvps_ring__run_one(r, op, list) : rc;
 }
 
 /* The family's thread: runs the operations posted on any of its rings, in the order posted. */
@@ -4339,7 +4594,9 @@ KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout
     if (!r) return KVPS_ERR_INVALID_ARG;
     kvps_ring__p2p *pq = kvps_ring__p2p_find(r, req);
     if (pq) return kvps_ring__p2p_wait(r, pq, timeout_ms, NULL);
-    int64_t deadline = kvps__now_ms() + (timeout_ms < 0 ? r->desc.timeout_ms + 1000 : timeout_ms);
+    /* (-1: the operation's own deadline, when the ring has one, and a second for its result) */
+    int64_t deadline = timeout_ms >= 0 ? kvps__now_ms() + timeout_ms
+                     : r->desc.timeout_ms > 0 ? kvps__now_ms() + r->desc.timeout_ms + 1000 : KVPS__NEVER;
     pthread_mutex_lock(&r->fam->mu);
     for (;;) {
         int known;
@@ -4353,6 +4610,7 @@ KVPS_API kvps_result kvps_ring_wait(kvps_ring *r, kvps_ring_req req, int timeout
         if (!known) { pthread_mutex_unlock(&r->fam->mu); return KVPS_ERR_INVALID_REQ; }
         int64_t left = deadline - kvps__now_ms();
         if (left <= 0) { pthread_mutex_unlock(&r->fam->mu); return KVPS_ERR_TIMEOUT; }
+        if (left > 1000) left = 1000; /* (a slice: the loop looks again) */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t ns = ts.tv_nsec + (left % 1000) * 1000000;
@@ -4659,13 +4917,16 @@ static kvps_result kvps_ring__p2p_drive(kvps_ring *r, kvps_ring__p2p *q, int64_t
         /* done but the frame not let go of: ZeroMQ's I/O thread is about to; look again soon */
         if (kvps_ring__x_wait(r->fam, q->done ? 1 : left) != KVPS_OK)
             return kvps_ring__fail(r, KVPS_ERR_ZMQ, "poll: %s", zmq_strerror(zmq_errno()));
-        char gone[160];
+        char gone[320];
         if (!q->done && q->peer != r->rank && kvps_ring__x_gone(r->fam, r->root_rank[q->peer], gone, sizeof gone) &&
             !kvps_ring__x_ready(r->fam)) {
             kvps_ring__p2p_end(q, KVPS_ERR_PEER_LOST, "rank %d: %s: rank %d %s", r->rank,
                                kvps_ring__p2p_call_text(q, call, sizeof call), q->peer, gone);
             return kvps_ring__fail(r, KVPS_ERR_PEER_LOST, "%s", q->why);
         }
+        if (!q->done && kvps_ring__x_stall_due(r->fam))
+            kvps_ring__x_stall(r->fam, r->root_rank[q->peer], q->is_send ? "waiting for an answer from" : "waiting for",
+                               kvps_ring__p2p_call_text(q, call, sizeof call));
     }
 }
 
@@ -4705,6 +4966,7 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
     if (out) *out = 0;
     kvps_ring__hold(r->fam);
     r->errmsg[0] = 0;
+    kvps_ring__x_wait_start(r->fam, r->desc.stall_ms);
     kvps_result rc = kvps_ring__p2p_args(r, is_send, buf, count, dt, peer);
     kvps_ring__p2p local, *q = &local;
     if (rc == KVPS_OK && out && !(q = (kvps_ring__p2p *)malloc(sizeof *q))) rc = KVPS_ERR_NOMEM;
@@ -4730,7 +4992,7 @@ static kvps_result kvps_ring__p2p_start(kvps_ring *r, int is_send, const void *b
     /* an eager send is done here, and returns KVPS_OK: a refusal arriving from now on, however
        soon, is its next call's (the manual says so; no race decides which call reports it) */
     if (rc == KVPS_OK && !out && !(is_send && q->done))
-        rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + r->desc.timeout_ms, 1);
+        rc = kvps_ring__p2p_drive(r, q, kvps_ring__dl(r), 1);
     if (rc != KVPS_OK) {
         if (q->why[0]) kvps_ring__fail(r, rc, "%s", q->why);
         kvps_ring__p2p_break(r, rc);
@@ -4753,7 +5015,9 @@ static kvps_result kvps_ring__p2p_wait(kvps_ring *r, kvps_ring__p2p *q, int time
     } else {
         r->errmsg[0] = 0;
         int fatal = !done && timeout_ms < 0;
-        rc = kvps_ring__p2p_drive(r, q, kvps__now_ms() + (done ? 0 : timeout_ms < 0 ? r->desc.timeout_ms : timeout_ms), fatal);
+        kvps_ring__x_wait_start(r->fam, r->desc.stall_ms);
+        rc = kvps_ring__p2p_drive(r, q, done ? kvps__now_ms() : timeout_ms < 0 ? kvps_ring__dl(r) : kvps__now_ms() + timeout_ms,
+                                  fatal);
         if (rc == KVPS_ERR_TIMEOUT && !fatal && !q->done) { /* not done yet: q stays */
             kvps_ring__release(r->fam);
             return done ? KVPS_OK : kvps_ring__fail(r, KVPS_ERR_TIMEOUT, "rank %d: wait: request %llu not done within %d ms",
@@ -4901,6 +5165,146 @@ KVPS_API kvps_result kvps_ring_alltoallv(kvps_ring *r, const void *send, const s
     return kvps_ring__callv(r, KVPS_COLL_ALLTOALLV, send, send_counts, send_displs, recv, recv_counts, recv_displs, dt, 0);
 }
 
+// >>join
+/* Join (manual section 11). On a ring made with .join every collective is preceded by an
+   agreement: an all-reduce (RD, int64 max) of [a flag per rank: joined][the collective's
+   parameters][their negations]. A joined rank gives its flag and max's identity, every other
+   rank its parameters, so every rank learns from the same bits who has joined and what the
+   others call (and whether they agree: max == -max of the negations), and decides alike: a
+   joined rank runs that collective with op's identity as its input; AVG divides by the ranks
+   that have not joined; a collective a joined rank cannot shadow fails on every rank with the
+   same words before any of its data moves; once every rank has joined, kvps_ring_join returns
+   on every rank. The cost: one small RD all-reduce per collective, only on rings made with .join. */
+static const char *const kvps_ring__join_names[KVPS_RING__JOIN_NP] = {"collective", "dtype", "wire", "op", "count", "root",
+                                                                     "algorithm", "list layout"};
+
+/* The parameters a joined rank needs to run op as the others do (0 where the collective has none). */
+static void kvps_ring__join_params(const kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list, int64_t *p) {
+    memset(p, 0, KVPS_RING__JOIN_NP * sizeof *p);
+    p[0] = op->coll;
+    if (op->coll == KVPS_COLL_BARRIER) return; /* (its other fields are not read) */
+    p[1] = op->dtype;
+    p[2] = op->coll == KVPS_COLL_ALLREDUCE ? op->wire : 0;
+    p[3] = op->op;
+    p[4] = (int64_t)op->count;
+    p[5] = op->root;
+    p[6] = op->coll == KVPS_COLL_ALLREDUCE ? (op->algo ? op->algo : r->desc.algo) : 0;
+    p[7] = list ? list->layout : 0;
+}
+
+/* The agreement before a collective (op NULL: this rank has joined). Sets join_live and join_vec. */
+static kvps_result kvps_ring__join_agree(kvps_ring *r, const kvps_ring_op *op, const kvps_ring__list *list) {
+    int k = r->size, np = KVPS_RING__JOIN_NP;
+    size_t m = (size_t)k + 2 * (size_t)np;
+    if (!r->join_vec && !(r->join_vec = (int64_t *)malloc(m * sizeof *r->join_vec))) return KVPS_ERR_NOMEM;
+    int64_t *v = r->join_vec, p[KVPS_RING__JOIN_NP];
+    if (op) kvps_ring__join_params(r, op, list, p);
+    for (int i = 0; i < k; i++) v[i] = i == r->rank && !op;
+    for (int j = 0; j < np; j++) {
+        v[k + j] = op ? p[j] : INT64_MIN;
+        v[k + np + j] = op ? -p[j] : INT64_MIN;
+    }
+    kvps_ring_op a;
+    memset(&a, 0, sizeof a);
+    a.coll = KVPS_COLL_ALLREDUCE;
+    a.recv = v;
+    a.count = m;
+    a.dtype = KVPS_INT64;
+    a.op = KVPS_MAX;
+    a.algo = KVPS_ALGO_RD;
+    r->join_agreeing = 1;
+    kvps_result rc = kvps_ring__run_one(r, &a, NULL);
+    r->join_agreeing = 0;
+    r->join_live = 0;
+    for (int i = 0; rc == KVPS_OK && i < k; i++) r->join_live += !v[i];
+    return rc;
+}
+
+/* Whether the ranks that have not joined passed the same parameters (-1), else the first that differs. */
+static int kvps_ring__join_differs(const kvps_ring *r) {
+    const int64_t *hi = r->join_vec + r->size, *neg = hi + KVPS_RING__JOIN_NP;
+    for (int j = 0; j < KVPS_RING__JOIN_NP; j++)
+        if (hi[j] != -neg[j]) return j;
+    return -1;
+}
+
+/* The verdict, the same on every rank (from the agreement's bits alone): whether the running
+   collective can go on with the ranks that have joined shadowing it. */
+static kvps_result kvps_ring__join_check(kvps_ring *r) {
+    int k = r->size;
+    if (r->join_live >= k) return KVPS_OK;
+    const int64_t *v = r->join_vec, *hi = v + k;
+    char who[128] = "";
+    for (int i = 0, n = 0; i < k && n < 110; i++)
+        if (v[i]) n += snprintf(who + n, sizeof who - (size_t)n, "%s%d", n ? " " : "", i);
+    int j = kvps_ring__join_differs(r);
+    if (j >= 0)
+        return kvps_ring__fail(r, KVPS_ERR_MISMATCH, "rank %d: the ranks that have not joined called different collectives "
+                               "(%s from %lld to %lld) while rank(s) %s had joined", r->rank, kvps_ring__join_names[j],
+                               (long long)-hi[KVPS_RING__JOIN_NP + j], (long long)hi[j], who);
+    if (hi[0] != KVPS_COLL_ALLREDUCE && hi[0] != KVPS_COLL_BARRIER)
+        return kvps_ring__fail(r, KVPS_ERR_STATE, "rank %d: %s called while rank(s) %s had joined (kvps_ring_join): a "
+                               "joined rank takes part only in allreduce and barrier", r->rank,
+                               kvps_coll_name((kvps_coll)hi[0]), who);
+    if (hi[7])
+        return kvps_ring__fail(r, KVPS_ERR_STATE, "rank %d: an all-reduce over a list of buffers (kvps_ring_allreduce_many) "
+                               "called while rank(s) %s had joined (kvps_ring_join): a joined rank takes part only in "
+                               "allreduce of one buffer and barrier", r->rank, who);
+    return KVPS_OK;
+}
+
+KVPS_API kvps_result kvps_ring_join(kvps_ring *r) {
+    if (!r) return KVPS_ERR_INVALID_ARG;
+    if (r->desc.join <= 0)
+        return kvps_ring__fail(r, KVPS_ERR_INVALID_ARG, "rank %d: kvps_ring_join needs a ring made with .join = 1 (its "
+                               "collectives then agree on who has joined)", r->rank);
+    kvps_ring__hold(r->fam); /* (posted operations run first) */
+    kvps_result rc;
+    for (;;) {
+        rc = kvps_ring__join_agree(r, NULL, NULL);
+        if (rc != KVPS_OK || r->join_live == 0) break; /* an error, or every rank has joined */
+        const int64_t *p = r->join_vec + r->size; /* what the others call (the maxima) */
+        kvps_ring_op op;
+        memset(&op, 0, sizeof op);
+        op.coll = (kvps_coll)p[0];
+        if (op.coll == KVPS_COLL_ALLREDUCE && kvps_ring__join_differs(r) < 0 && !p[7]) {
+            op.dtype = (kvps_dtype)p[1];
+            op.wire = (kvps_dtype)p[2];
+            op.op = (kvps_redop)p[3];
+            op.count = (size_t)p[4];
+            op.algo = (kvps_ring_algo)p[6];
+            op.recv = &op; /* (a stand-in until the count is known to be sane: validate wants a buffer) */
+            if (kvps_ring__validate(r, &op) != KVPS_OK || p[4] < 0) { /* (what the peers sent is checked before use) */
+                rc = kvps_ring__fail(r, KVPS_ERR_MALFORMED, "rank %d: the agreement before collective #%u names no valid "
+                                     "all-reduce (dtype %lld, wire %lld, op %lld, count %lld, algorithm %lld)", r->rank,
+                                     r->seq + 1, (long long)p[1], (long long)p[2], (long long)p[3], (long long)p[4],
+                                     (long long)p[6]);
+                r->broken = 1;
+                break;
+            }
+            op.recv = kvps_ring__grow(&r->join_buf, &r->join_cap, op.count * kvps_dtype_size(op.dtype));
+            if (op.count && !op.recv) { rc = KVPS_ERR_NOMEM; break; }
+            kvps_ring__identity(op.recv, op.count, op.dtype, op.op);
+        } else if (op.coll != KVPS_COLL_BARRIER) {
+            op.coll = KVPS_COLL_BARRIER; /* (refused by the verdict before anything moves: kvps_ring__join_check) */
+        }
+        rc = kvps_ring__run_one(r, &op, NULL);
+        if (rc != KVPS_OK) break;
+    }
+    kvps_ring__release(r->fam);
+    return rc;
+}
+
+KVPS_API int kvps_ring_joined(const kvps_ring *r, int *ranks, int max) {
+    int n = 0;
+    for (int i = 0; r && r->join_vec && i < r->size; i++) {
+        if (!r->join_vec[i]) continue;
+        if (ranks && n < max) ranks[n] = i;
+        n++;
+    }
+    return n;
+}
+
 // >>setup
 /* What every ring has of its own, the family's first ring and a sub-ring alike: the zero-copy
    block, the views and blocks, p2p state; size and rank set, desc copied (groups: a copy). */
@@ -4933,8 +5337,9 @@ static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     kvps_ring__fam *f = (kvps_ring__fam *)calloc(1, sizeof *f);
     if (!f) return NULL;
     f->dealers = (void **)calloc((size_t)size, sizeof *f->dealers);
+    f->mons = (void **)calloc((size_t)size, sizeof *f->mons);
     f->peers = (kvps_ring__peer *)calloc((size_t)size, sizeof *f->peers);
-    if (!f->dealers || !f->peers) { free(f->dealers); free(f->peers); free(f); return NULL; }
+    if (!f->dealers || !f->mons || !f->peers) { free(f->dealers); free(f->mons); free(f->peers); free(f); return NULL; }
     f->me = me;
     f->ready_tail = &f->ready;
     f->bell_rx = f->bell_tx = f->tcp_fd = -1;
@@ -4943,7 +5348,7 @@ static kvps_ring__fam *kvps_ring__fam_new(int size, int me) {
     f->item_peer = (int *)calloc((size_t)size + 4 + KVPS_RING__TCP_PEND, sizeof *f->item_peer);
     f->pfds = (struct pollfd *)calloc((size_t)size, sizeof *f->pfds);
     if (!f->items || !f->item_peer || !f->pfds) {
-        free(f->items); free(f->item_peer); free(f->pfds); free(f->dealers); free(f->peers); free(f);
+        free(f->items); free(f->item_peer); free(f->pfds); free(f->dealers); free(f->mons); free(f->peers); free(f);
         return NULL;
     }
     pthread_mutex_init(&f->mu, NULL);
@@ -4987,15 +5392,20 @@ KVPS_API kvps_result kvps_ring_create(const kvps_ring_desc *desc, kvps_ring **ou
     if (desc->size < 1 || desc->size > 65535 || desc->rank < 0 || desc->rank >= desc->size)
         return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: rank %d and size %d: need 0 <= rank < size <= 65535",
                                  desc->rank, desc->size);
-    if (desc->timeout_ms < 0 || (unsigned)desc->algo >= KVPS_ALGO_COUNT || (!desc->peers && !desc->bind))
+    if (desc->timeout_ms < 0 || desc->peer_timeout_ms < 0 || desc->stall_ms < -1 || (unsigned)desc->algo >= KVPS_ALGO_COUNT ||
+        (!desc->peers && !desc->bind))
         return kvps_ring__noring(KVPS_ERR_CONFIG, "kvps_ring_create: %s", desc->timeout_ms < 0 ? "timeout_ms is negative"
+                                 : desc->peer_timeout_ms < 0 ? "peer_timeout_ms is negative"
+                                 : desc->stall_ms < -1 ? "stall_ms is below -1 (-1: off)"
                                  : (unsigned)desc->algo >= KVPS_ALGO_COUNT ? "algo is no kvps_ring_algo"
                                                                            : "neither peers nor bind is given");
     kvps__tune_malloc(0);
     kvps_ring *r = (kvps_ring *)calloc(1, sizeof *r);
     if (!r) return kvps_ring__noring(KVPS_ERR_NOMEM, "kvps_ring_create: out of memory");
     r->desc = *desc;
-    r->desc.timeout_ms = kvps__def(desc->timeout_ms, 30000);
+    r->desc.timeout_ms = desc->timeout_ms; /* 0: no deadline (kvps_ring__dl) */
+    r->desc.stall_ms = kvps__def(desc->stall_ms, 60000);
+    r->desc.peer_timeout_ms = kvps__def(desc->peer_timeout_ms, 5000);
     r->desc.chunk_bytes = kvps__def(desc->chunk_bytes, (size_t)1 << 20);
     r->desc.small_bytes = kvps__def(desc->small_bytes, (size_t)512 << 10);
     r->rank = desc->rank;
@@ -5102,6 +5512,14 @@ KVPS_API kvps_result kvps_ring_connect(kvps_ring *r, const char *peers) {
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
         if (sndbuf > 0) zmq_setsockopt(s, ZMQ_SNDBUF, &sndbuf, sizeof sndbuf);
         r->fam->dealers[i] = s;
+        /* liveness: heartbeats, and a monitor that sees the connection drop (inproc has neither) */
+        if (strncmp(eps[i], "inproc://", 9) != 0) {
+            kvps__heartbeats(s, r->desc.peer_timeout_ms / 5 > 0 ? r->desc.peer_timeout_ms / 5 : 1, r->desc.peer_timeout_ms);
+            if (kvps__monitor(r->fam->ctx, s, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, &r->fam->mons[i]) != 0)
+                r->fam->mons[i] = NULL; /* (only a dead peer's drop goes unseen: its pid or connection may still tell) */
+        }
         kvps_ring__peer *q = &r->fam->peers[i]; /* (for its own TCP connection, >>tcp) */
         if (kvps_ring__tcp_host(eps[i], q->thost, sizeof q->thost) != 0) q->thost[0] = 0;
         q->tsndbuf = sndbuf;
@@ -5133,7 +5551,7 @@ static void kvps_ring__close_family(kvps_ring *r) {
     }
     /* a healthy ring flushes what it still has queued: a peer may still be connecting, and
        with no linger ZeroMQ would drop its last piece (that peer then times out) */
-    int linger = r->broken ? 200 : (r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000); /* (a broken
+    int linger = r->broken ? 200 : (r->desc.timeout_ms > 0 && r->desc.timeout_ms < 5000 ? r->desc.timeout_ms : 5000); /* (a broken
        ring still gets its abort notices out, but does not wait long for peers that are gone) */
     for (int i = 0; i < f->size; i++)
         if (f->dealers[i]) {
@@ -5144,6 +5562,8 @@ static void kvps_ring__close_family(kvps_ring *r) {
         }
     if (f->router) zmq_close(f->router);
     f->router = NULL;
+    for (int i = 0; i < f->size; i++)
+        if (f->mons[i]) { zmq_close(f->mons[i]); f->mons[i] = NULL; }
     if (f->own_ctx && f->ctx) zmq_ctx_term(f->ctx);
     f->ctx = NULL;
     f->closed = 1;
@@ -5176,6 +5596,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     if (r->zc) kvps_ring__zc_unref(r->zc);
     free((void *)(uintptr_t)r->desc.groups);
     free(r->view_buf); free(r->blocks); free(r->root_rank); free(r->up); free(r->work); free(r->scratch); free(r->direct);
+    free(r->join_vec); free(r->join_buf);
     free(r->p2p_sent); free(r->p2p_next); free(r->p2p_gone);
     free(r);
     if (!last) return;
@@ -5185,6 +5606,7 @@ KVPS_API void kvps_ring_destroy(kvps_ring **rp) {
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->cv);
     free(f->dealers);
+    free(f->mons);
     free(f->peers);
     free(f->items);
     free(f->item_peer);

@@ -58,6 +58,8 @@ static void *worker_main(void *arg) { /* returns NULL on an error or wrong weigh
     for (int step = 0; step < STEPS && rc == KVPS_OK; step++) {
         gradient(j->rank, w, g);
         rc = kvps_worker_pushpull_tensor(wk, t, g, w, &q); /* push g; pull w after this round */
+        /* -1: no deadline: as long as the servers live (a slow worker holds the round back; a warning
+           each minute names it); a dead server: KVPS_ERR_PEER_LOST within peer_timeout_ms (5 s) */
         if (rc == KVPS_OK) rc = kvps_worker_wait(wk, q, -1);
     }
     if (rc == KVPS_OK) rc = kvps_worker_finish(wk, -1); /* a server stops once every worker has */

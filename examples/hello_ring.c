@@ -46,6 +46,8 @@ static void *run_rank(void *arg) {
     rank_job *j = (rank_job *)arg;
     float w[DIM] = {0}, g[DIM], err = 0;
     kvps_ring *r = NULL;
+    /* no .timeout_ms: a slow rank (a checkpoint, an evaluation) is waited for, a warning logged each
+       minute it is late; a dead one ends the call with KVPS_ERR_PEER_LOST naming it within 5 s */
     kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = j->rank, .size = j->size, .peers = j->peers,
                                                         .zmq_ctx = j->zmq_ctx}, &r);
     for (int step = 0; step < STEPS && rc == KVPS_OK; step++) {

@@ -810,7 +810,16 @@ typedef struct kt_proc_cfg {
     void (*fn)(kt_rk *);
 } kt_proc_cfg;
 
+/* 1: each rank process is a host of its own to the ring (KVPS_RING_HOST_ID): no shared memory,
+   no process to look at, only connections and heartbeats tell a peer's death. */
+static int kt_proc_hosts_apart;
+
 static inline int kt_proc_rank(const kt_proc_cfg *c, int rank) {
+    if (kt_proc_hosts_apart) {
+        char id[32];
+        snprintf(id, sizeof id, "kt-host-%d", rank);
+        setenv("KVPS_RING_HOST_ID", id, 1);
+    }
     kt_team t;
     memset(&t, 0, sizeof t);
     t.label = "process";
@@ -846,6 +855,10 @@ static inline int kt_proc_rank(const kt_proc_cfg *c, int rank) {
     return x->fails ? 1 : 0;
 }
 
+/* The signal kt_run_procs sends the rank that asks to die (0: SIGKILL). Another (SIGSTOP) leaves
+   it in that state until the others have exited, then it is killed. */
+static int kt_die_signal;
+
 /* Runs fn on `size` rank processes (kt_proc_rank) that meet through a server process; each must
    exit 0 within limit_s seconds (4 times that under KVPS_TEST_QUICK). expect_dead: the rank that
    asks to be killed (through kt_die_pipe), or -1. */
@@ -867,13 +880,18 @@ static inline void kt_run_procs(int size, void (*fn)(kt_rk *), int timeout_ms, i
         char byte;
         int asked = poll(&pf, 1, limit_s * 1000) == 1 && read(kt_die_pipe[0], &byte, 1) == 1;
         KT_CHECK(asked, "size %d: rank %d never got to the point where it dies", size, expect_dead);
-        kill(pid[expect_dead], SIGKILL);
+        kill(pid[expect_dead], kt_die_signal ? kt_die_signal : SIGKILL);
     }
     for (int r = 0; r < size; r++) {
+        if (r == expect_dead && kt_die_signal && kt_die_signal != SIGKILL) continue; /* (stopped: killed below) */
         int st = kt_wait_pid(pid[r], deadline);
         KT_CHECK(st != -1, "size %d: rank process %d still running after %d s: killed", size, r, limit_s);
         if (r != expect_dead)
             KT_CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "size %d: rank process %d status %d", size, r, st);
+    }
+    if (expect_dead >= 0 && kt_die_signal && kt_die_signal != SIGKILL) {
+        kill(pid[expect_dead], SIGKILL);
+        waitpid(pid[expect_dead], NULL, 0);
     }
     kt_server_proc_stop(srv);
 }

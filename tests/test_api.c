@@ -331,8 +331,8 @@ static void test_worker_last_error(void) {
     API_CASE(KVPS_ERR_INVALID_ARG, "tensor 'weights': pull codec is sparse", kvps_worker_tensor_codec(w, t, NULL, &topk, 0));
     API_CASE(KVPS_ERR_INVALID_ARG, "error_feedback is not 0 or 1", kvps_worker_tensor_codec(w, t, &fp16, NULL, 2));
     API_CASE(KVPS_ERR_TENSOR, "tensor_codec: tensor 7 is not registered", kvps_worker_tensor_codec(w, 7, &fp16, NULL, 0));
-    API_CASE(KVPS_ERR_INVALID_ARG, "tensor_optim of tensor 'weights': rule 99 is not a kvps_rule",
-             kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = (kvps_rule)99}, &q));
+    API_CASE(KVPS_ERR_INVALID_ARG, "tensor_optim of tensor 'weights': rule 200 is not a kvps_rule",
+             kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = (kvps_rule)200}, &q));
     API_CASE(KVPS_ERR_HYPERPARAM, "tensor_optim of tensor 'weights': beta1 (in [0, 1)) out of range",
              kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = KVPS_RULE_ADAM, .beta1 = 1.0f}, &q));
     API_CASE(KVPS_ERR_HYPERPARAM, "lr (>= 0) out of range", kvps_worker_tensor_optim(w, t, &(kvps_optim){.rule = KVPS_RULE_SGD, .lr = -1}, &q));

@@ -181,11 +181,11 @@ static void opt_worker(kt_wk *x) {
 
 static void test_optimizers_equal_reference(void) {
     kvps_optim os[] = {
-        {KVPS_RULE_SGD, 0.1f, 0, 0, 0, 0},          {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0},
-        {KVPS_RULE_NESTEROV, 0.05f, 0.9f, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f},
-        {KVPS_RULE_ADAM, 0.01f, 0, 0.9f, 0.99f, 1e-7f}, {KVPS_RULE_ADAM, 0, 0, 0, 0, 0}, /* defaults */
-        {KVPS_RULE_MEAN, 0, 0, 0, 0, 0}, {KVPS_RULE_SUM, 0, 0, 0, 0, 0}, {KVPS_RULE_MAX, 0, 0, 0, 0, 0},
-        {KVPS_RULE_MIN, 0, 0, 0, 0, 0},  {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0},
+        {KVPS_RULE_SGD, 0.1f, 0, 0, 0, 0, 0},          {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0, 0},
+        {KVPS_RULE_NESTEROV, 0.05f, 0.9f, 0, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f, 0},
+        {KVPS_RULE_ADAM, 0.01f, 0, 0.9f, 0.99f, 1e-7f, 0}, {KVPS_RULE_ADAM, 0, 0, 0, 0, 0, 0}, /* defaults */
+        {KVPS_RULE_MEAN, 0, 0, 0, 0, 0, 0}, {KVPS_RULE_SUM, 0, 0, 0, 0, 0, 0}, {KVPS_RULE_MAX, 0, 0, 0, 0, 0, 0},
+        {KVPS_RULE_MIN, 0, 0, 0, 0, 0, 0},  {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0, 0},
     };
     static const char *names[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", "adam-defaults", "mean", "sum", "max", "min", "accumulate"};
     for (size_t c = 0; c < sizeof os / sizeof *os; c++) {
@@ -222,10 +222,10 @@ static void test_optimizers_equal_reference(void) {
    that the server applies queued pushes together: bit-equal to applying them one at a time. */
 static void test_async_pipelined_equal_sequential(void) {
     enum { LEN = 20011, NP = 40, WIN = 24 };
-    kvps_optim os[] = {{KVPS_RULE_SGD, 0.1f, 0, 0, 0, 0}, {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0},
-                       {KVPS_RULE_NESTEROV, 0.05f, 0.9f, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f},
-                       {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0}, {KVPS_RULE_MEAN, 0, 0, 0, 0, 0},
-                       {KVPS_RULE_ADAM, 0.01f, 0, 0.9f, 0.99f, 1e-7f}};
+    kvps_optim os[] = {{KVPS_RULE_SGD, 0.1f, 0, 0, 0, 0, 0}, {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0, 0},
+                       {KVPS_RULE_NESTEROV, 0.05f, 0.9f, 0, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f, 0},
+                       {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0, 0}, {KVPS_RULE_MEAN, 0, 0, 0, 0, 0, 0},
+                       {KVPS_RULE_ADAM, 0.01f, 0, 0.9f, 0.99f, 1e-7f, 0}};
     const char *tr[2] = {"tcp", "inproc"};
     float *g = (float *)malloc((size_t)NP * LEN * sizeof(float)), *ref = (float *)malloc(LEN * sizeof(float));
     float *v = (float *)calloc(LEN, sizeof(float)), *m2 = (float *)calloc(LEN, sizeof(float)), *got = (float *)malloc(LEN * sizeof(float));
@@ -283,29 +283,29 @@ static void test_hyperparameters_checked(void) {
     kvps_req q;
     KT_OK(kvps_worker_create(&(kvps_worker_desc){.servers = c.servers, .zmq_ctx = c.ctx}, &w));
     KT_OK(kvps_worker_tensor(w, "hp", 4, &t));
-    kvps_optim bad[] = {{KVPS_RULE_SGD, -0.1f, 0, 0, 0, 0}, {KVPS_RULE_ADAM, 0, 0, 1.0f, 0, 0}, {KVPS_RULE_ADAM, 0, 0, 0, 1.5f, 0},
-                        {KVPS_RULE_MOMENTUM, 0, -0.5f, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0, 0, 0, 0, -1e-8f}, {KVPS_RULE_SGD, NAN, 0, 0, 0, 0}};
+    kvps_optim bad[] = {{KVPS_RULE_SGD, -0.1f, 0, 0, 0, 0, 0}, {KVPS_RULE_ADAM, 0, 0, 1.0f, 0, 0, 0}, {KVPS_RULE_ADAM, 0, 0, 0, 1.5f, 0, 0},
+                        {KVPS_RULE_MOMENTUM, 0, -0.5f, 0, 0, 0, 0}, {KVPS_RULE_ADAGRAD, 0, 0, 0, 0, -1e-8f, 0}, {KVPS_RULE_SGD, NAN, 0, 0, 0, 0, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         KT_CHECK(kvps_worker_tensor_optim(w, t, &bad[i], &q) == KVPS_ERR_HYPERPARAM, "case %zu accepted", i);
-    kvps_optim unknown = {(kvps_rule)99, 0, 0, 0, 0, 0};
+    kvps_optim unknown = {(kvps_rule)200, 0, 0, 0, 0, 0, 0}; /* (64-127: user rules, the servers' to check) */
     KT_CHECK(kvps_worker_tensor_optim(w, t, &unknown, &q) == KVPS_ERR_INVALID_ARG, "unknown rule");
     /* the server checks too: a raw CONFIG with beta1 = 1 */
     void *d = zmq_socket(c.ctx, ZMQ_DEALER);
     zmq_connect(d, c.servers);
     kvps__hdr h = KT_HDR(.op = KVPS__OP_CONFIG, .nkeys = 1, .req_id = 9);
     kvps__kent e = {123, 4};
-    unsigned char meta[48], rec[24];
+    unsigned char meta[48], rec[KVPS__OPTREC];
     uint32_t rule = KVPS_RULE_ADAM;
-    float f[5] = {0.01f, 0, 1.0f, 0.999f, 1e-8f};
+    float f[6] = {0.01f, 0, 1.0f, 0.999f, 1e-8f, 0};
     memcpy(meta, &h, 32);
     memcpy(meta + 32, &e, 16);
     memcpy(rec, &rule, 4);
-    memcpy(rec + 4, f, 20);
-    int32_t st = kt_raw_status(d, meta, 48, rec, 24, 2000);
+    memcpy(rec + 4, f, 24);
+    int32_t st = kt_raw_status(d, meta, 48, rec, sizeof rec, 2000);
     KT_CHECK(st == KVPS_ERR_HYPERPARAM, "server answered %s", kvps_result_str((kvps_result)st));
     zmq_close(d);
     /* a good config then training still works */
-    kvps_optim good = {KVPS_RULE_SGD, 0.5f, 0, 0, 0, 0};
+    kvps_optim good = {KVPS_RULE_SGD, 0.5f, 0, 0, 0, 0, 0};
     float g[4] = {1, 1, 1, 1}, v[4];
     KT_OK(kvps_worker_tensor_optim(w, t, &good, &q));
     KT_OK(kvps_worker_wait(w, q, -1));
@@ -342,7 +342,7 @@ static void ea_worker(kt_wk *x) {
     if (r == KVPS_OK) r = kvps_worker_tensor(w, "centre", D, &t);
     memset(local, 0, D * sizeof *local);
     if (r == KVPS_OK && x->rank == 0) {
-        kvps_optim acc = {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0};
+        kvps_optim acc = {KVPS_RULE_ACCUMULATE, 0, 0, 0, 0, 0, 0};
         r = kvps_worker_tensor_optim(w, t, &acc, &q);
         if (r == KVPS_OK) r = kvps_worker_wait(w, q, -1);
     }

@@ -219,8 +219,9 @@ static void test_every_rule_checkpoints(void) {
         kvps_tensor t[2];
         kvps_table tb[2];
         kvps_req q;
-        kvps_optim o = {(kvps_rule)rule, 0.05f, 0, 0, 0, 0};
+        kvps_optim o = {(kvps_rule)rule, 0.05f, 0, 0, 0, 0, rule == KVPS_RULE_ADAMW ? 0.01f : 0.0f};
         kvps_table_desc td = {.name = "emb", .dim = DIM, .opt = o, .init_scale = 0.1f, .seed = 9};
+        if (rule == KVPS_RULE_ADAMW) td.opt = (kvps_optim){.rule = KVPS_RULE_ADAM, .lr = 0.05f}; /* (rows keep no step) */
         for (int i = 0; i < 2; i++) {
             KT_OK(kvps_server_create(&(kvps_server_desc){.endpoint = "tcp://127.0.0.1:*", .num_workers = 1,
                                                           .checkpoint_path = path}, &s[i]));
@@ -292,7 +293,7 @@ static void test_checkpoint_round_trip(void) {
     uint64_t seed = 5;
     /* and a sparse table with Adam state per row */
     enum { DIM = 8, NROWS = 50 };
-    kvps_table_desc td = {.name = "emb", .dim = DIM, .opt = {KVPS_RULE_ADAM, 0.01f, 0, 0, 0, 0}, .init_scale = 0.1f, .seed = 3};
+    kvps_table_desc td = {.name = "emb", .dim = DIM, .opt = {KVPS_RULE_ADAM, 0.01f, 0, 0, 0, 0, 0}, .init_scale = 0.1f, .seed = 3};
     kvps_table tb, tb2;
     uint64_t ids[NROWS];
     for (int i = 0; i < NROWS; i++) ids[i] = (uint64_t)i * 1000003u + 7u;

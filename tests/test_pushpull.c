@@ -197,7 +197,7 @@ static void test_pieces_optim(void) {
     kvps_req q[NP];
     KT_OK(kvps_worker_tensor(w, "m", LEN, &t));
     KT_CHECK(kvps_worker_tensor_slices(w, t) == 6, "%zu slices", kvps_worker_tensor_slices(w, t));
-    kvps_optim o = {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0};
+    kvps_optim o = {KVPS_RULE_MOMENTUM, 0.05f, 0.8f, 0, 0, 0, 0};
     KT_OK(kvps_worker_tensor_optim(w, t, &o, &q[0]));
     KT_OK(kvps_worker_wait(w, q[0], -1));
     float *w0 = (float *)malloc(LEN * sizeof(float)), *g = (float *)malloc((size_t)NP * LEN * sizeof(float));

@@ -253,7 +253,7 @@ static void test_stall_named(void) {
     kvps_req b;
     KT_OK(kvps_worker_barrier(w[1], &b));
     r = kvps_worker_wait(w[1], b, 1000);
-    KT_CHECK(r == KVPS_ERR_TIMEOUT && strstr(kvps_worker_last_error(w[1]), "barrier 0 waits for workers 0 (connected), 2 (never "
+    KT_CHECK(r == KVPS_ERR_TIMEOUT && strstr(kvps_worker_last_error(w[1]), "barrier 1 waits for workers 0 (connected), 2 (never "
                                                                              "connected)"),
              "barrier: %s, '%s'", kvps_result_str(r), kvps_worker_last_error(w[1]));
     /* worker 2 comes: the round completes */

@@ -47,7 +47,7 @@ static void test_push_merges_duplicates(void) {
     kvps_worker *w0 = connect_w(&c, 0), *w1 = connect_w(&c, 1);
     kvps_table t0, t1;
     kvps_req q;
-    kvps_table_desc d = {.name = "dup", .dim = DIM, .opt = {KVPS_RULE_SGD, 0.5f, 0, 0, 0, 0}, .init_scale = 0.2f, .seed = 9};
+    kvps_table_desc d = {.name = "dup", .dim = DIM, .opt = {KVPS_RULE_SGD, 0.5f, 0, 0, 0, 0, 0}, .init_scale = 0.2f, .seed = 9};
     KT_OK(sync_req(w0, kvps_worker_table(w0, &d, &t0, &q), &q));
     KT_OK(sync_req(w1, kvps_worker_table(w1, &d, &t1, &q), &q)); /* the same call on every worker */
     uint64_t ids[5] = {5, 9, 5, 1ull << 60, 9};
@@ -77,7 +77,7 @@ static void test_push_merges_duplicates(void) {
 
 /* Adagrad and Adam per row: rows touched at different steps keep their own state */
 static void test_row_optimizers_equal_reference(void) {
-    kvps_optim os[2] = {{KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f}, {KVPS_RULE_ADAM, 0.05f, 0, 0.9f, 0.99f, 1e-7f}};
+    kvps_optim os[2] = {{KVPS_RULE_ADAGRAD, 0.1f, 0, 0, 0, 1e-6f, 0}, {KVPS_RULE_ADAM, 0.05f, 0, 0.9f, 0.99f, 1e-7f, 0}};
     for (int c2 = 0; c2 < 2; c2++) {
         kt_cluster c;
         kt_cluster_up(&c, "inproc", 3, &(kvps_server_desc){.num_workers = 1});
@@ -126,9 +126,9 @@ static void test_table_bad_input(void) {
     KT_CHECK(sync_req(w1, kvps_worker_table(w1, &(kvps_table_desc){.name = "bad", .dim = 4}, &t2, &q), &q) == KVPS_ERR_TABLE, "dim conflict");
     /* out-of-range hyper-parameters */
     kvps_table t3;
-    KT_CHECK(kvps_worker_table(w0, &(kvps_table_desc){.name = "hp", .dim = 4, .opt = {KVPS_RULE_SGD, -1, 0, 0, 0, 0}}, &t3, &q) ==
+    KT_CHECK(kvps_worker_table(w0, &(kvps_table_desc){.name = "hp", .dim = 4, .opt = {KVPS_RULE_SGD, -1, 0, 0, 0, 0, 0}}, &t3, &q) ==
                  KVPS_ERR_HYPERPARAM, "negative lr");
-    KT_CHECK(kvps_worker_table(w0, &(kvps_table_desc){.name = "hp2", .dim = 4, .opt = {KVPS_RULE_ADAM, 0, 0, 1.0f, 0, 0}}, &t3, &q) ==
+    KT_CHECK(kvps_worker_table(w0, &(kvps_table_desc){.name = "hp2", .dim = 4, .opt = {KVPS_RULE_ADAM, 0, 0, 1.0f, 0, 0, 0}}, &t3, &q) ==
                  KVPS_ERR_HYPERPARAM, "beta1 = 1");
     KT_CHECK(kvps_worker_pull_rows(w0, 77, (uint64_t[]){1}, (float[DIM]){0}, 1, &q) == KVPS_ERR_TABLE, "unknown table handle");
     /* raw messages: an unknown table id, and rows of the wrong dim */

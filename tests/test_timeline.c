@@ -3,7 +3,7 @@
      ps job         2 servers + 2 workers as processes under scripts/kvps-run --timeline: every
                     worker's pushpulls per tensor (bytes, servers), inits, barriers and raw-key
                     requests; every server's rounds of exactly the keys it holds, round numbers
-                    0..steps-1, 2 contributions, straggler wait inside the round; events on a lane
+                    1..steps, 2 contributions, straggler wait inside the round; events on a lane
                     nest; the merged file (a pid per process, rounds named after their tensors),
                     the summary and the PNG of scripts/kvps-timeline
      ring job       3 ranks as processes under kvps-run --timeline: each collective (ring and

@@ -124,10 +124,10 @@ def check_ps(d, spec):
         for t in spec["tensors"]:
             for i, (k, srv) in enumerate(zip(t["keys"], t["servers"])):
                 if srv == s:
-                    want[k] = (list(range(steps)), i)
+                    want[k] = (list(range(1, steps + 1)), i)  # rounds count from 1 (kvps.h, CONSISTENCY)
         for k in spec["raw_keys"]:
             if k["server"] == s:
-                want[k["key"]] = ([0], None)
+                want[k["key"]] = ([1], None)
         got = {}
         for e in rounds:
             got.setdefault(e["args"]["key"], []).append(e)

@@ -112,7 +112,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(ep, sizeof ep, "inproc://fuzz-ckpt-%d", fz_seq++);
     kvps_server *s = NULL;
     FZ_CHECK(kvps_server_create(&(kvps_server_desc){.endpoint = ep, .num_workers = 1, .max_value_len = 1 << 16,
-                                                     .zmq_ctx = fz_ctx, .no_malloc_tuning = 1},
+                                                     .zmq_ctx = fz_ctx, .no_malloc_tuning = 1,
+                                                     .user_rules = fz_user_rules, .num_user_rules = 1},
                                 &s) == KVPS_OK,
              "server");
     kvps_result r = kvps_server_restore(s, fz_path);

@@ -112,6 +112,17 @@ static inline int fz_reply_next(void *dealer, zmq_msg_t f[4], int *nf, kvps__hdr
     return 1;
 }
 
+/* A user rule every fuzzed server has (rule KVPS_RULE_USER + 0), with 2 state floats per value and
+   the step, so that CONFIG records, checkpoints and snapshots naming one reach its code. */
+static void fz_user_rule(const kvps_rule_args *a) {
+    for (size_t i = 0; i < a->len; i++) {
+        a->state[0][i] = 0.5f * a->state[0][i] + a->sum[i] / (float)a->count;
+        a->state[1][i] += (float)a->step;
+        a->value[i] -= a->opt->lr * a->state[0][i];
+    }
+}
+static const kvps_user_rule fz_user_rules[1] = {{"fuzz", fz_user_rule, 2, NULL}};
+
 #endif
 
 static inline uint32_t fz_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }

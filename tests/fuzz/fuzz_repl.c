@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(chain, sizeof chain, "%s|%s", a, b);
     kvps_server_desc d = {.endpoint = b, .num_workers = (cfg & 4) ? 3 : 1, .consistency = (kvps_consistency)(cfg & 3),
                           .update = KVPS_UPDATE_ACCUMULATE, .max_value_len = 64, .zmq_ctx = fz_ctx, .no_malloc_tuning = 1,
-                          .staleness = 1};
+                          .staleness = 1, .user_rules = fz_user_rules, .num_user_rules = 1};
     d.replicas = chain;
     d.replica = 1;
     kvps_server *s = NULL;

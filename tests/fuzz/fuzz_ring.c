@@ -3,7 +3,8 @@
    told apart, 16-bit wire data widened, top-k (index, value) pairs gathered), for each kind of
    collective, and point-to-point messages (data eager and answered, ACK, NACK, abort: kept,
    matched by rank and tag, refusals reported; fuzz_ring_ops.h 14..17), the v-collectives' counts
-   (18, 19) and messages for sub-rings (20: sub-ring 1 made directly, 21: by kvps_ring_split). The input's messages are queued on rank 0's socket from a
+   (18, 19), messages for sub-rings (20: sub-ring 1 made directly, 21: by kvps_ring_split) and a
+   joined rank 0 (22: the agreements of a ring made with .join, kvps_ring_join). The input's messages are queued on rank 0's socket from a
    DEALER, then rank 0 runs the collective with a 2 ms timeout (then a barrier, when the first
    call succeeded, so that late and early pieces of the next collective are looked at too).
 
@@ -51,7 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(zmq_bind(sink, strchr(peers, ',') + 1) == 0, "bind sink");
     kvps_ring *r = NULL;
     kvps_result rc = kvps_ring_create(&(kvps_ring_desc){.rank = 0, .size = 2, .peers = peers, .timeout_ms = 2,
-                                                        .chunk_bytes = 64, .zmq_ctx = fz_ctx, .shm = -1},
+                                                        .chunk_bytes = 64, .zmq_ctx = fz_ctx, .shm = -1,
+                                                        .join = which == FZ_RING_JOIN},
                                       &r);
     FZ_CHECK(rc == KVPS_OK, "ring: %s", kvps_result_str(rc));
     void *peer = zmq_socket(fz_ctx, ZMQ_DEALER);

@@ -4,8 +4,10 @@
 #ifndef KVPS_FUZZ_RING_OPS_H
 #define KVPS_FUZZ_RING_OPS_H
 
-enum { FZ_RING_OPS = 22 }; /* 14..17: point-to-point, rank 1 sending to rank 0; 18, 19: v-collectives;
-                              20, 21: a sub-ring (made directly with id 1; made by kvps_ring_split) */
+enum { FZ_RING_OPS = 23 }; /* 14..17: point-to-point, rank 1 sending to rank 0; 18, 19: v-collectives;
+                              20, 21: a sub-ring (made directly with id 1; made by kvps_ring_split);
+                              22: join (on a ring made with .join: FZ_RING_JOIN) */
+#define FZ_RING_JOIN 22
 
 /* A sub-ring's failure must break it (a barrier on it then says KVPS_ERR_STATE); its parent,
    which the outer check looks at, may go on. This result says it did not. */
@@ -109,6 +111,10 @@ static inline kvps_result fz_ring_op(kvps_ring *r, int rank, int which, size_t c
         if (s) rc = fz_sub_end(s, rc);
         break;
     }
+    case 22: /* rank 0 has joined: what it learns from the agreement (its parameters checked), then
+                rank 1's all-reduce shadowed */
+        rc = rank ? kvps_ring_allreduce(r, fa, fb, count, KVPS_FLOAT32, KVPS_AVG) : kvps_ring_join(r);
+        break;
     case 21: { /* a split (both colour 0), then an all-reduce on the sub-ring */
         kvps_ring *s = NULL;
         rc = kvps_ring_split(r, 0, rank, &s);

@@ -143,8 +143,10 @@ static int fz_replies(void *dealer, const kvps_server *s) {
         } else {
             int op = h.op & 0x7f;
             int data = kvps__op_pulls(op) || op == KVPS__OP_PULL_ROWS || op == KVPS__OP_STATUS || op == KVPS__OP_KEYS ||
-                       op == KVPS__OP_EXPORT || op == KVPS__OP_EXPORT_ROWS; /* (KEYS: {key, len} entries;
-                                                                                EXPORT(_ROWS): key / table records) */
+                       op == KVPS__OP_EXPORT || op == KVPS__OP_EXPORT_ROWS || op == KVPS__OP_ALLREDUCE; /* (KEYS: {key,
+                                                                                len} entries; EXPORT(_ROWS): key / table
+                                                                                records; ALLREDUCE: the f64 result) */
+            if (op == KVPS__OP_ALLREDUCE) FZ_CHECK(zmq_msg_size(&f[1]) == 8, "ALLREDUCE answered with %zu bytes", zmq_msg_size(&f[1]));
             if ((op == KVPS__OP_HELLO && nf == 2) || op == KVPS__OP_PLACE_GET) { /* the server's placement */
                 kvps__place p;
                 const char *bad = kvps__place_dec(&p, (const unsigned char *)zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
@@ -199,6 +201,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         .codecs = &user,
         .num_codecs = 1,
         .staleness = (cfg & 128) ? 2 : 0,
+        .user_rules = fz_user_rules,
+        .num_user_rules = 1,
     };
     kvps_server *s = NULL;
     FZ_CHECK(kvps_server_create(&d, &s) == KVPS_OK, "server create");
@@ -257,6 +261,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
            follows a change that is not its own (the held-back pushes were accepted earlier). */
         if (sent.has_hdr && sent.h.op < KVPS__OP_COUNT && kvps__ops[sent.h.op].serve == kvps__serve_move) kvps__flush_all(s);
         uint64_t before = fz_digest(s), errs = s->stats.errors, pushes = s->stats.pushes;
+        int in_range = sent.has_hdr && sent.h.rank < (uint32_t)s->m;
+        uint64_t gen0 = in_range ? s->barrier_gen[sent.h.rank] : 0;
         kvps__handle(s, fr, total);
         for (int j = 0; j < n; j++) zmq_msg_close(&fr[j]);
         /* (an accepted BYE may answer others' waiting pulls and barriers with errors: they need
@@ -265,7 +271,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         /* (a pushpull whose push was applied and whose pull then fails, say for a worker that
            has finished, is answered with an error: that is not a rejection either) */
         int pp_applied = sent.has_hdr && sent.h.op == KVPS__OP_PUSHPULL && s->stats.pushes != pushes;
-        int rejected = s->stats.errors != errs && !bye_ok && !pp_applied;
+        /* (a barrier or ALLREDUCE that entered its generation may complete it with an error for
+           every entry, as when they disagree on the call: its entry is no rejection) */
+        int entered = in_range && s->barrier_gen[sent.h.rank] != gen0;
+        /* (an accepted JOIN, as a BYE, may complete others' rounds and barriers with errors) */
+        int join_ok = in_range && sent.h.op == KVPS__OP_JOIN && s->out[sent.h.rank] == KVPS__OUT_JOINED;
+        int rejected = s->stats.errors != errs && !bye_ok && !pp_applied && !entered && !join_ok;
         if (getenv("FZ_VERBOSE"))
             fprintf(stderr, "request: op %d rank %u nkeys %u flags %x, %d frames%s\n", sent.has_hdr ? (int)sent.h.op : -1,
                     sent.h.rank, sent.h.nkeys, sent.h.flags, total - 1, rejected ? ", refused" : "");
@@ -273,7 +284,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FZ_CHECK(fz_digest(s) == before, "a rejected request (op %d) changed the server's state",
                      sent.has_hdr ? (int)sent.h.op : -1);
         replies += fz_replies(dealer, s);
-        int may_wait = sent.has_hdr && (kvps__op_pulls(sent.h.op) || sent.h.op == KVPS__OP_BARRIER);
+        int may_wait = sent.has_hdr && (kvps__op_pulls(sent.h.op) || sent.h.op == KVPS__OP_BARRIER ||
+                                        sent.h.op == KVPS__OP_ALLREDUCE);
         owed += total >= 2 && (rejected || !may_wait);
         if (total == 1) { /* end of a batch */
             kvps__flush_all(s);

@@ -77,7 +77,7 @@ static void coded(buf *b, kvps_codec c, uint64_t n, float base) {
 }
 
 static void optrec(uint8_t *r, uint32_t rule, float lr) {
-    float f[5] = {lr, 0, 0, 0, 0};
+    float f[6] = {lr, 0, 0, 0, 0, rule == KVPS_RULE_ADAMW || rule >= KVPS_RULE_USER ? 0.01f : 0.0f}; /* (weight_decay) */
     memcpy(r, &rule, 4);
     memcpy(r + 4, f, sizeof f);
 }
@@ -211,11 +211,44 @@ static void server_seeds(void) {
     }
     save("fuzz_server", "config_rules", &b);
 
+    /* AdamW (weight decay, a step count) and a user rule the fuzzed server does not have */
+    cfg = 0x40 | 1;
+    begin(&b, &cfg, 1);
+    {
+        uint8_t rec[2 * KVPS__OPTREC];
+        optrec(rec, KVPS_RULE_ADAMW, 0.001f);
+        optrec(rec + KVPS__OPTREC, KVPS_RULE_USER + 1, 0);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2, l2, 1);
+        frame(&b, rec, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PUSH, 0, 0, 0, k2, l2, 1); values(&b, 4, 2);
+        meta(&b, KVPS__OP_CONFIG, 0, 0, 0, k2 + 1, l2 + 1, 1);
+        frame(&b, rec + KVPS__OPTREC, KVPS__OPTREC);
+        meta(&b, KVPS__OP_PULL, 0, 0, 0, k2, l2, 2);
+    }
+    save("fuzz_server", "config_adamw_user", &b);
+
     /* barrier on server 0 from every rank */
     cfg = 0x40 | 4;
     begin(&b, &cfg, 1);
     for (uint32_t r = 0; r < 3; r++) meta(&b, KVPS__OP_BARRIER, r, 0, 0, NULL, NULL, 0);
     save("fuzz_server", "barrier", &b);
+
+    /* the scalar all-reduce from every rank (the last one's op differs), then a join and pushes */
+    begin(&b, &cfg, 1);
+    for (uint32_t r = 0; r < 3; r++) {
+        uint8_t v[16] = {0};
+        double x = 1.5 * (r + 1);
+        uint32_t op = r == 2 ? KVPS_SCALAR_MAX : KVPS_SCALAR_MEAN;
+        memcpy(v, &x, 8);
+        memcpy(v + 8, &op, 4);
+        meta(&b, KVPS__OP_ALLREDUCE, r, 0, 0, NULL, NULL, 0);
+        frame(&b, v, sizeof v);
+    }
+    meta(&b, KVPS__OP_JOIN, 1, 0, 0, NULL, NULL, 0);
+    meta(&b, KVPS__OP_PUSH, 1, 0, 0, k1, l1, 1); values(&b, 4, 2);
+    meta(&b, KVPS__OP_PUSH, 0, 0, 0, k1, l1, 1); values(&b, 4, 3);
+    meta(&b, KVPS__OP_BARRIER, 0, 0, 0, NULL, NULL, 0);
+    save("fuzz_server", "allreduce_join", &b);
 
     /* sparse table: configure, push rows, pull rows */
     cfg = 0x40;
@@ -226,8 +259,8 @@ static void server_seeds(void) {
         optrec(trec, KVPS_RULE_ADAGRAD, 0.1f);
         float scale = 0.5f;
         uint64_t seed = 42;
-        memcpy(trec + 24, &scale, 4);
-        memcpy(trec + 32, &seed, 8);
+        memcpy(trec + KVPS__OPTREC, &scale, 4);
+        memcpy(trec + KVPS__OPTREC + 4, &seed, 8);
         table_meta(&b, KVPS__OP_TABLE, 0, 7, 4, NULL, 0);
         frame(&b, trec, sizeof trec);
         uint64_t ids[3] = {5, 1u << 31, 99};
@@ -590,7 +623,8 @@ static void ring_seed(int which, size_t count) {
     zmq_bind(sniff, "inproc://gen-ring-0");
     ring_job j = {NULL, which, count};
     if (kvps_ring_create(&(kvps_ring_desc){.rank = 1, .size = 2, .peers = "inproc://gen-ring-0,inproc://gen-ring-1",
-                                           .timeout_ms = 150, .chunk_bytes = 64, .zmq_ctx = ctx},
+                                           .timeout_ms = 150, .chunk_bytes = 64, .zmq_ctx = ctx,
+                                           .join = which == FZ_RING_JOIN},
                          &j.r) != KVPS_OK) { fprintf(stderr, "ring\n"); exit(1); }
     pthread_t th;
     pthread_create(&th, NULL, ring_thread, &j);
@@ -620,13 +654,53 @@ static void ring_seed(int which, size_t count) {
                                              "broadcast", "reduce_scatter", "alltoall", "gather", "scatter", "barrier",
                                              "allreduce_f16_prod", "ring_avg", "reduce_ring", "p2p_recv", "p2p_tags",
                                              "p2p_answered", "p2p_refused", "allgatherv", "alltoallv",
-                                             "subring_allgatherv_p2p", "split_allreduce"};
+                                             "subring_allgatherv_p2p", "split_allreduce", "join"};
     char name[64];
     snprintf(name, sizeof name, "%s_%zu", names[which], count);
     save("fuzz_ring", name, &b);
 }
 
+/* A joined rank 0 (FZ_RING_JOIN), written by hand: rank 1's agreement for an AVG all-reduce of
+   8 float32 and that all-reduce's recursive-doubling message, then an agreement in which rank 1
+   has joined too (kvps_ring_join returns), then the barrier fuzz_ring runs next: its agreement
+   and its message. */
+static void ring_join_agreement(buf *b, uint32_t seq, int joined, const int64_t *p) {
+    int64_t v[2 + 2 * KVPS_RING__JOIN_NP] = {0, joined};
+    for (int j = 0; j < KVPS_RING__JOIN_NP; j++) {
+        v[2 + j] = joined ? INT64_MIN : p[j];
+        v[2 + KVPS_RING__JOIN_NP + j] = joined ? INT64_MIN : -p[j];
+    }
+    kvps_ring__hdr h = {KVPS_RING__MAGIC, seq, kvps_ring__tag(KVPS_RING__PH_RD, 0, 0, 0), 1, KVPS_COLL_ALLREDUCE,
+                        KVPS_INT64, KVPS_MAX, 0, 0, sizeof v / sizeof *v, 0, KVPS_RING__JOIN_LAYOUT};
+    msg(b);
+    frame(b, &h, sizeof h);
+    frame(b, v, sizeof v);
+}
+static void ring_join_seed(void) {
+    buf b;
+    uint8_t cfg[2] = {FZ_RING_JOIN, 8};
+    begin(&b, cfg, 2);
+    int64_t avg[KVPS_RING__JOIN_NP] = {KVPS_COLL_ALLREDUCE, KVPS_FLOAT32, 0, KVPS_AVG, 8, 0, 0, 0};
+    int64_t bar[KVPS_RING__JOIN_NP] = {KVPS_COLL_BARRIER, 0, 0, 0, 0, 0, 0, 0};
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ring_join_agreement(&b, 1, 0, avg);
+    kvps_ring__hdr h = {KVPS_RING__MAGIC, 2, kvps_ring__tag(KVPS_RING__PH_RD, 0, 0, 0), 1, KVPS_COLL_ALLREDUCE,
+                        KVPS_FLOAT32, KVPS_AVG, 0, 0, 8, 0, 0};
+    msg(&b);
+    frame(&b, &h, sizeof h);
+    frame(&b, x, sizeof x);
+    ring_join_agreement(&b, 3, 1, avg);
+    ring_join_agreement(&b, 4, 0, bar);
+    kvps_ring__hdr hb = {KVPS_RING__MAGIC, 5, kvps_ring__tag(KVPS_RING__PH_BARRIER, 0, 0, 0), 1, KVPS_COLL_BARRIER,
+                         0, 0, 0, 0, 0, 0, 0};
+    msg(&b);
+    frame(&b, &hb, sizeof hb);
+    frame(&b, "", 0);
+    save("fuzz_ring", "join_agreements", &b);
+}
+
 static void ring_seeds(void) {
+    ring_join_seed();
     for (int w = 0; w < FZ_RING_OPS; w++) ring_seed(w, w == 12 || w == 13 ? 40 : 8);
     ring_seed(0, 0);
     ring_seed(14, 0);
@@ -640,20 +714,23 @@ static void ckpt_seeds(void) {
     kvps_server *s = NULL;
     kvps_worker *w = NULL;
     int ok = kvps_server_create(&(kvps_server_desc){.endpoint = "inproc://gen-ckpt", .num_workers = 1,
-                                                   .max_value_len = 1 << 16, .zmq_ctx = ctx, .checkpoint_path = path},
+                                                   .max_value_len = 1 << 16, .zmq_ctx = ctx, .checkpoint_path = path,
+                                                   .user_rules = fz_user_rules, .num_user_rules = 1},
                                 &s) == KVPS_OK && kvps_server_start(s) == KVPS_OK;
     if (ok)
         ok = kvps_worker_create(&(kvps_worker_desc){.servers = "inproc://gen-ckpt", .rank = 0, .num_workers = 1, .zmq_ctx = ctx},
                                 &w) == KVPS_OK;
-    static const char *names[3] = {"ck.adam", "ck.momentum", "ck.plain"};
-    static const kvps_rule rules[3] = {KVPS_RULE_ADAM, KVPS_RULE_MOMENTUM, KVPS_RULE_DEFAULT};
-    static const size_t lens[3] = {8, 5, 3};
-    kvps_tensor t[3];
+    enum { NCK = 5 }; /* the last without a rule of its own */
+    static const char *names[NCK] = {"ck.adam", "ck.momentum", "ck.adamw", "ck.user", "ck.plain"};
+    static const kvps_rule rules[NCK] = {KVPS_RULE_ADAM, KVPS_RULE_MOMENTUM, KVPS_RULE_ADAMW, KVPS_RULE_USER, KVPS_RULE_DEFAULT};
+    static const size_t lens[NCK] = {8, 5, 6, 4, 3};
+    kvps_tensor t[NCK];
     kvps_table tb;
     kvps_req q;
-    for (int i = 0; i < 3 && ok; i++) ok = kvps_worker_tensor(w, names[i], lens[i], &t[i]) == KVPS_OK;
-    for (int i = 0; i < 2 && ok; i++)
-        ok = kvps_worker_tensor_optim(w, t[i], &(kvps_optim){.rule = rules[i], .lr = 0.125f}, &q) == KVPS_OK &&
+    for (int i = 0; i < NCK && ok; i++) ok = kvps_worker_tensor(w, names[i], lens[i], &t[i]) == KVPS_OK;
+    for (int i = 0; i < NCK - 1 && ok; i++)
+        ok = kvps_worker_tensor_optim(w, t[i], &(kvps_optim){.rule = rules[i], .lr = 0.125f,
+                                                             .weight_decay = i >= 2 ? 0.25f : 0.0f}, &q) == KVPS_OK &&
              kvps_worker_wait(w, q, 5000) == KVPS_OK;
     if (ok)
         ok = kvps_worker_table(w, &(kvps_table_desc){.name = "ck.rows", .dim = 4, .opt = {.rule = KVPS_RULE_ADAGRAD},
@@ -661,7 +738,7 @@ static void ckpt_seeds(void) {
                                &tb, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
     float g[8] = {1, -2, 3, -4, 5, -6, 7, -8};
     for (int step = 0; step < 2 && ok; step++)
-        for (int i = 0; i < 3 && ok; i++)
+        for (int i = 0; i < NCK && ok; i++)
             ok = kvps_worker_push_tensor(w, t[i], g, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
     uint64_t ids[2] = {11, 1u << 30};
     if (ok) ok = kvps_worker_push_rows(w, tb, ids, g, 2, &q) == KVPS_OK && kvps_worker_wait(w, q, 5000) == KVPS_OK;
