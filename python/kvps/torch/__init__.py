@@ -8,3 +8,5 @@
 
 Tensors go to kvps by their data pointers (contiguous CPU tensors), never copied on the way.
 """
+
+from .ps import EmbeddingBag, ServerOptimizer  # noqa: E402,F401  (kvps.torch.ps)
