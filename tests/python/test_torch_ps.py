@@ -94,7 +94,8 @@ def child_opt(servers, rank, nworkers, rule, kvps_kw, torch_name, torch_kw, boun
         opt = ps.ServerOptimizer(params, w, rule=rule, prefix=label + ".", **kvps_kw)
         local = [torch.nn.Parameter(initial(s, 0)) for _, s in SHAPES]
         start_ok = all(torch.equal(p.data, q.data) for (_, p), q in zip(params, local))
-        say(start_ok, "%s: every worker starts from rank 0's weights" % label)
+        say(start_ok, "%s: every worker starts from rank 0's weights" % label, "max difference %g" % max(
+            (p.data - q.data).abs().max().item() for (_, p), q in zip(params, local)))
         ref = getattr(torch.optim, torch_name)(local, **torch_kw)
         worst, worst_rel = 0, 0.0
         for step in range(STEPS):
