@@ -23,7 +23,8 @@ The rules are kvps's (kvps.h, CONSISTENCY AND UPDATE RULES), computed on the ser
 "sgd", "momentum", "nesterov", "adagrad", "adam", "adamw" (hyper-parameters as kvps_optim; 0 is
 kvps's default). Against torch.optim (tests/python/test_torch_ps.py measures it): "adamw" is
 torch.optim.AdamW's own order of float operations (with weight_decay=0 that is torch.optim.Adam's
-too), bit for bit; "adam" keeps beta^t as a float running product where torch uses pow in double,
+too), bit for bit when torch is given the same float32 hyper-parameters (kvps_optim's are float:
+torch.optim.AdamW(lr=float(numpy.float32(0.01))), as AdamW's bias corrections use lr in double); "adam" keeps beta^t as a float running product where torch uses pow in double,
 so it drifts from torch.optim.Adam by a few ulps; "sgd" rounds lr * g before the subtraction where
 torch's add_(g, alpha=-lr) fuses it (one rounding): within an ulp or so per step.
 
