@@ -25,6 +25,10 @@ Oracles, computed in each worker from the same seeded gradients:
                     embedding_bag bit for bit; the rows drift from torch's by ulps because
                     SGD's update is unfused (above) and torch's backward sums a repeated id's
                     gradients (and scales mean bags) in another order of roundings.
+Measured here (Debian's torch 1.13, x86-64, 30 steps x 471 weights; 1 worker / 3 workers on 2
+servers): adamw against AdamW and adamw (weight_decay 0) against Adam 0 ulps both ways; sgd 2 / 1
+ulps of the largest weight; adam 2 / 3; the embedding bag's outputs 1-3 and rows 1-3 ulps of the
+largest (up to 184 element-wise, at rows near 0), its forward on the same rows 0.
 Ulps are counted two ways: element by element, and in units of the last place of the tensor's
 largest magnitude (a weight near zero after a cancellation has tiny ulps, where an error of one
 rounding of its neighbours counts thousands); the bounds apply to the second, 0 to both.

@@ -25,8 +25,11 @@ kvps's default). Against torch.optim (tests/python/test_torch_ps.py measures it)
 torch.optim.AdamW's own order of float operations (with weight_decay=0 that is torch.optim.Adam's
 too), bit for bit when torch is given the same float32 hyper-parameters (kvps_optim's are float:
 torch.optim.AdamW(lr=float(numpy.float32(0.01))), as AdamW's bias corrections use lr in double); "adam" keeps beta^t as a float running product where torch uses pow in double,
-so it drifts from torch.optim.Adam by a few ulps; "sgd" rounds lr * g before the subtraction where
-torch's add_(g, alpha=-lr) fuses it (one rounding): within an ulp or so per step.
+(and computes m = b1 * m + (1 - b1) * g with two roundings where torch's add_(g, alpha) fuses
+them, and divides by the corrections in another order), so it drifts from torch.optim.Adam by a
+few ulps; "sgd" rounds lr * g before the subtraction where torch's add_(g, alpha=-lr) fuses it
+(one rounding). Measured over 30 steps: sgd 1-2, adam 2-3 ulps of each tensor's largest weight
+(element-wise more at weights near 0); adamw 0.
 
 EmbeddingBag's rows are ids in [0, num_embeddings) (None: any id below 2**63, for hashed features)
 of a kvps table (kvps.h, SPARSE TABLES): created on the servers at first touch, uniform in
