@@ -68,7 +68,8 @@ class ServerOptimizer:
     params: model.parameters() or model.named_parameters() (or a list of either); worker: a
     kvps.Worker; rule and its hyper-parameters: kvps's (module docstring); prefix: put before
     every tensor name (two optimizers on one job: different prefixes). betas=(beta1, beta2) is
-    accepted as torch.optim.Adam spells it.
+    accepted as torch.optim.Adam spells it. Not a torch.optim.Optimizer: no param_groups (an LR
+    scheduler cannot drive it) and no state_dict (the state is on the servers: kvps's checkpoints).
     """
 
     def __init__(self, params, worker, rule="sgd", lr=0.01, momentum=0.0, betas=None, beta1=0.9, beta2=0.999,
