@@ -17,6 +17,7 @@ Oracles, computed in each worker from the same seeded gradients:
                     ulps against torch.optim.AdamW and (weight_decay 0) torch.optim.Adam; "sgd"
                     and "adam" within ULP_SGD / ULP_ADAM (kvps's formulas round otherwise:
                     ps.py says how).
+  README            the From Python block that uses kvps.torch, run as it is (its loss must halve)
   EmbeddingBag      a local torch.nn.EmbeddingBag starting from the table's rows, under
                     torch.optim.SGD / Adagrad (dense gradients: untouched rows do not move):
                     outputs and every row of the table after each step within ULP_EMB ulps of
@@ -291,6 +292,41 @@ def job(label, nservers, nworkers, kind, args, consistency="bsp", staleness=0):
         check(not bad, n, "; ".join("%s: %s" % b for b in bad))
 
 
+def readme_block():
+    """README's From Python block that uses kvps.torch, run as it is: a worker with kvps-run's
+    variables (KVPS_ROLE, KVPS_RANK, KVPS_SERVERS, KVPS_NUM_WORKERS) and 2 server processes."""
+    import re
+    md = open(os.path.join(HERE, "..", "..", "README.md")).read()
+    sec = md[md.index("## From Python"):]
+    sec = sec[:sec.index("\n## ", 5)]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", sec, re.S) if "kvps.torch" in b]
+    if len(blocks) != 1:
+        check(False, "README's From Python has one kvps.torch block", "found %d" % len(blocks))
+        return
+    srv = [subprocess.Popen([sys.executable, "-c", SERVER, str(i), "1", "bsp", "0"], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    eps = [p.stdout.readline().strip() for p in srv]
+    e = env()
+    e.update({"KVPS_ROLE": "worker", "KVPS_RANK": "0", "KVPS_NUM_WORKERS": "1", "KVPS_NUM_SERVERS": "2",
+              "KVPS_SERVERS": ",".join(eps)})
+    try:
+        p = subprocess.run([sys.executable, "-c", blocks[0]], env=e, capture_output=True, text=True, timeout=BOUND_S)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired:
+        out, rc = "", "hung"
+    for q in srv:
+        try:
+            q.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            q.kill()
+    losses = [float(x.split()[1]) for x in out.splitlines() if len(x.split()) == 2 and x.split()[0].isdigit()]
+    check(rc == 0 and len(losses) == 20 and losses[-1] < losses[0] / 2,
+          "README's kvps.torch block runs as it is (2 servers) and its loss falls by half",
+          "exit %s, losses %s:\n    %s" % (rc, losses, "\n    ".join(out.splitlines()[-10:])))
+    if losses:
+        print("measured README block: loss %.4f -> %.4f over %d steps" % (losses[0], losses[-1], len(losses)), flush=True)
+
+
 def check(ok, name, why=""):
     results["pass" if ok else "fail"] += 1
     say(ok, name, why)
@@ -338,6 +374,8 @@ def main():
                 job(label, 2, 1, "emb", [rule, mode, label])
     if not only or "errors" in only:
         job("errors", 1, 1, "errors", [])
+    if not only or "readme" in only:
+        readme_block()
     print("%d passed, %d failed" % (results["pass"], results["fail"]), flush=True)
     sys.exit(1 if results["fail"] else 0)
 
