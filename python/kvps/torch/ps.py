@@ -174,6 +174,9 @@ class EmbeddingBag(torch.nn.Module):
     by every worker with the same arguments (kvps_worker_table). forward pulls the batch's
     distinct ids once each; in training (autograd on), backward pushes one gradient row per
     distinct id: the sum of its occurrences' gradients, as torch's own backward gives them.
+    Not there (torch's have them): mode "max", per_sample_weights, padding_idx, max_norm,
+    scale_grad_by_freq, include_last_offset. The push waits for the servers' acknowledgement
+    inside backward; counters rows_pulled / rows_pushed count distinct rows.
     """
 
     def __init__(self, num_embeddings, embedding_dim, worker, mode="sum", name="emb", rule="sgd", lr=0.01,
