@@ -84,7 +84,8 @@
      worker    kvps_abi_worker_from_env / _create (servers, rank, num_workers, timeout_ms),
                _handle, _tensor (name, len: the same name again with the same len gives the
                same handle), _tensor_optim (rule and lr, momentum, beta1, beta2, eps: kvps_optim;
-               0: defaults), _push / _pull / _pushpull / _init (count must be the tensor's len),
+               0: defaults; _tensor_optim_wd adds weight_decay, KVPS_RULE_ADAMW's and user
+               rules'), _push / _pull / _pushpull / _init (count must be the tensor's len),
                _barrier, _wait, _table (name, dim, rule and its hyper-parameters, init_scale,
                seed), _push_rows / _pull_rows (count: the floats of the array, nrows * dim),
                _finish, _destroy. The requests are kvps.h's: wait for each with _wait.
@@ -174,6 +175,8 @@ KVPS_API kvps_worker *kvps_abi_worker_handle(kvps_abi_worker *w);
 KVPS_API int kvps_abi_worker_tensor(kvps_abi_worker *w, const char *name, size_t len, int *out);
 KVPS_API int kvps_abi_worker_tensor_optim(kvps_abi_worker *w, int t, int rule, float lr, float momentum, float beta1,
                                           float beta2, float eps, uint64_t *req);
+KVPS_API int kvps_abi_worker_tensor_optim_wd(kvps_abi_worker *w, int t, int rule, float lr, float momentum, float beta1,
+                                             float beta2, float eps, float weight_decay, uint64_t *req);
 KVPS_API int kvps_abi_worker_push(kvps_abi_worker *w, int t, const float *grad, size_t count, uint64_t *req);
 KVPS_API int kvps_abi_worker_pull(kvps_abi_worker *w, int t, float *vals, size_t count, uint64_t *req);
 KVPS_API int kvps_abi_worker_pushpull(kvps_abi_worker *w, int t, const float *grad, float *vals, size_t count, uint64_t *req);
@@ -553,13 +556,17 @@ static int kvps_abi__tensor_ok(const kvps_abi_worker *w, int t, size_t count, co
 
 KVPS_API int kvps_abi_worker_tensor_optim(kvps_abi_worker *w, int t, int rule, float lr, float momentum, float beta1,
                                           float beta2, float eps, uint64_t *req) {
+    return kvps_abi_worker_tensor_optim_wd(w, t, rule, lr, momentum, beta1, beta2, eps, 0.0f, req);
+}
+KVPS_API int kvps_abi_worker_tensor_optim_wd(kvps_abi_worker *w, int t, int rule, float lr, float momentum, float beta1,
+                                             float beta2, float eps, float weight_decay, uint64_t *req) {
     KVPS_ABI__NEED(req, "tensor_optim");
     int rc = kvps_abi__tensor_ok(w, t, SIZE_MAX, "tensor_optim");
     if (rc != 0) return rc;
     if (rule < 0 || rule >= KVPS_RULE_COUNT)
         return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "tensor_optim: tensor '%s': no rule %d (0 to %d)", w->tensors[t].name, rule,
                               KVPS_RULE_COUNT - 1);
-    kvps_optim o = {(kvps_rule)rule, lr, momentum, beta1, beta2, eps};
+    kvps_optim o = {(kvps_rule)rule, lr, momentum, beta1, beta2, eps, weight_decay};
     return kvps_abi__wk(w, kvps_worker_tensor_optim(w->w, t, &o, req), "tensor_optim");
 }
 
@@ -600,7 +607,7 @@ KVPS_API int kvps_abi_worker_table(kvps_abi_worker *w, const char *name, uint32_
     KVPS_ABI__NEED(out, "table");
     if (rule < 0 || rule >= KVPS_RULE_COUNT)
         return kvps_abi__fail(KVPS_ERR_INVALID_ARG, "table '%s': no rule %d (0 to %d)", name, rule, KVPS_RULE_COUNT - 1);
-    kvps_table_desc d = {name, dim, {(kvps_rule)rule, lr, momentum, beta1, beta2, eps}, init_scale, seed};
+    kvps_table_desc d = {name, dim, {(kvps_rule)rule, lr, momentum, beta1, beta2, eps, 0.0f}, init_scale, seed};
     kvps_table t = -1;
     kvps_abi__begin();
     kvps_result rc = kvps_worker_table(w->w, &d, &t, req);

@@ -26,7 +26,7 @@ setup(
     name="kvps",
     version="0.2",
     description="kvps from Python: collectives, parameter-server workers and servers over libkvps.so (ctypes)",
-    packages=["kvps"],
+    packages=["kvps", "kvps.torch"],
     python_requires=">=3.7",
     install_requires=["numpy"],
     cmdclass={"build_py": build_py_with_lib},

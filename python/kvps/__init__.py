@@ -72,7 +72,7 @@ _DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32):
            np.dtype(np.float16): 4}
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _RULES = {"default": 0, "mean": 1, "sum": 2, "max": 3, "min": 4, "accumulate": 5, "sgd": 6, "momentum": 7,
-          "nesterov": 8, "adagrad": 9, "adam": 10}
+          "nesterov": 8, "adagrad": 9, "adam": 10, "adamw": 11}
 _UPDATES = {"mean": 0, "accumulate": 1, "sgd": 2}
 _CONSISTENCY = {"bsp": 0, "async": 1, "ssp": 2}
 _ROLES = {1: "server", 2: "worker"}
@@ -403,6 +403,7 @@ class Worker:
 
     Worker()                                   from the environment (kvps.env() says it is a worker)
     Worker(servers, rank, num_workers)         explicit: servers is a list or "tcp://a:1,tcp://b:2"
+    .rank, .num_workers: this worker's place (num_workers 0: the servers' count)
     timeout_ms: a request's default wait (0: kvps's).
 
     A tensor is named; its first use (or tensor()) registers it with the array's length, and a
@@ -422,6 +423,11 @@ class Worker:
             _check(lib.kvps_abi_worker_create(servers.encode(), int(rank or 0), int(num_workers), int(timeout_ms),
                                               ctypes.byref(h)))
         self._h = h
+        if servers is None:
+            e = env()  # what the worker was created from (read once per process)
+            self.rank, self.num_workers = e.rank, e.num_workers
+        else:
+            self.rank, self.num_workers = int(rank or 0), int(num_workers)
         self._finished = False
 
     def _handle(self):
@@ -443,15 +449,16 @@ class Worker:
             return None
         return r
 
-    def tensor(self, name, length, rule=None, lr=0.0, momentum=0.0, beta1=0.0, beta2=0.0, eps=0.0):
+    def tensor(self, name, length, rule=None, lr=0.0, momentum=0.0, beta1=0.0, beta2=0.0, eps=0.0, weight_decay=0.0):
         """Registers tensor name of length floats (again: the same length, or kvps.Error); with rule
-        ("sgd", "adam", ... kvps_rule's names), sets its update rule on the servers and waits
-        (hyper-parameters 0: kvps's defaults; a change resets the optimizer state)."""
+        ("sgd", "adam", "adamw", ... kvps_rule's names), sets its update rule on the servers and
+        waits (hyper-parameters 0: kvps's defaults; weight_decay: adamw's only; a change resets
+        the optimizer state)."""
         t = ctypes.c_int()
         _check(lib.kvps_abi_worker_tensor(self._handle(), name.encode(), int(length), ctypes.byref(t)))
         if rule is not None:
-            o = _optim(rule, lr, momentum, beta1, beta2, eps)
-            self._req(lambda q: lib.kvps_abi_worker_tensor_optim(self._h, t.value, *o, q), [], True)
+            o = _optim(rule, lr, momentum, beta1, beta2, eps) + (float(weight_decay),)
+            self._req(lambda q: lib.kvps_abi_worker_tensor_optim_wd(self._h, t.value, *o, q), [], True)
         return t.value
 
     def _t(self, name, b):

@@ -78,6 +78,7 @@ _PROTOS = {
     "kvps_abi_worker_handle": (_p, [_p]),
     "kvps_abi_worker_tensor": (_i, [_p, _s, _sz, _pi]),
     "kvps_abi_worker_tensor_optim": (_i, [_p, _i, _i, _f, _f, _f, _f, _f, _pu64]),
+    "kvps_abi_worker_tensor_optim_wd": (_i, [_p, _i, _i, _f, _f, _f, _f, _f, _f, _pu64]),
     "kvps_abi_worker_push": (_i, [_p, _i, _p, _sz, _pu64]),
     "kvps_abi_worker_pull": (_i, [_p, _i, _p, _sz, _pu64]),
     "kvps_abi_worker_pushpull": (_i, [_p, _i, _p, _p, _sz, _pu64]),

@@ -11,3 +11,4 @@ Tensors go to kvps by their data pointers (contiguous CPU tensors), never copied
 """
 
 from .ddp import RingState, allreduce_hook, init_process_group, ProcessGroupKvps  # noqa: E402,F401
+from .ps import EmbeddingBag, ServerOptimizer  # noqa: E402,F401  (kvps.torch.ps)
