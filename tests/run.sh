@@ -9,11 +9,22 @@
 set -u
 dir=${1:-build}
 pass=0; fail=0; skip=0
-run_one() { # run_one PATH NAME [VAR=VALUE...]
+# KVPS_TEST_BG: tests that mostly sleep (test_slow's minute-long pause): started first, in the
+# background, beside the others; their output is shown and counted at the end, as if run last.
+bgdir=$(mktemp -d /tmp/kvps-run.XXXXXX)
+trap 'rm -rf "$bgdir"' EXIT
+for name in ${KVPS_TEST_BG:-}; do
+  [ -x "$dir/$name" ] || continue
+  ( t0=$(date +%s.%N); env timeout 600 ${KVPS_TEST_WRAP:-} "$dir/$name" >"$bgdir/$name.out" 2>&1; echo $? >"$bgdir/$name.rc"
+    awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }' >"$bgdir/$name.s" ) &
+done
+run_one() { # run_one PATH NAME [VAR=VALUE...]   (BG_OUT / BG_RC / BG_S: a background run's, to show)
   local t=$1 name=$2; shift 2
+  case " ${KVPS_TEST_BG:-} " in *" $name "*) [ -z "${BG_OUT:-}" ] && return ;; esac
   echo "== $name"
   t0=$(date +%s.%N)
-  out=$(env "$@" timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?
+  if [ -n "${BG_OUT:-}" ]; then out=$(cat "$BG_OUT"); rc=$(cat "$BG_RC"); t0=$(awk -v n="$(date +%s.%N)" -v s="$(cat "$BG_S")" 'BEGIN { printf "%.3f", n - s }')
+  else out=$(env "$@" timeout 600 ${KVPS_TEST_WRAP:-} "$t" 2>&1); rc=$?; fi
   # every failure with what it said (it may be far from the end), then the end of the output
   printf '%s\n' "$out" | grep -A 6 '^FAIL' | head -n 80
   printf '%s\n' "$out" | grep -v '^ok ' | tail -n 30
@@ -36,6 +47,11 @@ done
 for name in ${KVPS_TEST_ZMQ:-}; do
   [ -x "$dir/$name" ] || continue
   run_one "$dir/$name" "$name [zmq]" KVPS_RING_SHM=0 KVPS_RING_TCP=0
+done
+wait
+for name in ${KVPS_TEST_BG:-}; do
+  [ -f "$bgdir/$name.rc" ] || continue
+  BG_OUT="$bgdir/$name.out" BG_RC="$bgdir/$name.rc" BG_S="$bgdir/$name.s" run_one "$dir/$name" "$name (beside the others)"
 done
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ "$fail" -eq 0 ]
