@@ -219,15 +219,8 @@ KVPS_API void kvps_abi_server_destroy(kvps_server **s);
      server       create, run, start, wait, stop, destroy */
 
 // >>errors
-#if defined(__cplusplus)
-#define KVPS_ABI__TLS thread_local
-#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-#define KVPS_ABI__TLS _Thread_local
-#else
-#define KVPS_ABI__TLS __thread
-#endif
-static KVPS_ABI__TLS char kvps_abi__err[1024];
-static KVPS_ABI__TLS char kvps_abi__logged[512]; /* this thread's last error line kvps logged */
+static KVPS__TLS char kvps_abi__err[1024];
+static KVPS__TLS char kvps_abi__logged[512]; /* this thread's last error line kvps logged */
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))

@@ -203,6 +203,14 @@ int posix_memalign(void **memptr, size_t alignment, size_t size);
 #endif
 
 #define kvps__def(v, d) ((v) ? (v) : (d))
+/* Thread-local storage (the words of a failed call, per thread: kvps_ring.h, kvps_launch.h, kvps_abi.h). */
+#if defined(__cplusplus)
+#define KVPS__TLS thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define KVPS__TLS _Thread_local
+#else
+#define KVPS__TLS __thread
+#endif
 #if defined(__GNUC__) || defined(_MSC_VER)
 #define KVPS__RESTRICT __restrict
 #else

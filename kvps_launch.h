@@ -153,14 +153,7 @@ KVPS_API const char *kvps_launch_last_error(void);
 #endif
 
 // >>vars
-#if defined(__cplusplus)
-#define KVPS_LAUNCH__TLS thread_local
-#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-#define KVPS_LAUNCH__TLS _Thread_local
-#else
-#define KVPS_LAUNCH__TLS __thread
-#endif
-static KVPS_LAUNCH__TLS char kvps__launch_err[768];
+static KVPS__TLS char kvps__launch_err[768];
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif

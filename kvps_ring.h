@@ -5366,14 +5366,7 @@ static void kvps_ring__fifo_free(kvps_ring__stash **head) {
 
 /* The failure of a call that has no ring to keep it (kvps_ring_create, kvps_ring_env_read; a
    kvps_ring_connect's too): its words, per thread, for kvps_ring_last_error(NULL), and logged. */
-#if defined(__cplusplus)
-#define KVPS_RING__TLS thread_local
-#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-#define KVPS_RING__TLS _Thread_local
-#else
-#define KVPS_RING__TLS __thread
-#endif
-static KVPS_RING__TLS char kvps_ring__errbuf[512];
+static KVPS__TLS char kvps_ring__errbuf[512];
 static kvps_result kvps_ring__noring(kvps_result rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
