@@ -113,7 +113,7 @@ asan-test: deps
 	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  $(patsubst $(B)/%,build-asan/%,$(SAN_TESTS))
 	@rm -f build-asan/test_examples
-	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 KVPS_TEST_QUICK=1 tests/run.sh build-asan
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 KVPS_TEST_QUICK=1 KVPS_TEST_BG=test_slow tests/run.sh build-asan
 
 valgrind-test: all
 	@KVPS_TEST_QUICK=1 KVPS_TEST_WRAP="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect" \

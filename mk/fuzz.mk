@@ -95,4 +95,4 @@ tsan-test: deps fuzz-cc build-tsan/tsan_zmq.o
 	  LDLIBS="$(CURDIR)/build-tsan/tsan_zmq.o $(LDLIBS) -ldl" $(addprefix build-tsan/,$(TSAN_TESTS))
 	@rm -f $(filter-out $(addprefix build-tsan/,$(TSAN_TESTS)),$(wildcard build-tsan/test_*))
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66 die_after_fork=0 $(TSAN_EXTRA)" \
-	  KVPS_TEST_QUICK=1 tests/run.sh build-tsan
+	  KVPS_TEST_QUICK=1 KVPS_TEST_BG=test_slow tests/run.sh build-tsan
