@@ -13,24 +13,19 @@ wires against the exact sum within kvps_ring.h's bound, top-k against a numpy re
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+from kt import results, say, skip, check, free_port, clean_env  # noqa: E402  (tests/python/kt.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 BOUND_S = 120  # a job that has not ended by then hangs: killed, and its checks fail
 
 # ---- the child side: one rank of a job ------------------------------------------------------
-
-
-def say(ok, name, why=""):
-    """A check's line; names hold no ": " (the driver splits a FAIL line there)."""
-    print(("ok %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
 
 
 def rank_data(rank, n, dtype, salt=0):
@@ -259,33 +254,6 @@ def child_ring_codec():
 CHILDREN = {"ring_codec": child_ring_codec, "ring": child_ring, "ring_explicit": child_ring_explicit, "ring_dead": child_ring_dead, "rendezvous_timeout": child_rendezvous_timeout, "ps": child_ps}
 
 # ---- the driver -----------------------------------------------------------------------------
-
-results = {"pass": 0, "fail": 0, "skip": 0}
-
-
-def skip(name, why):
-    results["skip"] += 1
-    print("skip %s: %s" % (name, why), flush=True)
-
-
-def check(ok, name, why=""):
-    results["pass" if ok else "fail"] += 1
-    say(ok, name, why)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def clean_env():
-    """This environment less any launcher's or kvps's variables (a job's children get their own)."""
-    drop = ("KVPS_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "OMPI_", "PMI_", "SLURM_", "TORCHELASTIC_", "GROUP_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "KVPS_LIB"}
-
 
 def run_job(kind, size, ranks=None, extra=None, per_rank=None):
     """Starts ranks (default all of size) of a job of kind; returns {rank: (exit code, output)}."""

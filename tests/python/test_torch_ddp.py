@@ -33,12 +33,12 @@ check passes when every rank said ok and every process exited 0 within the job's
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+from kt import results, say, check, free_port, clean_env  # noqa: E402  (tests/python/kt.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -46,10 +46,6 @@ BOUND_S = 300
 STEPS = 200
 
 # ---- the child side ---------------------------------------------------------------------------
-
-
-def say(ok, name, why=""):
-    print(("ok %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
 
 
 def batch(rank, step, n=32):
@@ -320,27 +316,6 @@ def rank_data_i(rank, n):
 CHILDREN = {"ddp": child_ddp, "pg": child_pg}
 
 # ---- the driver -------------------------------------------------------------------------------
-
-results = {"pass": 0, "fail": 0}
-
-
-def check(ok, name, why=""):
-    results["pass" if ok else "fail"] += 1
-    say(ok, name, why)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def clean_env():
-    drop = ("KVPS_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "OMPI_", "PMI_", "SLURM_", "TORCHELASTIC_", "GROUP_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "KVPS_LIB"}
-
 
 def run_job(kind, size):
     port = free_port()

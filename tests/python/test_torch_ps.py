@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from kt import results, say, check  # noqa: E402  (tests/python/kt.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_S = 240  # a job not ended by then hangs: killed, and its checks fail
@@ -47,13 +48,6 @@ STEPS = 30
 ULP_SGD = 4
 ULP_ADAM = 8
 ULP_EMB = 4
-
-results = {"pass": 0, "fail": 0}
-
-
-def say(ok, name, why=""):
-    print(("ok %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
-
 
 # ---- the child side -------------------------------------------------------------------------
 
@@ -325,11 +319,6 @@ def readme_block():
           "exit %s, losses %s:\n    %s" % (rc, losses, "\n    ".join(out.splitlines()[-10:])))
     if losses:
         print("measured README block: loss %.4f -> %.4f over %d steps" % (losses[0], losses[-1], len(losses)), flush=True)
-
-
-def check(ok, name, why=""):
-    results["pass" if ok else "fail"] += 1
-    say(ok, name, why)
 
 
 def main():
